@@ -1,0 +1,125 @@
+// Argument validation shared by the CPU and CUDA launchers: one function per op checks
+// every tensor (naming the argument in the error) and returns the sizes and strides the
+// kernel needs. Device-specific launchers add only what is device-specific.
+#pragma once
+#include "check.h"
+
+namespace dk {
+
+inline constexpr std::initializer_list<at::ScalarType> kFloatTypes = {at::kFloat, at::kHalf, at::kBFloat16};
+
+struct NormArgs {
+  int64_t rows, hidden;
+  int64_t x_stride;  // row stride of input
+  int64_t r_stride;  // row stride of residual (fused_add_rms_norm only)
+};
+
+inline NormArgs rms_norm_args(const at::Tensor& out,     // [..., hidden]
+                              const at::Tensor& input,   // [..., hidden]
+                              const at::Tensor& weight,  // [hidden]
+                              double epsilon) {
+  const char* op = "decodekit::rms_norm";
+  NormArgs a{};
+  a.x_stride = Check(op, "input", input).min_dim(1).dtype(kFloatTypes).row_stride();
+  a.hidden = input.size(-1);
+  a.rows = rows_of(input);
+  Check(op, "out", out).same_shape(input, "input").dtype_as(input, "input").device_as(input, "input").contiguous();
+  Check(op, "weight", weight).dim(1).size(0, a.hidden, "hidden_size").dtype_as(input, "input")
+      .device_as(input, "input").contiguous();
+  check_range(op, "epsilon", epsilon, 0.0, 1.0);
+  check_range<int64_t>(op, "hidden_size", a.hidden, 1, INT32_MAX);
+  return a;
+}
+
+inline NormArgs fused_add_rms_norm_args(const at::Tensor& input,     // [..., hidden]
+                                        const at::Tensor& residual,  // [..., hidden]
+                                        const at::Tensor& weight,    // [hidden]
+                                        double epsilon) {
+  const char* op = "decodekit::fused_add_rms_norm";
+  NormArgs a{};
+  a.x_stride = Check(op, "input", input).min_dim(1).dtype(kFloatTypes).row_stride();
+  a.hidden = input.size(-1);
+  a.rows = rows_of(input);
+  a.r_stride = Check(op, "residual", residual).same_shape(input, "input").dtype_as(input, "input")
+                   .device_as(input, "input").row_stride();
+  Check(op, "weight", weight).dim(1).size(0, a.hidden, "hidden_size").dtype_as(input, "input")
+      .device_as(input, "input").contiguous();
+  check_range(op, "epsilon", epsilon, 0.0, 1.0);
+  check_range<int64_t>(op, "hidden_size", a.hidden, 1, INT32_MAX);
+  return a;
+}
+
+struct ActArgs {
+  int64_t rows, d;
+  int64_t in_stride;  // row stride of input
+};
+
+inline ActArgs silu_and_mul_args(const at::Tensor& out,     // [..., d]
+                                 const at::Tensor& input) { // [..., 2 * d]
+  const char* op = "decodekit::silu_and_mul";
+  ActArgs a{};
+  a.in_stride = Check(op, "input", input).min_dim(1).dtype(kFloatTypes).row_stride();
+  TORCH_CHECK(input.size(-1) % 2 == 0, op, ": 'input' last dim must be even (gate | up), got ", input.size(-1));
+  a.d = input.size(-1) / 2;
+  a.rows = rows_of(input);
+  Check(op, "out", out).dim(input.dim()).dtype_as(input, "input").device_as(input, "input").contiguous();
+  for (int64_t i = 0; i + 1 < input.dim(); ++i) Check(op, "out", out).size(i, input.size(i), "as input");
+  Check(op, "out", out).size(input.dim() - 1, a.d, "input.size(-1) / 2");
+  return a;
+}
+
+struct RopeArgs {
+  int64_t num_tokens;
+  int head_size, rot_dim, num_q_heads, num_kv_heads;
+  int64_t q_token_stride, q_head_stride, k_token_stride, k_head_stride;
+  int64_t max_position;
+};
+
+// query/key: [T, H * D] or [T, H, D], any token stride, each head contiguous.
+inline void rope_layout(const char* op, const char* name, const at::Tensor& t, int64_t num_tokens, int64_t head_size,
+                        int& heads, int64_t& token_stride, int64_t& head_stride) {
+  Check c(op, name, t);
+  c.last_dim_contiguous();
+  if (t.dim() == 2) {
+    c.size(0, num_tokens, "num_tokens");
+    TORCH_CHECK(t.size(1) % head_size == 0, op, ": '", name, "' last dim ", t.size(1),
+                " is not a multiple of head_size ", head_size);
+    heads = int(t.size(1) / head_size);
+    token_stride = t.stride(0);
+    head_stride = head_size;
+  } else if (t.dim() == 3) {
+    c.size(0, num_tokens, "num_tokens").size(2, head_size, "head_size");
+    heads = int(t.size(1));
+    token_stride = t.stride(0);
+    head_stride = t.stride(1);
+  } else {
+    c.fail("must be [num_tokens, num_heads * head_size] or [num_tokens, num_heads, head_size]");
+  }
+}
+
+inline RopeArgs rotary_embedding_args(const at::Tensor& positions,              // [num_tokens]
+                                      const at::Tensor& query,                  // [num_tokens, Hq(, D)]
+                                      const std::optional<at::Tensor>& key,     // [num_tokens, Hk(, D)]
+                                      const at::Tensor& cos_sin_cache,          // [max_position, rot_dim]
+                                      int64_t head_size, bool /*is_neox*/) {
+  const char* op = "decodekit::rotary_embedding";
+  RopeArgs a{};
+  Check(op, "positions", positions).dim(1).dtype({at::kLong}).device_as(query, "query").contiguous();
+  a.num_tokens = positions.size(0);
+  check_range<int64_t>(op, "head_size", head_size, 2, 1024);
+  a.head_size = int(head_size);
+  Check(op, "query", query).dtype(kFloatTypes);
+  rope_layout(op, "query", query, a.num_tokens, head_size, a.num_q_heads, a.q_token_stride, a.q_head_stride);
+  if (key.has_value()) {
+    Check(op, "key", *key).dtype_as(query, "query").device_as(query, "query");
+    rope_layout(op, "key", *key, a.num_tokens, head_size, a.num_kv_heads, a.k_token_stride, a.k_head_stride);
+  }
+  Check(op, "cos_sin_cache", cos_sin_cache).dim(2).dtype({at::kFloat}).device_as(query, "query").contiguous();
+  a.rot_dim = int(cos_sin_cache.size(1));
+  a.max_position = cos_sin_cache.size(0);
+  TORCH_CHECK(a.rot_dim >= 2 && a.rot_dim % 2 == 0 && a.rot_dim <= head_size, op,
+              ": 'cos_sin_cache' dim 1 (rot_dim) must be even and in [2, head_size=", head_size, "], got ", a.rot_dim);
+  return a;
+}
+
+}  // namespace dk

@@ -1,0 +1,29 @@
+// The one schema list of decodekit. CPU kernels register in csrc/cpu/*.cpp and CUDA
+// kernels in csrc/cuda/*.cu with TORCH_LIBRARY_IMPL. Ops are out-variants (the caller
+// allocates; nothing is allocated inside) so the engine can capture them in CUDA graphs.
+#include <Python.h>
+#include <torch/library.h>
+
+TORCH_LIBRARY(decodekit, m) {
+  // out = input * rsqrt(mean(input^2, -1) + epsilon) * weight
+  // out: [..., hidden] contiguous; input: [..., hidden] (rows may be strided); weight: [hidden]
+  m.def("rms_norm(Tensor(a!) out, Tensor input, Tensor weight, float epsilon) -> ()");
+  // residual <- input + residual; input <- rms_norm(input + residual) * weight (in place)
+  // input, residual: [..., hidden] (rows may be strided); weight: [hidden]
+  m.def("fused_add_rms_norm(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float epsilon) -> ()");
+  // In-place rotary embedding of query (and key) at positions.
+  // positions: [num_tokens] int64; query: [num_tokens, num_heads * head_size] or
+  // [num_tokens, num_heads, head_size] (token stride free); key: same with num_kv_heads, or None;
+  // cos_sin_cache: [max_position, rot_dim] float32 (cos | sin), rot_dim <= head_size.
+  m.def(
+      "rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, Tensor cos_sin_cache, "
+      "int head_size, bool is_neox) -> ()");
+  // out = silu(input[..., :d]) * input[..., d:];  out: [..., d] contiguous; input: [..., 2d]
+  m.def("silu_and_mul(Tensor(a!) out, Tensor input) -> ()");
+}
+
+// `import decodekit._C` loads this library, which runs the registrations above.
+extern "C" PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", "decodekit native ops", -1, nullptr};
+  return PyModule_Create(&module_def);
+}

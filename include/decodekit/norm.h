@@ -1,0 +1,72 @@
+// RMSNorm: shared per-row math and the CPU kernels (torch-free).
+//   rms_norm:           out = x * rsqrt(mean(x^2) + eps) * w
+//   fused_add_rms_norm: z = x + residual; residual <- z; x <- z * rsqrt(mean(z^2) + eps) * w
+// All arithmetic in fp32; one rounding to the storage type at each store.
+#pragma once
+#include <cmath>
+#include <vector>
+#include "decodekit/common/dtype.h"
+
+namespace dk {
+
+// Inverse RMS of a row from its sum of squares (same formula on host and device).
+DK_HD float rms_inv(float sum_sq, int hidden, float eps) {
+  return 1.0f / sqrtf(sum_sq / float(hidden) + eps);
+}
+
+namespace cpu {
+
+template <class T>
+void rms_norm(T* DK_RESTRICT out,          // [rows, hidden], contiguous
+              const T* DK_RESTRICT in,     // [rows, hidden], row stride in_stride
+              int64_t in_stride,
+              const T* DK_RESTRICT weight, // [hidden]
+              int64_t rows, int hidden, float eps) {
+  DK_OMP_PARALLEL_FOR
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* x = in + r * in_stride;
+    T* y = out + r * int64_t(hidden);
+    float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+    for (int i = 0; i < hidden; ++i) {
+      const float v = to_float(x[i]);
+      ss += v * v;
+    }
+    const float inv = rms_inv(ss, hidden, eps);
+#pragma omp simd
+    for (int i = 0; i < hidden; ++i) y[i] = from_float<T>(to_float(x[i]) * inv * to_float(weight[i]));
+  }
+}
+
+template <class T>
+void fused_add_rms_norm(T* DK_RESTRICT x,          // [rows, hidden], row stride x_stride; in: input, out: normed
+                        int64_t x_stride,
+                        T* DK_RESTRICT residual,   // [rows, hidden], row stride r_stride; in/out: x + residual
+                        int64_t r_stride,
+                        const T* DK_RESTRICT weight,  // [hidden]
+                        int64_t rows, int hidden, float eps) {
+#pragma omp parallel
+  {
+    std::vector<float> z(hidden);  // the unrounded sum, one row per thread
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      T* xr = x + r * x_stride;
+      T* rr = residual + r * r_stride;
+      float* zr = z.data();
+      float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+      for (int i = 0; i < hidden; ++i) {
+        const float v = to_float(xr[i]) + to_float(rr[i]);
+        zr[i] = v;
+        rr[i] = from_float<T>(v);
+        ss += v * v;
+      }
+      const float inv = rms_inv(ss, hidden, eps);
+#pragma omp simd
+      for (int i = 0; i < hidden; ++i) xr[i] = from_float<T>(zr[i] * inv * to_float(weight[i]));
+    }
+  }
+}
+
+}  // namespace cpu
+}  // namespace dk

@@ -1,0 +1,113 @@
+"""Pure-PyTorch semantics of every decodekit op: the test oracle and the benchmark peer.
+
+Each function returns new tensors (no mutation) and computes in float32 unless the
+caller passes float64 inputs, which is how tests build an exact oracle. The compiled
+kernels must match these to within the per-dtype tolerance in tests/conftest.py.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def rms_norm(x: torch.Tensor,       # [..., hidden]
+             weight: torch.Tensor,  # [hidden]
+             eps: float) -> torch.Tensor:  # [..., hidden]
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xf = x.to(acc)
+    inv = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * inv * weight.to(acc)).to(x.dtype)
+
+
+def fused_add_rms_norm(x: torch.Tensor,         # [..., hidden]
+                       residual: torch.Tensor,  # [..., hidden]
+                       weight: torch.Tensor,    # [hidden]
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (normed, new_residual) where new_residual = x + residual (summed in fp32)."""
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    z = x.to(acc) + residual.to(acc)
+    inv = torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + eps)
+    return (z * inv * weight.to(acc)).to(x.dtype), z.to(residual.dtype)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # [..., 2d] -> [..., d]
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    d = x.shape[-1] // 2
+    xf = x.to(acc)
+    return (torch.nn.functional.silu(xf[..., :d]) * xf[..., d:]).to(x.dtype)
+
+
+def rope_inv_freq(rot_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
+    """Inverse frequencies [rot_dim // 2] in float64, with optional Llama-3 scaling.
+
+    scaling: {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
+    "original_max_position_embeddings"} as in a Llama-3.1 config.json; or "linear"
+    ({"factor"}). None or {"rope_type": "default"} means plain RoPE.
+    """
+    inv = 1.0 / (theta ** (torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim))
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind in (None, "default"):
+        return inv
+    if kind == "linear":
+        return inv / float(scaling["factor"])
+    if kind == "llama3":
+        factor = float(scaling["factor"])
+        low = float(scaling.get("low_freq_factor", 1.0))
+        high = float(scaling.get("high_freq_factor", 4.0))
+        old_len = float(scaling["original_max_position_embeddings"])
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+        smooth = (old_len / wavelen - low) / (high - low)
+        mid = (1 - smooth) * scaled / factor + smooth * scaled
+        is_mid = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(is_mid, mid, scaled)
+    raise ValueError(f"rope scaling type {kind!r} is not supported (allowed: default, linear, llama3)")
+
+
+def rope_cos_sin_cache(max_position: int, rot_dim: int, theta: float,
+                       scaling: dict | None = None,
+                       dtype: torch.dtype = torch.float32) -> torch.Tensor:  # [max_position, rot_dim]
+    """cos | sin table for rotary_embedding, computed in float64 then rounded once."""
+    inv = rope_inv_freq(rot_dim, theta, scaling)
+    ang = torch.arange(max_position, dtype=torch.float64)[:, None] * inv[None, :]
+    return torch.cat([ang.cos(), ang.sin()], dim=-1).to(dtype)
+
+
+def _rope_one(x: torch.Tensor,      # [T, H, D]
+              cs: torch.Tensor,     # [T, rot_dim]
+              is_neox: bool) -> torch.Tensor:
+    rot = cs.shape[-1]
+    half = rot // 2
+    cos = cs[:, None, :half]
+    sin = cs[:, None, half:]
+    xr = x[..., :rot]
+    if is_neox:
+        x1, x2 = xr[..., :half], xr[..., half:]
+    else:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+    o1 = x1 * cos - x2 * sin
+    o2 = x2 * cos + x1 * sin
+    if is_neox:
+        out = torch.cat([o1, o2], dim=-1)
+    else:
+        out = torch.stack([o1, o2], dim=-1).flatten(-2)
+    return torch.cat([out, x[..., rot:]], dim=-1)
+
+
+def rotary_embedding(positions: torch.Tensor,        # [T] int64
+                     query: torch.Tensor,            # [T, Hq * D] or [T, Hq, D]
+                     key: torch.Tensor | None,       # [T, Hk * D] or [T, Hk, D]
+                     cos_sin_cache: torch.Tensor,    # [max_position, rot_dim]
+                     head_size: int, is_neox: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    acc = torch.float64 if query.dtype == torch.float64 else torch.float32
+    cs = cos_sin_cache[positions].to(acc)
+
+    def apply(t):
+        if t is None:
+            return None
+        shaped = t.reshape(t.shape[0], -1, head_size).to(acc)
+        return _rope_one(shaped, cs, is_neox).reshape(t.shape).to(t.dtype)
+
+    return apply(query), apply(key)

@@ -1,0 +1,91 @@
+"""Build decodekit._C (CPU kernels always; CUDA kernels for sm_90a when enabled).
+
+DECODEKIT_CUDA=1 builds the CUDA sources, =0 forces CPU-only; unset: CUDA iff a GPU is visible.
+TORCH_CUDA_ARCH_LIST overrides the default -gencode=arch=compute_90a,code=sm_90a.
+DECODEKIT_NATIVE=0 drops -march=native from the CPU flags (for binaries that travel).
+DECODEKIT_PTXAS_VERBOSE=1 adds -Xptxas -v (used by tools/cuda_check.py).
+MAX_JOBS sets the ninja parallelism (default: all cores).
+"""
+import glob
+import os
+import sys
+import time
+
+from setuptools import find_packages, setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import build_env  # noqa: E402
+
+
+def _want_cuda() -> bool:
+    flag = os.environ.get("DECODEKIT_CUDA", "").strip()
+    if flag in ("0", "1"):
+        return flag == "1"
+    if flag:
+        raise SystemExit(f"DECODEKIT_CUDA must be 0 or 1, got {flag!r}")
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+WITH_CUDA = _want_cuda()
+if WITH_CUDA:
+    # Must be set before torch.utils.cpp_extension is imported: it reads CUDA_HOME then.
+    os.environ["CUDA_HOME"] = build_env.require_cuda_home()
+
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
+
+os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
+
+
+def rel(paths):
+    return sorted(os.path.relpath(p, ROOT) for p in paths)
+
+
+cpu_sources = rel(glob.glob(os.path.join(ROOT, "csrc", "*.cpp")) + glob.glob(os.path.join(ROOT, "csrc", "cpu", "*.cpp")))
+cuda_sources = rel(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu")))
+include_dirs = [os.path.join(ROOT, "include"), os.path.join(ROOT, "csrc")]
+
+cxx_flags = ["-O3", "-fopenmp", "-Wno-unknown-pragmas"]
+if os.environ.get("DECODEKIT_NATIVE", "1") != "0":
+    cxx_flags.append("-march=native")
+link_flags = ["-fopenmp"]
+
+if WITH_CUDA:
+    include_dirs += build_env.pip_cuda_include_dirs()
+    include_dirs.append(build_env.cutlass_include_dir(required=True))
+    nvcc_flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo", "-DDECODEKIT_CUDA=1",
+                  "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
+                  "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "-U__CUDA_NO_HALF2_OPERATORS__"]
+    if not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        nvcc_flags.append("-gencode=arch=compute_90a,code=sm_90a")
+    if os.environ.get("DECODEKIT_PTXAS_VERBOSE") == "1":
+        nvcc_flags += ["-Xptxas", "-v"]
+    ext = CUDAExtension(
+        "decodekit._C", cpu_sources + cuda_sources, include_dirs=include_dirs,
+        extra_compile_args={"cxx": cxx_flags + ["-DDECODEKIT_CUDA=1"], "nvcc": nvcc_flags},
+        extra_link_args=link_flags)
+else:
+    ext = CppExtension("decodekit._C", cpu_sources, include_dirs=include_dirs,
+                       extra_compile_args={"cxx": cxx_flags}, extra_link_args=link_flags)
+
+
+class TimedBuild(BuildExtension):
+    def run(self):
+        t0 = time.time()
+        print(f"decodekit: building {'CPU + CUDA' if WITH_CUDA else 'CPU-only'} "
+              f"({len(ext.sources)} sources, MAX_JOBS={os.environ['MAX_JOBS']})", flush=True)
+        super().run()
+        print(f"decodekit: build took {time.time() - t0:.1f} s", flush=True)
+
+
+# Metadata lives in pyproject.toml; setup.py only adds the extension.
+setup(
+    package_dir={"": "python"},
+    packages=find_packages("python"),
+    ext_modules=[ext],
+    cmdclass={"build_ext": TimedBuild.with_options(use_ninja=True)},
+)
