@@ -14,7 +14,7 @@ template <class T>
 void silu_and_mul(T* DK_RESTRICT out,       // [rows, d], contiguous
                   const T* DK_RESTRICT in,  // [rows, 2 * d], row stride in_stride
                   int64_t in_stride, int64_t rows, int64_t d) {
-  DK_OMP_PARALLEL_FOR
+  DK_OMP_PARALLEL_FOR_IF(rows * d >= kParallelGrain)
   for (int64_t r = 0; r < rows; ++r) {
     const T* g = in + r * in_stride;
     const T* u = g + d;

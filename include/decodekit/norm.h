@@ -22,7 +22,7 @@ void rms_norm(T* DK_RESTRICT out,          // [rows, hidden], contiguous
               int64_t in_stride,
               const T* DK_RESTRICT weight, // [hidden]
               int64_t rows, int hidden, float eps) {
-  DK_OMP_PARALLEL_FOR
+  DK_OMP_PARALLEL_FOR_IF(rows * hidden >= kParallelGrain)
   for (int64_t r = 0; r < rows; ++r) {
     const T* x = in + r * in_stride;
     T* y = out + r * int64_t(hidden);
@@ -45,7 +45,7 @@ void fused_add_rms_norm(T* DK_RESTRICT x,          // [rows, hidden], row stride
                         int64_t r_stride,
                         const T* DK_RESTRICT weight,  // [hidden]
                         int64_t rows, int hidden, float eps) {
-#pragma omp parallel
+#pragma omp parallel if (rows * hidden >= kParallelGrain)
   {
     std::vector<float> z(hidden);  // the unrounded sum, one row per thread
 #pragma omp for schedule(static)

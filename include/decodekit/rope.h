@@ -57,7 +57,7 @@ void rotary_embedding(const int64_t* DK_RESTRICT positions,  // [num_tokens]
                       int64_t k_token_stride, int64_t k_head_stride, int num_kv_heads,
                       const float* DK_RESTRICT cos_sin_cache,  // [max_position, rot_dim]
                       int rot_dim, bool is_neox, int64_t num_tokens) {
-  DK_OMP_PARALLEL_FOR
+  DK_OMP_PARALLEL_FOR_IF(num_tokens * int64_t(num_q_heads + num_kv_heads) * rot_dim >= kParallelGrain)
   for (int64_t t = 0; t < num_tokens; ++t) {
     const float* cs = cos_sin_cache + positions[t] * int64_t(rot_dim);
     rope_heads(query + t * q_token_stride, q_head_stride, num_q_heads, cs, rot_dim, is_neox);

@@ -15,8 +15,16 @@
 #include <omp.h>
 #define DK_PRAGMA(x) _Pragma(#x)
 #define DK_OMP_PARALLEL_FOR DK_PRAGMA(omp parallel for schedule(static))
+// Parallel only when the loop has enough work to pay for waking the thread team.
+#define DK_OMP_PARALLEL_FOR_IF(cond) DK_PRAGMA(omp parallel for schedule(static) if (cond))
 #else
 #define DK_OMP_PARALLEL_FOR
+#define DK_OMP_PARALLEL_FOR_IF(cond)
 #endif
+
+namespace dk {
+// Elements below which a CPU kernel runs on the calling thread alone.
+constexpr long kParallelGrain = 1 << 15;
+}
 
 #include <cstdint>

