@@ -69,3 +69,38 @@ def _rotary_embedding_fake(positions, query, key, cos_sin_cache, head_size, is_n
 @torch.library.register_fake("decodekit::silu_and_mul")
 def _silu_and_mul_fake(out, input):
     return None
+
+
+# --- paged KV cache and attention --------------------------------------------------------
+# Until the attention kernels land (issue 4) these run the reference in place; the model
+# calls only these wrappers, so it does not care which implementation is behind them.
+
+def reshape_and_cache(key: torch.Tensor,          # [T, Hk, D]
+                      value: torch.Tensor,        # [T, Hk, D]
+                      key_cache: torch.Tensor,    # [num_blocks, Hk, block_size, D], written in place
+                      value_cache: torch.Tensor,  # [num_blocks, Hk, block_size, D], written in place
+                      slot_mapping: torch.Tensor  # [T] int64, < 0 = skip
+                      ) -> None:
+    bs = key_cache.shape[2]
+    keep = slot_mapping >= 0
+    if not bool(keep.all()):
+        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
+    blk, off = slot_mapping // bs, slot_mapping % bs
+    key_cache[blk, :, off] = key.to(key_cache.dtype)
+    value_cache[blk, :, off] = value.to(value_cache.dtype)
+
+
+def paged_attention(query: torch.Tensor,            # [T, Hq, D]
+                    key_cache: torch.Tensor,        # [num_blocks, Hk, block_size, D]
+                    value_cache: torch.Tensor,      # [num_blocks, Hk, block_size, D]
+                    block_tables: torch.Tensor,     # [S, max_blocks] int32
+                    seq_lens: torch.Tensor,         # [S]
+                    query_start_loc: torch.Tensor,  # [S + 1]
+                    scale: float,
+                    out: torch.Tensor | None = None) -> torch.Tensor:  # [T, Hq, D]
+    o, _ = reference.paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
+                                     query_start_loc, scale)
+    if out is None:
+        return o
+    out.copy_(o)
+    return out

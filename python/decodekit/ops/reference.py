@@ -111,3 +111,71 @@ def rotary_embedding(positions: torch.Tensor,        # [T] int64
         return _rope_one(shaped, cs, is_neox).reshape(t.shape).to(t.dtype)
 
     return apply(query), apply(key)
+
+
+# --- paged KV cache and attention --------------------------------------------------------
+# KV cache layout (one tensor each for K and V, per layer):
+#   [num_blocks, num_kv_heads, block_size, head_dim]   ("HND": a block of one head is contiguous)
+# A slot is block * block_size + offset; slot_mapping < 0 marks padding (skipped).
+
+
+def reshape_and_cache(key: torch.Tensor,          # [T, Hk, D]
+                      value: torch.Tensor,        # [T, Hk, D]
+                      key_cache: torch.Tensor,    # [num_blocks, Hk, block_size, D]
+                      value_cache: torch.Tensor,  # [num_blocks, Hk, block_size, D]
+                      slot_mapping: torch.Tensor  # [T] int64
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns copies of the caches with the new rows written at slot_mapping."""
+    kc, vc = key_cache.clone(), value_cache.clone()
+    bs = kc.shape[2]
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    blk, off = slots // bs, slots % bs
+    kc[blk, :, off] = key[keep].to(kc.dtype)
+    vc[blk, :, off] = value[keep].to(vc.dtype)
+    return kc, vc
+
+
+def paged_attention(query: torch.Tensor,            # [T, Hq, D], all sequences' new tokens packed
+                    key_cache: torch.Tensor,        # [num_blocks, Hk, block_size, D]
+                    value_cache: torch.Tensor,      # [num_blocks, Hk, block_size, D]
+                    block_tables: torch.Tensor,     # [S, max_blocks] int32
+                    seq_lens: torch.Tensor,         # [S] context length incl. the new tokens
+                    query_start_loc: torch.Tensor,  # [S + 1] cumulative new-token counts
+                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:  # out [T, Hq, D], lse [T, Hq]
+    """Causal attention of each sequence's new tokens over its cached context.
+
+    Sequence s owns query rows [query_start_loc[s], query_start_loc[s+1]); its n new
+    tokens sit at positions seq_lens[s] - n .. seq_lens[s] - 1 and are already in the
+    cache. Query i attends to keys 0 .. seq_lens[s] - n + i. Computed in float32 (or
+    float64 for float64 inputs); lse is the natural-log sum of exp(scaled scores).
+    """
+    acc = torch.float64 if query.dtype == torch.float64 else torch.float32
+    T, Hq, D = query.shape
+    Hk, bs = key_cache.shape[1], key_cache.shape[2]
+    group = Hq // Hk
+    out = torch.zeros(T, Hq, D, dtype=acc, device=query.device)
+    lse = torch.full((T, Hq), float("-inf"), dtype=acc, device=query.device)
+    qsl = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    for s in range(len(lens)):
+        q0, q1, ctx = qsl[s], qsl[s + 1], lens[s]
+        n = q1 - q0
+        if n == 0:
+            continue
+        nb = (ctx + bs - 1) // bs
+        blocks = block_tables[s, :nb].long()
+        k = key_cache[blocks].to(acc).permute(1, 0, 2, 3).reshape(Hk, nb * bs, D)[:, :ctx]
+        v = value_cache[blocks].to(acc).permute(1, 0, 2, 3).reshape(Hk, nb * bs, D)[:, :ctx]
+        k = k.repeat_interleave(group, dim=0)  # [Hq, ctx, D]
+        v = v.repeat_interleave(group, dim=0)
+        q = query[q0:q1].to(acc).transpose(0, 1)  # [Hq, n, D]
+        scores = torch.matmul(q, k.transpose(1, 2)) * scale  # [Hq, n, ctx]
+        qpos = torch.arange(ctx - n, ctx, device=query.device)[:, None]
+        kpos = torch.arange(ctx, device=query.device)[None, :]
+        scores = scores.masked_fill(kpos > qpos, float("-inf"))
+        m = torch.logsumexp(scores, dim=-1, keepdim=True)  # [Hq, n, 1]
+        p = torch.exp(scores - m)
+        out[q0:q1] = torch.matmul(p, v).transpose(0, 1)
+        lse[q0:q1] = m[..., 0].transpose(0, 1)
+    return out.to(query.dtype), lse

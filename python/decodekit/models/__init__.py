@@ -1,0 +1,4 @@
+"""Model definitions. All supported architectures share the Llama graph."""
+from .llama import AttentionMetadata, LlamaModel
+
+__all__ = ["AttentionMetadata", "LlamaModel"]

@@ -1,0 +1,123 @@
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2 with QKV bias, SmolLM2) over a paged KV cache.
+
+The forward pass is written against decodekit.ops only (norms, rope, silu_and_mul,
+reshape_and_cache, paged_attention) plus torch linear layers, so the same code runs on
+CPU and CUDA and does not care which kernel is behind each op. Per-step state arrives
+in one AttentionMetadata object; nothing is kept in globals.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from decodekit import ops
+from decodekit.config import ModelConfig
+from decodekit.ops import reference
+
+
+@dataclass
+class AttentionMetadata:
+    """Everything one forward step needs to address the paged KV cache."""
+    positions: torch.Tensor        # [T] int64, position of each new token
+    slot_mapping: torch.Tensor     # [T] int64, cache slot of each new token (< 0: padding)
+    block_tables: torch.Tensor     # [S, max_blocks] int32, per-sequence block ids
+    seq_lens: torch.Tensor         # [S] int32, context length incl. this step's tokens
+    query_start_loc: torch.Tensor  # [S + 1] int32, cumulative new-token counts
+    logits_indices: torch.Tensor   # [N] int64, rows of the T tokens whose logits are needed
+
+
+@dataclass
+class LayerWeights:
+    qkv: torch.Tensor                # [q_size + 2 * kv_size, hidden]
+    qkv_bias: torch.Tensor | None    # [q_size + 2 * kv_size]
+    o: torch.Tensor                  # [hidden, q_size]
+    gate_up: torch.Tensor            # [2 * intermediate, hidden]
+    down: torch.Tensor               # [hidden, intermediate]
+    input_norm: torch.Tensor         # [hidden]
+    post_norm: torch.Tensor          # [hidden]
+
+
+class LlamaModel:
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+        self.config = c = config
+        self.dtype, self.device = dtype, torch.device(device)
+
+        def take(name: str) -> torch.Tensor:
+            if name not in weights:
+                raise KeyError(f"checkpoint is missing tensor {name!r}")
+            return weights.pop(name).to(device=self.device, dtype=dtype).contiguous()
+
+        self.embed = take("model.embed_tokens.weight")  # [vocab, hidden]
+        self.layers: list[LayerWeights] = []
+        for i in range(c.num_layers):
+            p = f"model.layers.{i}."
+            qkv = torch.cat([take(p + "self_attn.q_proj.weight"), take(p + "self_attn.k_proj.weight"),
+                             take(p + "self_attn.v_proj.weight")], 0)
+            bias = None
+            if c.attention_bias:
+                bias = torch.cat([take(p + "self_attn.q_proj.bias"), take(p + "self_attn.k_proj.bias"),
+                                  take(p + "self_attn.v_proj.bias")], 0)
+            self.layers.append(LayerWeights(
+                qkv=qkv, qkv_bias=bias, o=take(p + "self_attn.o_proj.weight"),
+                gate_up=torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")], 0),
+                down=take(p + "mlp.down_proj.weight"),
+                input_norm=take(p + "input_layernorm.weight"),
+                post_norm=take(p + "post_attention_layernorm.weight")))
+        self.norm = take("model.norm.weight")
+        if "lm_head.weight" in weights and not c.tie_word_embeddings:
+            self.lm_head = take("lm_head.weight")
+        else:
+            weights.pop("lm_head.weight", None)
+            self.lm_head = self.embed
+        self.cos_sin_cache = reference.rope_cos_sin_cache(
+            c.max_position_embeddings, c.head_dim, c.rope_theta, c.rope_scaling).to(self.device)
+        self.scale = c.head_dim ** -0.5
+
+    # KV cache: per layer a (key, value) pair of [num_blocks, num_kv_heads, block_size, head_dim].
+    def kv_cache_block_bytes(self, block_size: int, kv_dtype: torch.dtype | None = None) -> int:
+        c = self.config
+        elt = torch.empty((), dtype=kv_dtype or self.dtype).element_size()
+        return 2 * c.num_layers * c.num_kv_heads * block_size * c.head_dim * elt
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        c = self.config
+        shape = (num_blocks, c.num_kv_heads, block_size, c.head_dim)
+        return [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                 torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(c.num_layers)]
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor,           # [T] int64
+                md: AttentionMetadata,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:  # logits [N, vocab] fp32
+        c = self.config
+        T = input_ids.shape[0]
+        q_size, kv_size, D = c.q_size, c.kv_size, c.head_dim
+        eps = c.rms_norm_eps
+        residual = F.embedding(input_ids, self.embed)  # [T, hidden], a fresh tensor (updated in place)
+        h = ops.rms_norm(residual, self.layers[0].input_norm, eps)
+        for i, L in enumerate(self.layers):
+            if i > 0:
+                ops.fused_add_rms_norm(h, residual, L.input_norm, eps)
+            # attention
+            qkv = F.linear(h, L.qkv, L.qkv_bias)  # [T, q + 2 kv]
+            q = qkv[:, :q_size]
+            k = qkv[:, q_size:q_size + kv_size]
+            v = qkv[:, q_size + kv_size:]
+            ops.rotary_embedding(md.positions, q, k, self.cos_sin_cache, D, True)
+            kc, vc = kv_caches[i]
+            ops.reshape_and_cache(k.view(T, c.num_kv_heads, D), v.view(T, c.num_kv_heads, D), kc, vc,
+                                  md.slot_mapping)
+            attn = ops.paged_attention(q.view(T, c.num_heads, D), kc, vc, md.block_tables, md.seq_lens,
+                                       md.query_start_loc, self.scale)
+            h = F.linear(attn.view(T, q_size), L.o)
+            ops.fused_add_rms_norm(h, residual, L.post_norm, eps)
+            # MLP
+            h = F.linear(ops.silu_and_mul(F.linear(h, L.gate_up)), L.down)
+        # final norm and LM head only on the rows that need logits
+        idx = md.logits_indices
+        hs, rs = h.index_select(0, idx), residual.index_select(0, idx)
+        ops.fused_add_rms_norm(hs, rs, self.norm, eps)
+        return F.linear(hs, self.lm_head).float()
