@@ -1,0 +1,506 @@
+#!/usr/bin/env bash
+# The one prepared script for the lent H200 machine: build, check, measure, write results.
+#
+#   bash tools/gpu_check.sh RESULTS_DIR [--only PART_OR_FAMILY,...] [--budget SECONDS] [--dry-run]
+#
+# On the device machine (tools/gpu_prepare.sh first, here):
+#   run(command="bash tools/gpu_check.sh $OUT", carry=[".whl"], timeout_s=600)
+#
+# Parts, in order, each in its own process under `timeout` (a failing part is reported and
+# the script goes on): env, build, ceilings, tests, cpp_bench, py_bench (see PARTS below).
+# Families (norm, rope, activation, ...: see FAMILIES) narrow tests and benches to their names.
+#   --only build,tests          just those parts (all families)
+#   --only attention,gemm       every part, tests and benches narrowed to those families;
+#                               names that are neither a part nor a family are skipped with a message
+# Global budget (default 480 s): each part's timeout is its cap, cut so later parts keep time.
+#
+# RESULTS_DIR gets at most 8 flat files (what the device tool returns):
+#   results.md                          summary table, ceilings, benchmark tables, test summaries
+#   summary.json                        parts (status, seconds, key numbers), mode, families
+#   log.txt                             every part's output (each capped)
+#   DATE_DEVICE_ceilings.json           copy GB/s and matmul TFLOP/s
+#   DATE_DEVICE_py_bench.json           bench/run_all.py rows (decodekit.bench.Result dicts)
+#   DATE_DEVICE_cpp_bench.json          each bench/cpp binary's --json output, rc and output tail
+#
+# Without a GPU (no nvidia-smi, or torch.cuda.is_available() false, or --dry-run) it runs in
+# CPU-only dry-run mode: it says which GPU parts it skips, runs the CPU-meaningful ones quickly
+# (CPU ceilings, CMake CPU build + ctest, py_bench --device cpu --quick) and exits 0 unless
+# one of those fails.
+set -u
+
+SELF=$(readlink -f "${BASH_SOURCE[0]}")
+REPO=$(cd "$(dirname "$SELF")/.." && pwd)
+cd "$REPO" || exit 2
+
+# ---------------------------------------------------------------------------------------
+# Registry. Adding a bench family is ONE line here: "name: keys". The keys (space separated)
+# select pytest tests (-k "k1 or k2"), ctest tests (-R "k1|k2") and bench/cpp binaries
+# (bench_*<key>*); the Python bench is bench/bench_<name>.py (found by bench/run_all.py).
+FAMILIES=(
+  "norm: norm"
+  "rope: rope rotary"
+  "activation: activation silu"
+)
+# part: cap in seconds (the most it may take; the global budget can cut it).
+PARTS=(
+  "env: 60"
+  "build: 300"
+  "ceilings: 60"
+  "tests: 150"
+  "cpp_bench: 90"
+  "py_bench: 150"
+)
+# ---------------------------------------------------------------------------------------
+
+PY=${PYTHON:-python3}
+export PY REPO SELF
+
+part_names() { for p in "${PARTS[@]}"; do echo "${p%%:*}"; done; }
+family_names() { for f in "${FAMILIES[@]}"; do echo "${f%%:*}"; done; }
+family_keys() {  # family -> its keys
+  local f
+  for f in "${FAMILIES[@]}"; do [[ "${f%%:*}" == "$1" ]] && { echo ${f#*:}; return; }; done
+}
+part_cap() { local p; for p in "${PARTS[@]}"; do [[ "${p%%:*}" == "$1" ]] && { echo ${p#*:}; return; }; done; }
+
+now() { date +%s.%N; }
+fsecs() { printf "%.1f" "$1"; }
+
+# ===== the parts (run as: bash gpu_check.sh --part NAME, with the exported environment) ====
+
+key() { echo "$*" >> "$WORK/key.$PART"; }        # key numbers for the summary table
+skipmsg() { echo "SKIP ($*)"; echo "$PART: $*" >> "$WORK/skips"; }
+
+sel_keys() {  # keys of the selected families, or nothing when all are selected
+  [[ "$FAM_FILTER" == 1 ]] || return 0
+  local f; for f in $FAMS; do family_keys "$f"; done | tr ' ' '\n' | sort -u | tr '\n' ' '
+}
+pytest_k() { local k=$(sel_keys); [[ -n "$k" ]] && echo "$k" | sed 's/ *$//; s/ / or /g'; }
+ctest_r() { local k=$(sel_keys); [[ -n "$k" ]] && echo "$k" | sed 's/ *$//; s/ /|/g'; }
+
+part_env() {
+  echo "date: $(date -Is)  host: $(hostname)  kernel: $(uname -r)  cpus: $(nproc)"
+  echo "mode: $MODE${DRY_REASON:+ ($DRY_REASON)}"
+  if command -v nvidia-smi > /dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu,power.draw \
+      --format=csv 2>&1 | head -5
+    nvidia-smi 2>&1 | head -20
+  else
+    echo "nvidia-smi: not found"
+  fi
+  command -v nvcc > /dev/null && nvcc --version | tail -2 || echo "nvcc: not on PATH"
+  cmake --version 2>/dev/null | head -1 || echo "cmake: not found"
+  "$PY" - <<'EOF'
+import platform, torch
+print(f"python {platform.python_version()}  torch {torch.__version__}  cuda {torch.version.cuda}  "
+      f"cuda available {torch.cuda.is_available()}")
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(f"gpu {p.name}  cc {p.major}.{p.minor}  SMs {p.multi_processor_count}  "
+          f"L2 {getattr(p, 'L2_cache_size', 0) / 2**20:.0f} MiB  memory {p.total_memory / 2**30:.1f} GiB")
+EOF
+  local rc=0
+  if ls .whl/*.whl > /dev/null 2>&1; then
+    echo "installing carried wheels into $SITE: $(ls .whl | tr '\n' ' ')"
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || rc=1
+    key "wheels $(ls .whl/*.whl | wc -l)$([[ $rc != 0 ]] && echo ' INSTALL FAILED')"
+    [[ -f "$SITE/cutlass_library/source/include/cutlass/cutlass.h" ]] &&
+      export CUTLASS_INCLUDE_DIR="$SITE/cutlass_library/source/include"
+  else
+    echo "no .whl/*.whl carried (run tools/gpu_prepare.sh here and carry .whl)"
+    key "no wheels"
+  fi
+  "$PY" tools/build_env.py || true
+  if [[ "$MODE" == gpu ]]; then
+    local g=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
+    key "$g"
+  else
+    key "no GPU: dry run"
+  fi
+  key "$("$PY" -c 'import torch; print(f"torch {torch.__version__} cuda {torch.version.cuda}")' 2>/dev/null)"
+  return $rc
+}
+
+cmake_build() {  # dir, extra configure args...
+  local dir=$1; shift
+  local t0=$(now) rc=0
+  echo "cmake -S . -B $dir -G Ninja $*"
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" && cmake --build "$dir" -j "$JOBS" || rc=$?
+  echo "cmake build in $dir: rc=$rc, $(fsecs $(echo "$(now) - $t0" | bc)) s"
+  return $rc
+}
+
+part_build() {
+  if [[ ! -f CMakeLists.txt ]]; then HAVE_CMAKE=0; else HAVE_CMAKE=1; fi
+  if [[ "$MODE" != gpu ]]; then
+    skipmsg "no GPU: CUDA extension build (DECODEKIT_CUDA=1 setup.py build_ext) and CMake CUDA build (build/gpu)"
+    if "$PY" -c "import decodekit" 2>/dev/null; then
+      echo "CPU extension already importable: $("$PY" -c 'import decodekit, os; print(os.path.dirname(decodekit.__file__))')"
+    else
+      echo "note: 'import decodekit' fails here; py_bench needs the CPU build (make install)"
+    fi
+    if [[ $HAVE_CMAKE == 1 ]]; then
+      cmake_build "$CMAKE_DIR" -DDECODEKIT_CUDA=OFF || { key "cmake cpu FAILED"; return 1; }
+      key "cmake cpu ok ($CMAKE_DIR)"
+    else
+      skipmsg "no CMakeLists.txt: C++ tests and benches"
+    fi
+    return 0
+  fi
+
+  local cuda_home cutlass torch_prefix rc_ext=0 rc_cmake=0 t0=$(now)
+  cuda_home=$("$PY" -c "import sys; sys.path.insert(0, 'tools'); import build_env; print(build_env.find_cuda_home() or '')")
+  echo "CUDA_HOME=$cuda_home  CUTLASS_INCLUDE_DIR=${CUTLASS_INCLUDE_DIR:-}"
+  [[ -n "$cuda_home" ]] && export CUDA_HOME="$cuda_home" PATH="$cuda_home/bin:$PATH"
+
+  # The extension and the CMake tree build at the same time (16 cores; nvcc is mostly serial per file).
+  ( DECODEKIT_CUDA=1 MAX_JOBS=$JOBS "$PY" setup.py build_ext --inplace > "$WORK/build_ext.log" 2>&1 ) &
+  local pid_ext=$!
+  local pid_cmake=""
+  if [[ $HAVE_CMAKE == 1 ]]; then
+    ( cmake_build "$CMAKE_DIR" -DDECODEKIT_CUDA=ON ${cuda_home:+-DCMAKE_CUDA_COMPILER=$cuda_home/bin/nvcc} \
+        > "$WORK/build_cmake.log" 2>&1 ) &
+    pid_cmake=$!
+  fi
+  wait $pid_ext || rc_ext=$?
+  local t_ext=$(fsecs $(echo "$(now) - $t0" | bc))
+  echo "----- extension build (rc=$rc_ext, $t_ext s), last lines:"; tail -40 "$WORK/build_ext.log"
+  if [[ $rc_ext == 0 ]]; then
+    "$PY" -c "import decodekit, sys; ok = decodekit.has_cuda_kernels(); print('has_cuda_kernels:', ok); sys.exit(0 if ok else 1)" \
+      || rc_ext=1
+  fi
+  key "ext $([[ $rc_ext == 0 ]] && echo ok || echo FAILED) ${t_ext}s"
+  if [[ -n "$pid_cmake" ]]; then
+    wait $pid_cmake || rc_cmake=$?
+    echo "----- CMake CUDA build (rc=$rc_cmake), last lines:"; tail -40 "$WORK/build_cmake.log"
+    key "cmake $([[ $rc_cmake == 0 ]] && echo ok || echo FAILED) $(fsecs $(echo "$(now) - $t0" | bc))s"
+  else
+    skipmsg "no CMakeLists.txt: C++ tests and benches"
+  fi
+  [[ $rc_ext == 0 && $rc_cmake == 0 ]]
+}
+
+part_ceilings() {
+  local dev=cpu; [[ "$MODE" == gpu ]] && dev=cuda
+  # timing.py is loaded by path: it needs torch only, so this part runs even if the build failed.
+  "$PY" - "$dev" "$RES/${STAMP}_${SLUG}_ceilings.json" "$WORK/key.$PART" <<'EOF'
+import importlib.util, json, sys, time
+dev, path, keyfile = sys.argv[1:4]
+spec = importlib.util.spec_from_file_location("dk_timing", "python/decodekit/bench/timing.py")
+t = importlib.util.module_from_spec(spec); sys.modules["dk_timing"] = t; spec.loader.exec_module(t)
+t0 = time.time()
+copy = t.measure_copy_bandwidth(dev)
+mm = t.measure_matmul_tflops(dev)  # bf16 on CUDA, fp32 on the CPU
+rows = [c.to_dict() for c in t.ceiling_details()]
+for r in rows:
+    r.update(device_name=t.device_name(dev), date=time.strftime("%Y-%m-%dT%H:%M:%S"), torch_version=t.torch.__version__)
+    print(f"{r['kind']}: {r['value']:.1f}  ({r['detail']})")
+json.dump(rows, open(path, "w"), indent=1)
+print(f"wrote {path} in {time.time() - t0:.1f} s")
+mmk = "bf16" if dev == "cuda" else "fp32"
+open(keyfile, "a").write(f"copy {copy:.4g} GB/s; {mmk} matmul {mm:.4g} TFLOP/s\n")
+EOF
+}
+
+part_tests() {
+  local k r rc=0 ran=0
+  k=$(pytest_k); r=$(ctest_r)
+  if [[ "$MODE" == gpu ]]; then
+    echo "python3 -m pytest -m cuda -q tests/ ${k:+-k \"$k\"}"
+    "$PY" -m pytest -m cuda -q -p no:cacheprovider tests/ ${k:+-k "$k"} 2>&1 | tee "$WORK/pytest.log"
+    local prc=${PIPESTATUS[0]}
+    local line=$(grep -E "(passed|failed|error|skipped|deselected|no tests ran)" "$WORK/pytest.log" | tail -1 | sed 's/=//g; s/^ *//; s/ *$//')
+    if [[ $prc == 5 ]]; then key "pytest: no cuda tests selected"; elif [[ $prc != 0 ]]; then rc=1; key "pytest FAILED: $line"; else key "pytest: $line"; fi
+    ran=1
+  else
+    skipmsg "no GPU: python3 -m pytest -m cuda tests/ (GPU tests)"
+  fi
+  if [[ -d "$CMAKE_DIR" && -f "$CMAKE_DIR/CTestTestfile.cmake" ]]; then
+    echo "ctest --test-dir $CMAKE_DIR ${r:+-R \"$r\"}"
+    ctest --test-dir "$CMAKE_DIR" --output-on-failure --timeout 120 ${r:+-R "$r"} 2>&1 | tee "$WORK/ctest.log"
+    local crc=${PIPESTATUS[0]}
+    local line=$(grep -E "tests passed|No tests were found" "$WORK/ctest.log" | tail -1)
+    local nskip=$(grep -c '\*\*\*Skipped' "$WORK/ctest.log")
+    [[ $crc != 0 ]] && rc=1
+    key "ctest$([[ $crc != 0 ]] && echo ' FAILED'): ${line:-rc=$crc}$( (( nskip > 0 )) && echo ", $nskip skipped (exit 77)")"
+    ran=1
+  else
+    skipmsg "no CMake build in $CMAKE_DIR: ctest"
+  fi
+  [[ $ran == 0 ]] && return 3
+  return $rc
+}
+
+part_cpp_bench() {
+  if [[ "$MODE" != gpu ]]; then
+    skipmsg "no GPU: C++ benchmarks (bench/cpp binaries in build/gpu)"
+    return 3
+  fi
+  [[ -d "$CMAKE_DIR" ]] || { skipmsg "no $CMAKE_DIR (build part failed or no CMakeLists.txt)"; return 3; }
+  local keys=$(sel_keys) bins=() b name ok=0 fail=0
+  mapfile -t bins < <(find "$CMAKE_DIR" -maxdepth 3 -type f -perm -u+x -name 'bench_*' ! -path '*CMakeFiles*' | sort)
+  mkdir -p "$WORK/cpp"
+  local deadline=$(echo "$(now) + $PART_TIMEOUT - 5" | bc)
+  for b in "${bins[@]}"; do
+    name=$(basename "$b")
+    if [[ -n "$keys" ]]; then
+      local hit=0 kk; for kk in $keys; do [[ "$name" == *"$kk"* ]] && hit=1; done
+      [[ $hit == 0 ]] && continue
+    fi
+    local left=$(printf "%.0f" "$(echo "$deadline - $(now)" | bc)")
+    if (( left < 5 )); then echo "no time left for $name"; echo "$name|skipped|0" >> "$WORK/cpp/index"; continue; fi
+    local args=(--json "$WORK/cpp/$name.json")
+    [[ "$name" != *cuda* ]] && args+=(--quick)  # CPU benches: smoke run only on the GPU machine
+    local t0=$(now)
+    echo "== $name ${args[*]} (timeout $(( left < 60 ? left : 60 )) s)"
+    timeout -k 5 $(( left < 60 ? left : 60 )) "$b" "${args[@]}" > "$WORK/cpp/$name.log" 2>&1
+    local brc=$?
+    cat "$WORK/cpp/$name.log" | tail -30
+    echo "$name|$brc|$(fsecs $(echo "$(now) - $t0" | bc))" >> "$WORK/cpp/index"
+    if [[ $brc == 0 ]]; then ok=$((ok + 1)); else fail=$((fail + 1)); echo "$name: rc=$brc"; fi
+  done
+  "$PY" - "$WORK/cpp" "$RES/${STAMP}_${SLUG}_cpp_bench.json" <<'EOF'
+import json, os, sys
+d, path = sys.argv[1:3]
+out = {}
+idx = os.path.join(d, "index")
+for line in (open(idx).read().splitlines() if os.path.exists(idx) else []):
+    name, rc, secs = line.split("|")
+    rec = {"rc": rc, "seconds": float(secs), "json": None}
+    j = os.path.join(d, name + ".json")
+    if os.path.exists(j):
+        try:
+            rec["json"] = json.load(open(j))
+        except Exception as e:  # keep the raw text when it is not valid JSON
+            rec["json_error"] = str(e); rec["json_raw"] = open(j).read()[:20000]
+    lg = os.path.join(d, name + ".log")
+    if os.path.exists(lg):
+        rec["output_tail"] = open(lg, errors="replace").read()[-4000:]
+    out[name] = rec
+json.dump(out, open(path, "w"), indent=1)
+print(f"wrote {path} ({len(out)} binaries)")
+EOF
+  local nsel=$(( ok + fail ))
+  key "$nsel of ${#bins[@]} binaries run: $ok ok, $fail failed"
+  (( nsel == 0 )) && { echo "no bench_* binaries selected in $CMAKE_DIR"; return 3; }
+  [[ $fail == 0 ]]
+}
+
+part_py_bench() {
+  local args=(--out "$WORK/py")
+  if [[ "$MODE" == gpu ]]; then args+=(--device cuda); else args+=(--device cpu --quick); fi
+  [[ "$FAM_FILTER" == 1 ]] && args+=(--only "$(echo $FAMS | tr ' ' ',')")
+  echo "$PY bench/run_all.py ${args[*]}"
+  PYTHONUNBUFFERED=1 "$PY" bench/run_all.py "${args[@]}" 2>&1 | tee "$WORK/py_bench.log"
+  local rc=${PIPESTATUS[0]}
+  local f
+  for f in "$WORK"/py/*_py_bench.json; do [[ -f "$f" ]] && cp "$f" "$RES/"; done
+  local line=$(grep -E "^run_all: (OK|FAILED)" "$WORK/py_bench.log" | tail -1 | sed 's/^run_all: //')
+  key "${line:-no summary (rc=$rc)}"
+  return $rc
+}
+
+if [[ "${1:-}" == "--part" ]]; then
+  PART=$2
+  "part_$PART"
+  exit $?
+fi
+
+# ===== the driver ==========================================================================
+
+usage() { sed -n '2,30p' "$SELF" | sed 's/^# \{0,1\}//'; }
+RES="" ONLY="" BUDGET=${DK_GPU_CHECK_BUDGET_S:-480} FORCE_DRY=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --only) ONLY=$2; shift 2 ;;
+    --only=*) ONLY=${1#--only=}; shift ;;
+    --budget) BUDGET=$2; shift 2 ;;
+    --dry-run) FORCE_DRY=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    -*) echo "gpu_check: unknown option $1" >&2; usage >&2; exit 2 ;;
+    *) [[ -z "$RES" ]] && RES=$1 || { echo "gpu_check: extra argument $1" >&2; exit 2; }; shift ;;
+  esac
+done
+[[ -n "$RES" ]] || { usage >&2; exit 2; }
+mkdir -p "$RES" || exit 2
+RES=$(cd "$RES" && pwd)
+T_START=$(now)
+DEADLINE=$(( $(date +%s) + BUDGET ))
+
+# which parts and families
+SEL_PARTS="" FAMS="" UNKNOWN=""
+IFS=',' read -r -a TOKENS <<< "$ONLY"
+for t in "${TOKENS[@]}"; do
+  t=$(echo "$t" | tr -d ' ')
+  [[ -z "$t" ]] && continue
+  if part_names | grep -qx "$t"; then SEL_PARTS="$SEL_PARTS $t"
+  elif family_names | grep -qx "$t"; then FAMS="$FAMS $t"
+  else UNKNOWN="$UNKNOWN $t"; fi
+done
+FAM_FILTER=0
+[[ -n "$FAMS" ]] && FAM_FILTER=1 || FAMS=$(family_names | tr '\n' ' ')
+if [[ -z "$SEL_PARTS" ]]; then
+  if [[ -z "$ONLY" || "$FAM_FILTER" == 1 ]]; then SEL_PARTS=$(part_names | tr '\n' ' ')
+  else SEL_PARTS="env"; fi  # --only named nothing known: just describe the machine
+fi
+
+# GPU or dry run
+MODE=gpu DRY_REASON=""
+if [[ $FORCE_DRY == 1 ]]; then DRY_REASON="--dry-run"
+elif ! command -v nvidia-smi > /dev/null 2>&1; then DRY_REASON="nvidia-smi not found"
+elif ! nvidia-smi -L > /dev/null 2>&1; then DRY_REASON="nvidia-smi -L failed"
+elif ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  DRY_REASON="torch.cuda.is_available() is False"
+fi
+[[ -n "$DRY_REASON" ]] && MODE=dry
+
+WORK=$(mktemp -d /tmp/dk_gpu_check.XXXXXX)
+if [[ "$MODE" == gpu ]]; then
+  SITE=/tmp/site CMAKE_DIR=build/gpu JOBS=${MAX_JOBS:-16}
+  SLUG=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | sed 's/NVIDIA//; s/^ *//; s/[^A-Za-z0-9.]\{1,\}/-/g; s/-$//')
+else
+  SITE=$WORK/site CMAKE_DIR=build/gpu-check-cpu JOBS=${MAX_JOBS:-$(nproc)}
+  SLUG=cpu
+fi
+STAMP=$(date +%Y%m%d-%H%M)
+SLUG=${SLUG:-cuda}
+# carried wheels (installed by env) and this checkout's python/ come first on the path
+export PYTHONPATH="$SITE:$REPO/python${PYTHONPATH:+:$PYTHONPATH}"
+[[ -f "$SITE/cutlass_library/source/include/cutlass/cutlass.h" || "$MODE" == gpu ]] &&
+  export CUTLASS_INCLUDE_DIR="$SITE/cutlass_library/source/include"
+export MODE DRY_REASON WORK RES SITE CMAKE_DIR JOBS SLUG STAMP FAMS FAM_FILTER
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
+
+echo "gpu_check: mode $MODE${DRY_REASON:+ ($DRY_REASON)}; budget ${BUDGET}s; results in $RES"
+echo "gpu_check: parts:$( echo " $SEL_PARTS" | tr -s ' ')  families: $FAMS$([[ $FAM_FILTER == 0 ]] && echo '(all)')"
+for u in $UNKNOWN; do
+  echo "gpu_check: skipping '$u': not a part ($(part_names | tr '\n' ' ')) nor a known family ($(family_names | tr '\n' ' ')); add a line to FAMILIES in tools/gpu_check.sh" |
+    tee -a "$WORK/skips"
+done
+if [[ "$MODE" == dry ]]; then
+  echo "gpu_check: DRY RUN (no GPU): skipping the GPU parts: CUDA extension build, CMake CUDA build (build/gpu),"
+  echo "           pytest -m cuda, ctest on build/gpu, bench/cpp CUDA benchmarks, py_bench --device cuda, GPU ceilings;"
+  echo "           running instead: env, CMake CPU build + ctest ($CMAKE_DIR), CPU ceilings, py_bench --device cpu --quick"
+fi
+
+declare -A STATUS=() SECS=()
+ORDER=()
+n_sel=$(echo $SEL_PARTS | wc -w)
+i=0
+for p in $(part_names); do
+  [[ " $SEL_PARTS " == *" $p "* ]] || continue
+  i=$((i + 1))
+  ORDER+=("$p")
+  left=$(( DEADLINE - $(date +%s) ))
+  reserve=$(( (n_sel - i) * 10 ))  # keep 10 s for each later part
+  cap=$(part_cap "$p")
+  t=$(( left - reserve < cap ? left - reserve : cap ))
+  if (( t < 10 )); then
+    STATUS[$p]="SKIP(budget)"; SECS[$p]=0
+    echo "=== $p: skipped, budget spent" | tee -a "$WORK/skips"
+    continue
+  fi
+  echo
+  echo "=================== part $p (timeout ${t}s) ==================="
+  t0=$(now)
+  PART_TIMEOUT=$t timeout -k 10 "$t" bash "$SELF" --part "$p" 2>&1 | tee "$WORK/log.$p"
+  rc=${PIPESTATUS[0]}
+  SECS[$p]=$(fsecs $(echo "$(now) - $t0" | bc))
+  case $rc in
+    0) STATUS[$p]=ok ;;
+    3) STATUS[$p]=skipped ;;
+    124|137) STATUS[$p]="TIMEOUT(${t}s)" ;;
+    *) STATUS[$p]="FAIL(rc=$rc)" ;;
+  esac
+  [[ "$MODE" == dry && "${STATUS[$p]}" == ok ]] && STATUS[$p]="ok(cpu)"
+  echo "=== part $p: ${STATUS[$p]} in ${SECS[$p]} s"
+done
+
+# ===== results: summary.json, results.md, log.txt =========================================
+keyof() { [[ -f "$WORK/key.$1" ]] && paste -sd '\t' "$WORK/key.$1" | sed 's/\t/; /g' || true; }
+{
+  for p in "${ORDER[@]}"; do
+    echo "$p|${STATUS[$p]}|${SECS[$p]}|$(keyof "$p")"
+  done
+} > "$WORK/table"
+TOTAL=$(fsecs $(echo "$(now) - $T_START" | bc))
+
+"$PY" - "$WORK" "$RES" "$MODE" "$DRY_REASON" "$TOTAL" "$STAMP" "$SLUG" "$FAMS" "$FAM_FILTER" <<'EOF'
+import glob, json, os, sys
+work, res, mode, reason, total, stamp, slug, fams, famf = sys.argv[1:10]
+parts = []
+for line in open(os.path.join(work, "table")).read().splitlines():
+    p, st, secs, key = line.split("|", 3)
+    parts.append({"part": p, "status": st, "seconds": float(secs), "key": key})
+skips = open(os.path.join(work, "skips")).read().splitlines() if os.path.exists(os.path.join(work, "skips")) else []
+summary = {"mode": mode, "dry_reason": reason, "stamp": stamp, "device": slug, "total_seconds": float(total),
+           "families": fams.split(), "family_filter": famf == "1", "parts": parts, "skipped": skips}
+json.dump(summary, open(os.path.join(res, "summary.json"), "w"), indent=1)
+
+md = [f"# gpu_check {stamp} ({'GPU' if mode == 'gpu' else 'CPU-only dry run: ' + reason})", ""]
+md += ["| part | status | seconds | key numbers |", "|---|---|---|---|"]
+md += [f"| {p['part']} | {p['status']} | {p['seconds']:.1f} | {p['key']} |" for p in parts]
+md += ["", f"total {float(total):.1f} s; families: {fams}"]
+if skips:
+    md += ["", "## Skipped", ""] + [f"- {s}" for s in skips]
+for f in sorted(glob.glob(os.path.join(res, "*_ceilings.json"))):
+    md += ["", "## Ceilings", ""]
+    for c in json.load(open(f)):
+        md.append(f"- {c['kind']}: **{c['value']:.1f}** on {c.get('device_name', c['device'])} ({c['detail']})")
+for f in sorted(glob.glob(os.path.join(work, "py", "*_py_bench.md"))):
+    body = open(f).read().splitlines()
+    md += ["", "## Python microbenchmarks (bench/run_all.py)", ""] + body[1:]
+for name, title in (("pytest.log", "pytest -m cuda"), ("ctest.log", "ctest")):
+    f = os.path.join(work, name)
+    if os.path.exists(f):
+        lines = open(f, errors="replace").read().splitlines()
+        md += ["", f"## {title} (last lines)", "", "```"] + lines[-25:] + ["```"]
+idx = os.path.join(work, "cpp", "index")
+if os.path.exists(idx):
+    md += ["", "## C++ benchmarks (bench/cpp)", ""]
+    for line in open(idx).read().splitlines():
+        name, rc, secs = line.split("|")
+        md += [f"### {name} (rc {rc}, {secs} s)", "", "```"]
+        lg = os.path.join(work, "cpp", name + ".log")
+        if os.path.exists(lg):
+            md += open(lg, errors="replace").read().splitlines()[-40:]
+        md += ["```", ""]
+open(os.path.join(res, "results.md"), "w").write("\n".join(md) + "\n")
+EOF
+
+# log.txt: every part's output, each capped at 2 MB (head + tail) so the file comes back
+{
+  for p in "${ORDER[@]}"; do
+    f="$WORK/log.$p"
+    [[ -f "$f" ]] || continue
+    echo "=================== $p: ${STATUS[$p]} (${SECS[$p]} s)"
+    if (( $(stat -c %s "$f") > 2000000 )); then
+      head -c 400000 "$f"; echo; echo "[... cut ...]"; tail -c 1500000 "$f"
+    else
+      cat "$f"
+    fi
+    for extra in build_ext build_cmake; do
+      [[ "$p" == build && -f "$WORK/$extra.log" ]] && { echo "----- $extra.log"; tail -c 1000000 "$WORK/$extra.log"; }
+    done
+  done
+} > "$RES/log.txt"
+
+nfiles=$(find "$RES" -maxdepth 1 -type f | wc -l)
+ndirs=$(find "$RES" -mindepth 1 -type d | wc -l)
+(( nfiles > 8 || ndirs > 0 )) && echo "gpu_check: WARNING: $RES has $nfiles files and $ndirs folders (the device tool returns at most 8 files)"
+
+# the short table, last (the device tool returns the tail of the output)
+FAILED=0
+echo
+echo "gpu_check $STAMP: mode $MODE${DRY_REASON:+ ($DRY_REASON)}, total ${TOTAL}s, results in $RES ($nfiles files)"
+[[ -s "$WORK/skips" ]] && sed 's/^/  skipped: /' "$WORK/skips"
+printf "%-10s %-14s %7s  %s\n" part status seconds "key numbers"
+printf "%-10s %-14s %7s  %s\n" ---------- -------------- ------- -----------
+while IFS='|' read -r p st s k; do
+  printf "%-10s %-14s %7s  %s\n" "$p" "$st" "$s" "$k"
+  [[ "$st" == FAIL* || "$st" == TIMEOUT* ]] && FAILED=$((FAILED + 1))
+done < "$WORK/table"
+rm -rf "$WORK"
+if (( FAILED > 0 )); then echo "gpu_check: $FAILED part(s) failed"; exit 1; fi
+echo "gpu_check: all selected parts passed or were skipped"
+exit 0
