@@ -2,6 +2,8 @@
 // every tensor (naming the argument in the error) and returns the sizes and strides the
 // kernel needs. Device-specific launchers add only what is device-specific.
 #pragma once
+#include <cmath>
+
 #include "check.h"
 
 namespace dk {
@@ -119,6 +121,78 @@ inline RopeArgs rotary_embedding_args(const at::Tensor& positions,              
   a.max_position = cos_sin_cache.size(0);
   TORCH_CHECK(a.rot_dim >= 2 && a.rot_dim % 2 == 0 && a.rot_dim <= head_size, op,
               ": 'cos_sin_cache' dim 1 (rot_dim) must be even and in [2, head_size=", head_size, "], got ", a.rot_dim);
+  return a;
+}
+
+struct CacheArgs {
+  int64_t num_tokens, k_stride, v_stride, num_blocks;
+  int num_kv_heads, block_size, head_dim;
+};
+
+// key/value: [T, Hk, D] with a free token stride; caches [num_blocks, Hk, block_size, D].
+inline CacheArgs reshape_and_cache_args(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache,
+                                        const at::Tensor& value_cache, const at::Tensor& slot_mapping) {
+  const char* op = "decodekit::reshape_and_cache";
+  CacheArgs a{};
+  Check(op, "key_cache", key_cache).dim(4).dtype(kFloatTypes).contiguous();
+  a.num_blocks = key_cache.size(0);
+  a.num_kv_heads = int(key_cache.size(1));
+  a.block_size = int(key_cache.size(2));
+  a.head_dim = int(key_cache.size(3));
+  Check(op, "value_cache", value_cache).same_shape(key_cache, "key_cache").dtype_as(key_cache, "key_cache")
+      .device_as(key_cache, "key_cache").contiguous();
+  Check(op, "slot_mapping", slot_mapping).dim(1).dtype({at::kLong}).device_as(key_cache, "key_cache").contiguous();
+  a.num_tokens = slot_mapping.size(0);
+  for (auto [t, name] : {std::pair{&key, "key"}, std::pair{&value, "value"}}) {
+    Check(op, name, *t).dim(3).size(0, a.num_tokens, "num_tokens").size(1, a.num_kv_heads, "num_kv_heads")
+        .size(2, a.head_dim, "head_dim").dtype_as(key_cache, "key_cache").device_as(key_cache, "key_cache");
+    TORCH_CHECK(t->stride(2) == 1 && (t->size(1) == 1 || t->stride(1) == a.head_dim), op, ": '", name,
+                "' must have contiguous heads (strides [*, head_dim, 1]), got ", t->strides());
+  }
+  a.k_stride = key.stride(0);
+  a.v_stride = value.stride(0);
+  return a;
+}
+
+struct AttnArgs {
+  int64_t num_tokens, q_stride, num_blocks;
+  int num_seqs, num_q_heads, num_kv_heads, block_size, head_dim, max_blocks;
+};
+
+inline AttnArgs paged_attention_args(const at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+                                     const at::Tensor& value_cache, const at::Tensor& block_tables,
+                                     const at::Tensor& seq_lens, const at::Tensor& query_start_loc, double scale,
+                                     const std::optional<at::Tensor>& lse) {
+  const char* op = "decodekit::paged_attention";
+  AttnArgs a{};
+  Check(op, "key_cache", key_cache).dim(4).dtype(kFloatTypes).contiguous();
+  a.num_blocks = key_cache.size(0);
+  a.num_kv_heads = int(key_cache.size(1));
+  a.block_size = int(key_cache.size(2));
+  a.head_dim = int(key_cache.size(3));
+  Check(op, "value_cache", value_cache).same_shape(key_cache, "key_cache").dtype_as(key_cache, "key_cache")
+      .device_as(key_cache, "key_cache").contiguous();
+  Check(op, "query", query).dim(3).size(2, a.head_dim, "head_dim").dtype_as(key_cache, "key_cache")
+      .device_as(key_cache, "key_cache");
+  a.num_tokens = query.size(0);
+  a.num_q_heads = int(query.size(1));
+  TORCH_CHECK(a.num_q_heads % a.num_kv_heads == 0, op, ": 'query' has ", a.num_q_heads,
+              " heads, not a multiple of the cache's num_kv_heads ", a.num_kv_heads);
+  TORCH_CHECK(query.stride(2) == 1 && (a.num_q_heads == 1 || query.stride(1) == a.head_dim), op,
+              ": 'query' must have contiguous heads (strides [*, head_dim, 1]), got ", query.strides());
+  a.q_stride = query.stride(0);
+  Check(op, "out", out).same_shape(query, "query").dtype_as(query, "query").device_as(query, "query").contiguous();
+  Check(op, "block_tables", block_tables).dim(2).dtype({at::kInt}).device_as(query, "query").contiguous();
+  a.num_seqs = int(block_tables.size(0));
+  a.max_blocks = int(block_tables.size(1));
+  Check(op, "seq_lens", seq_lens).dim(1).size(0, a.num_seqs, "num_seqs").dtype({at::kInt}).device_as(query, "query")
+      .contiguous();
+  Check(op, "query_start_loc", query_start_loc).dim(1).size(0, a.num_seqs + 1, "num_seqs + 1").dtype({at::kInt})
+      .device_as(query, "query").contiguous();
+  if (lse.has_value())
+    Check(op, "lse", *lse).dim(2).size(0, a.num_tokens, "num_tokens").size(1, a.num_q_heads, "num_q_heads")
+        .dtype({at::kFloat}).device_as(query, "query").contiguous();
+  TORCH_CHECK(std::isfinite(scale) && scale > 0, op, ": 'scale' must be a positive finite number, got ", scale);
   return a;
 }
 

@@ -20,6 +20,20 @@ TORCH_LIBRARY(decodekit, m) {
       "int head_size, bool is_neox) -> ()");
   // out = silu(input[..., :d]) * input[..., d:];  out: [..., d] contiguous; input: [..., 2d]
   m.def("silu_and_mul(Tensor(a!) out, Tensor input) -> ()");
+
+  // Paged KV cache: [num_blocks, num_kv_heads, block_size, head_dim] per layer for K and V.
+  // Writes key/value [num_tokens, num_kv_heads, head_dim] (token stride free) at
+  // slot_mapping [num_tokens] int64 (slot = block * block_size + offset; < 0 skipped).
+  m.def(
+      "reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
+      "Tensor slot_mapping) -> ()");
+  // Causal attention of each sequence's new tokens over its paged context.
+  // out: [T, Hq, D]; query: [T, Hq, D] (token stride free); block_tables: [S, max_blocks] int32;
+  // seq_lens: [S] int32 context length incl. new tokens; query_start_loc: [S + 1] int32;
+  // lse (optional): [T, Hq] float32, natural-log sum of exp of the scaled scores.
+  m.def(
+      "paged_attention(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "
+      "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale, Tensor(b!)? lse) -> ()");
 }
 
 // `import decodekit._C` loads this library, which runs the registrations above.

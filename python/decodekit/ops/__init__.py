@@ -72,35 +72,55 @@ def _silu_and_mul_fake(out, input):
 
 
 # --- paged KV cache and attention --------------------------------------------------------
-# Until the attention kernels land (issue 4) these run the reference in place; the model
-# calls only these wrappers, so it does not care which implementation is behind them.
+# KV cache per layer: K and V each [num_blocks, num_kv_heads, block_size, head_dim].
 
-def reshape_and_cache(key: torch.Tensor,          # [T, Hk, D]
-                      value: torch.Tensor,        # [T, Hk, D]
+def _has_kernel(op: str, device: torch.device) -> bool:
+    key = "CUDA" if device.type == "cuda" else "CPU"
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"decodekit::{op}", key)
+
+
+def reshape_and_cache(key: torch.Tensor,          # [T, Hk, D] (token stride free)
+                      value: torch.Tensor,        # [T, Hk, D] (token stride free)
                       key_cache: torch.Tensor,    # [num_blocks, Hk, block_size, D], written in place
                       value_cache: torch.Tensor,  # [num_blocks, Hk, block_size, D], written in place
                       slot_mapping: torch.Tensor  # [T] int64, < 0 = skip
                       ) -> None:
-    bs = key_cache.shape[2]
-    keep = slot_mapping >= 0
-    if not bool(keep.all()):
-        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
-    blk, off = slot_mapping // bs, slot_mapping % bs
-    key_cache[blk, :, off] = key.to(key_cache.dtype)
-    value_cache[blk, :, off] = value.to(value_cache.dtype)
+    if _has_kernel("reshape_and_cache", key_cache.device):
+        _ops.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+        return
+    kc, vc = reference.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+    key_cache.copy_(kc)
+    value_cache.copy_(vc)
 
 
-def paged_attention(query: torch.Tensor,            # [T, Hq, D]
+def paged_attention(query: torch.Tensor,            # [T, Hq, D] (token stride free)
                     key_cache: torch.Tensor,        # [num_blocks, Hk, block_size, D]
                     value_cache: torch.Tensor,      # [num_blocks, Hk, block_size, D]
                     block_tables: torch.Tensor,     # [S, max_blocks] int32
-                    seq_lens: torch.Tensor,         # [S]
-                    query_start_loc: torch.Tensor,  # [S + 1]
+                    seq_lens: torch.Tensor,         # [S] int32
+                    query_start_loc: torch.Tensor,  # [S + 1] int32
                     scale: float,
-                    out: torch.Tensor | None = None) -> torch.Tensor:  # [T, Hq, D]
-    o, _ = reference.paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
-                                     query_start_loc, scale)
+                    out: torch.Tensor | None = None,   # [T, Hq, D]
+                    lse: torch.Tensor | None = None    # [T, Hq] float32
+                    ) -> torch.Tensor:
     if out is None:
-        return o
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    if _has_kernel("paged_attention", query.device):
+        _ops.paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
+                             scale, lse)
+        return out
+    o, l = reference.paged_attention(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale)
     out.copy_(o)
+    if lse is not None:
+        lse.copy_(l)
     return out
+
+
+@torch.library.register_fake("decodekit::reshape_and_cache")
+def _reshape_and_cache_fake(key, value, key_cache, value_cache, slot_mapping):
+    return None
+
+
+@torch.library.register_fake("decodekit::paged_attention")
+def _paged_attention_fake(out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, lse):
+    return None

@@ -1,0 +1,75 @@
+// CPU launchers for reshape_and_cache and paged_attention (kernels in
+// include/decodekit/attention/cpu.h). The host can afford to validate the metadata
+// (block ids, lengths) that the CUDA launchers must trust.
+#include <torch/library.h>
+
+#include "../op_args.h"
+#include "dispatch.h"
+#include "decodekit/attention/cpu.h"
+
+namespace {
+
+void reshape_and_cache_cpu(const at::Tensor& key,        // [T, Hk, D]
+                           const at::Tensor& value,      // [T, Hk, D]
+                           at::Tensor& key_cache,        // [num_blocks, Hk, block_size, D]
+                           at::Tensor& value_cache,      // [num_blocks, Hk, block_size, D]
+                           const at::Tensor& slot_mapping) {  // [T] int64
+  const dk::CacheArgs a = dk::reshape_and_cache_args(key, value, key_cache, value_cache, slot_mapping);
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  const int64_t num_slots = a.num_blocks * a.block_size;
+  for (int64_t t = 0; t < a.num_tokens; ++t)
+    TORCH_CHECK(slots[t] < num_slots, "decodekit::reshape_and_cache: 'slot_mapping'[", t, "] = ", slots[t],
+                " is outside the cache (num_blocks * block_size = ", num_slots, ")");
+  const dk::PagedLayout L{a.num_kv_heads, a.block_size, a.head_dim};
+  DK_CPU_DISPATCH_FLOATING(key.scalar_type(), "decodekit::reshape_and_cache", [&] {
+    dk::cpu::reshape_and_cache<scalar_t>(dk_ptr<scalar_t>(key), dk_ptr<scalar_t>(value), a.k_stride, a.v_stride,
+                                         dk_ptr<scalar_t>(key_cache), dk_ptr<scalar_t>(value_cache), slots,
+                                         a.num_tokens, L);
+  });
+}
+
+void paged_attention_cpu(at::Tensor& out,                    // [T, Hq, D]
+                         const at::Tensor& query,            // [T, Hq, D]
+                         const at::Tensor& key_cache,        // [num_blocks, Hk, block_size, D]
+                         const at::Tensor& value_cache,      // [num_blocks, Hk, block_size, D]
+                         const at::Tensor& block_tables,     // [S, max_blocks] int32
+                         const at::Tensor& seq_lens,         // [S] int32
+                         const at::Tensor& query_start_loc,  // [S + 1] int32
+                         double scale, const std::optional<at::Tensor>& lse) {  // [T, Hq] float32
+  const char* op = "decodekit::paged_attention";
+  const dk::AttnArgs a = dk::paged_attention_args(out, query, key_cache, value_cache, block_tables, seq_lens,
+                                                  query_start_loc, scale, lse);
+  const int32_t* qsl = query_start_loc.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int32_t* bt = block_tables.data_ptr<int32_t>();
+  TORCH_CHECK(qsl[0] == 0 && qsl[a.num_seqs] == a.num_tokens, op, ": 'query_start_loc' must start at 0 and end at ",
+              "num_tokens = ", a.num_tokens, ", got [", qsl[0], " .. ", qsl[a.num_seqs], "]");
+  for (int s = 0; s < a.num_seqs; ++s) {
+    const int64_t n = qsl[s + 1] - qsl[s];
+    TORCH_CHECK(n >= 0, op, ": 'query_start_loc' must be non-decreasing (sequence ", s, ")");
+    TORCH_CHECK(lens[s] >= n, op, ": 'seq_lens'[", s, "] = ", lens[s], " is smaller than its ", n, " new tokens");
+    if (n == 0) continue;
+    const int64_t nb = (int64_t(lens[s]) + a.block_size - 1) / a.block_size;
+    TORCH_CHECK(nb <= a.max_blocks, op, ": 'seq_lens'[", s, "] = ", lens[s], " needs ", nb,
+                " blocks but 'block_tables' has ", a.max_blocks, " columns");
+    for (int64_t b = 0; b < nb; ++b) {
+      const int32_t id = bt[int64_t(s) * a.max_blocks + b];
+      TORCH_CHECK(id >= 0 && id < a.num_blocks, op, ": 'block_tables'[", s, ", ", b, "] = ", id,
+                  " is outside [0, num_blocks = ", a.num_blocks, ")");
+    }
+  }
+  dk::cpu::PagedAttentionParams P{a.num_tokens, a.num_seqs, a.num_q_heads, a.max_blocks, a.q_stride, float(scale),
+                                  dk::PagedLayout{a.num_kv_heads, a.block_size, a.head_dim}};
+  float* lse_ptr = lse.has_value() ? lse->data_ptr<float>() : nullptr;
+  DK_CPU_DISPATCH_FLOATING(query.scalar_type(), op, [&] {
+    dk::cpu::paged_attention<scalar_t>(dk_ptr<scalar_t>(out), lse_ptr, dk_ptr<scalar_t>(query),
+                                       dk_ptr<scalar_t>(key_cache), dk_ptr<scalar_t>(value_cache), bt, lens, qsl, P);
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(decodekit, CPU, m) {
+  m.impl("reshape_and_cache", &reshape_and_cache_cpu);
+  m.impl("paged_attention", &paged_attention_cpu);
+}

@@ -1,0 +1,135 @@
+// CPU kernels for the paged KV cache: reshape_and_cache and paged_attention (torch-free).
+// Parallel over (sequence, KV head, query tile); every query head of a GQA group is
+// processed together so each K/V row is converted and read once per tile.
+#pragma once
+#include <algorithm>
+#include <vector>
+
+#include "decodekit/attention/common.h"
+#include "decodekit/common/dtype.h"
+
+namespace dk::cpu {
+
+template <class T>
+void reshape_and_cache(const T* key,              // [T, Hk, D], token stride k_stride
+                       const T* value,            // [T, Hk, D], token stride v_stride
+                       int64_t k_stride, int64_t v_stride,
+                       T* key_cache, T* value_cache,  // [num_blocks, Hk, block_size, D]
+                       const int64_t* slot_mapping,   // [T], < 0 = skip
+                       int64_t num_tokens, PagedLayout L) {
+  const int D = L.head_dim;
+  DK_OMP_PARALLEL_FOR_IF(num_tokens * L.num_kv_heads * D >= kParallelGrain)
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int64_t slot = slot_mapping[t];
+    if (slot < 0) continue;
+    for (int h = 0; h < L.num_kv_heads; ++h) {
+      const int64_t dst = L.slot_row(slot, h);
+      std::copy_n(key + t * k_stride + int64_t(h) * D, D, key_cache + dst);
+      std::copy_n(value + t * v_stride + int64_t(h) * D, D, value_cache + dst);
+    }
+  }
+}
+
+struct PagedAttentionParams {
+  int64_t num_tokens;      // T: all sequences' new tokens
+  int num_seqs;            // S
+  int num_q_heads;         // Hq (a multiple of Hk)
+  int max_blocks;          // block_tables row length
+  int64_t q_stride;        // token stride of query (head stride = head_dim)
+  float scale;             // softmax scale
+  PagedLayout L;
+};
+
+// One work item: sequence s, KV head h, new-token rows [t0, t1) of that sequence.
+struct AttnWork { int s, h; int64_t t0, t1; };
+
+template <class T>
+void paged_attention(T* out,                      // [T, Hq, D] contiguous
+                     float* lse,                  // [T, Hq] or null
+                     const T* query,              // [T, Hq, D], token stride q_stride
+                     const T* key_cache,          // [num_blocks, Hk, block_size, D]
+                     const T* value_cache,        // [num_blocks, Hk, block_size, D]
+                     const int32_t* block_tables, // [S, max_blocks]
+                     const int32_t* seq_lens,     // [S]
+                     const int32_t* query_start,  // [S + 1]
+                     const PagedAttentionParams& P) {
+  const int D = P.L.head_dim, bs = P.L.block_size, Hk = P.L.num_kv_heads;
+  const int group = P.num_q_heads / Hk;
+  constexpr int64_t kTile = 16;  // query tokens per work item
+  std::vector<AttnWork> work;
+  for (int s = 0; s < P.num_seqs; ++s)
+    for (int64_t t0 = query_start[s]; t0 < query_start[s + 1]; t0 += kTile)
+      for (int h = 0; h < Hk; ++h) work.push_back({s, h, t0, std::min<int64_t>(t0 + kTile, query_start[s + 1])});
+  int64_t total_keys = 0;
+  for (int s = 0; s < P.num_seqs; ++s) total_keys += int64_t(seq_lens[s]) * (query_start[s + 1] - query_start[s]);
+
+#pragma omp parallel if (total_keys * P.num_q_heads * D >= kParallelGrain)
+  {
+    const int max_rows = int(kTile) * group;
+    std::vector<float> q(size_t(max_rows) * D), acc(size_t(max_rows) * D), kf(size_t(bs) * D), vf(size_t(bs) * D),
+        sc(size_t(max_rows) * bs);
+    std::vector<OnlineSoftmax> sm(max_rows);
+    std::vector<int64_t> last(max_rows);
+#pragma omp for schedule(dynamic, 1)
+    for (size_t w = 0; w < work.size(); ++w) {
+      const AttnWork W = work[w];
+      const int64_t n = query_start[W.s + 1] - query_start[W.s];
+      const int64_t ctx = seq_lens[W.s];
+      const int rows = int(W.t1 - W.t0) * group;
+      // Gather the tile's queries (all heads of the group), pre-scaled, in fp32.
+      for (int64_t t = W.t0; t < W.t1; ++t)
+        for (int g = 0; g < group; ++g) {
+          const int r = int(t - W.t0) * group + g;
+          const T* src = query + t * P.q_stride + int64_t(W.h * group + g) * D;
+          for (int d = 0; d < D; ++d) q[size_t(r) * D + d] = to_float(src[d]) * P.scale;
+          last[r] = causal_last_key(ctx, n, t - query_start[W.s]);
+          sm[r].init();
+        }
+      std::fill(acc.begin(), acc.begin() + size_t(rows) * D, 0.f);
+      const int64_t tile_last = last[rows - 1];
+      const int32_t* table = block_tables + int64_t(W.s) * P.max_blocks;
+      for (int64_t k0 = 0; k0 <= tile_last; k0 += bs) {
+        const int nk = int(std::min<int64_t>(bs, tile_last + 1 - k0));
+        const int64_t base = P.L.row(table[k0 / bs], W.h, 0);
+        for (int j = 0; j < nk * D; ++j) kf[j] = to_float(key_cache[base + j]);
+        for (int j = 0; j < nk * D; ++j) vf[j] = to_float(value_cache[base + j]);
+        for (int r = 0; r < rows; ++r) {
+          const int valid = int(std::min<int64_t>(nk, last[r] + 1 - k0));  // causal mask
+          if (valid <= 0) continue;
+          const float* qr = &q[size_t(r) * D];
+          float* s = &sc[size_t(r) * bs];
+          float mx = -INFINITY;
+          for (int j = 0; j < valid; ++j) {
+            const float* kr = &kf[size_t(j) * D];
+            float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+            for (int d = 0; d < D; ++d) dot += qr[d] * kr[d];
+            s[j] = dot;
+            mx = std::max(mx, dot);
+          }
+          const float corr = sm[r].rescale(mx);
+          float* ar = &acc[size_t(r) * D];
+#pragma omp simd
+          for (int d = 0; d < D; ++d) ar[d] *= corr;
+          for (int j = 0; j < valid; ++j) {
+            const float p = expf(s[j] - sm[r].m);
+            sm[r].add(p);
+            const float* vr = &vf[size_t(j) * D];
+#pragma omp simd
+            for (int d = 0; d < D; ++d) ar[d] += p * vr[d];
+          }
+        }
+      }
+      for (int r = 0; r < rows; ++r) {
+        const int64_t t = W.t0 + r / group;
+        const int head = W.h * group + r % group;
+        const float inv = 1.f / sm[r].l;
+        T* o = out + (t * P.num_q_heads + head) * int64_t(D);
+        for (int d = 0; d < D; ++d) o[d] = from_float<T>(acc[size_t(r) * D + d] * inv);
+        if (lse) lse[t * P.num_q_heads + head] = sm[r].lse();
+      }
+    }
+  }
+}
+
+}  // namespace dk::cpu

@@ -1,0 +1,107 @@
+"""reshape_and_cache and paged_attention vs the float64 reference."""
+import pytest
+import torch
+from torch.library import opcheck
+
+from conftest import DEVICES, DTYPES, assert_close, randn
+from decodekit import ops
+from decodekit.ops import reference as ref
+
+# (num_q_heads, num_kv_heads, head_dim, block_size): GQA group 3 / 4 / 1 (MHA) / 8,
+# both head dims and both block sizes, each case below run on each.
+CONFIGS = [(9, 3, 64, 16), (32, 8, 128, 16), (8, 8, 128, 32), (64, 8, 64, 32), (9, 3, 128, 32)]
+
+
+def _batch(ctx_lens, new_lens, hq, hk, d, bs, dtype, device, gen, num_blocks=None):
+    """A random paged batch: scattered block tables, a filled cache, and queries."""
+    need = [(c + bs - 1) // bs for c in ctx_lens]
+    num_blocks = num_blocks or sum(need) + 3
+    perm = torch.randperm(num_blocks, generator=gen)
+    tables, used = [], 0
+    for n in need:
+        tables.append(perm[used:used + n].tolist())
+        used += n
+    maxb = max(need) + 1
+    bt = torch.full((len(ctx_lens), maxb), -7, dtype=torch.int32)  # unused entries are garbage
+    for i, t in enumerate(tables):
+        bt[i, :len(t)] = torch.tensor(t, dtype=torch.int32)
+    kc = randn((num_blocks, hk, bs, d), dtype, device, gen)
+    vc = randn((num_blocks, hk, bs, d), dtype, device, gen)
+    T = sum(new_lens)
+    q = randn((T, hq, d), dtype, device, gen)
+    qsl = torch.tensor([0] + list(torch.tensor(new_lens).cumsum(0)), dtype=torch.int32)
+    return q, kc, vc, bt.to(device), torch.tensor(ctx_lens, dtype=torch.int32, device=device), qsl.to(device)
+
+
+CASES = {  # name: (context lengths incl. new tokens, new tokens per sequence)
+    "decode-1": ([1], [1]),
+    "decode-mixed": ([15, 16, 17, 1000, 4097], [1, 1, 1, 1, 1]),
+    "prefill": ([83], [83]),
+    "chunk-mid-block": ([37, 50], [13, 50]),     # 24 cached tokens then a chunk starting mid-block
+    "mixed": ([1, 300, 17, 64], [1, 45, 17, 1]),
+    "batch-37": ([int(x) for x in torch.linspace(1, 700, 37)], [1] * 30 + [3, 5, 7, 1, 2, 9, 4]),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "h{}x{}-d{}-b{}".format(*c))
+@pytest.mark.parametrize("case", list(CASES))
+def test_paged_attention(case, config, dtype, device, gen):
+    ctx, new = CASES[case]
+    hq, hk, head_dim, block_size = config
+    q, kc, vc, bt, lens, qsl = _batch(ctx, new, hq, hk, head_dim, block_size, dtype, device, gen)
+    scale = head_dim ** -0.5
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((q.shape[0], hq), float("nan"), device=device)
+    ops.paged_attention(q, kc, vc, bt, lens, qsl, scale, out=out, lse=lse)
+    want, want_lse = ref.paged_attention(q.double(), kc.double(), vc.double(), bt.cpu(), lens.cpu(), qsl.cpu(), scale)
+    assert_close(out, want, dtype, f"paged_attention {case}")
+    assert_close(lse, want_lse, torch.float32, f"lse {case}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reshape_and_cache(dtype, device, gen):
+    hk, d, bs, nb = 3, 64, 16, 9
+    kc = torch.full((nb, hk, bs, d), float("nan"), dtype=dtype, device=device)
+    vc = kc.clone()
+    T = 37
+    # key/value as strided views of a fused qkv buffer
+    qkv = randn((T, (9 + 2 * hk) * d), dtype, device, gen)
+    k = qkv[:, 9 * d:(9 + hk) * d].view(T, hk, d)
+    v = qkv[:, (9 + hk) * d:].view(T, hk, d)
+    slots = torch.randperm(nb * bs, generator=gen)[:T].clone()
+    slots[[3, 20]] = -1  # padding
+    want_k, want_v = ref.reshape_and_cache(k, v, kc, vc, slots.to(device))
+    ops.reshape_and_cache(k, v, kc, vc, slots.to(device))
+    assert torch.equal(kc.isnan(), want_k.isnan()) and torch.equal(vc.isnan(), want_v.isnan())
+    m = ~kc.isnan()
+    assert torch.equal(kc[m], want_k[m]) and torch.equal(vc[m], want_v[m])
+
+
+def test_attention_errors():
+    q, kc, vc, bt, lens, qsl = _batch([20], [4], 9, 3, 64, 16, torch.float32, "cpu", torch.Generator().manual_seed(0))
+    with pytest.raises(RuntimeError, match="'seq_lens'\\[0\\] = 2 is smaller than its 4 new tokens"):
+        ops.paged_attention(q, kc, vc, bt, torch.tensor([2], dtype=torch.int32), qsl, 0.1)
+    bad = bt.clone(); bad[0, 1] = 99
+    with pytest.raises(RuntimeError, match="'block_tables'\\[0, 1\\] = 99 is outside"):
+        ops.paged_attention(q, kc, vc, bad, lens, qsl, 0.1)
+    with pytest.raises(RuntimeError, match="'query' has 8 heads, not a multiple"):
+        ops.paged_attention(q[:, :8], kc, vc, bt, lens, qsl, 0.1)
+    with pytest.raises(RuntimeError, match="'block_tables' has dtype"):
+        ops.paged_attention(q, kc, vc, bt.long(), lens, qsl, 0.1)
+    with pytest.raises(RuntimeError, match="'slot_mapping'\\[0\\] = 1000 is outside"):
+        ops.reshape_and_cache(q[:, :3], q[:, :3], kc, vc, torch.tensor([1000, 0, 1, 2]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_opcheck(dtype, device, gen):
+    q, kc, vc, bt, lens, qsl = _batch([20, 5], [4, 1], 9, 3, 64, 16, dtype, device, gen)
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[0], 9, device=device)
+    opcheck(torch.ops.decodekit.paged_attention.default, (out, q, kc, vc, bt, lens, qsl, 0.125, lse))
+    opcheck(torch.ops.decodekit.paged_attention.default, (out, q, kc, vc, bt, lens, qsl, 0.125, None))
+    slots = torch.tensor([3, 7, -1, 40, 2], device=device)
+    opcheck(torch.ops.decodekit.reshape_and_cache.default, (q[:, :3], q[:, 3:6], kc.clone(), vc.clone(), slots))
