@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     # one short table: one line per op (a family can have several ops)
     print()
     for c in ceiling_details(args.device):
-        print(f"ceiling {c.kind}: {c.value:.1f} ({c.detail})")
+        print(f"ceiling {c.kind}: {c.value:.4g} ({c.detail})")
     head = f"{'family':<11} {'op':<20} {'status':<8} {'cases':>5} {'med %ceil':>9} {'max %ceil':>9} " \
            f"{'geo speedup':>11} {'min..max speedup':>17} {'s':>6}"
     print(head)

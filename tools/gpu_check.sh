@@ -194,7 +194,7 @@ mm = t.measure_matmul_tflops(dev)  # bf16 on CUDA, fp32 on the CPU
 rows = [c.to_dict() for c in t.ceiling_details()]
 for r in rows:
     r.update(device_name=t.device_name(dev), date=time.strftime("%Y-%m-%dT%H:%M:%S"), torch_version=t.torch.__version__)
-    print(f"{r['kind']}: {r['value']:.1f}  ({r['detail']})")
+    print(f"{r['kind']}: {r['value']:.4g}  ({r['detail']})")
 json.dump(rows, open(path, "w"), indent=1)
 print(f"wrote {path} in {time.time() - t0:.1f} s")
 mmk = "bf16" if dev == "cuda" else "fp32"
@@ -446,7 +446,7 @@ if skips:
 for f in sorted(glob.glob(os.path.join(res, "*_ceilings.json"))):
     md += ["", "## Ceilings", ""]
     for c in json.load(open(f)):
-        md.append(f"- {c['kind']}: **{c['value']:.1f}** on {c.get('device_name', c['device'])} ({c['detail']})")
+        md.append(f"- {c['kind']}: **{c['value']:.4g}** on {c.get('device_name', c['device'])} ({c['detail']})")
 for f in sorted(glob.glob(os.path.join(work, "py", "*_py_bench.md"))):
     body = open(f).read().splitlines()
     md += ["", "## Python microbenchmarks (bench/run_all.py)", ""] + body[1:]

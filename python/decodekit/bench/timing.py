@@ -592,7 +592,7 @@ def write_results(results: Sequence[Result | dict], out_dir: str, name: str, *,
         lines.append("")
     for c in ceilings:
         unit = "GB/s" if c.kind == "copy_gbps" else "TFLOP/s"
-        lines.append(f"- ceiling {c.kind}: **{c.value:.1f} {unit}** on {c.device} ({c.detail})")
+        lines.append(f"- ceiling {c.kind}: **{c.value:.4g} {unit}** on {c.device} ({c.detail})")
     if ceilings:
         lines.append("")
     lines.append("Peers are torch's own implementation of the same op, timed in the same run; "
