@@ -24,8 +24,8 @@
 #
 # Without a GPU (no nvidia-smi, or torch.cuda.is_available() false, or --dry-run) it runs in
 # CPU-only dry-run mode: it says which GPU parts it skips, runs the CPU-meaningful ones quickly
-# (CPU ceilings, CMake CPU build + ctest, py_bench --device cpu --quick) and exits 0 unless
-# one of those fails.
+# (CPU ceilings, CMake CPU build + ctest, CPU C++ benches and py_bench --device cpu, both --quick)
+# and exits 0 unless one of those fails.
 set -u
 
 SELF=$(readlink -f "${BASH_SOURCE[0]}")
@@ -232,13 +232,13 @@ part_tests() {
 }
 
 part_cpp_bench() {
-  if [[ "$MODE" != gpu ]]; then
-    skipmsg "no GPU: C++ benchmarks (bench/cpp binaries in build/gpu)"
-    return 3
-  fi
+  # GPU: every bench_* binary in build/gpu (the CPU ones as a --quick smoke run).
+  # Dry run: the CPU binaries of the CPU build, --quick.
+  [[ "$MODE" != gpu ]] && skipmsg "no GPU: CUDA C++ benchmarks (bench_*_cuda in build/gpu); running the CPU ones --quick"
   [[ -d "$CMAKE_DIR" ]] || { skipmsg "no $CMAKE_DIR (build part failed or no CMakeLists.txt)"; return 3; }
   local keys=$(sel_keys) bins=() b name ok=0 fail=0
   mapfile -t bins < <(find "$CMAKE_DIR" -maxdepth 3 -type f -perm -u+x -name 'bench_*' ! -path '*CMakeFiles*' | sort)
+  [[ "$MODE" != gpu ]] && mapfile -t bins < <(printf '%s\n' "${bins[@]}" | grep -v cuda)
   mkdir -p "$WORK/cpp"
   local deadline=$(echo "$(now) + $PART_TIMEOUT - 5" | bc)
   for b in "${bins[@]}"; do
@@ -380,7 +380,8 @@ done
 if [[ "$MODE" == dry ]]; then
   echo "gpu_check: DRY RUN (no GPU): skipping the GPU parts: CUDA extension build, CMake CUDA build (build/gpu),"
   echo "           pytest -m cuda, ctest on build/gpu, bench/cpp CUDA benchmarks, py_bench --device cuda, GPU ceilings;"
-  echo "           running instead: env, CMake CPU build + ctest ($CMAKE_DIR), CPU ceilings, py_bench --device cpu --quick"
+  echo "           running instead: env, CMake CPU build + ctest ($CMAKE_DIR), CPU ceilings, CPU C++ benches --quick,"
+  echo "           py_bench --device cpu --quick"
 fi
 
 declare -A STATUS=() SECS=()
@@ -460,11 +461,22 @@ if os.path.exists(idx):
     md += ["", "## C++ benchmarks (bench/cpp)", ""]
     for line in open(idx).read().splitlines():
         name, rc, secs = line.split("|")
-        md += [f"### {name} (rc {rc}, {secs} s)", "", "```"]
-        lg = os.path.join(work, "cpp", name + ".log")
-        if os.path.exists(lg):
-            md += open(lg, errors="replace").read().splitlines()[-40:]
-        md += ["```", ""]
+        md += [f"### {name} (rc {rc}, {secs} s)", ""]
+        rows = None
+        try:
+            rows = json.load(open(os.path.join(work, "cpp", name + ".json")))
+        except Exception:
+            pass
+        if isinstance(rows, list) and rows and isinstance(rows[0], dict):
+            cols = list(rows[0])
+            md += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+            for r in rows:
+                md.append("| " + " | ".join(f"{r.get(c):.4g}" if isinstance(r.get(c), float) else str(r.get(c, ""))
+                                            for c in cols) + " |")
+            md.append("")
+        else:
+            lg = os.path.join(work, "cpp", name + ".log")
+            md += ["```"] + (open(lg, errors="replace").read().splitlines()[-40:] if os.path.exists(lg) else []) + ["```", ""]
 open(os.path.join(res, "results.md"), "w").write("\n".join(md) + "\n")
 EOF
 
