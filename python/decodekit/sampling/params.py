@@ -1,0 +1,197 @@
+"""Per-request sampling parameters and their validation.
+
+Allowed ranges (vLLM / OpenAI-like; the engine rejects a request whose parameters fall
+outside them with :class:`SamplingParamsError`, a ``ValueError`` that names the field):
+
+==========================  ================================================================
+field                       allowed
+==========================  ================================================================
+n                           int in [1, 128]
+temperature                 finite number in [0, 100]; 0 means greedy. Values below
+                            ``GREEDY_TEMPERATURE`` (1e-5) are also sampled greedily (as vLLM)
+top_k                       int: -1 or 0 = off, else [1, vocab_size]
+top_p                       finite number in (0, 1]; 1 = off
+min_p                       finite number in [0, 1]; 0 = off
+presence_penalty            finite number in [-2, 2]; 0 = off
+frequency_penalty           finite number in [-2, 2]; 0 = off
+repetition_penalty          finite number in (0, 2]; 1 = off
+seed                        None or int in [0, 2**63)
+stop                        str or list of non-empty str (a single str becomes a 1-list)
+stop_token_ids              list of int in [0, vocab_size)
+ignore_eos                  bool
+max_tokens                  int >= 1
+min_tokens                  int in [0, max_tokens]
+logprobs                    None or int in [0, max_logprobs] (0: only the sampled token's)
+include_stop_str_in_output  bool
+skip_special_tokens         bool
+==========================  ================================================================
+
+"int" never accepts a bool (``True`` is rejected where an int is expected) nor a float
+(``top_k=5.0`` is rejected); "number" accepts int or float (not bool, not str) and rejects
+NaN and +-inf. Numpy scalars are accepted and converted to Python ``int``/``float``.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field, fields
+
+MAX_N = 128
+MAX_TEMPERATURE = 100.0
+GREEDY_TEMPERATURE = 1e-5      # temperature < this is sampled greedily
+PENALTY_RANGE = 2.0            # presence / frequency in [-2, 2]
+MAX_REPETITION_PENALTY = 2.0   # repetition in (0, 2]
+SEED_LIMIT = 1 << 63           # seed in [0, 2**63)
+DEFAULT_MAX_LOGPROBS = 20
+
+
+class SamplingParamsError(ValueError):
+    """Invalid sampling parameter; ``.field`` is the offending field's name."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(f"SamplingParams.{field_name}: {message}")
+        self.field = field_name
+
+
+def _is_int(v) -> bool:
+    # numbers.Integral covers Python and numpy ints; numpy's bool is not registered there.
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _check_int(name: str, v, lo: int | None, hi: int | None, what: str) -> None:
+    if not _is_int(v):
+        raise SamplingParamsError(name, f"must be an int {what}, got {v!r} ({type(v).__name__})")
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise SamplingParamsError(name, f"must be an int {what}, got {v!r}")
+
+
+def _check_number(name: str, v, lo: float, hi: float, lo_open: bool, hi_open: bool) -> None:
+    rng = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+    if not _is_number(v):
+        raise SamplingParamsError(name, f"must be a number in {rng}, got {v!r} ({type(v).__name__})")
+    f = float(v)
+    if math.isnan(f) or math.isinf(f):
+        raise SamplingParamsError(name, f"must be a finite number in {rng}, got {v!r}")
+    if f < lo or f > hi or (lo_open and f == lo) or (hi_open and f == hi):
+        raise SamplingParamsError(name, f"must be a number in {rng}, got {v!r}")
+
+
+def _check_bool(name: str, v) -> None:
+    if not isinstance(v, bool):
+        raise SamplingParamsError(name, f"must be a bool, got {v!r} ({type(v).__name__})")
+
+
+@dataclass
+class SamplingParams:
+    """Sampling parameters of one request (see the module docstring for the ranges)."""
+    n: int = 1
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    max_tokens: int = 16
+    min_tokens: int = 0
+    logprobs: int | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        elif isinstance(self.stop, tuple):
+            self.stop = list(self.stop)
+        if self.stop is None:
+            self.stop = []
+        if isinstance(self.stop_token_ids, tuple):
+            self.stop_token_ids = list(self.stop_token_ids)
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
+        self.validate()
+        # Normalise numpy scalars to Python numbers (validated above).
+        for name in ("n", "top_k", "max_tokens", "min_tokens"):
+            setattr(self, name, int(getattr(self, name)))
+        for name in ("temperature", "top_p", "min_p", "presence_penalty",
+                     "frequency_penalty", "repetition_penalty"):
+            setattr(self, name, float(getattr(self, name)))
+        if self.seed is not None:
+            self.seed = int(self.seed)
+        if self.logprobs is not None:
+            self.logprobs = int(self.logprobs)
+        self.stop_token_ids = [int(t) for t in self.stop_token_ids]
+
+    # ------------------------------------------------------------------ validation
+    def validate(self, vocab_size: int | None = None,
+                 max_logprobs: int = DEFAULT_MAX_LOGPROBS) -> "SamplingParams":
+        """Raise :class:`SamplingParamsError` for the first invalid field; returns self.
+
+        ``vocab_size`` (when known) bounds ``top_k`` and ``stop_token_ids``.
+        """
+        if vocab_size is not None and (not _is_int(vocab_size) or vocab_size < 1):
+            raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
+        _check_int("n", self.n, 1, MAX_N, f"in [1, {MAX_N}]")
+        _check_number("temperature", self.temperature, 0.0, MAX_TEMPERATURE, False, False)
+        top_k_hi = vocab_size
+        top_k_what = ("-1 or 0 (off) or in [1, vocab_size"
+                      + (f"={vocab_size}]" if vocab_size is not None else "]"))
+        _check_int("top_k", self.top_k, -1, top_k_hi, top_k_what)
+        _check_number("top_p", self.top_p, 0.0, 1.0, True, False)
+        _check_number("min_p", self.min_p, 0.0, 1.0, False, False)
+        _check_number("presence_penalty", self.presence_penalty,
+                      -PENALTY_RANGE, PENALTY_RANGE, False, False)
+        _check_number("frequency_penalty", self.frequency_penalty,
+                      -PENALTY_RANGE, PENALTY_RANGE, False, False)
+        _check_number("repetition_penalty", self.repetition_penalty,
+                      0.0, MAX_REPETITION_PENALTY, True, False)
+        if self.seed is not None:
+            _check_int("seed", self.seed, 0, SEED_LIMIT - 1, "in [0, 2**63) or None")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+            raise SamplingParamsError("stop", f"must be a str or a list of non-empty str, got {self.stop!r}")
+        if not isinstance(self.stop_token_ids, list):
+            raise SamplingParamsError("stop_token_ids", f"must be a list of int, got {self.stop_token_ids!r}")
+        hi = None if vocab_size is None else vocab_size - 1
+        what = "in [0, vocab_size" + (f"={vocab_size})" if vocab_size is not None else ")")
+        for t in self.stop_token_ids:
+            if not _is_int(t) or t < 0 or (hi is not None and t > hi):
+                raise SamplingParamsError("stop_token_ids", f"must be a list of int {what}, got {t!r}")
+        _check_bool("ignore_eos", self.ignore_eos)
+        _check_int("max_tokens", self.max_tokens, 1, None, ">= 1")
+        _check_int("min_tokens", self.min_tokens, 0, None, ">= 0")
+        if self.min_tokens > self.max_tokens:
+            raise SamplingParamsError(
+                "min_tokens", f"must be an int in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, 0, max_logprobs, f"in [0, {max_logprobs}] or None")
+        _check_bool("include_stop_str_in_output", self.include_stop_str_in_output)
+        _check_bool("skip_special_tokens", self.skip_special_tokens)
+        return self
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < GREEDY_TEMPERATURE
+
+    @property
+    def has_penalties(self) -> bool:
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0)
+
+    def all_stop_token_ids(self, eos_token_ids) -> list[int]:
+        """Token ids that end the request: ``stop_token_ids`` plus EOS unless ``ignore_eos``."""
+        ids = list(self.stop_token_ids)
+        if not self.ignore_eos:
+            ids += [int(e) for e in eos_token_ids if int(e) not in ids]
+        return ids
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
