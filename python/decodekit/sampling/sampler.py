@@ -1,0 +1,307 @@
+"""Batched token sampler: penalties, min_tokens, temperature, top-k, top-p, min-p, then
+greedy argmax or a Philox-seeded Gumbel-max draw, plus logprobs.
+
+``SamplingMetadata.build`` turns the per-request state into tensors once per step (Python
+loops allowed there). ``Sampler()(logits, md)`` is then a fixed sequence of tensor ops on
+``logits``' device: no ``.item()``/``.cpu()``, no host sync, no data-dependent shapes, so
+it can be captured in a CUDA graph for a fixed metadata "shape" (the Python flags and the
+padded widths in the metadata).
+
+Processing order (each step applies only when some row needs it):
+
+1. repetition penalty (HF/vLLM): for every token in prompt + output,
+   ``l = l / r if l > 0 else l * r``;
+2. presence / frequency (OpenAI/vLLM), output tokens only: ``l -= f * count + p * (count > 0)``;
+3. min_tokens: while fewer than ``min_tokens`` tokens were generated, EOS (unless
+   ``ignore_eos``) and ``stop_token_ids`` are set to -inf;
+4. greedy rows (temperature < 1e-5) take ``argmax`` here (first index on ties);
+5. temperature: ``l / T``;
+6. top-k (exactly k tokens survive; ties broken towards the lower token id), then top-p on
+   the top-k-renormalised distribution (the smallest prefix of the sorted distribution
+   whose probability reaches p, at least one token), then min-p (keep ``p_i >= min_p *
+   p_max``); dropped tokens get -inf;
+7. Gumbel-max: ``argmax(l + g)`` with ``g = -log(-log u)``, u from Philox keyed by the
+   row's seed with counter (token id, position = tokens generated so far). The noise of a
+   row depends only on (seed, position, token id): a seeded request draws the same tokens
+   whatever else is in the batch and in whatever order (batch invariance).
+
+Logprobs are those of the raw model logits (``log_softmax(logits)``, before penalties,
+temperature and filters), as vLLM returns by default. The rank of the sampled token is
+``1 + #(tokens with a strictly larger logprob)``.
+"""
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .params import SamplingParams
+from .philox import derive_seed, token_gumbel
+
+_NEG_INF = float("-inf")
+
+# --------------------------------------------------------------------------- seeds
+_seed_rng = random.Random(int.from_bytes(os.urandom(8), "little"))
+
+
+def set_global_seed(seed: int) -> None:
+    """Make the seeds drawn for unseeded requests reproducible."""
+    _seed_rng.seed(seed)
+
+
+def draw_seed() -> int:
+    """A fresh seed in [0, 2**63) from the global generator (for an unseeded request)."""
+    return _seed_rng.getrandbits(63)
+
+
+def request_seeds(params: SamplingParams) -> list[int]:
+    """The per-sample seeds of a request, drawn once when it is added.
+
+    Seeded: ``derive_seed(seed, i)`` for i in range(n) (sample 0 uses ``seed`` itself);
+    unseeded: n fresh draws from the global generator.
+    """
+    if params.seed is None:
+        return [draw_seed() for _ in range(params.n)]
+    return [derive_seed(params.seed, i) for i in range(params.n)]
+
+
+# --------------------------------------------------------------------------- metadata
+@dataclass
+class SamplingMetadata:
+    """Per-step sampling tensors ([B] rows; all on the logits' device)."""
+    vocab_size: int
+    temperature: torch.Tensor            # [B] float32, 1.0 on greedy rows
+    greedy: torch.Tensor                 # [B] bool
+    all_greedy: bool
+    any_greedy: bool
+    seeds: torch.Tensor                  # [B] int64 in [0, 2**63)
+    positions: torch.Tensor              # [B] int64, tokens generated so far
+    top_k: torch.Tensor | None = None    # [B] int64, vocab_size where off
+    top_p: torch.Tensor | None = None    # [B] float32, 1.0 where off
+    min_p: torch.Tensor | None = None    # [B] float32, 0.0 where off
+    prompt_token_ids: torch.Tensor | None = None   # [B, Lp] int64 padded with vocab_size
+    output_token_ids: torch.Tensor | None = None   # [B, Lo] int64 padded with vocab_size
+    repetition_penalty: torch.Tensor | None = None  # [B] float32
+    presence_penalty: torch.Tensor | None = None    # [B] float32
+    frequency_penalty: torch.Tensor | None = None   # [B] float32
+    min_tokens_rows: torch.Tensor | None = None     # [M] int64 row of each (row, token) to mask
+    min_tokens_ids: torch.Tensor | None = None      # [M] int64 token id to mask
+    max_num_logprobs: int | None = None  # None: no row wants logprobs
+
+    @property
+    def no_penalties(self) -> bool:
+        return self.repetition_penalty is None
+
+    @property
+    def need_filter(self) -> bool:
+        return self.top_k is not None or self.top_p is not None or self.min_p is not None
+
+    @property
+    def batch_size(self) -> int:
+        return self.temperature.shape[0]
+
+    @staticmethod
+    def build(params_list: Sequence[SamplingParams],
+              output_token_ids_list: Sequence[Sequence[int] | torch.Tensor],
+              prompt_token_ids_list: Sequence[Sequence[int] | torch.Tensor],
+              seeds: Sequence[int],
+              steps: Sequence[int] | None,
+              eos_token_ids: int | Sequence[int] | None,
+              device: torch.device | str,
+              vocab_size: int) -> "SamplingMetadata":
+        """Tensors for one step of ``len(params_list)`` rows.
+
+        ``seeds[b]``: the row's seed (from ``request_seeds``; always given). ``steps[b]``:
+        tokens generated so far (the Philox position; None: ``len(output_token_ids)``).
+        ``eos_token_ids``: the model's EOS id(s), masked during ``min_tokens``.
+        """
+        B = len(params_list)
+        if not (len(output_token_ids_list) == len(prompt_token_ids_list) == len(seeds) == B):
+            raise ValueError("params_list, output/prompt token id lists and seeds must have the same length")
+        if steps is None:
+            steps = [len(o) for o in output_token_ids_list]
+        elif len(steps) != B:
+            raise ValueError("steps must have one entry per row")
+        if eos_token_ids is None:
+            eos = []
+        elif isinstance(eos_token_ids, int):
+            eos = [eos_token_ids]
+        else:
+            eos = [int(e) for e in eos_token_ids]
+        V = int(vocab_size)
+        device = torch.device(device)
+
+        def f32(vals):
+            return torch.tensor(vals, dtype=torch.float32, device=device)
+
+        def i64(vals):
+            return torch.tensor(vals, dtype=torch.int64, device=device)
+
+        greedy = [p.is_greedy for p in params_list]
+        md = SamplingMetadata(
+            vocab_size=V,
+            temperature=f32([1.0 if g else p.temperature for p, g in zip(params_list, greedy)]),
+            greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+            all_greedy=all(greedy), any_greedy=any(greedy),
+            seeds=i64([int(s) for s in seeds]),
+            positions=i64([int(s) for s in steps]),
+        )
+        for s in seeds:
+            if not 0 <= int(s) < (1 << 63):
+                raise ValueError(f"seed {s} outside [0, 2**63)")
+
+        # Filters only matter on random rows (they never change a greedy row's argmax).
+        rnd = [p for p, g in zip(params_list, greedy) if not g]
+        if any(p.top_k > 0 for p in rnd):
+            md.top_k = i64([p.top_k if 0 < p.top_k < V else V for p in params_list])
+        if any(p.top_p < 1.0 for p in rnd):
+            md.top_p = f32([p.top_p for p in params_list])
+        if any(p.min_p > 0.0 for p in rnd):
+            md.min_p = f32([p.min_p for p in params_list])
+
+        if any(p.has_penalties for p in params_list):
+            empty = torch.empty(0, dtype=torch.int64)
+
+            def padded(lists):
+                rows = [torch.as_tensor(t, dtype=torch.int64).reshape(-1) if p.has_penalties else empty
+                        for p, t in zip(params_list, lists)]
+                width = max(1, max(r.numel() for r in rows))
+                out = torch.full((B, width), V, dtype=torch.int64)
+                for b, r in enumerate(rows):
+                    out[b, :r.numel()] = r
+                return out.to(device)
+
+            md.prompt_token_ids = padded(prompt_token_ids_list)
+            md.output_token_ids = padded(output_token_ids_list)
+            md.repetition_penalty = f32([p.repetition_penalty for p in params_list])
+            md.presence_penalty = f32([p.presence_penalty for p in params_list])
+            md.frequency_penalty = f32([p.frequency_penalty for p in params_list])
+
+        rows, cols = [], []
+        for b, (p, step) in enumerate(zip(params_list, steps)):
+            if step < p.min_tokens:
+                for t in p.all_stop_token_ids(eos):
+                    if 0 <= t < V:
+                        rows.append(b)
+                        cols.append(t)
+        if rows:
+            md.min_tokens_rows, md.min_tokens_ids = i64(rows), i64(cols)
+
+        lp = [p.logprobs for p in params_list if p.logprobs is not None]
+        md.max_num_logprobs = max(lp) if lp else None
+        return md
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: torch.Tensor                     # [B] int64
+    logprobs: torch.Tensor | None = None        # [B] float32: raw logprob of the sampled token
+    topk_ids: torch.Tensor | None = None        # [B, N] int64 (N = max requested; slice per row)
+    topk_logprobs: torch.Tensor | None = None   # [B, N] float32, descending
+    ranks: torch.Tensor | None = None           # [B] int64, 1 = the most likely token
+
+
+# --------------------------------------------------------------------------- processing
+def apply_penalties(logits: torch.Tensor, prompt_token_ids: torch.Tensor,
+                    output_token_ids: torch.Tensor, repetition: torch.Tensor,
+                    presence: torch.Tensor, frequency: torch.Tensor) -> torch.Tensor:
+    """Repetition (prompt + output), then frequency and presence (output); returns a new tensor.
+
+    Token-id tensors are [B, L] padded with V (= logits.shape[1]); penalties are [B].
+    """
+    B, V = logits.shape
+    counts = torch.zeros(B, V + 1, dtype=logits.dtype, device=logits.device)
+    counts.scatter_add_(1, output_token_ids, torch.ones_like(output_token_ids, dtype=logits.dtype))
+    counts = counts[:, :V]
+    in_prompt = torch.zeros(B, V + 1, dtype=torch.bool, device=logits.device)
+    in_prompt.scatter_(1, prompt_token_ids, True)
+    seen = in_prompt[:, :V] | (counts > 0)
+    r = repetition[:, None]
+    penalised = torch.where(logits > 0, logits / r, logits * r)
+    out = torch.where(seen, penalised, logits)
+    out = out - frequency[:, None] * counts - presence[:, None] * (counts > 0).to(logits.dtype)
+    return out
+
+
+def apply_top_k_top_p_min_p(logits: torch.Tensor, top_k: torch.Tensor | None,
+                            top_p: torch.Tensor | None,
+                            min_p: torch.Tensor | None) -> torch.Tensor:
+    """Set the tokens dropped by top-k, top-p and min-p to -inf (a new tensor).
+
+    ``logits`` [B, V] (already divided by the temperature); ``top_k`` [B] int64 in [1, V]
+    (V = off), ``top_p`` [B] in (0, 1] (1 = off), ``min_p`` [B] in [0, 1] (0 = off); any of
+    them may be None (off for all rows). The token of rank 0 (the first argmax) is always
+    kept. Ties are ordered by token id (stable sort), so top-k keeps exactly k tokens.
+    """
+    B, V = logits.shape
+    sorted_l, idx = torch.sort(logits, dim=-1, descending=True, stable=True)
+    rank = torch.arange(V, device=logits.device)[None, :]
+    if top_k is not None:
+        keep = rank < top_k[:, None]
+    else:
+        keep = torch.ones(B, V, dtype=torch.bool, device=logits.device)
+    if top_p is not None or min_p is not None:
+        probs = torch.softmax(sorted_l.masked_fill(~keep, _NEG_INF), dim=-1)
+        if top_p is not None:
+            cum = probs.cumsum(dim=-1)
+            before = torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], dim=-1)
+            p = top_p[:, None]
+            keep = keep & ((before < p) | (p >= 1.0))
+        if min_p is not None:
+            keep = keep & (probs >= min_p[:, None] * probs[:, :1])
+    keep[:, 0] = True
+    mask = torch.empty_like(keep).scatter_(1, idx, keep)
+    return logits.masked_fill(~mask, _NEG_INF)
+
+
+class Sampler:
+    """``Sampler()(logits [B, V], md) -> SamplerOutput`` (see the module docstring)."""
+
+    def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+        return self.forward(logits, md)
+
+    def forward(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+        if logits.dim() != 2 or logits.shape[1] != md.vocab_size or logits.shape[0] != md.batch_size:
+            raise ValueError(f"logits must be [B={md.batch_size}, V={md.vocab_size}], "
+                             f"got {tuple(logits.shape)}")
+        raw = logits if logits.dtype == torch.float32 else logits.float()
+        token_ids = self._sample(raw, md)
+        out = SamplerOutput(token_ids=token_ids)
+        if md.max_num_logprobs is not None:
+            self._logprobs(raw, token_ids, md.max_num_logprobs, out)
+        return out
+
+    @staticmethod
+    def _sample(raw: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        if md.all_greedy and md.no_penalties and md.min_tokens_rows is None:
+            return raw.argmax(dim=-1)                      # the common fast path
+        x = raw
+        if not md.no_penalties:
+            x = apply_penalties(x, md.prompt_token_ids, md.output_token_ids,
+                                md.repetition_penalty, md.presence_penalty, md.frequency_penalty)
+        if md.min_tokens_rows is not None:
+            x = x.index_put((md.min_tokens_rows, md.min_tokens_ids), x.new_full((), _NEG_INF))
+        if md.all_greedy:
+            return x.argmax(dim=-1)
+        x = x / md.temperature[:, None]
+        if md.need_filter:
+            x = apply_top_k_top_p_min_p(x, md.top_k, md.top_p, md.min_p)
+        score = x + token_gumbel(md.seeds, md.positions, md.vocab_size)
+        if md.any_greedy:
+            score = torch.where(md.greedy[:, None], x, score)
+        return score.argmax(dim=-1)
+
+    @staticmethod
+    def _logprobs(raw: torch.Tensor, token_ids: torch.Tensor, n: int, out: SamplerOutput) -> None:
+        lp = torch.log_softmax(raw, dim=-1)
+        tok = lp.gather(1, token_ids[:, None]).squeeze(1)
+        out.logprobs = tok
+        out.ranks = (lp > tok[:, None]).sum(dim=-1) + 1
+        if n > 0:
+            out.topk_logprobs, out.topk_ids = torch.topk(lp, n, dim=-1)
+        else:
+            out.topk_logprobs = lp.new_empty(lp.shape[0], 0)
+            out.topk_ids = torch.empty(lp.shape[0], 0, dtype=torch.int64, device=lp.device)

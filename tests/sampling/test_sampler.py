@@ -1,0 +1,337 @@
+"""Sampler: greedy, filters, penalties, min_tokens and logprobs against straightforward
+references, and batch invariance of seeded requests."""
+import math
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+from conftest import DEVICES
+from decodekit.sampling import (Sampler, SamplingMetadata, SamplingParams, apply_penalties,
+                                apply_top_k_top_p_min_p, request_seeds, set_global_seed)
+
+SAMPLER = Sampler()
+
+
+def build(params, V, outputs=None, prompts=None, seeds=None, steps=None, eos=None, device="cpu"):
+    B = len(params)
+    outputs = outputs if outputs is not None else [[] for _ in range(B)]
+    prompts = prompts if prompts is not None else [[0] for _ in range(B)]
+    seeds = seeds if seeds is not None else list(range(B))
+    return SamplingMetadata.build(params, outputs, prompts, seeds, steps, eos, device, V)
+
+
+# ----------------------------------------------------------------------------- greedy
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_greedy_is_argmax(dtype):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(9, 333, generator=g).to(dtype)
+    md = build([SamplingParams(temperature=0)] * 9, 333)
+    out = SAMPLER(logits, md)
+    assert out.token_ids.dtype == torch.int64 and out.logprobs is None
+    assert torch.equal(out.token_ids, logits.float().argmax(-1))
+
+
+def test_greedy_ties_take_first_index():
+    logits = torch.tensor([[0.0, 2.0, 2.0, 1.0], [5.0, 5.0, 5.0, 5.0]])
+    md = build([SamplingParams(temperature=0, top_k=2)] * 2, 4)
+    assert SAMPLER(logits, md).token_ids.tolist() == [1, 0]
+
+
+def test_greedy_rows_in_random_batch_are_argmax():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(8, 100, generator=g)
+    params = [SamplingParams(temperature=0 if b % 2 else 0.7, top_k=5, top_p=0.5, min_p=0.1)
+              for b in range(8)]
+    out = SAMPLER(logits, build(params, 100))
+    assert torch.equal(out.token_ids[1::2], logits[1::2].argmax(-1))
+
+
+def test_bad_logits_shape():
+    md = build([SamplingParams()], 10)
+    with pytest.raises(ValueError):
+        SAMPLER(torch.zeros(1, 11), md)
+    with pytest.raises(ValueError):
+        SAMPLER(torch.zeros(2, 10), md)
+
+
+# ----------------------------------------------------------------------------- filters
+def ref_filter(l, k, p, min_p):
+    """Kept token set: top-k (ties by id), top-p on the top-k-renormalised distribution,
+    min-p; in float64. Returns (kept, ambiguous) where ambiguous flags a p/min_p boundary."""
+    V = len(l)
+    order = sorted(range(V), key=lambda i: (-l[i], i))
+    k = V if k <= 0 else k
+    kept_k = order[:k]
+    m = max(l)
+    w = {i: math.exp(l[i] - m) for i in kept_k}
+    z = sum(w.values())
+    kept, cum, ambiguous = [], 0.0, False
+    for i in kept_k:
+        if p < 1.0:
+            if kept and abs(cum - p) < 1e-5:
+                ambiguous = True
+            if cum >= p:
+                break
+        kept.append(i)
+        cum += w[i] / z
+    ratio = {i: math.exp(l[i] - m) for i in kept}
+    if min_p > 0 and any(abs(r - min_p) < 1e-5 for i, r in ratio.items() if i != order[0]):
+        ambiguous = True
+    kept = [i for i in kept if ratio[i] >= min_p or i == order[0]]
+    return set(kept), ambiguous
+
+
+def run_filter(logits, ks, ps, mps):
+    B, V = logits.shape
+    top_k = torch.tensor([k if k > 0 else V for k in ks])
+    out = apply_top_k_top_p_min_p(logits, top_k, torch.tensor(ps, dtype=torch.float32),
+                                  torch.tensor(mps, dtype=torch.float32))
+    return [set(torch.nonzero(torch.isfinite(out[b])).flatten().tolist()) for b in range(B)]
+
+
+def test_top_k_keeps_exactly_k_with_ties():
+    logits = torch.tensor([[0.0, 3.0, 3.0, 1.0, 3.0, 2.0]] * 4)
+    kept = run_filter(logits, [1, 2, 4, 6], [1.0] * 4, [0.0] * 4)
+    assert kept == [{1}, {1, 2}, {1, 2, 4, 5}, set(range(6))]
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randint(0, 5, (20, 50), generator=g).float()      # many ties
+    ks = list(range(1, 21))
+    for b, s in enumerate(run_filter(logits, ks, [1.0] * 20, [0.0] * 20)):
+        assert len(s) == ks[b]
+        assert s == ref_filter(logits[b].tolist(), ks[b], 1.0, 0.0)[0]
+
+
+def test_filters_match_reference():
+    g = torch.Generator().manual_seed(3)
+    rng = random.Random(3)
+    B, V = 200, 120
+    logits = torch.randn(B, V, generator=g) * torch.rand(B, 1, generator=g) * 4
+    ks = [rng.choice([-1, 0, 1, 2, 7, 40, V]) for _ in range(B)]
+    ps = [rng.choice([1.0, 0.999, 0.9, 0.5, 0.1, 1e-6]) for _ in range(B)]
+    mps = [rng.choice([0.0, 0.0, 0.05, 0.3, 1.0]) for _ in range(B)]
+    got = run_filter(logits, ks, ps, mps)
+    checked = 0
+    for b in range(B):
+        want, ambiguous = ref_filter(logits[b].double().tolist(), ks[b], ps[b], mps[b])
+        assert got[b], "at least one token is always kept"
+        if not ambiguous:
+            assert got[b] == want, (b, ks[b], ps[b], mps[b])
+            checked += 1
+    assert checked > 0.9 * B
+
+
+def test_top_p_smallest_prefix():
+    probs = torch.tensor([0.4, 0.3, 0.2, 0.1], dtype=torch.float64)
+    logits = probs.log().float()[None].repeat(5, 1)
+    kept = run_filter(logits, [-1] * 5, [0.3, 0.41, 0.65, 0.85, 0.95], [0.0] * 5)
+    assert kept == [{0}, {0, 1}, {0, 1}, {0, 1, 2}, {0, 1, 2, 3}]
+
+
+def test_min_p():
+    probs = torch.tensor([0.5, 0.25, 0.15, 0.1], dtype=torch.float64)
+    logits = probs.log().float()[None].repeat(3, 1)
+    kept = run_filter(logits, [-1] * 3, [1.0] * 3, [0.45, 0.25, 1.0])
+    assert kept == [{0, 1}, {0, 1, 2}, {0}]
+
+
+def test_sampled_tokens_respect_top_k():
+    g = torch.Generator().manual_seed(4)
+    V, B = 50, 2000
+    logits = torch.randn(1, V, generator=g).repeat(B, 1)
+    out = SAMPLER(logits, build([SamplingParams(top_k=5, seed=1)] * B, V, seeds=list(range(B))))
+    assert set(out.token_ids.tolist()) == set(logits[0].topk(5).indices.tolist())
+
+
+# ----------------------------------------------------------------------------- penalties
+def ref_penalties(logits, prompt, output, rep, pres, freq):
+    """HF RepetitionPenaltyLogitsProcessor on prompt + output, then OpenAI presence/frequency."""
+    l = logits.double().clone()
+    for t in set(prompt) | set(output):
+        l[t] = l[t] * rep if l[t] < 0 else l[t] / rep
+    for t, c in Counter(output).items():
+        l[t] -= freq * c + pres
+    return l
+
+
+def test_penalties_match_reference():
+    rng = random.Random(5)
+    g = torch.Generator().manual_seed(5)
+    B, V = 12, 64
+    logits = torch.randn(B, V, generator=g) * 3
+    prompts = [[rng.randrange(V) for _ in range(rng.randrange(1, 30))] for _ in range(B)]
+    outputs = [[rng.randrange(V) for _ in range(rng.randrange(0, 40))] for _ in range(B)]
+    params = [SamplingParams(temperature=0, repetition_penalty=rng.choice([1.0, 0.7, 1.3, 2.0]),
+                             presence_penalty=rng.uniform(-2, 2), frequency_penalty=rng.uniform(-2, 2))
+              for _ in range(B)]
+    params[0] = SamplingParams(temperature=0)            # a row without penalties
+    md = build(params, V, outputs=outputs, prompts=prompts)
+    got = apply_penalties(logits, md.prompt_token_ids, md.output_token_ids, md.repetition_penalty,
+                          md.presence_penalty, md.frequency_penalty)
+    want = torch.stack([ref_penalties(logits[b], prompts[b], outputs[b], params[b].repetition_penalty,
+                                      params[b].presence_penalty, params[b].frequency_penalty)
+                        for b in range(B)])
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    assert torch.equal(got[0], logits[0])
+    out = SAMPLER(logits, md)
+    assert torch.equal(out.token_ids, want.argmax(-1))
+
+
+def test_penalties_steer_sampling():
+    V = 10
+    logits = torch.zeros(1, V)
+    logits[0, 3] = 5.0
+    p = SamplingParams(temperature=0, frequency_penalty=2.0)
+    assert SAMPLER(logits, build([p], V, outputs=[[3, 3, 3]])).token_ids.item() != 3
+    p = SamplingParams(temperature=0, repetition_penalty=2.0)
+    logits[0, 4] = 3.0
+    assert SAMPLER(logits, build([p], V, prompts=[[3]])).token_ids.item() == 4
+
+
+# ----------------------------------------------------------------------------- min_tokens
+def test_min_tokens_masks_eos_and_stop_ids():
+    V, eos, stop = 20, 3, 7
+    logits = torch.zeros(4, V)
+    logits[:, eos], logits[:, stop], logits[:, 11] = 10.0, 9.0, 1.0
+    params = [SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[stop]),
+              SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[stop]),
+              SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[stop], ignore_eos=True),
+              SamplingParams(temperature=0, min_tokens=2)]
+    md = build(params, V, steps=[0, 2, 1, 1], eos=[eos])
+    assert SAMPLER(logits, md).token_ids.tolist() == [11, eos, eos, stop]
+    # random rows: never EOS / stop during min_tokens, whatever the seed
+    B = 500
+    logits = torch.zeros(B, V)
+    logits[:, eos] = logits[:, stop] = 3.0
+    p = SamplingParams(min_tokens=5, stop_token_ids=[stop], top_p=0.9)
+    tok = SAMPLER(logits, build([p] * B, V, steps=[4] * B, eos=eos)).token_ids
+    assert not ((tok == eos) | (tok == stop)).any()
+    tok = SAMPLER(logits, build([p] * B, V, steps=[5] * B, eos=eos)).token_ids
+    assert ((tok == eos) | (tok == stop)).float().mean() > 0.5
+
+
+# ----------------------------------------------------------------------------- logprobs
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logprobs_are_raw_log_softmax(dtype):
+    g = torch.Generator().manual_seed(6)
+    B, V = 6, 300
+    logits = (torch.randn(B, V, generator=g) * 2).to(dtype)
+    params = [SamplingParams(logprobs=n, temperature=t, top_k=k, presence_penalty=pp)
+              for n, t, k, pp in [(0, 1.0, -1, 0.0), (1, 0.0, -1, 0.0), (5, 0.5, 10, 1.0),
+                                  (20, 2.0, -1, 0.0), (None, 0.0, 3, 0.0), (3, 1.0, 50, -1.5)]]
+    out = SAMPLER(logits, build(params, V, outputs=[[1, 2, 2]] * B))
+    lp = torch.log_softmax(logits.double(), dim=-1)
+    tok = out.token_ids
+    torch.testing.assert_close(out.logprobs.double(), lp.gather(1, tok[:, None]).squeeze(1),
+                               atol=1e-5, rtol=1e-5)
+    assert out.ranks.tolist() == [int((lp[b] > lp[b, tok[b]]).sum()) + 1 for b in range(B)]
+    assert out.ranks[1].item() == 1                       # greedy, no penalty: the top token
+    assert out.topk_ids.shape == (B, 20) and out.topk_logprobs.shape == (B, 20)
+    ref_lp, ref_ids = lp.topk(20, dim=-1)
+    assert torch.equal(out.topk_ids, ref_ids)
+    torch.testing.assert_close(out.topk_logprobs.double(), ref_lp, atol=1e-5, rtol=1e-5)
+
+
+def test_logprobs_zero_and_none():
+    logits = torch.randn(2, 10)
+    out = SAMPLER(logits, build([SamplingParams(logprobs=0)] * 2, 10))
+    assert out.topk_ids.shape == (2, 0) and out.logprobs.shape == (2,)
+    out = SAMPLER(logits, build([SamplingParams()] * 2, 10))
+    assert out.logprobs is None and out.topk_ids is None and out.ranks is None
+
+
+# ----------------------------------------------------------------------------- seeds
+def test_seeded_reproducible_and_position_dependent():
+    V = 1000
+    logits = torch.zeros(64, V)                       # uniform distribution
+    p = [SamplingParams(seed=9)] * 64
+    a = SAMPLER(logits, build(p, V, seeds=[9] * 64, steps=list(range(64)))).token_ids
+    b = SAMPLER(logits, build(p, V, seeds=[9] * 64, steps=list(range(64)))).token_ids
+    assert torch.equal(a, b)
+    assert len(set(a.tolist())) > 55                  # positions give fresh draws
+    c = SAMPLER(logits, build(p, V, seeds=[10] * 64, steps=list(range(64)))).token_ids
+    assert (a != c).sum() > 55
+
+
+def test_request_seeds():
+    assert request_seeds(SamplingParams(seed=5)) == [5]
+    s = request_seeds(SamplingParams(seed=5, n=4))
+    assert s[0] == 5 and len(set(s)) == 4
+    set_global_seed(123)
+    a = request_seeds(SamplingParams(n=3))
+    set_global_seed(123)
+    assert request_seeds(SamplingParams(n=3)) == a and len(set(a)) == 3
+    assert all(0 <= x < 2 ** 63 for x in a)
+
+
+# ----------------------------------------------------------------------------- batch invariance
+def _others(rng, n):
+    out = []
+    for i in range(n):
+        kind = i % 6
+        if kind == 0:
+            out.append(SamplingParams(temperature=0))
+        elif kind == 1:
+            out.append(SamplingParams(temperature=1.3, top_k=7, seed=rng.randrange(2 ** 63)))
+        elif kind == 2:
+            out.append(SamplingParams(temperature=0.6, top_p=0.8, repetition_penalty=1.2,
+                                      frequency_penalty=0.3, logprobs=4))
+        elif kind == 3:
+            out.append(SamplingParams(min_p=0.1, presence_penalty=-0.5, min_tokens=30, max_tokens=64,
+                                      stop_token_ids=[5]))
+        elif kind == 4:
+            out.append(SamplingParams(temperature=0, repetition_penalty=1.5))
+        else:
+            out.append(SamplingParams(temperature=0.9, top_k=3, top_p=0.5, min_p=0.2, seed=i))
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batch_invariance(device):
+    rng = random.Random(7)
+    V, steps = 256, 50
+    g = torch.Generator().manual_seed(7)
+    table = (torch.randn(V, V, generator=g) * 2.5).to(device)
+    target = SamplingParams(temperature=0.8, top_k=100, top_p=0.95, presence_penalty=0.4,
+                            repetition_penalty=1.1, seed=424242, logprobs=2)
+    reqs = [target] + _others(rng, 16)
+    set_global_seed(99)
+    seeds = [request_seeds(p)[0] for p in reqs]        # drawn once per request, at add time
+    prompts = [[rng.randrange(V) for _ in range(rng.randrange(1, 20))] for _ in reqs]
+
+    def run(order):
+        outs = {i: [] for i in order}
+        for step in range(steps):
+            last = [(outs[i] or prompts[i])[-1] for i in order]
+            logits = torch.stack([table[t] + 0.3 * table[(step * 7 + i) % V] for t, i in zip(last, order)])
+            md = SamplingMetadata.build([reqs[i] for i in order], [outs[i] for i in order],
+                                        [prompts[i] for i in order], [seeds[i] for i in order],
+                                        None, [2], device, V)
+            tok = SAMPLER(logits, md).token_ids.tolist()
+            for i, t in zip(order, tok):
+                outs[i].append(t)
+        return outs
+
+    alone = run([0])[0]
+    assert len(set(alone)) > 5                          # really sampling
+    orders = [list(range(17)), list(range(16, -1, -1))]
+    orders += [rng.sample(range(17), 17)]
+    results = [run(o) for o in orders]
+    for r in results:
+        assert r[0] == alone
+        assert r == results[0]                          # every row is order invariant
+
+
+def test_no_host_sync_on_meta():
+    """The sampler runs on the meta device, where any .item()/.tolist()/.cpu() data access
+    or data-dependent shape would raise: it is free of host syncs (CUDA-graph friendly)."""
+    V = 64
+    params = [SamplingParams(temperature=0), SamplingParams(top_k=5, top_p=0.9, min_p=0.1, seed=3),
+              SamplingParams(repetition_penalty=1.2, presence_penalty=0.5, frequency_penalty=0.1,
+                             min_tokens=4, stop_token_ids=[9], logprobs=3)]
+    md = SamplingMetadata.build(params, [[1, 2], [], [3, 3]], [[4], [5, 6], [7]], [1, 2, 3],
+                                None, [0], "meta", V)
+    out = SAMPLER(torch.empty(3, V, device="meta"), md)
+    assert out.token_ids.device.type == "meta" and out.token_ids.shape == (3,)
+    assert out.topk_ids.shape == (3, 3) and out.ranks.shape == (3,)
