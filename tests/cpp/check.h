@@ -5,6 +5,7 @@
 //   CHECK_NEAR(got, want, tol) << ...;   // |got - want| <= tol, NaN fails
 //   return dk_test::finish("test_x");    // prints a summary, returns the exit code
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>

@@ -81,7 +81,8 @@ bool is_nan16(uint16_t h, const Format& F) {
 // sign is accepted: the payload of a converted NaN is implementation-defined).
 uint16_t ref_from_float(float f, const Format& F) {
   if (std::isnan(f)) return uint16_t((std::signbit(f) ? 0x8000u : 0u) | 0x7fffu);
-  return ref_encode(ref_round(std::fabs(double(f)), F), std::signbit(f), F);
+  const double a = std::fabs(double(f));
+  return ref_encode(std::isinf(a) ? a : ref_round(a, F), std::signbit(f), F);
 }
 bool ok_from_float(float f, uint16_t got, const Format& F) {
   if (std::isnan(f)) return is_nan16(got, F) && (got >> 15) == uint16_t(std::signbit(f));
@@ -171,6 +172,8 @@ void hand_computed() {
   CHECK(float_to_half(65520.0f) == 0x7c00);   // tie with 65536 (0x7bff is odd): inf
   CHECK(float_to_half(-1e30f) == 0xfc00);
   CHECK(float_to_half(INFINITY) == 0x7c00);
+  CHECK(float_to_half(-INFINITY) == 0xfc00);
+  CHECK(float_to_bf16(-INFINITY) == 0xff80);
   CHECK(float_to_half(-0.0f) == 0x8000);
   CHECK(float_to_half(0x1p-24f) == 0x0001);        // smallest subnormal
   CHECK(float_to_half(0x1p-25f) == 0x0000);        // tie with 0 (even): 0
@@ -253,6 +256,7 @@ int main() {
     } else {
       // stride 251 (odd, so the low mantissa bits take every value) over all 2^32 patterns
       const uint64_t stride = 251;
+      sweep(" fp32 +-inf", *F, 2, [](uint64_t i) { return i ? -INFINITY : INFINITY; });
       sweep(" fp32 sweep", *F, (uint64_t(1) << 32) / stride, [&](uint64_t i) {
         return dk::bits_to_float(uint32_t(i * stride + (i & 0xff)));
       });
