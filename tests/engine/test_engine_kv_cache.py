@@ -159,6 +159,29 @@ def test_collision_guard_checks_the_parent_chain():
     kv.check_invariants([ra, rc])
 
 
+def test_stale_child_entry_is_replaced():
+    """A cached block whose parent registration was evicted is unreachable; a new computation
+    of the same block under a live parent replaces it so it can be hit again."""
+    kv = KVCacheManager(8, BS)
+    r0 = mk("r0", A + [1])
+    compute(kv, r0)                             # registers A
+    r1 = mk("r1", A + B + [1])
+    compute(kv, r1)                             # computed without a hit: A duplicate, B registered
+    kv.free(r0)
+    filler = mk("f", range(100, 120))
+    assert kv.allocate_slots(filler, 20)        # takes every free block: evicts r0's A
+    kv.free(filler)
+    kv.free(r1)                                 # B stays cached, but under a dead parent
+    r3 = mk("r3", A + D + [1])
+    compute(kv, r3)                             # A registered again
+    r4 = mk("r4", A + B + [2])
+    hits, n = kv.get_computed_blocks(r4)
+    assert n == 4                               # the stale B is not hit
+    compute(kv, r4, None, hits, n)
+    assert kv.get_computed_blocks(mk("r5", A + B + [3])) == (r4.block_ids[:2], 8)
+    kv.check_invariants([r3, r4])
+
+
 def test_generated_tokens_become_hittable():
     kv = KVCacheManager(8, BS)
     r = mk("a", A + [1, 2])
@@ -271,3 +294,72 @@ def test_constructor_validation():
             KVCacheManager(bad, 4)
         with pytest.raises(ValueError, match="block_size"):
             KVCacheManager(4, bad)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_pool_operations(seed):
+    """Random admit / compute / decode / fork / free sequences on a small pool. A shadow map
+    records, per physical block, the token prefix its KV was computed under; every prefix
+    hit must return blocks whose shadow equals the query's prefix, and writes may only go
+    to blocks owned by one request."""
+    import random
+    rng = random.Random(seed)
+    bs = rng.choice([1, 2, 4])
+    kv = KVCacheManager(rng.randint(8, 40), bs, hash_fn=None if seed % 2 else (lambda p, t, e: sum(t) % 5))
+    shadow: dict[int, tuple] = {}
+    patterns = [[rng.randrange(3) for _ in range(bs)] for _ in range(3)]
+    live: list[Request] = []
+    counter = 0
+
+    def compute_more(r: Request, n: int) -> bool:
+        if not kv.allocate_slots(r, n):
+            return False
+        for p in range(r.num_computed_tokens, r.num_computed_tokens + n):
+            b = r.block_ids[p // bs]
+            assert kv.ref_count(b) == 1, "write into a shared block"
+            shadow[b] = tuple(r.all_token_ids[:p + 1])
+        r.num_computed_tokens += n
+        kv.cache_full_blocks(r)
+        return True
+
+    for _ in range(400):
+        op = rng.random()
+        if op < 0.3 or not live:
+            counter += 1
+            toks = sum((rng.choice(patterns) for _ in range(rng.randint(0, 4))), []) + \
+                [rng.randrange(3) for _ in range(rng.randint(1, 2 * bs))]
+            r = mk(f"r{counter}", toks)
+            hits, n = kv.get_computed_blocks(r)
+            assert n <= r.num_tokens - 1
+            for i, b in enumerate(hits):
+                assert shadow[b] == tuple(toks[:(i + 1) * bs]), "wrong prefix hit"
+            k = rng.randint(1, r.num_tokens - n)
+            if kv.allocate_slots(r, 0, hits, n):
+                r.num_computed_tokens = n
+                live.append(r)
+                if not compute_more(r, k):
+                    kv.free(r)
+                    live.remove(r)
+        elif op < 0.7:
+            r = rng.choice(live)
+            if r.num_computed_tokens == r.num_tokens:
+                r.append_output_token(rng.randrange(3))
+            compute_more(r, rng.randint(1, r.num_tokens - r.num_computed_tokens))
+        elif op < 0.8:
+            parent = rng.choice(live)
+            counter += 1
+            child = mk(f"r{counter}", parent.all_token_ids)
+            copies = kv.fork(parent, child)
+            if copies is not None:
+                for src, dst in copies:
+                    shadow[dst] = shadow[src]
+                live.append(child)
+        else:
+            r = live.pop(rng.randrange(len(live)))
+            kv.free(r)
+        kv.check_invariants(live)
+    assert kv.prefix_cache_hits > 0
+    for r in live:
+        kv.free(r)
+    assert kv.num_free_blocks == kv.num_blocks
+    kv.check_invariants([])

@@ -92,6 +92,8 @@ def test_max_tokens_none_means_up_to_max_model_len():
         step(s, model)
     assert r.num_tokens == 20 and r.status == RequestStatus.FINISHED_LENGTH
     assert r.output_token_ids == reference_output([1, 2, 3], 17)
+    with pytest.raises(ValueError, match=r"prompt \(20 tokens\) leaves no room"):
+        s.add_request(Request("full", [1] * 20, Params(None)))
 
 
 # ------------------------------------------------------------------------- stepping
@@ -168,10 +170,13 @@ def test_no_chunking_waits_for_a_whole_fit():
 
 
 def test_preemption_is_recompute_style_newest_first():
-    s, kv, model = make(num_blocks=6, block_size=4, max_model_len=24, budget=64)
+    # budget 9: after the preemption, b's first 8-token chunk would fit in the 2 free blocks,
+    # but nothing is admitted in a step that preempted.
+    s, kv, model = make(num_blocks=6, block_size=4, max_model_len=24, budget=9, prefix=False)
     a, b = req("a", 8, 12), req("b", 8, 12, start=20)
     s.add_request(a)
     s.add_request(b)
+    step(s, model)
     step(s, model)                              # 2 + 2 blocks
     for _ in range(10):     # positions 8..11 use the 3rd block of each; position 12 needs a 7th
         out, _ = step(s, model)
@@ -195,7 +200,7 @@ def test_request_larger_than_the_cache_is_cut_by_capacity():
     finished = []
     while s.has_unfinished_requests():
         finished += step(s, model)[1]
-    assert finished == [r] and r.status == RequestStatus.FINISHED_LENGTH
+    assert finished == [r] and r.status == RequestStatus.FINISHED_LENGTH and s.num_preemptions == 0
     assert r.stop_reason == "kv_cache_capacity" and r.num_tokens == 17    # 16 computed + 1 sampled
     assert r.output_token_ids == reference_output(r.prompt_token_ids, 20)[:7]
     assert kv.num_free_blocks == 4

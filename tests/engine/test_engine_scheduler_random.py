@@ -92,3 +92,16 @@ def test_weak_hash_never_gives_wrong_hits(hash_name):
     res = run(specs, num_blocks=80, block_size=4, max_model_len=MAX_MODEL_LEN, budget=64, max_seqs=6,
               hash_fn=hash_fn)
     check_against_reference(specs, res)
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_cache_smaller_than_some_requests(chunked):
+    """Requests that outgrow the whole cache are cut (FINISHED_LENGTH, "kv_cache_capacity")
+    with a correct prefix of their output; everyone else is unaffected; no livelock."""
+    rng = random.Random(5 + chunked)
+    specs = random_specs(rng, 20, max_prompt=60, max_out=50, spread=20, abort_prob=0.1)
+    res = run(specs, num_blocks=20, block_size=4, max_model_len=MAX_MODEL_LEN, budget=512 if not chunked else 24,
+              max_seqs=4, chunked=chunked)
+    check_against_reference(specs, res)
+    cut = [rid for rid, why in res.stop_reason.items() if why == "kv_cache_capacity"]
+    assert cut and all(len(s.prompt) + s.max_tokens > 81 for s in specs if s.rid in cut)

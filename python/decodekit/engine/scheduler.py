@@ -151,9 +151,12 @@ class Scheduler:
         mt = req.sampling_params.max_tokens
         if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or mt < 1):
             raise ValueError(f"request {rid!r}: max_tokens must be an int >= 1 or None, got {mt!r}")
-        if p + self._max_tokens(req) > cfg.max_model_len or p >= cfg.max_model_len:
+        if mt is None and p >= cfg.max_model_len:
+            raise ValueError(f"request {rid!r}: prompt ({p} tokens) leaves no room for output "
+                             f"within max_model_len ({cfg.max_model_len})")
+        if mt is not None and p + mt > cfg.max_model_len:
             raise ValueError(f"request {rid!r}: prompt ({p} tokens) + max_tokens ({mt}) = "
-                             f"{p + (mt or 0)} exceeds max_model_len ({cfg.max_model_len})")
+                             f"{p + mt} exceeds max_model_len ({cfg.max_model_len})")
         cap = self.kv.num_blocks * self.kv.block_size
         if p > cap:
             raise ValueError(f"request {rid!r}: prompt ({p} tokens) can never fit in the KV cache "
