@@ -1,0 +1,269 @@
+"""Builds `tokenizers.Tokenizer` backends: from GGUF metadata (llama.cpp's key names) and the
+small synthetic byte-level BPE used by the random:* models.
+
+GGUF byte-level BPE ("gpt2") follows transformers' GGUF converter (integrations/gguf/
+gguf_tokenizer_mapping.py: vocabulary respelled in the byte alphabet, merges as stored, control
+tokens special, user-defined tokens added) with one deliberate difference: the pre-tokenizer
+follows llama.cpp's table for `tokenizer.ggml.pre`. For "smollm" (and the other StarCoder-style
+vocabularies) llama.cpp isolates every digit (\\p{N}) before the GPT-2 regex, exactly as the
+original Hugging Face tokenizer.json does (Digits(individual_digits) + ByteLevel); transformers'
+GGUF converter has no entry for "smollm" and so differs on whitespace runs before a digit
+("  1": transformers [216, 216, 33], llama.cpp / original [256, 33]).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Mapping
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+# token types in tokenizer.ggml.token_type (llama.cpp's llama_token_type)
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+_GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_TEKKEN_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+                 r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+                 r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+# tokenizer.ggml.pre -> the split regex applied before the byte-level mapping (as transformers'
+# GGUF_PRE_TOKENIZER_SPLITS; these all match llama.cpp's regexes).
+PRE_SPLITS = {
+    **dict.fromkeys(["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+                     "dbrx", "smaug-bpe"], _LLAMA3_SPLIT),
+    **dict.fromkeys(["qwen2", "deepseek-r1-qwen", "megrez"], _QWEN2_SPLIT),
+    "tekken": _TEKKEN_SPLIT,
+    **dict.fromkeys(["gpt-4o", "llama4", "minimax-m2"], _GPT4O_SPLIT),
+}
+# llama.cpp: {"\p{N}", GPT-2 regex} -- digits isolated first, then the GPT-2 regex.
+DIGIT_SPLIT_PRE = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"}
+# llama.cpp sets tokenizer_ignore_merges for these (as the original tokenizer.json's "ignore_merges").
+IGNORE_MERGES_PRE = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "tekken"}
+# llama.cpp adds BOS by default for these when the file has no tokenizer.ggml.add_bos_token.
+ADD_BOS_DEFAULT_PRE = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "tekken"}
+
+# Tokens llama.cpp treats as end-of-generation when the vocabulary marks them CONTROL.
+END_OF_GENERATION_TOKENS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+                            "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<｜end▁of▁sentence｜>")
+
+
+@lru_cache(maxsize=1)
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table used by byte-level BPE."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, (chr(c) for c in cs)))
+
+
+def byte_level_pre_tokenizer(pre: str | None):
+    """The pre-tokenizer for a byte-level vocabulary whose tokenizer.ggml.pre is `pre`."""
+    if pre in PRE_SPLITS:
+        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(PRE_SPLITS[pre]), behavior="isolated"),
+                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    if pre in DIGIT_SPLIT_PRE:
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    # "gpt2", "default" and anything unknown: the GPT-2 regex (built into ByteLevel)
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+
+def _special_added_tokens(tk: Tokenizer, tokens: list[str], types: list[int] | None, byte_level: bool,
+                          extra_special_ids: list[int]) -> None:
+    """Registers CONTROL tokens (and bos/eos/unk/pad) as special and USER_DEFINED ones as added."""
+    types = list(types or ())
+    spelled = set(bytes_to_unicode().values()) if byte_level else None
+    special_ids = [i for i, t in enumerate(types) if t == CONTROL]
+    special_ids += [i for i in extra_special_ids if i is not None and 0 <= i < len(tokens) and i not in special_ids]
+    special = [AddedToken(tokens[i], normalized=False, special=True) for i in special_ids
+               if spelled is None or set(tokens[i]) <= spelled]
+    if special:
+        tk.add_special_tokens(special)
+    vocab = tk.get_vocab()
+    user = [AddedToken(tokens[i], normalized=False, special=False)
+            for i, t in enumerate(types) if t == USER_DEFINED and tokens[i] in vocab]
+    if user:
+        tk.add_tokens(user)
+
+
+def byte_level_from_gguf(meta: Mapping[str, Any]) -> Tokenizer:
+    spelling = bytes_to_unicode()
+    alphabet = set(spelling.values())
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    vocab = {(t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8"))): i
+             for i, t in enumerate(tokens)}
+    if "tokenizer.ggml.merges" not in meta:
+        raise NotImplementedError("GGUF byte-level BPE vocabulary without tokenizer.ggml.merges")
+    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+    pre = meta.get("tokenizer.ggml.pre")
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="",
+                              end_of_word_suffix="", fuse_unk=False, ignore_merges=pre in IGNORE_MERGES_PRE))
+    tk.pre_tokenizer = byte_level_pre_tokenizer(pre)
+    tk.decoder = decoders.ByteLevel()
+    _special_added_tokens(tk, tokens, meta.get("tokenizer.ggml.token_type"), True, _special_ids(meta))
+    return tk
+
+
+def generate_merges(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[str, str]]:
+    """Merges implied by a SentencePiece vocabulary and its scores (transformers'
+    tokenization_utils_base.generate_merges with vocab_scores given)."""
+    merges = []
+    for merge, score in scores.items():
+        local = [(merge[:k], merge[k:], score) for k in range(1, len(merge))
+                 if merge[:k] in vocab and merge[k:] in vocab]
+        local.sort(key=lambda x: (vocab[x[0]], vocab[x[1]]))
+        merges.extend(local)
+    merges.sort(key=lambda v: (v[2], len(v[0]), len(v[1])), reverse=True)
+    return [(a, b) for a, b, _ in merges]
+
+
+def sentencepiece_from_gguf(meta: Mapping[str, Any]) -> Tokenizer:
+    """SentencePiece-style BPE (tokenizer.ggml.model == "llama": Llama 2, Mistral v0.1, ...) as
+    transformers' LlamaTokenizer builds it: byte fallback, Metaspace with prefix on the first
+    piece, merges from the file or derived from the scores."""
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    vocab = {t: i for i, t in enumerate(tokens)}
+    if "tokenizer.ggml.merges" in meta:
+        merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+    else:
+        if "tokenizer.ggml.scores" not in meta:
+            raise NotImplementedError("GGUF SentencePiece vocabulary with neither merges nor scores")
+        merges = generate_merges(vocab, dict(zip(tokens, meta["tokenizer.ggml.scores"])))
+    prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+    unk_id = meta.get("tokenizer.ggml.unknown_token_id")
+    unk = tokens[unk_id] if unk_id is not None and 0 <= unk_id < len(tokens) else None
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True, dropout=None,
+                              unk_token=unk))
+    tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first" if prefix else "never",
+                                                split=False)
+    seq = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if prefix:
+        seq.append(decoders.Strip(content=" ", left=1, right=0))
+    tk.decoder = decoders.Sequence(seq)
+    _special_added_tokens(tk, tokens, meta.get("tokenizer.ggml.token_type"), False, _special_ids(meta))
+    return tk
+
+
+def _special_ids(meta: Mapping[str, Any]) -> list[int]:
+    keys = ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id")
+    return [meta[f"tokenizer.ggml.{k}"] for k in keys if meta.get(f"tokenizer.ggml.{k}") is not None]
+
+
+def backend_from_gguf(meta: Mapping[str, Any]) -> Tokenizer:
+    kind = meta.get("tokenizer.ggml.model")
+    if "tokenizer.ggml.tokens" not in meta:
+        raise NotImplementedError("this GGUF file has no tokenizer (no tokenizer.ggml.tokens)")
+    if kind == "gpt2":
+        return byte_level_from_gguf(meta)
+    if kind == "llama":
+        return sentencepiece_from_gguf(meta)
+    raise NotImplementedError(f"GGUF tokenizer type tokenizer.ggml.model={kind!r} is not supported "
+                              f"(supported: 'gpt2' byte-level BPE, 'llama' SentencePiece BPE)")
+
+
+def default_add_bos(meta: Mapping[str, Any]) -> bool:
+    if "tokenizer.ggml.add_bos_token" in meta:
+        return bool(meta["tokenizer.ggml.add_bos_token"])
+    return meta.get("tokenizer.ggml.model") == "llama" or meta.get("tokenizer.ggml.pre") in ADD_BOS_DEFAULT_PRE
+
+
+# ---------------------------------------------------------------------------------------------
+# The synthetic tokenizer of the random:* models.
+
+SYNTHETIC_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+SYNTHETIC_MAX_MERGES = 768
+
+_CORPUS = """\
+The quick brown fox jumps over the lazy dog. A language model predicts the next token from the
+tokens before it; the tokenizer turns text into those tokens and back again. In the beginning
+there were bytes, and the bytes were merged into pairs, and the pairs into words. What is the
+capital of France? Paris is the capital of France. How many legs does a spider have? Eight.
+Hello, world! Hello there, how are you today? I am fine, thank you, and you? Once upon a time,
+in a small village by the sea, there lived an old fisherman and his daughter. They sailed out
+every morning and came home every evening with the day's catch.
+def fibonacci(n: int) -> int:
+    if n < 2:
+        return n
+    return fibonacci(n - 1) + fibonacci(n - 2)
+
+for i in range(10):
+    print(i, fibonacci(i))
+The numbers 0 1 2 3 4 5 6 7 8 9 10 100 1000 2024 3.14159 are numbers. user assistant system
+You are a helpful assistant. Please answer the question below in one short sentence.
+Café, naïve, résumé, Straße, Ελληνικά, русский, 日本語, 中文, 한국어, emoji 🙂 🚀 ✨.
+"""
+
+
+def _learn_merges(words: dict[tuple[str, ...], int], n_merges: int) -> list[tuple[str, str]]:
+    """Plain BPE training with a deterministic tie-break (count, then the pair itself)."""
+    merges: list[tuple[str, str]] = []
+    while len(merges) < n_merges:
+        counts: dict[tuple[str, str], int] = {}
+        for w, c in words.items():
+            for a, b in zip(w, w[1:]):
+                counts[(a, b)] = counts.get((a, b), 0) + c
+        if not counts:
+            break
+        best = min(counts, key=lambda p: (-counts[p], p))
+        merges.append(best)
+        merged = best[0] + best[1]
+        new_words: dict[tuple[str, ...], int] = {}
+        for w, c in words.items():
+            out, i = [], 0
+            while i < len(w):
+                if i + 1 < len(w) and (w[i], w[i + 1]) == best:
+                    out.append(merged)
+                    i += 2
+                else:
+                    out.append(w[i])
+                    i += 1
+            new_words[tuple(out)] = new_words.get(tuple(out), 0) + c
+        words = new_words
+    return merges
+
+
+@lru_cache(maxsize=4)
+def _synthetic_json(vocab_size: int) -> str:
+    base = len(SYNTHETIC_SPECIALS) + 256
+    if vocab_size < base:
+        raise ValueError(f"a synthetic byte-level tokenizer needs vocab_size >= {base}, got {vocab_size}")
+    spelling = bytes_to_unicode()
+    pre = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    words: dict[tuple[str, ...], int] = {}
+    for line in _CORPUS.splitlines(keepends=True):
+        for piece, _ in pre.pre_tokenize_str(line):
+            words[tuple(piece)] = words.get(tuple(piece), 0) + 1
+    merges = _learn_merges(words, min(vocab_size - base, SYNTHETIC_MAX_MERGES))
+    vocab = {t: i for i, t in enumerate(SYNTHETIC_SPECIALS)}
+    for b in range(256):
+        vocab[spelling[b]] = len(vocab)
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    n = 0
+    while len(vocab) < vocab_size:  # unreachable filler so ids cover the model's vocabulary
+        vocab[f"<|reserved_{n}|>"] = len(vocab)
+        n += 1
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="",
+                              end_of_word_suffix="", fuse_unk=False))
+    tk.pre_tokenizer = pre
+    tk.decoder = decoders.ByteLevel()
+    tk.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SYNTHETIC_SPECIALS])
+    return tk.to_str()
+
+
+def synthetic_backend(vocab_size: int) -> Tokenizer:
+    """A deterministic byte-level BPE with exactly `vocab_size` ids: <|endoftext|>,
+    <|im_start|>, <|im_end|> (ids 0-2, special), the 256 byte tokens, up to 768 merges learned
+    from a fixed built-in text, then unreachable <|reserved_N|> filler tokens."""
+    return Tokenizer.from_str(_synthetic_json(vocab_size))

@@ -1,0 +1,128 @@
+"""Chat templates: Jinja2 rendered in an immutable sandbox, as transformers renders them
+(same environment options, filters and globals), plus the message validation and the default
+templates used when a model ships none."""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+LLAMA3_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+
+PLAIN_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ message['role'] | capitalize + ': ' + message['content'] + '\n\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
+
+
+def default_chat_template(vocab: dict[str, int]) -> str:
+    """A template for a model that ships none, chosen from the special tokens it has:
+    ChatML when it has <|im_start|>/<|im_end|>, the Llama 3 headers when it has those,
+    else a plain 'Role: content' transcript."""
+    if "<|im_start|>" in vocab and "<|im_end|>" in vocab:
+        return CHATML_TEMPLATE
+    if "<|start_header_id|>" in vocab and "<|eot_id|>" in vocab:
+        return LLAMA3_TEMPLATE
+    return PLAIN_TEMPLATE
+
+
+def validate_messages(messages: Any) -> list[dict]:
+    """Checks a conversation: a non-empty list of dicts, each with a string 'role' and a
+    string 'content'. Returns plain-dict copies; raises ValueError naming the bad field."""
+    if not isinstance(messages, (list, tuple)):
+        raise ValueError(f"messages must be a list of {{'role': str, 'content': str}} dicts, "
+                         f"got {type(messages).__name__}")
+    if not messages:
+        raise ValueError("messages must not be empty")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', got {type(m).__name__}")
+        for key in ("role", "content"):
+            if key not in m:
+                raise ValueError(f"messages[{i}] has no '{key}' field")
+            if not isinstance(m[key], str):
+                raise ValueError(f"messages[{i}]['{key}'] must be a string, got {type(m[key]).__name__}")
+        if not m["role"]:
+            raise ValueError(f"messages[{i}]['role'] must not be empty")
+        out.append(_plain(m))
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """Rebuilds template inputs from plain JSON types (as transformers does), so no object
+    with methods the sandbox does not know about reaches the template."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return str(value)
+
+
+@lru_cache(maxsize=16)
+def compile_template(template: str):
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        # Jinja's own tojson escapes HTML characters; templates expect plain JSON.
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(fmt):
+        return datetime.now().strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env.from_string(template)
+
+
+def render_chat_template(template: str, messages: list[dict], *, add_generation_prompt: bool,
+                         special_tokens: dict[str, str | None], **kwargs) -> str:
+    """Renders a validated conversation. `special_tokens` (bos_token, eos_token, ...) are visible
+    to the template; keyword arguments override them and are passed through (tools, documents,
+    enable_thinking, ...)."""
+    import jinja2
+    variables = {k: v for k, v in special_tokens.items() if v is not None}
+    variables.update(kwargs)
+    variables.setdefault("tools", None)
+    variables.setdefault("documents", None)
+    variables = _plain(variables)
+    try:
+        compiled = compile_template(template)
+        return compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                                 **variables)
+    except jinja2.exceptions.TemplateError as e:
+        raise ValueError(f"chat template error: {e}") from e

@@ -1,0 +1,135 @@
+"""Streaming detokenization with stop strings.
+
+Text is finalised token by token the way vLLM does it: the ids are decoded in a short window
+[prefix_offset, end) and only the text past the window's already-emitted prefix
+[prefix_offset, read_offset) is new. Decoding a window instead of everything keeps each call
+O(new tokens); starting the window a few tokens back (into the prompt at first) keeps the
+context that decoders such as SentencePiece's leading-space strip depend on. Text whose last
+character is U+FFFD (an incomplete UTF-8 sequence) is held back until a later token completes
+it (or until flush()).
+
+Stop strings are matched on the finalised text; the longest tail that could still begin a stop
+string (at most max(len(stop)) - 1 characters) is held back until it is resolved.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+# How many prompt tokens the first window reaches back (vLLM's
+# INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET).
+INITIAL_OFFSET = 5
+
+
+class IncrementalDetokenizer:
+    """Turns a stream of generated ids into text deltas.
+
+        d = IncrementalDetokenizer(tok, prompt_ids, stop=["\\n\\n"])
+        for ids in stream:
+            print(d.add(ids), end="")
+            if d.stopped:
+                break
+        print(d.flush())
+
+    Attributes: text (everything returned so far), stopped, stop_reason (the stop string
+    matched, or None), token_ids (the generated ids).
+    """
+
+    def __init__(self, tokenizer, prompt_ids: Iterable[int] = (), skip_special_tokens: bool = True,
+                 stop: Iterable[str] | str | None = None, include_stop_str_in_output: bool = False):
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        if isinstance(stop, str):
+            stop = [stop]
+        self.stop: list[str] = [s for s in (stop or ()) if s]
+        self.include_stop_str_in_output = include_stop_str_in_output
+        self._max_stop = max((len(s) for s in self.stop), default=0)
+        self._ids: list[int] = [int(i) for i in prompt_ids]
+        self._n_prompt = len(self._ids)
+        self._prefix_offset = max(self._n_prompt - INITIAL_OFFSET, 0)
+        self._read_offset = self._n_prompt
+        self._decoded = ""      # finalised output text (UTF-8 complete), possibly not yet returned
+        self._emitted = 0       # how much of _decoded has been returned
+        self.stopped = False
+        self.stop_reason: str | None = None
+        self.finished = False
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self._ids[self._n_prompt:]
+
+    @property
+    def text(self) -> str:
+        """All text returned so far (add() and flush() deltas, concatenated)."""
+        return self._decoded[:self._emitted]
+
+    def _decode(self, start: int, end: int | None = None) -> str:
+        return self.tokenizer.decode(self._ids[start:end], skip_special_tokens=self.skip_special_tokens)
+
+    def _finalise(self, final: bool) -> None:
+        """Moves newly complete text from the token window into _decoded."""
+        if self._read_offset >= len(self._ids):
+            return
+        prefix_text = self._decode(self._prefix_offset, self._read_offset)
+        new_text = self._decode(self._prefix_offset)
+        if len(new_text) <= len(prefix_text) or (new_text.endswith("\ufffd") and not final):
+            return  # nothing yet, or a multi-byte character still incomplete
+        self._decoded += new_text[len(prefix_text):]
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
+
+    def _check_stop(self, searched_from: int) -> None:
+        """Looks for a stop string starting at or after `searched_from - len(stop) + 1`
+        (earlier positions were searched before); truncates _decoded at the first match."""
+        best: tuple[int, str] | None = None
+        for s in self.stop:
+            i = self._decoded.find(s, max(searched_from - len(s) + 1, 0))
+            if i >= 0 and (best is None or i < best[0]):
+                best = (i, s)
+        if best is not None:
+            i, s = best
+            self._decoded = self._decoded[:i + len(s) if self.include_stop_str_in_output else i]
+            self._emitted = min(self._emitted, len(self._decoded))
+            self.stopped, self.stop_reason = True, s
+
+    def _held_back(self) -> int:
+        """Length of the longest tail of _decoded that is a proper prefix of a stop string."""
+        text = self._decoded
+        for k in range(min(self._max_stop - 1, len(text) - self._emitted), 0, -1):
+            tail = text[-k:]
+            if any(s.startswith(tail) for s in self.stop):
+                return k
+        return 0
+
+    def _release(self, hold: int) -> str:
+        end = max(len(self._decoded) - hold, self._emitted)
+        delta = self._decoded[self._emitted:end]
+        self._emitted = end
+        return delta
+
+    def add(self, token_ids: Iterable[int] | int) -> str:
+        """Appends generated ids; returns the text they finalised (possibly "")."""
+        if self.stopped or self.finished:
+            return ""
+        if isinstance(token_ids, int):
+            token_ids = [token_ids]
+        self._ids.extend(int(i) for i in token_ids)
+        before = len(self._decoded)
+        self._finalise(final=False)
+        if self.stop and len(self._decoded) > before:
+            self._check_stop(before)
+            if self.stopped:
+                return self._release(0)
+        return self._release(self._held_back() if self.stop else 0)
+
+    def flush(self) -> str:
+        """Ends the stream: finalises what is held back (an incomplete character becomes
+        U+FFFD, a partial stop string is released) and returns it."""
+        if self.finished:
+            return ""
+        self.finished = True
+        if not self.stopped:
+            before = len(self._decoded)
+            self._finalise(final=True)
+            if self.stop and len(self._decoded) > before:
+                self._check_stop(before)
+        return self._release(0)
