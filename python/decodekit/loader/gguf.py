@@ -1,0 +1,324 @@
+"""GGUF files (llama.cpp's format) read with the `gguf` package.
+
+Hyperparameters come from the {arch}.* metadata, the tokenizer from tokenizer.ggml.*, and the
+tensors are dequantized one at a time with gguf.quants.dequantize (the same routine
+transformers' GGUF loader uses), so loading stays within about one tensor of the final weights.
+
+llama.cpp's converter permutes the rows of q_proj/k_proj of "llama" models so that its
+interleaved (GPT-J style) rope can be used; the loader undoes it exactly as transformers'
+LlamaTensorProcessor._reverse_permute_weights does, which gives back HF's rotate-half (NeoX)
+order. The permutation moves whole rows, so it applies to packed quantized rows as well
+(GGUFTensorInfo.hf_rows).
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from ..config import ModelConfig
+from ._common import ModelLoadError, check_weights, progress
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+# tensor types this loader is tested on; others that gguf.quants can dequantize also load
+TESTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
+# not weights: llama 3.1+ rope frequency factors (folded into ModelConfig.rope_scaling)
+_NON_WEIGHTS = {"rope_freqs.weight"}
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The Hugging Face name of a GGUF tensor name (None when it is not a supported weight)."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _LAYER_RE.fullmatch(gguf_name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    return None
+
+
+def reverse_permute(w: Any, n_head: int):
+    """Undoes llama.cpp's q/k row permutation (interleaved rope -> HF rotate-half), along the
+    first axis of a numpy array or torch tensor: reshape(n_head, dim, 2, ...).swapaxes(1, 2)."""
+    shape = tuple(w.shape)
+    dim = shape[0] // n_head // 2
+    return w.reshape(n_head, dim, 2, *shape[1:]).swapaxes(2, 1).reshape(shape)
+
+
+def permute(w: Any, n_head: int):
+    """llama.cpp's converter permutation (HF rotate-half -> interleaved): the inverse of reverse_permute."""
+    shape = tuple(w.shape)
+    return w.reshape(n_head, 2, shape[0] // n_head // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+
+
+def _reader_class():
+    import gguf
+
+    class _Reader(gguf.GGUFReader):
+        """GGUFReader over a plain-ndarray view of its memory map: slicing a np.memmap runs
+        memmap.__array_finalize__ on each of the ~250k slices the metadata parse takes (twice as
+        slow); the view still reads the mapped file lazily and keeps the mapping alive."""
+
+        @property
+        def data(self):
+            return self._plain_data
+
+        @data.setter
+        def data(self, value):
+            self._plain_data = value.view(np.ndarray) if isinstance(value, np.memmap) else value
+
+    return _Reader
+
+
+def open_reader(path: str):
+    """A gguf.GGUFReader (read-only, memory-mapped) for `path`."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no such GGUF file: {path}")
+    try:
+        return _reader_class()(path, "r")
+    except Exception as e:  # the gguf package raises ValueError / struct errors on bad files
+        raise ModelLoadError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
+
+
+def read_gguf_metadata(source) -> dict[str, Any]:
+    """All metadata key/values of a GGUF file (path or GGUFReader) as plain Python values:
+    str, int, float, bool, or lists of them."""
+    import gguf
+    reader = open_reader(source) if isinstance(source, (str, os.PathLike)) else source
+    meta: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if not field.types:
+            continue
+        value = field.contents()
+        if field.types[0] == gguf.GGUFValueType.ARRAY and not isinstance(value, list):
+            value = list(value)
+        meta[key] = value
+    return meta
+
+
+@dataclass
+class GGUFTensorInfo:
+    """One tensor of a GGUF file, not yet dequantized.
+
+    name: the GGUF name (blk.0.attn_q.weight); hf_name: the Hugging Face name (None for
+    non-weights such as rope_freqs.weight); quant_type: gguf.GGMLQuantizationType; shape: the
+    logical shape in HF order ([out_features, in_features]); data: the raw numpy view into the
+    memory-mapped file (for block-quantized types uint8 [rows, bytes_per_row]); unpermute_heads:
+    the head count whose row permutation must be undone (q/k of llama models) or None.
+    """
+    name: str
+    hf_name: str | None
+    quant_type: Any
+    shape: tuple[int, ...]
+    data: np.ndarray
+    unpermute_heads: int | None = None
+
+    @property
+    def type_name(self) -> str:
+        return self.quant_type.name
+
+    @property
+    def n_bytes(self) -> int:
+        return int(self.data.nbytes)
+
+    @property
+    def block_size(self) -> tuple[int, int]:
+        """(elements per block, bytes per block) of the quant type."""
+        import gguf
+        return gguf.GGML_QUANT_SIZES[self.quant_type]
+
+    def hf_rows(self, array: Any = None):
+        """`array` (default: the raw data) with its rows in HF order: the llama.cpp q/k
+        permutation undone. Works on packed quantized rows (rows are permuted whole)."""
+        a = self.data if array is None else array
+        return reverse_permute(a, self.unpermute_heads) if self.unpermute_heads else a
+
+    def raw_bytes(self) -> np.ndarray:
+        """The packed data, rows in HF order, as an owning uint8 array [rows, bytes_per_row]."""
+        rows = self.shape[0] if len(self.shape) > 1 else 1
+        raw = np.ascontiguousarray(self.data).view(np.uint8).reshape(rows, -1)
+        return np.ascontiguousarray(self.hf_rows(raw))
+
+    def dequantize(self, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> torch.Tensor:
+        """The tensor as a `dtype` torch tensor on `device`, HF layout and row order."""
+        import gguf
+        qt = self.quant_type
+        if qt == gguf.GGMLQuantizationType.F32:
+            t = torch.from_numpy(np.array(self.data, dtype=np.float32))
+        elif qt == gguf.GGMLQuantizationType.F16:
+            t = torch.from_numpy(np.array(self.data).view(np.float16))
+            t = t if dtype == torch.float16 else t.float()
+        elif qt == gguf.GGMLQuantizationType.BF16:
+            t = torch.from_numpy(np.array(self.data).view(np.int16)).view(torch.bfloat16)
+            t = t if dtype == torch.bfloat16 else t.float()
+        else:
+            try:
+                t = torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(self.data, qt)))
+            except NotImplementedError as e:
+                raise ModelLoadError(f"tensor {self.name}: quant type {qt.name} cannot be dequantized") from e
+        t = t.reshape(self.shape)
+        if self.unpermute_heads:
+            t = reverse_permute(t, self.unpermute_heads)
+        return t.to(device=device, dtype=dtype).contiguous()
+
+
+def read_gguf_tensors(source, meta: dict[str, Any] | None = None) -> Iterator[GGUFTensorInfo]:
+    """Yields every tensor of a GGUF file (path or GGUFReader) as a GGUFTensorInfo, in file
+    order, without dequantizing anything. The raw quant type and bytes stay reachable
+    (info.quant_type, info.data, info.raw_bytes()) for loaders that keep weights packed."""
+    reader = open_reader(source) if isinstance(source, (str, os.PathLike)) else source
+    if meta is None:
+        meta = read_gguf_metadata(reader)
+    arch = meta.get("general.architecture", "")
+    n_head = meta.get(f"{arch}.attention.head_count")
+    n_kv = meta.get(f"{arch}.attention.head_count_kv", n_head)
+    for t in reader.tensors:
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists ne0 (innermost) first
+        heads = None
+        if arch == "llama" and n_head:
+            if ".attn_q." in t.name:
+                heads = int(n_head)
+            elif ".attn_k." in t.name:
+                heads = int(n_kv)
+        yield GGUFTensorInfo(t.name, hf_name(t.name), t.tensor_type, shape, t.data, heads)
+
+
+def _llama3_factors(theta: float, dim: int, factor: float, low: float, high: float, old: int) -> np.ndarray:
+    """llama.cpp's rope_freqs.weight for HF's llama3 rope scaling (convert_hf_to_gguf.py)."""
+    out = []
+    for i in range(0, dim, 2):
+        wavelen = 2 * math.pi / (1.0 / theta ** (i / dim))
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float64)
+
+
+def _rope_scaling(meta: dict, arch: str, freqs: np.ndarray | None, theta: float, head_dim: int) -> dict | None:
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    factor = meta.get(f"{arch}.rope.scaling.factor")
+    orig = meta.get(f"{arch}.rope.scaling.original_context_length")
+    if freqs is not None:
+        # Llama 3.1+: the converter stores the per-frequency divisors instead of the parameters.
+        freqs = np.asarray(freqs, dtype=np.float64).reshape(-1)
+        if np.allclose(freqs, 1.0):
+            return None
+        f = float(freqs.max())
+        for old in ([int(orig)] if orig else []) + [8192, 4096, 2048, 16384, 32768, 131072]:
+            for low, high in ((1.0, 4.0), (1.0, 2.0), (2.0, 4.0), (1.0, 8.0)):
+                cand = _llama3_factors(theta, head_dim, f, low, high, old)
+                if cand.shape == freqs.shape and np.allclose(cand, freqs, rtol=1e-4, atol=1e-6):
+                    return {"rope_type": "llama3", "factor": f, "low_freq_factor": low,
+                            "high_freq_factor": high, "original_max_position_embeddings": old}
+        raise ModelLoadError("rope_freqs.weight does not match Llama 3 rope scaling for any usual "
+                             "(low_freq_factor, high_freq_factor, original context); not supported")
+    if kind in (None, "none") or (factor in (None, 0.0, 1.0) and kind != "yarn"):
+        return None
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": float(factor)}
+    if kind == "yarn":
+        out = {"rope_type": "yarn", "factor": float(factor or 1.0)}
+        if orig:
+            out["original_max_position_embeddings"] = int(orig)
+        return out
+    raise ModelLoadError(f"unsupported GGUF rope scaling type {kind!r}")
+
+
+def config_from_gguf(meta: dict[str, Any], infos: list[GGUFTensorInfo]) -> ModelConfig:
+    """The ModelConfig of a GGUF file from its metadata and tensor list."""
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ModelLoadError(f"GGUF architecture {arch!r} is not supported (supported: "
+                             f"{', '.join(SUPPORTED_ARCHITECTURES)})")
+
+    def get(key: str, default: Any = None, required: bool = False) -> Any:
+        v = meta.get(f"{arch}.{key}", default)
+        if v is None and required:
+            raise ModelLoadError(f"GGUF metadata lacks {arch}.{key}")
+        return v
+
+    by_name = {i.name: i for i in infos}
+    hidden = int(get("embedding_length", required=True))
+    heads = int(get("attention.head_count", required=True))
+    head_dim = int(get("attention.key_length") or get("rope.dimension_count") or hidden // heads)
+    rope_dim = get("rope.dimension_count")
+    if rope_dim is not None and int(rope_dim) != head_dim:
+        raise ModelLoadError(f"partial rotary embeddings (rope.dimension_count {rope_dim} < head_dim "
+                             f"{head_dim}) are not supported")
+    embd = by_name.get("token_embd.weight")
+    if embd is None:
+        raise ModelLoadError("GGUF file has no token_embd.weight")
+    vocab = int(get("vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ()) or embd.shape[0])
+    theta = float(get("rope.freq_base", 10000.0))
+    freqs = by_name["rope_freqs.weight"].dequantize().numpy() if "rope_freqs.weight" in by_name else None
+    name = str(meta.get("general.name", ""))
+    label = arch
+    if arch == "llama":
+        text = (name + " " + str(meta.get("general.basename", ""))).lower()
+        label = "mistral" if "mistral" in text else "smollm2" if "smollm" in text else "llama"
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    return ModelConfig(
+        vocab_size=vocab, hidden_size=hidden,
+        intermediate_size=int(get("feed_forward_length", required=True)),
+        num_layers=int(get("block_count", required=True)),
+        num_heads=heads, num_kv_heads=int(get("attention.head_count_kv") or heads), head_dim=head_dim,
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=theta, rope_scaling=_rope_scaling(meta, arch, freqs, theta, head_dim),
+        max_position_embeddings=int(get("context_length", 4096)),
+        tie_word_embeddings="output.weight" not in by_name,
+        attention_bias=any(n.endswith(".attn_q.bias") for n in by_name),
+        architecture=label, bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=[int(eos)] if eos is not None else [], name=name)
+
+
+def load_gguf(path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+              progress_bar: bool = True):
+    """(config, weights, tokenizer) of a GGUF file; weights dequantized tensor by tensor."""
+    from ..tokenizer import Tokenizer
+
+    reader = open_reader(path)
+    meta = read_gguf_metadata(reader)
+    infos = list(read_gguf_tensors(reader, meta))
+    cfg = config_from_gguf(meta, infos)
+    tokenizer = Tokenizer.from_gguf_metadata(meta, name=os.path.basename(path))
+    cfg.eos_token_ids = list(tokenizer.eos_token_ids)
+    cfg.bos_token_id = tokenizer.bos_token_id
+    weights: dict[str, torch.Tensor] = {}
+    for info in progress(infos, len(infos), f"loading {os.path.basename(path)}", progress_bar):
+        if info.name in _NON_WEIGHTS:
+            continue
+        if info.hf_name is None:
+            raise ModelLoadError(f"{path}: tensor {info.name!r} is not part of a supported "
+                                 f"{meta.get('general.architecture')} model")
+        weights[info.hf_name] = info.dequantize(dtype, device)
+    check_weights(cfg, weights, path)
+    return cfg, weights, tokenizer
