@@ -57,7 +57,7 @@ link_flags = ["-fopenmp"]
 if WITH_CUDA:
     include_dirs += build_env.pip_cuda_include_dirs()
     include_dirs.append(build_env.cutlass_include_dir(required=True))
-    nvcc_flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo", "-DDECODEKIT_CUDA=1",
+    nvcc_flags = ["-O3", "--expt-relaxed-constexpr", "-lineinfo", "-DDECODEKIT_CUDA=1",
                   "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
                   "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "-U__CUDA_NO_HALF2_OPERATORS__"]
     if not os.environ.get("TORCH_CUDA_ARCH_LIST"):

@@ -1,9 +1,9 @@
 """The `decodekit` command line.
 
-    decodekit demo      run every op on this machine against its reference and time it
-    decodekit info      what this build contains (CPU / CUDA kernels, versions)
-
-The engine commands (generate, chat, serve, bench, plan) arrive with their issues.
+    decodekit generate "prompt"   complete a prompt (default: the embedded SmolLM2-135M-Instruct)
+    decodekit chat                interactive chat that streams tokens
+    decodekit demo                run every op against its float64 reference and time it
+    decodekit info                what this build contains (CPU / CUDA kernels, versions)
 """
 from __future__ import annotations
 
@@ -90,10 +90,113 @@ def _demo(args) -> int:
     return 0
 
 
+def _sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
+    g.add_argument("--temperature", type=float, default=temperature,
+                   help=f"0 = greedy (default {temperature})")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0 = off)")
+    g.add_argument("--top-k", type=int, default=-1, help="keep the k most likely tokens (default -1 = off)")
+    g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * p_max (default 0 = off)")
+    g.add_argument("--repetition-penalty", type=float, default=1.0, help="HF-style repetition penalty (default 1)")
+    g.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI presence penalty (default 0)")
+    g.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI frequency penalty (default 0)")
+    g.add_argument("--sample-seed", type=int, default=None, help="per-request seed: same seed, same tokens")
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--n", type=int, default=1, help="samples per prompt (generate only)")
+    g.add_argument("--logprobs", type=int, default=None, help="print the top-N logprobs of each token")
+
+
+def _params(args):
+    from decodekit.sampling import SamplingParams
+    return SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                          min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                          presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+                          seed=args.sample_seed, stop=args.stop, max_tokens=args.max_tokens,
+                          logprobs=args.logprobs)
+
+
+def _engine(args):
+    from decodekit.engine.args import EngineArgs
+    from decodekit.engine.llm import LLM
+    ea = EngineArgs.from_cli(args)
+    return LLM(**{k: v for k, v in ea.__dict__.items() if k != "model"}, model=ea.model)
+
+
+def _generate(args) -> int:
+    params = _params(args)
+    llm = _engine(args)
+    prompts = args.prompt or ["The three laws of thermodynamics are"]
+    ids = []
+    if args.chat_template:
+        prompts = [{"prompt_token_ids": llm.apply_chat_template([{"role": "user", "content": p}])} for p in prompts]
+    t0 = time.perf_counter()
+    if len(prompts) == 1 and params.n == 1 and not args.no_stream:
+        for delta in llm.stream(prompts[0], params):
+            print(delta, end="", flush=True)
+        print()
+    else:
+        for i, out in enumerate(llm.generate(prompts, params)):
+            for c in out.outputs:
+                print(f"--- prompt {i} sample {c.index} ({c.finish_reason}) ---")
+                print(c.text)
+                if c.logprobs:
+                    for tok, lp in zip(c.token_ids, c.logprobs):
+                        top = ", ".join(f"{v.decoded_token!r}:{v.logprob:.2f}" for v in lp.values())
+                        print(f"  {tok}: {top}")
+        ids = [1]
+    dt = time.perf_counter() - t0
+    st = llm.engine.stats
+    print(f"[{st['generation_tokens']} tokens in {dt:.2f} s, {st['generation_tokens'] / dt:.1f} tok/s]",
+          file=sys.stderr)
+    return 0
+
+
+def _chat(args) -> int:
+    params = _params(args)
+    llm = _engine(args)
+    messages = []
+    if args.system:
+        messages.append({"role": "system", "content": args.system})
+    print("decodekit chat: type a message, empty line or Ctrl-D to quit, /reset to start over", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print()
+            return 0
+        if not line.strip():
+            return 0
+        if line.strip() == "/reset":
+            messages = messages[:1] if args.system else []
+            continue
+        messages.append({"role": "user", "content": line})
+        reply = []
+        for delta in llm.stream({"prompt_token_ids": llm.apply_chat_template(messages)}, params):
+            print(delta, end="", flush=True)
+            reply.append(delta)
+        print()
+        messages.append({"role": "assistant", "content": "".join(reply)})
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="decodekit", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
+    from decodekit.engine.args import EngineArgs
+    g = sub.add_parser("generate", help="complete one or more prompts",
+                       description="Complete prompts with the engine (continuous batching over a paged KV cache).")
+    g.add_argument("prompt", nargs="*", help="prompt text(s); several are batched together")
+    g.add_argument("--chat-template", action="store_true", help="wrap each prompt as a user chat message")
+    g.add_argument("--no-stream", action="store_true", help="print when done instead of streaming")
+    EngineArgs.add_cli_args(g)
+    _sampling_args(g, temperature=0.0)
+    g.set_defaults(fn=_generate)
+    c = sub.add_parser("chat", help="interactive chat (streams tokens)")
+    c.add_argument("--system", default=None, help="system prompt")
+    EngineArgs.add_cli_args(c)
+    _sampling_args(c, temperature=0.7)
+    c.set_defaults(fn=_chat)
     d = sub.add_parser("demo", help="run every op against its reference and time it")
     d.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to run (default cpu)")
     d.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"],
@@ -111,7 +214,13 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "tokens", 1) < 1:
         print("decodekit: --tokens must be >= 1", file=sys.stderr)
         return 2
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except (ValueError, FileNotFoundError) as e:  # bad input: one clear line, no traceback
+        print(f"decodekit: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

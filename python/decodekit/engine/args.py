@@ -1,0 +1,91 @@
+"""Engine options, shared by LLM(...), LLMEngine, the CLI and (later) the server."""
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass, fields
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
+          "g": 2**30, "gb": 10**9, "gib": 2**30}
+
+
+def parse_bytes(value) -> int:
+    """1073741824, "1GiB", "512MiB", "2g" -> bytes."""
+    if isinstance(value, bool):
+        raise ValueError(f"kv_cache_memory must be a size such as 2GiB, got {value!r}")
+    if isinstance(value, (int, float)):
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"kv_cache_memory must be a size such as 2GiB or 512MiB, got {value!r}")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+@dataclass
+class EngineArgs:
+    model: str | None = None              # None: the embedded SmolLM2-135M-Instruct
+    dtype: str = "auto"                   # auto: float32 on CPU, bfloat16 on CUDA
+    device: str = "auto"                  # auto: cuda if available else cpu
+    block_size: int = 16
+    kv_cache_memory: str | int = "1GiB"   # CPU: bytes of KV cache
+    gpu_memory_utilization: float = 0.9   # CUDA: fraction of device memory for weights+activations+KV
+    max_model_len: int | None = None      # default: the model's context length
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    enable_prefix_caching: bool = True
+    seed: int | None = None               # makes unseeded requests reproducible
+    progress: bool = False                # loader progress bar
+
+    def __post_init__(self):
+        if self.dtype not in ("auto", *_DTYPES):
+            raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N; got {self.device!r}")
+        if self.block_size not in (8, 16, 32, 64, 128):
+            raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128; got {self.block_size!r}")
+        if parse_bytes(self.kv_cache_memory) <= 0:
+            raise ValueError(f"kv_cache_memory must be > 0, got {self.kv_cache_memory!r}")
+        if not (0.05 <= float(self.gpu_memory_utilization) <= 0.99):
+            raise ValueError(f"gpu_memory_utilization must be in [0.05, 0.99], got {self.gpu_memory_utilization}")
+        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 1):
+            raise ValueError(f"max_model_len must be a positive int, got {self.max_model_len!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**63):
+            raise ValueError(f"seed must be an int in [0, 2^63), got {self.seed!r}")
+
+    def resolved_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def resolved_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.resolved_device().type == "cuda" else torch.float32
+        return _DTYPES[self.dtype]
+
+    @staticmethod
+    def add_cli_args(p: argparse.ArgumentParser) -> None:
+        g = p.add_argument_group("engine")
+        g.add_argument("--model", default=None,
+                       help="GGUF file, HF model directory or random:PRESET (default: embedded SmolLM2-135M-Instruct)")
+        g.add_argument("--dtype", default="auto", choices=["auto", *_DTYPES],
+                       help="weight/activation dtype (auto: float32 on CPU, bfloat16 on CUDA)")
+        g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+        g.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block (default 16)")
+        g.add_argument("--kv-cache-memory", default="1GiB", help="KV-cache size on CPU, e.g. 2GiB (default 1GiB)")
+        g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                       help="fraction of GPU memory the engine may use (default 0.9)")
+        g.add_argument("--max-model-len", type=int, default=None,
+                       help="max prompt + output tokens per request (default: the model's context)")
+        g.add_argument("--max-num-seqs", type=int, default=256, help="max concurrent sequences (default 256)")
+        g.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                       help="token budget of one step; prefills are chunked to it (default 2048)")
+        g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                       help="disable automatic prefix caching")
+        g.add_argument("--seed", type=int, default=None, help="seed for unseeded requests")
+
+    @classmethod
+    def from_cli(cls, ns: argparse.Namespace) -> "EngineArgs":
+        return cls(**{f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)})

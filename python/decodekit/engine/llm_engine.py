@@ -1,0 +1,319 @@
+"""LLMEngine: add_request / step / abort over the scheduler, the model runner, the sampler
+and the detokenizer. Synchronous: one step() runs one scheduled batch end to end.
+
+A request with n > 1 becomes n child sequences (ids "<id>/<i>"), each with its own seed,
+sharing the prompt's full KV blocks through the prefix cache; its RequestOutput carries
+all n CompletionOutputs and is finished when every child is.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from decodekit.loader import load_model
+from decodekit.models import LlamaModel
+from decodekit.sampling import SamplingParams
+from decodekit.sampling.sampler import Sampler, SamplingMetadata, request_seeds, set_global_seed
+from decodekit.tokenizer.detokenizer import IncrementalDetokenizer
+
+from .args import EngineArgs, parse_bytes
+from .kv_cache import KVCacheManager
+from .model_runner import ModelRunner
+from .outputs import CompletionOutput, Logprob, RequestOutput
+from .request import Request, RequestStatus, split_n
+from .scheduler import Scheduler, SchedulerConfig
+
+log = logging.getLogger("decodekit")
+
+
+@dataclass
+class _Seq:
+    """Engine-side state of one child sequence."""
+    request: Request
+    seed: int
+    detok: IncrementalDetokenizer
+    out: CompletionOutput
+    stop_ids: frozenset
+
+
+@dataclass
+class _Group:
+    """All n sequences of one user request."""
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: list[_Seq]
+    arrival: float
+    first_token: float | None = None
+    finished_at: float | None = None
+    dirty: bool = True
+
+    @property
+    def finished(self) -> bool:
+        return all(s.out.finish_reason is not None for s in self.seqs)
+
+
+class LLMEngine:
+    def __init__(self, args: EngineArgs | None = None, **kwargs):
+        self.args = args = args or EngineArgs(**kwargs)
+        if args.seed is not None:
+            set_global_seed(args.seed)
+        self.device = args.resolved_device()
+        self.dtype = args.resolved_dtype()
+        loaded = load_model(args.model, dtype=self.dtype, device="cpu", progress=args.progress)
+        self.model_config = cfg = loaded.config
+        self.tokenizer = loaded.tokenizer
+        self.model_source = loaded.source
+        self.model = LlamaModel(cfg, loaded.weights, dtype=self.dtype, device=self.device)
+        self.max_model_len = min(args.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        if args.max_model_len and args.max_model_len > cfg.max_position_embeddings:
+            raise ValueError(f"max_model_len {args.max_model_len} exceeds the model's context length "
+                             f"{cfg.max_position_embeddings}")
+        num_blocks = self._num_kv_blocks()
+        self.kv_manager = KVCacheManager(num_blocks, args.block_size, args.enable_prefix_caching)
+        self.scheduler = Scheduler(SchedulerConfig(
+            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=self.max_model_len, block_size=args.block_size,
+            enable_prefix_caching=args.enable_prefix_caching), self.kv_manager)
+        self.runner = ModelRunner(self.model, num_blocks, args.block_size)
+        self.sampler = Sampler()
+        self.eos_token_ids = sorted(set(cfg.eos_token_ids) | set(self.tokenizer.eos_token_ids or []))
+        self._groups: dict[str, _Group] = {}
+        self._seq_of: dict[str, _Seq] = {}
+        self._ids = itertools.count()
+        self.stats = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0}
+
+    # ------------------------------------------------------------------ sizing
+    def _num_kv_blocks(self) -> int:
+        per_block = self.model.kv_cache_block_bytes(self.args.block_size)
+        if self.device.type == "cuda":
+            budget = self._profile_gpu_budget()
+        else:
+            budget = parse_bytes(self.args.kv_cache_memory)
+        n = budget // per_block
+        need = -(-self.max_model_len // self.args.block_size)
+        if n < need and self.args.max_model_len is None and n >= 1:
+            # The model's full context does not fit: serve shorter sequences rather than refuse.
+            self.max_model_len = int(n * self.args.block_size)
+            log.warning("KV cache holds %d tokens: max_model_len lowered to %d (set kv_cache_memory to raise it)",
+                        n * self.args.block_size, self.max_model_len)
+        elif n < need:
+            raise ValueError(f"the KV cache budget ({budget / 2**20:.0f} MiB = {n} blocks of {self.args.block_size} "
+                             f"tokens) cannot hold one max_model_len={self.max_model_len} sequence ({need} blocks); "
+                             f"raise kv_cache_memory / gpu_memory_utilization or lower max_model_len")
+        return int(n)
+
+    def _profile_gpu_budget(self) -> int:
+        """Bytes left for KV after weights and a max-size forward pass's activations."""
+        dev = self.device
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        T = self.args.max_num_batched_tokens
+        probe = ModelRunner(self.model, num_blocks=-(-T // self.args.block_size) + 1, block_size=self.args.block_size)
+        from .scheduler import ScheduledRequest
+        req = Request("__profile__", [0] * T, SamplingParams(max_tokens=1))
+        req.block_ids = list(range(probe.num_blocks - 1))
+        from .scheduler import SchedulerOutput
+        so = SchedulerOutput(scheduled=[ScheduledRequest(req, T, 0, True, True)], num_scheduled_tokens=T)
+        probe.execute(so)
+        torch.cuda.synchronize(dev)
+        peak = torch.cuda.max_memory_allocated(dev)
+        kv_probe = sum(k.numel() * k.element_size() * 2 for k, _ in probe.kv_caches)
+        del probe
+        total = torch.cuda.get_device_properties(dev).total_memory
+        budget = int(total * self.args.gpu_memory_utilization) - (peak - kv_probe)
+        torch.cuda.empty_cache()
+        return max(budget, 0)
+
+    # ------------------------------------------------------------------ requests
+    def _prompt_ids(self, prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt must not be empty")
+            return prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            prompt = prompt["prompt_token_ids"]
+        if isinstance(prompt, (list, tuple)):
+            ids = list(prompt)
+            if not ids:
+                raise ValueError("prompt must not be empty")
+            V = self.model_config.vocab_size
+            for i, t in enumerate(ids):
+                if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < V:
+                    raise ValueError(f"prompt token ids must be ints in [0, {V}); item {i} is {t!r}")
+            return None, ids
+        raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+
+    def add_request(self, request_id: str | None, prompt, params: SamplingParams | None = None) -> str:
+        """Queue a request; raises ValueError (naming the field) for invalid input, leaving
+        the engine and every other request untouched."""
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        params.validate(vocab_size=self.model_config.vocab_size)
+        request_id = str(next(self._ids)) if request_id is None else request_id
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError("request_id must be a non-empty string")
+        if request_id in self._groups:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        text, ids = self._prompt_ids(prompt)
+        need = len(ids) + params.max_tokens
+        if need > self.max_model_len:
+            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {need} exceeds "
+                             f"max_model_len {self.max_model_len}")
+        parent = Request(request_id, ids, params)
+        children = split_n(parent)
+        seeds = request_seeds(params)
+        stop_ids = frozenset(params.stop_token_ids or []) | (
+            frozenset() if params.ignore_eos else frozenset(self.eos_token_ids))
+        seqs = []
+        for i, child in enumerate(children):
+            detok = IncrementalDetokenizer(self.tokenizer, ids, skip_special_tokens=params.skip_special_tokens,
+                                           stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output)
+            out = CompletionOutput(index=i, logprobs=[] if params.logprobs is not None else None,
+                                   cumulative_logprob=0.0 if params.logprobs is not None else None)
+            seqs.append(_Seq(child, seeds[i], detok, out, stop_ids))
+        added = []
+        try:
+            for s in seqs:
+                self.scheduler.add_request(s.request)
+                added.append(s)
+        except Exception:
+            for s in added:
+                self.scheduler.abort_request(s.request.request_id)
+            raise
+        g = _Group(request_id, text, ids, params, seqs, time.monotonic())
+        self._groups[request_id] = g
+        for s in seqs:
+            self._seq_of[s.request.request_id] = s
+        self.stats["prompt_tokens"] += len(ids)
+        return request_id
+
+    def abort_request(self, request_id: str) -> bool:
+        """Abort a request (all its samples) at any time; frees its KV blocks."""
+        g = self._groups.get(request_id)
+        if g is None:
+            return False
+        for s in g.seqs:
+            if s.out.finish_reason is None:
+                self.scheduler.abort_request(s.request.request_id)
+                s.out.finish_reason = "abort"
+        g.dirty = True
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return any(not g.finished or g.dirty for g in self._groups.values())
+
+    def get_num_unfinished_requests(self) -> int:
+        return sum(not g.finished for g in self._groups.values())
+
+    # ------------------------------------------------------------------ step
+    def step(self) -> list[RequestOutput]:
+        """Run one batch; returns outputs of the requests that changed (new tokens or finished)."""
+        so = self.scheduler.schedule()
+        sampled: dict[str, list[int]] = {}
+        info: dict[str, tuple] = {}
+        rows = [sr for sr in so.scheduled if sr.will_sample]
+        if so.scheduled:
+            logits = self.runner.execute(so)
+            if rows:
+                reqs = [sr.request for sr in rows]
+                seqs = [self._seq_of[r.request_id] for r in reqs]
+                md = SamplingMetadata.build([r.sampling_params for r in reqs], [r.output_token_ids for r in reqs],
+                                            [r.prompt_token_ids for r in reqs], [s.seed for s in seqs], None,
+                                            self.eos_token_ids, logits.device, self.model_config.vocab_size)
+                out = self.sampler(logits, md)
+                toks = out.token_ids.tolist()
+                lp = out.logprobs.tolist() if out.logprobs is not None else None
+                extra = None
+                if out.topk_ids is not None:
+                    extra = (out.topk_ids.tolist(), out.topk_logprobs.tolist(), out.ranks.tolist())
+                for i, r in enumerate(reqs):
+                    sampled[r.request_id] = [toks[i]]
+                    info[r.request_id] = (lp[i] if lp else None,
+                                          (extra[0][i], extra[1][i], extra[2][i]) if extra else None)
+        self.stats["steps"] += 1
+        finished = self.scheduler.update_from_output(so, sampled)
+        now = time.monotonic()
+        for rid, toks in sampled.items():
+            s = self._seq_of.get(rid)
+            if s is None or s.out.finish_reason is not None:
+                continue
+            self._on_tokens(s, toks, info.get(rid), now)
+        for r in finished:
+            s = self._seq_of.get(r.request_id)
+            if s is not None and s.out.finish_reason is None:
+                self._finish(s, r.finish_reason or "length", None)
+        return self._collect(now)
+
+    def _on_tokens(self, s: _Seq, toks: list[int], info, now: float) -> None:
+        g = self._groups[s.request.parent_id or s.request.request_id]
+        g.dirty = True
+        if g.first_token is None:
+            g.first_token = now
+        p = g.params
+        for tok in toks:
+            self.stats["generation_tokens"] += 1
+            s.out.token_ids.append(tok)
+            s.out.delta_token_ids.append(tok)
+            if s.out.logprobs is not None and info is not None:
+                lp, extra = info
+                entry = {}
+                if extra is not None:  # top-N in descending order: rank i + 1
+                    ids, lps, rank = extra
+                    for i, (t, l) in enumerate(list(zip(ids, lps))[: p.logprobs]):
+                        entry[t] = Logprob(l, i + 1, self.tokenizer.decode([t], skip_special_tokens=False))
+                    entry[tok] = Logprob(lp, rank, self.tokenizer.decode([tok], skip_special_tokens=False))
+                else:
+                    entry[tok] = Logprob(lp, None, self.tokenizer.decode([tok], skip_special_tokens=False))
+                s.out.logprobs.append(entry)
+                s.out.cumulative_logprob += lp
+            text = s.detok.add([tok])
+            s.out.text += text
+            s.out.delta_text += text
+            can_stop = len(s.out.token_ids) >= p.min_tokens
+            if can_stop and tok in s.stop_ids:
+                self._finish(s, "stop", tok if tok in (p.stop_token_ids or []) else None)
+                self.scheduler.finish_request(s.request.request_id, RequestStatus.FINISHED_STOPPED)
+                return
+            if can_stop and s.detok.stopped:
+                self._finish(s, "stop", s.detok.stop_reason, flush=False)
+                self.scheduler.finish_request(s.request.request_id, RequestStatus.FINISHED_STOPPED)
+                return
+
+    def _finish(self, s: _Seq, reason: str, stop_reason, flush: bool = True) -> None:
+        if flush and not s.detok.stopped:
+            tail = s.detok.flush()
+            s.out.text += tail
+            s.out.delta_text += tail
+        s.out.finish_reason = reason
+        s.out.stop_reason = stop_reason
+        g = self._groups[s.request.parent_id or s.request.request_id]
+        g.dirty = True
+
+    def _collect(self, now: float) -> list[RequestOutput]:
+        outs = []
+        for rid in [r for r, g in self._groups.items() if g.dirty]:
+            g = self._groups[rid]
+            g.dirty = False
+            done = g.finished
+            if done and g.finished_at is None:
+                g.finished_at = now
+            cached = max(0, min((s.request.num_cached_tokens for s in g.seqs), default=0))
+            ro = RequestOutput(rid, g.prompt, g.prompt_token_ids,
+                               [CompletionOutput(**{**s.out.__dict__, "token_ids": list(s.out.token_ids)})
+                                for s in g.seqs], done, cached,
+                               {"arrival": g.arrival, "first_token": g.first_token, "finished": g.finished_at})
+            for s in g.seqs:
+                s.out.delta_text, s.out.delta_token_ids = "", []
+            outs.append(ro)
+            if done:
+                del self._groups[rid]
+                for s in g.seqs:
+                    self._seq_of.pop(s.request.request_id, None)
+        return outs

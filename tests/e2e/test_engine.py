@@ -1,0 +1,150 @@
+"""Engine behaviour on the embedded model: batch invariance, preemption and prefix
+caching are transparent, n > 1 and seeds, stop strings, aborts, bad requests rejected alone.
+KV-block leaks are checked after every scenario."""
+import pytest
+
+from decodekit.sampling import SamplingParams
+
+PROMPTS = [
+    "The history of the Roman Empire",
+    "A recipe for pancakes: first,",
+    "import numpy as np\n",
+    "Q: What is 12 times 12?\nA:",
+    "My favourite colour is",
+    "In 1969, astronauts",
+    "The mitochondria is",
+    "Dear Sir or Madam,",
+    "Rain fell on the",
+    "The best way to learn a language is",
+    "Once there was a robot who",
+    "Photosynthesis converts",
+    "The stock market today",
+    "To be or not to be,",
+    "Listen carefully: the password is",
+    "Water boils at",
+    "A long time ago in a galaxy far, far away",
+]
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+def _llm(**kw):
+    from decodekit import LLM
+    return LLM(None, dtype="float32", device="cpu", **kw)
+
+
+def _no_leaks(llm):
+    eng = llm.engine
+    assert not eng.scheduler.has_unfinished_requests()
+    eng.kv_manager.check_invariants([])
+    assert eng.kv_manager.num_free_blocks == eng.kv_manager.num_blocks
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return _llm(kv_cache_memory="256MiB", seed=1)
+
+
+def test_batch_invariance(llm):
+    target = PROMPTS[-1]
+    alone = llm.generate(target, GREEDY)[0].outputs[0].token_ids
+    crowd = llm.generate(PROMPTS, [SamplingParams(temperature=0, max_tokens=4 + i, ignore_eos=True)
+                                   for i in range(len(PROMPTS) - 1)] + [GREEDY])
+    assert crowd[-1].outputs[0].token_ids == alone
+    _no_leaks(llm)
+
+
+def test_seeded_sampling_is_batch_invariant(llm):
+    p = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=10, seed=1234)
+    alone = llm.generate(PROMPTS[3], p)[0].outputs[0].token_ids
+    mixed = llm.generate(PROMPTS[:6], [SamplingParams(temperature=0.7, max_tokens=8)] * 3 + [p] +
+                         [SamplingParams(temperature=1.0, max_tokens=5)] * 2)
+    assert mixed[3].outputs[0].token_ids == alone
+
+
+def test_preemption_is_transparent(llm):
+    want = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:8], GREEDY)]
+    small = _llm(kv_cache_memory="6MiB", max_model_len=128, seed=1)  # 8 blocks of 16: forces preemption
+    got = small.generate(PROMPTS[:8], GREEDY)
+    assert [o.outputs[0].token_ids for o in got] == want
+    assert small.engine.scheduler.num_preemptions > 0
+    _no_leaks(small)
+
+
+def test_prefix_caching_on_off_same_outputs(llm):
+    shared = "You are a helpful assistant. Answer briefly and precisely. " * 4
+    prompts = [shared + q for q in ("Why is the sky blue?", "What is 2+2?", "Name a fruit.")]
+    off = _llm(kv_cache_memory="128MiB", enable_prefix_caching=False)
+    want = [o.outputs[0].token_ids for o in off.generate(prompts, GREEDY)]
+    first = llm.generate(prompts[:1], GREEDY)
+    got = llm.generate(prompts, GREEDY)
+    assert [o.outputs[0].token_ids for o in got] == want
+    assert first[0].outputs[0].token_ids == want[0]
+    assert max(o.num_cached_tokens for o in got) >= 32  # the shared prefix was served from the cache
+    assert llm.engine.kv_manager.prefix_cache_hit_rate > 0
+    _no_leaks(llm)
+
+
+def test_n_samples_and_seed_reproducibility(llm):
+    p = SamplingParams(n=3, temperature=1.0, max_tokens=8, seed=7)
+    a = llm.generate(PROMPTS[0], p)[0]
+    b = llm.generate(PROMPTS[0], p)[0]
+    assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
+    assert len({tuple(c.token_ids) for c in a.outputs}) > 1  # the samples differ from each other
+    assert [c.index for c in a.outputs] == [0, 1, 2]
+
+
+def test_stop_string_and_max_tokens(llm):
+    out = llm.generate("1, 2, 3, 4, 5,", SamplingParams(temperature=0, max_tokens=30, stop=[" 8"]))[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == " 8"
+    assert " 8" not in out.text and out.text.strip().startswith("6")
+    out = llm.generate("Hello", SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))[0].outputs[0]
+    assert out.finish_reason == "length" and len(out.token_ids) == 3
+
+
+def test_streaming_equals_batch(llm):
+    text = "".join(llm.stream(PROMPTS[1], GREEDY))
+    assert text == llm.generate(PROMPTS[1], GREEDY)[0].outputs[0].text
+
+
+def test_abort_frees_blocks(llm):
+    eng = llm.engine
+    rid = eng.add_request("to-abort", PROMPTS[0] * 5, SamplingParams(max_tokens=50))
+    keep = eng.add_request("keep", PROMPTS[1], GREEDY)
+    for _ in range(3):
+        eng.step()
+    assert eng.abort_request(rid)
+    outs = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            outs[o.request_id] = o
+    assert outs["to-abort"].outputs[0].finish_reason == "abort"
+    assert outs[keep].outputs[0].finish_reason == "length"
+    _no_leaks(llm)
+
+
+@pytest.mark.parametrize("bad, field", [
+    (dict(temperature=float("nan")), "temperature"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(max_tokens=0), "max_tokens"),
+    (dict(top_k=10**9), "top_k"),
+    (dict(stop_token_ids=[10**9]), "stop_token_ids"),
+])
+def test_bad_requests_rejected_alone(llm, bad, field):
+    eng = llm.engine
+    eng.add_request("good", PROMPTS[2], GREEDY)
+    with pytest.raises(ValueError, match=field):
+        # NaN / range errors are raised when the params are built; top_k and stop_token_ids
+        # only once the vocabulary is known (add_request); either way nothing is queued.
+        eng.add_request("bad", PROMPTS[2], SamplingParams(**{"max_tokens": 4, **bad}))
+    with pytest.raises(ValueError, match="max_model_len"):
+        eng.add_request("huge", PROMPTS[2], SamplingParams(max_tokens=10**6))
+    with pytest.raises(ValueError, match="prompt"):
+        eng.add_request("empty", "", GREEDY)
+    with pytest.raises(ValueError, match="token ids"):
+        eng.add_request("oob", [1, 2, 10**9], GREEDY)
+    outs = []
+    while eng.has_unfinished_requests():
+        outs += eng.step()
+    assert [o.request_id for o in outs if o.finished] == ["good"]
+    _no_leaks(llm)
+

@@ -1,0 +1,80 @@
+"""End to end on the embedded SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32):
+greedy decodekit vs HF transformers loading the same GGUF."""
+import os
+
+import pytest
+import torch
+
+from decodekit.loader import embedded_model_path
+from decodekit.sampling import SamplingParams
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+
+RAW = [
+    "The capital of France is",
+    "def fibonacci(n):\n    ",
+    "Once upon a time, in a small village",
+    "1, 2, 3, 4, 5,",
+]
+CHAT = [
+    "What is the boiling point of water?",
+    "Write a haiku about autumn leaves.",
+    "Explain what a hash table is in one sentence.",
+    "Translate 'good morning' into Spanish.",
+]
+MAX_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def llm():
+    from decodekit import LLM
+    return LLM(None, dtype="float32", device="cpu", kv_cache_memory="512MiB", seed=0)
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    path = embedded_model_path()
+    m = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                          dtype=torch.float32)
+    return m.eval()
+
+
+def _prompts(llm):
+    out = [llm.tokenizer.encode(p) for p in RAW]
+    out += [llm.apply_chat_template([{"role": "user", "content": c}]) for c in CHAT]
+    return out
+
+
+def test_greedy_matches_hf(llm, hf_model):
+    prompts = _prompts(llm)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=5)
+    ours = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    mismatches = []
+    for p, o in zip(prompts, ours):
+        with torch.no_grad():
+            g = hf_model.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False,
+                                  output_scores=True, return_dict_in_generate=True, pad_token_id=0)
+        theirs = g.sequences[0, len(p):].tolist()
+        mine = o.outputs[0].token_ids
+        assert len(mine) == MAX_TOKENS
+        if mine != theirs:
+            i = next(k for k in range(MAX_TOKENS) if mine[k] != theirs[k])
+            their_top5 = torch.topk(g.scores[i][0], 5).indices.tolist()
+            my_top5 = list(o.outputs[0].logprobs[i].keys())
+            assert mine[i] in their_top5 and theirs[i] in my_top5, (
+                f"prompt {p[:8]}...: first difference at {i}: ours {mine[i]} (HF top5 {their_top5}), "
+                f"HF {theirs[i]} (our top5 {my_top5})")
+            mismatches.append(i)
+    assert len(mismatches) <= 1, f"{len(mismatches)} prompts differ from HF (first-difference positions {mismatches})"
+
+
+def test_logprobs_match_hf(llm, hf_model):
+    ids = llm.tokenizer.encode("The quick brown fox jumps over the lazy")
+    out = llm.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=1, logprobs=5))[0]
+    with torch.no_grad():
+        ref = torch.log_softmax(hf_model(torch.tensor([ids])).logits[0, -1].double(), -1)
+    lp = out.outputs[0].logprobs[0]
+    for tok, v in lp.items():
+        assert abs(v.logprob - ref[tok].item()) < 1e-3, (tok, v.logprob, ref[tok].item())
+    assert list(lp)[0] == int(ref.argmax())
