@@ -74,7 +74,7 @@ void run_type(Rng& rng) {
   g_stats = {};
   for (int hidden : {8, 64, 200, 576, 769, 1024, 4096, 5120, 8192, 16384, 40000})
     for (int64_t rows : {1, 7, 83}) {
-      if (hidden >= 16384 && rows == 83) continue;  // keep the CPU side quick
+      if (hidden > 1024 && rows == 83) continue;  // keeps the CPU side quick (7 rows exercise the grid)
       test_rms_norm<T>(rng, rows, hidden, hidden, 0);
       test_rms_norm<T>(rng, rows, hidden, hidden + 8, 0);   // strided, still 16-byte accesses
       test_rms_norm<T>(rng, rows, hidden, hidden + 13, 0);  // strided, scalar

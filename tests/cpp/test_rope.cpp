@@ -9,6 +9,7 @@
 // T: |got - want| <= eps_T |want| + tiny_T + 3u (|x c| + |y s|)  (store_tol in check.h).
 // Elements outside the rotated part (past rot_dim, the v part, padding) must be bitwise
 // unchanged.
+#include <map>
 #include <vector>
 
 #include "check.h"
@@ -27,8 +28,12 @@ struct Config {
 };
 
 // cos/sin table [kMaxPos, rot]: cos of the rot/2 frequencies, then sin (base 10000).
-std::vector<float> make_cache(int rot) {
-  std::vector<float> c(size_t(kMaxPos) * rot);
+// Built once per rot.
+const std::vector<float>& make_cache(int rot) {
+  static std::map<int, std::vector<float>> tables;
+  std::vector<float>& c = tables[rot];
+  if (!c.empty()) return c;
+  c.resize(size_t(kMaxPos) * rot);
   for (int p = 0; p < kMaxPos; ++p)
     for (int i = 0; i < rot / 2; ++i) {
       const double a = p * std::pow(10000.0, -2.0 * i / rot);
@@ -63,7 +68,7 @@ void test_rope(Rng& rng, const Config& c, int64_t tokens, Layout layout) {
       }
   std::vector<int64_t> pos(tokens);
   for (int64_t t = 0; t < tokens; ++t) pos[t] = t == 0 ? kMaxPos - 1 : t == 1 ? 0 : int64_t(rng.u32() % kMaxPos);
-  const std::vector<float> cache = make_cache(c.rot);
+  const std::vector<float>& cache = make_cache(c.rot);
   const std::vector<T> before = buf;
 
   T* q = buf.data();

@@ -3,6 +3,8 @@
 // NeoX and GPT-J, full and partial rotary, q only, layouts: contiguous, q/k slices of a
 // fused qkv buffer, padded head strides (16-byte multiple: vector accesses; odd: scalar),
 // misaligned pointers; decode-sized and many tokens.
+#include <map>
+
 #include "cuda_util.h"
 #include "decodekit/rope.cuh"
 #include "decodekit/rope.h"
@@ -35,13 +37,17 @@ void test_rope(Rng& rng, const Config& c, int64_t tokens, Layout layout, size_t 
       for (int d = 0; d < c.head; ++d) buf[t * token_stride + h * head_stride + d] = from_d<T>(2.0 * rng.normal());
   std::vector<int64_t> pos(tokens);
   for (int64_t t = 0; t < tokens; ++t) pos[t] = t == 0 ? kMaxPos - 1 : int64_t(rng.u32() % kMaxPos);
-  std::vector<float> cache(size_t(kMaxPos) * c.rot);
-  for (int p = 0; p < kMaxPos; ++p)
-    for (int i = 0; i < c.rot / 2; ++i) {
-      const double a = p * std::pow(10000.0, -2.0 * i / c.rot);
-      cache[size_t(p) * c.rot + i] = float(std::cos(a));
-      cache[size_t(p) * c.rot + c.rot / 2 + i] = float(std::sin(a));
-    }
+  static std::map<int, std::vector<float>> tables;  // cos/sin table per rot, built once
+  std::vector<float>& cache = tables[c.rot];
+  if (cache.empty()) {
+    cache.resize(size_t(kMaxPos) * c.rot);
+    for (int p = 0; p < kMaxPos; ++p)
+      for (int i = 0; i < c.rot / 2; ++i) {
+        const double a = p * std::pow(10000.0, -2.0 * i / c.rot);
+        cache[size_t(p) * c.rot + i] = float(std::cos(a));
+        cache[size_t(p) * c.rot + c.rot / 2 + i] = float(std::sin(a));
+      }
+  }
   // Per-element tolerance scale |x| + |y| of the element's pair (>= |x c| + |y s|); -1: untouched.
   std::vector<double> scale(buf.size(), -1.0);
   const int half = c.rot / 2;
