@@ -46,21 +46,32 @@ def _prompts(llm):
     return out
 
 
+@torch.no_grad()
+def _hf_greedy(model, prompt: list[int], n: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Plain greedy loop with HF's KV cache (no EOS stop, like ignore_eos)."""
+    ids, past, toks, scores = torch.tensor([prompt]), None, [], []
+    for _ in range(n):
+        r = model(input_ids=ids, past_key_values=past, use_cache=True)
+        past, logits = r.past_key_values, r.logits[0, -1].float()
+        tok = int(logits.argmax())
+        toks.append(tok)
+        scores.append(logits)
+        ids = torch.tensor([[tok]])
+    return toks, scores
+
+
 def test_greedy_matches_hf(llm, hf_model):
     prompts = _prompts(llm)
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=5)
     ours = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     mismatches = []
     for p, o in zip(prompts, ours):
-        with torch.no_grad():
-            g = hf_model.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False,
-                                  output_scores=True, return_dict_in_generate=True, pad_token_id=0)
-        theirs = g.sequences[0, len(p):].tolist()
+        theirs, scores = _hf_greedy(hf_model, p, MAX_TOKENS)
         mine = o.outputs[0].token_ids
         assert len(mine) == MAX_TOKENS
         if mine != theirs:
             i = next(k for k in range(MAX_TOKENS) if mine[k] != theirs[k])
-            their_top5 = torch.topk(g.scores[i][0], 5).indices.tolist()
+            their_top5 = torch.topk(scores[i], 5).indices.tolist()
             my_top5 = list(o.outputs[0].logprobs[i].keys())
             assert mine[i] in their_top5 and theirs[i] in my_top5, (
                 f"prompt {p[:8]}...: first difference at {i}: ours {mine[i]} (HF top5 {their_top5}), "
