@@ -9,7 +9,8 @@ character is U+FFFD (an incomplete UTF-8 sequence) is held back until a later to
 it (or until flush()).
 
 Stop strings are matched on the finalised text; the longest tail that could still begin a stop
-string (at most max(len(stop)) - 1 characters) is held back until it is resolved.
+string (at most max(len(stop)) - 1 characters) is held back until it is resolved. Only that
+tail and the new text are searched, so stop handling is O(new text) too.
 """
 from __future__ import annotations
 
@@ -47,8 +48,8 @@ class IncrementalDetokenizer:
         self._n_prompt = len(self._ids)
         self._prefix_offset = max(self._n_prompt - INITIAL_OFFSET, 0)
         self._read_offset = self._n_prompt
-        self._decoded = ""      # finalised output text (UTF-8 complete), possibly not yet returned
-        self._emitted = 0       # how much of _decoded has been returned
+        self._pending = ""     # finalised text (UTF-8 complete) not yet returned: a possible stop prefix
+        self._chunks: list[str] = []  # the deltas returned so far (joined lazily by .text)
         self.stopped = False
         self.stop_reason: str | None = None
         self.finished = False
@@ -60,50 +61,57 @@ class IncrementalDetokenizer:
     @property
     def text(self) -> str:
         """All text returned so far (add() and flush() deltas, concatenated)."""
-        return self._decoded[:self._emitted]
+        if len(self._chunks) > 1:
+            self._chunks = ["".join(self._chunks)]
+        return self._chunks[0] if self._chunks else ""
 
     def _decode(self, start: int, end: int | None = None) -> str:
         return self.tokenizer.decode(self._ids[start:end], skip_special_tokens=self.skip_special_tokens)
 
-    def _finalise(self, final: bool) -> None:
-        """Moves newly complete text from the token window into _decoded."""
+    def _finalise(self, final: bool) -> str:
+        """The newly complete text of the token window ("" while a character is incomplete)."""
         if self._read_offset >= len(self._ids):
-            return
+            return ""
         prefix_text = self._decode(self._prefix_offset, self._read_offset)
         new_text = self._decode(self._prefix_offset)
         if len(new_text) <= len(prefix_text) or (new_text.endswith("\ufffd") and not final):
-            return  # nothing yet, or a multi-byte character still incomplete
-        self._decoded += new_text[len(prefix_text):]
+            return ""  # nothing yet, or a multi-byte character still incomplete
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
+        return new_text[len(prefix_text):]
 
-    def _check_stop(self, searched_from: int) -> None:
-        """Looks for a stop string starting at or after `searched_from - len(stop) + 1`
-        (earlier positions were searched before); truncates _decoded at the first match."""
+    def _take(self, new: str) -> None:
+        """Appends finalised text to the pending tail and cuts it at the first stop string. A
+        match can only start inside the pending tail (the held-back rule guarantees it), at or
+        after len(old tail) - len(stop) + 1 (earlier positions were searched before)."""
+        searched = len(self._pending)
+        self._pending += new
+        if not self.stop or not new:
+            return
         best: tuple[int, str] | None = None
         for s in self.stop:
-            i = self._decoded.find(s, max(searched_from - len(s) + 1, 0))
+            i = self._pending.find(s, max(searched - len(s) + 1, 0))
             if i >= 0 and (best is None or i < best[0]):
                 best = (i, s)
         if best is not None:
             i, s = best
-            self._decoded = self._decoded[:i + len(s) if self.include_stop_str_in_output else i]
-            self._emitted = min(self._emitted, len(self._decoded))
+            self._pending = self._pending[:i + len(s) if self.include_stop_str_in_output else i]
             self.stopped, self.stop_reason = True, s
 
     def _held_back(self) -> int:
-        """Length of the longest tail of _decoded that is a proper prefix of a stop string."""
-        text = self._decoded
-        for k in range(min(self._max_stop - 1, len(text) - self._emitted), 0, -1):
+        """Length of the longest tail of the pending text that is a proper prefix of a stop string."""
+        text = self._pending
+        for k in range(min(self._max_stop - 1, len(text)), 0, -1):
             tail = text[-k:]
             if any(s.startswith(tail) for s in self.stop):
                 return k
         return 0
 
     def _release(self, hold: int) -> str:
-        end = max(len(self._decoded) - hold, self._emitted)
-        delta = self._decoded[self._emitted:end]
-        self._emitted = end
+        cut = len(self._pending) - hold
+        delta, self._pending = self._pending[:cut], self._pending[cut:]
+        if delta:
+            self._chunks.append(delta)
         return delta
 
     def add(self, token_ids: Iterable[int] | int) -> str:
@@ -113,12 +121,9 @@ class IncrementalDetokenizer:
         if isinstance(token_ids, int):
             token_ids = [token_ids]
         self._ids.extend(int(i) for i in token_ids)
-        before = len(self._decoded)
-        self._finalise(final=False)
-        if self.stop and len(self._decoded) > before:
-            self._check_stop(before)
-            if self.stopped:
-                return self._release(0)
+        self._take(self._finalise(final=False))
+        if self.stopped:
+            return self._release(0)
         return self._release(self._held_back() if self.stop else 0)
 
     def flush(self) -> str:
@@ -128,8 +133,5 @@ class IncrementalDetokenizer:
             return ""
         self.finished = True
         if not self.stopped:
-            before = len(self._decoded)
-            self._finalise(final=True)
-            if self.stop and len(self._decoded) > before:
-                self._check_stop(before)
+            self._take(self._finalise(final=True))
         return self._release(0)
