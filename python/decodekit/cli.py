@@ -204,6 +204,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--tokens", type=int, default=256, help="number of tokens in the batch (default 256)")
     d.add_argument("--seed", type=int, default=0, help="random seed for the inputs")
     d.set_defaults(fn=_demo)
+    b = sub.add_parser("bench", help="engine benchmarks: latency (batch 1) and throughput (batched)")
+    bsub = b.add_subparsers(dest="bench_kind", required=True)
+    from decodekit.bench import engine_bench
+    for kind, helptext in (("latency", "one request at a time: prefill and decode tokens/s"),
+                           ("throughput", "many requests at once: output tokens/s")):
+        bp = bsub.add_parser(kind, help=helptext, description=engine_bench.__doc__,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+        engine_bench.add_args(bp)
+        bp.set_defaults(fn=lambda a, k=kind: engine_bench.run(k, a))
     i = sub.add_parser("info", help="show what this build contains")
     i.set_defaults(fn=_info)
     return p

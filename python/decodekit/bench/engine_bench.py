@@ -1,0 +1,223 @@
+"""`decodekit bench latency` and `decodekit bench throughput`: offline engine benchmarks.
+
+latency:    one request at a time: prefill tokens/s (time to first token) and decode
+            tokens/s (steps after the first), as the median over --iters runs; the decode
+            figure is also given as weight bytes read per second over the measured copy
+            bandwidth (the memory-bound limit of a decode step).
+throughput: --num-prompts requests submitted at once (continuous batching): output
+            tokens/s and total tokens/s.
+
+Peers in the same run (--peer hf, default): HF transformers on the same weights (a manual
+greedy loop with its KV cache for latency, batched generate() for throughput), and
+llama.cpp through llama-cpp-python on the GGUF when that package is installed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import time
+
+import torch
+
+from decodekit.bench.timing import measure_copy_bandwidth, device_name
+
+
+def _prompts(args, tokenizer, vocab: int, n: int) -> list[list[int]]:
+    rng = random.Random(args.seed)
+    if args.dataset:
+        with open(args.dataset) as f:
+            data = json.load(f)
+        texts = []
+        for item in data:  # ShareGPT format or a list of strings
+            if isinstance(item, str):
+                texts.append(item)
+            elif isinstance(item, dict) and item.get("conversations"):
+                texts.append(item["conversations"][0].get("value", ""))
+        texts = [t for t in texts if t]
+        if not texts:
+            raise ValueError(f"--dataset {args.dataset}: no prompts found")
+        return [tokenizer.encode(texts[i % len(texts)])[: args.input_len] for i in range(n)]
+    # random token ids avoiding the special ids at the start of the vocabulary
+    lo = min(100, vocab // 2)
+    return [[rng.randrange(lo, vocab) for _ in range(args.input_len)] for _ in range(n)]
+
+
+def _engine(args):
+    from decodekit.engine.args import EngineArgs
+    from decodekit.engine.llm_engine import LLMEngine
+    return LLMEngine(EngineArgs.from_cli(args))
+
+
+def _weight_bytes(engine) -> int:
+    m = engine.model
+    seen, total = set(), 0
+    tensors = [m.embed, m.norm, m.lm_head] + [t for L in m.layers for t in vars(L).values() if t is not None]
+    for t in tensors:
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    # a decode step reads every weight once, except the embedding table (one row)
+    if m.lm_head.data_ptr() != m.embed.data_ptr():
+        total -= m.embed.numel() * m.embed.element_size()
+    return total
+
+
+def _one_request(engine, prompt: list[int], out_len: int) -> tuple[float, float]:
+    """(seconds to first token, seconds per later step) for one request alone."""
+    from decodekit.sampling import SamplingParams
+    p = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
+    rid = engine.add_request(None, list(prompt), p)
+    t0 = time.perf_counter()
+    first = None
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+        if first is None and any(o.outputs[0].token_ids for o in outs if o.request_id == rid):
+            first = time.perf_counter()
+    end = time.perf_counter()
+    return first - t0, (end - first) / max(out_len - 1, 1)
+
+
+def _hf_model(engine):
+    import transformers
+    src = engine.model_source
+    if src.endswith(".gguf"):
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(src), gguf_file=os.path.basename(src), dtype=engine.dtype).eval()
+    if os.path.isdir(src):
+        return transformers.AutoModelForCausalLM.from_pretrained(src, dtype=engine.dtype).eval()
+    return None
+
+
+@torch.no_grad()
+def _hf_one(model, prompt, out_len) -> tuple[float, float]:
+    ids, past = torch.tensor([prompt]), None
+    t0 = time.perf_counter()
+    first = None
+    for _ in range(out_len):
+        r = model(input_ids=ids, past_key_values=past, use_cache=True)
+        past = r.past_key_values
+        ids = r.logits[:, -1:].argmax(-1)
+        if first is None:
+            first = time.perf_counter()
+    end = time.perf_counter()
+    return first - t0, (end - first) / max(out_len - 1, 1)
+
+
+def _llama_cpp(engine, prompt, out_len, threads):
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    if not engine.model_source.endswith(".gguf"):
+        return None
+    llm = llama_cpp.Llama(engine.model_source, n_ctx=len(prompt) + out_len + 8, n_threads=threads, verbose=False)
+    t0 = time.perf_counter()
+    llm.eval(prompt)
+    t1 = time.perf_counter()
+    for _ in range(out_len - 1):
+        tok = llm.sample(temp=0)
+        llm.eval([tok])
+    t2 = time.perf_counter()
+    return t1 - t0, (t2 - t1) / max(out_len - 1, 1)
+
+
+def latency(args) -> dict:
+    eng = _engine(args)
+    vocab = eng.model_config.vocab_size
+    prompts = _prompts(args, eng.tokenizer, vocab, args.iters + 1)
+    _one_request(eng, prompts[0][:8], 4)  # warm-up
+    runs = [_one_request(eng, p, args.output_len) for p in prompts[1:]]
+    ttft = statistics.median(r[0] for r in runs)
+    tpot = statistics.median(r[1] for r in runs)
+    wbytes = _weight_bytes(eng)
+    copy = float(measure_copy_bandwidth(eng.device))  # GB/s, read + write counted
+    res = {"bench": "latency", "model": eng.model_source, "device": device_name(eng.device),
+           "dtype": str(eng.dtype).replace("torch.", ""), "input_len": args.input_len, "output_len": args.output_len,
+           "threads": torch.get_num_threads(),
+           "decodekit": {"ttft_s": ttft, "prefill_tok_s": args.input_len / ttft, "tpot_s": tpot,
+                         "decode_tok_s": 1 / tpot, "weight_gb_s": wbytes / tpot / 1e9},
+           "weight_bytes": wbytes, "copy_bandwidth_gb_s": copy,
+           # a copy moves 2 bytes per byte copied; a decode step only reads: its limit is ~copy GB/s
+           "decode_frac_of_copy_bw": wbytes / tpot / 1e9 / copy}
+    if args.peer in ("hf", "all"):
+        hf = _hf_model(eng)
+        if hf is not None:
+            _hf_one(hf, prompts[0][:8], 4)
+            hr = [_hf_one(hf, p, args.output_len) for p in prompts[1:]]
+            h_ttft, h_tpot = statistics.median(r[0] for r in hr), statistics.median(r[1] for r in hr)
+            res["hf_transformers"] = {"ttft_s": h_ttft, "prefill_tok_s": args.input_len / h_ttft, "tpot_s": h_tpot,
+                                      "decode_tok_s": 1 / h_tpot}
+            res["speedup_vs_hf"] = {"prefill": h_ttft / ttft, "decode": h_tpot / tpot}
+        lc = _llama_cpp(eng, prompts[1], args.output_len, torch.get_num_threads())
+        res["llama_cpp"] = ({"ttft_s": lc[0], "prefill_tok_s": args.input_len / lc[0], "decode_tok_s": 1 / lc[1]}
+                            if lc else "llama-cpp-python not installed")
+    return res
+
+
+def throughput(args) -> dict:
+    from decodekit.sampling import SamplingParams
+    eng = _engine(args)
+    prompts = _prompts(args, eng.tokenizer, eng.model_config.vocab_size, args.num_prompts)
+    _one_request(eng, prompts[0][:8], 4)
+    p = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
+    t0 = time.perf_counter()
+    for pr in prompts:
+        eng.add_request(None, pr, p)
+    steps = 0
+    while eng.has_unfinished_requests():
+        eng.step()
+        steps += 1
+    dt = time.perf_counter() - t0
+    n_out = args.num_prompts * args.output_len
+    res = {"bench": "throughput", "model": eng.model_source, "device": device_name(eng.device),
+           "dtype": str(eng.dtype).replace("torch.", ""), "num_prompts": args.num_prompts,
+           "input_len": args.input_len, "output_len": args.output_len, "threads": torch.get_num_threads(),
+           "decodekit": {"elapsed_s": dt, "output_tok_s": n_out / dt,
+                         "total_tok_s": (n_out + args.num_prompts * args.input_len) / dt, "steps": steps}}
+    if args.peer in ("hf", "all"):
+        hf = _hf_model(eng)
+        if hf is not None:
+            ids = torch.tensor(prompts)  # equal lengths: no padding needed
+            with torch.no_grad():
+                t0 = time.perf_counter()
+                hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.output_len,
+                            min_new_tokens=args.output_len, do_sample=False, pad_token_id=0)
+                hdt = time.perf_counter() - t0
+            res["hf_transformers"] = {"elapsed_s": hdt, "output_tok_s": n_out / hdt}
+            res["speedup_vs_hf"] = hdt / dt
+    return res
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    from decodekit.engine.args import EngineArgs
+    EngineArgs.add_cli_args(p)
+    p.add_argument("--input-len", type=int, default=128, help="prompt tokens per request (default 128)")
+    p.add_argument("--output-len", type=int, default=64, help="generated tokens per request (default 64)")
+    p.add_argument("--num-prompts", type=int, default=32, help="requests for throughput (default 32)")
+    p.add_argument("--iters", type=int, default=3, help="latency runs, median reported (default 3)")
+    p.add_argument("--dataset", default=None, help="ShareGPT-format JSON or a JSON list of strings (default: random)")
+    p.add_argument("--peer", default="hf", choices=["none", "hf", "all"], help="peers to run in the same process")
+    p.add_argument("--threads", type=int, default=None, help="torch/OpenMP threads (default: all cores)")
+    p.add_argument("--output-json", default=None, help="write the result here")
+    p.add_argument("--bench-seed", dest="seed", type=int, default=0, help="seed for random prompts")
+
+
+def run(kind: str, args) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    for name in ("input_len", "output_len", "num_prompts", "iters"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    res = latency(args) if kind == "latency" else throughput(args)
+    res["date"] = time.strftime("%Y-%m-%d %H:%M")
+    res["torch"] = torch.__version__
+    text = json.dumps(res, indent=2, default=str)
+    print(text)
+    if args.output_json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.output_json)), exist_ok=True)
+        with open(args.output_json, "w") as f:
+            f.write(text + "\n")
+    return 0
