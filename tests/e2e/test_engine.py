@@ -148,3 +148,12 @@ def test_bad_requests_rejected_alone(llm, bad, field):
     assert [o.request_id for o in outs if o.finished] == ["good"]
     _no_leaks(llm)
 
+
+
+def test_min_tokens_defers_stops(llm):
+    free = llm.generate("1, 2, 3, 4, 5,", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    out = llm.generate("1, 2, 3, 4, 5,", SamplingParams(temperature=0, max_tokens=12, stop=[","],
+                                                        min_tokens=4))[0].outputs[0]
+    # the first "," comes within min_tokens and does not stop; the next one after it does
+    assert out.finish_reason == "stop" and len(out.token_ids) > 4
+    assert free.outputs[0].text.startswith(out.text)

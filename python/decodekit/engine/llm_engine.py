@@ -173,8 +173,10 @@ class LLMEngine:
             frozenset() if params.ignore_eos else frozenset(self.eos_token_ids))
         seqs = []
         for i, child in enumerate(children):
+            # stop strings count only once min_tokens are out (set_stop in _on_tokens)
             detok = IncrementalDetokenizer(self.tokenizer, ids, skip_special_tokens=params.skip_special_tokens,
-                                           stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output)
+                                           stop=params.stop if params.min_tokens == 0 else None,
+                                           include_stop_str_in_output=params.include_stop_str_in_output)
             out = CompletionOutput(index=i, logprobs=[] if params.logprobs is not None else None,
                                    cumulative_logprob=0.0 if params.logprobs is not None else None)
             seqs.append(_Seq(child, seeds[i], detok, out, stop_ids))
@@ -277,6 +279,8 @@ class LLMEngine:
             s.out.text += text
             s.out.delta_text += text
             can_stop = len(s.out.token_ids) >= p.min_tokens
+            if p.min_tokens and len(s.out.token_ids) == p.min_tokens and p.stop:
+                s.detok.set_stop(p.stop)
             if can_stop and tok in s.stop_ids:
                 self._finish(s, "stop", tok if tok in (p.stop_token_ids or []) else None)
                 self.scheduler.finish_request(s.request.request_id, RequestStatus.FINISHED_STOPPED)

@@ -54,6 +54,14 @@ class IncrementalDetokenizer:
         self.stop_reason: str | None = None
         self.finished = False
 
+    def set_stop(self, stop: Iterable[str] | str | None) -> None:
+        """Start (or change) stop-string matching; only text finalised from now on is
+        searched (how min_tokens defers stop strings)."""
+        if isinstance(stop, str):
+            stop = [stop]
+        self.stop = [s for s in (stop or ()) if s]
+        self._max_stop = max((len(s) for s in self.stop), default=0)
+
     @property
     def token_ids(self) -> list[int]:
         return self._ids[self._n_prompt:]
