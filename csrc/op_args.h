@@ -124,6 +124,28 @@ inline RopeArgs rotary_embedding_args(const at::Tensor& positions,              
   return a;
 }
 
+struct GemmArgs {
+  int64_t M, N, K, a_stride;
+};
+
+inline GemmArgs dense_gemm_args(const at::Tensor& out, const at::Tensor& a, const at::Tensor& weight,
+                                const std::optional<at::Tensor>& bias, int64_t max_m) {
+  const char* op = "decodekit::dense_gemm";
+  GemmArgs g{};
+  Check(op, "a", a).dim(2).dtype(kFloatTypes).last_dim_contiguous();
+  g.M = a.size(0);
+  g.K = a.size(1);
+  g.a_stride = g.M > 1 ? a.stride(0) : g.K;
+  check_range<int64_t>(op, "a.size(0) (M)", g.M, 0, max_m);
+  Check(op, "weight", weight).dim(2).size(1, g.K, "K = a.size(1)").dtype_as(a, "a").device_as(a, "a").contiguous();
+  g.N = weight.size(0);
+  Check(op, "out", out).dim(2).size(0, g.M, "M").size(1, g.N, "N = weight.size(0)").dtype_as(a, "a")
+      .device_as(a, "a").contiguous();
+  if (bias.has_value())
+    Check(op, "bias", *bias).dim(1).size(0, g.N, "N").dtype_as(a, "a").device_as(a, "a").contiguous();
+  return g;
+}
+
 struct CacheArgs {
   int64_t num_tokens, k_stride, v_stride, num_blocks;
   int num_kv_heads, block_size, head_dim;

@@ -21,6 +21,10 @@ TORCH_LIBRARY(decodekit, m) {
   // out = silu(input[..., :d]) * input[..., d:];  out: [..., d] contiguous; input: [..., 2d]
   m.def("silu_and_mul(Tensor(a!) out, Tensor input) -> ()");
 
+  // Dense weight GEMM for small M (decode) on the CPU: out = a @ weight^T (+ bias).
+  // out: [M, N]; a: [M, K] (row stride free); weight: [N, K]; bias: [N]; M <= 16.
+  m.def("dense_gemm(Tensor(a!) out, Tensor a, Tensor weight, Tensor? bias) -> ()");
+
   // Paged KV cache: [num_blocks, num_kv_heads, block_size, head_dim] per layer for K and V.
   // Writes key/value [num_tokens, num_kv_heads, head_dim] (token stride free) at
   // slot_mapping [num_tokens] int64 (slot = block * block_size + offset; < 0 skipped).

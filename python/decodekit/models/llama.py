@@ -102,7 +102,7 @@ class LlamaModel:
             if i > 0:
                 ops.fused_add_rms_norm(h, residual, L.input_norm, eps)
             # attention
-            qkv = F.linear(h, L.qkv, L.qkv_bias)  # [T, q + 2 kv]
+            qkv = ops.linear(h, L.qkv, L.qkv_bias)  # [T, q + 2 kv]
             q = qkv[:, :q_size]
             k = qkv[:, q_size:q_size + kv_size]
             v = qkv[:, q_size + kv_size:]
@@ -112,12 +112,12 @@ class LlamaModel:
                                   md.slot_mapping)
             attn = ops.paged_attention(q.view(T, c.num_heads, D), kc, vc, md.block_tables, md.seq_lens,
                                        md.query_start_loc, self.scale)
-            h = F.linear(attn.view(T, q_size), L.o)
+            h = ops.linear(attn.view(T, q_size), L.o)
             ops.fused_add_rms_norm(h, residual, L.post_norm, eps)
             # MLP
-            h = F.linear(ops.silu_and_mul(F.linear(h, L.gate_up)), L.down)
+            h = ops.linear(ops.silu_and_mul(ops.linear(h, L.gate_up)), L.down)
         # final norm and LM head only on the rows that need logits
         idx = md.logits_indices
         hs, rs = h.index_select(0, idx), residual.index_select(0, idx)
         ops.fused_add_rms_norm(hs, rs, self.norm, eps)
-        return F.linear(hs, self.lm_head).float()
+        return ops.linear(hs, self.lm_head).float()

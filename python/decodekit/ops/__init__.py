@@ -71,6 +71,36 @@ def _silu_and_mul_fake(out, input):
     return None
 
 
+# --- dense linear layers -----------------------------------------------------------------
+_DENSE_GEMV_MAX_M = 16
+
+
+def dense_gemm(a: torch.Tensor,                 # [M, K], M <= 16
+               weight: torch.Tensor,            # [N, K]
+               bias: torch.Tensor | None = None,  # [N]
+               out: torch.Tensor | None = None) -> torch.Tensor:  # [M, N]
+    if out is None:
+        out = torch.empty((a.shape[0], weight.shape[0]), dtype=a.dtype, device=a.device)
+    _ops.dense_gemm(out, a, weight, bias)
+    return out
+
+
+def linear(x: torch.Tensor,                      # [M, K]
+           weight: torch.Tensor,                 # [N, K]
+           bias: torch.Tensor | None = None) -> torch.Tensor:  # [M, N]
+    """x @ weight^T + bias. On the CPU, bf16 decode-sized batches use dense_gemm (AVX512-BF16
+    dot products at memory bandwidth); everything else goes to torch (oneDNN/MKL, cuBLAS)."""
+    if (x.device.type == "cpu" and x.dtype == torch.bfloat16 and x.dim() == 2
+            and x.shape[0] <= _DENSE_GEMV_MAX_M):
+        return dense_gemm(x, weight, bias)
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+@torch.library.register_fake("decodekit::dense_gemm")
+def _dense_gemm_fake(out, a, weight, bias):
+    return None
+
+
 # --- paged KV cache and attention --------------------------------------------------------
 # KV cache per layer: K and V each [num_blocks, num_kv_heads, block_size, head_dim].
 

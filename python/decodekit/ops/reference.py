@@ -38,6 +38,16 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # [..., 2d] -> [..., d]
     return (torch.nn.functional.silu(xf[..., :d]) * xf[..., d:]).to(x.dtype)
 
 
+def dense_gemm(a: torch.Tensor,               # [M, K]
+               weight: torch.Tensor,          # [N, K]
+               bias: torch.Tensor | None = None) -> torch.Tensor:  # [M, N]
+    acc = torch.float64 if a.dtype == torch.float64 else torch.float32
+    out = a.to(acc) @ weight.to(acc).t()
+    if bias is not None:
+        out = out + bias.to(acc)
+    return out.to(a.dtype)
+
+
 def rope_inv_freq(rot_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
     """Inverse frequencies [rot_dim // 2] in float64, with optional Llama-3 scaling.
 
