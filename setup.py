@@ -46,7 +46,10 @@ def rel(paths):
 
 
 cpu_sources = rel(glob.glob(os.path.join(ROOT, "csrc", "*.cpp")) + glob.glob(os.path.join(ROOT, "csrc", "cpu", "*.cpp")))
-cuda_sources = rel(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu")))
+# CUDA build only: torch-free kernels (*.cu, nvcc) and their torch launchers (*.cpp, host compiler,
+# with the cxx flags below, -DDECODEKIT_CUDA=1 included).
+cuda_sources = rel(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu")) +
+                   glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cpp")))
 include_dirs = [os.path.join(ROOT, "include"), os.path.join(ROOT, "csrc")]
 
 cxx_flags = ["-O3", "-fopenmp", "-Wno-unknown-pragmas"]

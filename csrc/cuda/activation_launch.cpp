@@ -1,12 +1,14 @@
-// CUDA launcher for silu_and_mul (kernel in include/decodekit/activation.cuh).
+// Torch launcher for silu_and_mul (CUDA dispatch key). Host code, compiled by g++ in the
+// CUDA build only; the kernels and their dk::cuda launchers are instantiated in activation.cu
+// (include/decodekit/activation.cuh), which nvcc compiles without any torch header.
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include "../op_args.h"
-#include "decodekit/activation.cuh"
-#include "dispatch.cuh"
+#include "dispatch.h"
+#include "launchers.h"
 
 namespace {
 

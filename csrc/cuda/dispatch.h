@@ -1,11 +1,12 @@
 // Maps a torch dtype to the CUDA storage type used by the kernels in include/decodekit/*.cuh,
 // plus the small checks every CUDA launcher shares (device type, launch status).
+// Host-only (no __global__ code): included by the g++-compiled csrc/cuda/*_launch.cpp.
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_runtime.h>
+#include <cuda_runtime_api.h>
 
 #define DK_CUDA_DISPATCH_FLOATING(STYPE, OP, ...)                                   \
   [&] {                                                                             \

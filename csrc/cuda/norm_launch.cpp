@@ -1,12 +1,14 @@
-// CUDA launchers for rms_norm and fused_add_rms_norm (kernels in include/decodekit/norm.cuh).
+// Torch launchers for rms_norm and fused_add_rms_norm (CUDA dispatch key). Host code, compiled by g++ in the
+// CUDA build only; the kernels and their dk::cuda launchers are instantiated in norm.cu
+// (include/decodekit/norm.cuh), which nvcc compiles without any torch header.
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include "../op_args.h"
-#include "decodekit/norm.cuh"
-#include "dispatch.cuh"
+#include "dispatch.h"
+#include "launchers.h"
 
 namespace {
 

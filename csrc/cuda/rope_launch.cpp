@@ -1,12 +1,14 @@
-// CUDA launcher for rotary_embedding (kernel in include/decodekit/rope.cuh).
+// Torch launcher for rotary_embedding (CUDA dispatch key). Host code, compiled by g++ in the
+// CUDA build only; the kernels and their dk::cuda launchers are instantiated in rope.cu
+// (include/decodekit/rope.cuh), which nvcc compiles without any torch header.
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include "../op_args.h"
-#include "decodekit/rope.cuh"
-#include "dispatch.cuh"
+#include "dispatch.h"
+#include "launchers.h"
 
 namespace {
 

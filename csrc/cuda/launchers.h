@@ -1,0 +1,42 @@
+// Declarations of the torch-free CUDA launchers of include/decodekit/*.cuh, for the host
+// (g++) translation units csrc/cuda/*_launch.cpp. The .cuh files hold __global__ code that
+// only nvcc compiles; csrc/cuda/<family>.cu includes its .cuh and this header and
+// explicitly instantiates every launcher below for DK_CUDA_LAUNCH_TYPES (float, __half,
+// __nv_bfloat16), so the torch headers are parsed by g++ only, never by nvcc.
+// Keep each signature identical to its definition in the .cuh (and to the instantiation in
+// the .cu): a mismatch declares a second template that nothing defines. nvcc rejects a .cu
+// instantiation of it ("no template definition was supplied"); if only this header is
+// stale, the build links and the extension fails to load (undefined symbol).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+// X(T) for every storage type the CUDA launchers are instantiated for.
+#define DK_CUDA_LAUNCH_TYPES(X) X(float) X(__half) X(__nv_bfloat16)
+
+namespace dk::cuda {
+
+// include/decodekit/norm.cuh
+template <class T>
+cudaError_t rms_norm(T* out, const T* in, int64_t in_stride, const T* weight, int64_t rows, int hidden, float eps,
+                     cudaStream_t stream);
+
+template <class T>
+cudaError_t fused_add_rms_norm(T* x, int64_t x_stride, T* residual, int64_t r_stride, const T* weight, int64_t rows,
+                               int hidden, float eps, cudaStream_t stream);
+
+// include/decodekit/rope.cuh
+template <class T>
+cudaError_t rotary_embedding(const int64_t* positions, T* query, int64_t q_token_stride, int64_t q_head_stride,
+                             int num_q_heads, T* key, int64_t k_token_stride, int64_t k_head_stride, int num_kv_heads,
+                             const float* cos_sin_cache, int rot_dim, int head_size, bool is_neox, int64_t num_tokens,
+                             cudaStream_t stream);
+
+// include/decodekit/activation.cuh
+template <class T>
+cudaError_t silu_and_mul(T* out, const T* in, int64_t in_stride, int64_t rows, int64_t d, cudaStream_t stream);
+
+}  // namespace dk::cuda
