@@ -1,6 +1,7 @@
 // The one schema list of decodekit. CPU kernels register in csrc/cpu/*.cpp and CUDA
-// kernels in csrc/cuda/*.cu with TORCH_LIBRARY_IMPL. Ops are out-variants (the caller
-// allocates; nothing is allocated inside) so the engine can capture them in CUDA graphs.
+// kernels in csrc/cuda/*_launch.cpp with TORCH_LIBRARY_IMPL (the kernels themselves are
+// instantiated in csrc/cuda/*.cu). Ops are out-variants (the caller allocates; nothing is
+// allocated inside) so the engine can capture them in CUDA graphs.
 #include <Python.h>
 #include <torch/library.h>
 
