@@ -23,7 +23,7 @@ TORCH_LIBRARY(decodekit, m) {
   m.def("silu_and_mul(Tensor(a!) out, Tensor input) -> ()");
 
   // Dense weight GEMM for small M (decode) on the CPU: out = a @ weight^T (+ bias).
-  // out: [M, N]; a: [M, K] (row stride free); weight: [N, K]; bias: [N]; M <= 16.
+  // out: [M, N]; a: [M, K] (row stride free); weight: [N, K]; bias: [N]; M <= 64.
   m.def("dense_gemm(Tensor(a!) out, Tensor a, Tensor weight, Tensor? bias) -> ()");
 
   // Paged KV cache: [num_blocks, num_kv_heads, block_size, head_dim] per layer for K and V.

@@ -11,7 +11,7 @@ from decodekit.ops import reference as ref
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("M", [1, 3, 4, 7, 16])
+@pytest.mark.parametrize("M", [1, 3, 4, 7, 16, 33, 64])
 @pytest.mark.parametrize("N,K", [(576, 576), (1536, 576), (576, 1536), (37, 769), (19, 31), (5, 64)])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("strided", [False, True])
@@ -30,7 +30,8 @@ def test_dense_gemm(M, N, K, dtype, bias, strided, gen):
     # fp32 accumulation over K terms of size ~1/sqrt(K): error ~ sqrt(K) * 2^-24, far below
     # the output rounding; the bound is the dtype's half-ulp rounding (TOL).
     torch.testing.assert_close(out.double(), want, **TOL[dtype])
-    assert torch.equal(ops.linear(a, w, b).double(), out.double()) or dtype != torch.bfloat16
+    if dtype == torch.bfloat16 and M <= 8:  # ops.linear routes here
+        assert torch.equal(ops.linear(a, w, b), out)
 
 
 def test_dense_gemm_errors():
@@ -39,8 +40,8 @@ def test_dense_gemm_errors():
         ops.dense_gemm(a, torch.randn(5, 7))
     with pytest.raises(RuntimeError, match="'bias'"):
         ops.dense_gemm(a, w, torch.randn(4))
-    with pytest.raises(RuntimeError, match="M\\)' must be in \\[0, 16\\]"):
-        ops.dense_gemm(torch.randn(17, 8), w)
+    with pytest.raises(RuntimeError, match="M\\)' must be in \\[0, 64\\]"):
+        ops.dense_gemm(torch.randn(65, 8), w)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
