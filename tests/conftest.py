@@ -1,55 +1,10 @@
-"""Shared test configuration: the per-dtype tolerance table, device parametrisation and
-input helpers. Kernels are compared against the reference in decodekit.ops.reference
-evaluated in float64 on the same (already rounded) inputs.
-"""
+"""pytest hooks and fixtures shared by the whole suite (helpers live in dk_testing.py)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-import decodekit
-
-# Tolerances for one fp32-computed result rounded once to the output dtype, vs float64.
-# The rounding alone is half an ulp: 2^-24 (fp32), 2^-11 ~ 4.9e-4 (fp16), 2^-8 ~ 3.9e-3
-# (bf16) relative; fp32 arithmetic over a row (sum of squares, exp) adds ~1e-6 relative.
-# rtol is ~2x the half-ulp; atol covers results that cancel to near zero, where the
-# error is relative to the inputs' magnitude (~1) rather than the output's.
-TOL = {
-    torch.float32: dict(atol=2e-5, rtol=2e-5),
-    torch.float16: dict(atol=1e-3, rtol=1e-3),
-    torch.bfloat16: dict(atol=8e-3, rtol=8e-3),
-}
-
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-
-CUDA_OK = torch.cuda.is_available() and decodekit.has_cuda_kernels()
-cuda_only = [pytest.mark.cuda,
-             pytest.mark.skipif(not CUDA_OK, reason="needs a CUDA GPU and a CUDA build (DECODEKIT_CUDA=1)")]
-DEVICES = ["cpu", pytest.param("cuda", marks=cuda_only)]
-
-
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, what: str = "") -> None:
-    """Compare a kernel output with a float64 reference; NaN anywhere fails."""
-    a = actual.double().cpu()
-    e = expected.double().cpu()
-    assert not torch.isnan(a).any(), f"{what}: output has NaN (unwritten poison?)"
-    torch.testing.assert_close(a, e, **TOL[dtype], msg=lambda m: f"{what} [{dtype}]: {m}")
-
-
-def randn(shape, dtype, device, gen: torch.Generator, scale: float = 1.0) -> torch.Tensor:
-    """Fresh random values (never zeros), drawn in fp32 then rounded to dtype."""
-    return (torch.randn(shape, generator=gen) * scale).to(dtype).to(device)
-
-
-def strided_rows(rows: int, cols: int, dtype, device, gen, pad: int = 13) -> tuple[torch.Tensor, torch.Tensor]:
-    """A [rows, cols] view with row stride cols + pad into a buffer whose padding is NaN.
-
-    Returns (view, buffer): a kernel that reads or writes the padding shows up as NaN in
-    its output or as a changed buffer.
-    """
-    buf = torch.full((rows, cols + pad), float("nan"), dtype=dtype, device=device)
-    buf[:, :cols] = randn((rows, cols), dtype, device, gen)
-    return buf[:, :cols], buf
+from dk_testing import CUDA_OK
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ and its greedy tokens equal the CPU engine's."""
 import pytest
 import torch
 
-from conftest import cuda_only
+from dk_testing import cuda_only
 from decodekit.sampling import SamplingParams
 
 pytestmark = cuda_only

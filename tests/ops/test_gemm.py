@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.library import opcheck
 
-from conftest import DTYPES, TOL, randn
+from dk_testing import DTYPES, TOL, randn
 from decodekit import ops
 from decodekit.ops import reference as ref
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch.library import opcheck
 
-from conftest import DEVICES, DTYPES, assert_close, randn, strided_rows
+from dk_testing import DEVICES, DTYPES, assert_close, randn, strided_rows
 from decodekit import ops
 from decodekit.ops import reference as ref
 

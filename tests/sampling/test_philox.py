@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from conftest import DEVICES
+from dk_testing import DEVICES
 from decodekit.sampling.philox import (derive_seed, gumbel_from_uniform, philox4x32,
                                        token_uniforms, uniform)
 

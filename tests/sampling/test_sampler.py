@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
-from conftest import DEVICES
+from dk_testing import DEVICES
 from decodekit.sampling import (Sampler, SamplingMetadata, SamplingParams, apply_penalties,
                                 apply_top_k_top_p_min_p, request_seeds, set_global_seed)
 

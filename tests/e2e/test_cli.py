@@ -1,0 +1,37 @@
+"""The decodekit command line, run as a user would (subprocess)."""
+import subprocess
+import sys
+
+import pytest
+
+
+def _run(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "decodekit.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_generate_greedy_on_embedded_model():
+    r = _run("generate", "The capital of France is", "--max-tokens", "8", "--no-stream", "--kv-cache-memory", "128MiB")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
+    assert "tok/s" in r.stderr
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--temperature", "-1"], "temperature"),
+    (["--top-p", "1.5"], "top_p"),
+    (["--max-tokens", "0"], "max_tokens"),
+    (["--kv-cache-memory", "lots"], "kv_cache_memory"),
+    (["--block-size", "7"], "block_size"),
+])
+def test_bad_arguments_give_one_clear_line(args, field):
+    r = _run("generate", "hi", *args)
+    assert r.returncode == 2
+    assert field in r.stderr and "Traceback" not in r.stderr
+
+
+def test_help_explains_options():
+    r = _run("generate", "--help")
+    assert r.returncode == 0
+    for opt in ("--max-tokens", "--temperature", "--kv-cache-memory", "--max-num-batched-tokens", "--stop"):
+        assert opt in r.stdout
