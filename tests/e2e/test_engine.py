@@ -157,3 +157,13 @@ def test_min_tokens_defers_stops(llm):
     # the first "," comes within min_tokens and does not stop; the next one after it does
     assert out.finish_reason == "stop" and len(out.token_ids) > 4
     assert free.outputs[0].text.startswith(out.text)
+
+
+def test_static_decode_buckets_match_eager(llm):
+    """The padded static-buffer decode path (what CUDA graphs replay) gives the eager tokens."""
+    want = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:5], GREEDY)]
+    static = _llm(kv_cache_memory="64MiB", max_model_len=256, decode_graphs="static", max_num_seqs=8)
+    assert [b.size for b in static.engine.runner.buckets] == [1, 2, 4, 8]
+    got = [o.outputs[0].token_ids for o in static.generate(PROMPTS[:5], GREEDY)]  # batch 5 -> bucket 8
+    assert got == want
+    _no_leaks(static)

@@ -37,6 +37,7 @@ class EngineArgs:
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
     seed: int | None = None               # makes unseeded requests reproducible
+    decode_graphs: str = "auto"           # auto: "cuda" on CUDA (graph per batch bucket), "off" on CPU
     progress: bool = False                # loader progress bar
 
     def __post_init__(self):
@@ -52,6 +53,8 @@ class EngineArgs:
             raise ValueError(f"gpu_memory_utilization must be in [0.05, 0.99], got {self.gpu_memory_utilization}")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 1):
             raise ValueError(f"max_model_len must be a positive int, got {self.max_model_len!r}")
+        if self.decode_graphs not in ("auto", "off", "static", "cuda"):
+            raise ValueError(f"decode_graphs must be auto, off, static or cuda; got {self.decode_graphs!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**63):
             raise ValueError(f"seed must be an int in [0, 2^63), got {self.seed!r}")
 
@@ -85,6 +88,9 @@ class EngineArgs:
         g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                        help="disable automatic prefix caching")
         g.add_argument("--seed", type=int, default=None, help="seed for unseeded requests")
+        g.add_argument("--decode-graphs", default="auto", choices=["auto", "off", "static", "cuda"],
+                       help="decode steps on padded static buffers, captured as CUDA graphs per batch bucket "
+                            "(auto: cuda on GPU, off on CPU)")
 
     @classmethod
     def from_cli(cls, ns: argparse.Namespace) -> "EngineArgs":

@@ -80,7 +80,8 @@ class LLMEngine:
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
             max_model_len=self.max_model_len, block_size=args.block_size,
             enable_prefix_caching=args.enable_prefix_caching), self.kv_manager)
-        self.runner = ModelRunner(self.model, num_blocks, args.block_size)
+        self.runner = ModelRunner(self.model, num_blocks, args.block_size, self.max_model_len,
+                                  decode_graphs=self._decode_graph_mode(), max_batch=args.max_num_seqs)
         self.sampler = Sampler()
         self.eos_token_ids = sorted(set(cfg.eos_token_ids) | set(self.tokenizer.eos_token_ids or []))
         self._groups: dict[str, _Group] = {}
@@ -107,6 +108,17 @@ class LLMEngine:
                              f"tokens) cannot hold one max_model_len={self.max_model_len} sequence ({need} blocks); "
                              f"raise kv_cache_memory / gpu_memory_utilization or lower max_model_len")
         return int(n)
+
+    def _decode_graph_mode(self) -> str:
+        mode = self.args.decode_graphs
+        if mode == "auto":
+            mode = "cuda" if self.device.type == "cuda" else "off"
+        if mode == "cuda":
+            from decodekit.ops import _has_kernel
+            if self.device.type != "cuda" or not _has_kernel("paged_attention", self.device):
+                log.warning("CUDA graphs need the CUDA paged_attention kernel; decode steps run eagerly")
+                mode = "off"
+        return mode
 
     def _profile_gpu_budget(self) -> int:
         """Bytes left for KV after weights and a max-size forward pass's activations."""
