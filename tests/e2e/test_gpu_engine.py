@@ -47,3 +47,20 @@ def test_cuda_engine_matches_hf_and_cpu():
     cpu_outs = cpu.generate([{"prompt_token_ids": p} for p in prompts], params)
     same = sum(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(outs, cpu_outs))
     assert same >= len(prompts) - 1
+
+
+def test_cuda_graph_replay_equals_eager():
+    from decodekit import LLM
+    g = torch.Generator().manual_seed(1)
+    prompts = [{"prompt_token_ids": torch.randint(100, 49152, (n,), generator=g).tolist()} for n in (3, 17, 40, 9, 65)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    outs = {}
+    for mode in ("off", "cuda"):
+        llm = LLM("random:smollm2-135m", device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3,
+                  decode_graphs=mode, max_num_seqs=8)
+        if mode == "cuda":
+            assert all(b.graph is not None for b in llm.engine.runner.buckets), "graphs were not captured"
+        outs[mode] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        del llm
+        torch.cuda.empty_cache()
+    assert outs["cuda"] == outs["off"]
