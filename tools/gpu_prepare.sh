@@ -27,9 +27,9 @@ MAX_WHL_MIB=${DK_MAX_WHL_MIB:-40}
 KINDS=${DK_KINDS_MD:-/work/.library/device/KINDS.md}
 
 # What gpu_check.sh imports or runs on the H200 (build, tests, benches).
-NEEDED=(nvidia-cutlass torch numpy pytest hypothesis ninja setuptools wheel cmake)
+NEEDED=(nvidia-cutlass gguf tokenizers safetensors jinja2 transformers torch numpy pytest hypothesis ninja setuptools wheel cmake pyyaml requests tqdm)
 # Fetched even when KINDS.md cannot be read (the one known to be missing there).
-ALWAYS=(nvidia-cutlass)
+ALWAYS=(nvidia-cutlass gguf)
 
 norm() { echo "$1" | tr 'A-Z_.' 'a-z--'; }
 
