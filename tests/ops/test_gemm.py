@@ -49,3 +49,13 @@ def test_opcheck(dtype, gen):
     a, w, b = randn((3, 40), dtype, "cpu", gen), randn((7, 40), dtype, "cpu", gen), randn((7,), dtype, "cpu", gen)
     opcheck(torch.ops.decodekit.dense_gemm.default, (torch.empty(3, 7, dtype=dtype), a, w, b))
     opcheck(torch.ops.decodekit.dense_gemm.default, (torch.empty(3, 7, dtype=dtype), a, w, None))
+
+
+@pytest.mark.parametrize("M", [1, 8, 9, 127, 128, 300])
+def test_linear_routes_agree(M, gen):
+    # every CPU route of ops.linear (dense_gemm, torch bf16, fp32 upcast) computes x @ w^T + b
+    x = randn((M, 96), torch.bfloat16, "cpu", gen)
+    w = randn((40, 96), torch.bfloat16, "cpu", gen, scale=0.1)
+    b = randn((40,), torch.bfloat16, "cpu", gen)
+    torch.testing.assert_close(ops.linear(x, w, b).double(), ref.dense_gemm(x.double(), w.double(), b.double()),
+                               **TOL[torch.bfloat16])
