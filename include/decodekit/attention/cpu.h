@@ -3,12 +3,33 @@
 // processed together so each K/V row is converted and read once per tile.
 #pragma once
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "decodekit/attention/common.h"
 #include "decodekit/common/dtype.h"
 
 namespace dk::cpu {
+
+// exp(x) for x <= 0 as straight-line float code the compiler vectorizes (libm's expf does
+// not vectorize here). Range reduction x = n ln2 + r, |r| <= ln2/2, then a degree-6
+// polynomial: relative error < 2e-7 (a few ulp), far below the bf16/fp16 output rounding.
+// Inputs below -87 return ~0 (those weights are < 1e-37 of the row maximum's).
+inline float exp_nonpos(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  const float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // x - n ln2 (ln2 split hi/lo)
+  float p = 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t e = (int32_t(n) + 127) << 23;
+  float scale;
+  memcpy(&scale, &e, 4);
+  return p * scale;
+}
 
 template <class T>
 void reshape_and_cache(const T* key,              // [T, Hk, D], token stride k_stride
@@ -108,12 +129,19 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
             mx = std::max(mx, dot);
           }
           const float corr = sm[r].rescale(mx);
+          const float m = sm[r].m;
+          float lsum = 0.f;
+#pragma omp simd reduction(+ : lsum)
+          for (int j = 0; j < valid; ++j) {
+            s[j] = exp_nonpos(s[j] - m);
+            lsum += s[j];
+          }
+          sm[r].add(lsum);
           float* ar = &acc[size_t(r) * D];
 #pragma omp simd
           for (int d = 0; d < D; ++d) ar[d] *= corr;
           for (int j = 0; j < valid; ++j) {
-            const float p = expf(s[j] - sm[r].m);
-            sm[r].add(p);
+            const float p = s[j];
             const float* vr = &vf[size_t(j) * D];
 #pragma omp simd
             for (int d = 0; d < D; ++d) ar[d] += p * vr[d];
