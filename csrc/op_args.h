@@ -146,6 +146,18 @@ inline GemmArgs dense_gemm_args(const at::Tensor& out, const at::Tensor& a, cons
   return g;
 }
 
+// The paged K and V caches: [num_blocks, num_kv_heads, block_size, head_dim] each, alike.
+inline void kv_cache_shape(const char* op, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                           int64_t& num_blocks, int& num_kv_heads, int& block_size, int& head_dim) {
+  Check(op, "key_cache", key_cache).dim(4).dtype(kFloatTypes).contiguous();
+  num_blocks = key_cache.size(0);
+  num_kv_heads = int(key_cache.size(1));
+  block_size = int(key_cache.size(2));
+  head_dim = int(key_cache.size(3));
+  Check(op, "value_cache", value_cache).same_shape(key_cache, "key_cache").dtype_as(key_cache, "key_cache")
+      .device_as(key_cache, "key_cache").contiguous();
+}
+
 struct CacheArgs {
   int64_t num_tokens, k_stride, v_stride, num_blocks;
   int num_kv_heads, block_size, head_dim;
@@ -156,13 +168,7 @@ inline CacheArgs reshape_and_cache_args(const at::Tensor& key, const at::Tensor&
                                         const at::Tensor& value_cache, const at::Tensor& slot_mapping) {
   const char* op = "decodekit::reshape_and_cache";
   CacheArgs a{};
-  Check(op, "key_cache", key_cache).dim(4).dtype(kFloatTypes).contiguous();
-  a.num_blocks = key_cache.size(0);
-  a.num_kv_heads = int(key_cache.size(1));
-  a.block_size = int(key_cache.size(2));
-  a.head_dim = int(key_cache.size(3));
-  Check(op, "value_cache", value_cache).same_shape(key_cache, "key_cache").dtype_as(key_cache, "key_cache")
-      .device_as(key_cache, "key_cache").contiguous();
+  kv_cache_shape(op, key_cache, value_cache, a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
   Check(op, "slot_mapping", slot_mapping).dim(1).dtype({at::kLong}).device_as(key_cache, "key_cache").contiguous();
   a.num_tokens = slot_mapping.size(0);
   for (auto [t, name] : {std::pair{&key, "key"}, std::pair{&value, "value"}}) {
@@ -187,13 +193,7 @@ inline AttnArgs paged_attention_args(const at::Tensor& out, const at::Tensor& qu
                                      const std::optional<at::Tensor>& lse) {
   const char* op = "decodekit::paged_attention";
   AttnArgs a{};
-  Check(op, "key_cache", key_cache).dim(4).dtype(kFloatTypes).contiguous();
-  a.num_blocks = key_cache.size(0);
-  a.num_kv_heads = int(key_cache.size(1));
-  a.block_size = int(key_cache.size(2));
-  a.head_dim = int(key_cache.size(3));
-  Check(op, "value_cache", value_cache).same_shape(key_cache, "key_cache").dtype_as(key_cache, "key_cache")
-      .device_as(key_cache, "key_cache").contiguous();
+  kv_cache_shape(op, key_cache, value_cache, a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
   Check(op, "query", query).dim(3).size(2, a.head_dim, "head_dim").dtype_as(key_cache, "key_cache")
       .device_as(key_cache, "key_cache");
   a.num_tokens = query.size(0);
