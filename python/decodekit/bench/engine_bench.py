@@ -176,7 +176,10 @@ def throughput(args) -> dict:
            "dtype": str(eng.dtype).replace("torch.", ""), "num_prompts": args.num_prompts,
            "input_len": args.input_len, "output_len": args.output_len, "threads": torch.get_num_threads(),
            "decodekit": {"elapsed_s": dt, "output_tok_s": n_out / dt,
-                         "total_tok_s": (n_out + args.num_prompts * args.input_len) / dt, "steps": steps}}
+                         "total_tok_s": (n_out + args.num_prompts * args.input_len) / dt, "steps": steps,
+                         "prefix_cache_hit_rate": eng.kv_manager.prefix_cache_hit_rate,
+                         "preemptions": eng.scheduler.num_preemptions,
+                         "kv_cache_blocks": eng.kv_manager.num_blocks}}
     if args.peer in ("hf", "all"):
         hf = _hf_model(eng)
         if hf is not None:
