@@ -1,0 +1,25 @@
+// CUDA kernels for reshape_and_cache and paged_attention (include/decodekit/attention/paged.cuh),
+// torch-free: nvcc compiles only the kernels and the dk::cuda launchers, instantiated here for
+// each storage type; the torch launchers that call them are in attention_launch.cpp (g++).
+#include "decodekit/attention/paged.cuh"
+#include "launchers.h"
+
+// launchers.h's list of head dims (used in the torch launcher's error) == paged.cuh's.
+constexpr bool head_dims_in_sync() {
+  int listed = 0;
+  for (int d : dk::cuda::kPagedAttentionHeadDims) listed += dk::cuda::paged_attention_head_dim_ok(d) ? 1 : 0;
+  int ok = 0;
+  for (int d = 1; d <= 1024; ++d) ok += dk::cuda::paged_attention_head_dim_ok(d) ? 1 : 0;
+  return listed == ok && ok == int(sizeof(dk::cuda::kPagedAttentionHeadDims) / sizeof(int));
+}
+static_assert(head_dims_in_sync(), "dk::cuda::kPagedAttentionHeadDims (launchers.h) != paged_attention_head_dim_ok");
+
+#define DK_INSTANTIATE(T)                                                                                       \
+  template cudaError_t dk::cuda::reshape_and_cache<T>(const T*, const T*, int64_t, int64_t, T*, T*,            \
+                                                      const int64_t*, int64_t, int64_t, dk::PagedLayout,       \
+                                                      cudaStream_t);                                           \
+  template cudaError_t dk::cuda::paged_attention<T>(T*, float*, const T*, int64_t, const T*, const T*,         \
+                                                    const int32_t*, int, const int32_t*, const int32_t*, int,   \
+                                                    int64_t, int, int64_t, dk::PagedLayout, float, cudaStream_t);
+DK_CUDA_LAUNCH_TYPES(DK_INSTANTIATE)
+#undef DK_INSTANTIATE

@@ -1,0 +1,106 @@
+// Torch launchers for reshape_and_cache and paged_attention (CUDA dispatch key). Host code,
+// compiled by g++ in the CUDA build only; the kernels and their dk::cuda launchers are
+// instantiated in attention.cu (include/decodekit/attention/paged.cuh), which nvcc compiles
+// without any torch header.
+//
+// Unlike the CPU launchers, the metadata (slot_mapping, block_tables, seq_lens,
+// query_start_loc) is not validated here: that would need device-to-host copies (a sync,
+// and no CUDA-graph capture). The kernels never read outside a tensor for bad metadata:
+// out-of-range slots are skipped; attention rows of an inconsistent sequence come out NaN
+// (see paged.cuh).
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <sstream>
+
+#include "../op_args.h"
+#include "dispatch.h"
+#include "launchers.h"
+
+namespace {
+
+void reshape_and_cache_cuda(const at::Tensor& key,        // [T, Hk, D]
+                            const at::Tensor& value,      // [T, Hk, D]
+                            at::Tensor& key_cache,        // [num_blocks, Hk, block_size, D]
+                            at::Tensor& value_cache,      // [num_blocks, Hk, block_size, D]
+                            const at::Tensor& slot_mapping) {  // [T] int64
+  const char* op = "decodekit::reshape_and_cache";
+  const dk::CacheArgs a = dk::reshape_and_cache_args(key, value, key_cache, value_cache, slot_mapping);
+  dk::check_cuda(op, "key", key);
+  dk::check_cuda(op, "value", value);
+  dk::check_cuda(op, "key_cache", key_cache);
+  dk::check_cuda(op, "value_cache", value_cache);
+  dk::check_cuda(op, "slot_mapping", slot_mapping);
+  if (a.num_tokens == 0) return;
+  c10::cuda::OptionalCUDAGuard guard(key_cache.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const dk::PagedLayout L{a.num_kv_heads, a.block_size, a.head_dim};
+  DK_CUDA_DISPATCH_FLOATING(key.scalar_type(), op, [&] {
+    dk::check_launch(op, dk::cuda::reshape_and_cache<scalar_t>(
+                             dk::cuda_ptr<scalar_t>(key), dk::cuda_ptr<scalar_t>(value), a.k_stride, a.v_stride,
+                             dk::cuda_ptr<scalar_t>(key_cache), dk::cuda_ptr<scalar_t>(value_cache),
+                             slot_mapping.data_ptr<int64_t>(), a.num_tokens, a.num_blocks * a.block_size, L, stream));
+  });
+}
+
+std::string head_dim_list() {
+  std::ostringstream os;
+  const char* sep = "";
+  for (int d : dk::cuda::kPagedAttentionHeadDims) {
+    os << sep << d;
+    sep = ", ";
+  }
+  return os.str();
+}
+
+void paged_attention_cuda(at::Tensor& out,                    // [T, Hq, D]
+                          const at::Tensor& query,            // [T, Hq, D]
+                          const at::Tensor& key_cache,        // [num_blocks, Hk, block_size, D]
+                          const at::Tensor& value_cache,      // [num_blocks, Hk, block_size, D]
+                          const at::Tensor& block_tables,     // [S, max_blocks] int32
+                          const at::Tensor& seq_lens,         // [S] int32
+                          const at::Tensor& query_start_loc,  // [S + 1] int32
+                          double scale, const std::optional<at::Tensor>& lse) {  // [T, Hq] float32
+  const char* op = "decodekit::paged_attention";
+  const dk::AttnArgs a = dk::paged_attention_args(out, query, key_cache, value_cache, block_tables, seq_lens,
+                                                  query_start_loc, scale, lse);
+  dk::check_cuda(op, "out", out);
+  dk::check_cuda(op, "query", query);
+  dk::check_cuda(op, "key_cache", key_cache);
+  dk::check_cuda(op, "value_cache", value_cache);
+  dk::check_cuda(op, "block_tables", block_tables);
+  dk::check_cuda(op, "seq_lens", seq_lens);
+  dk::check_cuda(op, "query_start_loc", query_start_loc);
+  if (lse.has_value()) dk::check_cuda(op, "lse", *lse);
+  bool supported = false;
+  for (int d : dk::cuda::kPagedAttentionHeadDims) supported |= d == a.head_dim;
+  TORCH_CHECK(supported, op, ": head_dim ", a.head_dim, " is not supported by the CUDA kernel (supported: ",
+              head_dim_list(), ")");
+  for (auto [t, name] : {std::pair{&key_cache, "key_cache"}, std::pair{&value_cache, "value_cache"}})
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, op, ": '", name,
+                "' data must be 16-byte aligned on CUDA (it is read with 16-byte loads)");
+  TORCH_CHECK(a.num_tokens <= INT32_MAX, op, ": too many tokens (", a.num_tokens, ")");
+  TORCH_CHECK(a.num_kv_heads <= 65535, op, ": too many KV heads (", a.num_kv_heads, ")");
+  if (a.num_tokens == 0) return;
+  c10::cuda::OptionalCUDAGuard guard(query.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const dk::PagedLayout L{a.num_kv_heads, a.block_size, a.head_dim};
+  float* lse_ptr = lse.has_value() ? lse->data_ptr<float>() : nullptr;
+  DK_CUDA_DISPATCH_FLOATING(query.scalar_type(), op, [&] {
+    dk::check_launch(op, dk::cuda::paged_attention<scalar_t>(
+                             dk::cuda_ptr<scalar_t>(out), lse_ptr, dk::cuda_ptr<scalar_t>(query), a.q_stride,
+                             dk::cuda_ptr<scalar_t>(key_cache), dk::cuda_ptr<scalar_t>(value_cache),
+                             block_tables.data_ptr<int32_t>(), a.max_blocks, seq_lens.data_ptr<int32_t>(),
+                             query_start_loc.data_ptr<int32_t>(), a.num_seqs, a.num_tokens, a.num_q_heads,
+                             a.num_blocks, L, float(scale), stream));
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(decodekit, CUDA, m) {
+  m.impl("reshape_and_cache", &reshape_and_cache_cuda);
+  m.impl("paged_attention", &paged_attention_cuda);
+}

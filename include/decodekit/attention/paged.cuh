@@ -1,0 +1,392 @@
+// CUDA kernels for the paged KV cache (torch-free): reshape_and_cache and paged_attention.
+// Same semantics as the CPU kernels in cpu.h; the paged addressing (PagedLayout), the causal
+// window (causal_last_key) and the softmax algebra (OnlineSoftmax) come from common.h, so
+// CPU and GPU share the per-element logic. All arithmetic is fp32, one rounding per store.
+//
+// Neither launcher reads device memory on the host or synchronises (the engine captures
+// them in CUDA graphs): the grids depend only on shapes. Metadata the CPU launchers
+// validate is therefore handled in the kernels, without reading outside any tensor:
+//  - reshape_and_cache: slots < 0 (padding) and slots >= num_blocks * block_size are skipped.
+//  - paged_attention: a token that lies in no sequence's [query_start_loc[s],
+//    query_start_loc[s + 1]) (e.g. padding past query_start_loc[S]) gets out = 0 and
+//    lse = -inf. A token whose sequence has seq_lens[s] < its number of new tokens, needs
+//    more than max_blocks blocks, or whose causal window uses a block id outside
+//    [0, num_blocks) gets out = NaN and lse = NaN (the CPU launcher raises instead).
+//
+// paged_attention design (first version: simple and correct; split-KV, cp.async
+// pipelines and tensor-core prefill come later):
+//  - grid (num_tokens, num_kv_heads, head chunks); one CTA = one query token and up to
+//    kMaxHeadsPerCta query heads of one KV head's GQA group (groups larger than that are
+//    split across blockIdx.z), so each K/V row is read once per token for the whole chunk.
+//  - the token's sequence is found by binary search over query_start_loc (device memory);
+//    it sees keys 0 .. causal_last_key(seq_len, n_new, i).
+//  - the CTA's 4 warps split the keys: a K/V row of D elements is read with 16-byte loads by
+//    a group of LPR = min(32, D * sizeof(T) / 16) lanes (NVL accesses each), so a warp holds
+//    KPW = 32 / LPR rows at once; each lane group is one "partition" that keeps its own fp32
+//    online softmax (OnlineSoftmax m, l) and accumulator per head, over the keys
+//    part, part + P, part + 2P, ... (P = 4 * KPW partitions; 2 keys per iteration, so
+//    consecutive partitions read consecutive rows of a block).
+//  - q (pre-scaled by `scale`, fp32) sits in shared memory; scores are reduced over the
+//    LPR lanes with xor shuffles.
+//  - the partitions' (m, l, acc) are merged in shared memory with the OnlineSoftmax
+//    algebra (rescale by exp(m_p - m), as merge_lse does), giving out = acc / l and
+//    lse = m + log(l) (natural log, as the CPU kernel).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "decodekit/attention/common.h"
+#include "decodekit/common/vec.cuh"
+
+namespace dk::cuda {
+namespace attn_detail {
+
+// ------------------------------------------------------------------ reshape_and_cache
+
+constexpr int kCacheMaxThreads = 256;
+
+// One CTA per token (grid-stride over tokens); the CTA's threads copy the token's
+// num_kv_heads * head_dim / V accesses of key and of value. VEC: V = 16 / sizeof(T).
+template <class T, bool VEC>
+__global__ void __launch_bounds__(kCacheMaxThreads)
+reshape_and_cache_kernel(const T* __restrict__ key, const T* __restrict__ value, int64_t k_stride, int64_t v_stride,
+                         T* __restrict__ key_cache, T* __restrict__ value_cache,
+                         const int64_t* __restrict__ slot_mapping, int64_t num_tokens, int64_t num_slots,
+                         PagedLayout L) {
+  constexpr int V = VEC ? kVec16<T> : 1;
+  const int per_head = L.head_dim / V;
+  const int n = L.num_kv_heads * per_head;
+  for (int64_t t = blockIdx.x; t < num_tokens; t += gridDim.x) {
+    const int64_t slot = __ldg(slot_mapping + t);
+    if (slot < 0 || slot >= num_slots) continue;  // padding (or outside the cache): skipped
+    const T* k = key + t * k_stride;
+    const T* v = value + t * v_stride;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const int h = i / per_head;
+      const int e = (i - h * per_head) * V;
+      const int64_t src = int64_t(h) * L.head_dim + e;
+      const int64_t dst = L.slot_row(slot, h) + e;
+      const Vec<T, V> kv = ldg_vec<T, V>(k + src);
+      const Vec<T, V> vv = ldg_vec<T, V>(v + src);
+      store_vec(key_cache + dst, kv);
+      store_vec(value_cache + dst, vv);
+    }
+  }
+}
+
+// ------------------------------------------------------------------ paged_attention
+
+constexpr int kAttnWarps = 4;
+constexpr int kAttnThreads = kAttnWarps * 32;
+constexpr int kMaxHeadsPerCta = 8;
+
+// Work split of one K/V row of D elements of T (see the header comment).
+template <class T, int D>
+struct AttnShape {
+  static constexpr int VE = kVec16<T>;                        // elements per 16-byte access
+  static constexpr int ROW_VECS = D / VE;                     // 16-byte accesses per row
+  static constexpr int LPR = ROW_VECS < 32 ? ROW_VECS : 32;   // lanes per row (a power of two)
+  static constexpr int NVL = ROW_VECS / LPR;                  // accesses per lane per row
+  static constexpr int EPL = NVL * VE;                        // row elements per lane
+  static constexpr int KPW = 32 / LPR;                        // rows (keys) per warp at once
+  static constexpr int P = kAttnWarps * KPW;                  // partitions of the keys
+  static_assert(D % VE == 0 && ROW_VECS % LPR == 0 && (LPR & (LPR - 1)) == 0, "unsupported head_dim");
+  // Element (in the row) of this lane's access j: accesses of a row are spread over the
+  // lanes first, so each load instruction of a lane group reads LPR * 16 contiguous bytes.
+  DK_HD static int elem(int li, int j) { return (j * LPR + li) * VE; }
+  // Position of row element d in the fp32 shared-memory copies (q_s, acc_s): the float4
+  // quarters of each 16-byte access are stored quarter-major, so the LDS.128 / STS.128
+  // of a lane group touch consecutive 16-byte words (no bank conflicts for VE = 8).
+  DK_HD static int spos(int d) {
+    const int a = d / VE, e = d - a * VE;
+    return (e >> 2) * (ROW_VECS * 4) + a * 4 + (e & 3);
+  }
+};
+
+template <class T, int N>
+DK_DEVICE void zero_vec(Vec<T, N>& x) {
+  using R = typename Vec<T, N>::Raw;
+  *reinterpret_cast<R*>(&x) = R{};
+}
+
+// HPC: heads per CTA the kernel is compiled for (1, 2, 4, 8); the CTA handles
+// nh = min(heads_per_cta, group - blockIdx.z * heads_per_cta) <= HPC of them.
+template <class T, int D, int HPC>
+__global__ void __launch_bounds__(kAttnThreads)
+paged_attention_kernel(T* out,                // [T, Hq, D] contiguous
+                       float* lse,            // [T, Hq] or null
+                       const T* query,        // [T, Hq, D], token stride q_stride, head stride D
+                       int64_t q_stride,
+                       const T* __restrict__ key_cache,    // [num_blocks, Hk, block_size, D]
+                       const T* __restrict__ value_cache,  // [num_blocks, Hk, block_size, D]
+                       const int32_t* __restrict__ block_tables,     // [S, max_blocks]
+                       int max_blocks,
+                       const int32_t* __restrict__ seq_lens,         // [S]
+                       const int32_t* __restrict__ query_start_loc,  // [S + 1]
+                       int num_seqs, int num_q_heads, int heads_per_cta, int64_t num_blocks, PagedLayout L,
+                       float scale) {
+  using S = AttnShape<T, D>;
+  constexpr int VE = S::VE, LPR = S::LPR, NVL = S::NVL, EPL = S::EPL, KPW = S::KPW, P = S::P;
+  alignas(16) __shared__ float q_s[HPC][D];         // this CTA's queries, pre-scaled (at spos(d))
+  alignas(16) __shared__ float acc_s[P][HPC][D];    // partitions' unnormalised outputs (at spos(d))
+  __shared__ float m_s[P][HPC], l_s[P][HPC];        // partitions' softmax states
+  __shared__ int bad_s;                             // token's metadata is inconsistent
+
+  const int64_t t = blockIdx.x;
+  const int kvh = blockIdx.y;
+  const int group = num_q_heads / L.num_kv_heads;
+  const int g0 = int(blockIdx.z) * heads_per_cta;
+  const int nh = group - g0 < heads_per_cta ? group - g0 : heads_per_cta;  // >= 1 (grid)
+  const int head0 = kvh * group + g0;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int li = lane % LPR;                   // lane within its row group
+  const int part = warp * KPW + lane / LPR;    // this lane group's partition
+
+  // The token's sequence s: the largest s with query_start_loc[s] <= t (binary search).
+  int s = 0;
+  int64_t last = -1;  // last key the token sees (-1: none)
+  bool bad = false;
+  if (num_seqs > 0 && __ldg(query_start_loc) <= t) {
+    int lo = 0, hi = num_seqs;
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) >> 1;
+      if (__ldg(query_start_loc + mid) <= t) lo = mid;
+      else hi = mid;
+    }
+    s = lo;
+    const int64_t start = __ldg(query_start_loc + s), end = __ldg(query_start_loc + s + 1);
+    if (t < end) {
+      const int64_t ctx = __ldg(seq_lens + s);
+      last = causal_last_key(ctx, end - start, t - start);
+      // Metadata the CPU launcher rejects: no reads past the table row, NaN result.
+      if (ctx < end - start || last >= int64_t(max_blocks) * L.block_size) {
+        bad = true;
+        last = -1;
+      }
+    }
+  }
+
+  if (tid == 0) bad_s = 0;
+  for (int i = tid; i < nh * D; i += kAttnThreads) {
+    const int g = i / D, d = i - g * D;
+    q_s[g][S::spos(d)] = to_float(query[t * q_stride + int64_t(head0 + g) * D + d]) * scale;
+  }
+  __syncthreads();
+
+  float acc[HPC][EPL];
+  OnlineSoftmax sm[HPC];
+#pragma unroll
+  for (int g = 0; g < HPC; ++g) {
+    sm[g].init();
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) acc[g][e] = 0.f;
+  }
+
+  const int32_t* table = block_tables + int64_t(s) * max_blocks;
+  const int bs = L.block_size;
+  // Loads key k's K and V accesses of this lane (zeros for a key past `last` or one in
+  // a block outside the cache, which is also flagged).
+  auto load_row = [&](int64_t k, bool valid, Vec<T> (&kr)[NVL], Vec<T> (&vr)[NVL]) {
+    int64_t row = -1;
+    if (valid) {
+      const int kk = int(k);
+      const int b = kk / bs;
+      const int32_t id = __ldg(table + b);
+      if (id >= 0 && id < num_blocks) row = L.row(id, kvh, kk - b * bs);
+      else bad = true;
+    }
+#pragma unroll
+    for (int j = 0; j < NVL; ++j) {
+      if (row >= 0) {
+        kr[j] = ldg_vec<T>(key_cache + row + S::elem(li, j));
+        vr[j] = ldg_vec<T>(value_cache + row + S::elem(li, j));
+      } else {
+        zero_vec(kr[j]);
+        zero_vec(vr[j]);
+      }
+    }
+  };
+
+  // Two keys per partition per iteration: ka = k0 + part and kb = ka + P (the loop bound
+  // is CTA-uniform, so every lane runs every iteration and the shuffles are full-warp).
+#pragma unroll 1
+  for (int64_t k0 = 0; k0 <= last; k0 += 2 * P) {
+    const int64_t ka = k0 + part, kb = ka + P;
+    const bool va = ka <= last, vb = kb <= last;
+    Vec<T> kra[NVL], vra[NVL], krb[NVL], vrb[NVL];
+    load_row(ka, va, kra, vra);
+    load_row(kb, vb, krb, vrb);
+    float kfa[EPL], kfb[EPL];
+#pragma unroll
+    for (int j = 0; j < NVL; ++j)
+#pragma unroll
+      for (int e = 0; e < VE; ++e) {
+        kfa[j * VE + e] = to_float(kra[j].v[e]);
+        kfb[j * VE + e] = to_float(krb[j].v[e]);
+      }
+#pragma unroll
+    for (int g = 0; g < HPC; ++g) {
+      if (g < nh) {
+        float q[EPL];
+#pragma unroll
+        for (int j = 0; j < NVL; ++j)
+#pragma unroll
+          for (int e = 0; e < VE; e += 4) {
+            float qj[4];
+            load_floats<4>(&q_s[g][S::spos(S::elem(li, j) + e)], qj);
+#pragma unroll
+            for (int r = 0; r < 4; ++r) q[j * VE + e + r] = qj[r];
+          }
+        float da = 0.f, db = 0.f;
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) {
+          da += q[e] * kfa[e];
+          db += q[e] * kfb[e];
+        }
+        da = warp_sum_fixed<LPR>(da);
+        db = warp_sum_fixed<LPR>(db);
+        const float sa = va ? da : -INFINITY, sb = vb ? db : -INFINITY;
+        const float corr = sm[g].rescale(sa > sb ? sa : sb);
+        const float pa = va ? expf(sa - sm[g].m) : 0.f;
+        const float pb = vb ? expf(sb - sm[g].m) : 0.f;
+        sm[g].add(pa);
+        sm[g].add(pb);
+#pragma unroll
+        for (int j = 0; j < NVL; ++j)
+#pragma unroll
+          for (int e = 0; e < VE; ++e)
+            acc[g][j * VE + e] = acc[g][j * VE + e] * corr + pa * to_float(vra[j].v[e]) + pb * to_float(vrb[j].v[e]);
+      }
+    }
+  }
+
+  // Partitions' states to shared memory, then merge them per (head, d).
+  if (bad) bad_s = 1;
+#pragma unroll
+  for (int g = 0; g < HPC; ++g) {
+    if (g < nh) {
+      if (li == 0) {
+        m_s[part][g] = sm[g].m;
+        l_s[part][g] = sm[g].l;
+      }
+#pragma unroll
+      for (int j = 0; j < NVL; ++j)
+#pragma unroll
+        for (int e = 0; e < VE; e += 4)
+          *reinterpret_cast<float4*>(&acc_s[part][g][S::spos(S::elem(li, j) + e)]) =
+              make_float4(acc[g][j * VE + e], acc[g][j * VE + e + 1], acc[g][j * VE + e + 2], acc[g][j * VE + e + 3]);
+    }
+  }
+  __syncthreads();
+  const bool poisoned = bad_s != 0;
+  for (int i = tid; i < nh * D; i += kAttnThreads) {
+    const int g = i / D, d = i - g * D, sd = S::spos(d);
+    OnlineSoftmax m;
+    m.init();
+    float o = 0.f;
+#pragma unroll 4
+    for (int p = 0; p < P; ++p) {
+      const float mp = m_s[p][g];
+      if (mp == -INFINITY) continue;  // partition saw no key
+      const float corr = m.rescale(mp);
+      const float w = expf(mp - m.m);
+      o = o * corr + acc_s[p][g][sd] * w;
+      m.add(l_s[p][g] * w);
+    }
+    float res, lv;
+    if (poisoned) {
+      res = lv = NAN;
+    } else if (m.l > 0.f) {
+      res = o * (1.f / m.l);
+      lv = m.lse();
+    } else {  // token in no sequence
+      res = 0.f;
+      lv = -INFINITY;
+    }
+    const int64_t row = t * num_q_heads + head0 + g;
+    out[row * D + d] = from_float<T>(res);
+    if (lse != nullptr && d == 0) lse[row] = lv;
+  }
+}
+
+}  // namespace attn_detail
+
+// key/value rows (token stride k_stride / v_stride, heads contiguous) into the caches at
+// slot_mapping (slots < 0 or >= num_slots = num_blocks * block_size are skipped).
+template <class T>
+cudaError_t reshape_and_cache(const T* key,     // [num_tokens, Hk, D], token stride k_stride
+                              const T* value,   // [num_tokens, Hk, D], token stride v_stride
+                              int64_t k_stride, int64_t v_stride,
+                              T* key_cache,     // [num_blocks, Hk, block_size, D]
+                              T* value_cache,   // [num_blocks, Hk, block_size, D]
+                              const int64_t* slot_mapping,  // [num_tokens]
+                              int64_t num_tokens, int64_t num_slots, PagedLayout L, cudaStream_t stream) {
+  using namespace attn_detail;
+  if (num_tokens <= 0 || L.num_kv_heads <= 0 || L.head_dim <= 0) return cudaSuccess;
+  constexpr int V = kVec16<T>;
+  const bool vec = L.head_dim % V == 0 && k_stride % V == 0 && v_stride % V == 0 && aligned16(key) &&
+                   aligned16(value) && aligned16(key_cache) && aligned16(value_cache);
+  const int64_t n = int64_t(L.num_kv_heads) * L.head_dim / (vec ? V : 1);
+  const int threads = n >= kCacheMaxThreads ? kCacheMaxThreads : round_up32(n);
+  const dim3 grid(grid_cap(num_tokens));
+  if (vec)
+    reshape_and_cache_kernel<T, true><<<grid, threads, 0, stream>>>(key, value, k_stride, v_stride, key_cache,
+                                                                     value_cache, slot_mapping, num_tokens, num_slots, L);
+  else
+    reshape_and_cache_kernel<T, false><<<grid, threads, 0, stream>>>(key, value, k_stride, v_stride, key_cache,
+                                                                      value_cache, slot_mapping, num_tokens, num_slots,
+                                                                      L);
+  return cudaGetLastError();
+}
+
+// Head dims paged_attention has kernels for (others: cudaErrorInvalidValue).
+DK_HD constexpr bool paged_attention_head_dim_ok(int d) { return d == 64 || d == 128 || d == 256; }
+
+// Causal paged attention of every token over its sequence's cache (see the header comment).
+// key_cache/value_cache must be 16-byte aligned (cudaErrorInvalidValue otherwise).
+template <class T>
+cudaError_t paged_attention(T* out,             // [num_tokens, Hq, D] contiguous
+                            float* lse,         // [num_tokens, Hq] or null
+                            const T* query,     // [num_tokens, Hq, D], token stride q_stride
+                            int64_t q_stride,
+                            const T* key_cache,    // [num_blocks, Hk, block_size, D]
+                            const T* value_cache,  // [num_blocks, Hk, block_size, D]
+                            const int32_t* block_tables,  // [num_seqs, max_blocks]
+                            int max_blocks,
+                            const int32_t* seq_lens,         // [num_seqs]
+                            const int32_t* query_start_loc,  // [num_seqs + 1]
+                            int num_seqs, int64_t num_tokens, int num_q_heads, int64_t num_blocks, PagedLayout L,
+                            float scale, cudaStream_t stream) {
+  using namespace attn_detail;
+  if (num_tokens <= 0) return cudaSuccess;
+  if (!paged_attention_head_dim_ok(L.head_dim) || L.num_kv_heads <= 0 || L.block_size <= 0 ||
+      num_q_heads % L.num_kv_heads != 0 || num_q_heads == 0 || num_tokens > 0x7fffffff ||
+      L.num_kv_heads > 65535 || !aligned16(key_cache) || !aligned16(value_cache))
+    return cudaErrorInvalidValue;
+  const int group = num_q_heads / L.num_kv_heads;
+  const int chunks = int(ceil_div(group, kMaxHeadsPerCta));
+  const int hpc = int(ceil_div(group, chunks));  // balanced chunks of <= kMaxHeadsPerCta heads
+  const dim3 grid(unsigned(num_tokens), unsigned(L.num_kv_heads), unsigned(chunks));
+#define DK_PAGED_LAUNCH(D, H)                                                                                    \
+  paged_attention_kernel<T, D, H><<<grid, kAttnThreads, 0, stream>>>(out, lse, query, q_stride, key_cache,      \
+                                                                     value_cache, block_tables, max_blocks,     \
+                                                                     seq_lens, query_start_loc, num_seqs,       \
+                                                                     num_q_heads, hpc, num_blocks, L, scale)
+#define DK_PAGED_HEADS(D)                   \
+  if (hpc <= 1) DK_PAGED_LAUNCH(D, 1);      \
+  else if (hpc <= 2) DK_PAGED_LAUNCH(D, 2); \
+  else if (hpc <= 4) DK_PAGED_LAUNCH(D, 4); \
+  else DK_PAGED_LAUNCH(D, 8);
+  switch (L.head_dim) {
+    case 64: DK_PAGED_HEADS(64) break;
+    case 128: DK_PAGED_HEADS(128) break;
+    default: DK_PAGED_HEADS(256) break;
+  }
+#undef DK_PAGED_HEADS
+#undef DK_PAGED_LAUNCH
+  return cudaGetLastError();
+}
+
+}  // namespace dk::cuda
