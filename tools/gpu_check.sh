@@ -40,6 +40,7 @@ FAMILIES=(
   "norm: norm"
   "rope: rope rotary"
   "activation: activation silu"
+  "attention: attention paged reshape_and_cache"
 )
 # part: cap in seconds (the most it may take; the global budget can cut it).
 PARTS=(

@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch.library import opcheck
 
-from dk_testing import DEVICES, DTYPES, assert_close, randn
+from dk_testing import DEVICES, DTYPES, assert_close, cuda_only, randn
 from decodekit import ops
 from decodekit.ops import reference as ref
 
@@ -105,3 +105,74 @@ def test_opcheck(dtype, device, gen):
     opcheck(torch.ops.decodekit.paged_attention.default, (out, q, kc, vc, bt, lens, qsl, 0.125, None))
     slots = torch.tensor([3, 7, -1, 40, 2], device=device)
     opcheck(torch.ops.decodekit.reshape_and_cache.default, (q[:, :3], q[:, 3:6], kc.clone(), vc.clone(), slots))
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("config", [(32, 8, 128, 16), (9, 3, 64, 32)], ids=lambda c: "h{}x{}-d{}-b{}".format(*c))
+def test_paged_attention_cuda_graph(config, dtype, device, gen):
+    """paged_attention captured in a CUDA graph: the launch reads no metadata on the host, so
+    replays after the inputs' contents change (same shapes) match eager runs bit for bit."""
+    hq, hk, d, bs = config
+    S, T, max_blocks, num_blocks = 4, 8, 40, 160
+    batches = [  # (context lengths, new tokens): S sequences, T tokens each time
+        ([5, 300, 17, 64], [1, 4, 2, 1]),
+        ([600, 1, 33, 129], [2, 1, 4, 1]),
+        ([8, 1, 1, 1], [5, 1, 1, 1]),
+    ]
+    scale = d ** -0.5
+    q_s = torch.empty((T, hq, d), dtype=dtype, device=device)
+    kc_s = torch.empty((num_blocks, hk, bs, d), dtype=dtype, device=device)
+    vc_s = torch.empty_like(kc_s)
+    bt_s = torch.empty((S, max_blocks), dtype=torch.int32, device=device)
+    lens_s = torch.empty(S, dtype=torch.int32, device=device)
+    qsl_s = torch.empty(S + 1, dtype=torch.int32, device=device)
+    out = torch.empty_like(q_s)
+    lse = torch.empty((T, hq), device=device)
+
+    def load(ctx, new):
+        q, kc, vc, bt, lens, qsl = _batch(ctx, new, hq, hk, d, bs, dtype, device, gen, num_blocks=num_blocks)
+        q_s.copy_(q)
+        kc_s.copy_(kc)
+        vc_s.copy_(vc)
+        bt_s.fill_(-7)
+        bt_s[:, :bt.shape[1]].copy_(bt)
+        lens_s.copy_(lens)
+        qsl_s.copy_(qsl)
+
+    def run(o, l):
+        ops.paged_attention(q_s, kc_s, vc_s, bt_s, lens_s, qsl_s, scale, out=o, lse=l)
+
+    load(*batches[0])
+    side = torch.cuda.Stream()  # warm up off the capture stream, as torch recommends
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run(out, lse)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run(out, lse)
+
+    for i, (ctx, new) in enumerate(batches):
+        load(ctx, new)
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        graph.replay()
+        eager_out, eager_lse = torch.full_like(out, float("nan")), torch.full_like(lse, float("nan"))
+        run(eager_out, eager_lse)
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse), f"batch {i}: replay != eager"
+        want, want_lse = ref.paged_attention(q_s.double(), kc_s.double(), vc_s.double(), bt_s.cpu(), lens_s.cpu(),
+                                             qsl_s.cpu(), scale)
+        assert_close(out, want, dtype, f"graph replay, batch {i}")
+        assert_close(lse, want_lse, torch.float32, f"graph replay lse, batch {i}")
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
+def test_attention_errors_cuda(device):
+    q, kc, vc, bt, lens, qsl = _batch([20], [4], 4, 2, 96, 16, torch.float16, device, torch.Generator().manual_seed(0))
+    with pytest.raises(RuntimeError, match="head_dim 96 is not supported by the CUDA kernel \\(supported: 64, 128, 256\\)"):
+        ops.paged_attention(q, kc, vc, bt, lens, qsl, 0.1)
+    q, kc, vc, bt, lens, qsl = _batch([20], [4], 4, 2, 64, 16, torch.float16, device, torch.Generator().manual_seed(0))
+    with pytest.raises(RuntimeError, match="'block_tables' is on cpu but must be on the same device as 'query'"):
+        ops.paged_attention(q, kc, vc, bt.cpu(), lens, qsl, 0.1)
