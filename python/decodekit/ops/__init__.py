@@ -6,6 +6,8 @@ allocate once and CUDA graphs can capture the ops. The wrappers here allocate wh
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import reference  # noqa: F401
@@ -114,7 +116,11 @@ def _dense_gemm_fake(out, a, weight, bias):
 # KV cache per layer: K and V each [num_blocks, num_kv_heads, block_size, head_dim].
 
 def _has_kernel(op: str, device: torch.device) -> bool:
-    key = "CUDA" if device.type == "cuda" else "CPU"
+    return _has_kernel_for(op, "CUDA" if device.type == "cuda" else "CPU")
+
+
+@functools.lru_cache(maxsize=None)
+def _has_kernel_for(op: str, key: str) -> bool:  # registrations are fixed once _C is loaded
     return torch._C._dispatch_has_kernel_for_dispatch_key(f"decodekit::{op}", key)
 
 
