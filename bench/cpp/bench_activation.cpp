@@ -47,22 +47,6 @@ void add_cases(std::vector<dkb::Case>& cases, bool quick) {
     }
 }
 
-std::vector<dkb::Case> make_cases(bool quick) {
-  std::vector<dkb::Case> cases;
-  if (!quick) {
-    add_cases<float>(cases, quick);
-    add_cases<dk::half_t>(cases, quick);
-  }
-  add_cases<dk::bf16_t>(cases, quick);
-  return cases;
-}
-
 }  // namespace
 
-int main(int argc, char** argv) {
-#if defined(__CUDACC__)
-  return dkb::run_gpu(argc, argv, "bench_activation_cuda", make_cases);
-#else
-  return dkb::run_cpu(argc, argv, "bench_activation", make_cases);
-#endif
-}
+DKB_BENCH_MAIN("bench_activation", add_cases)

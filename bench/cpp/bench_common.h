@@ -479,3 +479,23 @@ inline int run_gpu(int argc, char** argv, const char* title, const std::function
 #endif  // __CUDACC__
 
 }  // namespace dkb
+
+// Defines make_cases() (bf16 always, fp32 and fp16 unless --quick) from a per-file
+// template add_cases<T>(cases, quick), and main() for the CPU build or, compiled as CUDA
+// (the .cu files include the .cpp), the GPU build named NAME "_cuda".
+#if defined(__CUDACC__)
+#define DKB_RUN(argc, argv, NAME, MAKE) dkb::run_gpu(argc, argv, NAME "_cuda", MAKE)
+#else
+#define DKB_RUN(argc, argv, NAME, MAKE) dkb::run_cpu(argc, argv, NAME, MAKE)
+#endif
+#define DKB_BENCH_MAIN(NAME, ADD_CASES)                              \
+  static std::vector<dkb::Case> dkb_make_cases(bool quick) {          \
+    std::vector<dkb::Case> cases;                                     \
+    if (!quick) {                                                     \
+      ADD_CASES<float>(cases, quick);                                 \
+      ADD_CASES<dk::half_t>(cases, quick);                            \
+    }                                                                 \
+    ADD_CASES<dk::bf16_t>(cases, quick);                              \
+    return cases;                                                     \
+  }                                                                   \
+  int main(int argc, char** argv) { return DKB_RUN(argc, argv, NAME, dkb_make_cases); }
