@@ -45,9 +45,9 @@ FAMILIES=(
 # part: cap in seconds (the most it may take; the global budget can cut it).
 PARTS=(
   "env: 60"
-  "build: 300"
+  "build: 240"
   "ceilings: 60"
-  "tests: 150"
+  "tests: 210"
   "cpp_bench: 90"
   "py_bench: 150"
 )
