@@ -119,15 +119,13 @@ def _params(args):
 def _engine(args):
     from decodekit.engine.args import EngineArgs
     from decodekit.engine.llm import LLM
-    ea = EngineArgs.from_cli(args)
-    return LLM(**{k: v for k, v in ea.__dict__.items() if k != "model"}, model=ea.model)
+    return LLM(**vars(EngineArgs.from_cli(args)))
 
 
 def _generate(args) -> int:
     params = _params(args)
     llm = _engine(args)
     prompts = args.prompt or ["The three laws of thermodynamics are"]
-    ids = []
     if args.chat_template:
         prompts = [{"prompt_token_ids": llm.apply_chat_template([{"role": "user", "content": p}])} for p in prompts]
     t0 = time.perf_counter()
@@ -144,7 +142,6 @@ def _generate(args) -> int:
                     for tok, lp in zip(c.token_ids, c.logprobs):
                         top = ", ".join(f"{v.decoded_token!r}:{v.logprob:.2f}" for v in lp.values())
                         print(f"  {tok}: {top}")
-        ids = [1]
     dt = time.perf_counter() - t0
     st = llm.engine.stats
     print(f"[{st['generation_tokens']} tokens in {dt:.2f} s, {st['generation_tokens'] / dt:.1f} tok/s]",

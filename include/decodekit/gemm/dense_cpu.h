@@ -161,10 +161,14 @@ void dense_gemm(T* out,            // [M, N] contiguous
 #endif
   const bool widen = kBf16 && !dot;
   // widen: the activations are widened to fp32 once ([M, K], small), the weights per chunk.
-  std::vector<float> af(widen ? size_t(M * K) : 0);
+  // Reused across calls (no allocation per layer per step). thread_local is the calling
+  // thread's buffer: the parallel region below must use the pointer, not the name.
+  thread_local std::vector<float> af_buf;
+  if (widen) af_buf.resize(size_t(M * K));
+  float* const af = af_buf.data();
   if (widen)
     for (int64_t m = 0; m < M; ++m)
-      for (int64_t k = 0; k < K; ++k) af[size_t(m * K + k)] = to_float(a[m * a_stride + k]);
+      for (int64_t k = 0; k < K; ++k) af[m * K + k] = to_float(a[m * a_stride + k]);
   // Parallel over blocks of 16 output columns; the block's weight rows (16 x K) stay in L1/L2
   // while all M rows of a pass over them, so each weight byte comes from DRAM once.
   DK_OMP_PARALLEL_FOR_IF(N * K >= kParallelGrain)
@@ -189,7 +193,7 @@ void dense_gemm(T* out,            // [M, N] contiguous
             }
           } else
 #endif
-            dense_tile_bf16_any(acc, mt, af.data() + m0 * K, K, reinterpret_cast<const bf16_t*>(w) + n * K, nt);
+            dense_tile_bf16_any(acc, mt, af + m0 * K, K, reinterpret_cast<const bf16_t*>(w) + n * K, nt);
         } else
 #endif
           dense_tile(acc, a + m0 * a_stride, a_stride, mt, w + n * K, nt, K);

@@ -25,7 +25,7 @@ from .kv_cache import KVCacheManager
 from .model_runner import ModelRunner
 from .outputs import CompletionOutput, Logprob, RequestOutput
 from .request import Request, RequestStatus, split_n
-from .scheduler import Scheduler, SchedulerConfig
+from .scheduler import ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOutput
 
 log = logging.getLogger("decodekit")
 
@@ -127,10 +127,8 @@ class LLMEngine:
         torch.cuda.reset_peak_memory_stats(dev)
         T = self.args.max_num_batched_tokens
         probe = ModelRunner(self.model, num_blocks=-(-T // self.args.block_size) + 1, block_size=self.args.block_size)
-        from .scheduler import ScheduledRequest
         req = Request("__profile__", [0] * T, SamplingParams(max_tokens=1))
         req.block_ids = list(range(probe.num_blocks - 1))
-        from .scheduler import SchedulerOutput
         so = SchedulerOutput(scheduled=[ScheduledRequest(req, T, 0, True, True)], num_scheduled_tokens=T)
         probe.execute(so)
         torch.cuda.synchronize(dev)
@@ -145,15 +143,11 @@ class LLMEngine:
     # ------------------------------------------------------------------ requests
     def _prompt_ids(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("prompt must not be empty")
             return prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             prompt = prompt["prompt_token_ids"]
         if isinstance(prompt, (list, tuple)):
             ids = list(prompt)
-            if not ids:
-                raise ValueError("prompt must not be empty")
             V = self.model_config.vocab_size
             for i, t in enumerate(ids):
                 if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < V:
@@ -173,11 +167,7 @@ class LLMEngine:
             raise ValueError("request_id must be a non-empty string")
         if request_id in self._groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        text, ids = self._prompt_ids(prompt)
-        need = len(ids) + params.max_tokens
-        if need > self.max_model_len:
-            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {need} exceeds "
-                             f"max_model_len {self.max_model_len}")
+        text, ids = self._prompt_ids(prompt)  # lengths (empty, > max_model_len) checked by the scheduler
         parent = Request(request_id, ids, params)
         children = split_n(parent)
         seeds = request_seeds(params)
