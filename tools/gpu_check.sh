@@ -7,7 +7,7 @@
 #   run(command="bash tools/gpu_check.sh $OUT", carry=[".whl"], timeout_s=600)
 #
 # Parts, in order, each in its own process under `timeout` (a failing part is reported and
-# the script goes on): env, build, ceilings, tests, cpp_bench, py_bench (see PARTS below).
+# the script goes on): env, build, ceilings, tests, engine, cpp_bench, py_bench (see PARTS below).
 # Families (norm, rope, activation, ...: see FAMILIES) narrow tests and benches to their names.
 #   --only build,tests          just those parts (all families)
 #   --only attention,gemm       every part, tests and benches narrowed to those families;
@@ -21,6 +21,7 @@
 #   DATE_DEVICE_ceilings.json           copy GB/s and matmul TFLOP/s
 #   DATE_DEVICE_py_bench.json           bench/run_all.py rows (decodekit.bench.Result dicts)
 #   DATE_DEVICE_cpp_bench.json          each bench/cpp binary's --json output, rc and output tail
+#   DATE_DEVICE_engine.json             `decodekit bench latency/throughput` results (engine part)
 #
 # Without a GPU (no nvidia-smi, or torch.cuda.is_available() false, or --dry-run) it runs in
 # CPU-only dry-run mode: it says which GPU parts it skips, runs the CPU-meaningful ones quickly
@@ -48,6 +49,7 @@ PARTS=(
   "build: 240"
   "ceilings: 60"
   "tests: 210"
+  "engine: 150"
   "cpp_bench: 90"
   "py_bench: 150"
 )
@@ -229,6 +231,55 @@ part_tests() {
     skipmsg "no CMake build in $CMAKE_DIR: ctest"
   fi
   [[ $ran == 0 ]] && return 3
+  return $rc
+}
+
+part_engine() {
+  # End-to-end engine numbers: `decodekit bench` on random presets, HF transformers as the peer.
+  # Dry run: one tiny CPU latency run (checks the plumbing only).
+  local runs=() r i=0 rc=0 out=()
+  if [[ "$MODE" == gpu ]]; then
+    runs=(
+      "latency --model random:smollm2-135m --dtype bfloat16 --input-len 128 --output-len 64 --iters 3 --peer hf --gpu-memory-utilization 0.3 --max-num-seqs 8"
+      "latency --model random:llama3-8b --dtype bfloat16 --input-len 512 --output-len 64 --iters 2 --peer hf --gpu-memory-utilization 0.45 --max-num-seqs 8"
+      "throughput --model random:llama3-8b --dtype bfloat16 --input-len 256 --output-len 128 --num-prompts 64 --peer hf --gpu-memory-utilization 0.45 --max-num-seqs 64"
+    )
+  else
+    skipmsg "no GPU: engine benchmarks on CUDA; running one tiny CPU latency run"
+    runs=("latency --model random:tiny --input-len 16 --output-len 8 --iters 1 --peer none")
+  fi
+  local deadline=$(echo "$(now) + $PART_TIMEOUT - 5" | bc)
+  for r in "${runs[@]}"; do
+    i=$((i + 1))
+    local left=$(printf "%.0f" "$(echo "$deadline - $(now)" | bc)")
+    (( left < 10 )) && { echo "no time left for: decodekit bench $r"; rc=1; continue; }
+    echo "== decodekit bench $r (timeout $left s)"
+    local t0=$(now)
+    timeout -k 5 "$left" "$PY" -m decodekit.cli bench $r --output-json "$WORK/engine_$i.json" \
+      > "$WORK/engine_$i.log" 2>&1
+    local brc=$?
+    tail -45 "$WORK/engine_$i.log"
+    echo "== rc=$brc in $(fsecs $(echo "$(now) - $t0" | bc)) s"
+    [[ $brc != 0 ]] && rc=1
+    out+=("$WORK/engine_$i.json")
+  done
+  "$PY" - "$RES/${STAMP}_${SLUG}_engine.json" "$WORK/key.$PART" "${out[@]}" <<'EOF'
+import json, os, sys
+path, keyfile, files = sys.argv[1], sys.argv[2], sys.argv[3:]
+rows = [json.load(open(f)) for f in files if os.path.exists(f)]
+json.dump(rows, open(path, "w"), indent=1)
+with open(keyfile, "a") as k:
+    for r in rows:
+        d, m = r["decodekit"], r["model"].replace("random:", "")
+        if r["bench"] == "latency":
+            hf = (r.get("hf_transformers") or {}).get("decode_tok_s")
+            k.write(f"{m} decode {d['decode_tok_s']:.0f} tok/s ({100 * r['decode_frac_of_copy_bw']:.0f}% of copy BW"
+                    f"{f', HF {hf:.0f}' if hf else ''}) prefill {d['prefill_tok_s']:.0f} tok/s\n")
+        else:
+            hf = (r.get("hf_transformers") or {}).get("output_tok_s")
+            k.write(f"{m} x{r['num_prompts']} {d['output_tok_s']:.0f} out tok/s{f' (HF {hf:.0f})' if hf else ''}\n")
+print(f"wrote {path} ({len(rows)} runs)")
+EOF
   return $rc
 }
 

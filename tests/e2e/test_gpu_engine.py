@@ -5,31 +5,18 @@ import pytest
 import torch
 
 from dk_testing import cuda_only
+from decodekit.bench.engine_bench import hf_from_loaded
 from decodekit.sampling import SamplingParams
 
 pytestmark = cuda_only
 transformers = pytest.importorskip("transformers")
 
 
-def _hf_from_loaded(loaded):
-    c = loaded.config
-    cfg = transformers.LlamaConfig(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
-        head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
-        max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=c.tie_word_embeddings)
-    m = transformers.LlamaForCausalLM(cfg)
-    m.load_state_dict(loaded.weights, strict=False)
-    if c.tie_word_embeddings:
-        m.tie_weights()
-    return m.eval().cuda()
-
-
 def test_cuda_engine_matches_hf_and_cpu():
     from decodekit import LLM
     from decodekit.loader import load_model
     loaded = load_model("random:smollm2-135m", dtype=torch.float32)
-    hf = _hf_from_loaded(loaded)
+    hf = hf_from_loaded(loaded, "cuda")
     gpu = LLM("random:smollm2-135m", device="cuda", dtype="float32", gpu_memory_utilization=0.3)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(100, 49152, (n,), generator=g).tolist() for n in (5, 33, 130)]

@@ -80,9 +80,35 @@ def _one_request(engine, prompt: list[int], out_len: int) -> tuple[float, float]
     return first - t0, (end - first) / max(out_len - 1, 1)
 
 
+def hf_from_loaded(loaded, device="cpu"):
+    """HF transformers' LlamaForCausalLM / Qwen2ForCausalLM holding a LoadedModel's weights."""
+    import transformers
+    c = loaded.config
+    kw = dict(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+              num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
+              head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
+              rope_scaling=c.rope_scaling, max_position_embeddings=c.max_position_embeddings,
+              tie_word_embeddings=c.tie_word_embeddings)
+    if c.attention_bias:
+        cls, cfg = transformers.Qwen2ForCausalLM, transformers.Qwen2Config(**kw)
+    else:
+        cls, cfg = transformers.LlamaForCausalLM, transformers.LlamaConfig(**kw)
+    dtype = next(iter(loaded.weights.values())).dtype
+    with torch.device(device):  # random init on the target device is fast; the weights overwrite it
+        m = cls(cfg).to(dtype)
+    m.load_state_dict(loaded.weights, strict=False)
+    if c.tie_word_embeddings:
+        m.tie_weights()
+    return m.eval()
+
+
 def _hf_model(engine):
     import transformers
     src = engine.model_source
+    if src.startswith("random:"):
+        from decodekit.loader import load_model
+        return hf_from_loaded(load_model(src, dtype=engine.dtype, device=engine.device, progress=False),
+                              engine.device)
     if src.endswith(".gguf"):
         return transformers.AutoModelForCausalLM.from_pretrained(
             os.path.dirname(src), gguf_file=os.path.basename(src), dtype=engine.dtype).eval()
@@ -93,7 +119,10 @@ def _hf_model(engine):
 
 @torch.no_grad()
 def _hf_one(model, prompt, out_len) -> tuple[float, float]:
-    ids, past = torch.tensor([prompt]), None
+    dev = model.device
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    ids, past = torch.tensor([prompt], device=dev), None
+    sync()
     t0 = time.perf_counter()
     first = None
     for _ in range(out_len):
@@ -101,7 +130,9 @@ def _hf_one(model, prompt, out_len) -> tuple[float, float]:
         past = r.past_key_values
         ids = r.logits[:, -1:].argmax(-1)
         if first is None:
+            sync()
             first = time.perf_counter()
+    sync()
     end = time.perf_counter()
     return first - t0, (end - first) / max(out_len - 1, 1)
 
@@ -183,11 +214,14 @@ def throughput(args) -> dict:
     if args.peer in ("hf", "all"):
         hf = _hf_model(eng)
         if hf is not None:
-            ids = torch.tensor(prompts)  # equal lengths: no padding needed
+            ids = torch.tensor(prompts, device=hf.device)  # equal lengths: no padding needed
+            sync = torch.cuda.synchronize if hf.device.type == "cuda" else (lambda: None)
             with torch.no_grad():
+                sync()
                 t0 = time.perf_counter()
                 hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.output_len,
                             min_new_tokens=args.output_len, do_sample=False, pad_token_id=0)
+                sync()
                 hdt = time.perf_counter() - t0
             res["hf_transformers"] = {"elapsed_s": hdt, "output_tok_s": n_out / hdt}
             res["speedup_vs_hf"] = hdt / dt

@@ -65,7 +65,9 @@ class LLMEngine:
             set_global_seed(args.seed)
         self.device = args.resolved_device()
         self.dtype = args.resolved_dtype()
-        loaded = load_model(args.model, dtype=self.dtype, device="cpu", progress=args.progress)
+        # Loaded straight onto the engine's device (large random presets are drawn there; the model
+        # pops each tensor as it takes it, so weights never exist twice).
+        loaded = load_model(args.model, dtype=self.dtype, device=self.device, progress=args.progress)
         self.model_config = cfg = loaded.config
         self.tokenizer = loaded.tokenizer
         self.model_source = loaded.source
