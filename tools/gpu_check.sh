@@ -67,6 +67,11 @@ family_keys() {  # family -> its keys
 part_cap() { local p; for p in "${PARTS[@]}"; do [[ "${p%%:*}" == "$1" ]] && { echo ${p#*:}; return; }; done; }
 
 now() { date +%s.%N; }
+# floating-point arithmetic without bc (the H200 image has none): calc "1.5 + $x"
+calc() {
+  if command -v awk > /dev/null; then awk "BEGIN { printf \"%.6f\", $* }"
+  else "${PY:-python3}" -c "print('%.6f' % ($*))"; fi
+}
 fsecs() { printf "%.1f" "$1"; }
 
 # ===== the parts (run as: bash gpu_check.sh --part NAME, with the exported environment) ====
@@ -129,7 +134,7 @@ cmake_build() {  # dir, extra configure args...
   local t0=$(now) rc=0
   echo "cmake -S . -B $dir -G Ninja $*"
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" && cmake --build "$dir" -j "$JOBS" || rc=$?
-  echo "cmake build in $dir: rc=$rc, $(fsecs $(echo "$(now) - $t0" | bc)) s"
+  echo "cmake build in $dir: rc=$rc, $(fsecs $(calc "$(now) - $t0")) s"
   return $rc
 }
 
@@ -166,7 +171,7 @@ part_build() {
     pid_cmake=$!
   fi
   wait $pid_ext || rc_ext=$?
-  local t_ext=$(fsecs $(echo "$(now) - $t0" | bc))
+  local t_ext=$(fsecs $(calc "$(now) - $t0"))
   echo "----- extension build (rc=$rc_ext, $t_ext s), last lines:"; tail -40 "$WORK/build_ext.log"
   if [[ $rc_ext == 0 ]]; then
     "$PY" -c "import decodekit, sys; ok = decodekit.has_cuda_kernels(); print('has_cuda_kernels:', ok); sys.exit(0 if ok else 1)" \
@@ -176,7 +181,7 @@ part_build() {
   if [[ -n "$pid_cmake" ]]; then
     wait $pid_cmake || rc_cmake=$?
     echo "----- CMake CUDA build (rc=$rc_cmake), last lines:"; tail -40 "$WORK/build_cmake.log"
-    key "cmake $([[ $rc_cmake == 0 ]] && echo ok || echo FAILED) $(fsecs $(echo "$(now) - $t0" | bc))s"
+    key "cmake $([[ $rc_cmake == 0 ]] && echo ok || echo FAILED) $(fsecs $(calc "$(now) - $t0"))s"
   else
     skipmsg "no CMakeLists.txt: C++ tests and benches"
   fi
@@ -209,8 +214,14 @@ part_tests() {
   local k r rc=0 ran=0
   k=$(pytest_k); r=$(ctest_r)
   if [[ "$MODE" == gpu ]]; then
-    echo "python3 -m pytest -m cuda -q tests/ ${k:+-k \"$k\"}"
-    "$PY" -m pytest -m cuda -q -p no:cacheprovider tests/ ${k:+-k "$k"} 2>&1 | tee "$WORK/pytest.log"
+    # pytest-xdist (when there): a worker that crashes (a segfault) fails its test and is
+    # restarted, so one crash does not hide every later test; a file's tests stay on one worker.
+    local par=()
+    "$PY" -c "import xdist" 2>/dev/null && par=(-n 6 --dist loadfile)
+    "$PY" -c "import pytest_timeout" 2>/dev/null && par+=(--timeout 150)
+    echo "python3 -m pytest -m cuda -q -rfE --tb=short ${par[*]} tests/ ${k:+-k \"$k\"}"
+    "$PY" -m pytest -m cuda -q -rfE --tb=short -p no:cacheprovider "${par[@]}" tests/ ${k:+-k "$k"} 2>&1 |
+      tee "$WORK/pytest.log"
     local prc=${PIPESTATUS[0]}
     local line=$(grep -E "(passed|failed|error|skipped|deselected|no tests ran)" "$WORK/pytest.log" | tail -1 | sed 's/=//g; s/^ *//; s/ *$//')
     if [[ $prc == 5 ]]; then key "pytest: no cuda tests selected"; elif [[ $prc != 0 ]]; then rc=1; key "pytest FAILED: $line"; else key "pytest: $line"; fi
@@ -248,10 +259,10 @@ part_engine() {
     skipmsg "no GPU: engine benchmarks on CUDA; running one tiny CPU latency run"
     runs=("latency --model random:tiny --input-len 16 --output-len 8 --iters 1 --peer none")
   fi
-  local deadline=$(echo "$(now) + $PART_TIMEOUT - 5" | bc)
+  local deadline=$(calc "$(now) + $PART_TIMEOUT - 5")
   for r in "${runs[@]}"; do
     i=$((i + 1))
-    local left=$(printf "%.0f" "$(echo "$deadline - $(now)" | bc)")
+    local left=$(printf "%.0f" "$(calc "$deadline - $(now)")")
     (( left < 10 )) && { echo "no time left for: decodekit bench $r"; rc=1; continue; }
     echo "== decodekit bench $r (timeout $left s)"
     local t0=$(now)
@@ -259,7 +270,7 @@ part_engine() {
       > "$WORK/engine_$i.log" 2>&1
     local brc=$?
     tail -45 "$WORK/engine_$i.log"
-    echo "== rc=$brc in $(fsecs $(echo "$(now) - $t0" | bc)) s"
+    echo "== rc=$brc in $(fsecs $(calc "$(now) - $t0")) s"
     [[ $brc != 0 ]] && rc=1
     out+=("$WORK/engine_$i.json")
   done
@@ -292,14 +303,14 @@ part_cpp_bench() {
   mapfile -t bins < <(find "$CMAKE_DIR" -maxdepth 3 -type f -perm -u+x -name 'bench_*' ! -path '*CMakeFiles*' | sort)
   [[ "$MODE" != gpu ]] && mapfile -t bins < <(printf '%s\n' "${bins[@]}" | grep -v cuda)
   mkdir -p "$WORK/cpp"
-  local deadline=$(echo "$(now) + $PART_TIMEOUT - 5" | bc)
+  local deadline=$(calc "$(now) + $PART_TIMEOUT - 5")
   for b in "${bins[@]}"; do
     name=$(basename "$b")
     if [[ -n "$keys" ]]; then
       local hit=0 kk; for kk in $keys; do [[ "$name" == *"$kk"* ]] && hit=1; done
       [[ $hit == 0 ]] && continue
     fi
-    local left=$(printf "%.0f" "$(echo "$deadline - $(now)" | bc)")
+    local left=$(printf "%.0f" "$(calc "$deadline - $(now)")")
     if (( left < 5 )); then echo "no time left for $name"; echo "$name|skipped|0" >> "$WORK/cpp/index"; continue; fi
     local args=(--json "$WORK/cpp/$name.json")
     [[ "$name" != *cuda* ]] && args+=(--quick)  # CPU benches: smoke run only on the GPU machine
@@ -308,7 +319,7 @@ part_cpp_bench() {
     timeout -k 5 $(( left < 60 ? left : 60 )) "$b" "${args[@]}" > "$WORK/cpp/$name.log" 2>&1
     local brc=$?
     cat "$WORK/cpp/$name.log" | tail -30
-    echo "$name|$brc|$(fsecs $(echo "$(now) - $t0" | bc))" >> "$WORK/cpp/index"
+    echo "$name|$brc|$(fsecs $(calc "$(now) - $t0"))" >> "$WORK/cpp/index"
     if [[ $brc == 0 ]]; then ok=$((ok + 1)); else fail=$((fail + 1)); echo "$name: rc=$brc"; fi
   done
   "$PY" - "$WORK/cpp" "$RES/${STAMP}_${SLUG}_cpp_bench.json" <<'EOF'
@@ -458,7 +469,7 @@ for p in $(part_names); do
   t0=$(now)
   PART_TIMEOUT=$t timeout -k 10 "$t" bash "$SELF" --part "$p" 2>&1 | tee "$WORK/log.$p"
   rc=${PIPESTATUS[0]}
-  SECS[$p]=$(fsecs $(echo "$(now) - $t0" | bc))
+  SECS[$p]=$(fsecs $(calc "$(now) - $t0"))
   case $rc in
     0) STATUS[$p]=ok ;;
     3) STATUS[$p]=skipped ;;
@@ -476,7 +487,7 @@ keyof() { [[ -f "$WORK/key.$1" ]] && paste -sd '\t' "$WORK/key.$1" | sed 's/\t/;
     echo "$p|${STATUS[$p]}|${SECS[$p]}|$(keyof "$p")"
   done
 } > "$WORK/table"
-TOTAL=$(fsecs $(echo "$(now) - $T_START" | bc))
+TOTAL=$(fsecs $(calc "$(now) - $T_START"))
 
 "$PY" - "$WORK" "$RES" "$MODE" "$DRY_REASON" "$TOTAL" "$STAMP" "$SLUG" "$FAMS" "$FAM_FILTER" <<'EOF'
 import glob, json, os, sys

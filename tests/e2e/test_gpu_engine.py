@@ -37,17 +37,26 @@ def test_cuda_engine_matches_hf_and_cpu():
 
 
 def test_cuda_graph_replay_equals_eager():
+    """Graph replay computes exactly what the same padded decode batch computes eagerly
+    ("static": same shapes, same kernels); against unpadded eager steps ("off") the GEMM shapes
+    differ (cuBLAS may pick other kernels), so bf16 rounding may flip a near-tie later on: the
+    first tokens must agree and most sequences must agree in full."""
     from decodekit import LLM
     g = torch.Generator().manual_seed(1)
     prompts = [{"prompt_token_ids": torch.randint(100, 49152, (n,), generator=g).tolist()} for n in (3, 17, 40, 9, 65)]
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     outs = {}
-    for mode in ("off", "cuda"):
+    for mode in ("off", "static", "cuda"):
         llm = LLM("random:smollm2-135m", device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3,
                   decode_graphs=mode, max_num_seqs=8)
         if mode == "cuda":
-            assert all(b.graph is not None for b in llm.engine.runner.buckets), "graphs were not captured"
+            assert llm.engine.runner.buckets, "no decode buckets"
+            missing = [b.size for b in llm.engine.runner.buckets if b.graph is None]
+            assert not missing, f"graphs were not captured for buckets {missing}"
         outs[mode] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
         del llm
         torch.cuda.empty_cache()
-    assert outs["cuda"] == outs["off"]
+    assert outs["cuda"] == outs["static"], f"graph replay != eager on the same buffers:\n{outs}"
+    assert [o[:2] for o in outs["cuda"]] == [o[:2] for o in outs["off"]], outs
+    same = sum(a == b for a, b in zip(outs["cuda"], outs["off"]))
+    assert same >= len(prompts) - 2, f"only {same} of {len(prompts)} sequences equal unpadded eager:\n{outs}"
