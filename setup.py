@@ -55,7 +55,11 @@ include_dirs = [os.path.join(ROOT, "include"), os.path.join(ROOT, "csrc")]
 cxx_flags = ["-O3", "-fopenmp", "-Wno-unknown-pragmas"]
 if os.environ.get("DECODEKIT_NATIVE", "1") != "0":
     cxx_flags.append("-march=native")
-link_flags = ["-fopenmp"]
+# libstdc++ from the system's shared library, named before the compiler driver's own: the H200
+# image's /opt/gcc g++ 13.3 linked a private static copy into _C.so, whose iostreams crashed on the
+# first error message holding a number (c10::str -> ostream << long, seen 2026-11-30). Harmless
+# where the driver links it dynamically anyway (same library).
+link_flags = ["-fopenmp", "-l:libstdc++.so.6"]
 
 if WITH_CUDA:
     include_dirs += build_env.pip_cuda_include_dirs()

@@ -176,6 +176,11 @@ part_build() {
   if [[ $rc_ext == 0 ]]; then
     "$PY" -c "import decodekit, sys; ok = decodekit.has_cuda_kernels(); print('has_cuda_kernels:', ok); sys.exit(0 if ok else 1)" \
       || rc_ext=1
+    # a private static libstdc++ inside _C.so crashed on number formatting once (setup.py's link flags)
+    local so=$(ls python/decodekit/_C*.so 2>/dev/null | head -1)
+    if [[ -n "$so" ]] && command -v nm > /dev/null && nm -C "$so" | grep -qE " [TtWw] std::ostream& std::ostream::_M_insert<long>"; then
+      echo "WARNING: $so holds its own copy of libstdc++ (statically linked)"; key "libstdc++ STATIC in _C.so"; rc_ext=1
+    fi
   fi
   key "ext $([[ $rc_ext == 0 ]] && echo ok || echo FAILED) ${t_ext}s"
   if [[ -n "$pid_cmake" ]]; then
