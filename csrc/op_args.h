@@ -149,7 +149,8 @@ inline GemmArgs dense_gemm_args(const at::Tensor& out, const at::Tensor& a, cons
 // The paged K and V caches: [num_blocks, num_kv_heads, block_size, head_dim] each, alike.
 inline void kv_cache_shape(const char* op, const at::Tensor& key_cache, const at::Tensor& value_cache,
                            int64_t& num_blocks, int& num_kv_heads, int& block_size, int& head_dim) {
-  Check(op, "key_cache", key_cache).dim(4).dtype(kFloatTypes).contiguous();
+  Check(op, "key_cache", key_cache).dim(4).dtype({at::kFloat, at::kHalf, at::kBFloat16, at::kFloat8_e4m3fn})
+      .contiguous();
   num_blocks = key_cache.size(0);
   num_kv_heads = int(key_cache.size(1));
   block_size = int(key_cache.size(2));
@@ -158,14 +159,47 @@ inline void kv_cache_shape(const char* op, const at::Tensor& key_cache, const at
       .device_as(key_cache, "key_cache").contiguous();
 }
 
+// The KV cache's element type against the activations' (key/value or query, dtype `act`):
+// the same dtype, or fp8 e4m3 (then k_scale / v_scale: float32 [1] (per tensor) or
+// [num_kv_heads] (per KV head), on the cache's device; absent = 1.0). Returns the scales'
+// stride over KV heads (0: one scale), or -1 when the cache is not fp8 (no scales allowed).
+inline int kv_cache_scales(const char* op, const at::Tensor& key_cache, at::ScalarType act, const char* act_name,
+                           const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                           int num_kv_heads) {
+  const bool fp8 = key_cache.scalar_type() == at::kFloat8_e4m3fn;
+  if (!fp8) {
+    TORCH_CHECK(key_cache.scalar_type() == act, op, ": 'key_cache' is ", key_cache.scalar_type(), " but '", act_name,
+                "' is ", act, " (the cache holds the activations' dtype, or Float8_e4m3fn)");
+    TORCH_CHECK(!k_scale.has_value() && !v_scale.has_value(), op,
+                ": 'k_scale'/'v_scale' are only for an fp8 (Float8_e4m3fn) KV cache, got a ", key_cache.scalar_type(),
+                " cache");
+    return -1;
+  }
+  int stride = -2;
+  for (auto [t, name] : {std::pair{&k_scale, "k_scale"}, std::pair{&v_scale, "v_scale"}}) {
+    if (!t->has_value()) continue;
+    const at::Tensor& sc = **t;
+    Check(op, name, sc).dim(1).dtype({at::kFloat}).device_as(key_cache, "key_cache").contiguous();
+    TORCH_CHECK(sc.size(0) == 1 || sc.size(0) == num_kv_heads, op, ": '", name, "' must have 1 or num_kv_heads = ",
+                num_kv_heads, " elements (per tensor or per KV head), got ", sc.size(0));
+    const int st = sc.size(0) == 1 ? 0 : 1;
+    TORCH_CHECK(stride == -2 || stride == st, op, ": 'k_scale' and 'v_scale' must have the same number of elements");
+    stride = st;
+  }
+  return stride == -2 ? 0 : stride;
+}
+
 struct CacheArgs {
   int64_t num_tokens, k_stride, v_stride, num_blocks;
   int num_kv_heads, block_size, head_dim;
+  int scale_stride;  // fp8 cache: scales' stride over KV heads (0 or 1); -1: not fp8
 };
 
 // key/value: [T, Hk, D] with a free token stride; caches [num_blocks, Hk, block_size, D].
 inline CacheArgs reshape_and_cache_args(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache,
-                                        const at::Tensor& value_cache, const at::Tensor& slot_mapping) {
+                                        const at::Tensor& value_cache, const at::Tensor& slot_mapping,
+                                        const std::optional<at::Tensor>& k_scale,
+                                        const std::optional<at::Tensor>& v_scale) {
   const char* op = "decodekit::reshape_and_cache";
   CacheArgs a{};
   kv_cache_shape(op, key_cache, value_cache, a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
@@ -173,28 +207,31 @@ inline CacheArgs reshape_and_cache_args(const at::Tensor& key, const at::Tensor&
   a.num_tokens = slot_mapping.size(0);
   for (auto [t, name] : {std::pair{&key, "key"}, std::pair{&value, "value"}}) {
     Check(op, name, *t).dim(3).size(0, a.num_tokens, "num_tokens").size(1, a.num_kv_heads, "num_kv_heads")
-        .size(2, a.head_dim, "head_dim").dtype_as(key_cache, "key_cache").device_as(key_cache, "key_cache");
+        .size(2, a.head_dim, "head_dim").dtype(kFloatTypes).dtype_as(key, "key").device_as(key_cache, "key_cache");
     TORCH_CHECK(t->stride(2) == 1 && (t->size(1) == 1 || t->stride(1) == a.head_dim), op, ": '", name,
                 "' must have contiguous heads (strides [*, head_dim, 1]), got ", t->strides());
   }
   a.k_stride = key.stride(0);
   a.v_stride = value.stride(0);
+  a.scale_stride = kv_cache_scales(op, key_cache, key.scalar_type(), "key", k_scale, v_scale, a.num_kv_heads);
   return a;
 }
 
 struct AttnArgs {
   int64_t num_tokens, q_stride, num_blocks;
   int num_seqs, num_q_heads, num_kv_heads, block_size, head_dim, max_blocks;
+  int scale_stride;  // fp8 cache: scales' stride over KV heads (0 or 1); -1: not fp8
 };
 
 inline AttnArgs paged_attention_args(const at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                                      const at::Tensor& value_cache, const at::Tensor& block_tables,
                                      const at::Tensor& seq_lens, const at::Tensor& query_start_loc, double scale,
-                                     const std::optional<at::Tensor>& lse) {
+                                     const std::optional<at::Tensor>& lse, const std::optional<at::Tensor>& k_scale,
+                                     const std::optional<at::Tensor>& v_scale) {
   const char* op = "decodekit::paged_attention";
   AttnArgs a{};
   kv_cache_shape(op, key_cache, value_cache, a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
-  Check(op, "query", query).dim(3).size(2, a.head_dim, "head_dim").dtype_as(key_cache, "key_cache")
+  Check(op, "query", query).dim(3).size(2, a.head_dim, "head_dim").dtype(kFloatTypes)
       .device_as(key_cache, "key_cache");
   a.num_tokens = query.size(0);
   a.num_q_heads = int(query.size(1));
@@ -215,6 +252,7 @@ inline AttnArgs paged_attention_args(const at::Tensor& out, const at::Tensor& qu
     Check(op, "lse", *lse).dim(2).size(0, a.num_tokens, "num_tokens").size(1, a.num_q_heads, "num_q_heads")
         .dtype({at::kFloat}).device_as(query, "query").contiguous();
   TORCH_CHECK(std::isfinite(scale) && scale > 0, op, ": 'scale' must be a positive finite number, got ", scale);
+  a.scale_stride = kv_cache_scales(op, key_cache, query.scalar_type(), "query", k_scale, v_scale, a.num_kv_heads);
   return a;
 }
 

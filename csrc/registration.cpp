@@ -26,19 +26,23 @@ TORCH_LIBRARY(decodekit, m) {
   // out: [M, N]; a: [M, K] (row stride free); weight: [N, K]; bias: [N]; M <= 64.
   m.def("dense_gemm(Tensor(a!) out, Tensor a, Tensor weight, Tensor? bias) -> ()");
 
-  // Paged KV cache: [num_blocks, num_kv_heads, block_size, head_dim] per layer for K and V.
+  // Paged KV cache: [num_blocks, num_kv_heads, block_size, head_dim] per layer for K and V,
+  // in the activations' dtype or fp8 e4m3 (Float8_e4m3fn: stored x / scale, saturated at
+  // +-448; k_scale / v_scale float32 [1] or [num_kv_heads], absent = 1).
   // Writes key/value [num_tokens, num_kv_heads, head_dim] (token stride free) at
   // slot_mapping [num_tokens] int64 (slot = block * block_size + offset; < 0 skipped).
   m.def(
       "reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
-      "Tensor slot_mapping) -> ()");
+      "Tensor slot_mapping, Tensor? k_scale=None, Tensor? v_scale=None) -> ()");
   // Causal attention of each sequence's new tokens over its paged context.
   // out: [T, Hq, D]; query: [T, Hq, D] (token stride free); block_tables: [S, max_blocks] int32;
   // seq_lens: [S] int32 context length incl. new tokens; query_start_loc: [S + 1] int32;
   // lse (optional): [T, Hq] float32, natural-log sum of exp of the scaled scores.
+  // fp8 caches: K and V are read as float(q) * k_scale / v_scale.
   m.def(
       "paged_attention(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "
-      "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale, Tensor(b!)? lse) -> ()");
+      "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale, Tensor(b!)? lse=None, "
+      "Tensor? k_scale=None, Tensor? v_scale=None) -> ()");
 }
 
 // `import decodekit._C` loads this library, which runs the registrations above.

@@ -9,12 +9,19 @@
 
 namespace {
 
+dk::KVScales kv_scales(const std::optional<at::Tensor>& k, const std::optional<at::Tensor>& v, int stride) {
+  return {k ? k->data_ptr<float>() : nullptr, v ? v->data_ptr<float>() : nullptr, stride};
+}
+
 void reshape_and_cache_cpu(const at::Tensor& key,        // [T, Hk, D]
                            const at::Tensor& value,      // [T, Hk, D]
                            at::Tensor& key_cache,        // [num_blocks, Hk, block_size, D]
                            at::Tensor& value_cache,      // [num_blocks, Hk, block_size, D]
-                           const at::Tensor& slot_mapping) {  // [T] int64
-  const dk::CacheArgs a = dk::reshape_and_cache_args(key, value, key_cache, value_cache, slot_mapping);
+                           const at::Tensor& slot_mapping,    // [T] int64
+                           const std::optional<at::Tensor>& k_scale,    // fp8 cache: [1] or [Hk] float32
+                           const std::optional<at::Tensor>& v_scale) {  // fp8 cache: [1] or [Hk] float32
+  const dk::CacheArgs a =
+      dk::reshape_and_cache_args(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale);
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
   const int64_t num_slots = a.num_blocks * a.block_size;
   for (int64_t t = 0; t < a.num_tokens; ++t)
@@ -22,9 +29,14 @@ void reshape_and_cache_cpu(const at::Tensor& key,        // [T, Hk, D]
                 " is outside the cache (num_blocks * block_size = ", num_slots, ")");
   const dk::PagedLayout L{a.num_kv_heads, a.block_size, a.head_dim};
   DK_CPU_DISPATCH_FLOATING(key.scalar_type(), "decodekit::reshape_and_cache", [&] {
-    dk::cpu::reshape_and_cache<scalar_t>(dk_ptr<scalar_t>(key), dk_ptr<scalar_t>(value), a.k_stride, a.v_stride,
-                                         dk_ptr<scalar_t>(key_cache), dk_ptr<scalar_t>(value_cache), slots,
-                                         a.num_tokens, L);
+    if (a.scale_stride >= 0)
+      dk::cpu::reshape_and_cache<scalar_t, dk::fp8_e4m3_t>(
+          dk_ptr<scalar_t>(key), dk_ptr<scalar_t>(value), a.k_stride, a.v_stride, dk_ptr<dk::fp8_e4m3_t>(key_cache),
+          dk_ptr<dk::fp8_e4m3_t>(value_cache), slots, a.num_tokens, L, kv_scales(k_scale, v_scale, a.scale_stride));
+    else
+      dk::cpu::reshape_and_cache<scalar_t>(dk_ptr<scalar_t>(key), dk_ptr<scalar_t>(value), a.k_stride, a.v_stride,
+                                           dk_ptr<scalar_t>(key_cache), dk_ptr<scalar_t>(value_cache), slots,
+                                           a.num_tokens, L);
   });
 }
 
@@ -35,10 +47,12 @@ void paged_attention_cpu(at::Tensor& out,                    // [T, Hq, D]
                          const at::Tensor& block_tables,     // [S, max_blocks] int32
                          const at::Tensor& seq_lens,         // [S] int32
                          const at::Tensor& query_start_loc,  // [S + 1] int32
-                         double scale, const std::optional<at::Tensor>& lse) {  // [T, Hq] float32
+                         double scale, const std::optional<at::Tensor>& lse,  // [T, Hq] float32
+                         const std::optional<at::Tensor>& k_scale,    // fp8 cache: [1] or [Hk] float32
+                         const std::optional<at::Tensor>& v_scale) {  // fp8 cache: [1] or [Hk] float32
   const char* op = "decodekit::paged_attention";
   const dk::AttnArgs a = dk::paged_attention_args(out, query, key_cache, value_cache, block_tables, seq_lens,
-                                                  query_start_loc, scale, lse);
+                                                  query_start_loc, scale, lse, k_scale, v_scale);
   const int32_t* qsl = query_start_loc.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int32_t* bt = block_tables.data_ptr<int32_t>();
@@ -62,8 +76,13 @@ void paged_attention_cpu(at::Tensor& out,                    // [T, Hq, D]
                                   dk::PagedLayout{a.num_kv_heads, a.block_size, a.head_dim}};
   float* lse_ptr = lse.has_value() ? lse->data_ptr<float>() : nullptr;
   DK_CPU_DISPATCH_FLOATING(query.scalar_type(), op, [&] {
-    dk::cpu::paged_attention<scalar_t>(dk_ptr<scalar_t>(out), lse_ptr, dk_ptr<scalar_t>(query),
-                                       dk_ptr<scalar_t>(key_cache), dk_ptr<scalar_t>(value_cache), bt, lens, qsl, P);
+    if (a.scale_stride >= 0)
+      dk::cpu::paged_attention<scalar_t, dk::fp8_e4m3_t>(
+          dk_ptr<scalar_t>(out), lse_ptr, dk_ptr<scalar_t>(query), dk_ptr<dk::fp8_e4m3_t>(key_cache),
+          dk_ptr<dk::fp8_e4m3_t>(value_cache), bt, lens, qsl, P, kv_scales(k_scale, v_scale, a.scale_stride));
+    else
+      dk::cpu::paged_attention<scalar_t>(dk_ptr<scalar_t>(out), lse_ptr, dk_ptr<scalar_t>(query),
+                                         dk_ptr<scalar_t>(key_cache), dk_ptr<scalar_t>(value_cache), bt, lens, qsl, P);
   });
 }
 

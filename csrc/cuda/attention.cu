@@ -14,12 +14,16 @@ constexpr bool head_dims_in_sync() {
 }
 static_assert(head_dims_in_sync(), "dk::cuda::kPagedAttentionHeadDims (launchers.h) != paged_attention_head_dim_ok");
 
-#define DK_INSTANTIATE(T)                                                                                       \
-  template cudaError_t dk::cuda::reshape_and_cache<T>(const T*, const T*, int64_t, int64_t, T*, T*,            \
-                                                      const int64_t*, int64_t, int64_t, dk::PagedLayout,       \
-                                                      cudaStream_t);                                           \
-  template cudaError_t dk::cuda::paged_attention<T>(T*, float*, const T*, int64_t, const T*, const T*,         \
-                                                    const int32_t*, int, const int32_t*, const int32_t*, int,   \
-                                                    int64_t, int, int64_t, dk::PagedLayout, float, cudaStream_t);
+#define DK_INSTANTIATE_TC(T, C)                                                                                \
+  template cudaError_t dk::cuda::reshape_and_cache<T, C>(const T*, const T*, int64_t, int64_t, C*, C*,          \
+                                                         const int64_t*, int64_t, int64_t, dk::PagedLayout,     \
+                                                         dk::KVScales, cudaStream_t);                           \
+  template cudaError_t dk::cuda::paged_attention<T, C>(T*, float*, const T*, int64_t, const C*, const C*,       \
+                                                       const int32_t*, int, const int32_t*, const int32_t*, int, \
+                                                       int64_t, int, int64_t, dk::PagedLayout, float,            \
+                                                       dk::KVScales, cudaStream_t);
+// every activation type with a cache of the same type, and with an fp8 e4m3 cache
+#define DK_INSTANTIATE(T) DK_INSTANTIATE_TC(T, T) DK_INSTANTIATE_TC(T, dk::fp8_e4m3_t)
 DK_CUDA_LAUNCH_TYPES(DK_INSTANTIATE)
 #undef DK_INSTANTIATE
+#undef DK_INSTANTIATE_TC

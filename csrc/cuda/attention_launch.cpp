@@ -14,6 +14,7 @@
 #include <torch/library.h>
 
 #include <sstream>
+#include <type_traits>
 
 #include "../op_args.h"
 #include "dispatch.h"
@@ -21,13 +22,20 @@
 
 namespace {
 
+dk::KVScales kv_scales(const std::optional<at::Tensor>& k, const std::optional<at::Tensor>& v, int stride) {
+  return {k ? k->data_ptr<float>() : nullptr, v ? v->data_ptr<float>() : nullptr, stride};
+}
+
 void reshape_and_cache_cuda(const at::Tensor& key,        // [T, Hk, D]
                             const at::Tensor& value,      // [T, Hk, D]
                             at::Tensor& key_cache,        // [num_blocks, Hk, block_size, D]
                             at::Tensor& value_cache,      // [num_blocks, Hk, block_size, D]
-                            const at::Tensor& slot_mapping) {  // [T] int64
+                            const at::Tensor& slot_mapping,   // [T] int64
+                            const std::optional<at::Tensor>& k_scale,    // fp8 cache: [1] or [Hk] float32
+                            const std::optional<at::Tensor>& v_scale) {  // fp8 cache: [1] or [Hk] float32
   const char* op = "decodekit::reshape_and_cache";
-  const dk::CacheArgs a = dk::reshape_and_cache_args(key, value, key_cache, value_cache, slot_mapping);
+  const dk::CacheArgs a =
+      dk::reshape_and_cache_args(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale);
   dk::check_cuda(op, "key", key);
   dk::check_cuda(op, "value", value);
   dk::check_cuda(op, "key_cache", key_cache);
@@ -37,11 +45,18 @@ void reshape_and_cache_cuda(const at::Tensor& key,        // [T, Hk, D]
   c10::cuda::OptionalCUDAGuard guard(key_cache.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const dk::PagedLayout L{a.num_kv_heads, a.block_size, a.head_dim};
+  const dk::KVScales sc = kv_scales(k_scale, v_scale, a.scale_stride);
   DK_CUDA_DISPATCH_FLOATING(key.scalar_type(), op, [&] {
-    dk::check_launch(op, dk::cuda::reshape_and_cache<scalar_t>(
-                             dk::cuda_ptr<scalar_t>(key), dk::cuda_ptr<scalar_t>(value), a.k_stride, a.v_stride,
-                             dk::cuda_ptr<scalar_t>(key_cache), dk::cuda_ptr<scalar_t>(value_cache),
-                             slot_mapping.data_ptr<int64_t>(), a.num_tokens, a.num_blocks * a.block_size, L, stream));
+    auto launch = [&](auto* cache_type_tag) {
+      using C = std::remove_pointer_t<decltype(cache_type_tag)>;
+      dk::check_launch(op, dk::cuda::reshape_and_cache<scalar_t, C>(
+                               dk::cuda_ptr<scalar_t>(key), dk::cuda_ptr<scalar_t>(value), a.k_stride, a.v_stride,
+                               dk::cuda_ptr<C>(key_cache), dk::cuda_ptr<C>(value_cache),
+                               slot_mapping.data_ptr<int64_t>(), a.num_tokens, a.num_blocks * a.block_size, L, sc,
+                               stream));
+    };
+    if (a.scale_stride >= 0) launch(static_cast<dk::fp8_e4m3_t*>(nullptr));
+    else launch(static_cast<scalar_t*>(nullptr));
   });
 }
 
@@ -62,10 +77,12 @@ void paged_attention_cuda(at::Tensor& out,                    // [T, Hq, D]
                           const at::Tensor& block_tables,     // [S, max_blocks] int32
                           const at::Tensor& seq_lens,         // [S] int32
                           const at::Tensor& query_start_loc,  // [S + 1] int32
-                          double scale, const std::optional<at::Tensor>& lse) {  // [T, Hq] float32
+                          double scale, const std::optional<at::Tensor>& lse,  // [T, Hq] float32
+                          const std::optional<at::Tensor>& k_scale,    // fp8 cache: [1] or [Hk] float32
+                          const std::optional<at::Tensor>& v_scale) {  // fp8 cache: [1] or [Hk] float32
   const char* op = "decodekit::paged_attention";
   const dk::AttnArgs a = dk::paged_attention_args(out, query, key_cache, value_cache, block_tables, seq_lens,
-                                                  query_start_loc, scale, lse);
+                                                  query_start_loc, scale, lse, k_scale, v_scale);
   dk::check_cuda(op, "out", out);
   dk::check_cuda(op, "query", query);
   dk::check_cuda(op, "key_cache", key_cache);
@@ -74,6 +91,8 @@ void paged_attention_cuda(at::Tensor& out,                    // [T, Hq, D]
   dk::check_cuda(op, "seq_lens", seq_lens);
   dk::check_cuda(op, "query_start_loc", query_start_loc);
   if (lse.has_value()) dk::check_cuda(op, "lse", *lse);
+  if (k_scale.has_value()) dk::check_cuda(op, "k_scale", *k_scale);
+  if (v_scale.has_value()) dk::check_cuda(op, "v_scale", *v_scale);
   bool supported = false;
   for (int d : dk::cuda::kPagedAttentionHeadDims) supported |= d == a.head_dim;
   TORCH_CHECK(supported, op, ": head_dim ", a.head_dim, " is not supported by the CUDA kernel (supported: ",
@@ -88,13 +107,19 @@ void paged_attention_cuda(at::Tensor& out,                    // [T, Hq, D]
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const dk::PagedLayout L{a.num_kv_heads, a.block_size, a.head_dim};
   float* lse_ptr = lse.has_value() ? lse->data_ptr<float>() : nullptr;
+  const dk::KVScales sc = kv_scales(k_scale, v_scale, a.scale_stride);
   DK_CUDA_DISPATCH_FLOATING(query.scalar_type(), op, [&] {
-    dk::check_launch(op, dk::cuda::paged_attention<scalar_t>(
-                             dk::cuda_ptr<scalar_t>(out), lse_ptr, dk::cuda_ptr<scalar_t>(query), a.q_stride,
-                             dk::cuda_ptr<scalar_t>(key_cache), dk::cuda_ptr<scalar_t>(value_cache),
-                             block_tables.data_ptr<int32_t>(), a.max_blocks, seq_lens.data_ptr<int32_t>(),
-                             query_start_loc.data_ptr<int32_t>(), a.num_seqs, a.num_tokens, a.num_q_heads,
-                             a.num_blocks, L, float(scale), stream));
+    auto launch = [&](auto* cache_type_tag) {
+      using C = std::remove_pointer_t<decltype(cache_type_tag)>;
+      dk::check_launch(op, dk::cuda::paged_attention<scalar_t, C>(
+                               dk::cuda_ptr<scalar_t>(out), lse_ptr, dk::cuda_ptr<scalar_t>(query), a.q_stride,
+                               dk::cuda_ptr<C>(key_cache), dk::cuda_ptr<C>(value_cache),
+                               block_tables.data_ptr<int32_t>(), a.max_blocks, seq_lens.data_ptr<int32_t>(),
+                               query_start_loc.data_ptr<int32_t>(), a.num_seqs, a.num_tokens, a.num_q_heads,
+                               a.num_blocks, L, float(scale), sc, stream));
+    };
+    if (a.scale_stride >= 0) launch(static_cast<dk::fp8_e4m3_t*>(nullptr));
+    else launch(static_cast<scalar_t*>(nullptr));
   });
 }
 

@@ -14,7 +14,8 @@
 
 #include <cstdint>
 
-#include "decodekit/attention/common.h"  // PagedLayout (torch-free, host-compatible)
+#include "decodekit/attention/common.h"  // PagedLayout, KVScales (torch-free, host-compatible)
+#include "decodekit/common/fp8.h"        // fp8_e4m3_t (the fp8 KV-cache storage type)
 
 // X(T) for every storage type the CUDA launchers are instantiated for.
 #define DK_CUDA_LAUNCH_TYPES(X) X(float) X(__half) X(__nv_bfloat16)
@@ -41,17 +42,17 @@ cudaError_t rotary_embedding(const int64_t* positions, T* query, int64_t q_token
 template <class T>
 cudaError_t silu_and_mul(T* out, const T* in, int64_t in_stride, int64_t rows, int64_t d, cudaStream_t stream);
 
-// include/decodekit/attention/paged.cuh
-template <class T>
-cudaError_t reshape_and_cache(const T* key, const T* value, int64_t k_stride, int64_t v_stride, T* key_cache,
-                              T* value_cache, const int64_t* slot_mapping, int64_t num_tokens, int64_t num_slots,
-                              PagedLayout L, cudaStream_t stream);
+// include/decodekit/attention/paged.cuh: C is the cache storage type, T or fp8_e4m3_t.
+template <class T, class C>
+cudaError_t reshape_and_cache(const T* key, const T* value, int64_t k_stride, int64_t v_stride, C* key_cache,
+                              C* value_cache, const int64_t* slot_mapping, int64_t num_tokens, int64_t num_slots,
+                              PagedLayout L, KVScales sc, cudaStream_t stream);
 
-template <class T>
-cudaError_t paged_attention(T* out, float* lse, const T* query, int64_t q_stride, const T* key_cache,
-                            const T* value_cache, const int32_t* block_tables, int max_blocks, const int32_t* seq_lens,
+template <class T, class C>
+cudaError_t paged_attention(T* out, float* lse, const T* query, int64_t q_stride, const C* key_cache,
+                            const C* value_cache, const int32_t* block_tables, int max_blocks, const int32_t* seq_lens,
                             const int32_t* query_start_loc, int num_seqs, int64_t num_tokens, int num_q_heads,
-                            int64_t num_blocks, PagedLayout L, float scale, cudaStream_t stream);
+                            int64_t num_blocks, PagedLayout L, float scale, KVScales sc, cudaStream_t stream);
 
 // Head dims paged_attention has kernels for (paged_attention_head_dim_ok in paged.cuh).
 inline constexpr int kPagedAttentionHeadDims[] = {64, 128, 256};

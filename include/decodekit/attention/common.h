@@ -25,6 +25,16 @@ struct PagedLayout {
   }
 };
 
+// Scales of an fp8 KV cache: KV head h's scale = ptr[h * stride] (stride 0: one scale for
+// the tensor); a null pointer means 1 (and is what non-fp8 caches pass).
+struct KVScales {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int stride = 0;
+  DK_HD float key(int h) const { return k ? k[h * stride] : 1.f; }
+  DK_HD float value(int h) const { return v ? v[h * stride] : 1.f; }
+};
+
 // Causal window: a sequence with `ctx` tokens of context (incl. the `n` new ones) puts
 // new token i at position ctx - n + i, and it sees keys 0 .. ctx - n + i.
 DK_HD int64_t causal_last_key(int64_t ctx, int64_t n, int64_t i) { return ctx - n + i; }

@@ -3,11 +3,13 @@
 // processed together so each K/V row is converted and read once per tile.
 #pragma once
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <vector>
 
 #include "decodekit/attention/common.h"
 #include "decodekit/common/dtype.h"
+#include "decodekit/common/fp8.h"
 
 namespace dk::cpu {
 
@@ -31,13 +33,29 @@ inline float exp_nonpos(float x) {
   return p * scale;
 }
 
-template <class T>
+// n cache elements as fp32 (fp8: through a 256-entry table built from fp8_e4m3_to_float).
+template <class C>
+inline void cache_row_to_float(const C* src, float* dst, int n) {
+  if constexpr (kIsFp8<C>) {
+    static const auto lut = [] {
+      std::array<float, 256> t{};
+      for (int i = 0; i < 256; ++i) t[size_t(i)] = fp8_e4m3_to_float(uint8_t(i));
+      return t;
+    }();
+    for (int j = 0; j < n; ++j) dst[j] = lut[src[j].bits];
+  } else {
+    for (int j = 0; j < n; ++j) dst[j] = to_float(src[j]);
+  }
+}
+
+// T: the activations' storage type; C: the cache's (T, or fp8_e4m3_t: x / scale quantized).
+template <class T, class C = T>
 void reshape_and_cache(const T* key,              // [T, Hk, D], token stride k_stride
                        const T* value,            // [T, Hk, D], token stride v_stride
                        int64_t k_stride, int64_t v_stride,
-                       T* key_cache, T* value_cache,  // [num_blocks, Hk, block_size, D]
+                       C* key_cache, C* value_cache,  // [num_blocks, Hk, block_size, D]
                        const int64_t* slot_mapping,   // [T], < 0 = skip
-                       int64_t num_tokens, PagedLayout L) {
+                       int64_t num_tokens, PagedLayout L, KVScales sc = {}) {
   const int D = L.head_dim;
   DK_OMP_PARALLEL_FOR_IF(num_tokens * L.num_kv_heads * D >= kParallelGrain)
   for (int64_t t = 0; t < num_tokens; ++t) {
@@ -45,8 +63,18 @@ void reshape_and_cache(const T* key,              // [T, Hk, D], token stride k_
     if (slot < 0) continue;
     for (int h = 0; h < L.num_kv_heads; ++h) {
       const int64_t dst = L.slot_row(slot, h);
-      std::copy_n(key + t * k_stride + int64_t(h) * D, D, key_cache + dst);
-      std::copy_n(value + t * v_stride + int64_t(h) * D, D, value_cache + dst);
+      const T* k = key + t * k_stride + int64_t(h) * D;
+      const T* v = value + t * v_stride + int64_t(h) * D;
+      if constexpr (kIsFp8<C>) {
+        const float ks = sc.key(h), vs = sc.value(h);
+        for (int d = 0; d < D; ++d) {
+          key_cache[dst + d].bits = quantize_fp8_e4m3(to_float(k[d]), ks);
+          value_cache[dst + d].bits = quantize_fp8_e4m3(to_float(v[d]), vs);
+        }
+      } else {
+        std::copy_n(k, D, key_cache + dst);
+        std::copy_n(v, D, value_cache + dst);
+      }
     }
   }
 }
@@ -64,16 +92,18 @@ struct PagedAttentionParams {
 // One work item: sequence s, KV head h, new-token rows [t0, t1) of that sequence.
 struct AttnWork { int s, h; int64_t t0, t1; };
 
-template <class T>
+// T: query/out storage type; C: the cache's (T, or fp8_e4m3_t read as float(q) * scale:
+// k_scale is folded into the pre-scaled query, v_scale into the final normalisation).
+template <class T, class C = T>
 void paged_attention(T* out,                      // [T, Hq, D] contiguous
                      float* lse,                  // [T, Hq] or null
                      const T* query,              // [T, Hq, D], token stride q_stride
-                     const T* key_cache,          // [num_blocks, Hk, block_size, D]
-                     const T* value_cache,        // [num_blocks, Hk, block_size, D]
+                     const C* key_cache,          // [num_blocks, Hk, block_size, D]
+                     const C* value_cache,        // [num_blocks, Hk, block_size, D]
                      const int32_t* block_tables, // [S, max_blocks]
                      const int32_t* seq_lens,     // [S]
                      const int32_t* query_start,  // [S + 1]
-                     const PagedAttentionParams& P) {
+                     const PagedAttentionParams& P, KVScales kvs = {}) {
   const int D = P.L.head_dim, bs = P.L.block_size, Hk = P.L.num_kv_heads;
   const int group = P.num_q_heads / Hk;
   constexpr int64_t kTile = 16;  // query tokens per work item
@@ -98,11 +128,12 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
       const int64_t ctx = seq_lens[W.s];
       const int rows = int(W.t1 - W.t0) * group;
       // Gather the tile's queries (all heads of the group), pre-scaled, in fp32.
+      const float qscale = P.scale * kvs.key(W.h);
       for (int64_t t = W.t0; t < W.t1; ++t)
         for (int g = 0; g < group; ++g) {
           const int r = int(t - W.t0) * group + g;
           const T* src = query + t * P.q_stride + int64_t(W.h * group + g) * D;
-          for (int d = 0; d < D; ++d) q[size_t(r) * D + d] = to_float(src[d]) * P.scale;
+          for (int d = 0; d < D; ++d) q[size_t(r) * D + d] = to_float(src[d]) * qscale;
           last[r] = causal_last_key(ctx, n, t - query_start[W.s]);
           sm[r].init();
         }
@@ -112,8 +143,8 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
       for (int64_t k0 = 0; k0 <= tile_last; k0 += bs) {
         const int nk = int(std::min<int64_t>(bs, tile_last + 1 - k0));
         const int64_t base = P.L.row(table[k0 / bs], W.h, 0);
-        for (int j = 0; j < nk * D; ++j) kf[j] = to_float(key_cache[base + j]);
-        for (int j = 0; j < nk * D; ++j) vf[j] = to_float(value_cache[base + j]);
+        cache_row_to_float(key_cache + base, kf.data(), nk * D);
+        cache_row_to_float(value_cache + base, vf.data(), nk * D);
         for (int r = 0; r < rows; ++r) {
           const int valid = int(std::min<int64_t>(nk, last[r] + 1 - k0));  // causal mask
           if (valid <= 0) continue;
@@ -151,7 +182,7 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
       for (int r = 0; r < rows; ++r) {
         const int64_t t = W.t0 + r / group;
         const int head = W.h * group + r % group;
-        const float inv = 1.f / sm[r].l;
+        const float inv = kvs.value(W.h) / sm[r].l;
         T* o = out + (t * P.num_q_heads + head) * int64_t(D);
         for (int d = 0; d < D; ++d) o[d] = from_float<T>(acc[size_t(r) * D + d] * inv);
         if (lse) lse[t * P.num_q_heads + head] = sm[r].lse();

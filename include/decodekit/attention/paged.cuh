@@ -38,6 +38,7 @@
 #include <cstdint>
 
 #include "decodekit/attention/common.h"
+#include "decodekit/common/fp8.h"
 #include "decodekit/common/vec.cuh"
 
 namespace dk::cuda {
@@ -49,12 +50,13 @@ constexpr int kCacheMaxThreads = 256;
 
 // One CTA per token (grid-stride over tokens); the CTA's threads copy the token's
 // num_kv_heads * head_dim / V accesses of key and of value. VEC: V = 16 / sizeof(T).
-template <class T, bool VEC>
+// C: the cache's storage type (T, or fp8_e4m3_t: each element quantized as x / scale).
+template <class T, class C, bool VEC>
 __global__ void __launch_bounds__(kCacheMaxThreads)
 reshape_and_cache_kernel(const T* __restrict__ key, const T* __restrict__ value, int64_t k_stride, int64_t v_stride,
-                         T* __restrict__ key_cache, T* __restrict__ value_cache,
+                         C* __restrict__ key_cache, C* __restrict__ value_cache,
                          const int64_t* __restrict__ slot_mapping, int64_t num_tokens, int64_t num_slots,
-                         PagedLayout L) {
+                         PagedLayout L, KVScales sc) {
   constexpr int V = VEC ? kVec16<T> : 1;
   const int per_head = L.head_dim / V;
   const int n = L.num_kv_heads * per_head;
@@ -70,8 +72,20 @@ reshape_and_cache_kernel(const T* __restrict__ key, const T* __restrict__ value,
       const int64_t dst = L.slot_row(slot, h) + e;
       const Vec<T, V> kv = ldg_vec<T, V>(k + src);
       const Vec<T, V> vv = ldg_vec<T, V>(v + src);
-      store_vec(key_cache + dst, kv);
-      store_vec(value_cache + dst, vv);
+      if constexpr (kIsFp8<C>) {
+        const float ks = sc.key(h), vs = sc.value(h);
+        Vec<C, V> kq, vq;
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          kq.v[e].bits = quantize_fp8_e4m3(to_float(kv.v[e]), ks);
+          vq.v[e].bits = quantize_fp8_e4m3(to_float(vv.v[e]), vs);
+        }
+        store_vec(key_cache + dst, kq);
+        store_vec(value_cache + dst, vq);
+      } else {
+        store_vec(key_cache + dst, kv);
+        store_vec(value_cache + dst, vv);
+      }
     }
   }
 }
@@ -113,20 +127,23 @@ DK_DEVICE void zero_vec(Vec<T, N>& x) {
 
 // HPC: heads per CTA the kernel is compiled for (1, 2, 4, 8); the CTA handles
 // nh = min(heads_per_cta, group - blockIdx.z * heads_per_cta) <= HPC of them.
-template <class T, int D, int HPC>
+// C: the cache's storage type: T (16-byte accesses), or fp8_e4m3_t (the same VE elements
+// per access, so 16 / sizeof(T) bytes; K/V read as float(q) * scale, k_scale folded into
+// the pre-scaled query and v_scale into the final normalisation).
+template <class T, class C, int D, int HPC>
 __global__ void __launch_bounds__(kAttnThreads)
 paged_attention_kernel(T* out,                // [T, Hq, D] contiguous
                        float* lse,            // [T, Hq] or null
                        const T* query,        // [T, Hq, D], token stride q_stride, head stride D
                        int64_t q_stride,
-                       const T* __restrict__ key_cache,    // [num_blocks, Hk, block_size, D]
-                       const T* __restrict__ value_cache,  // [num_blocks, Hk, block_size, D]
+                       const C* __restrict__ key_cache,    // [num_blocks, Hk, block_size, D]
+                       const C* __restrict__ value_cache,  // [num_blocks, Hk, block_size, D]
                        const int32_t* __restrict__ block_tables,     // [S, max_blocks]
                        int max_blocks,
                        const int32_t* __restrict__ seq_lens,         // [S]
                        const int32_t* __restrict__ query_start_loc,  // [S + 1]
                        int num_seqs, int num_q_heads, int heads_per_cta, int64_t num_blocks, PagedLayout L,
-                       float scale) {
+                       float scale, KVScales sc) {
   using S = AttnShape<T, D>;
   constexpr int VE = S::VE, LPR = S::LPR, NVL = S::NVL, EPL = S::EPL, KPW = S::KPW, P = S::P;
   alignas(16) __shared__ float q_s[HPC][D];         // this CTA's queries, pre-scaled (at spos(d))
@@ -169,9 +186,10 @@ paged_attention_kernel(T* out,                // [T, Hq, D] contiguous
   }
 
   if (tid == 0) bad_s = 0;
+  const float qscale = scale * sc.key(kvh);
   for (int i = tid; i < nh * D; i += kAttnThreads) {
     const int g = i / D, d = i - g * D;
-    q_s[g][S::spos(d)] = to_float(query[t * q_stride + int64_t(head0 + g) * D + d]) * scale;
+    q_s[g][S::spos(d)] = to_float(query[t * q_stride + int64_t(head0 + g) * D + d]) * qscale;
   }
   __syncthreads();
 
@@ -188,7 +206,7 @@ paged_attention_kernel(T* out,                // [T, Hq, D] contiguous
   const int bs = L.block_size;
   // Loads key k's K and V accesses of this lane (zeros for a key past `last` or one in
   // a block outside the cache, which is also flagged).
-  auto load_row = [&](int64_t k, bool valid, Vec<T> (&kr)[NVL], Vec<T> (&vr)[NVL]) {
+  auto load_row = [&](int64_t k, bool valid, Vec<C, VE> (&kr)[NVL], Vec<C, VE> (&vr)[NVL]) {
     int64_t row = -1;
     if (valid) {
       const int kk = int(k);
@@ -200,8 +218,8 @@ paged_attention_kernel(T* out,                // [T, Hq, D] contiguous
 #pragma unroll
     for (int j = 0; j < NVL; ++j) {
       if (row >= 0) {
-        kr[j] = ldg_vec<T>(key_cache + row + S::elem(li, j));
-        vr[j] = ldg_vec<T>(value_cache + row + S::elem(li, j));
+        kr[j] = ldg_vec<C, VE>(key_cache + row + S::elem(li, j));
+        vr[j] = ldg_vec<C, VE>(value_cache + row + S::elem(li, j));
       } else {
         zero_vec(kr[j]);
         zero_vec(vr[j]);
@@ -215,7 +233,7 @@ paged_attention_kernel(T* out,                // [T, Hq, D] contiguous
   for (int64_t k0 = 0; k0 <= last; k0 += 2 * P) {
     const int64_t ka = k0 + part, kb = ka + P;
     const bool va = ka <= last, vb = kb <= last;
-    Vec<T> kra[NVL], vra[NVL], krb[NVL], vrb[NVL];
+    Vec<C, VE> kra[NVL], vra[NVL], krb[NVL], vrb[NVL];
     load_row(ka, va, kra, vra);
     load_row(kb, vb, krb, vrb);
     float kfa[EPL], kfb[EPL];
@@ -281,6 +299,7 @@ paged_attention_kernel(T* out,                // [T, Hq, D] contiguous
   }
   __syncthreads();
   const bool poisoned = bad_s != 0;
+  const float vscale = sc.value(kvh);
   for (int i = tid; i < nh * D; i += kAttnThreads) {
     const int g = i / D, d = i - g * D, sd = S::spos(d);
     OnlineSoftmax m;
@@ -299,7 +318,7 @@ paged_attention_kernel(T* out,                // [T, Hq, D] contiguous
     if (poisoned) {
       res = lv = NAN;
     } else if (m.l > 0.f) {
-      res = o * (1.f / m.l);
+      res = o * (vscale / m.l);
       lv = m.lse();
     } else {  // token in no sequence
       res = 0.f;
@@ -315,14 +334,16 @@ paged_attention_kernel(T* out,                // [T, Hq, D] contiguous
 
 // key/value rows (token stride k_stride / v_stride, heads contiguous) into the caches at
 // slot_mapping (slots < 0 or >= num_slots = num_blocks * block_size are skipped).
-template <class T>
+// C: T, or fp8_e4m3_t (quantized with sc's scales).
+template <class T, class C>
 cudaError_t reshape_and_cache(const T* key,     // [num_tokens, Hk, D], token stride k_stride
                               const T* value,   // [num_tokens, Hk, D], token stride v_stride
                               int64_t k_stride, int64_t v_stride,
-                              T* key_cache,     // [num_blocks, Hk, block_size, D]
-                              T* value_cache,   // [num_blocks, Hk, block_size, D]
+                              C* key_cache,     // [num_blocks, Hk, block_size, D]
+                              C* value_cache,   // [num_blocks, Hk, block_size, D]
                               const int64_t* slot_mapping,  // [num_tokens]
-                              int64_t num_tokens, int64_t num_slots, PagedLayout L, cudaStream_t stream) {
+                              int64_t num_tokens, int64_t num_slots, PagedLayout L, KVScales sc,
+                              cudaStream_t stream) {
   using namespace attn_detail;
   if (num_tokens <= 0 || L.num_kv_heads <= 0 || L.head_dim <= 0) return cudaSuccess;
   constexpr int V = kVec16<T>;
@@ -332,12 +353,11 @@ cudaError_t reshape_and_cache(const T* key,     // [num_tokens, Hk, D], token st
   const int threads = n >= kCacheMaxThreads ? kCacheMaxThreads : round_up32(n);
   const dim3 grid(grid_cap(num_tokens));
   if (vec)
-    reshape_and_cache_kernel<T, true><<<grid, threads, 0, stream>>>(key, value, k_stride, v_stride, key_cache,
-                                                                     value_cache, slot_mapping, num_tokens, num_slots, L);
+    reshape_and_cache_kernel<T, C, true><<<grid, threads, 0, stream>>>(
+        key, value, k_stride, v_stride, key_cache, value_cache, slot_mapping, num_tokens, num_slots, L, sc);
   else
-    reshape_and_cache_kernel<T, false><<<grid, threads, 0, stream>>>(key, value, k_stride, v_stride, key_cache,
-                                                                      value_cache, slot_mapping, num_tokens, num_slots,
-                                                                      L);
+    reshape_and_cache_kernel<T, C, false><<<grid, threads, 0, stream>>>(
+        key, value, k_stride, v_stride, key_cache, value_cache, slot_mapping, num_tokens, num_slots, L, sc);
   return cudaGetLastError();
 }
 
@@ -346,19 +366,20 @@ DK_HD constexpr bool paged_attention_head_dim_ok(int d) { return d == 64 || d ==
 
 // Causal paged attention of every token over its sequence's cache (see the header comment).
 // key_cache/value_cache must be 16-byte aligned (cudaErrorInvalidValue otherwise).
-template <class T>
+// C: T, or fp8_e4m3_t (dequantized with sc's scales).
+template <class T, class C>
 cudaError_t paged_attention(T* out,             // [num_tokens, Hq, D] contiguous
                             float* lse,         // [num_tokens, Hq] or null
                             const T* query,     // [num_tokens, Hq, D], token stride q_stride
                             int64_t q_stride,
-                            const T* key_cache,    // [num_blocks, Hk, block_size, D]
-                            const T* value_cache,  // [num_blocks, Hk, block_size, D]
+                            const C* key_cache,    // [num_blocks, Hk, block_size, D]
+                            const C* value_cache,  // [num_blocks, Hk, block_size, D]
                             const int32_t* block_tables,  // [num_seqs, max_blocks]
                             int max_blocks,
                             const int32_t* seq_lens,         // [num_seqs]
                             const int32_t* query_start_loc,  // [num_seqs + 1]
                             int num_seqs, int64_t num_tokens, int num_q_heads, int64_t num_blocks, PagedLayout L,
-                            float scale, cudaStream_t stream) {
+                            float scale, KVScales sc, cudaStream_t stream) {
   using namespace attn_detail;
   if (num_tokens <= 0) return cudaSuccess;
   if (!paged_attention_head_dim_ok(L.head_dim) || L.num_kv_heads <= 0 || L.block_size <= 0 ||
@@ -370,10 +391,9 @@ cudaError_t paged_attention(T* out,             // [num_tokens, Hq, D] contiguou
   const int hpc = int(ceil_div(group, chunks));  // balanced chunks of <= kMaxHeadsPerCta heads
   const dim3 grid(unsigned(num_tokens), unsigned(L.num_kv_heads), unsigned(chunks));
 #define DK_PAGED_LAUNCH(D, H)                                                                                    \
-  paged_attention_kernel<T, D, H><<<grid, kAttnThreads, 0, stream>>>(out, lse, query, q_stride, key_cache,      \
-                                                                     value_cache, block_tables, max_blocks,     \
-                                                                     seq_lens, query_start_loc, num_seqs,       \
-                                                                     num_q_heads, hpc, num_blocks, L, scale)
+  paged_attention_kernel<T, C, D, H><<<grid, kAttnThreads, 0, stream>>>(                                     \
+      out, lse, query, q_stride, key_cache, value_cache, block_tables, max_blocks, seq_lens, query_start_loc,   \
+      num_seqs, num_q_heads, hpc, num_blocks, L, scale, sc)
 #define DK_PAGED_HEADS(D)                   \
   if (hpc <= 1) DK_PAGED_LAUNCH(D, 1);      \
   else if (hpc <= 2) DK_PAGED_LAUNCH(D, 2); \

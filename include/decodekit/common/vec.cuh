@@ -31,6 +31,7 @@ template <> struct RawBits<16> { using type = uint4; };
 template <> struct RawBits<8> { using type = uint2; };
 template <> struct RawBits<4> { using type = uint32_t; };
 template <> struct RawBits<2> { using type = uint16_t; };
+template <> struct RawBits<1> { using type = uint8_t; };
 
 // Elements per 16-byte access.
 template <class T> inline constexpr int kVec16 = 16 / int(sizeof(T));

@@ -24,6 +24,9 @@ def parse_bytes(value) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+
+
 @dataclass
 class EngineArgs:
     model: str | None = None              # None: the embedded SmolLM2-135M-Instruct
@@ -31,6 +34,7 @@ class EngineArgs:
     device: str = "auto"                  # auto: cuda if available else cpu
     block_size: int = 16
     kv_cache_memory: str | int = "1GiB"   # CPU: bytes of KV cache
+    kv_cache_dtype: str = "auto"          # auto: the model's dtype; fp8 (= fp8_e4m3): half the bytes of bf16
     gpu_memory_utilization: float = 0.9   # CUDA: fraction of device memory for weights+activations+KV
     max_model_len: int | None = None      # default: the model's context length
     max_num_seqs: int = 256
@@ -47,6 +51,8 @@ class EngineArgs:
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N; got {self.device!r}")
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128; got {self.block_size!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}; got {self.kv_cache_dtype!r}")
         if parse_bytes(self.kv_cache_memory) <= 0:
             raise ValueError(f"kv_cache_memory must be > 0, got {self.kv_cache_memory!r}")
         if not (0.05 <= float(self.gpu_memory_utilization) <= 0.99):
@@ -63,6 +69,12 @@ class EngineArgs:
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
 
+    def resolved_kv_cache_dtype(self) -> torch.dtype:
+        """The KV cache's element type: the model's dtype, or float8_e4m3fn (scale 1)."""
+        if self.kv_cache_dtype == "auto":
+            return self.resolved_dtype()
+        return torch.float8_e4m3fn
+
     def resolved_dtype(self) -> torch.dtype:
         if self.dtype == "auto":
             return torch.bfloat16 if self.resolved_device().type == "cuda" else torch.float32
@@ -78,6 +90,9 @@ class EngineArgs:
         g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
         g.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block (default 16)")
         g.add_argument("--kv-cache-memory", default="1GiB", help="KV-cache size on CPU, e.g. 2GiB (default 1GiB)")
+        g.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
+                       help="KV-cache element type: auto (the model's dtype) or fp8 (e4m3, scale 1: half the "
+                            "bytes of bf16, so twice the tokens and faster long-context decode)")
         g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                        help="fraction of GPU memory the engine may use (default 0.9)")
         g.add_argument("--max-model-len", type=int, default=None,

@@ -72,6 +72,8 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         self.model_source = loaded.source
         self.model = LlamaModel(cfg, loaded.weights, dtype=self.dtype, device=self.device)
+        kv_dtype = args.resolved_kv_cache_dtype()
+        self.model.set_kv_cache_dtype(kv_dtype, self._calibrate_kv_scales() if kv_dtype != self.dtype else None)
         self.max_model_len = min(args.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
         if args.max_model_len and args.max_model_len > cfg.max_position_embeddings:
             raise ValueError(f"max_model_len {args.max_model_len} exceeds the model's context length "
@@ -110,6 +112,28 @@ class LLMEngine:
                              f"tokens) cannot hold one max_model_len={self.max_model_len} sequence ({need} blocks); "
                              f"raise kv_cache_memory / gpu_memory_utilization or lower max_model_len")
         return int(n)
+
+    # A fixed English passage: real text gives the activations the scales must cover.
+    _CALIBRATION_TEXT = (
+        "The history of science is the study of the development of science and scientific knowledge, "
+        "including both the natural and social sciences. Science is a body of empirical, theoretical, and "
+        "practical knowledge about the natural world, produced by scientists who emphasize the observation, "
+        "explanation, and prediction of real-world phenomena. def add(a, b):\n    return a + b\n"
+        "Q: What is 12 * 7? A: 84. Paris, Tokyo, New York; 1, 2, 3, 5, 8, 13, 21.")
+
+    def _calibrate_kv_scales(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """fp8 KV cache: per-layer, per-head scales from one prefill of a calibration passage
+        (with a temporary full-precision cache; see LlamaModel.calibrate_kv_scales)."""
+        ids = [t for t in self.tokenizer.encode(self._CALIBRATION_TEXT) if 0 <= t < self.model_config.vocab_size]
+        ids = (ids or list(range(1, 65)))[:256]
+        bs = self.args.block_size
+        probe = ModelRunner(self.model, num_blocks=-(-len(ids) // bs) + 1, block_size=bs)
+        req = Request("__calibrate__", ids, SamplingParams(max_tokens=1))
+        req.block_ids = list(range(probe.num_blocks - 1))
+        so = SchedulerOutput(scheduled=[ScheduledRequest(req, len(ids), 0, True, True)], num_scheduled_tokens=len(ids))
+        scales = self.model.calibrate_kv_scales(lambda: probe.execute(so))
+        del probe
+        return scales
 
     def _decode_graph_mode(self) -> str:
         mode = self.args.decode_graphs

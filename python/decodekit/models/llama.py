@@ -75,18 +75,59 @@ class LlamaModel:
         self.cos_sin_cache = reference.rope_cos_sin_cache(
             c.max_position_embeddings, c.head_dim, c.rope_theta, c.rope_scaling).to(self.device)
         self.scale = c.head_dim ** -0.5
+        self.kv_observer = None  # calibrate_kv_scales: called with (layer, k, v) before the cache write
+        self.set_kv_cache_dtype(dtype)
 
     # KV cache: per layer a (key, value) pair of [num_blocks, num_kv_heads, block_size, head_dim].
+    def set_kv_cache_dtype(self, kv_dtype: torch.dtype,
+                           kv_scales: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
+        """The KV cache's element type: the model's dtype, or float8_e4m3fn, which stores x / scale
+        with per-layer, per-KV-head scales (k_scale, v_scale: [num_kv_heads] float32 each; from
+        calibrate_kv_scales, or 1 when not given)."""
+        if kv_dtype not in (self.dtype, torch.float8_e4m3fn):
+            raise ValueError(f"kv cache dtype must be the model's {self.dtype} or float8_e4m3fn, got {kv_dtype}")
+        self.kv_dtype = kv_dtype
+        if kv_dtype != torch.float8_e4m3fn:
+            self.kv_scales = [(None, None)] * self.config.num_layers
+            return
+        if kv_scales is None:
+            one = torch.ones(1, device=self.device)
+            kv_scales = [(one, one)] * self.config.num_layers
+        if len(kv_scales) != self.config.num_layers:
+            raise ValueError(f"kv_scales: need one (k_scale, v_scale) pair per layer ({self.config.num_layers})")
+        self.kv_scales = [(k.float().to(self.device).contiguous(), v.float().to(self.device).contiguous())
+                          for k, v in kv_scales]
+
+    @torch.inference_mode()
+    def calibrate_kv_scales(self, run_forward, margin: float = 2.0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per-layer, per-KV-head fp8 scales from one forward pass: run_forward() runs the model
+        (with a full-precision KV cache) on calibration tokens while this records the largest
+        |K| (after RoPE, as cached) and |V| of every head; scale = margin * amax / 448, so
+        values up to `margin` times the calibration maximum stay unsaturated and the normal
+        fp8 range reaches down to ~amax * 7e-5."""
+        amax: list[list[torch.Tensor]] = [[] for _ in range(self.config.num_layers)]
+
+        def observe(i: int, k: torch.Tensor, v: torch.Tensor) -> None:  # k, v: [T, Hk, D]
+            amax[i] = [k.detach().abs().amax(dim=(0, 2)).float(), v.detach().abs().amax(dim=(0, 2)).float()]
+
+        self.kv_observer = observe
+        try:
+            run_forward()
+        finally:
+            self.kv_observer = None
+        tiny = torch.finfo(torch.float32).tiny * 448
+        return [tuple((a.clamp_min(tiny) * margin / 448.0) for a in pair) for pair in amax]
+
     def kv_cache_block_bytes(self, block_size: int, kv_dtype: torch.dtype | None = None) -> int:
         c = self.config
-        elt = torch.empty((), dtype=kv_dtype or self.dtype).element_size()
+        elt = torch.empty((), dtype=kv_dtype or self.kv_dtype).element_size()
         return 2 * c.num_layers * c.num_kv_heads * block_size * c.head_dim * elt
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         c = self.config
         shape = (num_blocks, c.num_kv_heads, block_size, c.head_dim)
-        return [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                 torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(c.num_layers)]
+        return [(torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
+                 torch.zeros(shape, dtype=self.kv_dtype, device=self.device)) for _ in range(c.num_layers)]
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor,           # [T] int64
@@ -108,10 +149,13 @@ class LlamaModel:
             v = qkv[:, q_size + kv_size:]
             ops.rotary_embedding(md.positions, q, k, self.cos_sin_cache, D, True)
             kc, vc = kv_caches[i]
+            ks, vs = self.kv_scales[i]
+            if self.kv_observer is not None:
+                self.kv_observer(i, k.view(T, c.num_kv_heads, D), v.view(T, c.num_kv_heads, D))
             ops.reshape_and_cache(k.view(T, c.num_kv_heads, D), v.view(T, c.num_kv_heads, D), kc, vc,
-                                  md.slot_mapping)
+                                  md.slot_mapping, ks, vs)
             attn = ops.paged_attention(q.view(T, c.num_heads, D), kc, vc, md.block_tables, md.seq_lens,
-                                       md.query_start_loc, self.scale)
+                                       md.query_start_loc, self.scale, k_scale=ks, v_scale=vs)
             h = ops.linear(attn.view(T, q_size), L.o)
             ops.fused_add_rms_norm(h, residual, L.post_norm, eps)
             # MLP

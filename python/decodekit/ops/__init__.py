@@ -128,12 +128,16 @@ def reshape_and_cache(key: torch.Tensor,          # [T, Hk, D] (token stride fre
                       value: torch.Tensor,        # [T, Hk, D] (token stride free)
                       key_cache: torch.Tensor,    # [num_blocks, Hk, block_size, D], written in place
                       value_cache: torch.Tensor,  # [num_blocks, Hk, block_size, D], written in place
-                      slot_mapping: torch.Tensor  # [T] int64, < 0 = skip
+                      slot_mapping: torch.Tensor,  # [T] int64, < 0 = skip
+                      k_scale: torch.Tensor | None = None,  # fp8 cache: [1] or [Hk] float32 (None = 1)
+                      v_scale: torch.Tensor | None = None,
                       ) -> None:
+    """Writes the new K/V rows into the paged caches; an fp8 (float8_e4m3fn) cache stores
+    x / scale saturated to +-448."""
     if _has_kernel("reshape_and_cache", key_cache.device):
-        _ops.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+        _ops.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
         return
-    kc, vc = reference.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+    kc, vc = reference.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
     key_cache.copy_(kc)
     value_cache.copy_(vc)
 
@@ -146,15 +150,18 @@ def paged_attention(query: torch.Tensor,            # [T, Hq, D] (token stride f
                     query_start_loc: torch.Tensor,  # [S + 1] int32
                     scale: float,
                     out: torch.Tensor | None = None,   # [T, Hq, D]
-                    lse: torch.Tensor | None = None    # [T, Hq] float32
+                    lse: torch.Tensor | None = None,   # [T, Hq] float32
+                    k_scale: torch.Tensor | None = None,  # fp8 cache: [1] or [Hk] float32 (None = 1)
+                    v_scale: torch.Tensor | None = None,
                     ) -> torch.Tensor:
     if out is None:
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     if _has_kernel("paged_attention", query.device):
         _ops.paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
-                             scale, lse)
+                             scale, lse, k_scale, v_scale)
         return out
-    o, l = reference.paged_attention(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale)
+    o, l = reference.paged_attention(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
+                                     k_scale, v_scale)
     out.copy_(o)
     if lse is not None:
         lse.copy_(l)
@@ -162,10 +169,11 @@ def paged_attention(query: torch.Tensor,            # [T, Hq, D] (token stride f
 
 
 @torch.library.register_fake("decodekit::reshape_and_cache")
-def _reshape_and_cache_fake(key, value, key_cache, value_cache, slot_mapping):
+def _reshape_and_cache_fake(key, value, key_cache, value_cache, slot_mapping, k_scale=None, v_scale=None):
     return None
 
 
 @torch.library.register_fake("decodekit::paged_attention")
-def _paged_attention_fake(out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, lse):
+def _paged_attention_fake(out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, lse=None,
+                          k_scale=None, v_scale=None):
     return None

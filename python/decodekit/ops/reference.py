@@ -129,20 +129,56 @@ def rotary_embedding(positions: torch.Tensor,        # [T] int64
 # A slot is block * block_size + offset; slot_mapping < 0 marks padding (skipped).
 
 
+FP8_E4M3_MAX = 448.0
+
+
+def _scale_rows(scale: torch.Tensor | None, num_kv_heads: int, like: torch.Tensor) -> torch.Tensor:
+    """An fp8 cache's scale (None = 1; [1] per tensor or [Hk] per KV head) as [Hk, 1, 1]-broadcastable."""
+    if scale is None:
+        return torch.ones(num_kv_heads, 1, 1, dtype=torch.float32, device=like.device)
+    return scale.float().reshape(-1, 1, 1).expand(num_kv_heads, 1, 1).to(like.device)
+
+
+def quantize_fp8(x: torch.Tensor,              # [..., Hk, D]
+                 scale: torch.Tensor | None,   # [1] or [Hk] float32, or None (= 1)
+                 ) -> torch.Tensor:            # [..., Hk, D] float8_e4m3fn
+    """x / scale in float32, saturated to +-448, rounded to nearest even (NaN stays NaN)."""
+    Hk = x.shape[-2]
+    s = _scale_rows(scale, Hk, x)[:, :, 0]  # [Hk, 1]
+    return (x.float() / s).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def dequantize_cache(cache: torch.Tensor,         # [num_blocks, Hk, block_size, D]
+                     scale: torch.Tensor | None,  # fp8 cache: [1] or [Hk] float32, or None (= 1)
+                     dtype: torch.dtype) -> torch.Tensor:
+    """The cache's values as `dtype` (fp8: float(q) * scale, computed in `dtype`)."""
+    if cache.dtype != torch.float8_e4m3fn:
+        return cache.to(dtype)
+    s = _scale_rows(scale, cache.shape[1], cache).to(dtype)  # [Hk, 1, 1]
+    return cache.to(dtype) * s
+
+
 def reshape_and_cache(key: torch.Tensor,          # [T, Hk, D]
                       value: torch.Tensor,        # [T, Hk, D]
                       key_cache: torch.Tensor,    # [num_blocks, Hk, block_size, D]
                       value_cache: torch.Tensor,  # [num_blocks, Hk, block_size, D]
-                      slot_mapping: torch.Tensor  # [T] int64
+                      slot_mapping: torch.Tensor,  # [T] int64
+                      k_scale: torch.Tensor | None = None,  # fp8 cache: [1] or [Hk] float32
+                      v_scale: torch.Tensor | None = None,
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns copies of the caches with the new rows written at slot_mapping."""
+    """Returns copies of the caches with the new rows written at slot_mapping (an fp8 cache
+    stores quantize_fp8(row, scale))."""
     kc, vc = key_cache.clone(), value_cache.clone()
     bs = kc.shape[2]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
     blk, off = slots // bs, slots % bs
-    kc[blk, :, off] = key[keep].to(kc.dtype)
-    vc[blk, :, off] = value[keep].to(vc.dtype)
+    if kc.dtype == torch.float8_e4m3fn:
+        kc[blk, :, off] = quantize_fp8(key[keep], k_scale)
+        vc[blk, :, off] = quantize_fp8(value[keep], v_scale)
+    else:
+        kc[blk, :, off] = key[keep].to(kc.dtype)
+        vc[blk, :, off] = value[keep].to(vc.dtype)
     return kc, vc
 
 
@@ -152,13 +188,17 @@ def paged_attention(query: torch.Tensor,            # [T, Hq, D], all sequences'
                     block_tables: torch.Tensor,     # [S, max_blocks] int32
                     seq_lens: torch.Tensor,         # [S] context length incl. the new tokens
                     query_start_loc: torch.Tensor,  # [S + 1] cumulative new-token counts
-                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:  # out [T, Hq, D], lse [T, Hq]
+                    scale: float,
+                    k_scale: torch.Tensor | None = None,  # fp8 cache: [1] or [Hk] float32
+                    v_scale: torch.Tensor | None = None,
+                    ) -> tuple[torch.Tensor, torch.Tensor]:  # out [T, Hq, D], lse [T, Hq]
     """Causal attention of each sequence's new tokens over its cached context.
 
     Sequence s owns query rows [query_start_loc[s], query_start_loc[s+1]); its n new
     tokens sit at positions seq_lens[s] - n .. seq_lens[s] - 1 and are already in the
     cache. Query i attends to keys 0 .. seq_lens[s] - n + i. Computed in float32 (or
-    float64 for float64 inputs); lse is the natural-log sum of exp(scaled scores).
+    float64 for float64 inputs); lse is the natural-log sum of exp(scaled scores). An fp8
+    cache is read as float(q) * k_scale / v_scale.
     """
     acc = torch.float64 if query.dtype == torch.float64 else torch.float32
     T, Hq, D = query.shape
@@ -175,8 +215,8 @@ def paged_attention(query: torch.Tensor,            # [T, Hq, D], all sequences'
             continue
         nb = (ctx + bs - 1) // bs
         blocks = block_tables[s, :nb].long()
-        k = key_cache[blocks].to(acc).permute(1, 0, 2, 3).reshape(Hk, nb * bs, D)[:, :ctx]
-        v = value_cache[blocks].to(acc).permute(1, 0, 2, 3).reshape(Hk, nb * bs, D)[:, :ctx]
+        k = dequantize_cache(key_cache[blocks], k_scale, acc).permute(1, 0, 2, 3).reshape(Hk, nb * bs, D)[:, :ctx]
+        v = dequantize_cache(value_cache[blocks], v_scale, acc).permute(1, 0, 2, 3).reshape(Hk, nb * bs, D)[:, :ctx]
         k = k.repeat_interleave(group, dim=0)  # [Hq, ctx, D]
         v = v.repeat_interleave(group, dim=0)
         q = query[q0:q1].to(acc).transpose(0, 1)  # [Hq, n, D]

@@ -1,0 +1,142 @@
+// paged_attention decode microbenchmarks. Built twice: as C++ (bench_attention, CPU kernel
+// from include/decodekit/attention/cpu.h) and, through bench_attention.cu, by nvcc
+// (bench_attention_cuda, CUDA launcher from attention/paged.cuh). Method: see bench_common.h.
+//
+// A case is S sequences of ctx tokens with one new token each (decode), block size 16; the
+// KV cache ([num_blocks, Hk, 16, D] for K and for V), the queries and the output of each call
+// lie in their own arena slot (the rotation). Every sequence's blocks are a random
+// permutation of the slot's S * ctx / 16 block ids. The metadata (block tables, seq lens,
+// query starts) is built once per case, outside the timed region, and shared by all calls
+// (it is one step's metadata, shared by all layers). Bytes per call: the K and V rows read
+// (S * ctx * Hk * D * 2 elements) + the query read + the output written.
+//
+// Cases: heads of Llama-3-8B (32 query / 8 KV heads of 128) and SmolLM2-135M (9 / 3 of 64).
+//   GPU: batch 1/8/64/256 x context 512/4096/32768, those whose KV exceeds 8 GiB skipped
+//        (the headline: batch 64 x context 4096 bf16; batch 1 x context 32768).
+//   CPU: batch 1/16 x context 512/2048 (the CPU target: batch 16 x context 2048 with the
+//        KV read at >= 50% of the copy bandwidth).
+//   --quick: GPU batch 1/64 x context 512/4096; CPU batch 1/4 x context 128/512.
+#include <memory>
+#include <numeric>
+#include <random>
+
+#include "bench_common.h"
+#include "decodekit/attention/cpu.h"
+#if defined(__CUDACC__)
+#include "decodekit/attention/paged.cuh"
+#endif
+
+namespace {
+
+constexpr int kBlockSize = 16;
+constexpr double kMaxKvBytes = 8.0 * (1 << 30);  // larger batch x context combinations are skipped
+
+struct HeadConfig { int hq, hk, head; const char* model; };
+const HeadConfig kConfigs[] = {{32, 8, 128, "llama3-8b"}, {9, 3, 64, "smollm2-135m"}};
+
+// (batches, contexts) of the decode cases: every batch with every context.
+struct Grid { std::vector<int> batches, contexts; };
+Grid decode_grid(bool quick) {
+#if defined(__CUDACC__)
+  return quick ? Grid{{1, 64}, {512, 4096}} : Grid{{1, 8, 64, 256}, {512, 4096, 32768}};
+#else
+  return quick ? Grid{{1, 4}, {128, 512}} : Grid{{1, 16}, {512, 2048}};
+#endif
+}
+
+// One decode step's metadata, in one int32 buffer (one upload on the GPU):
+//   block_tables [S, max_blocks] | seq_lens [S] | query_start_loc [S + 1]
+struct Meta {
+  int num_seqs = 0, max_blocks = 0;
+  int64_t num_blocks = 0;      // blocks of a slot's cache: S * max_blocks, all in use
+  std::vector<int32_t> host;
+  const int32_t* dev = nullptr;  // device copy (CUDA build; freed at exit)
+
+  const int32_t* block_tables(const int32_t* base) const { return base; }
+  const int32_t* seq_lens(const int32_t* base) const { return base + int64_t(num_seqs) * max_blocks; }
+  const int32_t* query_start(const int32_t* base) const { return seq_lens(base) + num_seqs; }
+};
+
+// S sequences of ctx tokens, one new token each; block tables a random permutation of the
+// block ids 0 .. S * ceil(ctx / block) - 1 (fixed seed per shape).
+std::shared_ptr<const Meta> make_meta(int S, int ctx) {
+  auto m = std::make_shared<Meta>();
+  m->num_seqs = S;
+  m->max_blocks = (ctx + kBlockSize - 1) / kBlockSize;
+  m->num_blocks = int64_t(S) * m->max_blocks;
+  std::vector<int32_t> ids(size_t(m->num_blocks));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::mt19937_64 rng(uint64_t(S) * 1000003u + uint64_t(ctx));
+  std::shuffle(ids.begin(), ids.end(), rng);
+  m->host = ids;
+  m->host.insert(m->host.end(), size_t(S), ctx);                     // seq_lens
+  for (int s = 0; s <= S; ++s) m->host.push_back(s);                 // query_start_loc: 1 token each
+#if defined(__CUDACC__)
+  int32_t* d;
+  const size_t bytes = m->host.size() * sizeof(int32_t);
+  DKB_CUDA_CHECK(cudaMalloc(&d, bytes));
+  DKB_CUDA_CHECK(cudaMemcpy(d, m->host.data(), bytes, cudaMemcpyHostToDevice));
+  m->dev = d;  // freed at exit
+#endif
+  return m;
+}
+
+template <class T>
+void add_cases(std::vector<dkb::Case>& cases, bool quick) {
+  const Grid grid = decode_grid(quick);
+  for (const HeadConfig& hc : kConfigs)
+    for (int ctx : grid.contexts)
+      for (int S : grid.batches) {
+        const int hq = hc.hq, hk = hc.hk, head = hc.head;
+        const double kv_bytes = 2.0 * S * ctx * hk * head * sizeof(T);  // K and V rows read
+        if (kv_bytes > kMaxKvBytes) continue;
+        const std::shared_ptr<const Meta> m = make_meta(S, ctx);
+        const dk::PagedLayout L{hk, kBlockSize, head};
+        const int64_t cache_elems = m->num_blocks * hk * kBlockSize * head;
+        const int64_t q_elems = int64_t(S) * hq * head;
+        const float scale = 1.0f / std::sqrt(float(head));
+        auto carve = [=](char* s, T*& kc, T*& vc, T*& q, T*& out) {
+          dkb::Carver c{s};
+          kc = c.take<T>(cache_elems);  // [num_blocks, Hk, block_size, D]
+          vc = c.take<T>(cache_elems);  // [num_blocks, Hk, block_size, D]
+          q = c.take<T>(q_elems);       // [S, Hq, D]
+          out = c.take<T>(q_elems);     // [S, Hq, D]
+          return c.used;
+        };
+        dkb::Case c;
+        c.bench = "paged_attention";
+        c.shape = "S=" + std::to_string(S) + " ctx=" + std::to_string(ctx) + " heads=" + std::to_string(hq) + "/" +
+                  std::to_string(hk) + " d=" + std::to_string(head);
+        c.dtype = dkb::DtypeName<T>::value;
+        c.bytes = kv_bytes + 2.0 * q_elems * sizeof(T);  // + q read + out written
+        T *kc, *vc, *q, *out;
+        c.slot_bytes = carve(nullptr, kc, vc, q, out);
+        const dk::cpu::PagedAttentionParams P{S, S, hq, m->max_blocks, int64_t(hq) * head, scale, L};
+        c.cpu = [=](char* s) {
+          T *kc, *vc, *q, *out;
+          carve(s, kc, vc, q, out);
+          const int32_t* meta = m->host.data();
+          dk::cpu::paged_attention<T>(out, nullptr, q, kc, vc, m->block_tables(meta), m->seq_lens(meta),
+                                      m->query_start(meta), P);
+        };
+#if defined(__CUDACC__)
+        c.gpu = [=](char* s, cudaStream_t st) {
+          using D = dkb::cuda_t<T>;
+          T *kc, *vc, *q, *out;
+          carve(s, kc, vc, q, out);
+          const int32_t* meta = m->dev;
+          // cache of the query's type: no fp8 scales
+          return dk::cuda::paged_attention<D, D>(
+              reinterpret_cast<D*>(out), nullptr, reinterpret_cast<const D*>(q), int64_t(hq) * head,
+              reinterpret_cast<const D*>(kc), reinterpret_cast<const D*>(vc), m->block_tables(meta), m->max_blocks,
+              m->seq_lens(meta), m->query_start(meta), S, int64_t(S), hq, m->num_blocks, L, scale, dk::KVScales{},
+              st);
+        };
+#endif
+        cases.push_back(std::move(c));
+      }
+}
+
+}  // namespace
+
+DKB_BENCH_MAIN("bench_attention", add_cases)
