@@ -217,6 +217,52 @@ inline CacheArgs reshape_and_cache_args(const at::Tensor& key, const at::Tensor&
   return a;
 }
 
+struct BlockCopyArgs {
+  int64_t num_pairs, num_blocks, block_bytes;
+};
+
+// copy_blocks: every cache of both lists with key_caches[0]'s shape, dtype and device,
+// contiguous; block_mapping [N, 2] int64 on that device.
+inline BlockCopyArgs copy_blocks_args(const at::TensorList& key_caches, const at::TensorList& value_caches,
+                                      const at::Tensor& mapping) {
+  const char* op = "decodekit::copy_blocks";
+  TORCH_CHECK(!key_caches.empty() && key_caches.size() == value_caches.size(), op,
+              ": 'key_caches' and 'value_caches' must be non-empty lists of the same length, got ", key_caches.size(),
+              " and ", value_caches.size());
+  const at::Tensor& first = key_caches[0];
+  Check(op, "key_caches[0]", first).min_dim(1).contiguous();
+  for (size_t i = 0; i < key_caches.size(); ++i)
+    for (auto [t, name] : {std::pair{&key_caches[i], "key_caches"}, std::pair{&value_caches[i], "value_caches"}}) {
+      const std::string n = std::string(name) + "[" + std::to_string(i) + "]";
+      Check(op, n.c_str(), *t).same_shape(first, "key_caches[0]").dtype_as(first, "key_caches[0]")
+          .device_as(first, "key_caches[0]").contiguous();
+    }
+  Check(op, "block_mapping", mapping).dim(2).size(1, 2, "2").dtype({at::kLong}).device_as(first, "key_caches[0]")
+      .contiguous();
+  return {mapping.size(0), first.size(0), first.numel() / std::max<int64_t>(first.size(0), 1) * first.element_size()};
+}
+
+// swap_blocks: src and dst with the same block shape and dtype (any devices), contiguous;
+// block_mapping [N, 2] int64 on the CPU with ids inside each side's blocks.
+inline BlockCopyArgs swap_blocks_args(const at::Tensor& src, const at::Tensor& dst, const at::Tensor& mapping) {
+  const char* op = "decodekit::swap_blocks";
+  Check(op, "src", src).min_dim(1).contiguous();
+  Check(op, "dst", dst).dim(src.dim()).dtype_as(src, "src").contiguous();
+  for (int64_t d = 1; d < src.dim(); ++d)
+    TORCH_CHECK(src.size(d) == dst.size(d), op, ": 'dst' must have the block shape of 'src' (", src.sizes().slice(1),
+                "), got ", dst.sizes().slice(1));
+  TORCH_CHECK(mapping.device().is_cpu(), op, ": 'block_mapping' must be a CPU tensor, got one on ", mapping.device());
+  Check(op, "block_mapping", mapping).dim(2).size(1, 2, "2").dtype({at::kLong}).contiguous();
+  const int64_t* m = mapping.data_ptr<int64_t>();
+  for (int64_t i = 0; i < mapping.size(0); ++i) {
+    TORCH_CHECK(m[2 * i] >= 0 && m[2 * i] < src.size(0), op, ": 'block_mapping'[", i, ", 0] = ", m[2 * i],
+                " is outside src's [0, ", src.size(0), ")");
+    TORCH_CHECK(m[2 * i + 1] >= 0 && m[2 * i + 1] < dst.size(0), op, ": 'block_mapping'[", i, ", 1] = ",
+                m[2 * i + 1], " is outside dst's [0, ", dst.size(0), ")");
+  }
+  return {mapping.size(0), src.size(0), src.numel() / std::max<int64_t>(src.size(0), 1) * src.element_size()};
+}
+
 struct AttnArgs {
   int64_t num_tokens, q_stride, num_blocks;
   int num_seqs, num_q_heads, num_kv_heads, block_size, head_dim, max_blocks;

@@ -34,6 +34,12 @@ TORCH_LIBRARY(decodekit, m) {
   m.def(
       "reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
       "Tensor slot_mapping, Tensor? k_scale=None, Tensor? v_scale=None) -> ()");
+  // Copy whole blocks src -> dst (block_mapping [N, 2] int64, on the caches' device) in every
+  // layer's K and V cache (copy-on-write of a shared partial block when n > 1 sequences fork).
+  m.def("copy_blocks(Tensor(a!)[] key_caches, Tensor(b!)[] value_caches, Tensor block_mapping) -> ()");
+  // Copy whole blocks src[i] -> dst[j] between caches of the same block shape, on the same or
+  // different devices (CPU <-> CUDA swap); block_mapping [N, 2] int64 on the CPU.
+  m.def("swap_blocks(Tensor src, Tensor(a!) dst, Tensor block_mapping) -> ()");
   // Causal attention of each sequence's new tokens over its paged context.
   // out: [T, Hq, D]; query: [T, Hq, D] (token stride free); block_tables: [S, max_blocks] int32;
   // seq_lens: [S] int32 context length incl. new tokens; query_start_loc: [S + 1] int32;

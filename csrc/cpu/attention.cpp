@@ -3,6 +3,8 @@
 // (block ids, lengths) that the CUDA launchers must trust.
 #include <torch/library.h>
 
+#include <cstring>
+
 #include "../op_args.h"
 #include "dispatch.h"
 #include "decodekit/attention/cpu.h"
@@ -86,9 +88,38 @@ void paged_attention_cpu(at::Tensor& out,                    // [T, Hq, D]
   });
 }
 
+void copy_blocks_cpu(at::TensorList key_caches,     // per layer [num_blocks, ...]
+                     at::TensorList value_caches,   // per layer [num_blocks, ...]
+                     const at::Tensor& block_mapping) {  // [N, 2] int64 (src, dst)
+  const dk::BlockCopyArgs a = dk::copy_blocks_args(key_caches, value_caches, block_mapping);
+  const int64_t* m = block_mapping.data_ptr<int64_t>();
+  for (int64_t i = 0; i < 2 * a.num_pairs; ++i)
+    TORCH_CHECK(m[i] >= 0 && m[i] < a.num_blocks, "decodekit::copy_blocks: 'block_mapping'[", i / 2, ", ", i % 2,
+                "] = ", m[i], " is outside [0, num_blocks = ", a.num_blocks, ")");
+  for (size_t l = 0; l < key_caches.size(); ++l) {
+    dk::cpu::copy_blocks(static_cast<char*>(key_caches[l].data_ptr()), a.block_bytes, m, a.num_pairs);
+    dk::cpu::copy_blocks(static_cast<char*>(value_caches[l].data_ptr()), a.block_bytes, m, a.num_pairs);
+  }
+}
+
+void swap_blocks_cpu(const at::Tensor& src,            // [num_src_blocks, ...]
+                     at::Tensor& dst,                  // [num_dst_blocks, ...] same block shape
+                     const at::Tensor& block_mapping) {  // [N, 2] int64 on the CPU
+  const dk::BlockCopyArgs a = dk::swap_blocks_args(src, dst, block_mapping);
+  TORCH_CHECK(src.device().is_cpu() && dst.device().is_cpu(), "decodekit::swap_blocks: CPU kernel got 'src' on ",
+              src.device(), " and 'dst' on ", dst.device());
+  const int64_t* m = block_mapping.data_ptr<int64_t>();
+  const char* from = static_cast<const char*>(src.data_ptr());
+  char* to = static_cast<char*>(dst.data_ptr());
+  for (int64_t i = 0; i < a.num_pairs; ++i)
+    std::memcpy(to + m[2 * i + 1] * a.block_bytes, from + m[2 * i] * a.block_bytes, size_t(a.block_bytes));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(decodekit, CPU, m) {
   m.impl("reshape_and_cache", &reshape_and_cache_cpu);
   m.impl("paged_attention", &paged_attention_cpu);
+  m.impl("copy_blocks", &copy_blocks_cpu);
+  m.impl("swap_blocks", &swap_blocks_cpu);
 }

@@ -27,3 +27,9 @@ static_assert(head_dims_in_sync(), "dk::cuda::kPagedAttentionHeadDims (launchers
 DK_CUDA_LAUNCH_TYPES(DK_INSTANTIATE)
 #undef DK_INSTANTIATE
 #undef DK_INSTANTIATE_TC
+
+// copy_blocks is not a template: defined here (launchers.h declares it) around the inline launcher.
+cudaError_t dk::cuda::copy_blocks(void* key_cache, void* value_cache, int64_t block_bytes, const int64_t* mapping,
+                                  int64_t num_pairs, int64_t num_blocks, cudaStream_t stream) {
+  return copy_blocks_launch(key_cache, value_cache, block_bytes, mapping, num_pairs, num_blocks, stream);
+}

@@ -123,9 +123,46 @@ void paged_attention_cuda(at::Tensor& out,                    // [T, Hq, D]
   });
 }
 
+void copy_blocks_cuda(at::TensorList key_caches,     // per layer [num_blocks, ...]
+                      at::TensorList value_caches,   // per layer [num_blocks, ...]
+                      const at::Tensor& block_mapping) {  // [N, 2] int64 (src, dst), on the device
+  const char* op = "decodekit::copy_blocks";
+  const dk::BlockCopyArgs a = dk::copy_blocks_args(key_caches, value_caches, block_mapping);
+  dk::check_cuda(op, "block_mapping", block_mapping);
+  if (a.num_pairs == 0) return;
+  c10::cuda::OptionalCUDAGuard guard(block_mapping.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  for (size_t l = 0; l < key_caches.size(); ++l)  // ids outside the cache are skipped by the kernel
+    dk::check_launch(op, dk::cuda::copy_blocks(key_caches[l].data_ptr(), value_caches[l].data_ptr(), a.block_bytes,
+                                               block_mapping.data_ptr<int64_t>(), a.num_pairs, a.num_blocks,
+                                               stream));
+}
+
+void swap_blocks_cuda(const at::Tensor& src,            // [num_src_blocks, ...]
+                      at::Tensor& dst,                  // [num_dst_blocks, ...] same block shape
+                      const at::Tensor& block_mapping) {  // [N, 2] int64 on the CPU
+  const char* op = "decodekit::swap_blocks";
+  const dk::BlockCopyArgs a = dk::swap_blocks_args(src, dst, block_mapping);
+  const at::Device dev = src.is_cuda() ? src.device() : dst.device();
+  TORCH_CHECK(!(src.is_cuda() && dst.is_cuda()) || src.device() == dst.device(), op,
+              ": 'src' and 'dst' are on different GPUs (", src.device(), ", ", dst.device(), ")");
+  const cudaMemcpyKind kind = src.is_cuda() ? (dst.is_cuda() ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
+                                            : cudaMemcpyHostToDevice;
+  c10::cuda::OptionalCUDAGuard guard(dev);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t* m = block_mapping.data_ptr<int64_t>();
+  const char* from = static_cast<const char*>(src.data_ptr());
+  char* to = static_cast<char*>(dst.data_ptr());
+  for (int64_t i = 0; i < a.num_pairs; ++i)
+    dk::check_launch(op, cudaMemcpyAsync(to + m[2 * i + 1] * a.block_bytes, from + m[2 * i] * a.block_bytes,
+                                         size_t(a.block_bytes), kind, stream));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(decodekit, CUDA, m) {
   m.impl("reshape_and_cache", &reshape_and_cache_cuda);
   m.impl("paged_attention", &paged_attention_cuda);
+  m.impl("copy_blocks", &copy_blocks_cuda);
+  m.impl("swap_blocks", &swap_blocks_cuda);
 }

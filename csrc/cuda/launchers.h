@@ -54,6 +54,9 @@ cudaError_t paged_attention(T* out, float* lse, const T* query, int64_t q_stride
                             const int32_t* query_start_loc, int num_seqs, int64_t num_tokens, int num_q_heads,
                             int64_t num_blocks, PagedLayout L, float scale, KVScales sc, cudaStream_t stream);
 
+cudaError_t copy_blocks(void* key_cache, void* value_cache, int64_t block_bytes, const int64_t* mapping,
+                        int64_t num_pairs, int64_t num_blocks, cudaStream_t stream);
+
 // Head dims paged_attention has kernels for (paged_attention_head_dim_ok in paged.cuh).
 inline constexpr int kPagedAttentionHeadDims[] = {64, 128, 256};
 

@@ -79,6 +79,19 @@ void reshape_and_cache(const T* key,              // [T, Hk, D], token stride k_
   }
 }
 
+// copy_blocks: for each pair i, block mapping[2i] -> block mapping[2i + 1] of one cache
+// (block_bytes bytes per block; the caller loops over layers and K/V). Pairs are applied
+// in parallel: destinations must be distinct and not also sources (the engine's copy-on-write
+// pairs are: a fresh block each).
+inline void copy_blocks(char* cache,              // [num_blocks, block_bytes] bytes
+                        int64_t block_bytes,
+                        const int64_t* mapping,   // [num_pairs, 2] (src, dst)
+                        int64_t num_pairs) {
+  DK_OMP_PARALLEL_FOR_IF(num_pairs * block_bytes >= 4 * kParallelGrain)
+  for (int64_t i = 0; i < num_pairs; ++i)
+    std::memcpy(cache + mapping[2 * i + 1] * block_bytes, cache + mapping[2 * i] * block_bytes, size_t(block_bytes));
+}
+
 struct PagedAttentionParams {
   int64_t num_tokens;      // T: all sequences' new tokens
   int num_seqs;            // S

@@ -90,6 +90,27 @@ reshape_and_cache_kernel(const T* __restrict__ key, const T* __restrict__ value,
   }
 }
 
+// ------------------------------------------------------------------ copy_blocks
+
+// One CTA per (pair, cache): copies block src -> dst (pairs with an id outside
+// [0, num_blocks) are skipped); 16-byte accesses when block_bytes % 16 == 0 (VEC).
+template <bool VEC>
+__global__ void __launch_bounds__(256)
+copy_blocks_kernel(char* __restrict__ key_cache, char* __restrict__ value_cache, int64_t block_bytes,
+                   const int64_t* __restrict__ mapping, int64_t num_blocks) {
+  const int64_t src = __ldg(mapping + 2 * blockIdx.x), dst = __ldg(mapping + 2 * blockIdx.x + 1);
+  if (src < 0 || src >= num_blocks || dst < 0 || dst >= num_blocks) return;
+  char* cache = blockIdx.y == 0 ? key_cache : value_cache;
+  const char* from = cache + src * block_bytes;
+  char* to = cache + dst * block_bytes;
+  if constexpr (VEC) {
+    for (int64_t i = threadIdx.x; i < block_bytes / 16; i += blockDim.x)
+      reinterpret_cast<uint4*>(to)[i] = reinterpret_cast<const uint4*>(from)[i];
+  } else {
+    for (int64_t i = threadIdx.x; i < block_bytes; i += blockDim.x) to[i] = from[i];
+  }
+}
+
 // ------------------------------------------------------------------ paged_attention
 
 constexpr int kAttnWarps = 4;
@@ -358,6 +379,23 @@ cudaError_t reshape_and_cache(const T* key,     // [num_tokens, Hk, D], token st
   else
     reshape_and_cache_kernel<T, C, false><<<grid, threads, 0, stream>>>(
         key, value, k_stride, v_stride, key_cache, value_cache, slot_mapping, num_tokens, num_slots, L, sc);
+  return cudaGetLastError();
+}
+
+// Copies whole blocks (src -> dst pairs in `mapping`, a device array) in one layer's K and V
+// caches; ids outside [0, num_blocks) are skipped (no host-side validation, no sync).
+inline cudaError_t copy_blocks_launch(void* key_cache, void* value_cache,  // [num_blocks, block_bytes] bytes each
+                                      int64_t block_bytes, const int64_t* mapping,  // [num_pairs, 2]
+                                      int64_t num_pairs, int64_t num_blocks, cudaStream_t stream) {
+  using namespace attn_detail;
+  if (num_pairs <= 0 || block_bytes <= 0) return cudaSuccess;
+  if (num_pairs > 0x7fffffff) return cudaErrorInvalidValue;
+  const bool vec = block_bytes % 16 == 0 && aligned16(key_cache) && aligned16(value_cache);
+  const dim3 grid(unsigned(num_pairs), 2);
+  char* k = static_cast<char*>(key_cache);
+  char* v = static_cast<char*>(value_cache);
+  if (vec) copy_blocks_kernel<true><<<grid, 256, 0, stream>>>(k, v, block_bytes, mapping, num_blocks);
+  else copy_blocks_kernel<false><<<grid, 256, 0, stream>>>(k, v, block_bytes, mapping, num_blocks);
   return cudaGetLastError();
 }
 

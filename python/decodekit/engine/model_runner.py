@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from decodekit import ops
 from decodekit.models import AttentionMetadata, LlamaModel
 
 from .scheduler import SchedulerOutput
@@ -148,13 +149,11 @@ class ModelRunner:
         return next((b for b in self.buckets if b.size >= B), None)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy-on-write of forked blocks: (src, dst) pairs, every layer's K and V, one op call."""
         if not pairs:
             return
-        src = torch.tensor([p[0] for p in pairs], device=self.device)
-        dst = torch.tensor([p[1] for p in pairs], device=self.device)
-        for k, v in self.kv_caches:
-            k[dst] = k[src]
-            v[dst] = v[src]
+        mapping = torch.tensor(pairs, dtype=torch.int64).to(self.device, non_blocking=True)
+        ops.copy_blocks([k for k, _ in self.kv_caches], [v for _, v in self.kv_caches], mapping)
 
     @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> torch.Tensor:

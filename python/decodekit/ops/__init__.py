@@ -168,6 +168,44 @@ def paged_attention(query: torch.Tensor,            # [T, Hq, D] (token stride f
     return out
 
 
+def copy_blocks(key_caches: list[torch.Tensor],    # per layer [num_blocks, Hk, block_size, D], in place
+                value_caches: list[torch.Tensor],  # per layer [num_blocks, Hk, block_size, D], in place
+                block_mapping: torch.Tensor,       # [N, 2] int64 (src, dst) on the caches' device
+                ) -> None:
+    """Copies block src onto block dst in every layer's K and V cache (copy-on-write)."""
+    if not key_caches:
+        return
+    if _has_kernel("copy_blocks", key_caches[0].device):
+        _ops.copy_blocks(key_caches, value_caches, block_mapping)
+        return
+    ks, vs = reference.copy_blocks(key_caches, value_caches, block_mapping)
+    for c, n in zip(list(key_caches) + list(value_caches), ks + vs):
+        c.copy_(n)
+
+
+def swap_blocks(src: torch.Tensor,            # [num_src_blocks, ...]
+                dst: torch.Tensor,            # [num_dst_blocks, ...] same block shape, written in place
+                block_mapping: torch.Tensor,  # [N, 2] int64 (src block, dst block) on the CPU
+                ) -> None:
+    """Copies blocks between caches on the same or different devices (CPU <-> GPU swap). On
+    CUDA the copies are queued on the current stream: synchronize before reading a host dst."""
+    dev = dst.device if dst.device.type == "cuda" else src.device
+    if _has_kernel("swap_blocks", dev):
+        _ops.swap_blocks(src, dst, block_mapping)
+        return
+    dst.copy_(reference.swap_blocks(src, dst, block_mapping))
+
+
+@torch.library.register_fake("decodekit::copy_blocks")
+def _copy_blocks_fake(key_caches, value_caches, block_mapping):
+    return None
+
+
+@torch.library.register_fake("decodekit::swap_blocks")
+def _swap_blocks_fake(src, dst, block_mapping):
+    return None
+
+
 @torch.library.register_fake("decodekit::reshape_and_cache")
 def _reshape_and_cache_fake(key, value, key_cache, value_cache, slot_mapping, k_scale=None, v_scale=None):
     return None

@@ -229,3 +229,30 @@ def paged_attention(query: torch.Tensor,            # [T, Hq, D], all sequences'
         out[q0:q1] = torch.matmul(p, v).transpose(0, 1)
         lse[q0:q1] = m[..., 0].transpose(0, 1)
     return out.to(query.dtype), lse
+
+
+def copy_blocks(key_caches: list[torch.Tensor],    # per layer [num_blocks, ...]
+                value_caches: list[torch.Tensor],  # per layer [num_blocks, ...]
+                block_mapping: torch.Tensor,       # [N, 2] int64 (src, dst)
+                ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Copies of the caches with block src copied onto block dst for every pair (all pairs read
+    the original contents)."""
+    src, dst = block_mapping[:, 0].long().cpu(), block_mapping[:, 1].long().cpu()
+    outs = ([], [])
+    for caches, out in ((key_caches, outs[0]), (value_caches, outs[1])):
+        for c in caches:
+            n = c.clone()
+            n[dst.to(c.device)] = c[src.to(c.device)]
+            out.append(n)
+    return outs
+
+
+def swap_blocks(src: torch.Tensor,            # [num_src_blocks, ...]
+                dst: torch.Tensor,            # [num_dst_blocks, ...] same block shape
+                block_mapping: torch.Tensor,  # [N, 2] int64
+                ) -> torch.Tensor:
+    """A copy of dst with block mapping[i, 1] replaced by src's block mapping[i, 0]."""
+    out = dst.clone()
+    m = block_mapping.long().cpu()
+    out[m[:, 1].to(dst.device)] = src[m[:, 0].to(src.device)].to(dst.device)
+    return out
