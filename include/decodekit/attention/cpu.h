@@ -4,6 +4,10 @@
 #pragma once
 #include <algorithm>
 #include <array>
+#include <type_traits>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <cstring>
 #include <vector>
 
@@ -44,7 +48,19 @@ inline void cache_row_to_float(const C* src, float* dst, int n) {
     }();
     for (int j = 0; j < n; ++j) dst[j] = lut[src[j].bits];
   } else {
-    for (int j = 0; j < n; ++j) dst[j] = to_float(src[j]);
+    int j = 0;
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<C, bf16_t>) {  // bf16 -> fp32: the bits shifted up by 16
+      for (; j + 16 <= n; j += 16) {
+        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j));
+        _mm512_storeu_ps(dst + j, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+      }
+    } else if constexpr (std::is_same_v<C, half_t>) {  // fp16 -> fp32: exact hardware conversion
+      for (; j + 16 <= n; j += 16)
+        _mm512_storeu_ps(dst + j, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j))));
+    }
+#endif
+    for (; j < n; ++j) dst[j] = to_float(src[j]);
   }
 }
 
