@@ -108,6 +108,83 @@ inline void copy_blocks(char* cache,              // [num_blocks, block_bytes] b
     std::memcpy(cache + mapping[2 * i + 1] * block_bytes, cache + mapping[2 * i] * block_bytes, size_t(block_bytes));
 }
 
+// One query row against `valid` (<= 16 typically) keys of a converted block: scores
+// s[j] = q . k_j (q pre-scaled), the online-softmax update of sm, and acc = acc * corr +
+// sum_j p_j v_j. kf, vf: [valid, D] fp32 rows; s: scratch of >= valid floats.
+inline void attend_block(const float* q, const float* kf, const float* vf, int valid, int D, OnlineSoftmax& sm,
+                         float* acc, float* s) {
+  float mx = -INFINITY;
+  for (int j = 0; j < valid; ++j) {
+    const float* kr = kf + size_t(j) * D;
+    float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+    for (int d = 0; d < D; ++d) dot += q[d] * kr[d];
+    s[j] = dot;
+    mx = std::max(mx, dot);
+  }
+  const float corr = sm.rescale(mx);
+  const float m = sm.m;
+  float lsum = 0.f;
+#pragma omp simd reduction(+ : lsum)
+  for (int j = 0; j < valid; ++j) {
+    s[j] = exp_nonpos(s[j] - m);
+    lsum += s[j];
+  }
+  sm.add(lsum);
+#pragma omp simd
+  for (int d = 0; d < D; ++d) acc[d] *= corr;
+  for (int j = 0; j < valid; ++j) {
+    const float p = s[j];
+    const float* vr = vf + size_t(j) * D;
+#pragma omp simd
+    for (int d = 0; d < D; ++d) acc[d] += p * vr[d];
+  }
+}
+
+#if defined(__AVX512F__)
+// attend_block for a compile-time head_dim D (a multiple of 16): q and the accumulator row
+// stay in D / 16 zmm registers for the whole block (no reload/store per key).
+template <int D>
+inline void attend_block_avx512(const float* q, const float* kf, const float* vf, int valid, OnlineSoftmax& sm,
+                                float* acc, float* s) {
+  static_assert(D % 16 == 0, "D must be a multiple of 16");
+  constexpr int NC = D / 16;
+  __m512 qv[NC];
+  for (int c = 0; c < NC; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+  float mx = -INFINITY;
+  for (int j = 0; j < valid; ++j) {
+    const float* kr = kf + size_t(j) * D;
+    __m512 t0 = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
+    __m512 t1 = _mm512_mul_ps(qv[1], _mm512_loadu_ps(kr + 16));
+    for (int c = 2; c < NC; c += 2) {
+      t0 = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), t0);
+      t1 = _mm512_fmadd_ps(qv[c + 1], _mm512_loadu_ps(kr + 16 * c + 16), t1);
+    }
+    const float dot = _mm512_reduce_add_ps(_mm512_add_ps(t0, t1));
+    s[j] = dot;
+    mx = std::max(mx, dot);
+  }
+  const float corr = sm.rescale(mx);
+  const float m = sm.m;
+  float lsum = 0.f;
+#pragma omp simd reduction(+ : lsum)
+  for (int j = 0; j < valid; ++j) {
+    s[j] = exp_nonpos(s[j] - m);
+    lsum += s[j];
+  }
+  sm.add(lsum);
+  __m512 a[NC];
+  const __m512 cv = _mm512_set1_ps(corr);
+  for (int c = 0; c < NC; ++c) a[c] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * c), cv);
+  for (int j = 0; j < valid; ++j) {
+    const __m512 p = _mm512_set1_ps(s[j]);
+    const float* vr = vf + size_t(j) * D;
+    for (int c = 0; c < NC; ++c) a[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), a[c]);
+  }
+  for (int c = 0; c < NC; ++c) _mm512_storeu_ps(acc + 16 * c, a[c]);
+}
+#endif
+
 struct PagedAttentionParams {
   int64_t num_tokens;      // T: all sequences' new tokens
   int num_seqs;            // S
@@ -172,40 +249,29 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
       for (int64_t k0 = 0; k0 <= tile_last; k0 += bs) {
         const int nk = int(std::min<int64_t>(bs, tile_last + 1 - k0));
         const int64_t base = P.L.row(table[k0 / bs], W.h, 0);
+        if (k0 + bs <= tile_last) {  // the next block is a random page: start its loads now
+          const int64_t next = P.L.row(table[k0 / bs + 1], W.h, 0);
+          const int64_t bytes = int64_t(bs) * D * int64_t(sizeof(C));
+          const char* kn = reinterpret_cast<const char*>(key_cache + next);
+          const char* vn = reinterpret_cast<const char*>(value_cache + next);
+          for (int64_t off = 0; off < bytes; off += 64) {
+            __builtin_prefetch(kn + off);
+            __builtin_prefetch(vn + off);
+          }
+        }
         cache_row_to_float(key_cache + base, kf.data(), nk * D);
         cache_row_to_float(value_cache + base, vf.data(), nk * D);
         for (int r = 0; r < rows; ++r) {
           const int valid = int(std::min<int64_t>(nk, last[r] + 1 - k0));  // causal mask
           if (valid <= 0) continue;
           const float* qr = &q[size_t(r) * D];
-          float* s = &sc[size_t(r) * bs];
-          float mx = -INFINITY;
-          for (int j = 0; j < valid; ++j) {
-            const float* kr = &kf[size_t(j) * D];
-            float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-            for (int d = 0; d < D; ++d) dot += qr[d] * kr[d];
-            s[j] = dot;
-            mx = std::max(mx, dot);
-          }
-          const float corr = sm[r].rescale(mx);
-          const float m = sm[r].m;
-          float lsum = 0.f;
-#pragma omp simd reduction(+ : lsum)
-          for (int j = 0; j < valid; ++j) {
-            s[j] = exp_nonpos(s[j] - m);
-            lsum += s[j];
-          }
-          sm[r].add(lsum);
           float* ar = &acc[size_t(r) * D];
-#pragma omp simd
-          for (int d = 0; d < D; ++d) ar[d] *= corr;
-          for (int j = 0; j < valid; ++j) {
-            const float p = s[j];
-            const float* vr = &vf[size_t(j) * D];
-#pragma omp simd
-            for (int d = 0; d < D; ++d) ar[d] += p * vr[d];
-          }
+          float* s = &sc[size_t(r) * bs];
+#if defined(__AVX512F__)
+          if (D == 128) { attend_block_avx512<128>(qr, kf.data(), vf.data(), valid, sm[r], ar, s); continue; }
+          if (D == 64) { attend_block_avx512<64>(qr, kf.data(), vf.data(), valid, sm[r], ar, s); continue; }
+#endif
+          attend_block(qr, kf.data(), vf.data(), valid, D, sm[r], ar, s);
         }
       }
       for (int r = 0; r < rows; ++r) {
