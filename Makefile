@@ -8,7 +8,7 @@ TORCH_VERSION ?= 2.14.1
 export DECODEKIT_CUDA
 JOBS ?= $(shell nproc)
 
-.PHONY: deps install demo test test-py test-cpp cuda-check bench clean
+.PHONY: deps install demo test test-py test-cpp cuda-check emu-test bench clean
 
 # Python packages the engine and its tests need (module=pip name); installed when missing.
 PY_DEPS = numpy=numpy gguf=gguf tokenizers=tokenizers safetensors=safetensors jinja2=jinja2 \
@@ -49,6 +49,15 @@ test-cpp:
 # Builds every CUDA source for sm_90a (no GPU needed), checks ptxas spills and the SASS table.
 cuda-check: deps
 	$(PY) tools/cuda_check.py
+
+# The CUDA attention kernels run on the CPU in the fiber emulator (tools/cuda_emu), vs the CPU kernels.
+EMU_BIN ?= build/cuda_emu/test_attn
+emu-test:
+	$(PY) tools/cuda_emu/prepare.py
+	mkdir -p $(dir $(EMU_BIN))
+	$(CXX) -std=c++20 -O2 -I tools/cuda_emu/inc -I $$($(PY) tools/build_env.py --cuda-include 2>/dev/null || echo /usr/local/cuda/include) \
+	  tools/cuda_emu/test_attn.cpp -o $(EMU_BIN) -pthread
+	$(EMU_BIN)
 
 bench: install
 	$(PY) bench/run_all.py --device cpu --quick

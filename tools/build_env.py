@@ -104,7 +104,18 @@ def require_cuda_home() -> str:
     return home
 
 
+def cuda_runtime_include() -> str | None:
+    """A directory holding cuda_runtime.h / cuda_fp16.h (the toolkit's, else pip's)."""
+    home = find_cuda_home()
+    dirs = ([os.path.join(home, "include")] if home else []) + pip_cuda_include_dirs()
+    return next((d for d in dirs if os.path.isfile(os.path.join(d, "cuda_fp16.h"))), None)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--cuda-include"]:  # for the Makefile's emu-test
+        d = cuda_runtime_include()
+        print(d or "")
+        sys.exit(0 if d else 1)
     print("CUDA_HOME:", find_cuda_home())
     print("pip CUDA includes:", pip_cuda_include_dirs())
     print("CUTLASS:", cutlass_include_dir(False))

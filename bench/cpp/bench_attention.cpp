@@ -120,6 +120,14 @@ void add_cases(std::vector<dkb::Case>& cases, bool quick) {
                                       m->query_start(meta), P);
         };
 #if defined(__CUDACC__)
+        // split-KV plan and its workspace, as the torch launcher makes them (freed at exit)
+        int sms = 132;
+        DKB_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+        const int splits = dk::paged_attention_num_splits(S, hk, hq, int64_t(m->max_blocks) * kBlockSize, sms);
+        float* ws = nullptr;
+        if (splits > 1)
+          DKB_CUDA_CHECK(cudaMalloc(&ws, sizeof(float) * dk::paged_attention_workspace_floats(splits, S, hq, head)));
+        c.shape += " splits=" + std::to_string(splits);
         c.gpu = [=](char* s, cudaStream_t st) {
           using D = dkb::cuda_t<T>;
           T *kc, *vc, *q, *out;
@@ -130,7 +138,7 @@ void add_cases(std::vector<dkb::Case>& cases, bool quick) {
               reinterpret_cast<D*>(out), nullptr, reinterpret_cast<const D*>(q), int64_t(hq) * head,
               reinterpret_cast<const D*>(kc), reinterpret_cast<const D*>(vc), m->block_tables(meta), m->max_blocks,
               m->seq_lens(meta), m->query_start(meta), S, int64_t(S), hq, m->num_blocks, L, scale, dk::KVScales{},
-              st);
+              splits, ws, st);
         };
 #endif
         cases.push_back(std::move(c));

@@ -9,6 +9,8 @@
 // out-of-range slots are skipped; attention rows of an inconsistent sequence come out NaN
 // (see paged.cuh).
 #include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -108,6 +110,17 @@ void paged_attention_cuda(at::Tensor& out,                    // [T, Hq, D]
   const dk::PagedLayout L{a.num_kv_heads, a.block_size, a.head_dim};
   float* lse_ptr = lse.has_value() ? lse->data_ptr<float>() : nullptr;
   const dk::KVScales sc = kv_scales(k_scale, v_scale, a.scale_stride);
+  // Split-KV when the grid would not fill the GPU (decode of few sequences over long contexts);
+  // the plan depends on shapes only, so CUDA-graph replays stay valid. The workspace comes
+  // from the caching allocator (graph-safe).
+  const int splits = dk::paged_attention_num_splits(a.num_tokens, a.num_kv_heads, a.num_q_heads,
+                                                    int64_t(a.max_blocks) * a.block_size,
+                                                    at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+  at::Tensor workspace;
+  if (splits > 1)
+    workspace = at::empty({dk::paged_attention_workspace_floats(splits, a.num_tokens, a.num_q_heads, a.head_dim)},
+                          query.options().dtype(at::kFloat));
+  float* ws = splits > 1 ? workspace.data_ptr<float>() : nullptr;
   DK_CUDA_DISPATCH_FLOATING(query.scalar_type(), op, [&] {
     auto launch = [&](auto* cache_type_tag) {
       using C = std::remove_pointer_t<decltype(cache_type_tag)>;
@@ -116,7 +129,7 @@ void paged_attention_cuda(at::Tensor& out,                    // [T, Hq, D]
                                dk::cuda_ptr<C>(key_cache), dk::cuda_ptr<C>(value_cache),
                                block_tables.data_ptr<int32_t>(), a.max_blocks, seq_lens.data_ptr<int32_t>(),
                                query_start_loc.data_ptr<int32_t>(), a.num_seqs, a.num_tokens, a.num_q_heads,
-                               a.num_blocks, L, float(scale), sc, stream));
+                               a.num_blocks, L, float(scale), sc, splits, ws, stream));
     };
     if (a.scale_stride >= 0) launch(static_cast<dk::fp8_e4m3_t*>(nullptr));
     else launch(static_cast<scalar_t*>(nullptr));

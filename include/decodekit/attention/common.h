@@ -72,4 +72,29 @@ DK_HD float merge_lse(float lse_a, float lse_b, float& w_a, float& w_b) {
   return m + logf(s);
 }
 
+// ---- CUDA split-KV ("flash-decoding") plan: host code, shared by the torch launcher and the
+// C++ benchmark (the kernels are in paged.cuh).
+// Split-KV plan, from shapes only (so a captured CUDA graph stays valid): one split while
+// tokens x KV heads x head chunks fill the GPU (>= 1 CTA per SM); else enough splits for
+// ~2 CTAs per SM, at most max_keys / kMinKeysPerSplit and kMaxSplits. max_keys: the longest
+// context a token can have (block_tables columns x block_size).
+inline constexpr int kMaxSplits = 32;
+inline constexpr int64_t kMinKeysPerSplit = 256;
+inline int paged_attention_num_splits(int64_t num_tokens, int num_kv_heads, int num_q_heads, int64_t max_keys,
+                                      int num_sms) {
+  const int group = num_kv_heads > 0 ? num_q_heads / num_kv_heads : 1;
+  const int64_t chunks = (group + 7) / 8;  // kMaxHeadsPerCta (4 for fp32 queries over fp8: a heuristic either way)
+  const int64_t ctas = num_tokens * num_kv_heads * chunks;
+  if (ctas <= 0 || ctas >= num_sms) return 1;
+  int64_t n = (2 * int64_t(num_sms) + ctas - 1) / ctas;
+  const int64_t by_len = max_keys / kMinKeysPerSplit;
+  if (n > by_len) n = by_len;
+  if (n > kMaxSplits) n = kMaxSplits;
+  return n < 1 ? 1 : int(n);
+}
+// float elements of workspace paged_attention needs for num_splits > 1 (0 otherwise).
+inline int64_t paged_attention_workspace_floats(int num_splits, int64_t num_tokens, int num_q_heads, int head_dim) {
+  return num_splits > 1 ? int64_t(num_splits) * num_tokens * num_q_heads * (head_dim + 1) : 0;
+}
+
 }  // namespace dk

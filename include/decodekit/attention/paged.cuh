@@ -36,6 +36,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "decodekit/attention/common.h"
 #include "decodekit/common/fp8.h"
@@ -164,7 +165,10 @@ paged_attention_kernel(T* out,                // [T, Hq, D] contiguous
                        const int32_t* __restrict__ seq_lens,         // [S]
                        const int32_t* __restrict__ query_start_loc,  // [S + 1]
                        int num_seqs, int num_q_heads, int heads_per_cta, int64_t num_blocks, PagedLayout L,
-                       float scale, KVScales sc) {
+                       float scale, KVScales sc,
+                       int num_splits,        // > 1: split-KV, this CTA's results go to part_out / part_lse
+                       float* part_out,       // [num_splits, T, Hq, D] (split-KV only)
+                       float* part_lse) {     // [num_splits, T, Hq] (split-KV only)
   using S = AttnShape<T, D>;
   constexpr int VE = S::VE, LPR = S::LPR, NVL = S::NVL, EPL = S::EPL, KPW = S::KPW, P = S::P;
   alignas(16) __shared__ float q_s[HPC][D];         // this CTA's queries, pre-scaled (at spos(d))
@@ -175,7 +179,8 @@ paged_attention_kernel(T* out,                // [T, Hq, D] contiguous
   const int64_t t = blockIdx.x;
   const int kvh = blockIdx.y;
   const int group = num_q_heads / L.num_kv_heads;
-  const int g0 = int(blockIdx.z) * heads_per_cta;
+  const int split = int(blockIdx.z) % num_splits;
+  const int g0 = int(blockIdx.z) / num_splits * heads_per_cta;
   const int nh = group - g0 < heads_per_cta ? group - g0 : heads_per_cta;  // >= 1 (grid)
   const int head0 = kvh * group + g0;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -204,6 +209,16 @@ paged_attention_kernel(T* out,                // [T, Hq, D] contiguous
         last = -1;
       }
     }
+  }
+
+  // Split-KV: this CTA takes keys [k_begin, k_end] of the window 0 .. last, in pieces of a
+  // multiple of 2P keys (so the partition/key mapping below is unchanged); a CTA whose piece
+  // is empty writes an empty partial result (0, lse = -inf).
+  int64_t k_begin = 0, k_end = last;
+  if (num_splits > 1) {
+    const int64_t per = ((last + 1 + num_splits - 1) / num_splits + 2 * P - 1) / (2 * P) * (2 * P);
+    k_begin = int64_t(split) * per;
+    k_end = k_begin + per - 1 < last ? k_begin + per - 1 : last;
   }
 
   if (tid == 0) bad_s = 0;
@@ -251,9 +266,9 @@ paged_attention_kernel(T* out,                // [T, Hq, D] contiguous
   // Two keys per partition per iteration: ka = k0 + part and kb = ka + P (the loop bound
   // is CTA-uniform, so every lane runs every iteration and the shuffles are full-warp).
 #pragma unroll 1
-  for (int64_t k0 = 0; k0 <= last; k0 += 2 * P) {
+  for (int64_t k0 = k_begin; k0 <= k_end; k0 += 2 * P) {
     const int64_t ka = k0 + part, kb = ka + P;
-    const bool va = ka <= last, vb = kb <= last;
+    const bool va = ka <= k_end, vb = kb <= k_end;
     Vec<C, VE> kra[NVL], vra[NVL], krb[NVL], vrb[NVL];
     load_row(ka, va, kra, vra);
     load_row(kb, vb, krb, vrb);
@@ -346,9 +361,45 @@ paged_attention_kernel(T* out,                // [T, Hq, D] contiguous
       lv = -INFINITY;
     }
     const int64_t row = t * num_q_heads + head0 + g;
-    out[row * D + d] = from_float<T>(res);
-    if (lse != nullptr && d == 0) lse[row] = lv;
+    if (num_splits > 1) {
+      const int64_t prow = int64_t(split) * gridDim.x * num_q_heads + row;
+      part_out[prow * D + d] = res;
+      if (d == 0) part_lse[prow] = lv;
+    } else {
+      out[row * D + d] = from_float<T>(res);
+      if (lse != nullptr && d == 0) lse[row] = lv;
+    }
   }
+}
+
+// Split-KV merge: one CTA per (token, query head), D threads: the splits' (out_i, lse_i)
+// combined with merge_lse (common.h, the CPU's algebra); NaN (bad metadata) propagates,
+// all-empty gives (0, -inf).
+template <class T>
+__global__ void __launch_bounds__(256)
+paged_attention_merge_kernel(T* out,                  // [T, Hq, D]
+                             float* lse,              // [T, Hq] or null
+                             const float* __restrict__ part_out,  // [num_splits, T, Hq, D]
+                             const float* __restrict__ part_lse,  // [num_splits, T, Hq]
+                             int num_splits, int64_t rows, int D) {
+  const int64_t row = blockIdx.x;  // t * Hq + head
+  const int d = threadIdx.x;
+  if (d >= D) return;
+  float l = -INFINITY, o = 0.f;
+  for (int i = 0; i < num_splits; ++i) {
+    const float li = __ldg(part_lse + i * rows + row);
+    const float oi = __ldg(part_out + (i * rows + row) * D + d);
+    float wa, wb;
+    const float nl = merge_lse(l, li, wa, wb);
+    if (li != li || l != l) {  // NaN: a split saw inconsistent metadata
+      l = o = NAN;
+      continue;
+    }
+    o = wa * o + wb * oi;
+    l = nl;
+  }
+  out[row * D + d] = from_float<T>(o);
+  if (lse != nullptr && d == 0) lse[row] = l;
 }
 
 }  // namespace attn_detail
@@ -417,26 +468,37 @@ cudaError_t paged_attention(T* out,             // [num_tokens, Hq, D] contiguou
                             const int32_t* seq_lens,         // [num_seqs]
                             const int32_t* query_start_loc,  // [num_seqs + 1]
                             int num_seqs, int64_t num_tokens, int num_q_heads, int64_t num_blocks, PagedLayout L,
-                            float scale, KVScales sc, cudaStream_t stream) {
+                            float scale, KVScales sc,
+                            int num_splits,      // paged_attention_num_splits(...) (1: no split)
+                            float* workspace,    // paged_attention_workspace_floats(...) floats, or null if 1
+                            cudaStream_t stream) {
   using namespace attn_detail;
   if (num_tokens <= 0) return cudaSuccess;
+  if (num_splits < 1 || num_splits > kMaxSplits || (num_splits > 1 && workspace == nullptr))
+    return cudaErrorInvalidValue;
   if (!paged_attention_head_dim_ok(L.head_dim) || L.num_kv_heads <= 0 || L.block_size <= 0 ||
       num_q_heads % L.num_kv_heads != 0 || num_q_heads == 0 || num_tokens > 0x7fffffff ||
       L.num_kv_heads > 65535 || !aligned16(key_cache) || !aligned16(value_cache))
     return cudaErrorInvalidValue;
   const int group = num_q_heads / L.num_kv_heads;
-  const int chunks = int(ceil_div(group, kMaxHeadsPerCta));
-  const int hpc = int(ceil_div(group, chunks));  // balanced chunks of <= kMaxHeadsPerCta heads
-  const dim3 grid(unsigned(num_tokens), unsigned(L.num_kv_heads), unsigned(chunks));
+  // fp32 queries over an fp8 cache need more registers per head (conversions): <= 4 heads per
+  // CTA there, so that no variant spills (checked in CI by tools/cuda_check.py).
+  constexpr int kMaxHpc = std::is_same_v<T, float> && kIsFp8<C> ? 4 : kMaxHeadsPerCta;
+  const int chunks = int(ceil_div(group, kMaxHpc));
+  const int hpc = int(ceil_div(group, chunks));  // balanced chunks of <= kMaxHpc heads
+  const dim3 grid(unsigned(num_tokens), unsigned(L.num_kv_heads), unsigned(chunks * num_splits));
+  const int64_t rows = num_tokens * num_q_heads;
+  float* part_out = workspace;
+  float* part_lse = num_splits > 1 ? workspace + int64_t(num_splits) * rows * L.head_dim : nullptr;
 #define DK_PAGED_LAUNCH(D, H)                                                                                    \
   paged_attention_kernel<T, C, D, H><<<grid, kAttnThreads, 0, stream>>>(                                     \
       out, lse, query, q_stride, key_cache, value_cache, block_tables, max_blocks, seq_lens, query_start_loc,   \
-      num_seqs, num_q_heads, hpc, num_blocks, L, scale, sc)
+      num_seqs, num_q_heads, hpc, num_blocks, L, scale, sc, num_splits, part_out, part_lse)
 #define DK_PAGED_HEADS(D)                   \
   if (hpc <= 1) DK_PAGED_LAUNCH(D, 1);      \
   else if (hpc <= 2) DK_PAGED_LAUNCH(D, 2); \
   else if (hpc <= 4) DK_PAGED_LAUNCH(D, 4); \
-  else DK_PAGED_LAUNCH(D, 8);
+  else if constexpr (kMaxHpc >= 8) DK_PAGED_LAUNCH(D, 8);
   switch (L.head_dim) {
     case 64: DK_PAGED_HEADS(64) break;
     case 128: DK_PAGED_HEADS(128) break;
@@ -444,6 +506,12 @@ cudaError_t paged_attention(T* out,             // [num_tokens, Hq, D] contiguou
   }
 #undef DK_PAGED_HEADS
 #undef DK_PAGED_LAUNCH
+  if (num_splits > 1) {
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+    paged_attention_merge_kernel<T><<<unsigned(rows), L.head_dim, 0, stream>>>(out, lse, part_out, part_lse,
+                                                                                num_splits, rows, L.head_dim);
+  }
   return cudaGetLastError();
 }
 

@@ -1,0 +1,403 @@
+// Emulator test of include/decodekit/attention/paged.cuh (dk::cuda::reshape_and_cache and
+// dk::cuda::paged_attention) against the CPU kernels of include/decodekit/attention/cpu.h
+// and a float64 reference, on the cases of tests/ops/test_attention.py plus GPU-specific ones.
+#include "shim.h"
+#include "decodekit/attention/paged.cuh"
+#include "decodekit/attention/cpu.h"
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <random>
+#include <string>
+
+using namespace dk;
+static std::mt19937 rng(123);
+static int fails = 0, checks = 0, split_cases = 0;
+
+template <class T> struct Cpu;
+template <> struct Cpu<float> { using type = float; };
+template <> struct Cpu<__half> { using type = dk::half_t; };
+template <> struct Cpu<__nv_bfloat16> { using type = dk::bf16_t; };
+template <class T> const char* tname() { return sizeof(T) == 4 ? "fp32" : std::is_same_v<T, __half> ? "fp16" : "bf16"; }
+template <class T> float ld(const T& x) { return Conv<T>::load(x); }
+template <class T> float tol_abs() { return sizeof(T) == 4 ? 2e-5f : std::is_same_v<T, __half> ? 1e-3f : 8e-3f; }
+
+template <class T> std::vector<T> randn(size_t n) {
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<T> v(n);
+  for (auto& x : v) x = Conv<T>::store(d(rng));
+  return v;
+}
+template <class T> T nanv() { return Conv<T>::store(NAN); }
+
+struct Stat { double emu_cpu = 0, emu_ref = 0, cpu_ref = 0, lse_emu_cpu = 0, lse_emu_ref = 0, ulp_emu_cpu = 0, ulp_emu_ref = 0, ulp_cpu_ref = 0; long n = 0; };
+// One unit in the last place of the storage type T at x (normal range; subnormals use the min exponent).
+// Error scale of the tests' tolerance model (atol = rtol): eps(T) * (1 + |x|), eps = ulp at 1.
+template <class T> double ulp(double x) {
+  const int mant = sizeof(T) == 4 ? 23 : std::is_same_v<T, __half> ? 10 : 7;
+  return std::ldexp(1.0, -mant) * (1 + std::fabs(x));
+}
+static std::map<std::string, Stat> stats;  // per dtype
+
+struct Case {
+  std::vector<int> ctx, nnew;
+  int hq, hk, d, bs;
+  int splits = 0;          // 0: the launcher's plan for 132 SMs; > 0 forced (split-KV)
+  int fp8 = 0;             // 1: fp8 e4m3 cache with per-head scales (2: one scale per tensor)
+  int q_pad = 0;           // extra elements per query token row (strided query)
+  bool with_lse = true;
+  int pad_tokens = 0;      // tokens past query_start_loc[S] (out 0, lse -inf)
+  std::string name;
+};
+
+// Returns false on failure (and prints why).
+template <class T, class KV> void run_attention_impl(const Case& c) {
+  using C = typename Cpu<T>::type;
+  constexpr bool FP8 = std::is_same_v<KV, fp8_e4m3_t>;
+  using CK = std::conditional_t<FP8, fp8_e4m3_t, C>;  // the CPU kernel's cache type
+  const int S = int(c.ctx.size()), D = c.d, bs = c.bs, Hq = c.hq, Hk = c.hk, group = Hq / Hk;
+  std::vector<int> need(S);
+  int total = 0, maxb = 0;
+  for (int s = 0; s < S; ++s) { need[s] = (c.ctx[s] + bs - 1) / bs; total += need[s]; maxb = std::max(maxb, need[s]); }
+  maxb += 1;
+  const int num_blocks = total + 3;
+  std::vector<int> perm(num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> bt(size_t(S) * maxb, -7);
+  for (int s = 0, used = 0; s < S; ++s)
+    for (int b = 0; b < need[s]; ++b) bt[size_t(s) * maxb + b] = perm[used++];
+  const PagedLayout L{Hk, bs, D};
+  const size_t cache_n = size_t(num_blocks) * Hk * bs * D;
+  std::vector<KV> kc(cache_n), vc(cache_n);
+  std::vector<float> ksc(Hk, 1.f), vsc(Hk, 1.f);  // fp8: per-head scales (all equal for c.fp8 == 2)
+  if constexpr (FP8) {
+    std::uniform_real_distribution<float> u(0.05f, 0.6f);
+    const float k1 = u(rng), v1 = u(rng);
+    for (int h = 0; h < Hk; ++h) { ksc[h] = c.fp8 == 2 ? k1 : u(rng); vsc[h] = c.fp8 == 2 ? v1 : u(rng); }
+    std::normal_distribution<float> nd(0.f, 3.f);
+    for (auto& x : kc) x.bits = float_to_fp8_e4m3(nd(rng));
+    for (auto& x : vc) x.bits = float_to_fp8_e4m3(nd(rng));
+  } else {
+    kc = randn<T>(cache_n);
+    vc = randn<T>(cache_n);
+  }
+  const KVScales kvs = FP8 ? KVScales{ksc.data(), vsc.data(), c.fp8 == 2 ? 0 : 1} : KVScales{};
+  // the value the kernels read for cache element i of KV head h
+  auto kval = [&](const std::vector<KV>& cache, const std::vector<float>& sc, int64_t i, int h) -> double {
+    if constexpr (FP8) return double(fp8_e4m3_to_float(cache[i].bits)) * sc[c.fp8 == 2 ? 0 : h];
+    else return double(ld(cache[i]));
+  };
+  std::vector<int32_t> qsl(S + 1, 0), lens(c.ctx.begin(), c.ctx.end());
+  for (int s = 0; s < S; ++s) qsl[s + 1] = qsl[s] + c.nnew[s];
+  const int64_t Tn = qsl[S] + c.pad_tokens;
+  const int64_t q_stride = int64_t(Hq) * D + c.q_pad;
+  std::vector<T> q = randn<T>(size_t(std::max<int64_t>(Tn, 1)) * q_stride);
+  for (int64_t t = 0; t < Tn; ++t)
+    for (int i = Hq * D; i < q_stride; ++i) q[t * q_stride + i] = nanv<T>();  // padding poisoned
+  const float scale = 1.f / std::sqrt(float(D));
+
+  // CPU kernel (real tokens only: it requires query_start_loc[S] == num_tokens)
+  const int64_t Treal = qsl[S];
+  std::vector<T> out_cpu(size_t(Treal) * Hq * D);
+  std::vector<float> lse_cpu(size_t(Treal) * Hq);
+  cpu::PagedAttentionParams P{Treal, S, Hq, maxb, q_stride, scale, L};
+  cpu::paged_attention<C, CK>((C*)out_cpu.data(), lse_cpu.data(), (const C*)q.data(), (const CK*)kc.data(),
+                              (const CK*)vc.data(), bt.data(), lens.data(), qsl.data(), P, kvs);
+
+  // emulated CUDA kernel, outputs poisoned
+  std::vector<T> out(size_t(Tn) * Hq * D, nanv<T>());
+  std::vector<float> lse(size_t(Tn) * Hq, NAN);
+  const long l0 = dk_emu::launches;
+  const int splits = c.splits ? c.splits : paged_attention_num_splits(Tn, Hk, Hq, int64_t(maxb) * bs, 132);
+  std::vector<float> ws(size_t(paged_attention_workspace_floats(splits, Tn, Hq, D)), NAN);
+  cudaError_t err = cuda::paged_attention<T, KV>(out.data(), c.with_lse ? lse.data() : nullptr, q.data(), q_stride,
+                                                 kc.data(), vc.data(), bt.data(), maxb, lens.data(), qsl.data(), S,
+                                                 Tn, Hq, num_blocks, L, scale, kvs, splits,
+                                                 splits > 1 ? ws.data() : nullptr, nullptr);
+  if (splits > 1) ++split_cases;
+  ++checks;
+  if (err != cudaSuccess || (Tn > 0) != (dk_emu::launches > l0)) {
+    printf("FAIL %s %s: err=%d launches=%ld\n", c.name.c_str(), tname<T>(), int(err), dk_emu::launches - l0);
+    ++fails;
+    return;
+  }
+  // float64 reference + comparisons
+  Stat& st = stats[tname<T>()];
+  bool bad = false;
+  double worst = 0;
+  for (int s = 0; s < S; ++s) {
+    const int n = c.nnew[s];
+    for (int i = 0; i < n; ++i) {
+      const int64_t t = qsl[s] + i;
+      const int64_t last = causal_last_key(lens[s], n, i);
+      for (int h = 0; h < Hq; ++h) {
+        const int kvh = h / group;
+        std::vector<double> sc(last + 1);
+        double mx = -INFINITY;
+        for (int64_t k = 0; k <= last; ++k) {
+          const int64_t row = L.row(bt[size_t(s) * maxb + k / bs], kvh, int(k % bs));
+          double dot = 0;
+          for (int e = 0; e < D; ++e)
+            dot += double(ld(q[t * q_stride + int64_t(h) * D + e])) * scale * kval(kc, ksc, row + e, kvh);
+          sc[k] = dot;
+          mx = std::max(mx, dot);
+        }
+        double l = 0;
+        for (auto& x : sc) { x = std::exp(x - mx); l += x; }
+        const double lse_ref = mx + std::log(l);
+        for (int e = 0; e < D; ++e) {
+          double o = 0;
+          for (int64_t k = 0; k <= last; ++k)
+            o += sc[k] * kval(vc, vsc, L.row(bt[size_t(s) * maxb + k / bs], kvh, int(k % bs)) + e, kvh);
+          o /= l;
+          const size_t idx = (size_t(t) * Hq + h) * D + e;
+          const double g = ld(out[idx]), cp = ld(out_cpu[idx]);
+          if (std::isnan(g) || std::fabs(g - o) > tol_abs<T>() * (1 + std::fabs(o))) {
+            if (!bad) printf("FAIL %s %s: out[t=%ld h=%d e=%d] = %g, want %g (cpu %g)\n", c.name.c_str(), tname<T>(),
+                             long(t), h, e, g, o, cp);
+            bad = true;
+          }
+          st.emu_cpu = std::max(st.emu_cpu, std::fabs(g - cp));
+          st.ulp_emu_cpu = std::max(st.ulp_emu_cpu, std::fabs(g - cp) / ulp<T>(cp));
+          st.ulp_emu_ref = std::max(st.ulp_emu_ref, std::fabs(g - o) / ulp<T>(o));
+          st.ulp_cpu_ref = std::max(st.ulp_cpu_ref, std::fabs(cp - o) / ulp<T>(o));
+          st.emu_ref = std::max(st.emu_ref, std::fabs(g - o));
+          st.cpu_ref = std::max(st.cpu_ref, std::fabs(cp - o));
+          worst = std::max(worst, std::fabs(g - o));
+          ++st.n;
+        }
+        if (c.with_lse) {
+          const size_t li = size_t(t) * Hq + h;
+          const double g = lse[li];
+          if (std::isnan(g) || std::fabs(g - lse_ref) > 2e-5 * (1 + std::fabs(lse_ref))) {
+            if (!bad) printf("FAIL %s %s: lse[t=%ld h=%d] = %g, want %g\n", c.name.c_str(), tname<T>(), long(t), h, g, lse_ref);
+            bad = true;
+          }
+          st.lse_emu_cpu = std::max(st.lse_emu_cpu, std::fabs(g - lse_cpu[li]));
+          st.lse_emu_ref = std::max(st.lse_emu_ref, std::fabs(g - lse_ref));
+        }
+      }
+    }
+  }
+  for (int64_t t = Treal; t < Tn; ++t)  // padding tokens: zeros and -inf
+    for (int h = 0; h < Hq; ++h) {
+      for (int e = 0; e < D; ++e)
+        if (ld(out[(size_t(t) * Hq + h) * D + e]) != 0.f) { if (!bad) printf("FAIL %s: padding token out != 0\n", c.name.c_str()); bad = true; }
+      if (c.with_lse && lse[size_t(t) * Hq + h] != -INFINITY) { if (!bad) printf("FAIL %s: padding lse\n", c.name.c_str()); bad = true; }
+    }
+  if (!c.with_lse)
+    for (float x : lse) if (!std::isnan(x)) { if (!bad) printf("FAIL %s: lse written though null\n", c.name.c_str()); bad = true; break; }
+  if (bad) ++fails;
+}
+
+template <class T> void run_attention(const Case& c) {
+  if (c.fp8) return run_attention_impl<T, fp8_e4m3_t>(c);
+  return run_attention_impl<T, T>(c);
+}
+
+// Inconsistent metadata the CPU launcher rejects: rows come out NaN, nothing read outside.
+template <class T> void run_bad_metadata(int splits) {
+  // (splits > 1: the bad rows must come out NaN through the split-KV merge as well)
+  const int Hq = 8, Hk = 2, D = 64, bs = 16, S = 3, maxb = 3, num_blocks = 6;
+  const PagedLayout L{Hk, bs, D};
+  std::vector<T> kc = randn<T>(size_t(num_blocks) * Hk * bs * D), vc = randn<T>(kc.size()), q = randn<T>(size_t(6) * Hq * D);
+  // seq 0: 2 new tokens but seq_len 1; seq 1: block id 99 in its window; seq 2: seq_len 60 > 3 blocks * 16
+  std::vector<int32_t> bt = {0, 1, 2, 3, 99, 4, 5, 0, 1}, lens = {1, 20, 60}, qsl = {0, 2, 4, 6};
+  std::vector<T> out(size_t(6) * Hq * D, Conv<T>::store(7.f));
+  std::vector<float> lse(size_t(6) * Hq, 7.f);
+  std::vector<float> ws(size_t(paged_attention_workspace_floats(splits, 6, Hq, D)));
+  cuda::paged_attention<T, T>(out.data(), lse.data(), q.data(), Hq * D, kc.data(), vc.data(), bt.data(), maxb,
+                              lens.data(), qsl.data(), S, 6, Hq, num_blocks, L, 0.125f, KVScales{}, splits,
+                              splits > 1 ? ws.data() : nullptr, nullptr);
+  ++checks;
+  // token 2 (seq 1, i = 0) sees keys 0..18: block 99 is in its window -> NaN; so does token 3.
+  for (int t = 0; t < 6; ++t)
+    for (int h = 0; h < Hq; ++h)
+      if (!std::isnan(ld(out[(size_t(t) * Hq + h) * D + 5])) || !std::isnan(lse[t * Hq + h])) {
+        printf("FAIL bad metadata %s splits %d: token %d head %d not NaN\n", tname<T>(), splits, t, h);
+        ++fails;
+        return;
+      }
+}
+
+template <class T> void run_cache(int T_, int hk, int d, int bs, int nb, int key_pad, int off, unsigned cap) {
+  using C = typename Cpu<T>::type;
+  const int64_t stride = int64_t(9 + 2 * hk) * d + key_pad;  // fused qkv row
+  std::vector<T> qkv = randn<T>(size_t(T_) * stride + off + 16);
+  const T* k = qkv.data() + off + 9 * d;
+  const T* v = qkv.data() + off + (9 + hk) * d;
+  const size_t cn = size_t(nb) * hk * bs * d;
+  std::vector<T> kc(cn + 8, nanv<T>()), vc(cn + 8, nanv<T>());
+  std::vector<T> kr(cn, nanv<T>()), vr(cn, nanv<T>());
+  std::vector<int64_t> slots(nb * bs);
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  slots.resize(T_);
+  if (T_ > 20) { slots[3] = -1; slots[20] = -1; }
+  const PagedLayout L{hk, bs, d};
+  cpu::reshape_and_cache<C>((const C*)k, (const C*)v, stride, stride, (C*)kr.data(), (C*)vr.data(), slots.data(), T_, L);
+  if (T_ > 5) slots[5] = int64_t(nb) * bs + 3;  // outside the cache: the GPU kernel skips it
+  if (T_ > 5) { /* the CPU result must then not have token 5 either */
+    std::vector<T> k2(cn, nanv<T>()), v2(cn, nanv<T>());
+    std::vector<int64_t> s2 = slots;
+    s2[5] = -1;
+    cpu::reshape_and_cache<C>((const C*)k, (const C*)v, stride, stride, (C*)k2.data(), (C*)v2.data(), s2.data(), T_, L);
+    kr = k2; vr = v2;
+  }
+  // caches offset by `off` elements from the 16-byte alignment too (scalar path)
+  T* kcp = kc.data() + (off ? 1 : 0);
+  T* vcp = vc.data() + (off ? 1 : 0);
+  dk_emu::grid_cap_x = cap;
+  cuda::reshape_and_cache<T, T>(k, v, stride, stride, kcp, vcp, slots.data(), T_, int64_t(nb) * bs, L, KVScales{},
+                                nullptr);
+  dk_emu::grid_cap_x = 1u << 30;
+  ++checks;
+  if (memcmp(kcp, kr.data(), cn * sizeof(T)) || memcmp(vcp, vr.data(), cn * sizeof(T))) {
+    printf("FAIL reshape_and_cache %s T=%d hk=%d d=%d bs=%d pad=%d off=%d\n", tname<T>(), T_, hk, d, bs, key_pad, off);
+    ++fails;
+  }
+}
+
+// reshape_and_cache into an fp8 cache: the emulated CUDA kernel equals the CPU kernel byte for byte.
+template <class T> void run_cache_fp8() {
+  using C = typename Cpu<T>::type;
+  const int T_ = 29, hk = 3, d = 64, bs = 16, nb = 4;
+  const int64_t stride = int64_t(2 * hk) * d;
+  std::vector<T> kv = randn<T>(size_t(T_) * stride);
+  for (size_t i = 0; i < kv.size(); i += 7) kv[i] = Conv<T>::store(ld(kv[i]) * 300.f);  // some saturate
+  const T* k = kv.data();
+  const T* v = kv.data() + hk * d;
+  std::vector<int64_t> slots(nb * bs);
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  slots.resize(T_);
+  slots[4] = -1;
+  std::vector<float> ks = {0.5f, 0.25f, 2.f}, vs = {1.f, 0.125f, 3.f};
+  const KVScales sc{ks.data(), vs.data(), 1};
+  const PagedLayout L{hk, bs, d};
+  const size_t cn = size_t(nb) * hk * bs * d;
+  std::vector<fp8_e4m3_t> kr(cn, fp8_e4m3_t{0x7f}), vr(cn, fp8_e4m3_t{0x7f}), kg(cn, fp8_e4m3_t{0x7f}), vg(cn, fp8_e4m3_t{0x7f});
+  cpu::reshape_and_cache<C, fp8_e4m3_t>((const C*)k, (const C*)v, stride, stride, kr.data(), vr.data(), slots.data(), T_, L, sc);
+  cuda::reshape_and_cache<T, fp8_e4m3_t>(k, v, stride, stride, kg.data(), vg.data(), slots.data(), T_, int64_t(nb) * bs, L,
+                                         sc, nullptr);
+  ++checks;
+  if (memcmp(kg.data(), kr.data(), cn) || memcmp(vg.data(), vr.data(), cn)) {
+    printf("FAIL reshape_and_cache fp8 %s\n", tname<T>());
+    ++fails;
+  }
+}
+
+static std::vector<Case> test_cases() {
+  struct Cfg { int hq, hk, d, bs; };
+  const std::vector<Cfg> cfgs = {{9, 3, 64, 16}, {32, 8, 128, 16}, {8, 8, 128, 32}, {64, 8, 64, 32}, {9, 3, 128, 32}};
+  std::vector<int> b37_ctx, b37_new(30, 1);
+  for (int i = 0; i < 37; ++i) b37_ctx.push_back(int(1.f + float(i) * (699.f / 36.f)));
+  for (int x : {3, 5, 7, 1, 2, 9, 4}) b37_new.push_back(x);
+  const std::vector<std::tuple<std::string, std::vector<int>, std::vector<int>>> cs = {
+      {"decode-1", {1}, {1}},
+      {"decode-mixed", {15, 16, 17, 1000, 4097}, {1, 1, 1, 1, 1}},
+      {"prefill", {83}, {83}},
+      {"chunk-mid-block", {37, 50}, {13, 50}},
+      {"mixed", {1, 300, 17, 64}, {1, 45, 17, 1}},
+      {"batch-37", b37_ctx, b37_new},
+  };
+  std::vector<Case> out;
+  for (auto& [name, ctx, nn] : cs)
+    for (auto& f : cfgs) {
+      Case c{ctx, nn, f.hq, f.hk, f.d, f.bs};
+      c.name = name + " h" + std::to_string(f.hq) + "x" + std::to_string(f.hk) + "-d" + std::to_string(f.d) + "-b" +
+               std::to_string(f.bs);
+      out.push_back(c);
+    }
+  return out;
+}
+
+static std::vector<Case> extra_cases() {
+  std::vector<Case> out;
+  auto add = [&](std::string name, std::vector<int> ctx, std::vector<int> nn, int hq, int hk, int d, int bs) {
+    Case c{ctx, nn, hq, hk, d, bs};
+    c.name = name;
+    out.push_back(c);
+    return &out.back();
+  };
+  add("d256 g4", {70, 300, 5}, {1, 9, 5}, 8, 2, 256, 16);
+  add("d256 g1", {130}, {3}, 4, 4, 256, 32);
+  add("group16 (z split 8+8)", {33, 200}, {2, 1}, 32, 2, 128, 16);
+  add("group12 (z split 6+6)", {40, 7}, {3, 7}, 12, 1, 64, 16);
+  add("group5", {90}, {4}, 10, 2, 128, 16);
+  add("group2", {257}, {2}, 4, 2, 64, 32);
+  add("group9 (5+4)", {45}, {2}, 9, 1, 128, 16);
+  add("block 1", {19, 3}, {4, 3}, 4, 2, 64, 1);
+  add("block 5", {23, 11}, {6, 1}, 4, 1, 128, 5);
+  add("block 8", {100}, {7}, 6, 2, 64, 8);
+  add("block 128", {300, 129}, {2, 129}, 8, 2, 128, 128);
+  add("empty seqs", {10, 5, 12, 3}, {0, 5, 0, 1}, 4, 2, 64, 16);
+  add("strided q", {50, 9}, {3, 9}, 6, 3, 128, 16)->q_pad = 24;
+  add("no lse", {40}, {5}, 8, 2, 64, 16)->with_lse = false;
+  add("padding tokens", {20, 33}, {2, 1}, 8, 2, 128, 16)->pad_tokens = 3;
+  add("zero tokens", {5}, {0}, 4, 2, 64, 16);
+  add("long ctx", {9000}, {1}, 8, 1, 128, 16);
+  // split-KV: forced split counts (incl. more splits than key pieces: empty splits) and the plan
+  for (int sp : {2, 3, 7, 32}) {
+    add("split" + std::to_string(sp) + " decode", {1, 600, 4097}, {1, 1, 1}, 32, 8, 128, 16)->splits = sp;
+    add("split" + std::to_string(sp) + " mixed", {37, 300, 17}, {13, 45, 17}, 9, 3, 64, 16)->splits = sp;
+  }
+  add("split plan b1 ctx 20000", {20000}, {1}, 32, 8, 128, 16);
+  add("split5 d256 g5", {999}, {2}, 10, 2, 256, 32)->splits = 5;
+  { Case* c = add("split4 padding", {70, 5}, {1, 2}, 8, 2, 128, 16); c->pad_tokens = 2; c->splits = 4; }
+  // fp8 caches (per-head and per-tensor scales), with and without split-KV
+  for (int d : {64, 128, 256})
+    for (int g : {1, 3, 8}) add("fp8 d" + std::to_string(d) + " g" + std::to_string(g), {29, 300}, {1, 7}, 2 * g, 2, d, 16)->fp8 = 1;
+  add("fp8 per-tensor", {100, 17}, {3, 17}, 9, 3, 64, 16)->fp8 = 2;
+  { Case* c = add("fp8 split6", {5000}, {1}, 32, 8, 128, 16); c->fp8 = 1; c->splits = 6; }
+  for (int d : {64, 128, 256})  // every (head_dim, heads-per-CTA) kernel
+    for (int g : {1, 2, 4, 8}) add("cover d" + std::to_string(d) + " g" + std::to_string(g), {29, 6}, {1, 6}, 2 * g, 2, d, 16);
+  return out;
+}
+
+static std::string filter;
+template <class T> void run_all(bool full) {
+  const int V = 16 / sizeof(T);
+  for (auto& c : test_cases())
+    if (c.name.find(filter) != std::string::npos) run_attention<T>(c);
+  for (auto& c : extra_cases()) {
+    if (!full && c.name.find(filter) == std::string::npos) continue;
+    run_attention<T>(c);
+  }
+  run_bad_metadata<T>(1);
+  run_bad_metadata<T>(3);
+  run_cache_fp8<T>();
+  run_cache<T>(37, 3, 64, 16, 9, 0, 0, 1u << 30);     // as tests/ops: strided views of a fused qkv
+  run_cache<T>(37, 3, 64, 16, 9, V, 0, 4);            // grid-stride (4 CTAs)
+  run_cache<T>(37, 3, 64, 16, 9, 1, 0, 1u << 30);     // token stride not a multiple of V: scalar
+  run_cache<T>(37, 3, 64, 16, 9, 0, 1, 1u << 30);     // misaligned: scalar
+  run_cache<T>(11, 8, 128, 32, 4, 0, 0, 1u << 30);    // 8 heads x 128: 256 threads
+  run_cache<T>(11, 1, 7, 5, 4, 0, 0, 1u << 30);       // head_dim 7, block 5: scalar
+  run_cache<T>(300, 2, 256, 16, 20, 0, 0, 7);
+}
+
+int main(int argc, char** argv) {
+  bool full = true;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--reverse") dk_emu::order = dk_emu::kReverse;
+    if (a == "--random") dk_emu::order = dk_emu::kRandom;
+    if (a == "--workers") dk_emu::workers = atoi(argv[++i]);
+    if (a == "--only") { filter = argv[++i]; full = false; }
+  }
+  run_all<float>(full);
+  run_all<__half>(full);
+  run_all<__nv_bfloat16>(full);
+  printf("max |error| over all cases (out elements; lse):\n");
+  for (auto& [k, s] : stats)
+    printf("  %-4s  out abs: emu-vs-cpu %.3g  emu-vs-fp64 %.3g  cpu-vs-fp64 %.3g | err/(eps*(1+|x|)): emu-vs-cpu %.2f  emu-vs-fp64 %.2f  "
+           "cpu-vs-fp64 %.2f | lse abs: emu-vs-cpu %.3g  emu-vs-fp64 %.3g  (%ld outputs)\n",
+           k.c_str(), s.emu_cpu, s.emu_ref, s.cpu_ref, s.ulp_emu_cpu, s.ulp_emu_ref, s.ulp_cpu_ref, s.lse_emu_cpu,
+           s.lse_emu_ref, s.n);
+  printf("%d checks (%d split-KV), %d failures, %ld launches, %zu distinct kernels\n", checks, split_cases, fails,
+         dk_emu::launches.load(), dk_emu::distinct.size());
+  return fails != 0;
+}
