@@ -6,7 +6,8 @@ heads of 128) and SmolLM2-135M (9 / 3 of 64), block size 16. The KV cache (per l
 [num_blocks, num_kv_heads, block_size, head_dim]) is written with reshape_and_cache; each
 sequence's blocks are a random, shuffled set of block ids. Bytes counted: the KV rows the
 op must read (sum over sequences of seq_len * num_kv_heads * head_dim * 2 (K and V) *
-element size), plus the query read and the output written. CUDA: batch 1/8/64/256 x
+element size; fp8 caches: 1 byte), plus the query read and the output written. Llama-head
+cases also run over an fp8 e4m3 cache (kv=fp8, per-head scales). CUDA: batch 1/8/64/256 x
 context 512/4096/32768 (combinations whose KV exceeds 8 GiB skipped); CPU: batch 1/16 x
 context 512/2048.
 
@@ -91,7 +92,7 @@ class PagedBatch:
     """S sequences of ctx_len tokens (new_tokens of them new) in a shuffled paged KV cache."""
 
     def __init__(self, dev: torch.device, S: int, ctx_len: int, new_tokens: int, hq: int, hk: int, D: int,
-                 dtype: torch.dtype, seed: int):
+                 dtype: torch.dtype, seed: int, fp8: bool = False):
         self.S, self.ctx_len, self.n, self.hq, self.hk, self.D = S, ctx_len, new_tokens, hq, hk, D
         self.scale = D ** -0.5
         nb = (ctx_len + BLOCK_SIZE - 1) // BLOCK_SIZE
@@ -101,8 +102,12 @@ class PagedBatch:
         self.seq_lens = torch.full((S,), ctx_len, dtype=torch.int32, device=dev)  # [S]
         self.query_start_loc = torch.arange(0, S * new_tokens + 1, new_tokens, dtype=torch.int32,
                                             device=dev)                 # [S + 1]
-        self.k_cache = torch.zeros(S * nb, hk, BLOCK_SIZE, D, dtype=dtype, device=dev)  # [num_blocks, Hk, bs, D]
+        kv_dtype = torch.float8_e4m3fn if fp8 else dtype
+        self.k_cache = torch.zeros(S * nb, hk, BLOCK_SIZE, D, dtype=kv_dtype, device=dev)  # [num_blocks, Hk, bs, D]
         self.v_cache = torch.zeros_like(self.k_cache)
+        # fp8: per-KV-head scales (randn values, |x| < ~5, land well inside e4m3's range)
+        self.k_scale = torch.linspace(0.015, 0.03, hk, device=dev) if fp8 else None  # [Hk] float32
+        self.v_scale = torch.linspace(0.02, 0.01, hk, device=dev) if fp8 else None
         # every sequence's rows written through reshape_and_cache, in chunks of <= 64 MiB of fp32 K+V
         pos = torch.arange(ctx_len, device=dev)
         slots = (self.block_tables[:, pos // BLOCK_SIZE].long() * BLOCK_SIZE + pos % BLOCK_SIZE).reshape(-1)
@@ -110,7 +115,7 @@ class PagedBatch:
         for t0 in range(0, slots.numel(), chunk):
             t1 = min(slots.numel(), t0 + chunk)
             ops.reshape_and_cache(_rand((t1 - t0, hk, D), dtype, dev), _rand((t1 - t0, hk, D), dtype, dev),
-                                  self.k_cache, self.v_cache, slots[t0:t1])
+                                  self.k_cache, self.v_cache, slots[t0:t1], self.k_scale, self.v_scale)
         self.query = _rand((S * new_tokens, hq, D), dtype, dev)          # [T, Hq, D]
 
     def kv_bytes(self) -> int:
@@ -122,8 +127,9 @@ class PagedBatch:
         S, n, nb = self.S, self.n, self.block_tables.shape[1]
         idx = self.block_tables.long()
         out = [self.query.view(S, n, self.hq, self.D).transpose(1, 2).contiguous()]
-        for cache in (self.k_cache, self.v_cache):
-            g = cache[idx]                                              # [S, nb, Hk, bs, D]
+        for cache, sc in ((self.k_cache, self.k_scale), (self.v_cache, self.v_scale)):
+            g = reference.dequantize_cache(cache[idx].flatten(0, 1), sc, self.query.dtype).view(
+                cache[idx].shape)                                       # [S, nb, Hk, bs, D] in the query's dtype
             g = g.permute(0, 2, 1, 3, 4).reshape(S, self.hk, nb * BLOCK_SIZE, self.D)[:, :, :self.ctx_len]
             if not _sdpa_has_gqa():
                 g = g.repeat_interleave(self.hq // self.hk, dim=1)
@@ -133,7 +139,8 @@ class PagedBatch:
 
     def run(self, out: torch.Tensor) -> torch.Tensor:
         return ops.paged_attention(self.query, self.k_cache, self.v_cache, self.block_tables, self.seq_lens,
-                                   self.query_start_loc, self.scale, out=out)
+                                   self.query_start_loc, self.scale, out=out, k_scale=self.k_scale,
+                                   v_scale=self.v_scale)
 
     def reference_rows(self, rows: list[tuple[int, int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """float64 reference for (sequence, first token, last token + 1) row ranges of the batch:
@@ -148,7 +155,8 @@ class PagedBatch:
         sel = torch.tensor([s for s, _, _ in rows], device=dev)
         ref, _ = reference.paged_attention(self.query[idx].double(), self.k_cache, self.v_cache,
                                            self.block_tables[sel], torch.tensor(lens, dtype=torch.int32, device=dev),
-                                           torch.tensor(starts, dtype=torch.int32, device=dev), self.scale)
+                                           torch.tensor(starts, dtype=torch.int32, device=dev), self.scale,
+                                           self.k_scale, self.v_scale)
         return torch.tensor(idx, device=dev), ref
 
 
@@ -167,10 +175,11 @@ def _peer_name(causal: bool) -> str:
             (" enable_gqa" if _sdpa_has_gqa() else " repeat_interleave KV") + ", gathered KV")
 
 
-def case_decode(ctx: BenchContext, S: int, n_ctx: int, hq: int, hk: int, D: int, dtype: torch.dtype) -> Result:
+def case_decode(ctx: BenchContext, S: int, n_ctx: int, hq: int, hk: int, D: int, dtype: torch.dtype,
+                fp8: bool = False) -> Result:
     dev = ctx.device
-    b = PagedBatch(dev, S, n_ctx, 1, hq, hk, D, dtype, seed=S * 100003 + n_ctx)
-    case = f"S={S} ctx={n_ctx} {hq}/{hk}x{D}"
+    b = PagedBatch(dev, S, n_ctx, 1, hq, hk, D, dtype, seed=S * 100003 + n_ctx, fp8=fp8)
+    case = f"S={S} ctx={n_ctx} {hq}/{hk}x{D}" + (" kv=fp8" if fp8 else "")
     out = torch.full_like(b.query, float("nan"))  # [S, Hq, D], poisoned: every element must be written
     b.run(out)
     qp, kp, vp = b.gathered()
@@ -182,8 +191,9 @@ def case_decode(ctx: BenchContext, S: int, n_ctx: int, hq: int, hk: int, D: int,
     # block tables, lengths and query starts are shared (the step's metadata); q, KV and out rotate
     sets = _rotate(ctx, (b.query, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, b.query_start_loc, out),
                    keep=(3, 4, 5))
-    scale = b.scale
-    t = ctx.time(lambda q, kc, vc, bt, sl, qs, o: ops.paged_attention(q, kc, vc, bt, sl, qs, scale, out=o), sets)
+    scale, ks, vs = b.scale, b.k_scale, b.v_scale
+    t = ctx.time(lambda q, kc, vc, bt, sl, qs, o: ops.paged_attention(q, kc, vc, bt, sl, qs, scale, out=o,
+                                                                       k_scale=ks, v_scale=vs), sets)
     psets = _rotate(ctx, (qp, kp, vp))
     tp = ctx.time(lambda q, k, v: _sdpa(q, k, v, scale, False), psets)
     e = b.query.element_size()
@@ -244,6 +254,10 @@ def main(argv: list[str] | None = None) -> list[Result]:
                                   f"KV {kv / 2**30:.0f} GiB > {MAX_KV_BYTES >> 30} GiB")
                         continue
                     ctx.add(case_decode(ctx, S, n_ctx, hq, hk, D, dtype))
+                    if dtype != torch.float32 and hq == HEADS[0][0] and (kind == "cuda" or S > 1):
+                        # the same shape over an fp8 cache: half the KV bytes (peer: SDPA on the
+                        # dequantized KV in the query's dtype)
+                        ctx.add(case_decode(ctx, S, n_ctx, hq, hk, D, dtype, fp8=True))
                     if kind == "cuda":
                         torch.cuda.empty_cache()
         if not args.no_prefill:
