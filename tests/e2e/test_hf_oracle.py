@@ -93,25 +93,23 @@ def test_logprobs_match_hf(llm, hf_model):
 
 def test_fp8_kv_cache_stays_close_to_hf(llm, hf_model):
     """An fp8 (e4m3) KV cache, with per-head scales calibrated at start-up, rounds K and V to 3
-    mantissa bits (first-token logprobs move by up to ~0.7 nats on this 135M model): greedy
-    outputs may drift from the exact ones, but only between near-equal candidates (each side's
-    token in the other's top 5 at the first difference), and at least half stay identical."""
+    mantissa bits (first-token logprobs move by up to ~0.7 nats on this 135M model), so free
+    greedy runs drift apart after a near-tie and compound. Measured teacher-forced instead: at
+    every position of HF's own greedy continuation, decodekit-with-fp8-KV predicts HF's next
+    token as its argmax nearly always, and always has it in its top 5."""
     from decodekit import LLM
     llm8 = LLM(None, dtype="float32", device="cpu", kv_cache_memory="256MiB", kv_cache_dtype="fp8", seed=0)
     assert llm8.engine.runner.kv_caches[0][0].dtype == torch.float8_e4m3fn
     ks, vs = llm8.engine.model.kv_scales[0]
     assert ks.shape == (llm8.engine.model_config.num_kv_heads,) and bool((ks > 0).all() and (vs > 0).all())
-    n = 16
-    prompts = _prompts(llm)
-    params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=5)
-    same = 0
-    for p, o in zip(prompts, llm8.generate([{"prompt_token_ids": p} for p in prompts], params)):
-        theirs, scores = _hf_greedy(hf_model, p, n)
-        mine = o.outputs[0].token_ids
-        if mine == theirs:
-            same += 1
-            continue
-        i = next(k for k in range(n) if mine[k] != theirs[k])
-        their_top5 = torch.topk(scores[i], 5).indices.tolist()
-        assert mine[i] in their_top5 and theirs[i] in list(o.outputs[0].logprobs[i]), (p[:8], i, mine, theirs)
-    assert same >= len(prompts) // 2, f"only {same} of {len(prompts)} fp8-KV sequences equal HF's"
+    n = 12
+    forced, want = [], []
+    for p in _prompts(llm):
+        theirs, _ = _hf_greedy(hf_model, p, n)
+        for k in range(n):
+            forced.append({"prompt_token_ids": p + theirs[:k]})
+            want.append(theirs[k])
+    outs = llm8.generate(forced, SamplingParams(temperature=0, max_tokens=1, logprobs=5))
+    top1 = sum(o.outputs[0].token_ids[0] == w for o, w in zip(outs, want)) / len(want)
+    top5 = sum(w in o.outputs[0].logprobs[0] for o, w in zip(outs, want)) / len(want)
+    assert top1 >= 0.85 and top5 == 1.0, f"fp8 KV, teacher-forced on HF's greedy tokens: top-1 {top1:.3f}, top-5 {top5:.3f}"

@@ -157,6 +157,24 @@ inline void attend_block(const float* q, const float* kf, const float* vf, int v
 }
 
 #if defined(__AVX512F__)
+// out[j] = sum of v[j]'s 16 lanes, for 16 vectors at once (45 instructions instead of 16
+// horizontal reductions): pairwise unpack+add at 32 and 64 bits, then across 128-bit lanes.
+inline __m512 hsum16(const __m512 (&v)[16]) {
+  __m512 a[8], b[4];
+  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [v2i(0+2), v2i+1(0+2), v2i(1+3), v2i+1(1+3)]
+    a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int k = 0; k < 4; ++k) {  // per 128-bit lane: the lane sums of v4k .. v4k+3
+    const __m512d x = _mm512_castps_pd(a[2 * k]), y = _mm512_castps_pd(a[2 * k + 1]);
+    b[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  const __m512 d01 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(b[0], b[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 d23 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(b[2], b[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(d01, d23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(d01, d23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
 // attend_block for a compile-time head_dim D (a multiple of 16): q and the accumulator row
 // stay in D / 16 zmm registers for the whole block (no reload/store per key).
 template <int D>
@@ -167,7 +185,18 @@ inline void attend_block_avx512(const float* q, const float* kf, const float* vf
   __m512 qv[NC];
   for (int c = 0; c < NC; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
   float mx = -INFINITY;
-  for (int j = 0; j < valid; ++j) {
+  if (valid == 16) {  // a full block: 16 dot products, reduced together by a transpose tree
+    __m512 t[16];
+    for (int j = 0; j < 16; ++j) {
+      const float* kr = kf + size_t(j) * D;
+      t[j] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
+      for (int c = 1; c < NC; ++c) t[j] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), t[j]);
+    }
+    const __m512 sums = hsum16(t);  // sums[j] = sum of t[j]'s lanes
+    _mm512_storeu_ps(s, sums);
+    mx = _mm512_reduce_max_ps(sums);
+  }
+  for (int j = valid == 16 ? 16 : 0; j < valid; ++j) {
     const float* kr = kf + size_t(j) * D;
     __m512 t0 = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
     __m512 t1 = _mm512_mul_ps(qv[1], _mm512_loadu_ps(kr + 16));
