@@ -146,6 +146,39 @@ inline GemmArgs dense_gemm_args(const at::Tensor& out, const at::Tensor& a, cons
   return g;
 }
 
+// INT4 weight-only GEMM (include/decodekit/gemm/int4.h's layout): a [M, K] (row stride free),
+// qweight [N, K/2] uint8, scales and mins [N, K/G] float16, group_size G in {32, 64, 128}.
+inline GemmArgs int4_weight_args(const char* op, const at::Tensor& qweight, const at::Tensor& scales,
+                                 const at::Tensor& mins, int64_t group_size, int64_t K) {
+  TORCH_CHECK(group_size == 32 || group_size == 64 || group_size == 128, op,
+              ": 'group_size' must be 32, 64 or 128, got ", group_size);
+  TORCH_CHECK(K % group_size == 0, op, ": K = ", K, " must be a multiple of group_size = ", group_size);
+  GemmArgs g{};
+  g.K = K;
+  Check(op, "qweight", qweight).dim(2).size(1, K / 2, "K / 2").dtype({at::kByte}).contiguous();
+  g.N = qweight.size(0);
+  for (auto [t, name] : {std::pair{&scales, "scales"}, std::pair{&mins, "mins"}})
+    Check(op, name, *t).dim(2).size(0, g.N, "N = qweight.size(0)").size(1, K / group_size, "K / group_size")
+        .dtype({at::kHalf}).device_as(qweight, "qweight").contiguous();
+  return g;
+}
+
+inline GemmArgs int4_gemm_args(const at::Tensor& out, const at::Tensor& a, const at::Tensor& qweight,
+                               const at::Tensor& scales, const at::Tensor& mins, int64_t group_size,
+                               const std::optional<at::Tensor>& bias) {
+  const char* op = "decodekit::int4_gemm";
+  Check(op, "a", a).dim(2).dtype(kFloatTypes).last_dim_contiguous();
+  GemmArgs g = int4_weight_args(op, qweight, scales, mins, group_size, a.size(1));
+  Check(op, "qweight", qweight).device_as(a, "a");
+  g.M = a.size(0);
+  g.a_stride = g.M > 1 ? a.stride(0) : g.K;
+  Check(op, "out", out).dim(2).size(0, g.M, "M").size(1, g.N, "N = qweight.size(0)").dtype_as(a, "a")
+      .device_as(a, "a").contiguous();
+  if (bias.has_value())
+    Check(op, "bias", *bias).dim(1).size(0, g.N, "N").dtype_as(a, "a").device_as(a, "a").contiguous();
+  return g;
+}
+
 // The paged K and V caches: [num_blocks, num_kv_heads, block_size, head_dim] each, alike.
 inline void kv_cache_shape(const char* op, const at::Tensor& key_cache, const at::Tensor& value_cache,
                            int64_t& num_blocks, int& num_kv_heads, int& block_size, int& head_dim) {

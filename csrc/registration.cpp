@@ -26,6 +26,13 @@ TORCH_LIBRARY(decodekit, m) {
   // out: [M, N]; a: [M, K] (row stride free); weight: [N, K]; bias: [N]; M <= 64.
   m.def("dense_gemm(Tensor(a!) out, Tensor a, Tensor weight, Tensor? bias) -> ()");
 
+  // INT4 weight-only GEMM: out [M, N] = a [M, K] @ w^T (+ bias [N]) with w decoded from
+  // qweight [N, K/2] uint8 (group-split nibbles), scales / mins [N, K/G] float16:
+  // w = scale * q + min (include/decodekit/gemm/int4.h). int4_dequantize writes w [N, K].
+  m.def("int4_gemm(Tensor(a!) out, Tensor a, Tensor qweight, Tensor scales, Tensor mins, int group_size, "
+        "Tensor? bias) -> ()");
+  m.def("int4_dequantize(Tensor(a!) out, Tensor qweight, Tensor scales, Tensor mins, int group_size) -> ()");
+
   // Paged KV cache: [num_blocks, num_kv_heads, block_size, head_dim] per layer for K and V,
   // in the activations' dtype or fp8 e4m3 (Float8_e4m3fn: stored x / scale, saturated at
   // +-448; k_scale / v_scale float32 [1] or [num_kv_heads], absent = 1).

@@ -4,6 +4,7 @@
 #include "../op_args.h"
 #include "dispatch.h"
 #include "decodekit/gemm/dense_cpu.h"
+#include "decodekit/gemm/int4.h"
 
 namespace {
 
@@ -19,6 +20,42 @@ void dense_gemm_cpu(at::Tensor& out,                       // [M, N]
   });
 }
 
+void int4_gemm_cpu(at::Tensor& out,                        // [M, N]
+                   const at::Tensor& a,                    // [M, K]
+                   const at::Tensor& qweight,              // [N, K / 2] uint8
+                   const at::Tensor& scales,               // [N, K / G] float16
+                   const at::Tensor& mins,                 // [N, K / G] float16
+                   int64_t group_size,
+                   const std::optional<at::Tensor>& bias) {  // [N]
+  const dk::GemmArgs g = dk::int4_gemm_args(out, a, qweight, scales, mins, group_size, bias);
+  if (g.M == 0 || g.N == 0) return;
+  const dk::cpu::Int4GemmParams P{g.M, g.N, g.K, int(group_size), g.a_stride};
+  DK_CPU_DISPATCH_FLOATING(a.scalar_type(), "decodekit::int4_gemm", [&] {
+    dk::cpu::int4_gemm<scalar_t>(dk_ptr<scalar_t>(out), dk_ptr<scalar_t>(a), qweight.data_ptr<uint8_t>(),
+                                 dk_ptr<dk::half_t>(scales), dk_ptr<dk::half_t>(mins),
+                                 bias.has_value() ? dk_ptr<scalar_t>(*bias) : nullptr, P);
+  });
+}
+
+void int4_dequantize_cpu(at::Tensor& out,            // [N, K]
+                         const at::Tensor& qweight,  // [N, K / 2] uint8
+                         const at::Tensor& scales,   // [N, K / G] float16
+                         const at::Tensor& mins,     // [N, K / G] float16
+                         int64_t group_size) {
+  const char* op = "decodekit::int4_dequantize";
+  dk::Check(op, "out", out).dim(2).dtype(dk::kFloatTypes).contiguous();
+  const dk::GemmArgs g = dk::int4_weight_args(op, qweight, scales, mins, group_size, out.size(1));
+  dk::Check(op, "out", out).size(0, g.N, "N = qweight.size(0)").device_as(qweight, "qweight");
+  DK_CPU_DISPATCH_FLOATING(out.scalar_type(), op, [&] {
+    dk::cpu::int4_dequantize<scalar_t>(dk_ptr<scalar_t>(out), qweight.data_ptr<uint8_t>(), dk_ptr<dk::half_t>(scales),
+                                       dk_ptr<dk::half_t>(mins), g.N, g.K, int(group_size));
+  });
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(decodekit, CPU, m) { m.impl("dense_gemm", &dense_gemm_cpu); }
+TORCH_LIBRARY_IMPL(decodekit, CPU, m) {
+  m.impl("dense_gemm", &dense_gemm_cpu);
+  m.impl("int4_gemm", &int4_gemm_cpu);
+  m.impl("int4_dequantize", &int4_dequantize_cpu);
+}

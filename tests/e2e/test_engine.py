@@ -167,3 +167,21 @@ def test_static_decode_buckets_match_eager(llm):
     got = [o.outputs[0].token_ids for o in static.generate(PROMPTS[:5], GREEDY)]  # batch 5 -> bucket 8
     assert got == want
     _no_leaks(static)
+
+
+def test_gguf_4bit_weights_stay_packed_and_match_dequantized(llm):
+    """On the CPU the embedded Q4_1 projections stay packed (int4_gemm decodes them in registers);
+    with weight_format="dequantized" they are dense tensors; the greedy tokens agree (the weights
+    are bit-identical, only the fp32 summation order differs)."""
+    import torch
+    from decodekit.quant import Int4Weight
+    L = llm.engine.model.layers[0]
+    assert all(isinstance(w, Int4Weight) for w in (L.qkv, L.o, L.gate_up, L.down))
+    dense = _llm(kv_cache_memory="128MiB", seed=1, weight_format="dequantized")
+    assert isinstance(dense.engine.model.layers[0].qkv, torch.Tensor)
+    a = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:6], GREEDY)]
+    b = [o.outputs[0].token_ids for o in dense.generate(PROMPTS[:6], GREEDY)]
+    assert sum(x == y for x, y in zip(a, b)) >= 5, (a, b)
+    with pytest.raises(ValueError, match="weight_format must be one of auto, packed, dequantized"):
+        _llm(weight_format="int3")
+    _no_leaks(llm)

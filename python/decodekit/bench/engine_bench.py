@@ -56,7 +56,9 @@ def _weight_bytes(engine) -> int:
     seen, total = set(), 0
     tensors = [m.embed, m.norm, m.lm_head] + [t for L in m.layers for t in vars(L).values() if t is not None]
     for t in tensors:
-        if t.data_ptr() not in seen:
+        if not isinstance(t, torch.Tensor):  # packed INT4 (decodekit.quant.Int4Weight)
+            total += t.nbytes
+        elif t.data_ptr() not in seen:
             seen.add(t.data_ptr())
             total += t.numel() * t.element_size()
     # a decode step reads every weight once, except the embedding table (one row)

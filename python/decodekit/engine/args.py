@@ -25,6 +25,7 @@ def parse_bytes(value) -> int:
 
 
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+WEIGHT_FORMATS = ("auto", "packed", "dequantized")
 
 
 @dataclass
@@ -35,6 +36,8 @@ class EngineArgs:
     block_size: int = 16
     kv_cache_memory: str | int = "1GiB"   # CPU: bytes of KV cache
     kv_cache_dtype: str = "auto"          # auto: the model's dtype; fp8 (= fp8_e4m3): half the bytes of bf16
+    weight_format: str = "auto"           # GGUF Q4_0/Q4_1: "packed" (INT4 kernels), "dequantized"; auto: packed
+                                          # where the device has the int4_gemm kernel (CPU today)
     gpu_memory_utilization: float = 0.9   # CUDA: fraction of device memory for weights+activations+KV
     max_model_len: int | None = None      # default: the model's context length
     max_num_seqs: int = 256
@@ -53,6 +56,8 @@ class EngineArgs:
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128; got {self.block_size!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}; got {self.kv_cache_dtype!r}")
+        if self.weight_format not in WEIGHT_FORMATS:
+            raise ValueError(f"weight_format must be one of {', '.join(WEIGHT_FORMATS)}; got {self.weight_format!r}")
         if parse_bytes(self.kv_cache_memory) <= 0:
             raise ValueError(f"kv_cache_memory must be > 0, got {self.kv_cache_memory!r}")
         if not (0.05 <= float(self.gpu_memory_utilization) <= 0.99):
@@ -68,6 +73,14 @@ class EngineArgs:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
+
+    def keep_quantized(self) -> bool:
+        """Whether GGUF 4-bit weights stay packed: asked for, or (auto) the device has a kernel."""
+        if self.weight_format != "auto":
+            return self.weight_format == "packed"
+        dev = self.resolved_device()
+        return torch._C._dispatch_has_kernel_for_dispatch_key(
+            "decodekit::int4_gemm", "CUDA" if dev.type == "cuda" else "CPU")
 
     def resolved_kv_cache_dtype(self) -> torch.dtype:
         """The KV cache's element type: the model's dtype, or float8_e4m3fn (scale 1)."""
@@ -93,6 +106,9 @@ class EngineArgs:
         g.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
                        help="KV-cache element type: auto (the model's dtype) or fp8 (e4m3, scale 1: half the "
                             "bytes of bf16, so twice the tokens and faster long-context decode)")
+        g.add_argument("--weight-format", default="auto", choices=list(WEIGHT_FORMATS),
+                       help="GGUF Q4_0/Q4_1 projection weights: packed (INT4 kernels read ~4.5 bits per "
+                            "weight) or dequantized at load; auto: packed where the device has the kernel")
         g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                        help="fraction of GPU memory the engine may use (default 0.9)")
         g.add_argument("--max-model-len", type=int, default=None,

@@ -67,7 +67,8 @@ class LLMEngine:
         self.dtype = args.resolved_dtype()
         # Loaded straight onto the engine's device (large random presets are drawn there; the model
         # pops each tensor as it takes it, so weights never exist twice).
-        loaded = load_model(args.model, dtype=self.dtype, device=self.device, progress=args.progress)
+        loaded = load_model(args.model, dtype=self.dtype, device=self.device, progress=args.progress,
+                            keep_quantized=args.keep_quantized())
         self.model_config = cfg = loaded.config
         self.tokenizer = loaded.tokenizer
         self.model_source = loaded.source

@@ -86,11 +86,13 @@ def resolve_model(model: str | os.PathLike | None) -> tuple[str, str]:
 
 
 def load_model(model: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32,
-               device: str | torch.device = "cpu", progress: bool = True) -> LoadedModel:
+               device: str | torch.device = "cpu", progress: bool = True,
+               keep_quantized: bool = False) -> LoadedModel:
     """Loads a model's config, weights (as `dtype` on `device`) and tokenizer.
 
     model: None (the embedded SmolLM2-135M-Instruct), a .gguf file, a Hugging Face model
     directory, or "random:NAME" (NAME in RANDOM_PRESETS). progress: a progress bar on stderr.
+    keep_quantized: GGUF Q4_0 / Q4_1 projection weights stay packed (decodekit.quant.Int4Weight).
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
@@ -104,5 +106,5 @@ def load_model(model: str | os.PathLike | None = None, dtype: torch.dtype = torc
         cfg, weights, tok = load_hf_dir(where, dtype, device, progress)
     else:
         from .gguf import load_gguf
-        cfg, weights, tok = load_gguf(where, dtype, device, progress)
+        cfg, weights, tok = load_gguf(where, dtype, device, progress, keep_quantized=keep_quantized)
     return LoadedModel(cfg, weights, tok, where)

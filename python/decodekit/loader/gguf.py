@@ -300,9 +300,15 @@ def config_from_gguf(meta: dict[str, Any], infos: list[GGUFTensorInfo]) -> Model
         eos_token_ids=[int(eos)] if eos is not None else [], name=name)
 
 
+# Linear-layer weights that may stay packed (keep_quantized): the projections, not the embedding.
+_PACKABLE_SUFFIXES = ("_proj.weight",)
+
+
 def load_gguf(path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-              progress_bar: bool = True):
-    """(config, weights, tokenizer) of a GGUF file; weights dequantized tensor by tensor."""
+              progress_bar: bool = True, keep_quantized: bool = False):
+    """(config, weights, tokenizer) of a GGUF file; weights dequantized tensor by tensor, except,
+    with keep_quantized, the Q4_0 / Q4_1 projection weights: those become packed
+    decodekit.quant.Int4Weight (no dequantization, byte for byte the file's blocks)."""
     from ..tokenizer import Tokenizer
 
     reader = open_reader(path)
@@ -319,6 +325,11 @@ def load_gguf(path: str, dtype: torch.dtype = torch.float32, device: str | torch
         if info.hf_name is None:
             raise ModelLoadError(f"{path}: tensor {info.name!r} is not part of a supported "
                                  f"{meta.get('general.architecture')} model")
+        if keep_quantized and info.type_name in ("Q4_0", "Q4_1") and info.hf_name.endswith(_PACKABLE_SUFFIXES):
+            from ..quant import from_gguf_q4_0, from_gguf_q4_1
+            conv = from_gguf_q4_1 if info.type_name == "Q4_1" else from_gguf_q4_0
+            weights[info.hf_name] = conv(info.raw_bytes(), info.shape).to(device)
+            continue
         weights[info.hf_name] = info.dequantize(dtype, device)
     check_weights(cfg, weights, path)
     return cfg, weights, tokenizer

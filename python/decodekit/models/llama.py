@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from decodekit import ops
 from decodekit.config import ModelConfig
 from decodekit.ops import reference
+from decodekit.quant import Int4Weight
 
 
 @dataclass
@@ -45,24 +46,32 @@ class LlamaModel:
         self.config = c = config
         self.dtype, self.device = dtype, torch.device(device)
 
-        def take(name: str) -> torch.Tensor:
+        def take(name: str):
             if name not in weights:
                 raise KeyError(f"checkpoint is missing tensor {name!r}")
-            return weights.pop(name).to(device=self.device, dtype=dtype).contiguous()
+            w = weights.pop(name)
+            if isinstance(w, Int4Weight):  # packed INT4 stays packed (ops.linear decodes it)
+                return w.to(self.device)
+            return w.to(device=self.device, dtype=dtype).contiguous()
+
+        def cat_rows(parts):  # fused projections: rows stacked, packed if every part is
+            if all(isinstance(p, Int4Weight) for p in parts) and len({p.group_size for p in parts}) == 1:
+                return Int4Weight.cat(parts)
+            return torch.cat([ops.int4_dequantize(p, dtype) if isinstance(p, Int4Weight) else p for p in parts], 0)
 
         self.embed = take("model.embed_tokens.weight")  # [vocab, hidden]
         self.layers: list[LayerWeights] = []
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
-            qkv = torch.cat([take(p + "self_attn.q_proj.weight"), take(p + "self_attn.k_proj.weight"),
-                             take(p + "self_attn.v_proj.weight")], 0)
+            qkv = cat_rows([take(p + "self_attn.q_proj.weight"), take(p + "self_attn.k_proj.weight"),
+                            take(p + "self_attn.v_proj.weight")])
             bias = None
             if c.attention_bias:
                 bias = torch.cat([take(p + "self_attn.q_proj.bias"), take(p + "self_attn.k_proj.bias"),
                                   take(p + "self_attn.v_proj.bias")], 0)
             self.layers.append(LayerWeights(
                 qkv=qkv, qkv_bias=bias, o=take(p + "self_attn.o_proj.weight"),
-                gate_up=torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")], 0),
+                gate_up=cat_rows([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]),
                 down=take(p + "mlp.down_proj.weight"),
                 input_norm=take(p + "input_layernorm.weight"),
                 post_norm=take(p + "post_attention_layernorm.weight")))

@@ -92,12 +92,56 @@ def dense_gemm(a: torch.Tensor,                 # [M, K], M <= 64
     return out
 
 
+# Packed INT4 weights: rows of `a` up to this go through int4_gemm (weights decoded in registers);
+# more rows decode the weight once (int4_dequantize) and use the dense path.
+_INT4_GEMM_MAX_M = 16
+
+
+def int4_gemm(a: torch.Tensor,              # [M, K] (row stride free)
+              weight: "Int4Weight",          # [N, K] packed (decodekit.quant.Int4Weight)
+              bias: torch.Tensor | None = None,  # [N]
+              out: torch.Tensor | None = None,   # [M, N]
+              ) -> torch.Tensor:
+    """a @ w^T (+ bias) with w = scale * q + min decoded on the fly (fp32 accumulation)."""
+    if out is None:
+        out = torch.empty(a.shape[0], weight.shape[0], dtype=a.dtype, device=a.device)
+    if _has_kernel("int4_gemm", a.device):
+        _ops.int4_gemm(out, a, weight.qweight, weight.scales, weight.mins, weight.group_size, bias)
+        return out
+    out.copy_(reference.int4_gemm(a, weight.qweight, weight.scales, weight.mins, weight.group_size, bias))
+    return out
+
+
+def int4_dequantize(weight: "Int4Weight", dtype: torch.dtype = torch.float32) -> torch.Tensor:  # [N, K]
+    """The packed weight decoded to `dtype` (w = scale * q + min in fp32, then rounded)."""
+    if _has_kernel("int4_dequantize", weight.device):
+        out = torch.empty(weight.shape, dtype=dtype, device=weight.device)
+        _ops.int4_dequantize(out, weight.qweight, weight.scales, weight.mins, weight.group_size)
+        return out
+    return reference.int4_dequantize(weight.qweight, weight.scales, weight.mins, weight.group_size).to(dtype)
+
+
+@torch.library.register_fake("decodekit::int4_gemm")
+def _int4_gemm_fake(out, a, qweight, scales, mins, group_size, bias):
+    return None
+
+
+@torch.library.register_fake("decodekit::int4_dequantize")
+def _int4_dequantize_fake(out, qweight, scales, mins, group_size):
+    return None
+
+
 def linear(x: torch.Tensor,                      # [M, K]
-           weight: torch.Tensor,                 # [N, K]
+           weight,                               # [N, K] tensor, or a packed decodekit.quant.Int4Weight
            bias: torch.Tensor | None = None) -> torch.Tensor:  # [M, N]
-    """x @ weight^T + bias. On the CPU in bf16: decode batches (up to 32 rows) use dense_gemm
+    """x @ weight^T + bias. Packed INT4 weights: int4_gemm for decode-sized batches, else decoded
+    once and the dense path. On the CPU in bf16: decode batches (up to 32 rows) use dense_gemm
     (weights widened to fp32 in registers, near memory bandwidth), prefill-sized ones (128+ rows) an fp32
     GEMM on upcast operands; everything else goes to torch (oneDNN/MKL, cuBLAS on CUDA)."""
+    if not isinstance(weight, torch.Tensor):
+        if x.shape[0] <= _INT4_GEMM_MAX_M:
+            return int4_gemm(x, weight, bias)
+        weight = int4_dequantize(weight, x.dtype)
     if x.device.type == "cpu" and x.dtype == torch.bfloat16 and x.dim() == 2:
         if x.shape[0] <= _DENSE_ROUTE_MAX_M:
             return dense_gemm(x, weight, bias)

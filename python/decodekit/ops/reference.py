@@ -256,3 +256,28 @@ def swap_blocks(src: torch.Tensor,            # [num_src_blocks, ...]
     m = block_mapping.long().cpu()
     out[m[:, 1].to(dst.device)] = src[m[:, 0].to(src.device)].to(dst.device)
     return out
+
+
+def int4_dequantize(qweight: torch.Tensor,  # [N, K/2] uint8 (group-split nibbles)
+                    scales: torch.Tensor,   # [N, K/G] float16
+                    mins: torch.Tensor,     # [N, K/G] float16
+                    group_size: int) -> torch.Tensor:  # [N, K] float32
+    """w = scale * q + min in float32 (scale * q is exact, so one rounding), see
+    include/decodekit/gemm/int4.h for the nibble order."""
+    N, half = qweight.shape
+    G = group_size
+    K = 2 * half
+    q = qweight.view(N, K // G, G // 2)
+    codes = torch.cat([q & 15, q >> 4], dim=2).float()            # [N, K/G, G]
+    return (codes * scales.float()[:, :, None] + mins.float()[:, :, None]).reshape(N, K)
+
+
+def int4_gemm(a: torch.Tensor,            # [M, K]
+              qweight: torch.Tensor,      # [N, K/2] uint8
+              scales: torch.Tensor,       # [N, K/G] float16
+              mins: torch.Tensor,         # [N, K/G] float16
+              group_size: int,
+              bias: torch.Tensor | None = None) -> torch.Tensor:  # [M, N] in a's dtype (float64 for float64 a)
+    w = int4_dequantize(qweight, scales, mins, group_size).to(a.dtype)
+    out = a @ w.T
+    return out if bias is None else out + bias.to(out.dtype)

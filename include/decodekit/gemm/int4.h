@@ -1,0 +1,197 @@
+// INT4 weight-only GEMM (W4A16), CPU side, and the INT4 layout's per-element logic
+// (shared with the reference through tests; a CUDA kernel will use the same decode).
+//
+// Layout ("group-split", GGUF Q4_0/Q4_1's own order for group size 32): weight [N, K], groups
+// of G (32, 64 or 128) along K.
+//   qweight [N, K / 2] uint8: in group g of a row, byte g*G/2 + i holds element g*G + i in its
+//           low nibble and element g*G + G/2 + i in its high nibble (i < G/2);
+//   scales  [N, K / G] fp16, mins [N, K / G] fp16:  w[n, k] = scale * q + min  (fp32, one rounding:
+//           scale * q is exact). GGUF Q4_1 is exactly this; Q4_0 and symmetric GPTQ are
+//           min = -8 * scale (exact in fp16); asymmetric zero points are min = -scale * zero.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "decodekit/common/dtype.h"
+#include "decodekit/common/macros.h"
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace dk {
+
+// The 4-bit code of element k of a row (row: the row's K / 2 bytes).
+DK_HD int int4_code(const uint8_t* row, int group_size, int64_t k) {
+  const int64_t g = k / group_size;
+  const int i = int(k - g * group_size), half = group_size / 2;
+  const uint8_t b = row[g * half + (i < half ? i : i - half)];
+  return i < half ? (b & 15) : (b >> 4);
+}
+
+// The weight value of a code: scale * q + min in fp32 (scale * q exact).
+DK_HD float int4_weight(int q, float scale, float min) { return scale * float(q) + min; }
+
+namespace cpu {
+
+struct Int4GemmParams {
+  int64_t M, N, K;
+  int group_size;      // 32, 64 or 128
+  int64_t a_stride;    // row stride of a (elements)
+};
+
+// n fp16 values as fp32 (hardware conversion where available; exact either way).
+inline void half_row_to_float(const half_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+#endif
+  for (; i < n; ++i) dst[i] = half_to_float(src[i].bits);
+}
+
+#if defined(__AVX512F__)
+// res[r] += sum_g sc[g] * sum_i a_r[g*G + i] * q[g*G + i] for MM rows of a (row stride K), G a
+// multiple of 32: each 16 code bytes are widened once, scaled once, and used by all MM rows.
+template <int MM>
+inline void int4_rows_avx512(const uint8_t* qrow, const float* sc, const float* a, int64_t K, int G, float* res) {
+  __m512 acc[MM];
+  for (int r = 0; r < MM; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi32(15);
+  const int64_t ng = K / G;
+  const int half = G / 2;
+  for (int64_t g = 0; g < ng; ++g) {
+    const __m512 d = _mm512_set1_ps(sc[g]);
+    const uint8_t* qg = qrow + g * half;
+    for (int c = 0; c < half; c += 16) {  // elements g*G + c.. (low nibbles), g*G + half + c.. (high)
+      const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qg + c)));
+      const __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(b, low4)), d);
+      const __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), d);
+      for (int r = 0; r < MM; ++r) {
+        const float* ar = a + r * K + g * G + c;
+        acc[r] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(ar), acc[r]);
+        acc[r] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(ar + half), acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < MM; ++r) res[r] += _mm512_reduce_add_ps(acc[r]);
+}
+#endif
+
+// out[m, n] = sum_k a[m, k] * w[n, k] (+ bias[n]), fp32 accumulation, weights decoded on the
+// fly. Per group: scale * (sum_i a_i q_i) + min * (sum_i a_i), the activation sums computed
+// once per activation row. Parallel over N. T: activation / output storage type.
+template <class T>
+void int4_gemm(T* out,                  // [M, N]
+               const T* a,              // [M, K], row stride a_stride
+               const uint8_t* qweight,  // [N, K / 2]
+               const half_t* scales,    // [N, K / G]
+               const half_t* mins,      // [N, K / G]
+               const T* bias,           // [N] or null
+               const Int4GemmParams& P) {
+  const int64_t M = P.M, N = P.N, K = P.K;
+  const int G = P.group_size;
+  const int64_t ng = K / G;
+  // activations in fp32 and their per-group sums
+  std::vector<float> af(size_t(M * K)), asum(size_t(M * ng));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < ng; ++g) {
+      float s = 0.f;
+      for (int i = 0; i < G; ++i) {
+        const float v = to_float(a[m * P.a_stride + g * G + i]);
+        af[size_t(m * K + g * G + i)] = v;
+        s += v;
+      }
+      asum[size_t(m * ng + g)] = s;
+    }
+  constexpr int kMaxM = 8;  // rows of a handled together (each decoded weight used up to kMaxM times)
+  DK_OMP_PARALLEL_FOR_IF(N * K * M >= kParallelGrain)
+  for (int64_t n = 0; n < N; ++n) {
+    thread_local std::vector<float> sc_buf, mn_buf;
+    sc_buf.resize(size_t(ng));
+    mn_buf.resize(size_t(ng));
+    float* sc = sc_buf.data();  // thread_local: take the pointer (OpenMP, see dense_cpu.h)
+    float* mn = mn_buf.data();
+    half_row_to_float(scales + n * ng, sc, ng);
+    half_row_to_float(mins + n * ng, mn, ng);
+    const uint8_t* qrow = qweight + n * (K / 2);
+    for (int64_t m0 = 0; m0 < M; m0 += kMaxM) {
+      const int mm = int(std::min<int64_t>(kMaxM, M - m0));
+      const float* a0 = &af[size_t(m0 * K)];
+      float res[kMaxM] = {};
+#if defined(__AVX512F__)
+      if (G % 32 == 0) {
+        switch (mm) {  // compile-time row counts keep the accumulators in registers
+          case 1: int4_rows_avx512<1>(qrow, sc, a0, K, G, res); break;
+          case 2: int4_rows_avx512<2>(qrow, sc, a0, K, G, res); break;
+          case 3: int4_rows_avx512<3>(qrow, sc, a0, K, G, res); break;
+          case 4: int4_rows_avx512<4>(qrow, sc, a0, K, G, res); break;
+          default:
+            int4_rows_avx512<4>(qrow, sc, a0, K, G, res);
+            switch (mm - 4) {
+              case 1: int4_rows_avx512<1>(qrow, sc, a0 + 4 * K, K, G, res + 4); break;
+              case 2: int4_rows_avx512<2>(qrow, sc, a0 + 4 * K, K, G, res + 4); break;
+              case 3: int4_rows_avx512<3>(qrow, sc, a0 + 4 * K, K, G, res + 4); break;
+              default: int4_rows_avx512<4>(qrow, sc, a0 + 4 * K, K, G, res + 4); break;
+            }
+        }
+      } else
+#endif
+      {
+        for (int64_t g = 0; g < ng; ++g)
+          for (int r = 0; r < mm; ++r) {
+            const float* ar = a0 + r * K + g * G;
+            float t = 0.f;
+            for (int i = 0; i < G; ++i) t += ar[i] * float(int4_code(qrow, G, g * G + i));
+            res[r] += sc[g] * t;
+          }
+      }
+      for (int r = 0; r < mm; ++r) {
+        const float* as = &asum[size_t((m0 + r) * ng)];
+        float mt = 0.f;
+#pragma omp simd reduction(+ : mt)
+        for (int64_t g = 0; g < ng; ++g) mt += mn[g] * as[g];
+        float v = res[r] + mt;
+        if (bias) v += to_float(bias[n]);
+        out[(m0 + r) * N + n] = from_float<T>(v);
+      }
+    }
+  }
+}
+
+// Decodes the whole weight: w [N, K] of T (for large M: decode once, then a dense GEMM).
+template <class T>
+void int4_dequantize(T* w, const uint8_t* qweight, const half_t* scales, const half_t* mins, int64_t N, int64_t K,
+                     int G) {
+  const int64_t ng = K / G;
+  DK_OMP_PARALLEL_FOR_IF(N * K >= kParallelGrain)
+  for (int64_t n = 0; n < N; ++n) {
+    const uint8_t* qrow = qweight + n * (K / 2);
+    for (int64_t g = 0; g < ng; ++g) {
+      const float d = half_to_float(scales[n * ng + g].bits), mn = half_to_float(mins[n * ng + g].bits);
+      float buf[128];  // one group (G <= 128), in element order
+      const int half = G / 2;
+      int i = 0;
+#if defined(__AVX512F__)
+      const __m512 dv = _mm512_set1_ps(d), mv = _mm512_set1_ps(mn);
+      for (; i + 16 <= half; i += 16) {  // d * q + m: the product is exact, one rounding as int4_weight
+        const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qrow + g * half + i)));
+        _mm512_storeu_ps(buf + i, _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(
+                                                    _mm512_and_si512(b, _mm512_set1_epi32(15))), dv), mv));
+        _mm512_storeu_ps(buf + half + i,
+                         _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), dv), mv));
+      }
+#endif
+      for (; i < half; ++i) {
+        const uint8_t b = qrow[g * half + i];
+        buf[i] = int4_weight(b & 15, d, mn);
+        buf[half + i] = int4_weight(b >> 4, d, mn);
+      }
+      T* dst = w + n * K + g * G;
+      for (int j = 0; j < G; ++j) dst[j] = from_float<T>(buf[j]);
+    }
+  }
+}
+
+}  // namespace cpu
+}  // namespace dk

@@ -1,0 +1,118 @@
+"""INT4 weight-only GEMM (int4_gemm, int4_dequantize) against float64 on decoded weights, and the
+GGUF Q4_0 / Q4_1 converters against the gguf package's own dequantization."""
+import numpy as np
+import pytest
+import torch
+from torch.library import opcheck
+
+from dk_testing import DEVICES, DTYPES, TOL, randn
+from decodekit import ops
+from decodekit.ops import reference as ref
+from decodekit.quant import Int4Weight, from_gguf_q4_0, from_gguf_q4_1, to_gguf_q4_1
+
+gguf = pytest.importorskip("gguf")
+
+
+def _weight(N, K, G, device, gen):
+    q = torch.randint(0, 256, (N, K // 2), generator=gen, dtype=torch.uint8)
+    s = (torch.rand(N, K // G, generator=gen) * 0.05 + 0.005).half()
+    m = (torch.randn(N, K // G, generator=gen) * 0.2).half()
+    return Int4Weight(q.to(device), s.to(device), m.to(device), G)
+
+
+def _check_gemm(out, a, w, bias, dtype):
+    """|out - ref| <= tol * (1 + |a| @ |w|^T): the error bound of a dot product accumulated in fp32,
+    plus the output's rounding (TOL[dtype])."""
+    wd = ref.int4_dequantize(w.qweight.cpu(), w.scales.cpu(), w.mins.cpu(), w.group_size).double()
+    want = a.cpu().double() @ wd.T
+    mag = a.cpu().double().abs() @ wd.abs().T
+    if bias is not None:
+        want += bias.cpu().double()
+        mag += bias.cpu().double().abs()
+    got = out.cpu().double()
+    assert not got.isnan().any(), "unwritten (NaN-poisoned) outputs"
+    tol = TOL[dtype]["rtol"] + 2e-6  # fp32 accumulation over K terms, relative to |a| |w|
+    err = ((got - want).abs() / (TOL[dtype]["atol"] + tol * mag)).max().item()
+    assert err <= 1.0, f"int4_gemm error {err:.3f} of the tolerance"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M", [1, 3, 16, 17])
+@pytest.mark.parametrize("N, K, G", [(576, 576, 32), (67, 192, 64), (130, 1024, 128), (1536, 576, 32), (33, 96, 32)])
+def test_int4_gemm(N, K, G, M, dtype, device, gen):
+    w = _weight(N, K, G, device, gen)
+    buf = randn((M, K + 7), dtype, device, gen)  # a row-strided view
+    a = buf[:, 3:K + 3]
+    bias = randn((N,), dtype, device, gen) if M % 2 else None
+    out = torch.full((M, N), float("nan"), dtype=dtype, device=device)
+    ops.int4_gemm(a, w, bias, out=out)
+    _check_gemm(out, a, w, bias, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("M", [1, 40])  # decoded on the fly / decoded once then dense
+def test_linear_with_int4_weight(M, device, gen):
+    w = _weight(96, 256, 64, device, gen)
+    a = randn((M, 256), torch.bfloat16, device, gen)
+    _check_gemm(ops.linear(a, w), a, w, None, torch.bfloat16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("G", [32, 64, 128])
+def test_int4_dequantize_exact(G, dtype, device, gen):
+    w = _weight(21, 4 * G, G, device, gen)
+    got = ops.int4_dequantize(w, dtype)
+    want = ref.int4_dequantize(w.qweight, w.scales, w.mins, G).to(dtype)
+    assert torch.equal(got.cpu(), want.cpu())
+    # the code order: element g*G + i in the low nibble of byte g*G/2 + i, element g*G + G/2 + i in the high one
+    codes = w.codes().cpu()
+    assert int(codes[0, 1]) == int(w.qweight[0, 1]) & 15 and int(codes[0, G // 2 + 1]) == int(w.qweight[0, 1]) >> 4
+
+
+def test_gguf_q4_1_roundtrip_and_values(gen):
+    """Converted embedded-model tensors decode exactly as the gguf package dequantizes them, and
+    convert back to the same bytes."""
+    from decodekit.loader import embedded_model_path
+    from decodekit.loader.gguf import read_gguf_tensors
+    infos = [t for t in read_gguf_tensors(embedded_model_path()) if t.type_name == "Q4_1"][:3]
+    assert infos, "the embedded model has Q4_1 tensors"
+    for t in infos:
+        raw = t.raw_bytes()
+        w = from_gguf_q4_1(raw, t.shape)
+        assert np.array_equal(to_gguf_q4_1(w), raw)
+        want = t.dequantize(torch.float32)
+        got = ops.int4_dequantize(w, torch.float32)
+        assert torch.equal(got, want), f"{t.name}: {(got != want).sum()} values differ from gguf's dequantize"
+
+
+def test_gguf_q4_0_values(gen):
+    x = torch.randn(37, 320, generator=gen).numpy()
+    raw = gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q4_0)
+    want = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_0).reshape(37, 320))
+    got = ops.int4_dequantize(from_gguf_q4_0(raw, (37, 320)), torch.float32)
+    assert torch.equal(got, want.float())
+
+
+def test_int4_errors(gen):
+    w = _weight(8, 64, 32, "cpu", gen)
+    a = torch.randn(2, 64)
+    with pytest.raises(RuntimeError, match="'group_size' must be 32, 64 or 128, got 48"):
+        torch.ops.decodekit.int4_gemm(torch.empty(2, 8), a, w.qweight, w.scales, w.mins, 48, None)
+    with pytest.raises(RuntimeError, match="'scales' has dtype"):
+        torch.ops.decodekit.int4_gemm(torch.empty(2, 8), a, w.qweight, w.scales.float(), w.mins, 32, None)
+    with pytest.raises(RuntimeError, match="'qweight' must have size 48 \\(K / 2\\) in dim 1"):
+        torch.ops.decodekit.int4_gemm(torch.empty(2, 8), torch.randn(2, 96), w.qweight, w.scales, w.mins, 32, None)
+    with pytest.raises(ValueError, match="inconsistent INT4 weight"):
+        Int4Weight(w.qweight, w.scales[:, :1], w.mins, 32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_int4_opcheck(device, gen):
+    w = _weight(40, 128, 64, device, gen)
+    a = randn((3, 128), torch.bfloat16, device, gen)
+    opcheck(torch.ops.decodekit.int4_gemm.default,
+            (torch.empty(3, 40, dtype=torch.bfloat16, device=device), a, w.qweight, w.scales, w.mins, 64, None))
+    opcheck(torch.ops.decodekit.int4_dequantize.default,
+            (torch.empty(40, 128, device=device), w.qweight, w.scales, w.mins, 64))
