@@ -179,6 +179,21 @@ inline GemmArgs int4_gemm_args(const at::Tensor& out, const at::Tensor& a, const
   return g;
 }
 
+// INT8 weight-only: qweight [N, K] int8, scales [N, K/G] float16 (GGUF Q8_0: G = 32).
+inline GemmArgs int8_weight_args(const char* op, const at::Tensor& qweight, const at::Tensor& scales,
+                                 int64_t group_size, int64_t K) {
+  TORCH_CHECK(group_size == 32 || group_size == 64 || group_size == 128, op,
+              ": 'group_size' must be 32, 64 or 128, got ", group_size);
+  TORCH_CHECK(K % group_size == 0, op, ": K = ", K, " must be a multiple of group_size = ", group_size);
+  GemmArgs g{};
+  g.K = K;
+  Check(op, "qweight", qweight).dim(2).size(1, K, "K").dtype({at::kChar}).contiguous();
+  g.N = qweight.size(0);
+  Check(op, "scales", scales).dim(2).size(0, g.N, "N = qweight.size(0)").size(1, K / group_size, "K / group_size")
+      .dtype({at::kHalf}).device_as(qweight, "qweight").contiguous();
+  return g;
+}
+
 // The paged K and V caches: [num_blocks, num_kv_heads, block_size, head_dim] each, alike.
 inline void kv_cache_shape(const char* op, const at::Tensor& key_cache, const at::Tensor& value_cache,
                            int64_t& num_blocks, int& num_kv_heads, int& block_size, int& head_dim) {

@@ -52,9 +52,55 @@ void int4_dequantize_cpu(at::Tensor& out,            // [N, K]
   });
 }
 
+void int8_gemm_cpu(at::Tensor& out,                        // [M, N]
+                   const at::Tensor& a,                    // [M, K]
+                   const at::Tensor& qweight,              // [N, K] int8
+                   const at::Tensor& scales,               // [N, K / G] float16
+                   int64_t group_size,
+                   const std::optional<at::Tensor>& bias) {  // [N]
+  const char* op = "decodekit::int8_gemm";
+  dk::Check(op, "a", a).dim(2).dtype(dk::kFloatTypes).last_dim_contiguous();
+  dk::GemmArgs g = dk::int8_weight_args(op, qweight, scales, group_size, a.size(1));
+  dk::Check(op, "qweight", qweight).device_as(a, "a");
+  g.M = a.size(0);
+  g.a_stride = g.M > 1 ? a.stride(0) : g.K;
+  dk::Check(op, "out", out).dim(2).size(0, g.M, "M").size(1, g.N, "N = qweight.size(0)").dtype_as(a, "a")
+      .device_as(a, "a").contiguous();
+  if (bias.has_value())
+    dk::Check(op, "bias", *bias).dim(1).size(0, g.N, "N").dtype_as(a, "a").device_as(a, "a").contiguous();
+  if (g.M == 0 || g.N == 0) return;
+  const dk::cpu::Int4GemmParams P{g.M, g.N, g.K, int(group_size), g.a_stride};
+  DK_CPU_DISPATCH_FLOATING(a.scalar_type(), op, [&] {
+    dk::cpu::int8_gemm<scalar_t>(dk_ptr<scalar_t>(out), dk_ptr<scalar_t>(a), qweight.data_ptr<int8_t>(),
+                                 dk_ptr<dk::half_t>(scales), bias.has_value() ? dk_ptr<scalar_t>(*bias) : nullptr, P);
+  });
+}
+
+void int8_dequantize_rows_cpu(at::Tensor& out,            // [R, K]
+                              const at::Tensor& qweight,  // [N, K] int8
+                              const at::Tensor& scales,   // [N, K / G] float16
+                              int64_t group_size,
+                              const at::Tensor& ids) {    // [R] int64
+  const char* op = "decodekit::int8_dequantize_rows";
+  dk::Check(op, "out", out).dim(2).dtype(dk::kFloatTypes).contiguous();
+  const dk::GemmArgs g = dk::int8_weight_args(op, qweight, scales, group_size, out.size(1));
+  dk::Check(op, "ids", ids).dim(1).size(0, out.size(0), "out.size(0)").dtype({at::kLong}).device_as(qweight, "qweight")
+      .contiguous();
+  dk::Check(op, "out", out).device_as(qweight, "qweight");
+  const int64_t* id = ids.data_ptr<int64_t>();
+  for (int64_t r = 0; r < ids.size(0); ++r)
+    TORCH_CHECK(id[r] >= 0 && id[r] < g.N, op, ": 'ids'[", r, "] = ", id[r], " is outside [0, ", g.N, ")");
+  DK_CPU_DISPATCH_FLOATING(out.scalar_type(), op, [&] {
+    dk::cpu::int8_dequantize_rows<scalar_t>(dk_ptr<scalar_t>(out), qweight.data_ptr<int8_t>(),
+                                            dk_ptr<dk::half_t>(scales), id, ids.size(0), g.K, int(group_size));
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(decodekit, CPU, m) {
+  m.impl("int8_gemm", &int8_gemm_cpu);
+  m.impl("int8_dequantize_rows", &int8_dequantize_rows_cpu);
   m.impl("dense_gemm", &dense_gemm_cpu);
   m.impl("int4_gemm", &int4_gemm_cpu);
   m.impl("int4_dequantize", &int4_dequantize_cpu);

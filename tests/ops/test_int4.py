@@ -116,3 +116,67 @@ def test_int4_opcheck(device, gen):
             (torch.empty(3, 40, dtype=torch.bfloat16, device=device), a, w.qweight, w.scales, w.mins, 64, None))
     opcheck(torch.ops.decodekit.int4_dequantize.default,
             (torch.empty(40, 128, device=device), w.qweight, w.scales, w.mins, 64))
+
+
+# ---- INT8 weight-only (GGUF Q8_0) ---------------------------------------------------------
+
+def _weight8(N, K, G, device, gen):
+    from decodekit.quant import Int8Weight
+    q = torch.randint(-128, 128, (N, K), generator=gen, dtype=torch.int8)
+    s = (torch.rand(N, K // G, generator=gen) * 0.01 + 0.001).half()
+    return Int8Weight(q.to(device), s.to(device), G)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M", [1, 4, 5])
+@pytest.mark.parametrize("N, K, G", [(576, 576, 32), (77, 256, 64), (49, 384, 128), (51, 96, 32)])
+def test_int8_gemm(N, K, G, M, dtype, device, gen):
+    w = _weight8(N, K, G, device, gen)
+    a = randn((M, K + 5), dtype, device, gen)[:, 2:K + 2]
+    bias = randn((N,), dtype, device, gen) if M == 5 else None
+    out = torch.full((M, N), float("nan"), dtype=dtype, device=device)
+    ops.int8_gemm(a, w, bias, out=out)
+    wd = ref.int8_dequantize(w.qweight.cpu(), w.scales.cpu(), G).double()
+    want = a.cpu().double() @ wd.T + (0 if bias is None else bias.cpu().double())
+    mag = a.cpu().double().abs() @ wd.abs().T + (0 if bias is None else bias.cpu().double().abs())
+    err = ((out.cpu().double() - want).abs() / (TOL[dtype]["atol"] + (TOL[dtype]["rtol"] + 2e-6) * mag)).max()
+    assert not out.isnan().any() and err <= 1.0, f"int8_gemm error {err:.3f} of the tolerance"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_int8_embedding_and_linear(device, gen):
+    w = _weight8(300, 64, 32, device, gen)
+    ids = torch.tensor([5, 0, 299, 5, 17], device=device)
+    want = ref.int8_dequantize(w.qweight.cpu(), w.scales.cpu(), 32)[ids.cpu()]
+    assert torch.equal(ops.int8_embedding(ids, w, torch.float32).cpu(), want)
+    assert torch.equal(ops.int8_dequantize(w, torch.float32).cpu(), ref.int8_dequantize(w.qweight.cpu(), w.scales.cpu(), 32))
+    a = randn((20, 64), torch.float32, device, gen)  # M > 16: decoded once, then dense
+    torch.testing.assert_close(ops.linear(a, w).cpu().double(),
+                               a.cpu().double() @ ref.int8_dequantize(w.qweight.cpu(), w.scales.cpu(), 32).double().T,
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="'ids'\\[1\\] = 300 is outside \\[0, 300\\)"):
+        torch.ops.decodekit.int8_dequantize_rows(torch.empty(2, 64), w.qweight.cpu(), w.scales.cpu(), 32,
+                                                 torch.tensor([1, 300]))
+
+
+def test_gguf_q8_0_values_and_roundtrip():
+    from decodekit.loader import embedded_model_path
+    from decodekit.loader.gguf import read_gguf_tensors
+    from decodekit.quant import from_gguf_q8_0, to_gguf_q8_0
+    t = next(t for t in read_gguf_tensors(embedded_model_path()) if t.type_name == "Q8_0")
+    raw = t.raw_bytes()
+    w = from_gguf_q8_0(raw, t.shape)
+    assert np.array_equal(to_gguf_q8_0(w), raw)
+    ids = torch.tensor([0, 1, 100, t.shape[0] - 1])
+    assert torch.equal(ops.int8_embedding(ids, w, torch.float32), t.dequantize(torch.float32)[ids])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_int8_opcheck(device, gen):
+    w = _weight8(40, 128, 64, device, gen)
+    a = randn((3, 128), torch.bfloat16, device, gen)
+    opcheck(torch.ops.decodekit.int8_gemm.default,
+            (torch.empty(3, 40, dtype=torch.bfloat16, device=device), a, w.qweight, w.scales, 64, None))
+    opcheck(torch.ops.decodekit.int8_dequantize_rows.default,
+            (torch.empty(2, 128, device=device), w.qweight, w.scales, 64, torch.tensor([3, 1], device=device)))

@@ -1,4 +1,4 @@
-// INT4 weight-only GEMM (W4A16), CPU side, and the INT4 layout's per-element logic
+// INT4 (and INT8) weight-only GEMM (W4A16, W8A16), CPU side, and the INT4 layout's per-element logic
 // (shared with the reference through tests; a CUDA kernel will use the same decode).
 //
 // Layout ("group-split", GGUF Q4_0/Q4_1's own order for group size 32): weight [N, K], groups
@@ -78,6 +78,77 @@ inline void int4_rows_avx512(const uint8_t* qrow, const float* sc, const float* 
 }
 #endif
 
+#if defined(__AVX512F__) && defined(__F16C__)
+inline float hsum_ps(__m512 v) { return _mm512_reduce_add_ps(v); }
+
+// M = 1, G = 32: out[n] = sum_g d[n,g] * (q . a)_g + sum_g m[n,g] * asum_g, four rows n at a time
+// (the group's activations loaded once for the four), rows past N recomputing the last one.
+template <class T>
+void int4_gemv_g32_avx512(T* out, const float* a, const float* asum, const uint8_t* qweight, const half_t* scales,
+                          const half_t* mins, const T* bias, int64_t N, int64_t K) {
+  const int64_t ng = K / 32, half = K / 2;
+  const __m512i low4 = _mm512_set1_epi32(15);
+  DK_OMP_PARALLEL_FOR_IF(N * K >= kParallelGrain)
+  for (int64_t nb = 0; nb < (N + 3) / 4; ++nb) {
+    int64_t rows[4];
+    for (int r = 0; r < 4; ++r) rows[r] = std::min<int64_t>(nb * 4 + r, N - 1);
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t g = 0; g < ng; ++g) {
+      const __m512 alo = _mm512_loadu_ps(a + g * 32), ahi = _mm512_loadu_ps(a + g * 32 + 16);
+      for (int r = 0; r < 4; ++r) {
+        const __m512i b = _mm512_cvtepu8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(qweight + rows[r] * half + g * 16)));
+        __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(b, low4)), alo);
+        t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), ahi, t);
+        acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(_cvtsh_ss(scales[rows[r] * ng + g].bits)), acc[r]);
+      }
+    }
+    for (int r = 0; r < 4 && nb * 4 + r < N; ++r) {
+      const int64_t n = rows[r];
+      float mt = 0.f;
+      int64_t g = 0;
+      __m512 mv = _mm512_setzero_ps();
+      for (; g + 16 <= ng; g += 16)
+        mv = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mins + n * ng + g))),
+                             _mm512_loadu_ps(asum + g), mv);
+      for (; g < ng; ++g) mt += _cvtsh_ss(mins[n * ng + g].bits) * asum[g];
+      float v = hsum_ps(acc[r]) + hsum_ps(mv) + mt;
+      if (bias) v += to_float(bias[n]);
+      out[n] = from_float<T>(v);
+    }
+  }
+}
+
+// M = 1, INT8 (G = 32): four rows at a time, as int4_gemv_g32_avx512.
+template <class T>
+void int8_gemv_g32_avx512(T* out, const float* a, const int8_t* qweight, const half_t* scales, const T* bias,
+                          int64_t N, int64_t K) {
+  const int64_t ng = K / 32;
+  DK_OMP_PARALLEL_FOR_IF(N * K >= kParallelGrain)
+  for (int64_t nb = 0; nb < (N + 3) / 4; ++nb) {
+    int64_t rows[4];
+    for (int r = 0; r < 4; ++r) rows[r] = std::min<int64_t>(nb * 4 + r, N - 1);
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t g = 0; g < ng; ++g) {
+      const __m512 a0 = _mm512_loadu_ps(a + g * 32), a1 = _mm512_loadu_ps(a + g * 32 + 16);
+      for (int r = 0; r < 4; ++r) {
+        const int8_t* q = qweight + rows[r] * K + g * 32;
+        __m512 t = _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))), a0);
+        t = _mm512_fmadd_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)))), a1, t);
+        acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(_cvtsh_ss(scales[rows[r] * ng + g].bits)), acc[r]);
+      }
+    }
+    for (int r = 0; r < 4 && nb * 4 + r < N; ++r) {
+      float v = hsum_ps(acc[r]);
+      if (bias) v += to_float(bias[rows[r]]);
+      out[rows[r]] = from_float<T>(v);
+    }
+  }
+}
+#endif
+
 // out[m, n] = sum_k a[m, k] * w[n, k] (+ bias[n]), fp32 accumulation, weights decoded on the
 // fly. Per group: scale * (sum_i a_i q_i) + min * (sum_i a_i), the activation sums computed
 // once per activation row. Parallel over N. T: activation / output storage type.
@@ -104,6 +175,12 @@ void int4_gemm(T* out,                  // [M, N]
       }
       asum[size_t(m * ng + g)] = s;
     }
+#if defined(__AVX512F__) && defined(__F16C__)
+  if (M == 1 && G == 32) {  // decode: 4 output rows per step share the activation loads
+    int4_gemv_g32_avx512(out, af.data(), asum.data(), qweight, scales, mins, bias, N, K);
+    return;
+  }
+#endif
   constexpr int kMaxM = 8;  // rows of a handled together (each decoded weight used up to kMaxM times)
   DK_OMP_PARALLEL_FOR_IF(N * K * M >= kParallelGrain)
   for (int64_t n = 0; n < N; ++n) {
@@ -190,6 +267,101 @@ void int4_dequantize(T* w, const uint8_t* qweight, const half_t* scales, const h
       T* dst = w + n * K + g * G;
       for (int j = 0; j < G; ++j) dst[j] = from_float<T>(buf[j]);
     }
+  }
+}
+
+// ---- INT8 weight-only (GGUF Q8_0: groups of 32, w = scale * q, q int8) -----------------------
+// qweight [N, K] int8, scales [N, K / G] fp16.
+
+#if defined(__AVX512F__)
+template <int MM>
+inline void int8_rows_avx512(const int8_t* qrow, const float* sc, const float* a, int64_t K, int G, float* res) {
+  __m512 acc[MM];
+  for (int r = 0; r < MM; ++r) acc[r] = _mm512_setzero_ps();
+  const int64_t ng = K / G;
+  for (int64_t g = 0; g < ng; ++g) {
+    const __m512 d = _mm512_set1_ps(sc[g]);
+    for (int c = 0; c < G; c += 16) {
+      const __m512 w = _mm512_mul_ps(
+          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qrow + g * G + c)))),
+          d);
+      for (int r = 0; r < MM; ++r) acc[r] = _mm512_fmadd_ps(w, _mm512_loadu_ps(a + r * K + g * G + c), acc[r]);
+    }
+  }
+  for (int r = 0; r < MM; ++r) res[r] += _mm512_reduce_add_ps(acc[r]);
+}
+#endif
+
+// out[m, n] = sum_k a[m, k] * scale[n, k / G] * q[n, k] (+ bias[n]), fp32 accumulation.
+template <class T>
+void int8_gemm(T* out,                  // [M, N]
+               const T* a,              // [M, K], row stride a_stride
+               const int8_t* qweight,   // [N, K]
+               const half_t* scales,    // [N, K / G]
+               const T* bias,           // [N] or null
+               const Int4GemmParams& P) {
+  const int64_t M = P.M, N = P.N, K = P.K;
+  const int G = P.group_size;
+  const int64_t ng = K / G;
+  std::vector<float> af(size_t(M * K));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) af[size_t(m * K + k)] = to_float(a[m * P.a_stride + k]);
+#if defined(__AVX512F__) && defined(__F16C__)
+  if (M == 1 && G == 32) {
+    int8_gemv_g32_avx512(out, af.data(), qweight, scales, bias, N, K);
+    return;
+  }
+#endif
+  constexpr int kMaxM = 4;
+  DK_OMP_PARALLEL_FOR_IF(N * K * M >= kParallelGrain)
+  for (int64_t n = 0; n < N; ++n) {
+    thread_local std::vector<float> sc_buf;
+    sc_buf.resize(size_t(ng));
+    float* sc = sc_buf.data();
+    half_row_to_float(scales + n * ng, sc, ng);
+    const int8_t* qrow = qweight + n * K;
+    for (int64_t m0 = 0; m0 < M; m0 += kMaxM) {
+      const int mm = int(std::min<int64_t>(kMaxM, M - m0));
+      const float* a0 = &af[size_t(m0 * K)];
+      float res[kMaxM] = {};
+#if defined(__AVX512F__)
+      if (G % 16 == 0) {
+        switch (mm) {
+          case 1: int8_rows_avx512<1>(qrow, sc, a0, K, G, res); break;
+          case 2: int8_rows_avx512<2>(qrow, sc, a0, K, G, res); break;
+          case 3: int8_rows_avx512<3>(qrow, sc, a0, K, G, res); break;
+          default: int8_rows_avx512<4>(qrow, sc, a0, K, G, res); break;
+        }
+      } else
+#endif
+      {
+        for (int64_t g = 0; g < ng; ++g)
+          for (int r = 0; r < mm; ++r) {
+            float t = 0.f;
+            for (int i = 0; i < G; ++i) t += a0[r * K + g * G + i] * float(qrow[g * G + i]);
+            res[r] += sc[g] * t;
+          }
+      }
+      for (int r = 0; r < mm; ++r) {
+        float v = res[r];
+        if (bias) v += to_float(bias[n]);
+        out[(m0 + r) * N + n] = from_float<T>(v);
+      }
+    }
+  }
+}
+
+// Decodes rows of an INT8 weight: w [R, K] of T for the rows ids[0..R) (all N rows when ids is
+// null): the embedding lookup of a Q8_0 table and the large-M path.
+template <class T>
+void int8_dequantize_rows(T* w, const int8_t* qweight, const half_t* scales, const int64_t* ids, int64_t R,
+                          int64_t K, int G) {
+  const int64_t ng = K / G;
+  DK_OMP_PARALLEL_FOR_IF(R * K >= kParallelGrain)
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t n = ids ? ids[r] : r;
+    for (int64_t k = 0; k < K; ++k)
+      w[r * K + k] = from_float<T>(half_to_float(scales[n * ng + k / G].bits) * float(qweight[n * K + k]));
   }
 }
 

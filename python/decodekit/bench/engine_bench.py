@@ -56,14 +56,16 @@ def _weight_bytes(engine) -> int:
     seen, total = set(), 0
     tensors = [m.embed, m.norm, m.lm_head] + [t for L in m.layers for t in vars(L).values() if t is not None]
     for t in tensors:
-        if not isinstance(t, torch.Tensor):  # packed INT4 (decodekit.quant.Int4Weight)
-            total += t.nbytes
+        if not isinstance(t, torch.Tensor):  # packed INT4 / INT8 (decodekit.quant)
+            if id(t) not in seen:
+                seen.add(id(t))
+                total += t.nbytes
         elif t.data_ptr() not in seen:
             seen.add(t.data_ptr())
             total += t.numel() * t.element_size()
     # a decode step reads every weight once, except the embedding table (one row)
-    if m.lm_head.data_ptr() != m.embed.data_ptr():
-        total -= m.embed.numel() * m.embed.element_size()
+    if m.lm_head is not m.embed:
+        total -= m.embed.nbytes if not isinstance(m.embed, torch.Tensor) else m.embed.numel() * m.embed.element_size()
     return total
 
 

@@ -302,13 +302,15 @@ def config_from_gguf(meta: dict[str, Any], infos: list[GGUFTensorInfo]) -> Model
 
 # Linear-layer weights that may stay packed (keep_quantized): the projections, not the embedding.
 _PACKABLE_SUFFIXES = ("_proj.weight",)
+# Q8_0 tables that may stay packed: the token embedding (rows decoded on lookup) and the LM head.
+_PACKABLE_INT8 = ("model.embed_tokens.weight", "lm_head.weight")
 
 
 def load_gguf(path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
               progress_bar: bool = True, keep_quantized: bool = False):
     """(config, weights, tokenizer) of a GGUF file; weights dequantized tensor by tensor, except,
-    with keep_quantized, the Q4_0 / Q4_1 projection weights: those become packed
-    decodekit.quant.Int4Weight (no dequantization, byte for byte the file's blocks)."""
+    with keep_quantized, the Q4_0 / Q4_1 projection weights and the Q8_0 embedding / LM head:
+    those become packed decodekit.quant.Int4Weight / Int8Weight (byte for byte the file's blocks)."""
     from ..tokenizer import Tokenizer
 
     reader = open_reader(path)
@@ -329,6 +331,10 @@ def load_gguf(path: str, dtype: torch.dtype = torch.float32, device: str | torch
             from ..quant import from_gguf_q4_0, from_gguf_q4_1
             conv = from_gguf_q4_1 if info.type_name == "Q4_1" else from_gguf_q4_0
             weights[info.hf_name] = conv(info.raw_bytes(), info.shape).to(device)
+            continue
+        if keep_quantized and info.type_name == "Q8_0" and info.hf_name in _PACKABLE_INT8:
+            from ..quant import from_gguf_q8_0
+            weights[info.hf_name] = from_gguf_q8_0(info.raw_bytes(), info.shape).to(device)
             continue
         weights[info.hf_name] = info.dequantize(dtype, device)
     check_weights(cfg, weights, path)

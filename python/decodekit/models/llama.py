@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from decodekit import ops
 from decodekit.config import ModelConfig
 from decodekit.ops import reference
-from decodekit.quant import Int4Weight
+from decodekit.quant import Int4Weight, Int8Weight
 
 
 @dataclass
@@ -50,7 +50,7 @@ class LlamaModel:
             if name not in weights:
                 raise KeyError(f"checkpoint is missing tensor {name!r}")
             w = weights.pop(name)
-            if isinstance(w, Int4Weight):  # packed INT4 stays packed (ops.linear decodes it)
+            if isinstance(w, (Int4Weight, Int8Weight)):  # packed stays packed (ops decode it)
                 return w.to(self.device)
             return w.to(device=self.device, dtype=dtype).contiguous()
 
@@ -146,7 +146,10 @@ class LlamaModel:
         T = input_ids.shape[0]
         q_size, kv_size, D = c.q_size, c.kv_size, c.head_dim
         eps = c.rms_norm_eps
-        residual = F.embedding(input_ids, self.embed)  # [T, hidden], a fresh tensor (updated in place)
+        if isinstance(self.embed, Int8Weight):  # a packed Q8_0 table: the rows decoded on lookup
+            residual = ops.int8_embedding(input_ids, self.embed, self.dtype)
+        else:
+            residual = F.embedding(input_ids, self.embed)  # [T, hidden], a fresh tensor (updated in place)
         h = ops.rms_norm(residual, self.layers[0].input_norm, eps)
         for i, L in enumerate(self.layers):
             if i > 0:

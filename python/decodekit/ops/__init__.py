@@ -121,6 +121,47 @@ def int4_dequantize(weight: "Int4Weight", dtype: torch.dtype = torch.float32) ->
     return reference.int4_dequantize(weight.qweight, weight.scales, weight.mins, weight.group_size).to(dtype)
 
 
+def int8_gemm(a: torch.Tensor,              # [M, K] (row stride free)
+              weight: "Int8Weight",          # [N, K] (decodekit.quant.Int8Weight, GGUF Q8_0)
+              bias: torch.Tensor | None = None,  # [N]
+              out: torch.Tensor | None = None,   # [M, N]
+              ) -> torch.Tensor:
+    """a @ w^T (+ bias), w = scale * q decoded on the fly (fp32 accumulation)."""
+    if out is None:
+        out = torch.empty(a.shape[0], weight.shape[0], dtype=a.dtype, device=a.device)
+    if _has_kernel("int8_gemm", a.device):
+        _ops.int8_gemm(out, a, weight.qweight, weight.scales, weight.group_size, bias)
+        return out
+    out.copy_(reference.int8_gemm(a, weight.qweight, weight.scales, weight.group_size, bias))
+    return out
+
+
+def int8_embedding(ids: torch.Tensor,            # [T] int64
+                   weight: "Int8Weight",          # [vocab, hidden]
+                   dtype: torch.dtype) -> torch.Tensor:  # [T, hidden]
+    """Rows `ids` of an INT8 table, decoded (the embedding lookup of a Q8_0 token table)."""
+    if _has_kernel("int8_dequantize_rows", weight.device):
+        out = torch.empty(ids.shape[0], weight.shape[1], dtype=dtype, device=weight.device)
+        _ops.int8_dequantize_rows(out, weight.qweight, weight.scales, weight.group_size, ids.to(weight.device))
+        return out
+    q, s = weight.qweight[ids], weight.scales[ids]
+    return reference.int8_dequantize(q, s, weight.group_size).to(dtype)
+
+
+def int8_dequantize(weight: "Int8Weight", dtype: torch.dtype = torch.float32) -> torch.Tensor:  # [N, K]
+    return int8_embedding(torch.arange(weight.shape[0], device=weight.device), weight, dtype)
+
+
+@torch.library.register_fake("decodekit::int8_gemm")
+def _int8_gemm_fake(out, a, qweight, scales, group_size, bias):
+    return None
+
+
+@torch.library.register_fake("decodekit::int8_dequantize_rows")
+def _int8_dequantize_rows_fake(out, qweight, scales, group_size, ids):
+    return None
+
+
 @torch.library.register_fake("decodekit::int4_gemm")
 def _int4_gemm_fake(out, a, qweight, scales, mins, group_size, bias):
     return None
@@ -139,9 +180,10 @@ def linear(x: torch.Tensor,                      # [M, K]
     (weights widened to fp32 in registers, near memory bandwidth), prefill-sized ones (128+ rows) an fp32
     GEMM on upcast operands; everything else goes to torch (oneDNN/MKL, cuBLAS on CUDA)."""
     if not isinstance(weight, torch.Tensor):
+        int8 = hasattr(weight, "mins") is False  # Int8Weight (scale only) vs Int4Weight (scale + min)
         if x.shape[0] <= _INT4_GEMM_MAX_M:
-            return int4_gemm(x, weight, bias)
-        weight = int4_dequantize(weight, x.dtype)
+            return int8_gemm(x, weight, bias) if int8 else int4_gemm(x, weight, bias)
+        weight = int8_dequantize(weight, x.dtype) if int8 else int4_dequantize(weight, x.dtype)
     if x.device.type == "cpu" and x.dtype == torch.bfloat16 and x.dim() == 2:
         if x.shape[0] <= _DENSE_ROUTE_MAX_M:
             return dense_gemm(x, weight, bias)

@@ -281,3 +281,16 @@ def int4_gemm(a: torch.Tensor,            # [M, K]
     w = int4_dequantize(qweight, scales, mins, group_size).to(a.dtype)
     out = a @ w.T
     return out if bias is None else out + bias.to(out.dtype)
+
+
+def int8_dequantize(qweight: torch.Tensor,  # [N, K] int8
+                    scales: torch.Tensor,   # [N, K/G] float16
+                    group_size: int) -> torch.Tensor:  # [N, K] float32: scale * q (exact)
+    N, K = qweight.shape
+    return (qweight.float().view(N, K // group_size, group_size) * scales.float()[:, :, None]).reshape(N, K)
+
+
+def int8_gemm(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int,
+              bias: torch.Tensor | None = None) -> torch.Tensor:  # [M, N] in a's dtype
+    out = a @ int8_dequantize(qweight, scales, group_size).to(a.dtype).T
+    return out if bias is None else out + bias.to(out.dtype)
