@@ -360,8 +360,21 @@ void int8_dequantize_rows(T* w, const int8_t* qweight, const half_t* scales, con
   DK_OMP_PARALLEL_FOR_IF(R * K >= kParallelGrain)
   for (int64_t r = 0; r < R; ++r) {
     const int64_t n = ids ? ids[r] : r;
-    for (int64_t k = 0; k < K; ++k)
-      w[r * K + k] = from_float<T>(half_to_float(scales[n * ng + k / G].bits) * float(qweight[n * K + k]));
+    const int8_t* q = qweight + n * K;
+    for (int64_t g = 0; g < ng; ++g) {
+      const float d = half_to_float(scales[n * ng + g].bits);
+      float buf[128];  // one group (G <= 128)
+      int i = 0;
+#if defined(__AVX512F__)
+      for (; i + 16 <= G; i += 16)  // d * q: exact in fp32
+        _mm512_storeu_ps(buf + i, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + g * G + i)))),
+                                                _mm512_set1_ps(d)));
+#endif
+      for (; i < G; ++i) buf[i] = d * float(q[g * G + i]);
+      T* dst = w + r * K + g * G;
+      for (int j = 0; j < G; ++j) dst[j] = from_float<T>(buf[j]);
+    }
   }
 }
 

@@ -149,6 +149,7 @@ def int8_embedding(ids: torch.Tensor,            # [T] int64
 
 
 def int8_dequantize(weight: "Int8Weight", dtype: torch.dtype = torch.float32) -> torch.Tensor:  # [N, K]
+    """The whole INT8 weight decoded to `dtype` (scale * q, exact in fp32, then rounded)."""
     return int8_embedding(torch.arange(weight.shape[0], device=weight.device), weight, dtype)
 
 
@@ -183,7 +184,16 @@ def linear(x: torch.Tensor,                      # [M, K]
         int8 = hasattr(weight, "mins") is False  # Int8Weight (scale only) vs Int4Weight (scale + min)
         if x.shape[0] <= _INT4_GEMM_MAX_M:
             return int8_gemm(x, weight, bias) if int8 else int4_gemm(x, weight, bias)
-        weight = int8_dequantize(weight, x.dtype) if int8 else int4_dequantize(weight, x.dtype)
+        # larger M: decode a few MB of rows at a time (cache-resident, no whole-weight buffer to
+        # allocate and fault in) and run the dense path on each
+        N, K = weight.shape
+        chunk = max(256, (4 << 20) // (4 * K))
+        out = torch.empty(x.shape[0], N, dtype=x.dtype, device=x.device)
+        for n0 in range(0, N, chunk):
+            part = weight.rows(n0, min(N, n0 + chunk))
+            w = int8_dequantize(part, x.dtype) if int8 else int4_dequantize(part, x.dtype)
+            out[:, n0:n0 + w.shape[0]] = linear(x, w, None if bias is None else bias[n0:n0 + w.shape[0]])
+        return out
     if x.device.type == "cpu" and x.dtype == torch.bfloat16 and x.dim() == 2:
         if x.shape[0] <= _DENSE_ROUTE_MAX_M:
             return dense_gemm(x, weight, bias)

@@ -50,6 +50,10 @@ class Int4Weight:
     def to(self, device) -> "Int4Weight":
         return Int4Weight(self.qweight.to(device), self.scales.to(device), self.mins.to(device), self.group_size)
 
+    def rows(self, n0: int, n1: int) -> "Int4Weight":
+        """Output rows [n0, n1) (views)."""
+        return Int4Weight(self.qweight[n0:n1], self.scales[n0:n1], self.mins[n0:n1], self.group_size)
+
     def codes(self) -> torch.Tensor:
         """The 4-bit codes as uint8 [N, K] in element order."""
         N, K = self.shape

@@ -39,6 +39,10 @@ class Int8Weight:
     def nbytes(self) -> int:
         return self.qweight.numel() + 2 * self.scales.numel()
 
+    def rows(self, n0: int, n1: int) -> "Int8Weight":
+        """Output rows [n0, n1) (views)."""
+        return Int8Weight(self.qweight[n0:n1], self.scales[n0:n1], self.group_size)
+
     def to(self, device) -> "Int8Weight":
         return Int8Weight(self.qweight.to(device), self.scales.to(device), self.group_size)
 
