@@ -56,6 +56,9 @@ emu-test:
 	$(PY) tools/cuda_emu/prepare.py
 	mkdir -p $(dir $(EMU_BIN))
 	$(CXX) -std=c++20 -O2 -I tools/cuda_emu/inc -I $$($(PY) tools/build_env.py --cuda-include 2>/dev/null || echo /usr/local/cuda/include) \
+	  tools/cuda_emu/test_quant.cpp -o $(EMU_BIN)_quant -pthread
+	$(EMU_BIN)_quant
+	$(CXX) -std=c++20 -O2 -I tools/cuda_emu/inc -I $$($(PY) tools/build_env.py --cuda-include 2>/dev/null || echo /usr/local/cuda/include) \
 	  tools/cuda_emu/test_attn.cpp -o $(EMU_BIN) -pthread
 	$(EMU_BIN)
 

@@ -42,6 +42,7 @@ FAMILIES=(
   "rope: rope rotary"
   "activation: activation silu"
   "attention: attention paged reshape_and_cache"
+  "quant: quant int4 int8"
 )
 # part: cap in seconds (the most it may take; the global budget can cut it).
 PARTS=(

@@ -58,6 +58,19 @@ cudaError_t paged_attention(T* out, float* lse, const T* query, int64_t q_stride
 cudaError_t copy_blocks(void* key_cache, void* value_cache, int64_t block_bytes, const int64_t* mapping,
                         int64_t num_pairs, int64_t num_blocks, cudaStream_t stream);
 
+// include/decodekit/gemm/int4.cuh (scales / mins are __half)
+template <class T>
+cudaError_t quant_gemv(T* out, const T* a, int64_t a_stride, const uint8_t* qweight, const __half* scales,
+                       const __half* mins, const T* bias, int M, int64_t N, int64_t K, int G, bool int4,
+                       cudaStream_t stream);
+template <class T>
+cudaError_t int4_dequantize(T* w, const uint8_t* qweight, const __half* scales, const __half* mins, int64_t N,
+                            int64_t K, int G, cudaStream_t stream);
+template <class T>
+cudaError_t int8_dequantize_rows(T* w, const int8_t* qweight, const __half* scales, const int64_t* ids, int64_t R,
+                                 int64_t N, int64_t K, int G, cudaStream_t stream);
+inline constexpr int kQuantGemvMaxM = 8;  // = int4.cuh's
+
 // Head dims paged_attention has kernels for (paged_attention_head_dim_ok in paged.cuh).
 inline constexpr int kPagedAttentionHeadDims[] = {64, 128, 256};
 

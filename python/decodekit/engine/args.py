@@ -36,8 +36,8 @@ class EngineArgs:
     block_size: int = 16
     kv_cache_memory: str | int = "1GiB"   # CPU: bytes of KV cache
     kv_cache_dtype: str = "auto"          # auto: the model's dtype; fp8 (= fp8_e4m3): half the bytes of bf16
-    weight_format: str = "auto"           # GGUF Q4_0/Q4_1: "packed" (INT4 kernels), "dequantized"; auto: packed
-                                          # where the device has the int4_gemm kernel (CPU today)
+    weight_format: str = "auto"           # GGUF Q4_0/Q4_1/Q8_0: "packed" (INT4/INT8 kernels), "dequantized";
+                                          # auto: packed on the CPU
     gpu_memory_utilization: float = 0.9   # CUDA: fraction of device memory for weights+activations+KV
     max_model_len: int | None = None      # default: the model's context length
     max_num_seqs: int = 256
@@ -78,9 +78,10 @@ class EngineArgs:
         """Whether GGUF 4-bit weights stay packed: asked for, or (auto) the device has a kernel."""
         if self.weight_format != "auto":
             return self.weight_format == "packed"
+        # auto: the CPU (its kernels are tested and measured faster); the first CUDA GEMV kernels
+        # (include/decodekit/gemm/int4.cuh) are opt-in (--weight-format packed) until measured on a GPU
         dev = self.resolved_device()
-        return torch._C._dispatch_has_kernel_for_dispatch_key(
-            "decodekit::int4_gemm", "CUDA" if dev.type == "cuda" else "CPU")
+        return dev.type == "cpu" and torch._C._dispatch_has_kernel_for_dispatch_key("decodekit::int4_gemm", "CPU")
 
     def resolved_kv_cache_dtype(self) -> torch.dtype:
         """The KV cache's element type: the model's dtype, or float8_e4m3fn (scale 1)."""
@@ -107,8 +108,8 @@ class EngineArgs:
                        help="KV-cache element type: auto (the model's dtype) or fp8 (e4m3, scale 1: half the "
                             "bytes of bf16, so twice the tokens and faster long-context decode)")
         g.add_argument("--weight-format", default="auto", choices=list(WEIGHT_FORMATS),
-                       help="GGUF Q4_0/Q4_1 projection weights: packed (INT4 kernels read ~4.5 bits per "
-                            "weight) or dequantized at load; auto: packed where the device has the kernel")
+                       help="GGUF Q4_0/Q4_1 projections and Q8_0 embedding: packed (INT4/INT8 kernels read "
+                            "~4.5/8.5 bits per weight) or dequantized at load; auto: packed on the CPU (CUDA: opt-in)")
         g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                        help="fraction of GPU memory the engine may use (default 0.9)")
         g.add_argument("--max-model-len", type=int, default=None,

@@ -94,7 +94,8 @@ def dense_gemm(a: torch.Tensor,                 # [M, K], M <= 64
 
 # Packed INT4 weights: rows of `a` up to this go through int4_gemm (weights decoded in registers);
 # more rows decode the weight once (int4_dequantize) and use the dense path.
-_INT4_GEMM_MAX_M = 16
+_INT4_GEMM_MAX_M = 8  # CPU: bench_quant shows the kernel ahead of the dense path up to M ~ 8 (weights from memory)
+_CUDA_QUANT_GEMV_MAX_M = 8  # the CUDA GEMV kernels' limit (include/decodekit/gemm/int4.cuh)
 
 
 def int4_gemm(a: torch.Tensor,              # [M, K] (row stride free)
@@ -105,6 +106,9 @@ def int4_gemm(a: torch.Tensor,              # [M, K] (row stride free)
     """a @ w^T (+ bias) with w = scale * q + min decoded on the fly (fp32 accumulation)."""
     if out is None:
         out = torch.empty(a.shape[0], weight.shape[0], dtype=a.dtype, device=a.device)
+    if a.device.type == "cuda" and a.shape[0] > _CUDA_QUANT_GEMV_MAX_M:  # past the CUDA GEMV kernels' rows
+        out.copy_(linear(a, weight, bias))
+        return out
     if _has_kernel("int4_gemm", a.device):
         _ops.int4_gemm(out, a, weight.qweight, weight.scales, weight.mins, weight.group_size, bias)
         return out
@@ -129,6 +133,9 @@ def int8_gemm(a: torch.Tensor,              # [M, K] (row stride free)
     """a @ w^T (+ bias), w = scale * q decoded on the fly (fp32 accumulation)."""
     if out is None:
         out = torch.empty(a.shape[0], weight.shape[0], dtype=a.dtype, device=a.device)
+    if a.device.type == "cuda" and a.shape[0] > _CUDA_QUANT_GEMV_MAX_M:  # past the CUDA GEMV kernels' rows
+        out.copy_(linear(a, weight, bias))
+        return out
     if _has_kernel("int8_gemm", a.device):
         _ops.int8_gemm(out, a, weight.qweight, weight.scales, weight.group_size, bias)
         return out
@@ -182,7 +189,7 @@ def linear(x: torch.Tensor,                      # [M, K]
     GEMM on upcast operands; everything else goes to torch (oneDNN/MKL, cuBLAS on CUDA)."""
     if not isinstance(weight, torch.Tensor):
         int8 = hasattr(weight, "mins") is False  # Int8Weight (scale only) vs Int4Weight (scale + min)
-        if x.shape[0] <= _INT4_GEMM_MAX_M:
+        if x.shape[0] <= (_INT4_GEMM_MAX_M if x.device.type == "cpu" else _CUDA_QUANT_GEMV_MAX_M):
             return int8_gemm(x, weight, bias) if int8 else int4_gemm(x, weight, bias)
         # larger M: decode a few MB of rows at a time (cache-resident, no whole-weight buffer to
         # allocate and fault in) and run the dense path on each

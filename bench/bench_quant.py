@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Weight-only quantized GEMV/GEMM (int4_gemm: GGUF Q4-style packed INT4; int8_gemm: Q8_0) through
+decodekit.ops, against a dense linear on the same (decoded) weights in the activations' dtype.
+
+Shapes (N x K): SmolLM2-135M's projections (576x576, 1536x576 (half gate-up), 576x1536) and LM head
+(49152x576, INT8), Llama-3-8B's (6144x4096 QKV, 4096x4096, 28672x4096 gate-up, 4096x14336 down) on
+CUDA. Rows M = 1, 4 and the kernels' largest (CPU 16, CUDA 8). Bytes counted: the packed weight
+(codes + fp16 scales/mins) + activations read + output written, against the copy ceiling; the peer
+(torch's dense linear: oneDNN/MKL or cuBLAS) reads 2-4x more. Each case is checked against float64.
+
+    python bench/bench_quant.py --device cuda --out bench/results
+    python bench/bench_quant.py --device cpu --quick
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+try:
+    import decodekit
+except ImportError:  # run from a checkout that is not installed
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+    import decodekit
+
+from decodekit import ops
+from decodekit.bench import BenchContext, Result, add_common_args, check_close, rel_err, tensor_bytes
+from decodekit.ops import reference
+from decodekit.quant import Int4Weight, Int8Weight
+
+NAME = "quant"
+SHAPES = {"cpu": [(576, 576), (1536, 576), (576, 1536)],
+          "cuda": [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (1536, 576)]}
+LM_HEAD = (49152, 576)
+
+
+def _int4(N, K, dev, g):
+    return Int4Weight(torch.randint(0, 256, (N, K // 2), generator=g, dtype=torch.uint8).to(dev),
+                      (torch.rand(N, K // 32, generator=g) * 0.02 + 0.002).half().to(dev),
+                      (torch.randn(N, K // 32, generator=g) * 0.05).half().to(dev), 32)
+
+
+def _int8(N, K, dev, g):
+    return Int8Weight(torch.randint(-128, 128, (N, K), generator=g, dtype=torch.int8).to(dev),
+                      (torch.rand(N, K // 32, generator=g) * 0.004 + 0.001).half().to(dev), 32)
+
+
+def case(ctx: BenchContext, kind: str, N: int, K: int, M: int, dtype: torch.dtype) -> Result:
+    dev = ctx.device
+    g = torch.Generator().manual_seed(N * 7 + K * 13 + M)
+    w = _int4(N, K, dev, g) if kind == "int4" else _int8(N, K, dev, g)
+    wd = (reference.int4_dequantize(w.qweight, w.scales, w.mins, 32) if kind == "int4"
+          else reference.int8_dequantize(w.qweight, w.scales, 32))                    # [N, K] float32, exact
+    a = torch.randn(M, K, generator=g).to(dtype).to(dev)
+    fn = ops.int4_gemm if kind == "int4" else ops.int8_gemm
+    out = torch.full((M, N), float("nan"), dtype=dtype, device=dev)
+    fn(a, w, out=out)
+    ref = a.double() @ wd.double().T
+    err = check_close(out, ref, dtype, f"{kind}_gemm M={M} {N}x{K}")
+    dense = wd.to(dtype)
+    peer_err = rel_err(ops.linear(a, dense), ref)
+    del wd
+    # weights rotate (as in a decode step, where every layer's weights come from memory, not cache);
+    # the raw ops are timed (no Python wrapper), the peer is torch's own linear
+    if kind == "int4":
+        sets = ctx.rotate((a, out, w.qweight, w.scales, w.mins), keep=(0,))
+        t = ctx.time(lambda a, o, q, s, m: torch.ops.decodekit.int4_gemm(o, a, q, s, m, 32, None), sets)
+    else:
+        sets = ctx.rotate((a, out, w.qweight, w.scales), keep=(0,))
+        t = ctx.time(lambda a, o, q, s: torch.ops.decodekit.int8_gemm(o, a, q, s, 32, None), sets)
+    psets = ctx.rotate((a, dense), keep=(0,))
+    tp = ctx.time(lambda a, wd: torch.nn.functional.linear(a, wd), psets)
+    e = a.element_size()
+    nbytes = w.nbytes + a.numel() * e + out.numel() * e
+    return Result.from_timings(f"{kind}_gemm", f"M={M} {N}x{K} g32", dtype, dev, t, nbytes=nbytes,
+                               peer=f"torch linear ({dtype}) on the decoded weight", peer_timing=tp,
+                               rotate_bytes=tensor_bytes(sets), max_rel_err=err, peer_rel_err=peer_err)
+
+
+def main(argv: list[str] | None = None) -> list[Result]:
+    p = add_common_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    args, unknown = p.parse_known_args(argv)
+    if unknown:
+        print(f"bench_{NAME}: ignoring options it does not know: {' '.join(unknown)}")
+    ctx = BenchContext(args, NAME)
+    if ctx.device.type == "cuda" and not decodekit.has_cuda_kernels():
+        raise SystemExit("bench_quant: decodekit was built without CUDA kernels (rebuild with DECODEKIT_CUDA=1)")
+    kind = ctx.device.type
+    max_m = 16 if kind == "cpu" else 8
+    ctx.copy_ceiling()
+    for dtype in ctx.dtypes:
+        shapes = SHAPES[kind][:1] if ctx.quick else SHAPES[kind]
+        for M in ([1] if ctx.quick else [1, 4, max_m]):
+            for N, K in shapes:
+                ctx.add(case(ctx, "int4", N, K, M, dtype))
+            if not ctx.quick:
+                ctx.add(case(ctx, "int8", *LM_HEAD, M, dtype))
+    return ctx.finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,17 @@
+// CUDA weight-only GEMV kernels (include/decodekit/gemm/int4.cuh), torch-free: instantiated here for
+// each activation type; the torch launchers are in gemm_launch.cpp (g++).
+#include "decodekit/gemm/int4.cuh"
+#include "launchers.h"
+
+static_assert(dk::cuda::kQuantGemvMaxM == dk::cuda::kQuantGemvRows, "launchers.h != int4.cuh");
+
+#define DK_INSTANTIATE(T)                                                                                      \
+  template cudaError_t dk::cuda::quant_gemv<T>(T*, const T*, int64_t, const uint8_t*, const __half*,          \
+                                               const __half*, const T*, int, int64_t, int64_t, int, bool,     \
+                                               cudaStream_t);                                                 \
+  template cudaError_t dk::cuda::int4_dequantize<T>(T*, const uint8_t*, const __half*, const __half*, int64_t, \
+                                                    int64_t, int, cudaStream_t);                              \
+  template cudaError_t dk::cuda::int8_dequantize_rows<T>(T*, const int8_t*, const __half*, const int64_t*,     \
+                                                         int64_t, int64_t, int64_t, int, cudaStream_t);
+DK_CUDA_LAUNCH_TYPES(DK_INSTANTIATE)
+#undef DK_INSTANTIATE

@@ -1,0 +1,113 @@
+// Torch launchers for int4_gemm, int8_gemm and int4_dequantize (CUDA dispatch key); the kernels are
+// instantiated in gemm.cu (include/decodekit/gemm/int4.cuh). Host code, g++, CUDA build only.
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "../op_args.h"
+#include "dispatch.h"
+#include "launchers.h"
+
+namespace {
+
+void int4_gemm_cuda(at::Tensor& out,                        // [M, N]
+                    const at::Tensor& a,                    // [M, K]
+                    const at::Tensor& qweight,              // [N, K / 2] uint8
+                    const at::Tensor& scales,               // [N, K / G] float16
+                    const at::Tensor& mins,                 // [N, K / G] float16
+                    int64_t group_size,
+                    const std::optional<at::Tensor>& bias) {  // [N]
+  const char* op = "decodekit::int4_gemm";
+  const dk::GemmArgs g = dk::int4_gemm_args(out, a, qweight, scales, mins, group_size, bias);
+  dk::check_cuda(op, "a", a);
+  dk::check_range<int64_t>(op, "a.size(0) (M) on CUDA", g.M, 0, dk::cuda::kQuantGemvMaxM);
+  if (g.M == 0 || g.N == 0) return;
+  c10::cuda::OptionalCUDAGuard guard(a.device());
+  DK_CUDA_DISPATCH_FLOATING(a.scalar_type(), op, [&] {
+    dk::check_launch(op, dk::cuda::quant_gemv<scalar_t>(
+                             dk::cuda_ptr<scalar_t>(out), dk::cuda_ptr<scalar_t>(a), g.a_stride,
+                             qweight.data_ptr<uint8_t>(), dk::cuda_ptr<__half>(scales), dk::cuda_ptr<__half>(mins),
+                             bias.has_value() ? dk::cuda_ptr<scalar_t>(*bias) : nullptr, int(g.M), g.N, g.K,
+                             int(group_size), true, c10::cuda::getCurrentCUDAStream()));
+  });
+}
+
+void int8_gemm_cuda(at::Tensor& out,                        // [M, N]
+                    const at::Tensor& a,                    // [M, K]
+                    const at::Tensor& qweight,              // [N, K] int8
+                    const at::Tensor& scales,               // [N, K / G] float16
+                    int64_t group_size,
+                    const std::optional<at::Tensor>& bias) {  // [N]
+  const char* op = "decodekit::int8_gemm";
+  dk::Check(op, "a", a).dim(2).dtype(dk::kFloatTypes).last_dim_contiguous();
+  dk::GemmArgs g = dk::int8_weight_args(op, qweight, scales, group_size, a.size(1));
+  dk::Check(op, "qweight", qweight).device_as(a, "a");
+  g.M = a.size(0);
+  g.a_stride = g.M > 1 ? a.stride(0) : g.K;
+  dk::Check(op, "out", out).dim(2).size(0, g.M, "M").size(1, g.N, "N = qweight.size(0)").dtype_as(a, "a")
+      .device_as(a, "a").contiguous();
+  if (bias.has_value())
+    dk::Check(op, "bias", *bias).dim(1).size(0, g.N, "N").dtype_as(a, "a").device_as(a, "a").contiguous();
+  dk::check_cuda(op, "a", a);
+  dk::check_range<int64_t>(op, "a.size(0) (M) on CUDA", g.M, 0, dk::cuda::kQuantGemvMaxM);
+  if (g.M == 0 || g.N == 0) return;
+  c10::cuda::OptionalCUDAGuard guard(a.device());
+  DK_CUDA_DISPATCH_FLOATING(a.scalar_type(), op, [&] {
+    dk::check_launch(op, dk::cuda::quant_gemv<scalar_t>(
+                             dk::cuda_ptr<scalar_t>(out), dk::cuda_ptr<scalar_t>(a), g.a_stride,
+                             reinterpret_cast<const uint8_t*>(qweight.data_ptr<int8_t>()),
+                             dk::cuda_ptr<__half>(scales), nullptr,
+                             bias.has_value() ? dk::cuda_ptr<scalar_t>(*bias) : nullptr, int(g.M), g.N, g.K,
+                             int(group_size), false, c10::cuda::getCurrentCUDAStream()));
+  });
+}
+
+void int4_dequantize_cuda(at::Tensor& out,            // [N, K]
+                          const at::Tensor& qweight,  // [N, K / 2] uint8
+                          const at::Tensor& scales,   // [N, K / G] float16
+                          const at::Tensor& mins,     // [N, K / G] float16
+                          int64_t group_size) {
+  const char* op = "decodekit::int4_dequantize";
+  dk::Check(op, "out", out).dim(2).dtype(dk::kFloatTypes).contiguous();
+  const dk::GemmArgs g = dk::int4_weight_args(op, qweight, scales, mins, group_size, out.size(1));
+  dk::Check(op, "out", out).size(0, g.N, "N = qweight.size(0)").device_as(qweight, "qweight");
+  dk::check_cuda(op, "qweight", qweight);
+  c10::cuda::OptionalCUDAGuard guard(out.device());
+  DK_CUDA_DISPATCH_FLOATING(out.scalar_type(), op, [&] {
+    dk::check_launch(op, dk::cuda::int4_dequantize<scalar_t>(
+                             dk::cuda_ptr<scalar_t>(out), qweight.data_ptr<uint8_t>(), dk::cuda_ptr<__half>(scales),
+                             dk::cuda_ptr<__half>(mins), g.N, g.K, int(group_size),
+                             c10::cuda::getCurrentCUDAStream()));
+  });
+}
+
+void int8_dequantize_rows_cuda(at::Tensor& out,            // [R, K]
+                               const at::Tensor& qweight,  // [N, K] int8
+                               const at::Tensor& scales,   // [N, K / G] float16
+                               int64_t group_size,
+                               const at::Tensor& ids) {    // [R] int64 (outside [0, N): NaN rows, no host check)
+  const char* op = "decodekit::int8_dequantize_rows";
+  dk::Check(op, "out", out).dim(2).dtype(dk::kFloatTypes).contiguous();
+  const dk::GemmArgs g = dk::int8_weight_args(op, qweight, scales, group_size, out.size(1));
+  dk::Check(op, "ids", ids).dim(1).size(0, out.size(0), "out.size(0)").dtype({at::kLong}).device_as(qweight, "qweight")
+      .contiguous();
+  dk::Check(op, "out", out).device_as(qweight, "qweight");
+  dk::check_cuda(op, "qweight", qweight);
+  c10::cuda::OptionalCUDAGuard guard(out.device());
+  DK_CUDA_DISPATCH_FLOATING(out.scalar_type(), op, [&] {
+    dk::check_launch(op, dk::cuda::int8_dequantize_rows<scalar_t>(
+                             dk::cuda_ptr<scalar_t>(out), qweight.data_ptr<int8_t>(), dk::cuda_ptr<__half>(scales),
+                             ids.data_ptr<int64_t>(), ids.size(0), g.N, g.K, int(group_size),
+                             c10::cuda::getCurrentCUDAStream()));
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(decodekit, CUDA, m) {
+  m.impl("int8_dequantize_rows", &int8_dequantize_rows_cuda);
+  m.impl("int4_gemm", &int4_gemm_cuda);
+  m.impl("int8_gemm", &int8_gemm_cuda);
+  m.impl("int4_dequantize", &int4_dequantize_cuda);
+}

@@ -1,0 +1,140 @@
+// Emulator test of include/decodekit/gemm/int4.cuh (dk::cuda::quant_gemv for INT4 and INT8,
+// dk::cuda::int4_dequantize) against the CPU kernels of include/decodekit/gemm/int4.h and a
+// float64 reference, on awkward shapes (N not a multiple of the 4 warps, M = 1..8, every group
+// size, strided activations, bias).
+#include "shim.h"
+#include "decodekit/gemm/int4.cuh"
+#include "decodekit/gemm/int4.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+
+using namespace dk;
+static std::mt19937 rng(7);
+static int fails = 0, checks = 0;
+
+template <class T> struct Cpu;
+template <> struct Cpu<float> { using type = float; };
+template <> struct Cpu<__half> { using type = dk::half_t; };
+template <> struct Cpu<__nv_bfloat16> { using type = dk::bf16_t; };
+template <class T> const char* tname() { return sizeof(T) == 4 ? "fp32" : std::is_same_v<T, __half> ? "fp16" : "bf16"; }
+template <class T> float ld(const T& x) { return Conv<T>::load(x); }
+template <class T> double out_tol() { return sizeof(T) == 4 ? 2e-6 : std::is_same_v<T, __half> ? 1e-3 : 8e-3; }
+
+template <class T> void run(bool int4, int M, int64_t N, int64_t K, int G, int a_pad, bool with_bias) {
+  using C = typename Cpu<T>::type;
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const int64_t row_bytes = int4 ? K / 2 : K, ng = K / G;
+  std::vector<uint8_t> q(size_t(N * row_bytes));
+  for (auto& x : q) x = uint8_t(byte(rng));
+  std::vector<__half> sc(size_t(N * ng)), mn(size_t(N * ng));
+  for (auto& x : sc) x = __float2half(0.001f + 0.02f * std::fabs(nd(rng)));
+  for (auto& x : mn) x = __float2half(0.1f * nd(rng));
+  const int64_t a_stride = K + a_pad;
+  std::vector<T> a(static_cast<size_t>(M * a_stride)), bias(static_cast<size_t>(N));
+  for (auto& x : a) x = Conv<T>::store(nd(rng));
+  for (auto& x : bias) x = Conv<T>::store(nd(rng));
+  std::vector<T> out(size_t(M * N), Conv<T>::store(NAN));
+  cudaError_t err = cuda::quant_gemv<T>(out.data(), a.data(), a_stride, q.data(), sc.data(), int4 ? mn.data() : nullptr,
+                                        with_bias ? bias.data() : nullptr, M, N, K, G, int4, nullptr);
+  // CPU kernel
+  std::vector<T> ocpu(size_t(M * N));
+  const cpu::Int4GemmParams P{M, N, K, G, a_stride};
+  if (int4)
+    cpu::int4_gemm<C>((C*)ocpu.data(), (const C*)a.data(), q.data(), (const half_t*)sc.data(), (const half_t*)mn.data(),
+                      with_bias ? (const C*)bias.data() : nullptr, P);
+  else
+    cpu::int8_gemm<C>((C*)ocpu.data(), (const C*)a.data(), (const int8_t*)q.data(), (const half_t*)sc.data(),
+                      with_bias ? (const C*)bias.data() : nullptr, P);
+  ++checks;
+  bool bad = err != cudaSuccess;
+  for (int m = 0; m < M && !bad; ++m)
+    for (int64_t n = 0; n < N && !bad; ++n) {
+      double want = with_bias ? ld(bias[n]) : 0, mag = with_bias ? std::fabs(ld(bias[n])) : 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t g = k / G;
+        const float d = __half2float(sc[n * ng + g]);
+        const float w = int4 ? int4_weight(int4_code(q.data() + n * row_bytes, G, k), d, __half2float(mn[n * ng + g]))
+                             : d * float(int8_t(q[n * row_bytes + k]));
+        want += double(w) * ld(a[m * a_stride + k]);
+        mag += std::fabs(double(w) * ld(a[m * a_stride + k]));
+      }
+      const double got = ld(out[m * N + n]), cp = ld(ocpu[m * N + n]);
+      const double tol = out_tol<T>() * (1 + mag) + 1e-6 * mag;
+      if (!(std::fabs(got - want) <= tol) || !(std::fabs(cp - want) <= tol)) {
+        printf("FAIL %s %s M=%d N=%ld K=%ld G=%d: out[%d,%ld] = %g (cpu %g), want %g\n", int4 ? "int4" : "int8",
+               tname<T>(), M, long(N), long(K), G, m, long(n), got, cp, want);
+        bad = true;
+      }
+    }
+  if (bad) ++fails;
+}
+
+template <class T> void run_dequant(int64_t N, int64_t K, int G) {
+  using C = typename Cpu<T>::type;
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::vector<uint8_t> q(size_t(N * K / 2));
+  for (auto& x : q) x = uint8_t(byte(rng));
+  std::vector<__half> sc(size_t(N * K / G)), mn(size_t(N * K / G));
+  for (size_t i = 0; i < sc.size(); ++i) { sc[i] = __float2half(0.01f * float(i % 7 + 1)); mn[i] = __float2half(-0.03f * float(i % 5)); }
+  std::vector<T> w(size_t(N * K), Conv<T>::store(NAN)), wc(size_t(N * K));
+  cuda::int4_dequantize<T>(w.data(), q.data(), sc.data(), mn.data(), N, K, G, nullptr);
+  cpu::int4_dequantize<C>((C*)wc.data(), q.data(), (const half_t*)sc.data(), (const half_t*)mn.data(), N, K, G);
+  ++checks;
+  if (memcmp(w.data(), wc.data(), w.size() * sizeof(T))) {
+    printf("FAIL int4_dequantize %s N=%ld K=%ld G=%d\n", tname<T>(), long(N), long(K), G);
+    ++fails;
+  }
+}
+
+template <class T> void run_rows() {
+  using C = typename Cpu<T>::type;
+  const int64_t N = 50, K = 96;
+  std::vector<int8_t> q(size_t(N * K));
+  for (size_t i = 0; i < q.size(); ++i) q[i] = int8_t(int(i * 37 % 255) - 127);
+  std::vector<__half> sc(size_t(N * K / 32));
+  for (size_t i = 0; i < sc.size(); ++i) sc[i] = __float2half(0.003f * float(i % 11 + 1));
+  std::vector<int64_t> ids = {3, 0, 49, 3, 17};
+  std::vector<T> w(ids.size() * K, Conv<T>::store(NAN)), wc(ids.size() * K);
+  cuda::int8_dequantize_rows<T>(w.data(), q.data(), sc.data(), ids.data(), int64_t(ids.size()), N, K, 32, nullptr);
+  cpu::int8_dequantize_rows<C>((C*)wc.data(), q.data(), (const half_t*)sc.data(), ids.data(), int64_t(ids.size()), K, 32);
+  ++checks;
+  if (memcmp(w.data(), wc.data(), w.size() * sizeof(T))) { printf("FAIL int8_dequantize_rows %s\n", tname<T>()); ++fails; }
+  std::vector<int64_t> bad = {1, 50};  // out of range: NaN row, nothing read outside
+  std::vector<T> wb(2 * K);
+  cuda::int8_dequantize_rows<T>(wb.data(), q.data(), sc.data(), bad.data(), 2, N, K, 32, nullptr);
+  ++checks;
+  if (std::isnan(ld(wb[0])) || !std::isnan(ld(wb[K + 5]))) { printf("FAIL int8_dequantize_rows bad id %s\n", tname<T>()); ++fails; }
+}
+
+template <class T> void run_all() {
+  run_rows<T>();
+  for (bool int4 : {true, false})
+    for (int G : {32, 64, 128})
+      for (int M : {1, 2, 3, 5, 8}) {
+        run<T>(int4, M, 37, 4 * G, G, 0, M % 2 == 1);
+        run<T>(int4, M, 8, 576 - 576 % G + (G == 32 ? 0 : G), G, 3, false);
+      }
+  run<T>(true, 1, 1025, 1536, 32, 0, true);
+  run<T>(false, 4, 130, 2048, 32, 5, false);
+  run_dequant<T>(13, 256, 32);
+  run_dequant<T>(7, 384, 128);
+  // invalid: M = 9, K not a multiple of 32
+  std::vector<T> o(16), a(16);
+  std::vector<uint8_t> q(16);
+  std::vector<__half> s(4);
+  ++checks;
+  if (cuda::quant_gemv<T>(o.data(), a.data(), 8, q.data(), s.data(), s.data(), nullptr, 9, 1, 32, 32, true, nullptr) !=
+      cudaErrorInvalidValue) { printf("FAIL M=9 accepted\n"); ++fails; }
+}
+
+int main() {
+  run_all<float>();
+  run_all<__half>();
+  run_all<__nv_bfloat16>();
+  printf("test_quant: %d checks, %d failures, %ld launches\n", checks, fails, dk_emu::launches.load());
+  return fails != 0;
+}
