@@ -41,7 +41,7 @@ FAMILIES=(
   "norm: norm"
   "rope: rope rotary"
   "activation: activation silu"
-  "attention: attention paged reshape_and_cache"
+  "attention: attention paged reshape_and_cache fp8 copy_blocks swap_blocks"
   "quant: quant int4 int8"
 )
 # part: cap in seconds (the most it may take; the global budget can cut it).
