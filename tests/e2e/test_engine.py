@@ -185,3 +185,18 @@ def test_gguf_4bit_weights_stay_packed_and_match_dequantized(llm):
     with pytest.raises(ValueError, match="weight_format must be one of auto, packed, dequantized"):
         _llm(weight_format="int3")
     _no_leaks(llm)
+
+
+def test_int4_rtn_quantization_at_load(llm):
+    """--quantization int4-rtn packs a float checkpoint's projections at load. On the embedded
+    model dequantized from its Q4_1 file, RTN with the same group size finds (nearly) the file's
+    own grid again, so greedy outputs match the packed-GGUF engine's."""
+    from decodekit.quant import Int4Weight
+    rtn = _llm(kv_cache_memory="128MiB", seed=1, weight_format="dequantized", quantization="int4-rtn")
+    L = rtn.engine.model.layers[0]
+    assert isinstance(L.qkv, Int4Weight) and isinstance(L.down, Int4Weight)
+    a = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:6], GREEDY)]
+    b = [o.outputs[0].token_ids for o in rtn.generate(PROMPTS[:6], GREEDY)]
+    assert sum(x == y for x, y in zip(a, b)) >= 4, (a, b)
+    with pytest.raises(ValueError, match="quantization must be one of None, int4-rtn"):
+        _llm(quantization="int2")

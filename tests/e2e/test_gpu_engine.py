@@ -60,3 +60,20 @@ def test_cuda_graph_replay_equals_eager():
     assert [o[:2] for o in outs["cuda"]] == [o[:2] for o in outs["off"]], outs
     same = sum(a == b for a, b in zip(outs["cuda"], outs["off"]))
     assert same >= len(prompts) - 2, f"only {same} of {len(prompts)} sequences equal unpadded eager:\n{outs}"
+
+
+def test_cuda_int4_rtn_engine_matches_cpu():
+    """--quantization int4-rtn on CUDA: decode steps through the CUDA INT4 GEMV kernel (M <= 8),
+    prefill through int4_dequantize + cuBLAS; greedy tokens equal the CPU engine's (same RTN codes)."""
+    from decodekit import LLM
+    from decodekit.quant import Int4Weight
+    g = torch.Generator().manual_seed(2)
+    prompts = [{"prompt_token_ids": torch.randint(100, 49152, (n,), generator=g).tolist()} for n in (4, 19, 70)]
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    gpu = LLM("random:smollm2-135m", device="cuda", dtype="float32", gpu_memory_utilization=0.3,
+              quantization="int4-rtn", max_num_seqs=8)
+    assert isinstance(gpu.engine.model.layers[0].qkv, Int4Weight)
+    outs = [o.outputs[0].token_ids for o in gpu.generate(prompts, params)]
+    cpu = LLM("random:smollm2-135m", device="cpu", dtype="float32", kv_cache_memory="256MiB", quantization="int4-rtn")
+    ref = [o.outputs[0].token_ids for o in cpu.generate(prompts, params)]
+    assert sum(a == b for a, b in zip(outs, ref)) >= len(prompts) - 1, (outs, ref)

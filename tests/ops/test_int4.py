@@ -180,3 +180,19 @@ def test_int8_opcheck(device, gen):
             (torch.empty(3, 40, dtype=torch.bfloat16, device=device), a, w.qweight, w.scales, 64, None))
     opcheck(torch.ops.decodekit.int8_dequantize_rows.default,
             (torch.empty(2, 128, device=device), w.qweight, w.scales, 64, torch.tensor([3, 1], device=device)))
+
+
+def test_quantize_rtn(gen):
+    from decodekit.quant import quantize_rtn
+    w = torch.randn(37, 256, generator=gen) * 0.1
+    w[3, :32] = 0.25  # a constant group: scale clamps, every code decodes back to the value
+    q = quantize_rtn(w, 32)
+    deq = ops.int4_dequantize(q, torch.float32)
+    step = q.scales.float().repeat_interleave(32, dim=1)
+    # each weight within half a step of its decoded value (plus fp16 rounding of min and scale)
+    assert ((deq - w).abs() <= step * 0.5 + 1e-3 * w.abs().max()).all()
+    assert torch.allclose(deq[3, :32], w[3, :32], atol=1e-3)
+    codes = q.codes()
+    assert int(codes.max()) <= 15 and (codes == 0).any() and (codes == 15).any()
+    with pytest.raises(ValueError, match="not a multiple of group_size"):
+        quantize_rtn(torch.randn(4, 48), 32)

@@ -26,6 +26,7 @@ def parse_bytes(value) -> int:
 
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 WEIGHT_FORMATS = ("auto", "packed", "dequantized")
+QUANTIZATIONS = (None, "int4-rtn")
 
 
 @dataclass
@@ -36,6 +37,7 @@ class EngineArgs:
     block_size: int = 16
     kv_cache_memory: str | int = "1GiB"   # CPU: bytes of KV cache
     kv_cache_dtype: str = "auto"          # auto: the model's dtype; fp8 (= fp8_e4m3): half the bytes of bf16
+    quantization: str | None = None       # "int4-rtn": quantize fp/bf16 projection weights at load (INT4, g32)
     weight_format: str = "auto"           # GGUF Q4_0/Q4_1/Q8_0: "packed" (INT4/INT8 kernels), "dequantized";
                                           # auto: packed on the CPU
     gpu_memory_utilization: float = 0.9   # CUDA: fraction of device memory for weights+activations+KV
@@ -56,6 +58,9 @@ class EngineArgs:
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128; got {self.block_size!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}; got {self.kv_cache_dtype!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(str(q) for q in QUANTIZATIONS)}; "
+                             f"got {self.quantization!r}")
         if self.weight_format not in WEIGHT_FORMATS:
             raise ValueError(f"weight_format must be one of {', '.join(WEIGHT_FORMATS)}; got {self.weight_format!r}")
         if parse_bytes(self.kv_cache_memory) <= 0:
@@ -107,6 +112,9 @@ class EngineArgs:
         g.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
                        help="KV-cache element type: auto (the model's dtype) or fp8 (e4m3, scale 1: half the "
                             "bytes of bf16, so twice the tokens and faster long-context decode)")
+        g.add_argument("--quantization", default=None, choices=["int4-rtn"],
+                       help="quantize a float checkpoint's projection weights at load: int4-rtn (round to nearest, "
+                            "groups of 32, fp16 scale and min; decoded by the INT4 kernels)")
         g.add_argument("--weight-format", default="auto", choices=list(WEIGHT_FORMATS),
                        help="GGUF Q4_0/Q4_1 projections and Q8_0 embedding: packed (INT4/INT8 kernels read "
                             "~4.5/8.5 bits per weight) or dequantized at load; auto: packed on the CPU (CUDA: opt-in)")

@@ -58,6 +58,15 @@ class _Group:
         return all(s.out.finish_reason is not None for s in self.seqs)
 
 
+def _quantize_projections_rtn(weights: dict) -> None:
+    """--quantization int4-rtn: the float projection weights (q/k/v/o, gate/up/down) become packed
+    INT4 (round to nearest, groups of 32), in place; already-packed or non-multiple-of-32 ones stay."""
+    from decodekit.quant import quantize_rtn
+    for name, w in list(weights.items()):
+        if name.endswith("_proj.weight") and isinstance(w, torch.Tensor) and w.dim() == 2 and w.shape[1] % 32 == 0:
+            weights[name] = quantize_rtn(w, 32)
+
+
 class LLMEngine:
     def __init__(self, args: EngineArgs | None = None, **kwargs):
         self.args = args = args or EngineArgs(**kwargs)
@@ -69,6 +78,8 @@ class LLMEngine:
         # pops each tensor as it takes it, so weights never exist twice).
         loaded = load_model(args.model, dtype=self.dtype, device=self.device, progress=args.progress,
                             keep_quantized=args.keep_quantized())
+        if args.quantization == "int4-rtn":
+            _quantize_projections_rtn(loaded.weights)
         self.model_config = cfg = loaded.config
         self.tokenizer = loaded.tokenizer
         self.model_source = loaded.source

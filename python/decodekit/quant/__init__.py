@@ -1,8 +1,8 @@
 """Quantized weight formats and converters (issue 5). So far: INT4 weight-only (W4A16) in the
 group-split layout of include/decodekit/gemm/int4.h, from and to GGUF Q4_0 / Q4_1, and INT8
 weight-only (GGUF Q8_0)."""
-from .int4 import Int4Weight, from_gguf_q4_0, from_gguf_q4_1, to_gguf_q4_1
+from .int4 import Int4Weight, from_gguf_q4_0, from_gguf_q4_1, quantize_rtn, to_gguf_q4_1
 from .int8 import Int8Weight, from_gguf_q8_0, to_gguf_q8_0
 
-__all__ = ["Int4Weight", "Int8Weight", "from_gguf_q4_0", "from_gguf_q4_1", "from_gguf_q8_0", "to_gguf_q4_1",
-           "to_gguf_q8_0"]
+__all__ = ["Int4Weight", "Int8Weight", "from_gguf_q4_0", "from_gguf_q4_1", "from_gguf_q8_0", "quantize_rtn",
+           "to_gguf_q4_1", "to_gguf_q8_0"]

@@ -110,3 +110,21 @@ def to_gguf_q4_1(w: Int4Weight) -> np.ndarray:
     out[:, :, 2:4] = w.mins.cpu().numpy().reshape(N, K // 32, 1).view(np.uint8)
     out[:, :, 4:] = w.qweight.cpu().numpy().reshape(N, K // 32, 16)
     return out.reshape(N, -1)
+
+
+def quantize_rtn(w: torch.Tensor,        # [N, K] float
+                 group_size: int = 32) -> Int4Weight:
+    """Round-to-nearest asymmetric INT4 (per group of `group_size` along K: min and scale =
+    (max - min) / 15, both stored in fp16; codes round((w - min) / scale) clamped to 0..15,
+    computed with the fp16-rounded min and scale so that decoding reproduces the nearest code)."""
+    N, K = w.shape
+    G = group_size
+    if K % G:
+        raise ValueError(f"quantize_rtn: K = {K} is not a multiple of group_size = {G}")
+    wf = w.detach().float().view(N, K // G, G)
+    lo, hi = wf.amin(dim=2), wf.amax(dim=2)
+    scale = ((hi - lo) / 15).clamp_min(1e-8).half()
+    mins = lo.half()
+    q = torch.round((wf - mins.float()[:, :, None]) / scale.float()[:, :, None]).clamp_(0, 15).to(torch.uint8)
+    packed = q[:, :, : G // 2] | (q[:, :, G // 2:] << 4)          # group-split nibble order
+    return Int4Weight(packed.reshape(N, K // 2).contiguous(), scale.contiguous(), mins.contiguous(), G)
