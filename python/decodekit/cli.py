@@ -19,8 +19,10 @@ def _info(args) -> int:
     print(f"decodekit {decodekit.__version__}  torch {torch.__version__}  python {sys.version.split()[0]}")
     print(f"CPU kernels: yes   CUDA kernels: {'yes' if decodekit.has_cuda_kernels() else 'no'}   "
           f"GPU visible: {torch.cuda.is_available()}")
-    ops = sorted(n for n in dir(torch.ops.decodekit) if not n.startswith("_") and n not in ("name", "op"))
-    print("ops:", ", ".join(o for o in ops if hasattr(getattr(torch.ops.decodekit, o), "default")))
+    ops = sorted({n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names() if n.startswith("decodekit::")})
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    print(f"ops ({len(ops)}; * = has a CUDA kernel):",
+          ", ".join(o + ("*" if has(f"decodekit::{o}", "CUDA") else "") for o in ops))
     return 0
 
 

@@ -35,3 +35,10 @@ def test_help_explains_options():
     assert r.returncode == 0
     for opt in ("--max-tokens", "--temperature", "--kv-cache-memory", "--max-num-batched-tokens", "--stop"):
         assert opt in r.stdout
+
+
+def test_info_lists_the_registered_ops():
+    r = _run("info", timeout=120)
+    assert r.returncode == 0, r.stderr
+    for op in ("paged_attention", "reshape_and_cache", "int4_gemm", "int8_gemm", "copy_blocks", "rms_norm"):
+        assert op in r.stdout, r.stdout
