@@ -50,17 +50,15 @@ test-cpp:
 cuda-check: deps
 	$(PY) tools/cuda_check.py
 
-# The CUDA attention kernels run on the CPU in the fiber emulator (tools/cuda_emu), vs the CPU kernels.
-EMU_BIN ?= build/cuda_emu/test_attn
+# The CUDA kernels run on the CPU in the fiber emulator (tools/cuda_emu), against the CPU kernels.
+EMU_DIR ?= build/cuda_emu
+EMU_CXX = $(CXX) -std=c++20 -O2 -pthread -I tools/cuda_emu/inc \
+  -I $$($(PY) tools/build_env.py --cuda-include 2>/dev/null || echo /usr/local/cuda/include)
 emu-test:
 	$(PY) tools/cuda_emu/prepare.py
-	mkdir -p $(dir $(EMU_BIN))
-	$(CXX) -std=c++20 -O2 -I tools/cuda_emu/inc -I $$($(PY) tools/build_env.py --cuda-include 2>/dev/null || echo /usr/local/cuda/include) \
-	  tools/cuda_emu/test_quant.cpp -o $(EMU_BIN)_quant -pthread
-	$(EMU_BIN)_quant
-	$(CXX) -std=c++20 -O2 -I tools/cuda_emu/inc -I $$($(PY) tools/build_env.py --cuda-include 2>/dev/null || echo /usr/local/cuda/include) \
-	  tools/cuda_emu/test_attn.cpp -o $(EMU_BIN) -pthread
-	$(EMU_BIN)
+	mkdir -p $(EMU_DIR)
+	$(EMU_CXX) tools/cuda_emu/test_quant.cpp -o $(EMU_DIR)/test_quant && $(EMU_DIR)/test_quant
+	$(EMU_CXX) tools/cuda_emu/test_attn.cpp -o $(EMU_DIR)/test_attn && $(EMU_DIR)/test_attn
 
 bench: install
 	$(PY) bench/run_all.py --device cpu --quick

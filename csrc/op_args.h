@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "check.h"
+#include "decodekit/attention/common.h"  // KVScales
 
 namespace dk {
 
@@ -146,29 +147,34 @@ inline GemmArgs dense_gemm_args(const at::Tensor& out, const at::Tensor& a, cons
   return g;
 }
 
-// INT4 weight-only GEMM (include/decodekit/gemm/int4.h's layout): a [M, K] (row stride free),
-// qweight [N, K/2] uint8, scales and mins [N, K/G] float16, group_size G in {32, 64, 128}.
-inline GemmArgs int4_weight_args(const char* op, const at::Tensor& qweight, const at::Tensor& scales,
-                                 const at::Tensor& mins, int64_t group_size, int64_t K) {
+// Weight-only quantized GEMMs (include/decodekit/gemm/int4.h): scales (and INT4 mins) [N, K/G]
+// float16, group_size G in {32, 64, 128}. `codes` is qweight's byte columns per K: 1/2 (INT4
+// nibbles, uint8) or 1 (INT8, int8).
+inline GemmArgs quant_weight_args(const char* op, const at::Tensor& qweight, const at::Tensor& scales,
+                                  const at::Tensor* mins, int64_t group_size, int64_t K) {
   TORCH_CHECK(group_size == 32 || group_size == 64 || group_size == 128, op,
               ": 'group_size' must be 32, 64 or 128, got ", group_size);
   TORCH_CHECK(K % group_size == 0, op, ": K = ", K, " must be a multiple of group_size = ", group_size);
   GemmArgs g{};
   g.K = K;
-  Check(op, "qweight", qweight).dim(2).size(1, K / 2, "K / 2").dtype({at::kByte}).contiguous();
+  if (mins)
+    Check(op, "qweight", qweight).dim(2).size(1, K / 2, "K / 2").dtype({at::kByte}).contiguous();
+  else
+    Check(op, "qweight", qweight).dim(2).size(1, K, "K").dtype({at::kChar}).contiguous();
   g.N = qweight.size(0);
-  for (auto [t, name] : {std::pair{&scales, "scales"}, std::pair{&mins, "mins"}})
-    Check(op, name, *t).dim(2).size(0, g.N, "N = qweight.size(0)").size(1, K / group_size, "K / group_size")
-        .dtype({at::kHalf}).device_as(qweight, "qweight").contiguous();
+  for (auto [t, name] : {std::pair{&scales, "scales"}, std::pair{mins, "mins"}})
+    if (t)
+      Check(op, name, *t).dim(2).size(0, g.N, "N = qweight.size(0)").size(1, K / group_size, "K / group_size")
+          .dtype({at::kHalf}).device_as(qweight, "qweight").contiguous();
   return g;
 }
 
-inline GemmArgs int4_gemm_args(const at::Tensor& out, const at::Tensor& a, const at::Tensor& qweight,
-                               const at::Tensor& scales, const at::Tensor& mins, int64_t group_size,
-                               const std::optional<at::Tensor>& bias) {
-  const char* op = "decodekit::int4_gemm";
+// int4_gemm (mins given) / int8_gemm (mins null): a [M, K] (row stride free), out [M, N], bias [N].
+inline GemmArgs quant_gemm_args(const char* op, const at::Tensor& out, const at::Tensor& a, const at::Tensor& qweight,
+                                const at::Tensor& scales, const at::Tensor* mins, int64_t group_size,
+                                const std::optional<at::Tensor>& bias) {
   Check(op, "a", a).dim(2).dtype(kFloatTypes).last_dim_contiguous();
-  GemmArgs g = int4_weight_args(op, qweight, scales, mins, group_size, a.size(1));
+  GemmArgs g = quant_weight_args(op, qweight, scales, mins, group_size, a.size(1));
   Check(op, "qweight", qweight).device_as(a, "a");
   g.M = a.size(0);
   g.a_stride = g.M > 1 ? a.stride(0) : g.K;
@@ -179,18 +185,18 @@ inline GemmArgs int4_gemm_args(const at::Tensor& out, const at::Tensor& a, const
   return g;
 }
 
-// INT8 weight-only: qweight [N, K] int8, scales [N, K/G] float16 (GGUF Q8_0: G = 32).
-inline GemmArgs int8_weight_args(const char* op, const at::Tensor& qweight, const at::Tensor& scales,
-                                 int64_t group_size, int64_t K) {
-  TORCH_CHECK(group_size == 32 || group_size == 64 || group_size == 128, op,
-              ": 'group_size' must be 32, 64 or 128, got ", group_size);
-  TORCH_CHECK(K % group_size == 0, op, ": K = ", K, " must be a multiple of group_size = ", group_size);
-  GemmArgs g{};
-  g.K = K;
-  Check(op, "qweight", qweight).dim(2).size(1, K, "K").dtype({at::kChar}).contiguous();
-  g.N = qweight.size(0);
-  Check(op, "scales", scales).dim(2).size(0, g.N, "N = qweight.size(0)").size(1, K / group_size, "K / group_size")
-      .dtype({at::kHalf}).device_as(qweight, "qweight").contiguous();
+// int4_dequantize (mins given, out [N, K]) / int8_dequantize_rows (mins null, out [R, K] for
+// ids [R] int64; the ids' range is the device launcher's business).
+inline GemmArgs quant_dequantize_args(const char* op, const at::Tensor& out, const at::Tensor& qweight,
+                                      const at::Tensor& scales, const at::Tensor* mins, int64_t group_size,
+                                      const at::Tensor* ids) {
+  Check(op, "out", out).dim(2).dtype(kFloatTypes).device_as(qweight, "qweight").contiguous();
+  GemmArgs g = quant_weight_args(op, qweight, scales, mins, group_size, out.size(1));
+  if (ids)
+    Check(op, "ids", *ids).dim(1).size(0, out.size(0), "out.size(0)").dtype({at::kLong}).device_as(qweight, "qweight")
+        .contiguous();
+  else
+    Check(op, "out", out).size(0, g.N, "N = qweight.size(0)");
   return g;
 }
 
@@ -237,10 +243,15 @@ inline int kv_cache_scales(const char* op, const at::Tensor& key_cache, at::Scal
   return stride == -2 ? 0 : stride;
 }
 
+inline KVScales kv_scales_of(const std::optional<at::Tensor>& k, const std::optional<at::Tensor>& v, int stride) {
+  return {k ? k->data_ptr<float>() : nullptr, v ? v->data_ptr<float>() : nullptr, stride < 0 ? 0 : stride};
+}
+
 struct CacheArgs {
   int64_t num_tokens, k_stride, v_stride, num_blocks;
   int num_kv_heads, block_size, head_dim;
   int scale_stride;  // fp8 cache: scales' stride over KV heads (0 or 1); -1: not fp8
+  KVScales kv;       // the fp8 scales' pointers (null: 1) for the kernels
 };
 
 // key/value: [T, Hk, D] with a free token stride; caches [num_blocks, Hk, block_size, D].
@@ -262,6 +273,7 @@ inline CacheArgs reshape_and_cache_args(const at::Tensor& key, const at::Tensor&
   a.k_stride = key.stride(0);
   a.v_stride = value.stride(0);
   a.scale_stride = kv_cache_scales(op, key_cache, key.scalar_type(), "key", k_scale, v_scale, a.num_kv_heads);
+  a.kv = kv_scales_of(k_scale, v_scale, a.scale_stride);
   return a;
 }
 
@@ -315,6 +327,7 @@ struct AttnArgs {
   int64_t num_tokens, q_stride, num_blocks;
   int num_seqs, num_q_heads, num_kv_heads, block_size, head_dim, max_blocks;
   int scale_stride;  // fp8 cache: scales' stride over KV heads (0 or 1); -1: not fp8
+  KVScales kv;       // the fp8 scales' pointers (null: 1) for the kernels
 };
 
 inline AttnArgs paged_attention_args(const at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
@@ -347,6 +360,7 @@ inline AttnArgs paged_attention_args(const at::Tensor& out, const at::Tensor& qu
         .dtype({at::kFloat}).device_as(query, "query").contiguous();
   TORCH_CHECK(std::isfinite(scale) && scale > 0, op, ": 'scale' must be a positive finite number, got ", scale);
   a.scale_stride = kv_cache_scales(op, key_cache, query.scalar_type(), "query", k_scale, v_scale, a.num_kv_heads);
+  a.kv = kv_scales_of(k_scale, v_scale, a.scale_stride);
   return a;
 }
 

@@ -11,10 +11,6 @@
 
 namespace {
 
-dk::KVScales kv_scales(const std::optional<at::Tensor>& k, const std::optional<at::Tensor>& v, int stride) {
-  return {k ? k->data_ptr<float>() : nullptr, v ? v->data_ptr<float>() : nullptr, stride};
-}
-
 void reshape_and_cache_cpu(const at::Tensor& key,        // [T, Hk, D]
                            const at::Tensor& value,      // [T, Hk, D]
                            at::Tensor& key_cache,        // [num_blocks, Hk, block_size, D]
@@ -34,7 +30,7 @@ void reshape_and_cache_cpu(const at::Tensor& key,        // [T, Hk, D]
     if (a.scale_stride >= 0)
       dk::cpu::reshape_and_cache<scalar_t, dk::fp8_e4m3_t>(
           dk_ptr<scalar_t>(key), dk_ptr<scalar_t>(value), a.k_stride, a.v_stride, dk_ptr<dk::fp8_e4m3_t>(key_cache),
-          dk_ptr<dk::fp8_e4m3_t>(value_cache), slots, a.num_tokens, L, kv_scales(k_scale, v_scale, a.scale_stride));
+          dk_ptr<dk::fp8_e4m3_t>(value_cache), slots, a.num_tokens, L, a.kv);
     else
       dk::cpu::reshape_and_cache<scalar_t>(dk_ptr<scalar_t>(key), dk_ptr<scalar_t>(value), a.k_stride, a.v_stride,
                                            dk_ptr<scalar_t>(key_cache), dk_ptr<scalar_t>(value_cache), slots,
@@ -81,7 +77,7 @@ void paged_attention_cpu(at::Tensor& out,                    // [T, Hq, D]
     if (a.scale_stride >= 0)
       dk::cpu::paged_attention<scalar_t, dk::fp8_e4m3_t>(
           dk_ptr<scalar_t>(out), lse_ptr, dk_ptr<scalar_t>(query), dk_ptr<dk::fp8_e4m3_t>(key_cache),
-          dk_ptr<dk::fp8_e4m3_t>(value_cache), bt, lens, qsl, P, kv_scales(k_scale, v_scale, a.scale_stride));
+          dk_ptr<dk::fp8_e4m3_t>(value_cache), bt, lens, qsl, P, a.kv);
     else
       dk::cpu::paged_attention<scalar_t>(dk_ptr<scalar_t>(out), lse_ptr, dk_ptr<scalar_t>(query),
                                          dk_ptr<scalar_t>(key_cache), dk_ptr<scalar_t>(value_cache), bt, lens, qsl, P);

@@ -27,7 +27,7 @@ void int4_gemm_cpu(at::Tensor& out,                        // [M, N]
                    const at::Tensor& mins,                 // [N, K / G] float16
                    int64_t group_size,
                    const std::optional<at::Tensor>& bias) {  // [N]
-  const dk::GemmArgs g = dk::int4_gemm_args(out, a, qweight, scales, mins, group_size, bias);
+  const dk::GemmArgs g = dk::quant_gemm_args("decodekit::int4_gemm", out, a, qweight, scales, &mins, group_size, bias);
   if (g.M == 0 || g.N == 0) return;
   const dk::cpu::Int4GemmParams P{g.M, g.N, g.K, int(group_size), g.a_stride};
   DK_CPU_DISPATCH_FLOATING(a.scalar_type(), "decodekit::int4_gemm", [&] {
@@ -43,9 +43,7 @@ void int4_dequantize_cpu(at::Tensor& out,            // [N, K]
                          const at::Tensor& mins,     // [N, K / G] float16
                          int64_t group_size) {
   const char* op = "decodekit::int4_dequantize";
-  dk::Check(op, "out", out).dim(2).dtype(dk::kFloatTypes).contiguous();
-  const dk::GemmArgs g = dk::int4_weight_args(op, qweight, scales, mins, group_size, out.size(1));
-  dk::Check(op, "out", out).size(0, g.N, "N = qweight.size(0)").device_as(qweight, "qweight");
+  const dk::GemmArgs g = dk::quant_dequantize_args(op, out, qweight, scales, &mins, group_size, nullptr);
   DK_CPU_DISPATCH_FLOATING(out.scalar_type(), op, [&] {
     dk::cpu::int4_dequantize<scalar_t>(dk_ptr<scalar_t>(out), qweight.data_ptr<uint8_t>(), dk_ptr<dk::half_t>(scales),
                                        dk_ptr<dk::half_t>(mins), g.N, g.K, int(group_size));
@@ -59,15 +57,7 @@ void int8_gemm_cpu(at::Tensor& out,                        // [M, N]
                    int64_t group_size,
                    const std::optional<at::Tensor>& bias) {  // [N]
   const char* op = "decodekit::int8_gemm";
-  dk::Check(op, "a", a).dim(2).dtype(dk::kFloatTypes).last_dim_contiguous();
-  dk::GemmArgs g = dk::int8_weight_args(op, qweight, scales, group_size, a.size(1));
-  dk::Check(op, "qweight", qweight).device_as(a, "a");
-  g.M = a.size(0);
-  g.a_stride = g.M > 1 ? a.stride(0) : g.K;
-  dk::Check(op, "out", out).dim(2).size(0, g.M, "M").size(1, g.N, "N = qweight.size(0)").dtype_as(a, "a")
-      .device_as(a, "a").contiguous();
-  if (bias.has_value())
-    dk::Check(op, "bias", *bias).dim(1).size(0, g.N, "N").dtype_as(a, "a").device_as(a, "a").contiguous();
+  const dk::GemmArgs g = dk::quant_gemm_args(op, out, a, qweight, scales, nullptr, group_size, bias);
   if (g.M == 0 || g.N == 0) return;
   const dk::cpu::Int4GemmParams P{g.M, g.N, g.K, int(group_size), g.a_stride};
   DK_CPU_DISPATCH_FLOATING(a.scalar_type(), op, [&] {
@@ -82,11 +72,7 @@ void int8_dequantize_rows_cpu(at::Tensor& out,            // [R, K]
                               int64_t group_size,
                               const at::Tensor& ids) {    // [R] int64
   const char* op = "decodekit::int8_dequantize_rows";
-  dk::Check(op, "out", out).dim(2).dtype(dk::kFloatTypes).contiguous();
-  const dk::GemmArgs g = dk::int8_weight_args(op, qweight, scales, group_size, out.size(1));
-  dk::Check(op, "ids", ids).dim(1).size(0, out.size(0), "out.size(0)").dtype({at::kLong}).device_as(qweight, "qweight")
-      .contiguous();
-  dk::Check(op, "out", out).device_as(qweight, "qweight");
+  const dk::GemmArgs g = dk::quant_dequantize_args(op, out, qweight, scales, nullptr, group_size, &ids);
   const int64_t* id = ids.data_ptr<int64_t>();
   for (int64_t r = 0; r < ids.size(0); ++r)
     TORCH_CHECK(id[r] >= 0 && id[r] < g.N, op, ": 'ids'[", r, "] = ", id[r], " is outside [0, ", g.N, ")");

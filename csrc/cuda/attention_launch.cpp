@@ -24,10 +24,6 @@
 
 namespace {
 
-dk::KVScales kv_scales(const std::optional<at::Tensor>& k, const std::optional<at::Tensor>& v, int stride) {
-  return {k ? k->data_ptr<float>() : nullptr, v ? v->data_ptr<float>() : nullptr, stride};
-}
-
 void reshape_and_cache_cuda(const at::Tensor& key,        // [T, Hk, D]
                             const at::Tensor& value,      // [T, Hk, D]
                             at::Tensor& key_cache,        // [num_blocks, Hk, block_size, D]
@@ -47,7 +43,7 @@ void reshape_and_cache_cuda(const at::Tensor& key,        // [T, Hk, D]
   c10::cuda::OptionalCUDAGuard guard(key_cache.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const dk::PagedLayout L{a.num_kv_heads, a.block_size, a.head_dim};
-  const dk::KVScales sc = kv_scales(k_scale, v_scale, a.scale_stride);
+  const dk::KVScales& sc = a.kv;
   DK_CUDA_DISPATCH_FLOATING(key.scalar_type(), op, [&] {
     auto launch = [&](auto* cache_type_tag) {
       using C = std::remove_pointer_t<decltype(cache_type_tag)>;
@@ -109,7 +105,7 @@ void paged_attention_cuda(at::Tensor& out,                    // [T, Hq, D]
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const dk::PagedLayout L{a.num_kv_heads, a.block_size, a.head_dim};
   float* lse_ptr = lse.has_value() ? lse->data_ptr<float>() : nullptr;
-  const dk::KVScales sc = kv_scales(k_scale, v_scale, a.scale_stride);
+  const dk::KVScales& sc = a.kv;
   // Split-KV when the grid would not fill the GPU (decode of few sequences over long contexts);
   // the plan depends on shapes only, so CUDA-graph replays stay valid. The workspace comes
   // from the caching allocator (graph-safe).

@@ -19,7 +19,7 @@ void int4_gemm_cuda(at::Tensor& out,                        // [M, N]
                     int64_t group_size,
                     const std::optional<at::Tensor>& bias) {  // [N]
   const char* op = "decodekit::int4_gemm";
-  const dk::GemmArgs g = dk::int4_gemm_args(out, a, qweight, scales, mins, group_size, bias);
+  const dk::GemmArgs g = dk::quant_gemm_args(op, out, a, qweight, scales, &mins, group_size, bias);
   dk::check_cuda(op, "a", a);
   dk::check_range<int64_t>(op, "a.size(0) (M) on CUDA", g.M, 0, dk::cuda::kQuantGemvMaxM);
   if (g.M == 0 || g.N == 0) return;
@@ -40,15 +40,7 @@ void int8_gemm_cuda(at::Tensor& out,                        // [M, N]
                     int64_t group_size,
                     const std::optional<at::Tensor>& bias) {  // [N]
   const char* op = "decodekit::int8_gemm";
-  dk::Check(op, "a", a).dim(2).dtype(dk::kFloatTypes).last_dim_contiguous();
-  dk::GemmArgs g = dk::int8_weight_args(op, qweight, scales, group_size, a.size(1));
-  dk::Check(op, "qweight", qweight).device_as(a, "a");
-  g.M = a.size(0);
-  g.a_stride = g.M > 1 ? a.stride(0) : g.K;
-  dk::Check(op, "out", out).dim(2).size(0, g.M, "M").size(1, g.N, "N = qweight.size(0)").dtype_as(a, "a")
-      .device_as(a, "a").contiguous();
-  if (bias.has_value())
-    dk::Check(op, "bias", *bias).dim(1).size(0, g.N, "N").dtype_as(a, "a").device_as(a, "a").contiguous();
+  const dk::GemmArgs g = dk::quant_gemm_args(op, out, a, qweight, scales, nullptr, group_size, bias);
   dk::check_cuda(op, "a", a);
   dk::check_range<int64_t>(op, "a.size(0) (M) on CUDA", g.M, 0, dk::cuda::kQuantGemvMaxM);
   if (g.M == 0 || g.N == 0) return;
@@ -69,9 +61,7 @@ void int4_dequantize_cuda(at::Tensor& out,            // [N, K]
                           const at::Tensor& mins,     // [N, K / G] float16
                           int64_t group_size) {
   const char* op = "decodekit::int4_dequantize";
-  dk::Check(op, "out", out).dim(2).dtype(dk::kFloatTypes).contiguous();
-  const dk::GemmArgs g = dk::int4_weight_args(op, qweight, scales, mins, group_size, out.size(1));
-  dk::Check(op, "out", out).size(0, g.N, "N = qweight.size(0)").device_as(qweight, "qweight");
+  const dk::GemmArgs g = dk::quant_dequantize_args(op, out, qweight, scales, &mins, group_size, nullptr);
   dk::check_cuda(op, "qweight", qweight);
   c10::cuda::OptionalCUDAGuard guard(out.device());
   DK_CUDA_DISPATCH_FLOATING(out.scalar_type(), op, [&] {
@@ -88,11 +78,7 @@ void int8_dequantize_rows_cuda(at::Tensor& out,            // [R, K]
                                int64_t group_size,
                                const at::Tensor& ids) {    // [R] int64 (outside [0, N): NaN rows, no host check)
   const char* op = "decodekit::int8_dequantize_rows";
-  dk::Check(op, "out", out).dim(2).dtype(dk::kFloatTypes).contiguous();
-  const dk::GemmArgs g = dk::int8_weight_args(op, qweight, scales, group_size, out.size(1));
-  dk::Check(op, "ids", ids).dim(1).size(0, out.size(0), "out.size(0)").dtype({at::kLong}).device_as(qweight, "qweight")
-      .contiguous();
-  dk::Check(op, "out", out).device_as(qweight, "qweight");
+  const dk::GemmArgs g = dk::quant_dequantize_args(op, out, qweight, scales, nullptr, group_size, &ids);
   dk::check_cuda(op, "qweight", qweight);
   c10::cuda::OptionalCUDAGuard guard(out.device());
   DK_CUDA_DISPATCH_FLOATING(out.scalar_type(), op, [&] {

@@ -2,6 +2,7 @@
 // dk::cuda::paged_attention) against the CPU kernels of include/decodekit/attention/cpu.h
 // and a float64 reference, on the cases of tests/ops/test_attention.py plus GPU-specific ones.
 #include "shim.h"
+#include "emu_types.h"
 #include "decodekit/attention/paged.cuh"
 #include "decodekit/attention/cpu.h"
 
@@ -16,12 +17,6 @@ using namespace dk;
 static std::mt19937 rng(123);
 static int fails = 0, checks = 0, split_cases = 0;
 
-template <class T> struct Cpu;
-template <> struct Cpu<float> { using type = float; };
-template <> struct Cpu<__half> { using type = dk::half_t; };
-template <> struct Cpu<__nv_bfloat16> { using type = dk::bf16_t; };
-template <class T> const char* tname() { return sizeof(T) == 4 ? "fp32" : std::is_same_v<T, __half> ? "fp16" : "bf16"; }
-template <class T> float ld(const T& x) { return Conv<T>::load(x); }
 template <class T> float tol_abs() { return sizeof(T) == 4 ? 2e-5f : std::is_same_v<T, __half> ? 1e-3f : 8e-3f; }
 
 template <class T> std::vector<T> randn(size_t n) {

@@ -3,6 +3,7 @@
 // float64 reference, on awkward shapes (N not a multiple of the 4 warps, M = 1..8, every group
 // size, strided activations, bias).
 #include "shim.h"
+#include "emu_types.h"
 #include "decodekit/gemm/int4.cuh"
 #include "decodekit/gemm/int4.h"
 
@@ -15,12 +16,6 @@ using namespace dk;
 static std::mt19937 rng(7);
 static int fails = 0, checks = 0;
 
-template <class T> struct Cpu;
-template <> struct Cpu<float> { using type = float; };
-template <> struct Cpu<__half> { using type = dk::half_t; };
-template <> struct Cpu<__nv_bfloat16> { using type = dk::bf16_t; };
-template <class T> const char* tname() { return sizeof(T) == 4 ? "fp32" : std::is_same_v<T, __half> ? "fp16" : "bf16"; }
-template <class T> float ld(const T& x) { return Conv<T>::load(x); }
 template <class T> double out_tol() { return sizeof(T) == 4 ? 2e-6 : std::is_same_v<T, __half> ? 1e-3 : 8e-3; }
 
 template <class T> void run(bool int4, int M, int64_t N, int64_t K, int G, int a_pad, bool with_bias) {

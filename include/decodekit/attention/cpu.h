@@ -123,6 +123,22 @@ inline void copy_blocks(char* cache,              // [num_blocks, block_bytes] b
     std::memcpy(cache + mapping[2 * i + 1] * block_bytes, cache + mapping[2 * i] * block_bytes, size_t(block_bytes));
 }
 
+// The online-softmax step shared by both attend_block versions: s[0..valid) holds the block's
+// scores (max mx); turns them into exp(s - m) with the updated running max, folds their sum
+// into sm and returns the factor the accumulator must be scaled by.
+inline float softmax_block(float* s, int valid, float mx, OnlineSoftmax& sm) {
+  const float corr = sm.rescale(mx);
+  const float m = sm.m;
+  float lsum = 0.f;
+#pragma omp simd reduction(+ : lsum)
+  for (int j = 0; j < valid; ++j) {
+    s[j] = exp_nonpos(s[j] - m);
+    lsum += s[j];
+  }
+  sm.add(lsum);
+  return corr;
+}
+
 // One query row against `valid` (<= 16 typically) keys of a converted block: scores
 // s[j] = q . k_j (q pre-scaled), the online-softmax update of sm, and acc = acc * corr +
 // sum_j p_j v_j. kf, vf: [valid, D] fp32 rows; s: scratch of >= valid floats.
@@ -137,15 +153,7 @@ inline void attend_block(const float* q, const float* kf, const float* vf, int v
     s[j] = dot;
     mx = std::max(mx, dot);
   }
-  const float corr = sm.rescale(mx);
-  const float m = sm.m;
-  float lsum = 0.f;
-#pragma omp simd reduction(+ : lsum)
-  for (int j = 0; j < valid; ++j) {
-    s[j] = exp_nonpos(s[j] - m);
-    lsum += s[j];
-  }
-  sm.add(lsum);
+  const float corr = softmax_block(s, valid, mx, sm);
 #pragma omp simd
   for (int d = 0; d < D; ++d) acc[d] *= corr;
   for (int j = 0; j < valid; ++j) {
@@ -208,15 +216,7 @@ inline void attend_block_avx512(const float* q, const float* kf, const float* vf
     s[j] = dot;
     mx = std::max(mx, dot);
   }
-  const float corr = sm.rescale(mx);
-  const float m = sm.m;
-  float lsum = 0.f;
-#pragma omp simd reduction(+ : lsum)
-  for (int j = 0; j < valid; ++j) {
-    s[j] = exp_nonpos(s[j] - m);
-    lsum += s[j];
-  }
-  sm.add(lsum);
+  const float corr = softmax_block(s, valid, mx, sm);
   __m512 a[NC];
   const __m512 cv = _mm512_set1_ps(corr);
   for (int c = 0; c < NC; ++c) a[c] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * c), cv);

@@ -69,73 +69,78 @@ inline void int4_rows_avx512(const uint8_t* qrow, const float* sc, const float* 
 #endif
 
 #if defined(__AVX512F__) && defined(__F16C__)
-inline float hsum_ps(__m512 v) { return _mm512_reduce_add_ps(v); }
+// M = 1, G = 32, four output rows at a time (the group's 32 activations loaded once for the
+// four; rows past N recompute the last one and are not written):
+//   out[n] = sum_g d[n,g] * dot(n, g) + extra(n) (+ bias[n]),
+// dot(n, g, a_lo, a_hi): the 16-lane partial products of row n's group g (unscaled);
+// extra(n): the format's per-row term (INT4: sum_g min[n,g] * asum_g; INT8: 0).
+template <class T, class GroupDot, class RowExtra>
+void gemv4_g32_avx512(T* out, const float* a, const half_t* scales, const T* bias, int64_t N, int64_t K,
+                      GroupDot dot, RowExtra extra) {
+  const int64_t ng = K / 32;
+  DK_OMP_PARALLEL_FOR_IF(N * K >= kParallelGrain)
+  for (int64_t nb = 0; nb < (N + 3) / 4; ++nb) {
+    int64_t rows[4];
+    __m512 acc[4];
+    for (int r = 0; r < 4; ++r) {
+      rows[r] = std::min<int64_t>(nb * 4 + r, N - 1);
+      acc[r] = _mm512_setzero_ps();
+    }
+    for (int64_t g = 0; g < ng; ++g) {
+      const __m512 alo = _mm512_loadu_ps(a + g * 32), ahi = _mm512_loadu_ps(a + g * 32 + 16);
+      for (int r = 0; r < 4; ++r)
+        acc[r] = _mm512_fmadd_ps(dot(rows[r], g, alo, ahi), _mm512_set1_ps(_cvtsh_ss(scales[rows[r] * ng + g].bits)),
+                                 acc[r]);
+    }
+    for (int r = 0; r < 4 && nb * 4 + r < N; ++r) {
+      float v = _mm512_reduce_add_ps(acc[r]) + extra(rows[r]);
+      if (bias) v += to_float(bias[rows[r]]);
+      out[rows[r]] = from_float<T>(v);
+    }
+  }
+}
 
-// M = 1, G = 32: out[n] = sum_g d[n,g] * (q . a)_g + sum_g m[n,g] * asum_g, four rows n at a time
-// (the group's activations loaded once for the four), rows past N recomputing the last one.
+// sum_g fp16 w[g] * x[g] over n groups.
+inline float half_dot(const half_t* w, const float* x, int64_t n) {
+  __m512 v = _mm512_setzero_ps();
+  int64_t g = 0;
+  for (; g + 16 <= n; g += 16)
+    v = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g))),
+                        _mm512_loadu_ps(x + g), v);
+  float t = _mm512_reduce_add_ps(v);
+  for (; g < n; ++g) t += _cvtsh_ss(w[g].bits) * x[g];
+  return t;
+}
+
 template <class T>
 void int4_gemv_g32_avx512(T* out, const float* a, const float* asum, const uint8_t* qweight, const half_t* scales,
                           const half_t* mins, const T* bias, int64_t N, int64_t K) {
   const int64_t ng = K / 32, half = K / 2;
   const __m512i low4 = _mm512_set1_epi32(15);
-  DK_OMP_PARALLEL_FOR_IF(N * K >= kParallelGrain)
-  for (int64_t nb = 0; nb < (N + 3) / 4; ++nb) {
-    int64_t rows[4];
-    for (int r = 0; r < 4; ++r) rows[r] = std::min<int64_t>(nb * 4 + r, N - 1);
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-    for (int64_t g = 0; g < ng; ++g) {
-      const __m512 alo = _mm512_loadu_ps(a + g * 32), ahi = _mm512_loadu_ps(a + g * 32 + 16);
-      for (int r = 0; r < 4; ++r) {
-        const __m512i b = _mm512_cvtepu8_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(qweight + rows[r] * half + g * 16)));
-        __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(b, low4)), alo);
-        t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), ahi, t);
-        acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(_cvtsh_ss(scales[rows[r] * ng + g].bits)), acc[r]);
-      }
-    }
-    for (int r = 0; r < 4 && nb * 4 + r < N; ++r) {
-      const int64_t n = rows[r];
-      float mt = 0.f;
-      int64_t g = 0;
-      __m512 mv = _mm512_setzero_ps();
-      for (; g + 16 <= ng; g += 16)
-        mv = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mins + n * ng + g))),
-                             _mm512_loadu_ps(asum + g), mv);
-      for (; g < ng; ++g) mt += _cvtsh_ss(mins[n * ng + g].bits) * asum[g];
-      float v = hsum_ps(acc[r]) + hsum_ps(mv) + mt;
-      if (bias) v += to_float(bias[n]);
-      out[n] = from_float<T>(v);
-    }
-  }
+  gemv4_g32_avx512(out, a, scales, bias, N, K,
+                   [&](int64_t n, int64_t g, __m512 alo, __m512 ahi) {  // low nibbles: 0..15, high: 16..31
+                     const __m512i b = _mm512_cvtepu8_epi32(
+                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(qweight + n * half + g * 16)));
+                     const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(b, low4)), alo);
+                     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), ahi, t);
+                   },
+                   [&](int64_t n) { return half_dot(mins + n * ng, asum, ng); });
 }
 
-// M = 1, INT8 (G = 32): four rows at a time, as int4_gemv_g32_avx512.
 template <class T>
 void int8_gemv_g32_avx512(T* out, const float* a, const int8_t* qweight, const half_t* scales, const T* bias,
                           int64_t N, int64_t K) {
-  const int64_t ng = K / 32;
-  DK_OMP_PARALLEL_FOR_IF(N * K >= kParallelGrain)
-  for (int64_t nb = 0; nb < (N + 3) / 4; ++nb) {
-    int64_t rows[4];
-    for (int r = 0; r < 4; ++r) rows[r] = std::min<int64_t>(nb * 4 + r, N - 1);
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-    for (int64_t g = 0; g < ng; ++g) {
-      const __m512 a0 = _mm512_loadu_ps(a + g * 32), a1 = _mm512_loadu_ps(a + g * 32 + 16);
-      for (int r = 0; r < 4; ++r) {
-        const int8_t* q = qweight + rows[r] * K + g * 32;
-        __m512 t = _mm512_mul_ps(
-            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))), a0);
-        t = _mm512_fmadd_ps(
-            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)))), a1, t);
-        acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(_cvtsh_ss(scales[rows[r] * ng + g].bits)), acc[r]);
-      }
-    }
-    for (int r = 0; r < 4 && nb * 4 + r < N; ++r) {
-      float v = hsum_ps(acc[r]);
-      if (bias) v += to_float(bias[rows[r]]);
-      out[rows[r]] = from_float<T>(v);
-    }
-  }
+  gemv4_g32_avx512(out, a, scales, bias, N, K,
+                   [&](int64_t n, int64_t g, __m512 a0, __m512 a1) {
+                     const int8_t* q = qweight + n * K + g * 32;
+                     const __m512 t = _mm512_mul_ps(
+                         _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))),
+                         a0);
+                     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)))),
+                                            a1, t);
+                   },
+                   [](int64_t) { return 0.f; });
 }
 #endif
 
@@ -172,13 +177,13 @@ void int4_gemm(T* out,                  // [M, N]
   }
 #endif
   constexpr int kMaxM = 8;  // rows of a handled together (each decoded weight used up to kMaxM times)
-  DK_OMP_PARALLEL_FOR_IF(N * K * M >= kParallelGrain)
+#pragma omp parallel if (N * K * M >= kParallelGrain)
+  {
+  std::vector<float> sc_buf(static_cast<size_t>(ng)), mn_buf(static_cast<size_t>(ng));  // this thread's row of scales / mins in fp32
+  float* sc = sc_buf.data();
+  float* mn = mn_buf.data();
+#pragma omp for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
-    thread_local std::vector<float> sc_buf, mn_buf;
-    sc_buf.resize(size_t(ng));
-    mn_buf.resize(size_t(ng));
-    float* sc = sc_buf.data();  // thread_local: take the pointer (OpenMP, see dense_cpu.h)
-    float* mn = mn_buf.data();
     half_row_to_float(scales + n * ng, sc, ng);
     half_row_to_float(mins + n * ng, mn, ng);
     const uint8_t* qrow = qweight + n * (K / 2);
@@ -223,6 +228,7 @@ void int4_gemm(T* out,                  // [M, N]
         out[(m0 + r) * N + n] = from_float<T>(v);
       }
     }
+  }
   }
 }
 
@@ -303,11 +309,12 @@ void int8_gemm(T* out,                  // [M, N]
   }
 #endif
   constexpr int kMaxM = 4;
-  DK_OMP_PARALLEL_FOR_IF(N * K * M >= kParallelGrain)
+#pragma omp parallel if (N * K * M >= kParallelGrain)
+  {
+  std::vector<float> sc_buf(static_cast<size_t>(ng));  // this thread's row of scales in fp32
+  float* sc = sc_buf.data();
+#pragma omp for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
-    thread_local std::vector<float> sc_buf;
-    sc_buf.resize(size_t(ng));
-    float* sc = sc_buf.data();
     half_row_to_float(scales + n * ng, sc, ng);
     const int8_t* qrow = qweight + n * K;
     for (int64_t m0 = 0; m0 < M; m0 += kMaxM) {
@@ -338,6 +345,7 @@ void int8_gemm(T* out,                  // [M, N]
         out[(m0 + r) * N + n] = from_float<T>(v);
       }
     }
+  }
   }
 }
 

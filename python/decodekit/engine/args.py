@@ -85,8 +85,9 @@ class EngineArgs:
             return self.weight_format == "packed"
         # auto: the CPU (its kernels are tested and measured faster); the first CUDA GEMV kernels
         # (include/decodekit/gemm/int4.cuh) are opt-in (--weight-format packed) until measured on a GPU
+        from decodekit.ops import _has_kernel
         dev = self.resolved_device()
-        return dev.type == "cpu" and torch._C._dispatch_has_kernel_for_dispatch_key("decodekit::int4_gemm", "CPU")
+        return dev.type == "cpu" and _has_kernel("int4_gemm", dev)
 
     def resolved_kv_cache_dtype(self) -> torch.dtype:
         """The KV cache's element type: the model's dtype, or float8_e4m3fn (scale 1)."""

@@ -138,14 +138,18 @@ class LLMEngine:
         (with a temporary full-precision cache; see LlamaModel.calibrate_kv_scales)."""
         ids = [t for t in self.tokenizer.encode(self._CALIBRATION_TEXT) if 0 <= t < self.model_config.vocab_size]
         ids = (ids or list(range(1, 65)))[:256]
+        return self.model.calibrate_kv_scales(lambda: self._probe_prefill(ids))
+
+    def _probe_prefill(self, ids: list[int]) -> int:
+        """One prefill of `ids` outside the scheduler, on a temporary KV cache just big enough
+        (start-up probes: calibration, memory profiling). Returns the probe cache's bytes."""
         bs = self.args.block_size
         probe = ModelRunner(self.model, num_blocks=-(-len(ids) // bs) + 1, block_size=bs)
-        req = Request("__calibrate__", ids, SamplingParams(max_tokens=1))
+        req = Request("__probe__", ids, SamplingParams(max_tokens=1))
         req.block_ids = list(range(probe.num_blocks - 1))
-        so = SchedulerOutput(scheduled=[ScheduledRequest(req, len(ids), 0, True, True)], num_scheduled_tokens=len(ids))
-        scales = self.model.calibrate_kv_scales(lambda: probe.execute(so))
-        del probe
-        return scales
+        probe.execute(SchedulerOutput(scheduled=[ScheduledRequest(req, len(ids), 0, True, True)],
+                                      num_scheduled_tokens=len(ids)))
+        return sum(k.numel() * k.element_size() * 2 for k, _ in probe.kv_caches)
 
     def _decode_graph_mode(self) -> str:
         mode = self.args.decode_graphs
@@ -163,16 +167,9 @@ class LLMEngine:
         dev = self.device
         torch.cuda.synchronize(dev)
         torch.cuda.reset_peak_memory_stats(dev)
-        T = self.args.max_num_batched_tokens
-        probe = ModelRunner(self.model, num_blocks=-(-T // self.args.block_size) + 1, block_size=self.args.block_size)
-        req = Request("__profile__", [0] * T, SamplingParams(max_tokens=1))
-        req.block_ids = list(range(probe.num_blocks - 1))
-        so = SchedulerOutput(scheduled=[ScheduledRequest(req, T, 0, True, True)], num_scheduled_tokens=T)
-        probe.execute(so)
+        kv_probe = self._probe_prefill([0] * self.args.max_num_batched_tokens)
         torch.cuda.synchronize(dev)
         peak = torch.cuda.max_memory_allocated(dev)
-        kv_probe = sum(k.numel() * k.element_size() * 2 for k, _ in probe.kv_caches)
-        del probe
         total = torch.cuda.get_device_properties(dev).total_memory
         budget = int(total * self.args.gpu_memory_utilization) - (peak - kv_probe)
         torch.cuda.empty_cache()

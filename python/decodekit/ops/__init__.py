@@ -10,6 +10,8 @@ import functools
 
 import torch
 
+from decodekit.quant import Int4Weight, Int8Weight
+
 from . import reference  # noqa: F401
 
 _ops = torch.ops.decodekit
@@ -99,24 +101,53 @@ _CUDA_QUANT_GEMV_MAX_M = 8  # the CUDA GEMV kernels' limit (include/decodekit/ge
 
 
 def int4_gemm(a: torch.Tensor,              # [M, K] (row stride free)
-              weight: "Int4Weight",          # [N, K] packed (decodekit.quant.Int4Weight)
+              weight: Int4Weight,            # [N, K] packed (scale * q + min per group)
               bias: torch.Tensor | None = None,  # [N]
               out: torch.Tensor | None = None,   # [M, N]
               ) -> torch.Tensor:
     """a @ w^T (+ bias) with w = scale * q + min decoded on the fly (fp32 accumulation)."""
+    return _quant_gemm(a, weight, bias, out)
+
+
+def int8_gemm(a: torch.Tensor,              # [M, K] (row stride free)
+              weight: Int8Weight,            # [N, K] (GGUF Q8_0: scale * q per group)
+              bias: torch.Tensor | None = None,  # [N]
+              out: torch.Tensor | None = None,   # [M, N]
+              ) -> torch.Tensor:
+    """a @ w^T (+ bias), w = scale * q decoded on the fly (fp32 accumulation)."""
+    return _quant_gemm(a, weight, bias, out)
+
+
+def _quant_gemm(a, weight, bias, out):
+    int8 = isinstance(weight, Int8Weight)
     if out is None:
         out = torch.empty(a.shape[0], weight.shape[0], dtype=a.dtype, device=a.device)
     if a.device.type == "cuda" and a.shape[0] > _CUDA_QUANT_GEMV_MAX_M:  # past the CUDA GEMV kernels' rows
-        out.copy_(linear(a, weight, bias))
+        return _packed_dense(a, weight, bias, out)
+    mins = () if int8 else (weight.mins,)
+    if _has_kernel("int8_gemm" if int8 else "int4_gemm", a.device):
+        (_ops.int8_gemm if int8 else _ops.int4_gemm)(out, a, weight.qweight, weight.scales, *mins,
+                                                     weight.group_size, bias)
         return out
-    if _has_kernel("int4_gemm", a.device):
-        _ops.int4_gemm(out, a, weight.qweight, weight.scales, weight.mins, weight.group_size, bias)
-        return out
-    out.copy_(reference.int4_gemm(a, weight.qweight, weight.scales, weight.mins, weight.group_size, bias))
+    ref = reference.int8_gemm if int8 else reference.int4_gemm
+    out.copy_(ref(a, weight.qweight, weight.scales, *mins, weight.group_size, bias))
     return out
 
 
-def int4_dequantize(weight: "Int4Weight", dtype: torch.dtype = torch.float32) -> torch.Tensor:  # [N, K]
+def _packed_dense(x, weight, bias, out):
+    """x @ w^T for a packed weight at larger M: a few MB of rows decoded at a time (cache-resident,
+    no whole-weight buffer to allocate and fault in), each chunk through the dense path."""
+    N, K = weight.shape
+    chunk = max(256, (4 << 20) // (4 * K))
+    for n0 in range(0, N, chunk):
+        n1 = min(N, n0 + chunk)
+        part = weight.rows(n0, n1)
+        w = int8_dequantize(part, x.dtype) if isinstance(part, Int8Weight) else int4_dequantize(part, x.dtype)
+        out[:, n0:n1] = linear(x, w, None if bias is None else bias[n0:n1])
+    return out
+
+
+def int4_dequantize(weight: Int4Weight, dtype: torch.dtype = torch.float32) -> torch.Tensor:  # [N, K]
     """The packed weight decoded to `dtype` (w = scale * q + min in fp32, then rounded)."""
     if _has_kernel("int4_dequantize", weight.device):
         out = torch.empty(weight.shape, dtype=dtype, device=weight.device)
@@ -125,26 +156,8 @@ def int4_dequantize(weight: "Int4Weight", dtype: torch.dtype = torch.float32) ->
     return reference.int4_dequantize(weight.qweight, weight.scales, weight.mins, weight.group_size).to(dtype)
 
 
-def int8_gemm(a: torch.Tensor,              # [M, K] (row stride free)
-              weight: "Int8Weight",          # [N, K] (decodekit.quant.Int8Weight, GGUF Q8_0)
-              bias: torch.Tensor | None = None,  # [N]
-              out: torch.Tensor | None = None,   # [M, N]
-              ) -> torch.Tensor:
-    """a @ w^T (+ bias), w = scale * q decoded on the fly (fp32 accumulation)."""
-    if out is None:
-        out = torch.empty(a.shape[0], weight.shape[0], dtype=a.dtype, device=a.device)
-    if a.device.type == "cuda" and a.shape[0] > _CUDA_QUANT_GEMV_MAX_M:  # past the CUDA GEMV kernels' rows
-        out.copy_(linear(a, weight, bias))
-        return out
-    if _has_kernel("int8_gemm", a.device):
-        _ops.int8_gemm(out, a, weight.qweight, weight.scales, weight.group_size, bias)
-        return out
-    out.copy_(reference.int8_gemm(a, weight.qweight, weight.scales, weight.group_size, bias))
-    return out
-
-
 def int8_embedding(ids: torch.Tensor,            # [T] int64
-                   weight: "Int8Weight",          # [vocab, hidden]
+                   weight: Int8Weight,            # [vocab, hidden]
                    dtype: torch.dtype) -> torch.Tensor:  # [T, hidden]
     """Rows `ids` of an INT8 table, decoded (the embedding lookup of a Q8_0 token table)."""
     if _has_kernel("int8_dequantize_rows", weight.device):
@@ -155,7 +168,7 @@ def int8_embedding(ids: torch.Tensor,            # [T] int64
     return reference.int8_dequantize(q, s, weight.group_size).to(dtype)
 
 
-def int8_dequantize(weight: "Int8Weight", dtype: torch.dtype = torch.float32) -> torch.Tensor:  # [N, K]
+def int8_dequantize(weight: Int8Weight, dtype: torch.dtype = torch.float32) -> torch.Tensor:  # [N, K]
     """The whole INT8 weight decoded to `dtype` (scale * q, exact in fp32, then rounded)."""
     return int8_embedding(torch.arange(weight.shape[0], device=weight.device), weight, dtype)
 
@@ -181,26 +194,17 @@ def _int4_dequantize_fake(out, qweight, scales, mins, group_size):
 
 
 def linear(x: torch.Tensor,                      # [M, K]
-           weight,                               # [N, K] tensor, or a packed decodekit.quant.Int4Weight
+           weight,                               # [N, K] tensor, or packed: decodekit.quant.Int4Weight / Int8Weight
            bias: torch.Tensor | None = None) -> torch.Tensor:  # [M, N]
     """x @ weight^T + bias. Packed INT4 weights: int4_gemm for decode-sized batches, else decoded
     once and the dense path. On the CPU in bf16: decode batches (up to 32 rows) use dense_gemm
     (weights widened to fp32 in registers, near memory bandwidth), prefill-sized ones (128+ rows) an fp32
     GEMM on upcast operands; everything else goes to torch (oneDNN/MKL, cuBLAS on CUDA)."""
-    if not isinstance(weight, torch.Tensor):
-        int8 = hasattr(weight, "mins") is False  # Int8Weight (scale only) vs Int4Weight (scale + min)
+    if isinstance(weight, (Int4Weight, Int8Weight)):
         if x.shape[0] <= (_INT4_GEMM_MAX_M if x.device.type == "cpu" else _CUDA_QUANT_GEMV_MAX_M):
-            return int8_gemm(x, weight, bias) if int8 else int4_gemm(x, weight, bias)
-        # larger M: decode a few MB of rows at a time (cache-resident, no whole-weight buffer to
-        # allocate and fault in) and run the dense path on each
-        N, K = weight.shape
-        chunk = max(256, (4 << 20) // (4 * K))
-        out = torch.empty(x.shape[0], N, dtype=x.dtype, device=x.device)
-        for n0 in range(0, N, chunk):
-            part = weight.rows(n0, min(N, n0 + chunk))
-            w = int8_dequantize(part, x.dtype) if int8 else int4_dequantize(part, x.dtype)
-            out[:, n0:n0 + w.shape[0]] = linear(x, w, None if bias is None else bias[n0:n0 + w.shape[0]])
-        return out
+            return _quant_gemm(x, weight, bias, None)
+        return _packed_dense(x, weight, bias, torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype,
+                                                          device=x.device))
     if x.device.type == "cpu" and x.dtype == torch.bfloat16 and x.dim() == 2:
         if x.shape[0] <= _DENSE_ROUTE_MAX_M:
             return dense_gemm(x, weight, bias)
