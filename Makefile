@@ -51,14 +51,16 @@ cuda-check: deps
 	$(PY) tools/cuda_check.py
 
 # The CUDA kernels run on the CPU in the fiber emulator (tools/cuda_emu), against the CPU kernels.
+# -fno-strict-aliasing: the kernels move Vec<T> through raw 16-byte words, as nvcc allows.
 EMU_DIR ?= build/cuda_emu
-EMU_CXX = $(CXX) -std=c++20 -O2 -pthread -I tools/cuda_emu/inc \
+EMU_CXX = $(CXX) -std=c++20 -O2 -fno-strict-aliasing -pthread -I tools/cuda_emu/inc \
   -I $$($(PY) tools/build_env.py --cuda-include 2>/dev/null || echo /usr/local/cuda/include)
 emu-test:
 	$(PY) tools/cuda_emu/prepare.py
 	mkdir -p $(EMU_DIR)
 	$(EMU_CXX) tools/cuda_emu/test_quant.cpp -o $(EMU_DIR)/test_quant && $(EMU_DIR)/test_quant
 	$(EMU_CXX) tools/cuda_emu/test_attn.cpp -o $(EMU_DIR)/test_attn && $(EMU_DIR)/test_attn
+	$(EMU_DIR)/test_attn --only "tc " --greedy  # tensor-core kernel, one warp running ahead (barriers)
 
 bench: install
 	$(PY) bench/run_all.py --device cpu --quick

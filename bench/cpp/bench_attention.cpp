@@ -1,4 +1,4 @@
-// paged_attention decode microbenchmarks. Built twice: as C++ (bench_attention, CPU kernel
+// paged_attention microbenchmarks (decode, and prefill on the GPU). Built twice: as C++ (bench_attention, CPU kernel
 // from include/decodekit/attention/cpu.h) and, through bench_attention.cu, by nvcc
 // (bench_attention_cuda, CUDA launcher from attention/paged.cuh). Method: see bench_common.h.
 //
@@ -11,6 +11,8 @@
 // (S * ctx * Hk * D * 2 elements) + the query read + the output written.
 //
 // Cases: heads of Llama-3-8B (32 query / 8 KV heads of 128) and SmolLM2-135M (9 / 3 of 64).
+//   GPU prefill (fp16/bf16, tensor-core kernel): 4 prompts x 4096 tokens (reported in TFLOP/s:
+//        the target is >= 50% of the measured bf16 matmul rate) and 1 x 512; fp8 KV at 4 x 4096.
 //   GPU: batch 1/8/64/256 x context 512/4096/32768, those whose KV exceeds 8 GiB skipped
 //        (the headline: batch 64 x context 4096 bf16; batch 1 x context 32768).
 //   CPU: batch 1/16 x context 512/2048 (the CPU target: batch 16 x context 2048 with the
@@ -58,9 +60,10 @@ struct Meta {
   const int32_t* query_start(const int32_t* base) const { return seq_lens(base) + num_seqs; }
 };
 
-// S sequences of ctx tokens, one new token each; block tables a random permutation of the
-// block ids 0 .. S * ceil(ctx / block) - 1 (fixed seed per shape).
-std::shared_ptr<const Meta> make_meta(int S, int ctx) {
+// S sequences of ctx tokens, n_new new tokens each (1: decode; ctx: a whole prompt's prefill);
+// block tables a random permutation of the block ids 0 .. S * ceil(ctx / block) - 1 (fixed
+// seed per shape).
+std::shared_ptr<const Meta> make_meta(int S, int ctx, int n_new = 1) {
   auto m = std::make_shared<Meta>();
   m->num_seqs = S;
   m->max_blocks = (ctx + kBlockSize - 1) / kBlockSize;
@@ -71,7 +74,7 @@ std::shared_ptr<const Meta> make_meta(int S, int ctx) {
   std::shuffle(ids.begin(), ids.end(), rng);
   m->host = ids;
   m->host.insert(m->host.end(), size_t(S), ctx);                     // seq_lens
-  for (int s = 0; s <= S; ++s) m->host.push_back(s);                 // query_start_loc: 1 token each
+  for (int s = 0; s <= S; ++s) m->host.push_back(s * n_new);         // query_start_loc
 #if defined(__CUDACC__)
   int32_t* d;
   const size_t bytes = m->host.size() * sizeof(int32_t);
@@ -148,8 +151,67 @@ void add_case(std::vector<dkb::Case>& cases, const HeadConfig& hc, int S, int ct
   cases.push_back(std::move(c));
 }
 
+#if defined(__CUDACC__)
+// Prefill (GPU only: seconds per call on a small CPU): S prompts of n tokens each, causal over
+// themselves, through paged_attention (the tensor-core kernel). Bytes: K/V rows + q + out;
+// flops: 4 * D per (query head, visible key) pair (q.k and p.v), S * Hq * 2 * D * n * (n + 1).
+template <class T, class C>
+void add_prefill_case(std::vector<dkb::Case>& cases, const HeadConfig& hc, int S, int n) {
+  const int hq = hc.hq, hk = hc.hk, head = hc.head;
+  const std::shared_ptr<const Meta> m = make_meta(S, n, n);
+  const dk::PagedLayout L{hk, kBlockSize, head};
+  const int64_t cache_elems = m->num_blocks * hk * kBlockSize * head;
+  const int64_t tokens = int64_t(S) * n;
+  const int64_t q_elems = tokens * hq * head;
+  const float scale = 1.0f / std::sqrt(float(head));
+  auto carve = [=](char* s, C*& kc, C*& vc, T*& q, T*& out) {
+    dkb::Carver c{s};
+    kc = c.take<C>(cache_elems);  // [num_blocks, Hk, block_size, D]
+    vc = c.take<C>(cache_elems);  // [num_blocks, Hk, block_size, D]
+    q = c.take<T>(q_elems);       // [S * n, Hq, D]
+    out = c.take<T>(q_elems);     // [S * n, Hq, D]
+    return c.used;
+  };
+  constexpr bool kFp8 = dk::kIsFp8<C>;
+  dkb::Case c;
+  c.bench = "paged_attention";
+  c.shape = "prefill S=" + std::to_string(S) + " n=" + std::to_string(n) + " heads=" + std::to_string(hq) + "/" +
+            std::to_string(hk) + " d=" + std::to_string(head) + (kFp8 ? " kv=fp8" : "");
+  c.dtype = dkb::DtypeName<T>::value;
+  c.bytes = 2.0 * tokens * hk * head * sizeof(C) + 2.0 * q_elems * sizeof(T);
+  c.flops = double(S) * hq * 2.0 * head * double(n) * double(n + 1);
+  C *kc, *vc;
+  T *q, *out;
+  c.slot_bytes = carve(nullptr, kc, vc, q, out);
+  c.cpu = [](char*) {};
+  c.gpu = [=](char* s, cudaStream_t st) {
+    using D = dkb::cuda_t<T>;
+    using DC = std::conditional_t<kFp8, dk::fp8_e4m3_t, D>;
+    C *kc, *vc;
+    T *q, *out;
+    carve(s, kc, vc, q, out);
+    const int32_t* meta = m->dev;
+    return dk::cuda::paged_attention<D, DC>(
+        reinterpret_cast<D*>(out), nullptr, reinterpret_cast<const D*>(q), int64_t(hq) * head,
+        reinterpret_cast<const DC*>(kc), reinterpret_cast<const DC*>(vc), m->block_tables(meta), m->max_blocks,
+        m->seq_lens(meta), m->query_start(meta), S, tokens, hq, m->num_blocks, L, scale, dk::KVScales{}, 1, nullptr,
+        st);
+  };
+  cases.push_back(std::move(c));
+}
+#endif
+
 template <class T>
 void add_cases(std::vector<dkb::Case>& cases, bool quick) {
+#if defined(__CUDACC__)
+  // prefill: 4 x 4096 (the target: >= 50% of the bf16 matmul rate) and 1 x 512, fp16/bf16 only
+  if constexpr (sizeof(T) == 2)
+    for (const HeadConfig& hc : kConfigs) {
+      add_prefill_case<T, T>(cases, hc, 4, 4096);
+      if (!quick) add_prefill_case<T, T>(cases, hc, 1, 512);
+      if (!quick && hc.hq == kConfigs[0].hq) add_prefill_case<T, dk::fp8_e4m3_t>(cases, hc, 4, 4096);
+    }
+#endif
   const Grid grid = decode_grid(quick);
   for (const HeadConfig& hc : kConfigs)
     for (int ctx : grid.contexts)

@@ -25,7 +25,8 @@
 //   --quick     CI smoke run: bf16 only, no 4096-token cases, fewer repeats
 //   --all       CPU: also the big cases
 //   --json      write all results as a JSON list of
-//               {bench, case, dtype, time_us, gbps, frac_of_copy, device}
+//               {bench, case, dtype, time_us, gbps, frac_of_copy, tflops, device}
+//               (tflops: compute cases, e.g. prefill attention; 0 for bandwidth cases)
 //   --filter    only cases whose "bench case dtype" contains SUBSTR
 //   --budget-ms time per case (default CPU 100, GPU 40; --quick: 15 / 10)
 #pragma once
@@ -103,6 +104,7 @@ struct Case {
   std::string shape;  // e.g. "tokens=16 hidden=4096"
   std::string dtype;  // fp32 / fp16 / bf16
   double bytes = 0;   // unique bytes read + written by one call
+  double flops = 0;   // useful floating-point operations of one call (0: a bandwidth case)
   size_t slot_bytes = 0;  // arena bytes one call uses (see Carver)
   bool big = false;       // skipped by the default CPU run (see --all)
   std::function<void(char* slot)> cpu;
@@ -126,6 +128,7 @@ struct Carver {
 struct Result {
   std::string bench, cas, dtype, device;
   double time_us, gbps, frac;
+  double tflops = 0;  // flops / time for compute cases (compare with the measured matmul rate)
 };
 
 inline double median(std::vector<double> v) {
@@ -163,9 +166,9 @@ inline void write_json(const std::string& path, const std::vector<Result>& rs) {
     const Result& r = rs[i];
     std::fprintf(f,
                  "  {\"bench\": \"%s\", \"case\": \"%s\", \"dtype\": \"%s\", \"time_us\": %.4f, \"gbps\": %.3f, "
-                 "\"frac_of_copy\": %.4f, \"device\": \"%s\"}%s\n",
+                 "\"frac_of_copy\": %.4f, \"tflops\": %.3f, \"device\": \"%s\"}%s\n",
                  json_escape(r.bench).c_str(), json_escape(r.cas).c_str(), json_escape(r.dtype).c_str(), r.time_us,
-                 r.gbps, r.frac, json_escape(r.device).c_str(), i + 1 < rs.size() ? "," : "");
+                 r.gbps, r.frac, r.tflops, json_escape(r.device).c_str(), i + 1 < rs.size() ? "," : "");
   }
   std::fprintf(f, "]\n");
   std::fclose(f);
@@ -173,8 +176,10 @@ inline void write_json(const std::string& path, const std::vector<Result>& rs) {
 }
 
 inline void print_result(const Result& r, const std::string& shape) {
-  std::printf("%-20s %-30s %-5s %11.2f us %9.2f GB/s %6.3f of copy\n", r.bench.c_str(), shape.c_str(), r.dtype.c_str(),
+  std::printf("%-20s %-30s %-5s %11.2f us %9.2f GB/s %6.3f of copy", r.bench.c_str(), shape.c_str(), r.dtype.c_str(),
               r.time_us, r.gbps, r.frac);
+  if (r.tflops > 0) std::printf(" %8.2f TFLOP/s", r.tflops);
+  std::printf("\n");
   std::fflush(stdout);
 }
 
@@ -304,7 +309,7 @@ inline int run_cpu(int argc, char** argv, const char* title, const std::function
     }
     const double t = median(per_call);
     const double gbps = c.bytes / t * 1e-9;
-    Result r{c.bench, c.shape, c.dtype, device, t * 1e6, gbps, gbps / copy_gbps};
+    Result r{c.bench, c.shape, c.dtype, device, t * 1e6, gbps, gbps / copy_gbps, c.flops / t * 1e-12};
     print_result(r, c.shape);
     results.push_back(r);
   }
@@ -462,7 +467,7 @@ inline int run_gpu(int argc, char** argv, const char* title, const std::function
     DKB_CUDA_CHECK(cudaGraphDestroy(graph));
     const double t = median(per_call);
     const double gbps = c.bytes / t * 1e-9;
-    Result r{c.bench, c.shape, c.dtype, device, t * 1e6, gbps, gbps / copy_gbps};
+    Result r{c.bench, c.shape, c.dtype, device, t * 1e6, gbps, gbps / copy_gbps, c.flops / t * 1e-12};
     print_result(r, c.shape);
     results.push_back(r);
   }

@@ -109,7 +109,9 @@ void paged_attention_cuda(at::Tensor& out,                    // [T, Hq, D]
   // Split-KV when the grid would not fill the GPU (decode of few sequences over long contexts);
   // the plan depends on shapes only, so CUDA-graph replays stay valid. The workspace comes
   // from the caching allocator (graph-safe).
-  const int splits = dk::paged_attention_num_splits(a.num_tokens, a.num_kv_heads, a.num_q_heads,
+  const bool prefill_kernel = dk::paged_attention_uses_prefill_kernel(query.scalar_type() != at::kFloat, a.head_dim,
+                                                                      a.num_tokens, a.num_seqs);
+  const int splits = prefill_kernel ? 1 : dk::paged_attention_num_splits(a.num_tokens, a.num_kv_heads, a.num_q_heads,
                                                     int64_t(a.max_blocks) * a.block_size,
                                                     at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
   at::Tensor workspace;

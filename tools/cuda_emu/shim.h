@@ -18,9 +18,11 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <set>
 #include <thread>
+#include <type_traits>
 #include <vector>
 #undef __global__
 #undef __device__
@@ -81,13 +83,17 @@ struct Block {
   std::vector<Barrier> warp_bars;
   std::vector<float> shfl;  // one slot per thread
   std::vector<uint32_t> shfl_u;
+  std::vector<uint32_t> xbuf;  // warp-collective operand exchange (mma, ldmatrix)
   void* sched_sp = nullptr;
   Fiber* cur = nullptr;
   const std::function<void()>* body = nullptr;
 };
 inline thread_local Block* blk = nullptr;
 inline unsigned grid_cap_x = 1u << 30;
-enum Order { kForward, kReverse, kRandom };
+// kGreedy: one warp at a time (in random order) runs as far as it can before the next one
+// starts, so a warp gets a whole phase ahead of the others (exposes a missing __syncthreads
+// between warps, which the lock-step orders can miss when warp-collective ops interleave them).
+enum Order { kForward, kReverse, kRandom, kGreedy };
 inline Order order = kForward;
 inline std::atomic<long> launches{0};
 inline std::set<void*> distinct;
@@ -141,6 +147,33 @@ inline void run_block(Block& b, const std::function<void()>& body, int nt, std::
   std::vector<int> idx(nt);
   for (int i = 0; i < nt; ++i) idx[i] = i;
   int done = 0;
+  auto run_fiber = [&](Fiber& f) {
+    if (f.done || (f.waiting && f.waiting->gen == f.wait_gen)) return false;
+    f.waiting = nullptr;
+    b.cur = &f;
+    threadIdx = f.tid;
+    dk_emu_switch(&b.sched_sp, f.sp);
+    if (f.done) ++done;
+    return true;
+  };
+  if (order == kGreedy) {
+    std::vector<int> warps(nt / 32);
+    std::iota(warps.begin(), warps.end(), 0);
+    while (done < nt) {
+      std::shuffle(warps.begin(), warps.end(), rng);
+      bool progress = false;
+      for (int w : warps)
+        for (bool more = true; more;) {
+          more = false;
+          for (int l = 0; l < 32; ++l) more |= run_fiber(b.fibers[w * 32 + l]);
+          progress |= more;
+        }
+      if (!progress) {
+        fprintf(stderr, "emulator: deadlock in block (%u,%u,%u)\n", blockIdx.x, blockIdx.y, blockIdx.z);
+        abort();
+      }
+    }
+  }
   while (done < nt) {
     if (order == kReverse) std::reverse(idx.begin(), idx.end());
     else if (order == kRandom) std::shuffle(idx.begin(), idx.end(), rng);
@@ -215,3 +248,81 @@ inline float __shfl_xor_sync(unsigned mask, float v, int o) {
   return r;
 }
 template <class T> inline T __ldg(const T* p) { return *p; }
+
+// ---- tensor-core and async-copy operations of include/decodekit/common/mma.cuh (warp-collective:
+// the lanes exchange operands through per-thread slots between two warp barriers, like a shuffle).
+#define DK_CUDA_EMU 1
+namespace dk_emu {
+inline thread_local char smem_anchor;  // emulated shared memory is thread_local too: 32-bit offsets from here
+inline uint32_t smem_handle(const void* p) {
+  return uint32_t(int32_t(reinterpret_cast<intptr_t>(p) - reinterpret_cast<intptr_t>(&smem_anchor)));
+}
+// (integer arithmetic, not pointer arithmetic on &smem_anchor: the compiler must assume the
+// result may point to any shared array whose address was taken by smem_handle)
+inline const char* smem_ptr(uint32_t h) {
+  return reinterpret_cast<const char*>(reinterpret_cast<intptr_t>(&smem_anchor) + int32_t(h));
+}
+inline uint32_t* xslot(int lane) {  // 16 words per thread
+  auto* b = blk;
+  if (b->xbuf.size() < b->fibers.size() * 16) b->xbuf.resize(b->fibers.size() * 16);
+  return &b->xbuf[(size_t(b->cur->warp) * 32 + lane) * 16];
+}
+inline void warp_wait() { wait(blk->warp_bars[blk->cur->warp]); }
+template <class T> float bits_to_float(uint16_t h) {
+  T x;
+  memcpy(&x, &h, 2);
+  if constexpr (std::is_same_v<T, __half>) return __half2float(x);
+  else return __bfloat162float(x);
+}
+// D (16x8 fp32) += A (16x16) * B (16x8), fragments as in mma.cuh.
+template <class T>
+void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  const int lane = blk->cur->lane;
+  uint32_t* mine = xslot(lane);
+  for (int i = 0; i < 4; ++i) mine[i] = a[i];
+  mine[4] = b[0];
+  mine[5] = b[1];
+  warp_wait();
+  auto A = [&](int r, int k) {  // A[r][k]
+    const uint32_t* s = xslot((r % 8) * 4 + (k % 8) / 2);
+    const uint32_t w = s[(r >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)];
+    return bits_to_float<T>(uint16_t(k % 2 ? w >> 16 : w & 0xffff));
+  };
+  auto B = [&](int k, int n) {  // B[k][n]
+    const uint32_t* s = xslot(n * 4 + (k % 8) / 2);
+    const uint32_t w = s[4 + (k >= 8 ? 1 : 0)];
+    return bits_to_float<T>(uint16_t(k % 2 ? w >> 16 : w & 0xffff));
+  };
+  const int g = lane / 4, c = 2 * (lane % 4);
+  float r[4];
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + (i >= 2 ? 8 : 0), col = c + (i & 1);
+    float acc = d[i];
+    for (int k = 0; k < 16; ++k) acc += A(row, k) * B(k, col);
+    r[i] = acc;
+  }
+  warp_wait();
+  for (int i = 0; i < 4; ++i) d[i] = r[i];
+}
+inline void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr, bool trans) {
+  const int lane = blk->cur->lane;
+  xslot(lane)[0] = addr;
+  warp_wait();
+  const int g = lane / 4, c = 2 * (lane % 4);
+  for (int j = 0; j < 4; ++j) {
+    if (!trans) {
+      memcpy(&r[j], smem_ptr(xslot(j * 8 + g)[0]) + 2 * c, 4);
+    } else {
+      uint16_t lo, hi;
+      memcpy(&lo, smem_ptr(xslot(j * 8 + c)[0]) + 2 * g, 2);
+      memcpy(&hi, smem_ptr(xslot(j * 8 + c + 1)[0]) + 2 * g, 2);
+      r[j] = uint32_t(lo) | (uint32_t(hi) << 16);
+    }
+  }
+  warp_wait();
+}
+inline void cp_async16(void* dst, const void* src, int bytes) {
+  if (bytes == 16) memcpy(dst, src, 16);
+  else memset(dst, 0, 16);
+}
+}  // namespace dk_emu

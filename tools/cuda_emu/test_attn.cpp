@@ -15,7 +15,7 @@
 
 using namespace dk;
 static std::mt19937 rng(123);
-static int fails = 0, checks = 0, split_cases = 0;
+static int fails = 0, checks = 0, split_cases = 0, tc_cases = 0;
 
 template <class T> float tol_abs() { return sizeof(T) == 4 ? 2e-5f : std::is_same_v<T, __half> ? 1e-3f : 8e-3f; }
 
@@ -44,6 +44,7 @@ struct Case {
   int q_pad = 0;           // extra elements per query token row (strided query)
   bool with_lse = true;
   int pad_tokens = 0;      // tokens past query_start_loc[S] (out 0, lse -inf)
+  bool force_tc = false;   // call the tensor-core kernel (paged_prefill) directly, whatever the batch
   std::string name;
 };
 
@@ -108,11 +109,17 @@ template <class T, class KV> void run_attention_impl(const Case& c) {
   const long l0 = dk_emu::launches;
   const int splits = c.splits ? c.splits : paged_attention_num_splits(Tn, Hk, Hq, int64_t(maxb) * bs, 132);
   std::vector<float> ws(size_t(paged_attention_workspace_floats(splits, Tn, Hq, D)), NAN);
-  cudaError_t err = cuda::paged_attention<T, KV>(out.data(), c.with_lse ? lse.data() : nullptr, q.data(), q_stride,
-                                                 kc.data(), vc.data(), bt.data(), maxb, lens.data(), qsl.data(), S,
-                                                 Tn, Hq, num_blocks, L, scale, kvs, splits,
-                                                 splits > 1 ? ws.data() : nullptr, nullptr);
-  if (splits > 1) ++split_cases;
+  const bool tc = c.force_tc || paged_attention_uses_prefill_kernel(cuda::kIsMmaType<T>, D, Tn, S);
+  if (c.force_tc && !cuda::kIsMmaType<T>) return;  // the tensor-core kernel takes half / bf16 only
+  cudaError_t err = c.force_tc
+      ? cuda::paged_prefill<T, KV>(out.data(), c.with_lse ? lse.data() : nullptr, q.data(), q_stride, kc.data(),
+                                   vc.data(), bt.data(), maxb, lens.data(), qsl.data(), S, Tn, Hq, num_blocks, L,
+                                   scale, kvs, nullptr)
+      : cuda::paged_attention<T, KV>(out.data(), c.with_lse ? lse.data() : nullptr, q.data(), q_stride, kc.data(),
+                                     vc.data(), bt.data(), maxb, lens.data(), qsl.data(), S, Tn, Hq, num_blocks, L,
+                                     scale, kvs, splits, splits > 1 ? ws.data() : nullptr, nullptr);
+  if (tc) ++tc_cases;
+  else if (splits > 1) ++split_cases;
   ++checks;
   if (err != cudaSuccess || (Tn > 0) != (dk_emu::launches > l0)) {
     printf("FAIL %s %s: err=%d launches=%ld\n", c.name.c_str(), tname<T>(), int(err), dk_emu::launches - l0);
@@ -348,6 +355,26 @@ static std::vector<Case> extra_cases() {
     for (int g : {1, 3, 8}) add("fp8 d" + std::to_string(d) + " g" + std::to_string(g), {29, 300}, {1, 7}, 2 * g, 2, d, 16)->fp8 = 1;
   add("fp8 per-tensor", {100, 17}, {3, 17}, 9, 3, 64, 16)->fp8 = 2;
   { Case* c = add("fp8 split6", {5000}, {1}, 32, 8, 128, 16); c->fp8 = 1; c->splits = 6; }
+  // the tensor-core kernel on every kind of row: decode-only batches, long prefills (many 64-row
+  // tiles and key tiles), GQA groups 1..8, fp8 caches, padding tokens, bad-free empty sequences
+  auto tc = [&](std::string name, std::vector<int> ctx, std::vector<int> nn, int hq, int hk, int d, int bs) {
+    Case* c = add("tc " + name, ctx, nn, hq, hk, d, bs);
+    c->force_tc = true;
+    return c;
+  };
+  tc("decode-mixed", {15, 16, 17, 1000, 4097}, {1, 1, 1, 1, 1}, 32, 8, 128, 16);
+  tc("decode g3", {1, 70, 129}, {1, 1, 1}, 9, 3, 64, 32);
+  tc("prefill 300 g1", {300}, {300}, 2, 2, 64, 16);
+  tc("prefill 190 g4 d128", {190}, {190}, 8, 2, 128, 16);
+  tc("chunk mid-block g3", {1000, 61}, {77, 20}, 9, 3, 64, 16);
+  tc("group 8 (8 tokens a tile)", {130, 33}, {70, 33}, 8, 1, 128, 32);
+  tc("block 5", {23, 11}, {6, 11}, 4, 1, 128, 5);
+  tc("fp8 per-head", {200, 40}, {65, 40}, 9, 3, 64, 16)->fp8 = 1;
+  tc("fp8 per-tensor d128", {150}, {150}, 8, 2, 128, 16)->fp8 = 2;
+  tc("padding tokens", {20, 33}, {2, 1}, 8, 2, 128, 16)->pad_tokens = 5;
+  tc("empty seqs", {10, 5, 12, 3}, {0, 5, 0, 1}, 4, 2, 64, 16);
+  tc("no lse", {40}, {17}, 8, 2, 64, 16)->with_lse = false;
+  tc("strided q", {50, 9}, {3, 9}, 6, 3, 128, 16)->q_pad = 24;
   for (int d : {64, 128, 256})  // every (head_dim, heads-per-CTA) kernel
     for (int g : {1, 2, 4, 8}) add("cover d" + std::to_string(d) + " g" + std::to_string(g), {29, 6}, {1, 6}, 2 * g, 2, d, 16);
   return out;
@@ -380,6 +407,7 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--reverse") dk_emu::order = dk_emu::kReverse;
     if (a == "--random") dk_emu::order = dk_emu::kRandom;
+    if (a == "--greedy") dk_emu::order = dk_emu::kGreedy;
     if (a == "--workers") dk_emu::workers = atoi(argv[++i]);
     if (a == "--only") { filter = argv[++i]; full = false; }
   }
@@ -392,7 +420,8 @@ int main(int argc, char** argv) {
            "cpu-vs-fp64 %.2f | lse abs: emu-vs-cpu %.3g  emu-vs-fp64 %.3g  (%ld outputs)\n",
            k.c_str(), s.emu_cpu, s.emu_ref, s.cpu_ref, s.ulp_emu_cpu, s.ulp_emu_ref, s.ulp_cpu_ref, s.lse_emu_cpu,
            s.lse_emu_ref, s.n);
-  printf("%d checks (%d split-KV), %d failures, %ld launches, %zu distinct kernels\n", checks, split_cases, fails,
+  printf("%d checks (%d split-KV, %d tensor-core), %d failures, %ld launches, %zu distinct kernels\n", checks, split_cases,
+         tc_cases, fails,
          dk_emu::launches.load(), dk_emu::distinct.size());
   return fails != 0;
 }

@@ -92,6 +92,15 @@ inline int paged_attention_num_splits(int64_t num_tokens, int num_kv_heads, int 
   if (n > kMaxSplits) n = kMaxSplits;
   return n < 1 ? 1 : int(n);
 }
+// Head dims the CUDA tensor-core (prefill) kernel has instantiations for.
+DK_HD constexpr bool paged_prefill_head_dim_ok(int d) { return d == 64 || d == 128; }
+// Shape-only choice of the CUDA paged_attention kernel (CUDA-graph stable): the tensor-core
+// kernel (prefill.cuh) for half / bf16 queries when some sequence brings more than one new
+// token (prefill, chunked prefill, mixed batches, verification of drafted tokens); the decode
+// kernel (split-KV, paged.cuh) otherwise. The split-KV plan applies to the decode kernel only.
+inline bool paged_attention_uses_prefill_kernel(bool half_or_bf16, int head_dim, int64_t num_tokens, int num_seqs) {
+  return half_or_bf16 && paged_prefill_head_dim_ok(head_dim) && num_tokens > num_seqs;
+}
 // float elements of workspace paged_attention needs for num_splits > 1 (0 otherwise).
 inline int64_t paged_attention_workspace_floats(int num_splits, int64_t num_tokens, int num_q_heads, int head_dim) {
   return num_splits > 1 ? int64_t(num_splits) * num_tokens * num_q_heads * (head_dim + 1) : 0;

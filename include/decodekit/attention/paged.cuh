@@ -13,8 +13,10 @@
 //    more than max_blocks blocks, or whose causal window uses a block id outside
 //    [0, num_blocks) gets out = NaN and lse = NaN (the CPU launcher raises instead).
 //
-// paged_attention design (first version: simple and correct; split-KV, cp.async
-// pipelines and tensor-core prefill come later):
+// Batches in which some sequence has more than one new token go to the tensor-core kernel of
+// prefill.cuh (paged_attention_uses_prefill_kernel); the rest (decode) to the kernel below.
+//
+// paged_attention (decode) design:
 //  - grid (num_tokens, num_kv_heads, head chunks); one CTA = one query token and up to
 //    kMaxHeadsPerCta query heads of one KV head's GQA group (groups larger than that are
 //    split across blockIdx.z), so each K/V row is read once per token for the whole chunk.
@@ -39,6 +41,7 @@
 #include <type_traits>
 
 #include "decodekit/attention/common.h"
+#include "decodekit/attention/prefill.cuh"
 #include "decodekit/common/fp8.h"
 #include "decodekit/common/vec.cuh"
 
@@ -480,6 +483,9 @@ cudaError_t paged_attention(T* out,             // [num_tokens, Hq, D] contiguou
       num_q_heads % L.num_kv_heads != 0 || num_q_heads == 0 || num_tokens > 0x7fffffff ||
       L.num_kv_heads > 65535 || !aligned16(key_cache) || !aligned16(value_cache))
     return cudaErrorInvalidValue;
+  if (paged_attention_uses_prefill_kernel(kIsMmaType<T>, L.head_dim, num_tokens, num_seqs))
+    return paged_prefill<T, C>(out, lse, query, q_stride, key_cache, value_cache, block_tables, max_blocks, seq_lens,
+                               query_start_loc, num_seqs, num_tokens, num_q_heads, num_blocks, L, scale, sc, stream);
   const int group = num_q_heads / L.num_kv_heads;
   // fp32 queries over an fp8 cache need more registers per head (conversions): <= 4 heads per
   // CTA there, so that no variant spills (checked in CI by tools/cuda_check.py).

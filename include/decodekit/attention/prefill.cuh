@@ -1,0 +1,398 @@
+// Tensor-core paged attention for prefill, chunked prefill and mixed batches (torch-free),
+// in the style of FlashAttention-2 over the paged KV cache. Same semantics as
+// paged_attention_kernel (paged.cuh) and the CPU kernel: causal windows from
+// causal_last_key, paged addressing from PagedLayout, out = softmax(q k^T * scale) v with
+// fp32 softmax and accumulation, lse = natural-log sum of exp, the same treatment of bad
+// metadata (NaN rows; no reads outside a tensor) and of tokens in no sequence (0, -inf).
+//
+// Work split:
+//  - the rows of a sequence are its (new token, query head of the GQA group) pairs,
+//    row = token * group + head_in_group; a CTA takes kTcRows = 64 consecutive rows of one
+//    sequence and one KV head (grid.y), so each K/V tile it loads serves all its query heads.
+//    Tiles are numbered sequence by sequence; each CTA finds its (sequence, tile) by a
+//    block-wide prefix sum over the sequences' tile counts (no host-side metadata, so the
+//    launch stays CUDA-graph safe). CTAs past the last tile write the rows of tokens that lie
+//    in no sequence.
+//  - 4 warps, 16 rows each. Q fragments stay in registers for the whole loop; keys in tiles
+//    of BN (64 for head_dim 64, 32 for 128) staged in shared memory: bf16/fp16 caches by
+//    cp.async (LDGSTS, zero fill past the window) two stages deep, so the next tile's loads are
+//    in flight during this tile's math; fp8 caches are loaded 8 bytes at a time and widened to
+//    T in registers before the shared-memory store (bytes read halve; the k scale is folded
+//    into the score scale, the v scale into the final normalisation).
+//  - S = Q K^T and O += P V with mma.sync m16n8k16 (HMMA, fp32 accumulators), fragments from
+//    ldmatrix (x4; transposed for V); rows padded by 16 bytes so ldmatrix is conflict-free.
+//    P is rounded to T for the second product (as FlashAttention does); the row sums l use the
+//    fp32 P. Online softmax in base 2 per row (each row's 4 lanes reduce with xor shuffles).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "decodekit/attention/common.h"
+#include "decodekit/common/fp8.h"
+#include "decodekit/common/mma.cuh"
+#include "decodekit/common/vec.cuh"
+
+namespace dk::cuda {
+namespace attn_detail {
+
+constexpr int kTcWarps = 4;
+constexpr int kTcThreads = kTcWarps * 32;
+constexpr int kTcRows = 16 * kTcWarps;  // (token, head) rows per CTA
+
+template <int D>
+struct TcShape {
+  static constexpr int BN = D <= 64 ? 64 : 32;  // keys per tile (2 stages of K and V: ~36 KB)
+  static constexpr int LD = D + 8;              // shared row stride in elements (+16 bytes)
+  static constexpr int KSTEPS = D / 16;         // k-steps of Q K^T
+  static constexpr int SN = BN / 8;             // n8 tiles of S
+  static constexpr int ON = D / 8;              // n8 tiles of O
+  static constexpr int CPR = D / 8;             // 16-byte (8-element) chunks per K/V row
+  static constexpr int STAGES = 2;
+  static_assert(D % 32 == 0 && SN % 2 == 0 && ON % 2 == 0, "unsupported head_dim");
+};
+
+// Grid size (x) that covers every tile and every token outside the sequences, for any
+// query_start_loc: sum_s ceil(n_s * group / kTcRows) <= ceil(n * group / kTcRows) + S, and
+// the orphan tokens take ceil(T / 16) CTAs at most.
+inline int64_t prefill_grid_x(int64_t num_tokens, int group, int num_seqs) {
+  return (num_tokens * group + kTcRows - 1) / kTcRows + (num_tokens + 15) / 16 + num_seqs + 1;
+}
+
+template <class T, class C, int D>
+__global__ void __launch_bounds__(kTcThreads, 2)  // 2 CTAs per SM: up to 255 registers (no spills with fp8)
+paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
+                     float* lse,            // [T, Hq] or null
+                     const T* query,        // [T, Hq, D], token stride q_stride, head stride D
+                     int64_t q_stride,
+                     const C* __restrict__ key_cache,    // [num_blocks, Hk, block_size, D]
+                     const C* __restrict__ value_cache,  // [num_blocks, Hk, block_size, D]
+                     const int32_t* __restrict__ block_tables,     // [S, max_blocks]
+                     int max_blocks,
+                     const int32_t* __restrict__ seq_lens,         // [S]
+                     const int32_t* __restrict__ query_start_loc,  // [S + 1]
+                     int num_seqs, int64_t num_tokens, int num_q_heads, int64_t num_blocks, PagedLayout L,
+                     float scale, KVScales sc) {
+  using S = TcShape<D>;
+  constexpr int BN = S::BN, LD = S::LD;
+  alignas(16) __shared__ T k_s[S::STAGES][BN][LD];
+  alignas(16) __shared__ T v_s[S::STAGES][BN][LD];
+  __shared__ int kbad_s[S::STAGES][BN];  // key's block id outside the cache
+  __shared__ int64_t scan_s[kTcThreads];
+  __shared__ int64_t seq_s, tile_s, total_s;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int kvh = blockIdx.y;
+  const int group = num_q_heads / L.num_kv_heads;
+  const int64_t bx = blockIdx.x;
+
+  // ---- this CTA's (sequence, tile): prefix sum of the tiles per sequence, 128 at a time
+  if (tid == 0) seq_s = -1;
+  int64_t base = 0;
+  for (int s0 = 0; s0 < num_seqs; s0 += kTcThreads) {
+    const int s = s0 + tid;
+    int64_t tiles = 0;
+    if (s < num_seqs) {
+      const int64_t n = int64_t(__ldg(query_start_loc + s + 1)) - __ldg(query_start_loc + s);
+      tiles = n > 0 ? (n * group + kTcRows - 1) / kTcRows : 0;
+    }
+    scan_s[tid] = tiles;
+    __syncthreads();
+    for (int off = 1; off < kTcThreads; off <<= 1) {
+      const int64_t v = tid >= off ? scan_s[tid - off] : 0;
+      __syncthreads();
+      scan_s[tid] += v;
+      __syncthreads();
+    }
+    const int64_t incl = base + scan_s[tid], excl = incl - tiles;
+    if (tiles > 0 && excl <= bx && bx < incl) {
+      seq_s = s;
+      tile_s = bx - excl;
+    }
+    base += scan_s[kTcThreads - 1];
+    __syncthreads();
+  }
+  if (tid == 0) total_s = base;
+  __syncthreads();
+  const int64_t seq = seq_s;
+
+  if (seq < 0) {  // tokens in no sequence: out = 0, lse = -inf (for this KV head's query heads)
+    const int64_t first = num_seqs > 0 ? __ldg(query_start_loc) : num_tokens;
+    const int64_t after = num_seqs > 0 ? __ldg(query_start_loc + num_seqs) : num_tokens;
+    const int64_t n_lo = first < 0 ? 0 : (first < num_tokens ? first : num_tokens);
+    const int64_t a0 = after < n_lo ? n_lo : after;
+    const int64_t n_orphan = n_lo + (num_tokens - (a0 < num_tokens ? a0 : num_tokens));
+    const int64_t o0 = (bx - total_s) * 16;
+    for (int64_t i = tid; i < 16 * int64_t(group) * D; i += kTcThreads) {
+      const int64_t o = o0 + i / (int64_t(group) * D);
+      if (o >= n_orphan) break;
+      const int64_t t = o < n_lo ? o : a0 + (o - n_lo);
+      const int r = int(i % (int64_t(group) * D)), g = r / D, d = r - g * D;
+      const int64_t row = t * num_q_heads + kvh * group + g;
+      out[row * D + d] = from_float<T>(0.f);
+      if (lse != nullptr && d == 0) lse[row] = -INFINITY;
+    }
+    return;
+  }
+
+  // ---- the sequence and this thread's two rows (ra = g_lane, rb = g_lane + 8 of the warp's 16)
+  const int64_t start = __ldg(query_start_loc + seq);
+  const int64_t n_new = int64_t(__ldg(query_start_loc + seq + 1)) - start;
+  const int64_t ctx = __ldg(seq_lens + seq);
+  const int64_t max_keys = int64_t(max_blocks) * L.block_size;
+  const int64_t row0 = tile_s * kTcRows, rows_total = n_new * group;
+  const int64_t last_row = (row0 + kTcRows < rows_total ? row0 + kTcRows : rows_total) - 1;
+  // last key of the CTA's last row, clamped to the table (rows past it are bad anyway)
+  int64_t kmax64 = ctx >= n_new ? causal_last_key(ctx, n_new, last_row / group) : -1;
+  if (kmax64 >= max_keys) kmax64 = max_keys - 1;
+  const int kmax = int(kmax64);
+
+  const int gl = lane >> 2, cl = 2 * (lane & 3);
+  // (32-bit: the launcher caps tokens and keys at INT32_MAX)
+  int r_last[2];   // last key of row ra / rb (-1: none)
+  bool r_bad[2];   // row of a sequence with inconsistent metadata (NaN)
+  bool r_valid[2];
+  int r_tok[2];    // token index (may lie outside [0, num_tokens) for bad query_start_loc: not written)
+  int r_head[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t r = row0 + warp * 16 + gl + 8 * h;
+    r_valid[h] = r < rows_total;
+    const int64_t tok = r / group;
+    r_tok[h] = int(start + tok);
+    r_head[h] = kvh * group + int(r - tok * group);
+    const int64_t last = causal_last_key(ctx, n_new, tok);
+    r_bad[h] = r_valid[h] && (ctx < n_new || last >= max_keys);
+    r_last[h] = r_valid[h] && !r_bad[h] ? int(last) : -1;
+  }
+
+  // ---- Q fragments (A operand, row-major 16 x D per warp); rows outside the tile are 0
+  uint32_t qa[S::KSTEPS][4];
+  {
+    const uint16_t* qb = reinterpret_cast<const uint16_t*>(query);
+#pragma unroll
+    for (int kk = 0; kk < S::KSTEPS; ++kk)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int h = j & 1, d = kk * 16 + cl + (j >> 1) * 8;
+        uint32_t v = 0;
+        if (r_valid[h] && r_tok[h] < num_tokens) {
+          const uint16_t* p = qb + int64_t(r_tok[h]) * q_stride + int64_t(r_head[h]) * D + d;
+          v = uint32_t(p[0]) | (uint32_t(p[1]) << 16);
+        }
+        qa[kk][j] = v;
+      }
+  }
+
+  const int32_t* table = block_tables + seq * max_blocks;
+  const int bs = L.block_size;
+  // Stages the K/V rows of keys kt0 .. kt0 + BN - 1 (zeros past kmax or for a bad block id).
+  auto issue = [&](int st, int kt0) {
+    for (int i = tid; i < BN * S::CPR; i += kTcThreads) {
+      const int key = i / S::CPR, c8 = (i - key * S::CPR) * 8;
+      const int k = kt0 + key;
+      int64_t row = -1;
+      bool badk = false;
+      if (k <= kmax) {
+        const int b = k / bs;
+        const int32_t id = __ldg(table + b);
+        if (id >= 0 && id < num_blocks) row = L.row(id, kvh, k - b * bs);
+        else badk = true;
+      }
+      if (c8 == 0) kbad_s[st][key] = badk;
+      if constexpr (kIsFp8<C>) {
+        Vec<T, 8> kv, vv;
+        if (row >= 0) {
+          const Vec<C, 8> kq = ldg_vec<C, 8>(key_cache + row + c8), vq = ldg_vec<C, 8>(value_cache + row + c8);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {  // exact: every e4m3 value is a half and a bf16
+            kv.v[e] = from_float<T>(fp8_e4m3_to_float(kq.v[e].bits));
+            vv.v[e] = from_float<T>(fp8_e4m3_to_float(vq.v[e].bits));
+          }
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) kv.v[e] = vv.v[e] = from_float<T>(0.f);
+        }
+        store_vec(&k_s[st][key][c8], kv);
+        store_vec(&v_s[st][key][c8], vv);
+      } else {
+        const bool ok = row >= 0;
+        cp_async16(&k_s[st][key][c8], ok ? key_cache + row + c8 : key_cache, ok ? 16 : 0);
+        cp_async16(&v_s[st][key][c8], ok ? value_cache + row + c8 : value_cache, ok ? 16 : 0);
+      }
+    }
+  };
+
+  float o[S::ON][4];
+#pragma unroll
+  for (int j = 0; j < S::ON; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
+  float m2[2] = {-INFINITY, -INFINITY};  // running max of the base-2 scores
+  float l[2] = {0.f, 0.f};                // this lane's part of the row sums
+  bool poison[2] = {false, false};
+  const float sscale = scale * sc.key(kvh) * 1.4426950408889634f;  // log2(e)
+
+  const int ntiles = kmax >= 0 ? kmax / BN + 1 : 0;
+  if (ntiles > 0) issue(0, 0);
+  cp_async_commit();
+#pragma unroll 1
+  for (int it = 0; it < ntiles; ++it) {
+    const int st = it & 1;
+    const int kt0 = it * BN;
+    if (it + 1 < ntiles) issue(st ^ 1, kt0 + BN);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+
+    // S = Q K^T (B fragments: K rows via ldmatrix; matrices (n-tile j, d lo), (j, d hi), (j+1, lo), (j+1, hi))
+    float s[S::SN][4];
+#pragma unroll
+    for (int j = 0; j < S::SN; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < S::KSTEPS; ++kk)
+#pragma unroll
+      for (int j = 0; j < S::SN; j += 2) {
+        uint32_t b[4];
+        ldmatrix_x4(b, &k_s[st][(j + (lane >> 4)) * 8 + (lane & 7)][kk * 16 + ((lane >> 3) & 1) * 8]);
+        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+        mma_m16n8k16<T>(s[j], qa[kk], b0);
+        mma_m16n8k16<T>(s[j + 1], qa[kk], b1);
+      }
+
+    // scale, causal mask, online softmax (rows ra: s[.][0..1], rb: s[.][2..3])
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < S::SN; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e >> 1, kl = j * 8 + cl + (e & 1);
+        const int k = kt0 + kl;
+        float v = -INFINITY;
+        if (k <= r_last[h]) {
+          v = s[j][e] * sscale;
+          if (kbad_s[st][kl]) poison[h] = true;
+        }
+        s[j][e] = v;
+        mx[h] = fmaxf(mx[h], v);
+      }
+    float corr[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      const float nm = fmaxf(m2[h], mx[h]);
+      corr[h] = m2[h] == -INFINITY ? 0.f : exp2f(m2[h] - nm);
+      m2[h] = nm;
+      l[h] *= corr[h];
+    }
+#pragma unroll
+    for (int j = 0; j < S::SN; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e >> 1;
+        const float p = s[j][e] == -INFINITY ? 0.f : exp2f(s[j][e] - m2[h]);
+        s[j][e] = p;
+        l[h] += p;
+      }
+#pragma unroll
+    for (int j = 0; j < S::ON; ++j) {
+      o[j][0] *= corr[0];
+      o[j][1] *= corr[0];
+      o[j][2] *= corr[1];
+      o[j][3] *= corr[1];
+    }
+
+    // O += P V (A: P rounded to T, the C layout of two n-tiles is the A layout of one k-step;
+    // B: V rows via transposed ldmatrix, matrices (keys lo, d-tile j), (hi, j), (lo, j+1), (hi, j+1))
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      const uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                              pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int j = 0; j < S::ON; j += 2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, &v_s[st][kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)][(j + (lane >> 4)) * 8]);
+        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+        mma_m16n8k16<T>(o[j], pa, b0);
+        mma_m16n8k16<T>(o[j + 1], pa, b1);
+      }
+    }
+    __syncthreads();  // this stage is refilled by the next iteration's issue
+  }
+  cp_async_wait<0>();
+
+  // ---- row sums and poison flags over each row's 4 lanes, then out = O / l * v_scale
+  const float vscale = sc.value(kvh);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    float pz = poison[h] ? 1.f : 0.f;
+    pz = fmaxf(pz, __shfl_xor_sync(0xffffffffu, pz, 1));
+    pz = fmaxf(pz, __shfl_xor_sync(0xffffffffu, pz, 2));
+    if (!r_valid[h] || r_tok[h] < 0 || r_tok[h] >= num_tokens) continue;
+    const bool nan = r_bad[h] || pz != 0.f;
+    const bool empty = !(l[h] > 0.f);
+    const float inv = nan ? NAN : empty ? 0.f : vscale / l[h];
+    const int64_t row = int64_t(r_tok[h]) * num_q_heads + r_head[h];
+    T* orow = out + row * D;
+#pragma unroll
+    for (int j = 0; j < S::ON; ++j) {
+      Vec<T, 2> v;
+      v.v[0] = from_float<T>(nan ? NAN : o[j][2 * h] * inv);
+      v.v[1] = from_float<T>(nan ? NAN : o[j][2 * h + 1] * inv);
+      store_vec(orow + j * 8 + cl, v);
+    }
+    if (lse != nullptr && (lane & 3) == 0)
+      lse[row] = nan ? NAN : empty ? -INFINITY : (m2[h] + log2f(l[h])) * 0.6931471805599453f;
+  }
+}
+
+}  // namespace attn_detail
+
+// The tensor-core kernel directly (paged_attention dispatches here; tests and benchmarks may
+// call it for any batch). Same arguments and results as paged_attention without the split-KV
+// plan; T must be half or bf16 and head_dim 64 or 128 (cudaErrorInvalidValue otherwise).
+template <class T, class C>
+cudaError_t paged_prefill(T* out,             // [num_tokens, Hq, D] contiguous
+                          float* lse,         // [num_tokens, Hq] or null
+                          const T* query,     // [num_tokens, Hq, D], token stride q_stride
+                          int64_t q_stride,
+                          const C* key_cache,    // [num_blocks, Hk, block_size, D]
+                          const C* value_cache,  // [num_blocks, Hk, block_size, D]
+                          const int32_t* block_tables,  // [num_seqs, max_blocks]
+                          int max_blocks,
+                          const int32_t* seq_lens,         // [num_seqs]
+                          const int32_t* query_start_loc,  // [num_seqs + 1]
+                          int num_seqs, int64_t num_tokens, int num_q_heads, int64_t num_blocks, PagedLayout L,
+                          float scale, KVScales sc, cudaStream_t stream) {
+  using namespace attn_detail;
+  if constexpr (!kIsMmaType<T>) {
+    return cudaErrorInvalidValue;
+  } else {
+    if (num_tokens <= 0) return cudaSuccess;
+    if (!paged_prefill_head_dim_ok(L.head_dim) || L.num_kv_heads <= 0 || L.block_size <= 0 || num_q_heads <= 0 ||
+        num_q_heads % L.num_kv_heads != 0 || L.num_kv_heads > 65535 || num_seqs < 0 || num_tokens > 0x7fffffff ||
+        int64_t(max_blocks) * L.block_size > 0x7fffffff || !aligned16(key_cache) ||
+        !aligned16(value_cache))
+      return cudaErrorInvalidValue;
+    const int64_t gx = prefill_grid_x(num_tokens, num_q_heads / L.num_kv_heads, num_seqs);
+    if (gx > 0x7fffffff) return cudaErrorInvalidValue;
+    const dim3 grid(unsigned(gx), unsigned(L.num_kv_heads));
+#define DK_PREFILL_LAUNCH(D)                                                                                 \
+  paged_prefill_kernel<T, C, D><<<grid, kTcThreads, 0, stream>>>(                                           \
+      out, lse, query, q_stride, key_cache, value_cache, block_tables, max_blocks, seq_lens, query_start_loc, \
+      num_seqs, num_tokens, num_q_heads, num_blocks, L, scale, sc)
+    if (L.head_dim == 64) DK_PREFILL_LAUNCH(64);
+    else DK_PREFILL_LAUNCH(128);
+#undef DK_PREFILL_LAUNCH
+    return cudaGetLastError();
+  }
+}
+
+}  // namespace dk::cuda
