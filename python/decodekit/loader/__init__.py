@@ -92,7 +92,8 @@ def load_model(model: str | os.PathLike | None = None, dtype: torch.dtype = torc
 
     model: None (the embedded SmolLM2-135M-Instruct), a .gguf file, a Hugging Face model
     directory, or "random:NAME" (NAME in RANDOM_PRESETS). progress: a progress bar on stderr.
-    keep_quantized: GGUF Q4_0 / Q4_1 projection weights stay packed (decodekit.quant.Int4Weight).
+    keep_quantized: GGUF Q4_0 / Q4_1 and GPTQ / AWQ projection weights stay packed
+    (decodekit.quant.Int4Weight); without it they are dequantized to `dtype`.
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
@@ -103,7 +104,7 @@ def load_model(model: str | os.PathLike | None = None, dtype: torch.dtype = torc
         return LoadedModel(cfg, weights, tok, f"random:{where}")
     if kind == "hf":
         from .hf import load_hf_dir
-        cfg, weights, tok = load_hf_dir(where, dtype, device, progress)
+        cfg, weights, tok = load_hf_dir(where, dtype, device, progress, keep_quantized=keep_quantized)
     else:
         from .gguf import load_gguf
         cfg, weights, tok = load_gguf(where, dtype, device, progress, keep_quantized=keep_quantized)

@@ -3,6 +3,11 @@
 Weights are read with safetensors.safe_open one tensor at a time (sharded checkpoints through
 model.safetensors.index.json). Pickled checkpoints (pytorch_model*.bin, *.pt, *.pth, *.ckpt)
 are refused: unpickling runs arbitrary code.
+
+4-bit GPTQ (auto-gptq / gptqmodel, incl. act-order) and AWQ (GEMM) checkpoints, announced by
+config.json's `quantization_config` (or a quantize_config.json), are read layer by layer
+(`<proj>.qweight/.qzeros/.scales[/.g_idx]`) into decodekit.quant.Int4Weight: kept packed with
+keep_quantized, else dequantized to the model dtype.
 """
 from __future__ import annotations
 
@@ -128,9 +133,57 @@ def _skip(name: str) -> bool:
     return name.endswith("rotary_emb.inv_freq")
 
 
+_QUANT_PARTS = ("qweight", "qzeros", "scales", "g_idx")
+
+
+def quant_config(raw: dict[str, Any], path: str) -> dict[str, Any] | None:
+    """{"method": "gptq" | "awq", "group_size", "checkpoint_format"} from config.json's
+    quantization_config (or quantize_config.json); None for an unquantized checkpoint."""
+    q = raw.get("quantization_config")
+    qpath = os.path.join(path, "quantize_config.json")
+    if q is None and os.path.isfile(qpath):
+        with open(qpath, encoding="utf-8") as f:
+            q = json.load(f)
+    if not q:
+        return None
+    method = str(q.get("quant_method", "gptq")).lower()
+    if method not in ("gptq", "awq"):
+        raise ModelLoadError(f"{path}: quantization_config.quant_method {method!r} is not supported "
+                             f"(supported: 'gptq' and 'awq', 4-bit)")
+    bits = int(q.get("bits", q.get("w_bit", 4)))
+    if bits != 4:
+        raise ModelLoadError(f"{path}: quantization_config.bits = {bits}; only 4-bit {method.upper()} is supported")
+    group = int(q.get("group_size", q.get("q_group_size", 128)))
+    if group != -1 and (group <= 0 or group % 32):
+        raise ModelLoadError(f"{path}: quantization_config.group_size = {group}; supported: -1 or a multiple of 32")
+    fmt = str(q.get("checkpoint_format", "gptq")).lower()
+    if method == "gptq" and fmt not in ("gptq", "gptq_v2"):
+        raise ModelLoadError(f"{path}: quantization_config.checkpoint_format {fmt!r} is not supported "
+                             f"(supported: 'gptq', 'gptq_v2')")
+    if method == "awq":
+        version = str(q.get("version", "gemm")).lower()
+        if version != "gemm":
+            raise ModelLoadError(f"{path}: AWQ version {version!r} is not supported (supported: 'gemm')")
+        if q.get("zero_point", True) is False:
+            raise ModelLoadError(f"{path}: AWQ without zero points (zero_point = false) is not supported")
+    return {"method": method, "group_size": group, "checkpoint_format": fmt}
+
+
+def _convert_quant(qc: dict[str, Any], parts: dict[str, torch.Tensor], name: str):
+    from ..quant import from_awq, from_gptq
+    try:
+        if qc["method"] == "awq":
+            return from_awq(parts["qweight"], parts["qzeros"], parts["scales"], qc["group_size"])
+        return from_gptq(parts["qweight"], parts["qzeros"], parts["scales"], parts.get("g_idx"), qc["group_size"],
+                         qc["checkpoint_format"])
+    except ValueError as e:
+        raise ModelLoadError(f"{name}: {e}") from e
+
+
 def load_hf_dir(path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                progress_bar: bool = True):
-    """(config, weights, tokenizer) of a Hugging Face model directory."""
+                progress_bar: bool = True, keep_quantized: bool = False):
+    """(config, weights, tokenizer) of a Hugging Face model directory (GPTQ / AWQ projections:
+    packed Int4Weight with keep_quantized, else dequantized to dtype)."""
     from safetensors import safe_open
 
     from ..tokenizer import Tokenizer
@@ -141,6 +194,7 @@ def load_hf_dir(path: str, dtype: torch.dtype = torch.float32, device: str | tor
     with open(cfg_path, encoding="utf-8") as f:
         raw = json.load(f)
     cfg = config_from_hf(raw, name=os.path.basename(os.path.abspath(path)))
+    qc = quant_config(raw, path)
     files = safetensors_files(path)
     tokenizer = Tokenizer.from_pretrained_dir(path)
     if tokenizer.eos_token_ids:
@@ -156,6 +210,13 @@ def load_hf_dir(path: str, dtype: torch.dtype = torch.float32, device: str | tor
     for n in names:
         by_file.setdefault(files[n], []).append(n)
     weights: dict[str, torch.Tensor] = {}
+    pending: dict[str, dict[str, torch.Tensor]] = {}  # quantized layer -> its parts read so far
+
+    def quant_part(name: str) -> tuple[str, str] | None:
+        if qc is None:
+            return None
+        prefix, _, part = name.rpartition(".")
+        return (prefix, part) if part in _QUANT_PARTS and prefix + ".weight" in expected else None
 
     def items():
         for fn, keys in by_file.items():
@@ -165,9 +226,30 @@ def load_hf_dir(path: str, dtype: torch.dtype = torch.float32, device: str | tor
 
     for k, f, fn in progress(items(), len(names), f"loading {os.path.basename(os.path.abspath(path))}",
                              progress_bar):
+        qp = quant_part(k)
+        if qp is not None:
+            prefix, part = qp
+            got = pending.setdefault(prefix, {})
+            got[part] = f.get_tensor(k)
+            need = {"qweight", "qzeros", "scales"} | ({"g_idx"} if prefix + ".g_idx" in files else set())
+            if need <= set(got):
+                w = _convert_quant(qc, pending.pop(prefix), f"{fn}: {prefix}")
+                if keep_quantized:
+                    weights[prefix + ".weight"] = w.to(device)
+                else:
+                    from .. import ops
+                    weights[prefix + ".weight"] = ops.int4_dequantize(w, torch.float32).to(device=device, dtype=dtype)
+            continue
         if k not in expected:
+            if qc is not None and k.endswith(".bias") and k[:-5] + ".qweight" in files:
+                if not bool((f.get_tensor(k) == 0).all()):  # quantized layers may carry zero biases
+                    raise ModelLoadError(f"{fn}: non-zero bias {k!r} on a layer without bias in {cfg.architecture}")
+                continue
             raise ModelLoadError(f"{fn}: unexpected tensor {k!r}; the checkpoint does not look like a "
                                  f"{cfg.architecture} model decodekit supports")
         weights[k] = to_target(f.get_tensor(k), dtype, device)
+    if pending:
+        name, parts = next(iter(pending.items()))
+        raise ModelLoadError(f"{path}: quantized layer {name!r} lacks {sorted({'qweight', 'qzeros', 'scales'} - set(parts))}")
     check_weights(cfg, weights, path)
     return cfg, weights, tokenizer

@@ -55,7 +55,8 @@ class LlamaModel:
             return w.to(device=self.device, dtype=dtype).contiguous()
 
         def cat_rows(parts):  # fused projections: rows stacked, packed if every part is
-            if all(isinstance(p, Int4Weight) for p in parts) and len({p.group_size for p in parts}) == 1:
+            if (all(isinstance(p, Int4Weight) for p in parts) and len({p.group_size for p in parts}) == 1
+                    and Int4Weight.same_perm(parts)):
                 return Int4Weight.cat(parts)
             return torch.cat([ops.int4_dequantize(p, dtype) if isinstance(p, Int4Weight) else p for p in parts], 0)
 

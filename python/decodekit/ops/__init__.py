@@ -106,6 +106,8 @@ def int4_gemm(a: torch.Tensor,              # [M, K] (row stride free)
               out: torch.Tensor | None = None,   # [M, N]
               ) -> torch.Tensor:
     """a @ w^T (+ bias) with w = scale * q + min decoded on the fly (fp32 accumulation)."""
+    if weight.perm is not None:  # act-order: the activations gathered into the stored order
+        a, weight = a.index_select(1, weight.perm), weight.stored()
     return _quant_gemm(a, weight, bias, out)
 
 
@@ -148,7 +150,13 @@ def _packed_dense(x, weight, bias, out):
 
 
 def int4_dequantize(weight: Int4Weight, dtype: torch.dtype = torch.float32) -> torch.Tensor:  # [N, K]
-    """The packed weight decoded to `dtype` (w = scale * q + min in fp32, then rounded)."""
+    """The packed weight decoded to `dtype` (w = scale * q + min in fp32, then rounded), its
+    columns in the original input order (act-order weights: un-permuted)."""
+    if weight.perm is not None:
+        w = int4_dequantize(weight.stored(), dtype)
+        out = torch.empty_like(w)
+        out[:, weight.perm] = w
+        return out
     if _has_kernel("int4_dequantize", weight.device):
         out = torch.empty(weight.shape, dtype=dtype, device=weight.device)
         _ops.int4_dequantize(out, weight.qweight, weight.scales, weight.mins, weight.group_size)
@@ -200,6 +208,9 @@ def linear(x: torch.Tensor,                      # [M, K]
     once and the dense path. On the CPU in bf16: decode batches (up to 32 rows) use dense_gemm
     (weights widened to fp32 in registers, near memory bandwidth), prefill-sized ones (128+ rows) an fp32
     GEMM on upcast operands; everything else goes to torch (oneDNN/MKL, cuBLAS on CUDA)."""
+    if isinstance(weight, Int4Weight) and weight.perm is not None:  # act-order: inputs in the stored order
+        x = x.index_select(1, weight.perm)
+        weight = weight.stored()
     if isinstance(weight, (Int4Weight, Int8Weight)):
         if x.shape[0] <= (_INT4_GEMM_MAX_M if x.device.type == "cpu" else _CUDA_QUANT_GEMV_MAX_M):
             return _quant_gemm(x, weight, bias, None)

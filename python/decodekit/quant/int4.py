@@ -3,7 +3,10 @@
 Layout (include/decodekit/gemm/int4.h): weight [N, K] in groups of G along K;
   qweight [N, K/2] uint8: in group g, byte g*G/2 + i holds element g*G + i (low nibble) and
           element g*G + G/2 + i (high nibble) -- GGUF Q4_0/Q4_1's own order when G = 32;
-  scales, mins [N, K/G] float16:  w = scale * q + min  (fp32; scale * q is exact).
+  scales, mins [N, K/G] float16:  w = scale * q + min  (fp32; scale * q is exact);
+  perm [K] int64 or None: act-order checkpoints (GPTQ desc_act) store the input features
+          reordered so that groups are contiguous; stored column j is input feature perm[j]
+          (linear gathers x[:, perm] first; int4_dequantize returns the original order).
 GGUF Q4_1 blocks (32 weights: d fp16, m fp16, 16 bytes of nibbles) map to it byte for byte;
 Q4_0 blocks (d fp16, 16 bytes; w = d * (q - 8)) become min = -8 d, exact in fp16.
 """
@@ -25,6 +28,7 @@ class Int4Weight:
     scales: torch.Tensor    # [N, K/G] float16
     mins: torch.Tensor      # [N, K/G] float16
     group_size: int
+    perm: torch.Tensor | None = None  # [K] int64: stored column j is input feature perm[j] (act-order)
 
     def __post_init__(self):
         N, half = self.qweight.shape
@@ -34,6 +38,9 @@ class Int4Weight:
         if (2 * half) % G or self.scales.shape != (N, 2 * half // G) or self.mins.shape != self.scales.shape:
             raise ValueError(f"inconsistent INT4 weight: qweight {tuple(self.qweight.shape)}, scales "
                              f"{tuple(self.scales.shape)}, mins {tuple(self.mins.shape)}, group_size {G}")
+        if self.perm is not None and (self.perm.dtype != torch.int64 or tuple(self.perm.shape) != (2 * half,)):
+            raise ValueError(f"INT4 weight perm must be int64 [{2 * half}], got {self.perm.dtype} "
+                             f"{tuple(self.perm.shape)}")
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -45,14 +52,21 @@ class Int4Weight:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.qweight, self.scales, self.mins))
+        extra = [] if self.perm is None else [self.perm]
+        return sum(t.numel() * t.element_size() for t in [self.qweight, self.scales, self.mins] + extra)
 
     def to(self, device) -> "Int4Weight":
-        return Int4Weight(self.qweight.to(device), self.scales.to(device), self.mins.to(device), self.group_size)
+        perm = None if self.perm is None else self.perm.to(device)
+        return Int4Weight(self.qweight.to(device), self.scales.to(device), self.mins.to(device), self.group_size,
+                          perm)
 
     def rows(self, n0: int, n1: int) -> "Int4Weight":
         """Output rows [n0, n1) (views)."""
-        return Int4Weight(self.qweight[n0:n1], self.scales[n0:n1], self.mins[n0:n1], self.group_size)
+        return Int4Weight(self.qweight[n0:n1], self.scales[n0:n1], self.mins[n0:n1], self.group_size, self.perm)
+
+    def stored(self) -> "Int4Weight":
+        """The weight in its stored column order (no perm): what the kernels see."""
+        return self if self.perm is None else Int4Weight(self.qweight, self.scales, self.mins, self.group_size)
 
     def codes(self) -> torch.Tensor:
         """The 4-bit codes as uint8 [N, K] in element order."""
@@ -67,8 +81,16 @@ class Int4Weight:
         G = parts[0].group_size
         if any(p.group_size != G or p.shape[1] != parts[0].shape[1] for p in parts):
             raise ValueError("Int4Weight.cat: all parts need the same K and group_size")
+        if not Int4Weight.same_perm(parts):
+            raise ValueError("Int4Weight.cat: all parts need the same input order (act-order perm)")
         return Int4Weight(torch.cat([p.qweight for p in parts]), torch.cat([p.scales for p in parts]),
-                          torch.cat([p.mins for p in parts]), G)
+                          torch.cat([p.mins for p in parts]), G, parts[0].perm)
+
+    @staticmethod
+    def same_perm(parts: list["Int4Weight"]) -> bool:
+        p0 = parts[0].perm
+        return all((p.perm is None and p0 is None) or (p.perm is not None and p0 is not None and
+                                                       torch.equal(p.perm, p0)) for p in parts)
 
 
 def _blocks(raw: np.ndarray, shape: tuple[int, int], block_bytes: int) -> np.ndarray:
