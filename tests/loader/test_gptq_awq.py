@@ -257,3 +257,25 @@ def test_quantized_hf_dir_errors(tmp_path, hf_tok):
             json.dump(bad, f)
         with pytest.raises(ModelLoadError, match=msg):
             load_model(d, progress=False)
+
+
+def test_engine_int4_gptq_at_load(tmp_path, hf_tok):
+    """--quantization int4-gptq: a float checkpoint's projections GPTQ-quantized at load (act-order,
+    calibrated on built-in text), then served by the engine like any packed model."""
+    from decodekit import LLM
+    from decodekit.sampling import SamplingParams
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    d = str(tmp_path / "float")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(d)
+        hf_tok.save_pretrained(d)
+    llm = LLM(d, dtype="float32", device="cpu", kv_cache_memory="64MiB", quantization="int4-gptq")
+    L = llm.engine.model.layers[1]
+    assert all(isinstance(getattr(L, n), Int4Weight) for n in ("qkv", "o", "gate_up", "down"))
+    assert L.qkv.perm is not None and L.qkv.group_size == 64
+    out = llm.generate(["Hello, my name is", "1, 2, 3,"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    assert all(len(o.outputs[0].token_ids) == 8 for o in out)

@@ -84,6 +84,8 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         self.model_source = loaded.source
         self.model = LlamaModel(cfg, loaded.weights, dtype=self.dtype, device=self.device)
+        if args.quantization == "int4-gptq":
+            self._quantize_gptq()
         kv_dtype = args.resolved_kv_cache_dtype()
         self.model.set_kv_cache_dtype(kv_dtype, self._calibrate_kv_scales() if kv_dtype != self.dtype else None)
         self.max_model_len = min(args.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
@@ -139,6 +141,22 @@ class LLMEngine:
         ids = [t for t in self.tokenizer.encode(self._CALIBRATION_TEXT) if 0 <= t < self.model_config.vocab_size]
         ids = (ids or list(range(1, 65)))[:256]
         return self.model.calibrate_kv_scales(lambda: self._probe_prefill(ids))
+
+    def _quantize_gptq(self, num_seqs: int = 4, seq_len: int = 256) -> None:
+        """--quantization int4-gptq: GPTQ (act-order) of the float projections, layer by layer, on a
+        batch of num_seqs x seq_len tokens of built-in English text (decodekit.quant.gptq_quantizer)."""
+        from decodekit.quant.gptq_quantizer import calibration_forward, calibration_text, gptq_quantize_model
+        c = self.model_config
+        group = next((g for g in (128, 64, 32) if c.hidden_size % g == 0 and c.q_size % g == 0
+                      and c.intermediate_size % g == 0), 32)
+        n = min(seq_len, c.max_position_embeddings)
+        ids = [t for t in self.tokenizer.encode(calibration_text()[: 8 * num_seqs * n]) if 0 <= t < c.vocab_size]
+        ids = ids or list(range(1, c.vocab_size))
+        seqs = [ids[i * n:(i + 1) * n] for i in range(num_seqs) if ids[i * n:(i + 1) * n]]
+        done = gptq_quantize_model(self.model, lambda: calibration_forward(self.model, seqs), group_size=group,
+                                   act_order=True)
+        log.info("GPTQ: %d projection weights quantized to INT4 (groups of %d) on %d calibration tokens",
+                 done, group, sum(map(len, seqs)))
 
     def _probe_prefill(self, ids: list[int]) -> int:
         """One prefill of `ids` outside the scheduler, on a temporary KV cache just big enough
