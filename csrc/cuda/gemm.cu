@@ -1,6 +1,8 @@
-// CUDA weight-only GEMV kernels (include/decodekit/gemm/int4.cuh), torch-free: instantiated here for
+// CUDA weight-only GEMV kernels (include/decodekit/gemm/int4.cuh) and the INT4 tensor-core GEMM
+// (int4_mma.cuh), torch-free: instantiated here for
 // each activation type; the torch launchers are in gemm_launch.cpp (g++).
 #include "decodekit/gemm/int4.cuh"
+#include "decodekit/gemm/int4_mma.cuh"
 #include "launchers.h"
 
 static_assert(dk::cuda::kQuantGemvMaxM == dk::cuda::kQuantGemvRows, "launchers.h != int4.cuh");
@@ -9,6 +11,9 @@ static_assert(dk::cuda::kQuantGemvMaxM == dk::cuda::kQuantGemvRows, "launchers.h
   template cudaError_t dk::cuda::quant_gemv<T>(T*, const T*, int64_t, const uint8_t*, const __half*,          \
                                                const __half*, const T*, int, int64_t, int64_t, int, bool,     \
                                                cudaStream_t);                                                 \
+  template cudaError_t dk::cuda::int4_gemm_mma<T>(T*, const T*, int64_t, const uint8_t*, const __half*,        \
+                                                  const __half*, const T*, int64_t, int64_t, int64_t, int,    \
+                                                  cudaStream_t);                                              \
   template cudaError_t dk::cuda::int4_dequantize<T>(T*, const uint8_t*, const __half*, const __half*, int64_t, \
                                                     int64_t, int, cudaStream_t);                              \
   template cudaError_t dk::cuda::int8_dequantize_rows<T>(T*, const int8_t*, const __half*, const int64_t*,     \

@@ -21,9 +21,22 @@ void int4_gemm_cuda(at::Tensor& out,                        // [M, N]
   const char* op = "decodekit::int4_gemm";
   const dk::GemmArgs g = dk::quant_gemm_args(op, out, a, qweight, scales, &mins, group_size, bias);
   dk::check_cuda(op, "a", a);
-  dk::check_range<int64_t>(op, "a.size(0) (M) on CUDA", g.M, 0, dk::cuda::kQuantGemvMaxM);
+  // M <= 8: the GEMV kernels (any dtype); more rows: the tensor-core GEMM (fp16 / bf16)
+  if (a.scalar_type() == at::kFloat)
+    dk::check_range<int64_t>(op, "a.size(0) (M) on CUDA with float32 activations (larger M: fp16/bf16)", g.M, 0,
+                             dk::cuda::kQuantGemvMaxM);
   if (g.M == 0 || g.N == 0) return;
   c10::cuda::OptionalCUDAGuard guard(a.device());
+  if (g.M > dk::cuda::kQuantGemvMaxM) {
+    DK_CUDA_DISPATCH_FLOATING(a.scalar_type(), op, [&] {
+      dk::check_launch(op, dk::cuda::int4_gemm_mma<scalar_t>(
+                               dk::cuda_ptr<scalar_t>(out), dk::cuda_ptr<scalar_t>(a), g.a_stride,
+                               qweight.data_ptr<uint8_t>(), dk::cuda_ptr<__half>(scales), dk::cuda_ptr<__half>(mins),
+                               bias.has_value() ? dk::cuda_ptr<scalar_t>(*bias) : nullptr, g.M, g.N, g.K,
+                               int(group_size), c10::cuda::getCurrentCUDAStream()));
+    });
+    return;
+  }
   DK_CUDA_DISPATCH_FLOATING(a.scalar_type(), op, [&] {
     dk::check_launch(op, dk::cuda::quant_gemv<scalar_t>(
                              dk::cuda_ptr<scalar_t>(out), dk::cuda_ptr<scalar_t>(a), g.a_stride,

@@ -70,6 +70,11 @@ template <class T>
 cudaError_t int8_dequantize_rows(T* w, const int8_t* qweight, const __half* scales, const int64_t* ids, int64_t R,
                                  int64_t N, int64_t K, int G, cudaStream_t stream);
 inline constexpr int kQuantGemvMaxM = 8;  // = int4.cuh's
+// include/decodekit/gemm/int4_mma.cuh: INT4 GEMM on tensor cores for any M (half / bf16 only)
+template <class T>
+cudaError_t int4_gemm_mma(T* out, const T* a, int64_t a_stride, const uint8_t* qweight, const __half* scales,
+                          const __half* mins, const T* bias, int64_t M, int64_t N, int64_t K, int G,
+                          cudaStream_t stream);
 
 // Head dims paged_attention has kernels for (paged_attention_head_dim_ok in paged.cuh).
 inline constexpr int kPagedAttentionHeadDims[] = {64, 128, 256};

@@ -38,7 +38,7 @@ def _check_gemm(out, a, w, bias, dtype):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("M", [1, 3, 16, 17])
+@pytest.mark.parametrize("M", [1, 3, 16, 17, 100])  # CUDA: GEMV up to 8 rows, then tensor cores (fp16/bf16)
 @pytest.mark.parametrize("N, K, G", [(576, 576, 32), (67, 192, 64), (130, 1024, 128), (1536, 576, 32), (33, 96, 32)])
 def test_int4_gemm(N, K, G, M, dtype, device, gen):
     w = _weight(N, K, G, device, gen)

@@ -1,11 +1,12 @@
 // Emulator test of include/decodekit/gemm/int4.cuh (dk::cuda::quant_gemv for INT4 and INT8,
-// dk::cuda::int4_dequantize) against the CPU kernels of include/decodekit/gemm/int4.h and a
+// dk::cuda::int4_dequantize) and int4_mma.cuh (dk::cuda::int4_gemm_mma, tensor cores, any M) against the CPU kernels of include/decodekit/gemm/int4.h and a
 // float64 reference, on awkward shapes (N not a multiple of the 4 warps, M = 1..8, every group
 // size, strided activations, bias).
 #include "shim.h"
 #include "emu_types.h"
 #include "decodekit/gemm/int4.cuh"
 #include "decodekit/gemm/int4.h"
+#include "decodekit/gemm/int4_mma.cuh"
 
 #include <cmath>
 #include <cstring>
@@ -18,7 +19,8 @@ static int fails = 0, checks = 0;
 
 template <class T> double out_tol() { return sizeof(T) == 4 ? 2e-6 : std::is_same_v<T, __half> ? 1e-3 : 8e-3; }
 
-template <class T> void run(bool int4, int M, int64_t N, int64_t K, int G, int a_pad, bool with_bias) {
+template <class T> void run(bool int4, int M, int64_t N, int64_t K, int G, int a_pad, bool with_bias,
+                            bool mma = false) {
   using C = typename Cpu<T>::type;
   std::uniform_int_distribution<int> byte(0, 255);
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -33,8 +35,11 @@ template <class T> void run(bool int4, int M, int64_t N, int64_t K, int G, int a
   for (auto& x : a) x = Conv<T>::store(nd(rng));
   for (auto& x : bias) x = Conv<T>::store(nd(rng));
   std::vector<T> out(size_t(M * N), Conv<T>::store(NAN));
-  cudaError_t err = cuda::quant_gemv<T>(out.data(), a.data(), a_stride, q.data(), sc.data(), int4 ? mn.data() : nullptr,
-                                        with_bias ? bias.data() : nullptr, M, N, K, G, int4, nullptr);
+  cudaError_t err = mma ? cuda::int4_gemm_mma<T>(out.data(), a.data(), a_stride, q.data(), sc.data(), mn.data(),
+                                                 with_bias ? bias.data() : nullptr, M, N, K, G, nullptr)
+                        : cuda::quant_gemv<T>(out.data(), a.data(), a_stride, q.data(), sc.data(),
+                                              int4 ? mn.data() : nullptr, with_bias ? bias.data() : nullptr, M, N, K,
+                                              G, int4, nullptr);
   // CPU kernel
   std::vector<T> ocpu(size_t(M * N));
   const cpu::Int4GemmParams P{M, N, K, G, a_stride};
@@ -60,7 +65,8 @@ template <class T> void run(bool int4, int M, int64_t N, int64_t K, int G, int a
       const double got = ld(out[m * N + n]), cp = ld(ocpu[m * N + n]);
       const double tol = out_tol<T>() * (1 + mag) + 1e-6 * mag;
       if (!(std::fabs(got - want) <= tol) || !(std::fabs(cp - want) <= tol)) {
-        printf("FAIL %s %s M=%d N=%ld K=%ld G=%d: out[%d,%ld] = %g (cpu %g), want %g\n", int4 ? "int4" : "int8",
+        printf("FAIL %s %s M=%d N=%ld K=%ld G=%d: out[%d,%ld] = %g (cpu %g), want %g\n",
+               mma ? "int4 mma" : int4 ? "int4" : "int8",
                tname<T>(), M, long(N), long(K), G, m, long(n), got, cp, want);
         bad = true;
       }
@@ -115,6 +121,18 @@ template <class T> void run_all() {
       }
   run<T>(true, 1, 1025, 1536, 32, 0, true);
   run<T>(false, 4, 130, 2048, 32, 5, false);
+  // tensor-core GEMM (half / bf16): every MT (M <= 16, <= 32, more), M and N tails, all groups
+  if constexpr (!std::is_same_v<T, float>) {
+    for (int G : {32, 64, 128})
+      for (int M : {9, 16, 17, 33, 64, 100})
+        run<T>(true, M, M % 2 ? 191 : 64, 2 * G + (G == 32 ? 64 : 0), G, M % 3 ? 0 : 5, M % 2 == 0, true);
+    run<T>(true, 130, 577, 576, 64, 0, true, true);
+    run<T>(true, 3, 70, 1536, 32, 1, false, true);  // small M works too
+    std::vector<float> fo(4);
+    ++checks;
+    if (cuda::int4_gemm_mma<float>(fo.data(), fo.data(), 4, nullptr, nullptr, nullptr, nullptr, 9, 1, 32, 32,
+                                   nullptr) != cudaErrorInvalidValue) { printf("FAIL mma fp32 accepted\n"); ++fails; }
+  }
   run_dequant<T>(13, 256, 32);
   run_dequant<T>(7, 384, 128);
   // invalid: M = 9, K not a multiple of 32

@@ -1,7 +1,7 @@
 // CUDA weight-only GEMV/GEMM for small M (decode): INT4 (group-split nibbles + fp16 scale/min,
 // include/decodekit/gemm/int4.h's layout) and INT8 (GGUF Q8_0: int8 + fp16 scale). Torch-free.
 //
-// First version (simple and memory-friendly; the Marlin-style mma.sync kernel comes later):
+// GEMV (M <= 8; larger M: the tensor-core GEMM of int4_mma.cuh):
 //  - one warp per output row n, 4 warps per CTA; the row's packed bytes are read in 16-byte
 //    chunks, consecutive lanes on consecutive chunks (a warp reads 512 contiguous bytes per step);
 //  - a chunk is 32 INT4 codes (low nibbles: elements 16j.., high: G/2 + 16j.. of its group) or

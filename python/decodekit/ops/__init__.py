@@ -124,7 +124,7 @@ def _quant_gemm(a, weight, bias, out):
     int8 = isinstance(weight, Int8Weight)
     if out is None:
         out = torch.empty(a.shape[0], weight.shape[0], dtype=a.dtype, device=a.device)
-    if a.device.type == "cuda" and a.shape[0] > _CUDA_QUANT_GEMV_MAX_M:  # past the CUDA GEMV kernels' rows
+    if a.device.type == "cuda" and not _cuda_quant_kernel(a, weight):  # past the CUDA kernels' rows
         return _packed_dense(a, weight, bias, out)
     mins = () if int8 else (weight.mins,)
     if _has_kernel("int8_gemm" if int8 else "int4_gemm", a.device):
@@ -134,6 +134,13 @@ def _quant_gemm(a, weight, bias, out):
     ref = reference.int8_gemm if int8 else reference.int4_gemm
     out.copy_(ref(a, weight.qweight, weight.scales, *mins, weight.group_size, bias))
     return out
+
+
+def _cuda_quant_kernel(a, weight) -> bool:
+    """Whether a CUDA kernel takes a @ w^T: the GEMV kernels up to 8 rows; beyond, the INT4
+    tensor-core GEMM for fp16 / bf16 activations (int4_mma.cuh); the rest decodes chunks (dense)."""
+    return a.shape[0] <= _CUDA_QUANT_GEMV_MAX_M or (isinstance(weight, Int4Weight) and
+                                                   a.dtype in (torch.float16, torch.bfloat16))
 
 
 def _packed_dense(x, weight, bias, out):
@@ -212,7 +219,7 @@ def linear(x: torch.Tensor,                      # [M, K]
         x = x.index_select(1, weight.perm)
         weight = weight.stored()
     if isinstance(weight, (Int4Weight, Int8Weight)):
-        if x.shape[0] <= (_INT4_GEMM_MAX_M if x.device.type == "cpu" else _CUDA_QUANT_GEMV_MAX_M):
+        if (x.shape[0] <= _INT4_GEMM_MAX_M) if x.device.type == "cpu" else _cuda_quant_kernel(x, weight):
             return _quant_gemm(x, weight, bias, None)
         return _packed_dense(x, weight, bias, torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype,
                                                           device=x.device))
