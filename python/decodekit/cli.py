@@ -178,6 +178,23 @@ def _chat(args) -> int:
         messages.append({"role": "assistant", "content": "".join(reply)})
 
 
+def _quantize(a) -> int:
+    import os
+    import time
+
+    from decodekit import LLM
+    from decodekit.quant.export import save_quantized
+    if not os.path.isfile(os.path.join(a.model, "config.json")):
+        raise ValueError(f"--model {a.model!r}: not a Hugging Face model directory (no config.json)")
+    t = time.perf_counter()
+    llm = LLM(a.model, dtype="float32", device=a.device, kv_cache_memory="64MiB",
+              quantization="int4-gptq" if a.method == "gptq" else "int4-rtn")
+    qc = save_quantized(llm.engine.model, a.model, a.out)
+    print(f"quantized {a.model} with {a.method} (groups of {qc['group_size']}) in {time.perf_counter() - t:.0f} s "
+          f"-> {a.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="decodekit", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -212,6 +229,16 @@ def build_parser() -> argparse.ArgumentParser:
                              formatter_class=argparse.RawDescriptionHelpFormatter)
         engine_bench.add_args(bp)
         bp.set_defaults(fn=lambda a, k=kind: engine_bench.run(k, a))
+    q = sub.add_parser("quantize", help="quantize a float HF checkpoint to INT4 and save it",
+                       description="Quantize the projections of a float Hugging Face directory to INT4 (GPTQ with "
+                                   "act-order on built-in calibration text, or round to nearest) and save a "
+                                   "directory that decodekit loads without re-quantizing (quant_method "
+                                   "decodekit-int4; see decodekit.quant.export).")
+    q.add_argument("--model", required=True, help="float Hugging Face model directory (config.json + safetensors)")
+    q.add_argument("--method", default="gptq", choices=["gptq", "rtn"], help="quantizer (default gptq)")
+    q.add_argument("--out", required=True, help="output directory")
+    q.add_argument("--device", default="cpu", help="where to run the calibration (default cpu)")
+    q.set_defaults(fn=_quantize)
     i = sub.add_parser("info", help="show what this build contains")
     i.set_defaults(fn=_info)
     return p

@@ -279,3 +279,44 @@ def test_engine_int4_gptq_at_load(tmp_path, hf_tok):
     assert L.qkv.perm is not None and L.qkv.group_size == 64
     out = llm.generate(["Hello, my name is", "1, 2, 3,"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     assert all(len(o.outputs[0].token_ids) == 8 for o in out)
+
+
+@pytest.mark.parametrize("method", ["gptq", "rtn"])
+def test_quantize_cli_saves_and_reloads_exactly(tmp_path, hf_tok, method):
+    """`decodekit quantize` writes a decodekit-int4 directory; loading it gives back exactly the
+    engine's quantized weights (and the same logits), without quantizing again."""
+    from decodekit import LLM
+    from decodekit.cli import main
+    from decodekit.quant.gptq_quantizer import calibration_forward
+    torch.manual_seed(1)
+    cfg = transformers.Qwen2Config(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                   tie_word_embeddings=False)
+    model = transformers.Qwen2ForCausalLM(cfg).eval()  # q/k/v biases: saved as float tensors
+    src, out = str(tmp_path / "float"), str(tmp_path / "int4")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(src)
+        hf_tok.save_pretrained(src)
+    assert main(["quantize", "--model", src, "--method", method, "--out", out]) == 0
+    raw = json.loads(open(os.path.join(out, "config.json")).read())
+    assert raw["quantization_config"]["quant_method"] == "decodekit-int4"
+    ref = LLM(src, dtype="float32", device="cpu", kv_cache_memory="64MiB",
+              quantization="int4-gptq" if method == "gptq" else "int4-rtn").engine.model
+    m = load_model(out, progress=False, keep_quantized=True)
+    got = LlamaModel(m.config, dict(m.weights))
+    for La, Lb in zip(ref.layers, got.layers):
+        for n in ("qkv", "o", "gate_up", "down"):
+            a, b = getattr(La, n), getattr(Lb, n)
+            assert isinstance(b, Int4Weight) and torch.equal(a.qweight, b.qweight) and torch.equal(a.scales, b.scales)
+            assert torch.equal(a.mins, b.mins) and (a.perm is None) == (b.perm is None)
+            if a.perm is not None:
+                assert torch.equal(a.perm, b.perm)
+        assert torch.equal(La.qkv_bias, Lb.qkv_bias)
+    ids = [list(range(100, 140))]
+    assert torch.equal(calibration_forward(ref, ids), calibration_forward(got, ids))
+    # and through the engine, from the directory
+    llm = LLM(out, dtype="float32", device="cpu", kv_cache_memory="64MiB")
+    assert isinstance(llm.engine.model.layers[0].down, Int4Weight)
+    with pytest.raises(SystemExit):
+        main(["quantize", "--model", src])  # --out is required

@@ -133,7 +133,7 @@ def _skip(name: str) -> bool:
     return name.endswith("rotary_emb.inv_freq")
 
 
-_QUANT_PARTS = ("qweight", "qzeros", "scales", "g_idx")
+_QUANT_PARTS = ("qweight", "qzeros", "scales", "g_idx", "mins", "perm")
 
 
 def quant_config(raw: dict[str, Any], path: str) -> dict[str, Any] | None:
@@ -147,15 +147,17 @@ def quant_config(raw: dict[str, Any], path: str) -> dict[str, Any] | None:
     if not q:
         return None
     method = str(q.get("quant_method", "gptq")).lower()
-    if method not in ("gptq", "awq"):
+    if method not in ("gptq", "awq", "decodekit-int4"):
         raise ModelLoadError(f"{path}: quantization_config.quant_method {method!r} is not supported "
-                             f"(supported: 'gptq' and 'awq', 4-bit)")
+                             f"(supported: 'gptq', 'awq' and 'decodekit-int4', 4-bit)")
     bits = int(q.get("bits", q.get("w_bit", 4)))
     if bits != 4:
         raise ModelLoadError(f"{path}: quantization_config.bits = {bits}; only 4-bit {method.upper()} is supported")
     group = int(q.get("group_size", q.get("q_group_size", 128)))
     if group != -1 and (group <= 0 or group % 32):
         raise ModelLoadError(f"{path}: quantization_config.group_size = {group}; supported: -1 or a multiple of 32")
+    if method == "decodekit-int4" and group not in (32, 64, 128):
+        raise ModelLoadError(f"{path}: quantization_config.group_size = {group}; decodekit-int4 has 32, 64 or 128")
     fmt = str(q.get("checkpoint_format", "gptq")).lower()
     if method == "gptq" and fmt not in ("gptq", "gptq_v2"):
         raise ModelLoadError(f"{path}: quantization_config.checkpoint_format {fmt!r} is not supported "
@@ -171,7 +173,10 @@ def quant_config(raw: dict[str, Any], path: str) -> dict[str, Any] | None:
 
 def _convert_quant(qc: dict[str, Any], parts: dict[str, torch.Tensor], name: str):
     from ..quant import from_awq, from_gptq
+    from ..quant.export import from_int4_tensors
     try:
+        if qc["method"] == "decodekit-int4":
+            return from_int4_tensors(parts, qc["group_size"])
         if qc["method"] == "awq":
             return from_awq(parts["qweight"], parts["qzeros"], parts["scales"], qc["group_size"])
         return from_gptq(parts["qweight"], parts["qzeros"], parts["scales"], parts.get("g_idx"), qc["group_size"],
@@ -231,7 +236,8 @@ def load_hf_dir(path: str, dtype: torch.dtype = torch.float32, device: str | tor
             prefix, part = qp
             got = pending.setdefault(prefix, {})
             got[part] = f.get_tensor(k)
-            need = {"qweight", "qzeros", "scales"} | ({"g_idx"} if prefix + ".g_idx" in files else set())
+            need = ({"qweight", "scales", "mins"} if qc["method"] == "decodekit-int4" else {"qweight", "qzeros", "scales"})
+            need |= {x for x in ("g_idx", "perm") if f"{prefix}.{x}" in files}
             if need <= set(got):
                 w = _convert_quant(qc, pending.pop(prefix), f"{fn}: {prefix}")
                 if keep_quantized:
@@ -250,6 +256,7 @@ def load_hf_dir(path: str, dtype: torch.dtype = torch.float32, device: str | tor
         weights[k] = to_target(f.get_tensor(k), dtype, device)
     if pending:
         name, parts = next(iter(pending.items()))
-        raise ModelLoadError(f"{path}: quantized layer {name!r} lacks {sorted({'qweight', 'qzeros', 'scales'} - set(parts))}")
+        need = {"qweight", "scales", "mins"} if qc["method"] == "decodekit-int4" else {"qweight", "qzeros", "scales"}
+        raise ModelLoadError(f"{path}: quantized layer {name!r} lacks {sorted(need - set(parts))}")
     check_weights(cfg, weights, path)
     return cfg, weights, tokenizer
