@@ -185,6 +185,49 @@ inline GemmArgs quant_gemm_args(const char* op, const at::Tensor& out, const at:
   return g;
 }
 
+// fp8 W8A8 (include/decodekit/gemm/fp8_gemm.h): quantize_fp8 writes out [M, K] Float8_e4m3fn and
+// scale [M] float32 from input [M, K] (row stride free); fp8_gemm reads a [M, K] / weight [N, K]
+// Float8_e4m3fn (contiguous, K a multiple of 32) with a_scale [M] / w_scale [N] float32 and writes
+// out [M, N] (float type; bias [N] of the same type).
+struct Fp8Args {
+  int64_t M, N, K, x_stride;
+};
+
+inline Fp8Args quantize_fp8_args(const at::Tensor& out, const at::Tensor& scale, const at::Tensor& input) {
+  const char* op = "decodekit::quantize_fp8";
+  Fp8Args f{};
+  Check(op, "input", input).dim(2).dtype(kFloatTypes).last_dim_contiguous();
+  f.M = input.size(0);
+  f.K = input.size(1);
+  f.x_stride = f.M > 1 ? input.stride(0) : f.K;
+  Check(op, "out", out).dim(2).size(0, f.M, "M").size(1, f.K, "K").dtype({at::kFloat8_e4m3fn})
+      .device_as(input, "input").contiguous();
+  Check(op, "scale", scale).dim(1).size(0, f.M, "M").dtype({at::kFloat}).device_as(input, "input").contiguous();
+  check_range<int64_t>(op, "K", f.K, 0, INT32_MAX);
+  return f;
+}
+
+inline Fp8Args fp8_gemm_args(const at::Tensor& out, const at::Tensor& a, const at::Tensor& a_scale,
+                             const at::Tensor& weight, const at::Tensor& w_scale,
+                             const std::optional<at::Tensor>& bias) {
+  const char* op = "decodekit::fp8_gemm";
+  Fp8Args f{};
+  Check(op, "a", a).dim(2).dtype({at::kFloat8_e4m3fn}).contiguous();
+  f.M = a.size(0);
+  f.K = a.size(1);
+  TORCH_CHECK(f.K % 32 == 0, op, ": K = ", f.K, " must be a multiple of 32");
+  Check(op, "weight", weight).dim(2).size(1, f.K, "K = a.size(1)").dtype({at::kFloat8_e4m3fn}).device_as(a, "a")
+      .contiguous();
+  f.N = weight.size(0);
+  Check(op, "a_scale", a_scale).dim(1).size(0, f.M, "M").dtype({at::kFloat}).device_as(a, "a").contiguous();
+  Check(op, "w_scale", w_scale).dim(1).size(0, f.N, "N").dtype({at::kFloat}).device_as(a, "a").contiguous();
+  Check(op, "out", out).dim(2).size(0, f.M, "M").size(1, f.N, "N = weight.size(0)").dtype(kFloatTypes)
+      .device_as(a, "a").contiguous();
+  if (bias.has_value())
+    Check(op, "bias", *bias).dim(1).size(0, f.N, "N").dtype_as(out, "out").device_as(a, "a").contiguous();
+  return f;
+}
+
 // int4_dequantize (mins given, out [N, K]) / int8_dequantize_rows (mins null, out [R, K] for
 // ids [R] int64; the ids' range is the device launcher's business).
 inline GemmArgs quant_dequantize_args(const char* op, const at::Tensor& out, const at::Tensor& qweight,

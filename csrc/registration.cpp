@@ -36,6 +36,12 @@ TORCH_LIBRARY(decodekit, m) {
   // int8_dequantize_rows writes out [R, K] = the rows `ids` [R] int64 of w (the embedding lookup).
   m.def("int8_gemm(Tensor(a!) out, Tensor a, Tensor qweight, Tensor scales, int group_size, Tensor? bias) -> ()");
   m.def("int8_dequantize_rows(Tensor(a!) out, Tensor qweight, Tensor scales, int group_size, Tensor ids) -> ()");
+  // fp8 e4m3 W8A8 (include/decodekit/gemm/fp8_gemm.h): quantize_fp8 writes the per-token dynamic
+  // quantization of input [M, K] (row stride free): out [M, K] Float8_e4m3fn, scale [M] float32
+  // (max |x| / 448). fp8_gemm: out [M, N] = (a [M, K] @ weight [N, K]^T) * a_scale [M] * w_scale [N]
+  // (+ bias [N]); a / weight Float8_e4m3fn, K a multiple of 32.
+  m.def("quantize_fp8(Tensor(a!) out, Tensor(b!) scale, Tensor input) -> ()");
+  m.def("fp8_gemm(Tensor(a!) out, Tensor a, Tensor a_scale, Tensor weight, Tensor w_scale, Tensor? bias) -> ()");
 
   // Paged KV cache: [num_blocks, num_kv_heads, block_size, head_dim] per layer for K and V,
   // in the activations' dtype or fp8 e4m3 (Float8_e4m3fn: stored x / scale, saturated at

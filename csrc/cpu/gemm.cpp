@@ -4,6 +4,7 @@
 #include "../op_args.h"
 #include "dispatch.h"
 #include "decodekit/gemm/dense_cpu.h"
+#include "decodekit/gemm/fp8_gemm.h"
 #include "decodekit/gemm/int4.h"
 
 namespace {
@@ -82,6 +83,32 @@ void int8_dequantize_rows_cpu(at::Tensor& out,            // [R, K]
   });
 }
 
+void quantize_fp8_cpu(at::Tensor& out,            // [M, K] Float8_e4m3fn
+                      at::Tensor& scale,          // [M] float32
+                      const at::Tensor& input) {  // [M, K]
+  const dk::Fp8Args f = dk::quantize_fp8_args(out, scale, input);
+  if (f.M == 0) return;
+  DK_CPU_DISPATCH_FLOATING(input.scalar_type(), "decodekit::quantize_fp8", [&] {
+    dk::cpu::quantize_fp8<scalar_t>(dk_ptr<uint8_t>(out), scale.data_ptr<float>(), dk_ptr<scalar_t>(input), f.M, f.K,
+                                    f.x_stride);
+  });
+}
+
+void fp8_gemm_cpu(at::Tensor& out,                        // [M, N]
+                  const at::Tensor& a,                    // [M, K] Float8_e4m3fn
+                  const at::Tensor& a_scale,              // [M] float32
+                  const at::Tensor& weight,               // [N, K] Float8_e4m3fn
+                  const at::Tensor& w_scale,              // [N] float32
+                  const std::optional<at::Tensor>& bias) {  // [N]
+  const dk::Fp8Args f = dk::fp8_gemm_args(out, a, a_scale, weight, w_scale, bias);
+  if (f.M == 0 || f.N == 0) return;
+  DK_CPU_DISPATCH_FLOATING(out.scalar_type(), "decodekit::fp8_gemm", [&] {
+    dk::cpu::fp8_gemm<scalar_t>(dk_ptr<scalar_t>(out), dk_ptr<uint8_t>(a), a_scale.data_ptr<float>(),
+                                dk_ptr<uint8_t>(weight), w_scale.data_ptr<float>(),
+                                bias.has_value() ? dk_ptr<scalar_t>(*bias) : nullptr, f.M, f.N, f.K);
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(decodekit, CPU, m) {
@@ -90,4 +117,6 @@ TORCH_LIBRARY_IMPL(decodekit, CPU, m) {
   m.impl("dense_gemm", &dense_gemm_cpu);
   m.impl("int4_gemm", &int4_gemm_cpu);
   m.impl("int4_dequantize", &int4_dequantize_cpu);
+  m.impl("quantize_fp8", &quantize_fp8_cpu);
+  m.impl("fp8_gemm", &fp8_gemm_cpu);
 }

@@ -3,6 +3,7 @@
 // each activation type; the torch launchers are in gemm_launch.cpp (g++).
 #include "decodekit/gemm/int4.cuh"
 #include "decodekit/gemm/int4_mma.cuh"
+#include "decodekit/gemm/fp8_gemm.cuh"
 #include "launchers.h"
 
 static_assert(dk::cuda::kQuantGemvMaxM == dk::cuda::kQuantGemvRows, "launchers.h != int4.cuh");
@@ -14,6 +15,10 @@ static_assert(dk::cuda::kQuantGemvMaxM == dk::cuda::kQuantGemvRows, "launchers.h
   template cudaError_t dk::cuda::int4_gemm_mma<T>(T*, const T*, int64_t, const uint8_t*, const __half*,        \
                                                   const __half*, const T*, int64_t, int64_t, int64_t, int,    \
                                                   cudaStream_t);                                              \
+  template cudaError_t dk::cuda::quantize_fp8<T>(uint8_t*, float*, const T*, int64_t, int64_t, int64_t,       \
+                                                 cudaStream_t);                                               \
+  template cudaError_t dk::cuda::fp8_gemm<T>(T*, const uint8_t*, const float*, const uint8_t*, const float*,   \
+                                             const T*, int64_t, int64_t, int64_t, cudaStream_t);              \
   template cudaError_t dk::cuda::int4_dequantize<T>(T*, const uint8_t*, const __half*, const __half*, int64_t, \
                                                     int64_t, int, cudaStream_t);                              \
   template cudaError_t dk::cuda::int8_dequantize_rows<T>(T*, const int8_t*, const __half*, const int64_t*,     \

@@ -102,6 +102,41 @@ void int8_dequantize_rows_cuda(at::Tensor& out,            // [R, K]
   });
 }
 
+void quantize_fp8_cuda(at::Tensor& out,            // [M, K] Float8_e4m3fn
+                       at::Tensor& scale,          // [M] float32
+                       const at::Tensor& input) {  // [M, K]
+  const char* op = "decodekit::quantize_fp8";
+  const dk::Fp8Args f = dk::quantize_fp8_args(out, scale, input);
+  dk::check_cuda(op, "input", input);
+  if (f.M == 0) return;
+  c10::cuda::OptionalCUDAGuard guard(input.device());
+  DK_CUDA_DISPATCH_FLOATING(input.scalar_type(), op, [&] {
+    dk::check_launch(op, dk::cuda::quantize_fp8<scalar_t>(reinterpret_cast<uint8_t*>(out.data_ptr()),
+                                                          scale.data_ptr<float>(), dk::cuda_ptr<scalar_t>(input), f.M,
+                                                          f.K, f.x_stride, c10::cuda::getCurrentCUDAStream()));
+  });
+}
+
+void fp8_gemm_cuda(at::Tensor& out,                        // [M, N]
+                   const at::Tensor& a,                    // [M, K] Float8_e4m3fn
+                   const at::Tensor& a_scale,              // [M] float32
+                   const at::Tensor& weight,               // [N, K] Float8_e4m3fn
+                   const at::Tensor& w_scale,              // [N] float32
+                   const std::optional<at::Tensor>& bias) {  // [N]
+  const char* op = "decodekit::fp8_gemm";
+  const dk::Fp8Args f = dk::fp8_gemm_args(out, a, a_scale, weight, w_scale, bias);
+  dk::check_cuda(op, "a", a);
+  if (f.M == 0 || f.N == 0) return;
+  c10::cuda::OptionalCUDAGuard guard(a.device());
+  DK_CUDA_DISPATCH_FLOATING(out.scalar_type(), op, [&] {
+    dk::check_launch(op, dk::cuda::fp8_gemm<scalar_t>(
+                             dk::cuda_ptr<scalar_t>(out), reinterpret_cast<const uint8_t*>(a.data_ptr()),
+                             a_scale.data_ptr<float>(), reinterpret_cast<const uint8_t*>(weight.data_ptr()),
+                             w_scale.data_ptr<float>(), bias.has_value() ? dk::cuda_ptr<scalar_t>(*bias) : nullptr,
+                             f.M, f.N, f.K, c10::cuda::getCurrentCUDAStream()));
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(decodekit, CUDA, m) {
@@ -109,4 +144,6 @@ TORCH_LIBRARY_IMPL(decodekit, CUDA, m) {
   m.impl("int4_gemm", &int4_gemm_cuda);
   m.impl("int8_gemm", &int8_gemm_cuda);
   m.impl("int4_dequantize", &int4_dequantize_cuda);
+  m.impl("quantize_fp8", &quantize_fp8_cuda);
+  m.impl("fp8_gemm", &fp8_gemm_cuda);
 }

@@ -76,6 +76,14 @@ cudaError_t int4_gemm_mma(T* out, const T* a, int64_t a_stride, const uint8_t* q
                           const __half* mins, const T* bias, int64_t M, int64_t N, int64_t K, int G,
                           cudaStream_t stream);
 
+// include/decodekit/gemm/fp8_gemm.cuh: fp8 e4m3 W8A8
+template <class T>
+cudaError_t quantize_fp8(uint8_t* q, float* scale, const T* x, int64_t M, int64_t K, int64_t x_stride,
+                         cudaStream_t stream);
+template <class T>
+cudaError_t fp8_gemm(T* out, const uint8_t* a, const float* a_scale, const uint8_t* w, const float* w_scale,
+                     const T* bias, int64_t M, int64_t N, int64_t K, cudaStream_t stream);
+
 // Head dims paged_attention has kernels for (paged_attention_head_dim_ok in paged.cuh).
 inline constexpr int kPagedAttentionHeadDims[] = {64, 128, 256};
 

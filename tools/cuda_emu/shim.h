@@ -12,6 +12,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -299,6 +300,42 @@ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2])
     const int row = g + (i >= 2 ? 8 : 0), col = c + (i & 1);
     float acc = d[i];
     for (int k = 0; k < 16; ++k) acc += A(row, k) * B(k, col);
+    r[i] = acc;
+  }
+  warp_wait();
+  for (int i = 0; i < 4; ++i) d[i] = r[i];
+}
+// e4m3 code -> float (the same exact conversion as common/fp8.h, written out here so that the
+// shim does not depend on the headers under test).
+inline float fp8_e4m3_value(uint8_t b) {
+  const int sign = b >> 7, exp = (b >> 3) & 15, man = b & 7;
+  if (exp == 15 && man == 7) return NAN;
+  const float mag = exp ? std::ldexp(1.f + float(man) / 8.f, exp - 7) : std::ldexp(float(man), -9);
+  return sign ? -mag : mag;
+}
+// D (16x8 fp32) += A (16x32 e4m3) * B (32x8 e4m3), fragments as in gemm/fp8_gemm.cuh.
+inline void mma_m16n8k32_e4m3(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  const int lane = blk->cur->lane;
+  uint32_t* mine = xslot(lane);
+  for (int i = 0; i < 4; ++i) mine[i] = a[i];
+  mine[4] = b[0];
+  mine[5] = b[1];
+  warp_wait();
+  auto byte = [](uint32_t w, int i) { return uint8_t(w >> (8 * i)); };
+  auto A = [&](int r, int k) {  // A[r][k]: lane (r % 8) * 4 + (k % 16) / 4, register (r >= 8) + 2 (k >= 16)
+    const uint32_t* s = xslot((r % 8) * 4 + (k % 16) / 4);
+    return fp8_e4m3_value(byte(s[(r >= 8 ? 1 : 0) + (k >= 16 ? 2 : 0)], k % 4));
+  };
+  auto B = [&](int k, int n) {  // B[k][n]: lane n * 4 + (k % 16) / 4, register (k >= 16)
+    const uint32_t* s = xslot(n * 4 + (k % 16) / 4);
+    return fp8_e4m3_value(byte(s[4 + (k >= 16 ? 1 : 0)], k % 4));
+  };
+  const int g = lane / 4, c = 2 * (lane % 4);
+  float r[4];
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + (i >= 2 ? 8 : 0), col = c + (i & 1);
+    float acc = d[i];
+    for (int k = 0; k < 32; ++k) acc += A(row, k) * B(k, col);
     r[i] = acc;
   }
   warp_wait();

@@ -7,6 +7,8 @@
 #include "decodekit/gemm/int4.cuh"
 #include "decodekit/gemm/int4.h"
 #include "decodekit/gemm/int4_mma.cuh"
+#include "decodekit/gemm/fp8_gemm.cuh"
+#include "decodekit/gemm/fp8_gemm.h"
 
 #include <cmath>
 #include <cstring>
@@ -74,6 +76,60 @@ template <class T> void run(bool int4, int M, int64_t N, int64_t K, int G, int a
   if (bad) ++fails;
 }
 
+// fp8 W8A8: quantize_fp8 (codes and scales equal to the CPU kernel's, byte for byte) and fp8_gemm
+// (tensor cores) against the CPU kernel and float64.
+template <class T> void run_fp8(int M, int64_t N, int64_t K, int x_pad, bool with_bias) {
+  using C = typename Cpu<T>::type;
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_int_distribution<int> byte(0, 255);
+  const int64_t xs = K + x_pad;
+  std::vector<T> x(static_cast<size_t>(M * xs)), bias(static_cast<size_t>(N));
+  for (auto& v : x) v = Conv<T>::store(nd(rng) * 3.f);
+  if (M > 2) for (int64_t k = 0; k < K; ++k) x[size_t(2 * xs + k)] = Conv<T>::store(0.f);  // an all-zero row
+  for (auto& v : bias) v = Conv<T>::store(nd(rng));
+  std::vector<uint8_t> q(static_cast<size_t>(M * K), 0x7f), qc(static_cast<size_t>(M * K));
+  std::vector<float> s(static_cast<size_t>(M), NAN), sc(static_cast<size_t>(M));
+  cudaError_t err = cuda::quantize_fp8<T>(q.data(), s.data(), x.data(), M, K, xs, nullptr);
+  cpu::quantize_fp8<C>(qc.data(), sc.data(), (const C*)x.data(), M, K, xs);
+  ++checks;
+  if (err != cudaSuccess || q != qc || memcmp(s.data(), sc.data(), M * sizeof(float))) {
+    printf("FAIL quantize_fp8 %s M=%d K=%ld\n", tname<T>(), M, long(K));
+    ++fails;
+    return;
+  }
+  std::vector<uint8_t> w(size_t(N * K));
+  for (auto& v : w) { do v = uint8_t(byte(rng)); while ((v & 0x7f) == 0x7f); }  // no NaN codes
+  std::vector<float> ws(static_cast<size_t>(N));
+  for (auto& v : ws) v = 0.001f + 0.01f * std::fabs(nd(rng));
+  std::vector<T> out(static_cast<size_t>(M * N), Conv<T>::store(NAN)), oc(static_cast<size_t>(M * N));
+  err = cuda::fp8_gemm<T>(out.data(), q.data(), s.data(), w.data(), ws.data(), with_bias ? bias.data() : nullptr, M,
+                          N, K, nullptr);
+  cpu::fp8_gemm<C>((C*)oc.data(), q.data(), s.data(), w.data(), ws.data(), with_bias ? (const C*)bias.data() : nullptr,
+                   M, N, K);
+  ++checks;
+  bool bad = err != cudaSuccess;
+  for (int m = 0; m < M && !bad; ++m)
+    for (int64_t n = 0; n < N && !bad; ++n) {
+      double want = 0, mag = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = double(fp8_e4m3_to_float(q[m * K + k])) * fp8_e4m3_to_float(w[n * K + k]);
+        want += p;
+        mag += std::fabs(p);
+      }
+      want = want * s[m] * ws[n];
+      mag = mag * s[m] * ws[n];
+      if (with_bias) { want += ld(bias[n]); mag += std::fabs(ld(bias[n])); }
+      const double got = ld(out[m * N + n]), cp = ld(oc[m * N + n]);
+      const double tol = out_tol<T>() * (1 + std::fabs(want)) + 1e-6 * mag;
+      if (!(std::fabs(got - want) <= tol) || !(std::fabs(cp - want) <= tol)) {
+        printf("FAIL fp8_gemm %s M=%d N=%ld K=%ld: out[%d,%ld] = %g (cpu %g), want %g\n", tname<T>(), M, long(N),
+               long(K), m, long(n), got, cp, want);
+        bad = true;
+      }
+    }
+  if (bad) ++fails;
+}
+
 template <class T> void run_dequant(int64_t N, int64_t K, int G) {
   using C = typename Cpu<T>::type;
   std::uniform_int_distribution<int> byte(0, 255);
@@ -133,6 +189,9 @@ template <class T> void run_all() {
     if (cuda::int4_gemm_mma<float>(fo.data(), fo.data(), 4, nullptr, nullptr, nullptr, nullptr, 9, 1, 32, 32,
                                    nullptr) != cudaErrorInvalidValue) { printf("FAIL mma fp32 accepted\n"); ++fails; }
   }
+  for (int M : {1, 5, 16, 17, 40, 70})
+    run_fp8<T>(M, M % 2 ? 191 : 64, M % 3 ? 96 : 576, M % 4 ? 0 : 3, M % 2 == 0);
+  run_fp8<T>(3, 130, 32, 1, true);
   run_dequant<T>(13, 256, 32);
   run_dequant<T>(7, 384, 128);
   // invalid: M = 9, K not a multiple of 32

@@ -57,4 +57,8 @@ template <> inline constexpr bool kIsFp8<fp8_e4m3_t> = true;
 // Quantize one value for an fp8 cache: x / scale (fp32 division), then saturating RNE.
 DK_HD uint8_t quantize_fp8_e4m3(float x, float scale) { return float_to_fp8_e4m3(x / scale); }
 
+// Dynamic (per-token / per-channel) scale of a row whose largest |x| is amax: amax maps to 448;
+// an all-zero row gets scale 1 (its codes are zeros either way); NaN propagates.
+DK_HD float fp8_dynamic_scale(float amax) { return amax > 0.f ? amax / kFp8E4M3Max : (amax == 0.f ? 1.f : amax); }
+
 }  // namespace dk

@@ -26,7 +26,7 @@ def parse_bytes(value) -> int:
 
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 WEIGHT_FORMATS = ("auto", "packed", "dequantized")
-QUANTIZATIONS = (None, "int4-rtn", "int4-gptq")
+QUANTIZATIONS = (None, "int4-rtn", "int4-gptq", "fp8")
 
 
 @dataclass
@@ -37,7 +37,7 @@ class EngineArgs:
     block_size: int = 16
     kv_cache_memory: str | int = "1GiB"   # CPU: bytes of KV cache
     kv_cache_dtype: str = "auto"          # auto: the model's dtype; fp8 (= fp8_e4m3): half the bytes of bf16
-    quantization: str | None = None       # "int4-rtn" / "int4-gptq": quantize fp/bf16 projection weights at load
+    quantization: str | None = None       # "int4-rtn" / "int4-gptq" / "fp8": quantize projection weights at load
     weight_format: str = "auto"           # GGUF Q4_0/Q4_1/Q8_0: "packed" (INT4/INT8 kernels), "dequantized";
                                           # auto: packed on the CPU
     gpu_memory_utilization: float = 0.9   # CUDA: fraction of device memory for weights+activations+KV
@@ -113,11 +113,12 @@ class EngineArgs:
         g.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
                        help="KV-cache element type: auto (the model's dtype) or fp8 (e4m3, scale 1: half the "
                             "bytes of bf16, so twice the tokens and faster long-context decode)")
-        g.add_argument("--quantization", default=None, choices=["int4-rtn", "int4-gptq"],
+        g.add_argument("--quantization", default=None, choices=["int4-rtn", "int4-gptq", "fp8"],
                        help="quantize a float checkpoint's projection weights at load: int4-rtn (round to nearest, "
                             "groups of 32, fp16 scale and min; decoded by the INT4 kernels) or int4-gptq (GPTQ "
                             "with act-order, groups of up to 128, calibrated on 4 x 256 tokens of built-in English "
-                            "text: slower to load, closer to the float model)")
+                            "text: slower to load, closer to the float model) or fp8 (W8A8: e4m3 weights with per-channel "
+                            "scales, activations quantized per token; fp8 tensor cores on CUDA)")
         g.add_argument("--weight-format", default="auto", choices=list(WEIGHT_FORMATS),
                        help="GGUF Q4_0/Q4_1 projections and Q8_0 embedding: packed (INT4/INT8 kernels read "
                             "~4.5/8.5 bits per weight) or dequantized at load; auto: packed on the CPU (CUDA: opt-in)")

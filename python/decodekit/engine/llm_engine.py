@@ -67,6 +67,15 @@ def _quantize_projections_rtn(weights: dict) -> None:
             weights[name] = quantize_rtn(w, 32)
 
 
+def _quantize_projections_fp8(weights: dict) -> None:
+    """--quantization fp8: the float projection weights become fp8 e4m3 with per-output-channel
+    scales (decodekit.quant.fp8), in place; activations are quantized per token at run time."""
+    from decodekit.quant.fp8 import quantize_fp8_weight
+    for name, w in list(weights.items()):
+        if name.endswith("_proj.weight") and isinstance(w, torch.Tensor) and w.dim() == 2 and w.shape[1] % 32 == 0:
+            weights[name] = quantize_fp8_weight(w)
+
+
 class LLMEngine:
     def __init__(self, args: EngineArgs | None = None, **kwargs):
         self.args = args = args or EngineArgs(**kwargs)
@@ -80,6 +89,8 @@ class LLMEngine:
                             keep_quantized=args.keep_quantized())
         if args.quantization == "int4-rtn":
             _quantize_projections_rtn(loaded.weights)
+        elif args.quantization == "fp8":
+            _quantize_projections_fp8(loaded.weights)
         self.model_config = cfg = loaded.config
         self.tokenizer = loaded.tokenizer
         self.model_source = loaded.source

@@ -16,6 +16,7 @@ from decodekit import ops
 from decodekit.config import ModelConfig
 from decodekit.ops import reference
 from decodekit.quant import Int4Weight, Int8Weight
+from decodekit.quant.fp8 import Fp8Weight
 
 
 @dataclass
@@ -50,11 +51,13 @@ class LlamaModel:
             if name not in weights:
                 raise KeyError(f"checkpoint is missing tensor {name!r}")
             w = weights.pop(name)
-            if isinstance(w, (Int4Weight, Int8Weight)):  # packed stays packed (ops decode it)
+            if isinstance(w, (Int4Weight, Int8Weight, Fp8Weight)):  # packed stays packed (ops decode it)
                 return w.to(self.device)
             return w.to(device=self.device, dtype=dtype).contiguous()
 
         def cat_rows(parts):  # fused projections: rows stacked, packed if every part is
+            if all(isinstance(p, Fp8Weight) for p in parts):
+                return Fp8Weight.cat(parts)
             if (all(isinstance(p, Int4Weight) for p in parts) and len({p.group_size for p in parts}) == 1
                     and Int4Weight.same_perm(parts)):
                 return Int4Weight.cat(parts)

@@ -11,6 +11,7 @@ import functools
 import torch
 
 from decodekit.quant import Int4Weight, Int8Weight
+from decodekit.quant.fp8 import Fp8Weight
 
 from . import reference  # noqa: F401
 
@@ -208,6 +209,41 @@ def _int4_dequantize_fake(out, qweight, scales, mins, group_size):
     return None
 
 
+def quantize_fp8(x: torch.Tensor,                 # [M, K] float (row stride free)
+                 ) -> tuple[torch.Tensor, torch.Tensor]:  # ([M, K] float8_e4m3fn, [M] float32)
+    """Dynamic per-token fp8: scale = max |x_row| / 448, codes = fp8(x / scale) (saturating RNE)."""
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+    if _has_kernel("quantize_fp8", x.device):
+        _ops.quantize_fp8(q, s, x)
+        return q, s
+    rq, rs = reference.quantize_fp8(x)
+    return q.copy_(rq), s.copy_(rs)
+
+
+def fp8_gemm(a: torch.Tensor,                     # [M, K] float8_e4m3fn
+             a_scale: torch.Tensor,               # [M] float32
+             weight: Fp8Weight,                   # [N, K]
+             bias: torch.Tensor | None = None,    # [N]
+             out_dtype: torch.dtype = torch.float32) -> torch.Tensor:  # [M, N]
+    """(a @ w^T) * a_scale[m] * w_scale[n] (+ bias): fp8 x fp8 products, fp32 accumulation."""
+    out = torch.empty(a.shape[0], weight.shape[0], dtype=out_dtype, device=a.device)
+    if _has_kernel("fp8_gemm", a.device):
+        _ops.fp8_gemm(out, a, a_scale, weight.qweight, weight.scales, bias)
+        return out
+    return out.copy_(reference.fp8_gemm(a, a_scale, weight.qweight, weight.scales, bias, torch.float32))
+
+
+@torch.library.register_fake("decodekit::quantize_fp8")
+def _quantize_fp8_fake(out, scale, input):
+    return None
+
+
+@torch.library.register_fake("decodekit::fp8_gemm")
+def _fp8_gemm_fake(out, a, a_scale, weight, w_scale, bias):
+    return None
+
+
 def linear(x: torch.Tensor,                      # [M, K]
            weight,                               # [N, K] tensor, or packed: decodekit.quant.Int4Weight / Int8Weight
            bias: torch.Tensor | None = None) -> torch.Tensor:  # [M, N]
@@ -215,6 +251,9 @@ def linear(x: torch.Tensor,                      # [M, K]
     once and the dense path. On the CPU in bf16: decode batches (up to 32 rows) use dense_gemm
     (weights widened to fp32 in registers, near memory bandwidth), prefill-sized ones (128+ rows) an fp32
     GEMM on upcast operands; everything else goes to torch (oneDNN/MKL, cuBLAS on CUDA)."""
+    if isinstance(weight, Fp8Weight):  # W8A8: activations quantized per token, fp8 GEMM
+        q, sc = quantize_fp8(x)
+        return fp8_gemm(q, sc, weight, bias, x.dtype)
     if isinstance(weight, Int4Weight) and weight.perm is not None:  # act-order: inputs in the stored order
         x = x.index_select(1, weight.perm)
         weight = weight.stored()

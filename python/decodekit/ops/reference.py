@@ -294,3 +294,35 @@ def int8_gemm(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, grou
               bias: torch.Tensor | None = None) -> torch.Tensor:  # [M, N] in a's dtype
     out = a @ int8_dequantize(qweight, scales, group_size).to(a.dtype).T
     return out if bias is None else out + bias.to(out.dtype)
+
+
+# ---- fp8 e4m3 W8A8 (include/decodekit/gemm/fp8_gemm.h)
+
+def fp8_dynamic_scale(amax: torch.Tensor) -> torch.Tensor:  # float32
+    """amax / 448 (amax > 0), 1 for amax == 0, NaN for NaN: the scale that maps amax to 448."""
+    amax = amax.float()
+    return torch.where(amax > 0, amax / FP8_E4M3_MAX, torch.where(amax == 0, torch.ones_like(amax), amax))
+
+
+def quantize_fp8(x: torch.Tensor                     # [M, K]
+                 ) -> tuple[torch.Tensor, torch.Tensor]:  # ([M, K] float8_e4m3fn, [M] float32)
+    """Per-row (token) dynamic quantization: scale = max|x| / 448, codes = fp8(x / scale) (fp32
+    division, saturated, round to nearest even)."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=1)
+    amax = torch.where(xf.isnan().any(dim=1), torch.full_like(amax, float("nan")), amax)
+    scale = fp8_dynamic_scale(amax)
+    q = (xf / scale[:, None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def fp8_gemm(a: torch.Tensor,         # [M, K] float8_e4m3fn
+             a_scale: torch.Tensor,   # [M] float32
+             weight: torch.Tensor,    # [N, K] float8_e4m3fn
+             w_scale: torch.Tensor,   # [N] float32
+             bias: torch.Tensor | None = None,
+             dtype: torch.dtype = torch.float64) -> torch.Tensor:  # [M, N]
+    """(a @ w^T) * a_scale[m] * w_scale[n] + bias, computed in `dtype` (float64 for the oracle)."""
+    out = (a.to(dtype) @ weight.to(dtype).T) * a_scale.to(dtype)[:, None] * w_scale.to(dtype)[None, :]
+    return out if bias is None else out + bias.to(dtype)
+

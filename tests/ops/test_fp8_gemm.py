@@ -1,0 +1,94 @@
+"""fp8 e4m3 W8A8: quantize_fp8 (per-token dynamic scales) equals the reference bit for bit, and
+fp8_gemm matches the float64 product of the same codes and scales; Fp8Weight through linear;
+opcheck; errors. CUDA variants run the tensor-core kernel (skipped without a GPU)."""
+import pytest
+import torch
+from torch.library import opcheck
+
+from dk_testing import DEVICES, DTYPES, TOL, randn
+from decodekit import ops
+from decodekit.ops import reference as ref
+from decodekit.quant.fp8 import Fp8Weight, quantize_fp8_weight
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M, K", [(1, 64), (7, 96), (33, 576), (130, 32)])
+def test_quantize_fp8(M, K, dtype, device, gen):
+    buf = randn((M, K + 5), dtype, device, gen, scale=3.0)
+    x = buf[:, 2:K + 2]  # row-strided
+    if M > 3:
+        x[3] = 0           # an all-zero row: scale 1, zero codes
+        x[1, 7] = 1e4      # one large value: the row's scale follows it, small values flush
+    q, s = ops.quantize_fp8(x)
+    rq, rs = ref.quantize_fp8(x.cpu())
+    assert torch.equal(s.cpu(), rs)
+    assert torch.equal(q.cpu().view(torch.uint8), rq.view(torch.uint8))
+    if M > 3:
+        assert s[3].item() == 1.0 and not q[3].float().any()
+
+
+def _check(out, a, a_s, w, bias, dtype):
+    want = ref.fp8_gemm(a.cpu(), a_s.cpu(), w.qweight.cpu(), w.scales.cpu(), None if bias is None else bias.cpu())
+    mag = ref.fp8_gemm(a.cpu().float().abs().to(torch.float8_e4m3fn), a_s.cpu(), w.qweight.cpu().float().abs()
+                       .to(torch.float8_e4m3fn), w.scales.cpu()).abs()
+    got = out.cpu().double()
+    assert not got.isnan().any(), "unwritten (NaN-poisoned) outputs"
+    tol = TOL[dtype]["atol"] + TOL[dtype]["rtol"] * want.abs() + 2e-6 * mag
+    assert ((got - want).abs() <= tol).all(), ((got - want).abs() / tol).max()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M, N, K", [(1, 64, 64), (5, 191, 96), (16, 65, 576), (17, 33, 32), (100, 130, 160)])
+def test_fp8_gemm(M, N, K, dtype, device, gen):
+    x = randn((M, K), dtype, device, gen)
+    w = quantize_fp8_weight(randn((N, K), torch.float32, device, gen, scale=0.05))
+    a, a_s = ops.quantize_fp8(x)
+    bias = randn((N,), dtype, device, gen) if M % 2 else None
+    out = ops.fp8_gemm(a, a_s, w, bias, dtype)
+    _check(out, a, a_s, w, bias, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_linear_fp8_close_to_float(device, gen):
+    """W8A8 through linear: within fp8's precision (3 mantissa bits) of the float product."""
+    x = randn((9, 256), torch.float32, device, gen)
+    wf = randn((80, 256), torch.float32, device, gen, scale=0.05)
+    w = quantize_fp8_weight(wf)
+    assert isinstance(w, Fp8Weight) and w.qweight.dtype == torch.float8_e4m3fn
+    y = ops.linear(x, w).double().cpu()
+    want = (x.double() @ wf.double().T).cpu()
+    rel = (y - want).norm() / want.norm()
+    assert rel < 0.06, rel  # two e4m3 roundings (2^-4 relative each), averaged over K
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_opcheck(device, gen):
+    x = randn((5, 64), torch.bfloat16, device, gen)
+    q = torch.empty(5, 64, dtype=torch.float8_e4m3fn, device=device)
+    s = torch.empty(5, device=device)
+    # test_schema compares tensors with torch ops that have no Float8_e4m3fn kernels (as for the
+    # fp8 KV cache ops); the rest of opcheck runs.
+    utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    opcheck(torch.ops.decodekit.quantize_fp8.default, (q, s, x), test_utils=utils)
+    w = quantize_fp8_weight(randn((40, 64), torch.float32, device, gen))
+    out = torch.empty(5, 40, dtype=torch.bfloat16, device=device)
+    opcheck(torch.ops.decodekit.fp8_gemm.default, (out, q, s, w.qweight, w.scales, None), test_utils=utils)
+
+
+def test_fp8_errors(gen):
+    x = randn((4, 48), torch.float32, "cpu", gen)
+    q, s = ops.quantize_fp8(x)
+    w = quantize_fp8_weight(randn((8, 48), torch.float32, "cpu", gen))
+    out = torch.empty(4, 8)
+    with pytest.raises(RuntimeError, match="K = 48 must be a multiple of 32"):
+        torch.ops.decodekit.fp8_gemm(out, q, s, w.qweight, w.scales, None)
+    q2, s2 = ops.quantize_fp8(randn((4, 64), torch.float32, "cpu", gen))
+    with pytest.raises(RuntimeError, match="'a' .*dtype"):
+        torch.ops.decodekit.fp8_gemm(out, q2.float(), s2, w.qweight, w.scales, None)
+    with pytest.raises(RuntimeError, match="'a_scale'"):
+        torch.ops.decodekit.fp8_gemm(torch.empty(4, 8), q2, s2[:3], quantize_fp8_weight(torch.randn(8, 64)).qweight,
+                                     torch.ones(8), None)
+    with pytest.raises(ValueError, match="Fp8Weight.scales must be float32"):
+        Fp8Weight(w.qweight, w.scales.double())
