@@ -27,7 +27,7 @@ namespace cpu {
 
 // From this many rows of a, int4_gemm / int8_gemm decode each weight panel once to fp32 and run
 // the register-blocked fp32 kernel (int4_tiled.h); fewer rows decode in registers per row block.
-constexpr int64_t kTiledQuantGemmMinM = 9;
+constexpr int64_t kTiledQuantGemmMinM = 8;
 
 struct Int4GemmParams {
   int64_t M, N, K;
