@@ -25,7 +25,7 @@
 namespace dk {
 namespace cpu {
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__F16C__)
 #define DK_TILED_QUANT_GEMM 1
 
 constexpr int kTileMR = 12;          // rows of a per micro-kernel (broadcast)
@@ -90,7 +90,7 @@ inline void tile_kernel_rows(int rows, float* c, int64_t ldc, const float* a, in
 }
 
 // The 16 rows n0 .. n0 + 16 of a strip: lanes past N masked off (their gathers read nothing and
-// their scales are 0, so they decode to 0). idx: each lane's row offset in units of row_bytes.
+// their scales are 0, so they decode to 0). offsets: each lane's row offset in bytes.
 struct TileRows {
   __mmask16 mask;
   int valid;
@@ -101,11 +101,18 @@ struct TileRows {
     offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                  _mm512_set1_epi32(int(row_bytes)));
   }
-  // fp16 values v[(n0 + j) * ld + g] of the valid lanes as fp32 (0 elsewhere).
-  __m512 column(const half_t* v, int64_t n0, int64_t ld, int64_t g) const {
-    alignas(64) float t[16] = {};
-    for (int j = 0; j < valid; ++j) t[j] = half_to_float(v[(n0 + j) * ld + g].bits);
-    return _mm512_load_ps(t);
+  // t[j][i] = fp16 v[(n0 + j) * ld + g0 + i] as fp32 for i < n (<= 8), 0 for rows past N: each
+  // row's groups of the panel converted at once; column(t, i) then reads group i of the 16 rows.
+  void groups(float* t,  // [16][8]
+              const half_t* v, int64_t n0, int64_t ld, int64_t g0, int n) const {
+    const __mmask8 gm = __mmask8((1u << n) - 1);
+    for (int j = 0; j < 16; ++j)
+      _mm256_store_ps(t + j * 8, j < valid ? _mm256_cvtph_ps(_mm_maskz_loadu_epi16(gm, v + (n0 + j) * ld + g0))
+                                           : _mm256_setzero_ps());
+  }
+  static __m512 column(const float* t, int i) {
+    return _mm512_i32gather_ps(_mm512_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120),
+                               t + i, 4);
   }
 };
 
@@ -123,8 +130,11 @@ inline void tile_decode_int4(float* bp,               // [kc][NR]
     const int64_t nb = n0 + 16 * h;
     const TileRows rows(nb, N, K / 2);
     const uint8_t* base = qweight + std::min(nb, N - 1) * (K / 2);
+    alignas(64) float st[16 * 8], mt[16 * 8];  // the panel's scales / mins (kc / G <= 8 groups)
+    rows.groups(st, scales, nb, ng, k0 / G, int(kc / G));
+    rows.groups(mt, mins, nb, ng, k0 / G, int(kc / G));
     for (int64_t g = k0 / G; g < (k0 + kc) / G; ++g) {
-      const __m512 d = rows.column(scales, nb, ng, g), m = rows.column(mins, nb, ng, g);
+      const __m512 d = TileRows::column(st, int(g - k0 / G)), m = TileRows::column(mt, int(g - k0 / G));
       float* dst = bp + (g * G - k0) * kTileNR + 16 * h;
       for (int c = 0; c < half; c += 4) {  // bytes g*half + c .. +3: elements g*G + c + j (low), + half (high)
         const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows.mask, rows.offsets,
@@ -150,8 +160,10 @@ inline void tile_decode_int8(float* bp,              // [kc][NR]
     const int64_t nb = n0 + 16 * h;
     const TileRows rows(nb, N, K);
     const int8_t* base = qweight + std::min(nb, N - 1) * K;
+    alignas(64) float st[16 * 8];  // the panel's scales (kc / G <= 8 groups)
+    rows.groups(st, scales, nb, ng, k0 / G, int(kc / G));
     for (int64_t g = k0 / G; g < (k0 + kc) / G; ++g) {
-      const __m512 d = rows.column(scales, nb, ng, g);
+      const __m512 d = TileRows::column(st, int(g - k0 / G));
       float* dst = bp + (g * G - k0) * kTileNR + 16 * h;
       for (int c = 0; c < G; c += 4) {
         const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows.mask, rows.offsets,
