@@ -164,7 +164,7 @@ void int4_gemm(T* out,                  // [M, N]
   const int G = P.group_size;
   const int64_t ng = K / G;
 #if defined(DK_TILED_QUANT_GEMM)
-  if (M >= kTiledQuantGemmMinM) {
+  if (M >= kTiledQuantGemmMinM && K > 0) {
     int4_gemm_tiled(out, a, P.a_stride, qweight, scales, mins, bias, M, N, K, G);
     return;
   }
@@ -311,7 +311,7 @@ void int8_gemm(T* out,                  // [M, N]
   const int G = P.group_size;
   const int64_t ng = K / G;
 #if defined(DK_TILED_QUANT_GEMM)
-  if (M >= kTiledQuantGemmMinM) {
+  if (M >= kTiledQuantGemmMinM && K > 0) {
     int8_gemm_tiled(out, a, P.a_stride, qweight, scales, bias, M, N, K, G);
     return;
   }

@@ -7,9 +7,11 @@
 // decoded weight; partial sums over K blocks stay in fp32.
 //
 // Work split: tasks = (block of <= mc rows of `a`, ~1 MB of them in fp32: L2) x (group of
-// NR-column strips), handed out dynamically (the machine is shared); each thread converts the
-// rows of `a` it works on to fp32, MR-interleaved, into its own buffer (again only when its next
-// task is on another row block). Layouts: include/decodekit/gemm/int4.h.
+// NR-column strips), handed out dynamically (the machine is shared). fp32 `a` is read in place;
+// bf16 / fp16 rows are converted to fp32 into the thread's own buffer (again only when its next
+// task is on another row block). fp32 outputs are written by the micro-kernel itself (partial
+// sums of later K blocks accumulate there); other types go through an fp32 strip buffer.
+// Needs AVX-512 F/BW/VL and F16C (DK_TILED_QUANT_GEMM); layouts: include/decodekit/gemm/int4.h.
 #pragma once
 #include <algorithm>
 #include <cstdint>
