@@ -8,6 +8,13 @@ CUDA. Rows M = 1, 4 and the kernels' largest (CPU 16, CUDA 8). Bytes counted: th
 (codes + fp16 scales/mins) + activations read + output written, against the copy ceiling; the peer
 (torch's dense linear: oneDNN/MKL or cuBLAS) reads 2-4x more. Each case is checked against float64.
 
+CPU, larger M (batched decode, prefill: M = 32, 256, 2048 on the SmolLM2 shapes plus 192x576 (K/V),
+the CPU kernels' tiled path, include/decodekit/gemm/int4_tiled.h): compute-bound rows in TFLOP/s
+against the measured fp32 matmul rate, two rows per case: the op vs torch's fp32 linear on the
+dequantized weight ("... vs torch fp32"), and vs ops._packed_dense (decode a chunk to the activations'
+dtype, then ops.linear: the pre-tiled CPU route; "... vs packed_dense"). The three are timed in
+alternating rounds (median round kept); weights are not rotated (compute-bound).
+
     python bench/bench_quant.py --device cuda --out bench/results
     python bench/bench_quant.py --device cpu --quick
 """
@@ -26,12 +33,13 @@ except ImportError:  # run from a checkout that is not installed
     import decodekit
 
 from decodekit import ops
-from decodekit.bench import BenchContext, Result, add_common_args, check_close, rel_err, tensor_bytes
+from decodekit.bench import BenchContext, Result, add_common_args, bench, check_close, rel_err, tensor_bytes
 from decodekit.ops import reference
 from decodekit.quant import Int4Weight, Int8Weight
 
 NAME = "quant"
 SHAPES = {"cpu": [(576, 576), (1536, 576), (576, 1536)],
+          "cpu_large": [(576, 576), (192, 576), (1536, 576), (576, 1536)],
           "cuda": [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (1536, 576)]}
 LM_HEAD = (49152, 576)
 
@@ -79,6 +87,46 @@ def case(ctx: BenchContext, kind: str, N: int, K: int, M: int, dtype: torch.dtyp
                                rotate_bytes=tensor_bytes(sets), max_rel_err=err, peer_rel_err=peer_err)
 
 
+def case_large(ctx: BenchContext, kind: str, N: int, K: int, M: int, dtype: torch.dtype,
+               rounds: int = 3) -> list[Result]:
+    """CPU, M > 8: the op (tiled path) vs torch fp32 linear on the decoded weight and vs _packed_dense."""
+    g = torch.Generator().manual_seed(N * 7 + K * 13 + M)
+    w = _int4(N, K, ctx.device, g) if kind == "int4" else _int8(N, K, ctx.device, g)
+    wd = (reference.int4_dequantize(w.qweight, w.scales, w.mins, 32) if kind == "int4"
+          else reference.int8_dequantize(w.qweight, w.scales, 32))                    # [N, K] float32, exact
+    a = torch.randn(M, K, generator=g).to(dtype)
+    af = a.float()
+    out = torch.full((M, N), float("nan"), dtype=dtype)
+    (ops.int4_gemm if kind == "int4" else ops.int8_gemm)(a, w, out=out)
+    ref = a.double() @ wd.double().T
+    err = check_close(out, ref, dtype, f"{kind}_gemm M={M} {N}x{K}")
+    pd_err = rel_err(ops._packed_dense(a, w, None, torch.empty(M, N, dtype=dtype)), ref)
+    peer_err = rel_err(torch.nn.functional.linear(af, wd), ref)
+    del ref
+    if kind == "int4":
+        op = lambda: torch.ops.decodekit.int4_gemm(out, a, w.qweight, w.scales, w.mins, 32, None)  # noqa: E731
+    else:
+        op = lambda: torch.ops.decodekit.int8_gemm(out, a, w.qweight, w.scales, 32, None)  # noqa: E731
+    pd_out = torch.empty(M, N, dtype=dtype)
+    fns = {"op": op, "packed_dense": lambda: ops._packed_dense(a, w, None, pd_out),
+           "torch": lambda: torch.nn.functional.linear(af, wd)}
+    flops = 2.0 * M * N * K
+    warmup = 1 if flops > 2e10 else ctx.warmup
+    runs = {k: [] for k in fns}
+    for _ in range(rounds):  # alternate the three: drift on a shared machine hits all alike
+        for k, fn in fns.items():
+            runs[k].append(bench(fn, warmup=warmup, repeats=ctx.repeats, device=ctx.device,
+                                 max_time_s=ctx.max_time_s / rounds))
+    t = {k: sorted(v, key=lambda x: x.median_s)[len(v) // 2] for k, v in runs.items()}
+    case = f"M={M} {N}x{K} g32"
+    return [Result.from_timings(f"{kind}_gemm vs torch fp32", case, dtype, ctx.device, t["op"], flops=flops,
+                                peer="torch linear (float32) on the decoded weight", peer_timing=t["torch"],
+                                max_rel_err=err, peer_rel_err=peer_err),
+            Result.from_timings(f"{kind}_gemm vs packed_dense", case, dtype, ctx.device, t["op"], flops=flops,
+                                peer=f"ops._packed_dense ({dtype}: decode chunks, ops.linear)",
+                                peer_timing=t["packed_dense"], max_rel_err=err, peer_rel_err=pd_err)]
+
+
 def main(argv: list[str] | None = None) -> list[Result]:
     p = add_common_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     args, unknown = p.parse_known_args(argv)
@@ -97,6 +145,14 @@ def main(argv: list[str] | None = None) -> list[Result]:
                 ctx.add(case(ctx, "int4", N, K, M, dtype))
             if not ctx.quick:
                 ctx.add(case(ctx, "int8", *LM_HEAD, M, dtype))
+        if kind == "cpu":
+            for M in ([32] if ctx.quick else [32, 256, 2048]):
+                for N, K in (SHAPES["cpu_large"][:1] if ctx.quick else SHAPES["cpu_large"]):
+                    for r in case_large(ctx, "int4", N, K, M, dtype):
+                        ctx.add(r)
+                if not ctx.quick:
+                    for r in case_large(ctx, "int8", *LM_HEAD, M, dtype):
+                        ctx.add(r)
     return ctx.finish()
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.library import opcheck
 
-from dk_testing import DEVICES, DTYPES, TOL, randn
+from dk_testing import DEVICES, DTYPES, TOL, randn, strided_rows
 from decodekit import ops
 from decodekit.ops import reference as ref
 from decodekit.quant import Int4Weight, from_gguf_q4_0, from_gguf_q4_1, to_gguf_q4_1
@@ -50,8 +50,28 @@ def test_int4_gemm(N, K, G, M, dtype, device, gen):
     _check_gemm(out, a, w, bias, dtype)
 
 
+# The CPU's larger-M path (include/decodekit/gemm/int4_tiled.h): 12-row blocks (awkward tails),
+# 32-column strips (N not a multiple: masked rows), K blocks of <= 256 (K = 640: 3 blocks of 256,
+# 256, 128 with G = 128), rows of a strided into a NaN-padded buffer, output NaN-poisoned.
+TILED_SHAPES = [(191, 576, 32), (577, 256, 64), (96, 640, 128), (33, 1536, 32)]
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("M", [1, 40])  # decoded on the fly / decoded once then dense
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("M", [9, 13, 37, 100, 257])
+@pytest.mark.parametrize("N, K, G", TILED_SHAPES)
+def test_int4_gemm_tiled(N, K, G, M, with_bias, dtype, device, gen):
+    w = _weight(N, K, G, device, gen)
+    a, _ = strided_rows(M, K, dtype, device, gen)
+    bias = randn((N,), dtype, device, gen) if with_bias else None
+    out = torch.full((M, N), float("nan"), dtype=dtype, device=device)
+    ops.int4_gemm(a, w, bias, out=out)
+    _check_gemm(out, a, w, bias, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("M", [1, 40])  # decoded on the fly / tiled (CPU) or decoded once then dense (CUDA)
 def test_linear_with_int4_weight(M, device, gen):
     w = _weight(96, 256, 64, device, gen)
     a = randn((M, 256), torch.bfloat16, device, gen)
@@ -145,13 +165,31 @@ def test_int8_gemm(N, K, G, M, dtype, device, gen):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("M", [9, 13, 37, 100, 257])
+@pytest.mark.parametrize("N, K, G", TILED_SHAPES)
+def test_int8_gemm_tiled(N, K, G, M, with_bias, dtype, device, gen):
+    w = _weight8(N, K, G, device, gen)
+    a, _ = strided_rows(M, K, dtype, device, gen)
+    bias = randn((N,), dtype, device, gen) if with_bias else None
+    out = torch.full((M, N), float("nan"), dtype=dtype, device=device)
+    ops.int8_gemm(a, w, bias, out=out)
+    wd = ref.int8_dequantize(w.qweight.cpu(), w.scales.cpu(), G).double()
+    want = a.cpu().double() @ wd.T + (0 if bias is None else bias.cpu().double())
+    mag = a.cpu().double().abs() @ wd.abs().T + (0 if bias is None else bias.cpu().double().abs())
+    err = ((out.cpu().double() - want).abs() / (TOL[dtype]["atol"] + (TOL[dtype]["rtol"] + 2e-6) * mag)).max()
+    assert not out.isnan().any() and err <= 1.0, f"int8_gemm error {err:.3f} of the tolerance"
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_int8_embedding_and_linear(device, gen):
     w = _weight8(300, 64, 32, device, gen)
     ids = torch.tensor([5, 0, 299, 5, 17], device=device)
     want = ref.int8_dequantize(w.qweight.cpu(), w.scales.cpu(), 32)[ids.cpu()]
     assert torch.equal(ops.int8_embedding(ids, w, torch.float32).cpu(), want)
     assert torch.equal(ops.int8_dequantize(w, torch.float32).cpu(), ref.int8_dequantize(w.qweight.cpu(), w.scales.cpu(), 32))
-    a = randn((20, 64), torch.float32, device, gen)  # M > 16: decoded once, then dense
+    a = randn((20, 64), torch.float32, device, gen)  # M > 8: tiled (CPU) / decoded once, then dense (CUDA)
     torch.testing.assert_close(ops.linear(a, w).cpu().double(),
                                a.cpu().double() @ ref.int8_dequantize(w.qweight.cpu(), w.scales.cpu(), 32).double().T,
                                rtol=1e-5, atol=1e-5)

@@ -16,6 +16,7 @@
 #include "decodekit/common/dtype.h"
 #include "decodekit/common/macros.h"
 #include "decodekit/gemm/int4_common.h"
+#include "decodekit/gemm/int4_tiled.h"
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -23,6 +24,10 @@
 namespace dk {
 
 namespace cpu {
+
+// From this many rows of a, int4_gemm / int8_gemm decode each weight panel once to fp32 and run
+// the register-blocked fp32 kernel (int4_tiled.h); fewer rows decode in registers per row block.
+constexpr int64_t kTiledQuantGemmMinM = 8;
 
 struct Int4GemmParams {
   int64_t M, N, K;
@@ -158,6 +163,12 @@ void int4_gemm(T* out,                  // [M, N]
   const int64_t M = P.M, N = P.N, K = P.K;
   const int G = P.group_size;
   const int64_t ng = K / G;
+#if defined(DK_TILED_QUANT_GEMM)
+  if (M >= kTiledQuantGemmMinM && K > 0) {
+    int4_gemm_tiled(out, a, P.a_stride, qweight, scales, mins, bias, M, N, K, G);
+    return;
+  }
+#endif
   // activations in fp32 and their per-group sums
   std::vector<float> af(size_t(M * K)), asum(size_t(M * ng));
   for (int64_t m = 0; m < M; ++m)
@@ -299,6 +310,12 @@ void int8_gemm(T* out,                  // [M, N]
   const int64_t M = P.M, N = P.N, K = P.K;
   const int G = P.group_size;
   const int64_t ng = K / G;
+#if defined(DK_TILED_QUANT_GEMM)
+  if (M >= kTiledQuantGemmMinM && K > 0) {
+    int8_gemm_tiled(out, a, P.a_stride, qweight, scales, bias, M, N, K, G);
+    return;
+  }
+#endif
   std::vector<float> af(size_t(M * K));
   for (int64_t m = 0; m < M; ++m)
     for (int64_t k = 0; k < K; ++k) af[size_t(m * K + k)] = to_float(a[m * P.a_stride + k]);

@@ -722,8 +722,9 @@ class BenchContext:
         if not self.args.quiet:
             sp = "-" if result.speedup_vs_peer is None else f"{result.speedup_vs_peer:.2f}x"
             fr = "-" if result.frac_of_ceiling is None else f"{100 * result.frac_of_ceiling:.1f}%"
+            rate = f"{1e3 * result.tflops:8.1f} GF/s" if result.tflops else f"{_fmt(result.gbps, '8.1f')} GB/s"
             print(f"  {result.bench:<20} {result.case:<28} {result.dtype:<8} {result.time_us:9.2f} us "
-                  f"{_fmt(result.gbps, '8.1f')} GB/s {fr:>7} of ceil | peer {_fmt(result.peer_time_us, '9.2f')} us "
+                  f"{rate} {fr:>7} of ceil | peer {_fmt(result.peer_time_us, '9.2f')} us "
                   f"speedup {sp}", flush=True)
             if result.notes:
                 print(f"    note: {result.notes}", flush=True)

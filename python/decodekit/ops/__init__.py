@@ -95,9 +95,10 @@ def dense_gemm(a: torch.Tensor,                 # [M, K], M <= 64
     return out
 
 
-# Packed INT4 weights: rows of `a` up to this go through int4_gemm (weights decoded in registers);
-# more rows decode the weight once (int4_dequantize) and use the dense path.
-_INT4_GEMM_MAX_M = 8  # CPU: bench_quant shows the kernel ahead of the dense path up to M ~ 8 (weights from memory)
+# Packed INT4 / INT8 weights on the CPU: int4_gemm / int8_gemm for every M (up to 8 rows weights
+# decoded in registers; from 9 each weight panel decoded once to fp32 for a register-blocked fp32
+# GEMM, include/decodekit/gemm/int4_tiled.h: bench_quant has it 1.0-2.5x ahead of _packed_dense,
+# decode through prefill). On CUDA, rows past the GEMV kernels' limit go to _packed_dense.
 _CUDA_QUANT_GEMV_MAX_M = 8  # the CUDA GEMV kernels' limit (include/decodekit/gemm/int4.cuh)
 
 
@@ -145,8 +146,9 @@ def _cuda_quant_kernel(a, weight) -> bool:
 
 
 def _packed_dense(x, weight, bias, out):
-    """x @ w^T for a packed weight at larger M: a few MB of rows decoded at a time (cache-resident,
-    no whole-weight buffer to allocate and fault in), each chunk through the dense path."""
+    """x @ w^T for a packed weight at larger M where no kernel takes it (CUDA past the GEMV rows): a
+    few MB of rows decoded at a time (cache-resident, no whole-weight buffer to allocate and fault
+    in), each chunk through the dense path."""
     N, K = weight.shape
     chunk = max(256, (4 << 20) // (4 * K))
     for n0 in range(0, N, chunk):
@@ -247,8 +249,10 @@ def _fp8_gemm_fake(out, a, a_scale, weight, w_scale, bias):
 def linear(x: torch.Tensor,                      # [M, K]
            weight,                               # [N, K] tensor, or packed: decodekit.quant.Int4Weight / Int8Weight
            bias: torch.Tensor | None = None) -> torch.Tensor:  # [M, N]
-    """x @ weight^T + bias. Packed INT4 weights: int4_gemm for decode-sized batches, else decoded
-    once and the dense path. On the CPU in bf16: decode batches (up to 32 rows) use dense_gemm
+    """x @ weight^T + bias. Packed INT4 / INT8 weights: int4_gemm / int8_gemm (CPU: any M; CUDA: GEMV
+    up to 8 rows, INT4 on tensor cores beyond for fp16/bf16, else decoded a chunk at a time and the
+    dense path); act-order INT4 gathers x's columns first; fp8 weights: W8A8 (quantize_fp8 +
+    fp8_gemm). On the CPU in bf16: decode batches (up to 32 rows) use dense_gemm
     (weights widened to fp32 in registers, near memory bandwidth), prefill-sized ones (128+ rows) an fp32
     GEMM on upcast operands; everything else goes to torch (oneDNN/MKL, cuBLAS on CUDA)."""
     if isinstance(weight, Fp8Weight):  # W8A8: activations quantized per token, fp8 GEMM
@@ -258,10 +262,7 @@ def linear(x: torch.Tensor,                      # [M, K]
         x = x.index_select(1, weight.perm)
         weight = weight.stored()
     if isinstance(weight, (Int4Weight, Int8Weight)):
-        if (x.shape[0] <= _INT4_GEMM_MAX_M) if x.device.type == "cpu" else _cuda_quant_kernel(x, weight):
-            return _quant_gemm(x, weight, bias, None)
-        return _packed_dense(x, weight, bias, torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype,
-                                                          device=x.device))
+        return _quant_gemm(x, weight, bias, None)  # CUDA past its kernels' rows: _packed_dense
     if x.device.type == "cpu" and x.dtype == torch.bfloat16 and x.dim() == 2:
         if x.shape[0] <= _DENSE_ROUTE_MAX_M:
             return dense_gemm(x, weight, bias)

@@ -139,9 +139,9 @@ def _scale_rows(scale: torch.Tensor | None, num_kv_heads: int, like: torch.Tenso
     return scale.float().reshape(-1, 1, 1).expand(num_kv_heads, 1, 1).to(like.device)
 
 
-def quantize_fp8(x: torch.Tensor,              # [..., Hk, D]
-                 scale: torch.Tensor | None,   # [1] or [Hk] float32, or None (= 1)
-                 ) -> torch.Tensor:            # [..., Hk, D] float8_e4m3fn
+def quantize_fp8_kv(x: torch.Tensor,              # [..., Hk, D]
+                    scale: torch.Tensor | None,   # [1] or [Hk] float32, or None (= 1)
+                    ) -> torch.Tensor:            # [..., Hk, D] float8_e4m3fn
     """x / scale in float32, saturated to +-448, rounded to nearest even (NaN stays NaN)."""
     Hk = x.shape[-2]
     s = _scale_rows(scale, Hk, x)[:, :, 0]  # [Hk, 1]
@@ -167,15 +167,15 @@ def reshape_and_cache(key: torch.Tensor,          # [T, Hk, D]
                       v_scale: torch.Tensor | None = None,
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns copies of the caches with the new rows written at slot_mapping (an fp8 cache
-    stores quantize_fp8(row, scale))."""
+    stores quantize_fp8_kv(row, scale))."""
     kc, vc = key_cache.clone(), value_cache.clone()
     bs = kc.shape[2]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
     blk, off = slots // bs, slots % bs
     if kc.dtype == torch.float8_e4m3fn:
-        kc[blk, :, off] = quantize_fp8(key[keep], k_scale)
-        vc[blk, :, off] = quantize_fp8(value[keep], v_scale)
+        kc[blk, :, off] = quantize_fp8_kv(key[keep], k_scale)
+        vc[blk, :, off] = quantize_fp8_kv(value[keep], v_scale)
     else:
         kc[blk, :, off] = key[keep].to(kc.dtype)
         vc[blk, :, off] = value[keep].to(vc.dtype)

@@ -1,0 +1,286 @@
+// INT4 / INT8 weight-only GEMM for larger M on the CPU (AVX-512), BLIS style: a panel of the
+// weight (NR = 32 output columns x up to KC of K) is decoded ONCE into an fp32 buffer laid out
+// k-major for the micro-kernel (32 KB: L1), then an MR x NR register-blocked micro-kernel
+// (MR = 12 rows of `a` broadcast, two 16-wide weight vectors, 24 fp32 accumulators) runs it
+// against every MR-row block of `a`. The decoded values are int4_dequantize's exactly
+// (scale * q + min in fp32, one rounding; INT8 scale * q, exact), so this is an fp32 GEMM on the
+// decoded weight; partial sums over K blocks stay in fp32.
+//
+// Work split: tasks = (block of <= mc rows of `a`, ~1 MB of them in fp32: L2) x (group of
+// NR-column strips), handed out dynamically (the machine is shared). fp32 `a` is read in place;
+// bf16 / fp16 rows are converted to fp32 into the thread's own buffer (again only when its next
+// task is on another row block). fp32 outputs are written by the micro-kernel itself (partial
+// sums of later K blocks accumulate there); other types go through an fp32 strip buffer.
+// Needs AVX-512 F/BW/VL and F16C (DK_TILED_QUANT_GEMM); layouts: include/decodekit/gemm/int4.h.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "decodekit/common/dtype.h"
+#include "decodekit/common/macros.h"
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace dk {
+namespace cpu {
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__F16C__)
+#define DK_TILED_QUANT_GEMM 1
+
+constexpr int kTileMR = 12;          // rows of a per micro-kernel (broadcast)
+constexpr int kTileNR = 32;          // output columns per micro-kernel (two 16-wide vectors)
+constexpr int64_t kTileKC = 256;     // K per decoded panel: kTileKC * kTileNR * 4 B = 32 KB
+constexpr int64_t kTileABytes = 1 << 20;  // fp32 rows of a per task
+
+// A 64-byte aligned view into a vector of floats (n usable elements).
+inline float* tile_buffer(std::vector<float>& v, int64_t n) {
+  v.resize(size_t(n + 16));
+  return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t(63));
+}
+
+// rows of a as fp32 (row stride K).
+template <class T>
+inline void tile_rows_to_float(float* af,      // [rows, K]
+                               const T* a,     // [rows, K], row stride a_stride
+                               int64_t a_stride, int64_t rows, int64_t K) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < K; ++k) af[r * K + k] = to_float(a[r * a_stride + k]);
+}
+
+// c[r][:] = init[:] + sum_k a[r][k] * bp[k][:] (init: c itself when null) for the R rows of
+// one block: 2R accumulators; per k two weight vectors and R broadcasts feed 2R FMAs.
+template <int R>
+inline void tile_kernel(float* c,             // [R][NR], row stride ldc
+                        int64_t ldc,
+                        const float* a,       // [R][kc], row stride lda
+                        int64_t lda,
+                        const float* bp,      // [kc][NR]
+                        int64_t kc,
+                        const float* init) {  // [NR] or null
+  __m512 c0[R], c1[R];
+  for (int r = 0; r < R; ++r) {
+    c0[r] = _mm512_loadu_ps(init ? init : c + r * ldc);
+    c1[r] = _mm512_loadu_ps(init ? init + 16 : c + r * ldc + 16);
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m512 b0 = _mm512_load_ps(bp + k * kTileNR), b1 = _mm512_load_ps(bp + k * kTileNR + 16);
+    for (int r = 0; r < R; ++r) {
+      const __m512 av = _mm512_set1_ps(a[r * lda + k]);
+      c0[r] = _mm512_fmadd_ps(av, b0, c0[r]);
+      c1[r] = _mm512_fmadd_ps(av, b1, c1[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(c + r * ldc, c0[r]);
+    _mm512_storeu_ps(c + r * ldc + 16, c1[r]);
+  }
+}
+
+inline void tile_kernel_rows(int rows, float* c, int64_t ldc, const float* a, int64_t lda, const float* bp,
+                             int64_t kc, const float* init) {
+  switch (rows) {  // compile-time row counts keep the accumulators in registers
+#define DK_TILE_CASE(R) \
+    case R: return tile_kernel<R>(c, ldc, a, lda, bp, kc, init);
+    DK_TILE_CASE(1) DK_TILE_CASE(2) DK_TILE_CASE(3) DK_TILE_CASE(4) DK_TILE_CASE(5) DK_TILE_CASE(6)
+    DK_TILE_CASE(7) DK_TILE_CASE(8) DK_TILE_CASE(9) DK_TILE_CASE(10) DK_TILE_CASE(11)
+#undef DK_TILE_CASE
+    default: return tile_kernel<kTileMR>(c, ldc, a, lda, bp, kc, init);
+  }
+}
+
+// The 16 rows n0 .. n0 + 16 of a strip: lanes past N masked off (their gathers read nothing and
+// their scales are 0, so they decode to 0). offsets: each lane's row offset in bytes.
+struct TileRows {
+  __mmask16 mask;
+  int valid;
+  __m512i offsets;
+  TileRows(int64_t n0, int64_t N, int64_t row_bytes) {
+    valid = int(std::clamp<int64_t>(N - n0, 0, 16));
+    mask = __mmask16((1u << valid) - 1);
+    offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                 _mm512_set1_epi32(int(row_bytes)));
+  }
+  // t[j][i] = fp16 v[(n0 + j) * ld + g0 + i] as fp32 for i < n (<= 8), 0 for rows past N: each
+  // row's groups of the panel converted at once; column(t, i) then reads group i of the 16 rows.
+  void groups(float* t,  // [16][8]
+              const half_t* v, int64_t n0, int64_t ld, int64_t g0, int n) const {
+    const __mmask8 gm = __mmask8((1u << n) - 1);
+    for (int j = 0; j < 16; ++j)
+      _mm256_store_ps(t + j * 8, j < valid ? _mm256_cvtph_ps(_mm_maskz_loadu_epi16(gm, v + (n0 + j) * ld + g0))
+                                           : _mm256_setzero_ps());
+  }
+  static __m512 column(const float* t, int i) {
+    return _mm512_i32gather_ps(_mm512_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120),
+                               t + i, 4);
+  }
+};
+
+// bp[k - k0][j] = w[n0 + j, k] for k in [k0, k0 + kc), j < NR (0 for rows past N). Each gather
+// fetches 4 code bytes of 16 rows: 8 decoded k of INT4 (4 low nibbles, 4 high), 4 of INT8.
+inline void tile_decode_int4(float* bp,               // [kc][NR]
+                             const uint8_t* qweight,  // [N, K / 2]
+                             const half_t* scales,    // [N, K / G]
+                             const half_t* mins,      // [N, K / G]
+                             int64_t N, int64_t K, int G, int64_t n0, int64_t k0, int64_t kc) {
+  const int64_t ng = K / G;
+  const int half = G / 2;
+  const __m512i low4 = _mm512_set1_epi32(15);
+  for (int h = 0; h < kTileNR / 16; ++h) {
+    const int64_t nb = n0 + 16 * h;
+    const TileRows rows(nb, N, K / 2);
+    const uint8_t* base = qweight + std::min(nb, N - 1) * (K / 2);
+    alignas(64) float st[16 * 8], mt[16 * 8];  // the panel's scales / mins (kc / G <= 8 groups)
+    rows.groups(st, scales, nb, ng, k0 / G, int(kc / G));
+    rows.groups(mt, mins, nb, ng, k0 / G, int(kc / G));
+    for (int64_t g = k0 / G; g < (k0 + kc) / G; ++g) {
+      const __m512 d = TileRows::column(st, int(g - k0 / G)), m = TileRows::column(mt, int(g - k0 / G));
+      float* dst = bp + (g * G - k0) * kTileNR + 16 * h;
+      for (int c = 0; c < half; c += 4) {  // bytes g*half + c .. +3: elements g*G + c + j (low), + half (high)
+        const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows.mask, rows.offsets,
+                                                      base + g * half + c, 1);
+        for (int j = 0; j < 4; ++j) {
+          const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(v, 8 * j), low4);
+          const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(v, 8 * j + 4), low4);
+          // d * q + m: the product is exact, so the fused form rounds once, as int4_weight
+          _mm512_store_ps(dst + (c + j) * kTileNR, _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), d, m));
+          _mm512_store_ps(dst + (half + c + j) * kTileNR, _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), d, m));
+        }
+      }
+    }
+  }
+}
+
+inline void tile_decode_int8(float* bp,              // [kc][NR]
+                             const int8_t* qweight,  // [N, K]
+                             const half_t* scales,   // [N, K / G]
+                             int64_t N, int64_t K, int G, int64_t n0, int64_t k0, int64_t kc) {
+  const int64_t ng = K / G;
+  for (int h = 0; h < kTileNR / 16; ++h) {
+    const int64_t nb = n0 + 16 * h;
+    const TileRows rows(nb, N, K);
+    const int8_t* base = qweight + std::min(nb, N - 1) * K;
+    alignas(64) float st[16 * 8];  // the panel's scales (kc / G <= 8 groups)
+    rows.groups(st, scales, nb, ng, k0 / G, int(kc / G));
+    for (int64_t g = k0 / G; g < (k0 + kc) / G; ++g) {
+      const __m512 d = TileRows::column(st, int(g - k0 / G));
+      float* dst = bp + (g * G - k0) * kTileNR + 16 * h;
+      for (int c = 0; c < G; c += 4) {
+        const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows.mask, rows.offsets,
+                                                      base + g * G + c, 1);
+        for (int j = 0; j < 4; ++j) {  // byte j, sign-extended; d * q is exact
+          const __m512i q = _mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * j), 24);
+          _mm512_store_ps(dst + (c + j) * kTileNR, _mm512_mul_ps(_mm512_cvtepi32_ps(q), d));
+        }
+      }
+    }
+  }
+}
+
+// out[m, n] = sum_k a[m, k] * w[n, k] (+ bias[n]) with decode(bp, n0, k0, kc) writing the
+// decoded panel (tile_decode_int4 / _int8 bound to a weight). K a multiple of G (and of 4).
+template <class T, class Decode>
+void tiled_quant_gemm(T* out,          // [M, N]
+                      const T* a,      // [M, K], row stride a_stride
+                      int64_t a_stride,
+                      const T* bias,   // [N] or null
+                      int64_t M, int64_t N, int64_t K, int G, Decode decode) {
+  constexpr int MR = kTileMR, NR = kTileNR;
+  const int64_t strips = (N + NR - 1) / NR;
+  const bool parallel = M * N * K >= kParallelGrain;
+#if defined(_OPENMP)
+  const int64_t threads = parallel ? omp_get_max_threads() : 1;
+#else
+  const int64_t threads = 1;
+#endif
+  // row blocks of a: about kTileABytes of fp32 each, MR-aligned, as even as they can be
+  const int64_t mc_max = std::max<int64_t>(MR, kTileABytes / (4 * K) / MR * MR);
+  int64_t nmb = (M + mc_max - 1) / mc_max;
+  // strip groups: ~4 per thread (balance on a shared machine); few strips: more row blocks
+  const int64_t per_group = std::max<int64_t>(1, strips / (4 * threads));
+  const int64_t groups = (strips + per_group - 1) / per_group;
+  if (groups * nmb < threads) nmb = std::min((M + MR - 1) / MR, (threads + groups - 1) / groups);
+  const int64_t mc = ((M + nmb - 1) / nmb + MR - 1) / MR * MR;
+  nmb = (M + mc - 1) / mc;
+  // K blocks: as even as they can be, multiples of G
+  const int64_t nkb = (K + kTileKC - 1) / kTileKC;
+  const int64_t kc = ((K + nkb - 1) / nkb + G - 1) / G * G;
+#pragma omp parallel if (parallel)
+  {
+  // this thread's rows of a in fp32 (unless T is float), decoded panel, partial sums, bias strip
+  std::vector<float> af_buf, bp_buf, c_buf, init_buf;
+  float* af = std::is_same_v<T, float> ? nullptr : tile_buffer(af_buf, mc * K);
+  float* bp = tile_buffer(bp_buf, kc * NR);
+  float* cb = tile_buffer(c_buf, mc * NR);
+  float* init = tile_buffer(init_buf, NR);
+  int64_t converted = -1;  // the row block in af
+#pragma omp for schedule(dynamic, 1)
+  for (int64_t t = 0; t < nmb * groups; ++t) {
+    const int64_t ib = t / groups, m0 = ib * mc, rows = std::min(mc, M - m0);
+    const float* ab;  // [rows, K], row stride lda
+    int64_t lda;
+    if constexpr (std::is_same_v<T, float>) {
+      ab = a + m0 * a_stride;
+      lda = a_stride;
+    } else {
+      if (ib != converted) tile_rows_to_float(af, a + m0 * a_stride, a_stride, rows, K);
+      converted = ib;
+      ab = af;
+      lda = K;
+    }
+    const int64_t s1 = std::min(strips, (t % groups + 1) * per_group);
+    for (int64_t s = (t % groups) * per_group; s < s1; ++s) {
+      const int64_t n0 = s * NR;
+      const int cols = int(std::min<int64_t>(NR, N - n0));
+      for (int j = 0; j < NR; ++j) init[j] = bias && j < cols ? to_float(bias[n0 + j]) : 0.f;
+      // fp32 output, whole strip: the kernel writes out itself; else partial sums in cb
+      const bool direct = std::is_same_v<T, float> && cols == NR;
+      float* c = direct ? reinterpret_cast<float*>(out) + m0 * N + n0 : cb;
+      const int64_t ldc = direct ? N : NR;
+      for (int64_t k0 = 0; k0 < K; k0 += kc) {
+        const int64_t kcur = std::min(kc, K - k0);
+        decode(bp, n0, k0, kcur);
+        for (int64_t r0 = 0; r0 < rows; r0 += MR)
+          tile_kernel_rows(int(std::min<int64_t>(MR, rows - r0)), c + r0 * ldc, ldc, ab + r0 * lda + k0, lda, bp,
+                           kcur, k0 == 0 ? init : nullptr);
+      }
+      if (!direct)
+        for (int64_t r = 0; r < rows; ++r)
+          for (int j = 0; j < cols; ++j) out[(m0 + r) * N + n0 + j] = from_float<T>(cb[r * NR + j]);
+    }
+  }
+  }
+}
+
+template <class T>
+void int4_gemm_tiled(T* out,                  // [M, N]
+                     const T* a,              // [M, K], row stride a_stride
+                     int64_t a_stride,
+                     const uint8_t* qweight,  // [N, K / 2]
+                     const half_t* scales,    // [N, K / G]
+                     const half_t* mins,      // [N, K / G]
+                     const T* bias,           // [N] or null
+                     int64_t M, int64_t N, int64_t K, int G) {
+  tiled_quant_gemm(out, a, a_stride, bias, M, N, K, G, [&](float* bp, int64_t n0, int64_t k0, int64_t kc) {
+    tile_decode_int4(bp, qweight, scales, mins, N, K, G, n0, k0, kc);
+  });
+}
+
+template <class T>
+void int8_gemm_tiled(T* out,                 // [M, N]
+                     const T* a,             // [M, K], row stride a_stride
+                     int64_t a_stride,
+                     const int8_t* qweight,  // [N, K]
+                     const half_t* scales,   // [N, K / G]
+                     const T* bias,          // [N] or null
+                     int64_t M, int64_t N, int64_t K, int G) {
+  tiled_quant_gemm(out, a, a_stride, bias, M, N, K, G, [&](float* bp, int64_t n0, int64_t k0, int64_t kc) {
+    tile_decode_int8(bp, qweight, scales, N, K, G, n0, k0, kc);
+  });
+}
+#endif
+
+}  // namespace cpu
+}  // namespace dk
