@@ -5,7 +5,9 @@ latency:    one request at a time: prefill tokens/s (time to first token) and de
             figure is also given as weight bytes read per second over the measured copy
             bandwidth (the memory-bound limit of a decode step).
 throughput: --num-prompts requests submitted at once (continuous batching): output
-            tokens/s and total tokens/s.
+            tokens/s and total tokens/s over the whole run, and the steady-state decode rate
+            (decode_phase_tok_s: tokens generated in steps that schedule no prompt tokens,
+            over those steps' time).
 
 Peers in the same run (--peer hf, default): HF transformers on the same weights (a manual
 greedy loop with its KV cache for latency, batched generate() for throughput), and
@@ -202,9 +204,15 @@ def throughput(args) -> dict:
     for pr in prompts:
         eng.add_request(None, pr, p)
     steps = 0
+    dec_t, dec_tok = 0.0, 0  # steady state: steps that schedule no prompt tokens (pure decode batches)
     while eng.has_unfinished_requests():
+        g0, ts = eng.stats["generation_tokens"], time.perf_counter()
         eng.step()
         steps += 1
+        made = eng.stats["generation_tokens"] - g0
+        if made > 0 and eng.stats["last_step_tokens"] == made:  # one token per sequence: no prompt tokens
+            dec_t += time.perf_counter() - ts
+            dec_tok += made
     dt = time.perf_counter() - t0
     n_out = args.num_prompts * args.output_len
     res = {"bench": "throughput", "model": eng.model_source, "device": device_name(eng.device),
@@ -212,6 +220,8 @@ def throughput(args) -> dict:
            "input_len": args.input_len, "output_len": args.output_len, "threads": torch.get_num_threads(),
            "decodekit": {"elapsed_s": dt, "output_tok_s": n_out / dt,
                          "total_tok_s": (n_out + args.num_prompts * args.input_len) / dt, "steps": steps,
+                         "decode_phase_tok_s": dec_tok / dec_t if dec_t > 0 else None,
+                         "decode_phase_steps_s": dec_t,
                          "prefix_cache_hit_rate": eng.kv_manager.prefix_cache_hit_rate,
                          "preemptions": eng.scheduler.num_preemptions,
                          "kv_cache_blocks": eng.kv_manager.num_blocks}}

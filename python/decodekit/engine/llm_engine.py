@@ -116,7 +116,7 @@ class LLMEngine:
         self._groups: dict[str, _Group] = {}
         self._seq_of: dict[str, _Seq] = {}
         self._ids = itertools.count()
-        self.stats = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0}
+        self.stats = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0, "last_step_tokens": 0}
 
     # ------------------------------------------------------------------ sizing
     def _num_kv_blocks(self) -> int:
@@ -306,6 +306,7 @@ class LLMEngine:
                     info[r.request_id] = (lp[i] if lp else None,
                                           (extra[0][i], extra[1][i], extra[2][i]) if extra else None)
         self.stats["steps"] += 1
+        self.stats["last_step_tokens"] = so.num_scheduled_tokens if so.scheduled else 0
         finished = self.scheduler.update_from_output(so, sampled)
         now = time.monotonic()
         for rid, toks in sampled.items():
