@@ -6,6 +6,7 @@ the same float projections at the same group size, so the perplexity increase ov
 is the quantizer's own damage:
   rtn   round to nearest (quant.quantize_rtn), asymmetric, fp16 scale + min
   gptq  GPTQ with act-order (quant.gptq_quantizer), calibrated on the start of the pydoc text
+  fp8   W8A8 e4m3 (quant.fp8): per-channel weight scales, per-token activation scales
 Evaluation text: the end of the pydoc topic texts (disjoint from the calibration part), in
 --seqs windows of --seq-len tokens.
 
@@ -23,6 +24,7 @@ import torch
 
 from decodekit import LLM
 from decodekit.quant import quantize_rtn
+from decodekit.quant.fp8 import quantize_fp8_weight
 from decodekit.quant.gptq_quantizer import calibration_forward, calibration_text, gptq_quantize_model
 
 
@@ -62,21 +64,22 @@ def main() -> None:
     t = time.perf_counter()
     res["float"] = perplexity(base, windows)
     print(f"float (dequantized file): ppl {res['float']:.4f} ({time.perf_counter() - t:.0f} s)")
-    for name in ("rtn", "gptq"):
+    for name in ("rtn", "gptq", "fp8"):
         m = copy.copy(base)
         m.layers = [copy.copy(L) for L in base.layers]
         t = time.perf_counter()
-        if name == "rtn":
+        if name in ("rtn", "fp8"):
             for L in m.layers:
                 for n in ("qkv", "o", "gate_up", "down"):
-                    setattr(L, n, quantize_rtn(getattr(L, n), a.group))
+                    w = getattr(L, n)
+                    setattr(L, n, quantize_rtn(w, a.group) if name == "rtn" else quantize_fp8_weight(w))
         else:
             gptq_quantize_model(m, lambda: calibration_forward(m, calib), group_size=a.group, act_order=True)
         tq = time.perf_counter() - t
         p = perplexity(m, windows)
         res[name] = p
         res[name + "_quantize_s"] = tq
-        print(f"{name} g{a.group}: ppl {p:.4f} (+{100 * (p / res['float'] - 1):.2f}% over float; quantized in {tq:.0f} s)")
+        print(f"{name}{'' if name == 'fp8' else f' g{a.group}'}: ppl {p:.4f} (+{100 * (p / res['float'] - 1):.2f}% over float; quantized in {tq:.0f} s)")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)

@@ -42,7 +42,7 @@ FAMILIES=(
   "rope: rope rotary"
   "activation: activation silu"
   "attention: attention paged reshape_and_cache fp8 copy_blocks swap_blocks"
-  "quant: quant int4 int8"
+  "quant: quant int4 int8 fp8_gemm"
 )
 # part: cap in seconds (the most it may take; the global budget can cut it).
 PARTS=(
