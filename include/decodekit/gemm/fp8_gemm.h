@@ -15,6 +15,9 @@
 #include "decodekit/common/dtype.h"
 #include "decodekit/common/fp8.h"
 #include "decodekit/common/macros.h"
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 namespace dk::cpu {
 
@@ -51,6 +54,32 @@ void quantize_fp8(uint8_t* q,            // [M, K] e4m3 codes, contiguous
   }
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__F16C__)
+// 16 e4m3 codes -> fp32 times 2^-8, exactly: the code's sign, exponent and mantissa moved into
+// fp16 fields ((b & 0x80) << 8 | (b & 0x7f) << 7) make an fp16 of value x * 2^-8 (normals and
+// subnormals alike, since e4m3's exponent range fits fp16's), widened by vcvtph2ps. (The NaN
+// codes come out as 480 * 2^-8; the quantizers never produce them from finite inputs, and a NaN
+// input row has a NaN scale, which the epilogue propagates.)
+inline __m512 fp8x16_to_ps_scaled(const uint8_t* p) {
+  const __m256i h = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x80)), 8);
+  const __m256i mag = _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7f)), 7);
+  return _mm512_cvtph_ps(_mm256_or_si256(sign, mag));
+}
+
+// Rows m0 .. m0 + MM of out for weight row n: sum_k af[m][k] * w[k] * 2^-8 with 16-wide FMAs.
+template <int MM>
+inline void fp8_dot_rows(const float* af, int64_t K, const uint8_t* wr, float* res) {
+  __m512 acc[MM];
+  for (int r = 0; r < MM; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    const __m512 w = fp8x16_to_ps_scaled(wr + k);
+    for (int r = 0; r < MM; ++r) acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(af + r * K + k), w, acc[r]);
+  }
+  for (int r = 0; r < MM; ++r) res[r] = _mm512_reduce_add_ps(acc[r]) * 256.f;
+}
+#endif
+
 template <class T>
 void fp8_gemm(T* out,                 // [M, N]
               const uint8_t* a,       // [M, K] e4m3, contiguous
@@ -69,9 +98,27 @@ void fp8_gemm(T* out,                 // [M, N]
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
       const uint8_t* wr = w + n * K;
-      for (int64_t k = 0; k < K; ++k) wf[size_t(k)] = lut[wr[k]];
       const float ws = w_scale[n];
       const float b = bias ? to_float(bias[n]) : 0.f;
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__F16C__)
+      if (K % 16 == 0) {  // codes widened in registers; each weight row read once per 4 rows of a
+        for (int64_t m0 = 0; m0 < M; m0 += kRows) {
+          const int64_t mm = std::min(kRows, M - m0);
+          float acc[kRows];
+          const float* a0 = &af[size_t(m0 * K)];
+          switch (mm) {
+            case 1: fp8_dot_rows<1>(a0, K, wr, acc); break;
+            case 2: fp8_dot_rows<2>(a0, K, wr, acc); break;
+            case 3: fp8_dot_rows<3>(a0, K, wr, acc); break;
+            default: fp8_dot_rows<4>(a0, K, wr, acc); break;
+          }
+          for (int64_t r = 0; r < mm; ++r)
+            out[(m0 + r) * N + n] = from_float<T>(acc[r] * a_scale[m0 + r] * ws + b);
+        }
+        continue;
+      }
+#endif
+      for (int64_t k = 0; k < K; ++k) wf[size_t(k)] = lut[wr[k]];
       for (int64_t m0 = 0; m0 < M; m0 += kRows) {
         const int64_t mm = std::min(kRows, M - m0);
         float acc[kRows] = {0.f, 0.f, 0.f, 0.f};
