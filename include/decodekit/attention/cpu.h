@@ -183,6 +183,35 @@ inline __m512 hsum16(const __m512 (&v)[16]) {
                        _mm512_shuffle_f32x4(d01, d23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+// exp_nonpos on 16 lanes (the same range reduction and polynomial, with FMAs).
+inline __m512 exp_nonpos16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.3981999507e-3f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+// softmax_block for up to 16 scores in one vector (the scalar loop's exp did not vectorize
+// for a run-time count and dominated the decode kernel).
+inline float softmax_block16(float* s, int valid, float mx, OnlineSoftmax& sm) {
+  const float corr = sm.rescale(mx);
+  const __mmask16 k = valid >= 16 ? __mmask16(0xffff) : __mmask16((1u << valid) - 1u);
+  const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, s), _mm512_set1_ps(sm.m));
+  const __m512 p = _mm512_maskz_mov_ps(k, exp_nonpos16(x));
+  _mm512_mask_storeu_ps(s, k, p);
+  sm.add(_mm512_reduce_add_ps(p));
+  return corr;
+}
+
 // attend_block for a compile-time head_dim D (a multiple of 16): q and the accumulator row
 // stay in D / 16 zmm registers for the whole block (no reload/store per key).
 template <int D>
@@ -216,7 +245,7 @@ inline void attend_block_avx512(const float* q, const float* kf, const float* vf
     s[j] = dot;
     mx = std::max(mx, dot);
   }
-  const float corr = softmax_block(s, valid, mx, sm);
+  const float corr = valid <= 16 ? softmax_block16(s, valid, mx, sm) : softmax_block(s, valid, mx, sm);
   __m512 a[NC];
   const __m512 cv = _mm512_set1_ps(corr);
   for (int c = 0; c < NC; ++c) a[c] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * c), cv);
