@@ -1,0 +1,149 @@
+// Weight-quantized GEMM microbenchmarks: INT4 (group-split nibbles + fp16 scale/min) and fp8 W8A8.
+// Built twice: as C++ (bench_quant: CPU kernels of gemm/int4.h, gemm/fp8_gemm.h) and, through
+// bench_quant.cu, by nvcc (bench_quant_cuda: quant_gemv for M <= 8, the tensor-core int4_gemm_mma
+// beyond; fp8_gemm). Method: see bench_common.h (rotating slots, L2 flushed on the GPU, medians).
+//
+// Bytes per call = the packed weight (+ scales) + activations + output: at small M the weight
+// dominates and the GB/s against the copy ceiling is the figure of merit (decode reads every weight
+// once per step); flops = 2 M N K (TFLOP/s for the large-M cases). Compare with bf16 at 2 bytes per
+// weight: an INT4 kernel at the same fraction of the copy bandwidth is ~3.6x faster than a
+// bandwidth-bound bf16 GEMV.
+// Shapes: GPU: Llama-3-8B projections (qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down 4096x14336;
+// INT4 groups of 128) at M = 1, 4, 16, 64, 512; CPU: SmolLM2-135M (576x576, 1536x576, 576x1536; groups
+// of 32) at M = 1, 8, 32 and the 8B down projection at M = 1. --quick: fewer shapes.
+#include <string>
+
+#include "bench_common.h"
+#include "decodekit/gemm/fp8_gemm.h"
+#include "decodekit/gemm/int4.h"
+#if defined(__CUDACC__)
+#include "decodekit/gemm/fp8_gemm.cuh"
+#include "decodekit/gemm/int4.cuh"
+#include "decodekit/gemm/int4_mma.cuh"
+#endif
+
+namespace {
+
+struct Shape { int64_t N, K; int G; const char* name; };
+
+std::vector<Shape> shapes(bool quick) {
+#if defined(__CUDACC__)
+  if (quick) return {{6144, 4096, 128, "8b.qkv"}, {4096, 14336, 128, "8b.down"}};
+  return {{6144, 4096, 128, "8b.qkv"}, {4096, 4096, 128, "8b.o"}, {28672, 4096, 128, "8b.gate_up"},
+          {4096, 14336, 128, "8b.down"}};
+#else
+  if (quick) return {{1536, 576, 32, "smol.gate_up"}};
+  return {{576, 576, 32, "smol.q"}, {1536, 576, 32, "smol.gate_up"}, {576, 1536, 32, "smol.down"},
+          {4096, 14336, 128, "8b.down"}};
+#endif
+}
+
+std::vector<int64_t> batch(bool quick, const Shape& s) {
+#if defined(__CUDACC__)
+  (void)s;
+  return quick ? std::vector<int64_t>{1, 64} : std::vector<int64_t>{1, 4, 16, 64, 512};
+#else
+  if (s.K == 14336) return {1};
+  return quick ? std::vector<int64_t>{1, 32} : std::vector<int64_t>{1, 8, 32};
+#endif
+}
+
+template <class T>
+void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M) {
+  const int64_t N = sh.N, K = sh.K, ng = K / sh.G;
+  const int G = sh.G;
+  auto carve = [=](char* s, uint8_t*& q, dk::half_t*& sc, dk::half_t*& mn, T*& a, T*& out) {
+    dkb::Carver c{s};
+    q = c.take<uint8_t>(N * K / 2);     // [N, K/2]
+    sc = c.take<dk::half_t>(N * ng);    // [N, K/G]
+    mn = c.take<dk::half_t>(N * ng);    // [N, K/G]
+    a = c.take<T>(M * K);               // [M, K]
+    out = c.take<T>(M * N);             // [M, N]
+    return c.used;
+  };
+  dkb::Case c;
+  c.bench = "int4_gemm";
+  c.shape = std::string(sh.name) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + " G=" + std::to_string(G) +
+            " M=" + std::to_string(M);
+  c.dtype = dkb::DtypeName<T>::value;
+  c.bytes = double(N) * K / 2 + 4.0 * N * ng + double(M) * (K + N) * sizeof(T);
+  c.flops = 2.0 * M * N * K;
+  uint8_t* q; dk::half_t *sc, *mn; T *a, *out;
+  c.slot_bytes = carve(nullptr, q, sc, mn, a, out);
+  c.big = M * N * K > (int64_t(1) << 33);
+  c.cpu = [=](char* s) {
+    uint8_t* q; dk::half_t *sc, *mn; T *a, *out;
+    carve(s, q, sc, mn, a, out);
+    dk::cpu::int4_gemm<T>(out, a, q, sc, mn, nullptr, dk::cpu::Int4GemmParams{M, N, K, G, K});
+  };
+#if defined(__CUDACC__)
+  c.gpu = [=](char* s, cudaStream_t st) {
+    using D = dkb::cuda_t<T>;
+    uint8_t* q; dk::half_t *sc, *mn; T *a, *out;
+    carve(s, q, sc, mn, a, out);
+    const __half* hs = reinterpret_cast<const __half*>(sc);
+    const __half* hm = reinterpret_cast<const __half*>(mn);
+    if (M <= dk::cuda::kQuantGemvRows)
+      return dk::cuda::quant_gemv<D>(reinterpret_cast<D*>(out), reinterpret_cast<const D*>(a), K, q, hs, hm, nullptr,
+                                     int(M), N, K, G, true, st);
+    return dk::cuda::int4_gemm_mma<D>(reinterpret_cast<D*>(out), reinterpret_cast<const D*>(a), K, q, hs, hm, nullptr,
+                                      M, N, K, G, st);
+  };
+#endif
+  cases.push_back(std::move(c));
+}
+
+template <class T>
+void add_fp8(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M) {
+  const int64_t N = sh.N, K = sh.K;
+  auto carve = [=](char* s, uint8_t*& a, float*& as, uint8_t*& w, float*& ws, T*& out) {
+    dkb::Carver c{s};
+    a = c.take<uint8_t>(M * K);   // [M, K] e4m3
+    as = c.take<float>(M);        // [M]
+    w = c.take<uint8_t>(N * K);   // [N, K] e4m3
+    ws = c.take<float>(N);        // [N]
+    out = c.take<T>(M * N);       // [M, N]
+    return c.used;
+  };
+  dkb::Case c;
+  c.bench = "fp8_gemm";
+  c.shape = std::string(sh.name) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + " M=" + std::to_string(M);
+  c.dtype = dkb::DtypeName<T>::value;
+  c.bytes = double(N) * K + 4.0 * (N + M) + double(M) * K + double(M) * N * sizeof(T);
+  c.flops = 2.0 * M * N * K;
+  uint8_t *a, *w; float *as, *ws; T* out;
+  c.slot_bytes = carve(nullptr, a, as, w, ws, out);
+  c.big = M * N * K > (int64_t(1) << 33);
+  c.cpu = [=](char* s) {
+    uint8_t *a, *w; float *as, *ws; T* out;
+    carve(s, a, as, w, ws, out);
+    dk::cpu::fp8_gemm<T>(out, a, as, w, ws, nullptr, M, N, K);
+  };
+#if defined(__CUDACC__)
+  c.gpu = [=](char* s, cudaStream_t st) {
+    using D = dkb::cuda_t<T>;
+    uint8_t *a, *w; float *as, *ws; T* out;
+    carve(s, a, as, w, ws, out);
+    return dk::cuda::fp8_gemm<D>(reinterpret_cast<D*>(out), a, as, w, ws, nullptr, M, N, K, st);
+  };
+#endif
+  cases.push_back(std::move(c));
+}
+
+template <class T>
+void add_cases(std::vector<dkb::Case>& cases, bool quick) {
+  if constexpr (sizeof(T) == 4) {
+#if defined(__CUDACC__)
+    return;  // the tensor-core paths take fp16 / bf16
+#endif
+  }
+  for (const Shape& sh : shapes(quick))
+    for (int64_t M : batch(quick, sh)) {
+      add_int4<T>(cases, sh, M);
+      add_fp8<T>(cases, sh, M);
+    }
+}
+
+}  // namespace
+
+DKB_BENCH_MAIN("bench_quant", add_cases)
