@@ -228,6 +228,40 @@ inline Fp8Args fp8_gemm_args(const at::Tensor& out, const at::Tensor& a, const a
   return f;
 }
 
+// rejection_sample (include/decodekit/sampling/rejection.h): out [B, k+1] int64, num_emitted [B]
+// int32, draft_tokens [B, k] int64, num_draft [B] int32, draft_probs [B, k, V] float32 (optional),
+// target_probs [B, k+1, V] float32, seeds / positions [B] int64; all contiguous, one device.
+struct SpecArgs {
+  int64_t B, k, V;
+};
+
+inline SpecArgs rejection_sample_args(const at::Tensor& out, const at::Tensor& num_emitted,
+                                      const at::Tensor& draft_tokens, const at::Tensor& num_draft,
+                                      const std::optional<at::Tensor>& draft_probs, const at::Tensor& target_probs,
+                                      const at::Tensor& seeds, const at::Tensor& positions) {
+  const char* op = "decodekit::rejection_sample";
+  SpecArgs a{};
+  Check(op, "draft_tokens", draft_tokens).dim(2).dtype({at::kLong}).contiguous();
+  a.B = draft_tokens.size(0);
+  a.k = draft_tokens.size(1);
+  Check(op, "target_probs", target_probs).dim(3).size(0, a.B, "B").size(1, a.k + 1, "k + 1").dtype({at::kFloat})
+      .device_as(draft_tokens, "draft_tokens").contiguous();
+  a.V = target_probs.size(2);
+  check_range<int64_t>(op, "vocab size (target_probs.size(2))", a.V, 1, INT32_MAX);
+  if (draft_probs.has_value())
+    Check(op, "draft_probs", *draft_probs).dim(3).size(0, a.B, "B").size(1, a.k, "k").size(2, a.V, "V")
+        .dtype({at::kFloat}).device_as(draft_tokens, "draft_tokens").contiguous();
+  Check(op, "num_draft", num_draft).dim(1).size(0, a.B, "B").dtype({at::kInt}).device_as(draft_tokens, "draft_tokens")
+      .contiguous();
+  for (auto [t, name] : {std::pair{&seeds, "seeds"}, std::pair{&positions, "positions"}})
+    Check(op, name, *t).dim(1).size(0, a.B, "B").dtype({at::kLong}).device_as(draft_tokens, "draft_tokens").contiguous();
+  Check(op, "out", out).dim(2).size(0, a.B, "B").size(1, a.k + 1, "k + 1").dtype({at::kLong})
+      .device_as(draft_tokens, "draft_tokens").contiguous();
+  Check(op, "num_emitted", num_emitted).dim(1).size(0, a.B, "B").dtype({at::kInt})
+      .device_as(draft_tokens, "draft_tokens").contiguous();
+  return a;
+}
+
 // int4_dequantize (mins given, out [N, K]) / int8_dequantize_rows (mins null, out [R, K] for
 // ids [R] int64; the ids' range is the device launcher's business).
 inline GemmArgs quant_dequantize_args(const char* op, const at::Tensor& out, const at::Tensor& qweight,

@@ -43,6 +43,15 @@ TORCH_LIBRARY(decodekit, m) {
   m.def("quantize_fp8(Tensor(a!) out, Tensor(b!) scale, Tensor input) -> ()");
   m.def("fp8_gemm(Tensor(a!) out, Tensor a, Tensor a_scale, Tensor weight, Tensor w_scale, Tensor? bias) -> ()");
 
+  // Speculative-decoding verification (include/decodekit/sampling/rejection.h): per request b,
+  // the first num_draft[b] of draft_tokens [B, k] (int64) checked against target_probs [B, k+1, V]
+  // (float32) with draft_probs [B, k, V] (float32; None: one-hot drafts), Philox numbers keyed by
+  // seeds [B] / positions [B] (int64: the first draft's position); writes out [B, k+1] int64 (the
+  // emitted tokens, -1 after them) and num_emitted [B] int32 (1 .. num_draft + 1). greedy:
+  // temperature 0 (argmax).
+  m.def("rejection_sample(Tensor(a!) out, Tensor(b!) num_emitted, Tensor draft_tokens, Tensor num_draft, "
+        "Tensor? draft_probs, Tensor target_probs, Tensor seeds, Tensor positions, bool greedy) -> ()");
+
   // Paged KV cache: [num_blocks, num_kv_heads, block_size, head_dim] per layer for K and V,
   // in the activations' dtype or fp8 e4m3 (Float8_e4m3fn: stored x / scale, saturated at
   // +-448; k_scale / v_scale float32 [1] or [num_kv_heads], absent = 1).

@@ -246,6 +246,34 @@ def _fp8_gemm_fake(out, a, a_scale, weight, w_scale, bias):
     return None
 
 
+def rejection_sample(draft_tokens: torch.Tensor,        # [B, k] int64
+                     num_draft: torch.Tensor,           # [B] int32 (0 .. k)
+                     draft_probs: torch.Tensor | None,  # [B, k, V] float32 (None: one-hot drafts)
+                     target_probs: torch.Tensor,        # [B, k+1, V] float32
+                     seeds: torch.Tensor,               # [B] int64
+                     positions: torch.Tensor,           # [B] int64: each request's first draft position
+                     greedy: bool = False,
+                     ) -> tuple[torch.Tensor, torch.Tensor]:  # ([B, k+1] int64, [B] int32)
+    """Speculative-decoding verification (exact: the emitted tokens follow the target distribution).
+    Returns the emitted tokens (-1 after them) and how many each request emitted (1 .. n + 1)."""
+    B, k = draft_tokens.shape
+    dev = draft_tokens.device
+    out = torch.empty(B, k + 1, dtype=torch.int64, device=dev)
+    n = torch.empty(B, dtype=torch.int32, device=dev)
+    if _has_kernel("rejection_sample", dev):
+        _ops.rejection_sample(out, n, draft_tokens, num_draft, draft_probs, target_probs, seeds, positions, greedy)
+        return out, n
+    ro, rn = reference.rejection_sample(draft_tokens.cpu(), num_draft.cpu(), None if draft_probs is None else
+                                        draft_probs.cpu(), target_probs.cpu(), seeds.cpu(), positions.cpu(), greedy)
+    return out.copy_(ro), n.copy_(rn)
+
+
+@torch.library.register_fake("decodekit::rejection_sample")
+def _rejection_sample_fake(out, num_emitted, draft_tokens, num_draft, draft_probs, target_probs, seeds, positions,
+                           greedy):
+    return None
+
+
 def linear(x: torch.Tensor,                      # [M, K]
            weight,                               # [N, K] tensor, or packed: decodekit.quant.Int4Weight / Int8Weight
            bias: torch.Tensor | None = None) -> torch.Tensor:  # [M, N]

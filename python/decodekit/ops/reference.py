@@ -326,3 +326,84 @@ def fp8_gemm(a: torch.Tensor,         # [M, K] float8_e4m3fn
     out = (a.to(dtype) @ weight.to(dtype).T) * a_scale.to(dtype)[:, None] * w_scale.to(dtype)[None, :]
     return out if bias is None else out + bias.to(dtype)
 
+
+# ---- speculative-decoding verification (include/decodekit/sampling/rejection.h)
+
+def _spec_accept_uniform(seeds, positions):  # [B] float32
+    from decodekit.sampling.philox import MASK32, philox4x32, seed_to_key, uniform
+    k0, k1 = seed_to_key(seeds)
+    w = philox4x32((0, positions & MASK32, (positions >> 32) & MASK32, 1), (k0, k1))
+    return uniform(w[0])
+
+
+def _spec_sample(w, seeds, positions):  # w [B, V] >= 0 -> [B] int64 (-1: all zero)
+    from decodekit.sampling.philox import gumbel_from_uniform, token_uniforms
+    g = gumbel_from_uniform(token_uniforms(seeds, positions, w.shape[1], stream=2))
+    key = torch.where(w > 0, torch.log(w) + g, torch.full_like(w, float("-inf")))
+    idx = key.argmax(dim=1)
+    return torch.where(torch.isinf(key.max(dim=1).values), torch.full_like(idx, -1), idx)
+
+
+def rejection_sample(draft_tokens: torch.Tensor,        # [B, k] int64
+                     num_draft: torch.Tensor,           # [B] int32
+                     draft_probs: torch.Tensor | None,  # [B, k, V] float32 (None: one-hot drafts)
+                     target_probs: torch.Tensor,        # [B, k+1, V] float32
+                     seeds: torch.Tensor,               # [B] int64
+                     positions: torch.Tensor,           # [B] int64
+                     greedy: bool,
+                     variant: str | None = None,        # tests only: a deliberately broken rule
+                     ) -> tuple[torch.Tensor, torch.Tensor]:  # ([B, k+1] int64, [B] int32)
+    """The verification rule of include/decodekit/sampling/rejection.h, vectorised over requests.
+    variant (to show the statistical tests catch them): "resample_from_p" (at a rejection sample p
+    instead of max(p - q, 0)), "bonus_wrong_row" (bonus from row n - 1), "accept_if_p_ge_q"
+    (accept iff p(x) >= q(x), no randomness)."""
+    B, k = draft_tokens.shape
+    V = target_probs.shape[2]
+    p = target_probs.float()
+    seeds, positions = seeds.long(), positions.long()
+    nd = num_draft.long()
+    out = torch.full((B, k + 1), -1, dtype=torch.int64)
+    emitted = torch.zeros(B, dtype=torch.int32)
+    active = torch.ones(B, dtype=torch.bool)
+    for i in range(k + 1):
+        pos = positions + i
+        pi = p[:, i]
+        last = active & (nd == i)
+        if last.any():
+            row = p[:, i - 1] if variant == "bonus_wrong_row" and i > 0 else pi
+            tok = row.argmax(dim=1) if greedy else _spec_sample(row, seeds, pos)
+            out[last, i] = tok[last]
+            emitted[last] = i + 1
+            active &= ~last
+        if i == k:
+            break
+        has = active & (nd > i)
+        x = draft_tokens[:, i]
+        if greedy:
+            t = pi.argmax(dim=1)
+            out[has, i] = t[has]
+            rej = has & (t != x)
+        else:
+            in_vocab = (x >= 0) & (x < V)
+            xc = x.clamp(0, V - 1)
+            px = torch.where(in_vocab, pi.gather(1, xc[:, None])[:, 0], torch.zeros(B))
+            if draft_probs is not None:
+                qi = draft_probs[:, i].float()
+                qx = torch.where(in_vocab, qi.gather(1, xc[:, None])[:, 0], torch.zeros(B))
+            else:
+                qi = torch.nn.functional.one_hot(xc, V).float() * in_vocab[:, None]
+                qx = torch.ones(B)
+            if variant == "accept_if_p_ge_q":
+                acc = has & in_vocab & (px >= qx)
+            else:
+                acc = has & in_vocab & (qx > 0) & (_spec_accept_uniform(seeds, pos) * qx < px)
+            rej = has & ~acc
+            resid = pi if variant == "resample_from_p" else (pi - qi).clamp_min(0)
+            t = _spec_sample(resid, seeds, pos)
+            t = torch.where(t < 0, _spec_sample(pi, seeds, pos), t)
+            out[acc, i] = x[acc]
+            out[rej, i] = t[rej]
+        emitted[rej] = i + 1
+        active &= ~rej
+    return out, emitted
+

@@ -1,0 +1,47 @@
+// CPU launcher for rejection_sample (the rule in include/decodekit/sampling/rejection.h).
+#include <torch/library.h>
+
+#include "../op_args.h"
+#include "dispatch.h"
+#include "decodekit/sampling/rejection.h"
+
+namespace {
+
+void rejection_sample_cpu(at::Tensor& out,                         // [B, k+1] int64
+                          at::Tensor& num_emitted,                 // [B] int32
+                          const at::Tensor& draft_tokens,          // [B, k] int64
+                          const at::Tensor& num_draft,             // [B] int32
+                          const std::optional<at::Tensor>& draft_probs,  // [B, k, V] float32
+                          const at::Tensor& target_probs,          // [B, k+1, V] float32
+                          const at::Tensor& seeds,                 // [B] int64
+                          const at::Tensor& positions,             // [B] int64
+                          bool greedy) {
+  const char* op = "decodekit::rejection_sample";
+  const dk::SpecArgs a = dk::rejection_sample_args(out, num_emitted, draft_tokens, num_draft, draft_probs,
+                                                   target_probs, seeds, positions);
+  const int32_t* nd = num_draft.data_ptr<int32_t>();
+  for (int64_t b = 0; b < a.B; ++b)
+    TORCH_CHECK(nd[b] >= 0 && nd[b] <= a.k, op, ": 'num_draft'[", b, "] = ", nd[b], " is outside [0, k = ", a.k, "]");
+  const int64_t* draft = draft_tokens.data_ptr<int64_t>();
+  const float* p = target_probs.data_ptr<float>();
+  const float* q = draft_probs.has_value() ? draft_probs->data_ptr<float>() : nullptr;
+  const int64_t* seed = seeds.data_ptr<int64_t>();
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  int64_t* o = out.data_ptr<int64_t>();
+  int32_t* ne = num_emitted.data_ptr<int32_t>();
+  const int64_t k = a.k, V = a.V;
+  DK_OMP_PARALLEL_FOR_IF(a.B * (k + 1) * V >= dk::kParallelGrain)
+  for (int64_t b = 0; b < a.B; ++b) {
+    const float* pb = p + b * (k + 1) * V;
+    const float* qb = q ? q + b * k * V : nullptr;
+    int64_t* ob = o + b * (k + 1);
+    for (int64_t i = 0; i <= k; ++i) ob[i] = -1;
+    ne[b] = dk::spec_verify(draft + b * k, nd[b], [&](int i, int64_t v) { return pb[i * V + v]; },
+                            [&](int i, int64_t v) { return qb[i * V + v]; }, qb != nullptr, V, uint64_t(seed[b]),
+                            uint64_t(pos[b]), greedy, ob);
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(decodekit, CPU, m) { m.impl("rejection_sample", &rejection_sample_cpu); }
