@@ -127,3 +127,15 @@ def test_rejection_sample_errors():
         ops.rejection_sample(draft, torch.tensor([1, 1], dtype=torch.int32), None, p[:, :3], seeds, seeds)
     with pytest.raises(RuntimeError, match="'draft_probs'"):
         ops.rejection_sample(draft, torch.tensor([1, 1], dtype=torch.int32), p[:, :2], p, seeds, seeds)
+
+
+def test_rejection_sample_opcheck():
+    from torch.library import opcheck
+    gen = torch.Generator().manual_seed(0)
+    draft, p, q = _case(3, 2, 9, gen)
+    nd = torch.tensor([0, 2, 1], dtype=torch.int32)
+    seeds = torch.tensor([1, 2, 3])
+    out = torch.empty(3, 3, dtype=torch.int64)
+    n = torch.empty(3, dtype=torch.int32)
+    for qq, greedy in ((q, False), (None, True)):
+        opcheck(torch.ops.decodekit.rejection_sample.default, (out, n, draft, nd, qq, p, seeds, seeds, greedy))
