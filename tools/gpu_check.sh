@@ -43,6 +43,7 @@ FAMILIES=(
   "activation: activation silu"
   "attention: attention paged reshape_and_cache fp8 copy_blocks swap_blocks"
   "quant: quant int4 int8 fp8_gemm"
+  "spec: rejection_sample philox"
 )
 # part: cap in seconds (the most it may take; the global budget can cut it).
 PARTS=(

@@ -84,6 +84,11 @@ template <class T>
 cudaError_t fp8_gemm(T* out, const uint8_t* a, const float* a_scale, const uint8_t* w, const float* w_scale,
                      const T* bias, int64_t M, int64_t N, int64_t K, cudaStream_t stream);
 
+// include/decodekit/sampling/rejection.cuh (defined in sampling.cu)
+cudaError_t rejection_sample_launch(int64_t* out, int32_t* num_emitted, const int64_t* draft, const int32_t* num_draft,
+                                    const float* q, const float* p, const int64_t* seeds, const int64_t* positions,
+                                    int64_t B, int64_t k, int64_t V, bool greedy, cudaStream_t stream);
+
 // Head dims paged_attention has kernels for (paged_attention_head_dim_ok in paged.cuh).
 inline constexpr int kPagedAttentionHeadDims[] = {64, 128, 256};
 

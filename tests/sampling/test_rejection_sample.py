@@ -11,6 +11,7 @@ import pytest
 import torch
 from scipy import stats
 
+from dk_testing import cuda_only
 from decodekit import ops
 from decodekit.ops import reference as ref
 
@@ -139,3 +140,21 @@ def test_rejection_sample_opcheck():
     n = torch.empty(3, dtype=torch.int32)
     for qq, greedy in ((q, False), (None, True)):
         opcheck(torch.ops.decodekit.rejection_sample.default, (out, n, draft, nd, qq, p, seeds, seeds, greedy))
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
+@pytest.mark.parametrize("greedy", [False, True])
+def test_cuda_equals_cpu(device, greedy):
+    """The CUDA kernel emits the CPU kernel's tokens on identical inputs (V larger than the CTA)."""
+    gen = torch.Generator().manual_seed(9)
+    B, k, V = 40, 4, 1000
+    draft, p, q = _case(B, k, V, gen, True, sharp=3.0)
+    draft[::3] = p[::3, :k].argmax(-1)
+    nd = torch.randint(0, k + 1, (B,), generator=gen, dtype=torch.int32)
+    seeds = torch.randint(0, 2 ** 62, (B,), generator=gen)
+    pos = torch.randint(0, 2 ** 40, (B,), generator=gen)
+    for qq in (q, None):
+        co, cn = ops.rejection_sample(draft, nd, qq, p, seeds, pos, greedy)
+        go, gn = ops.rejection_sample(*(t.to(device) for t in (draft, nd)), None if qq is None else qq.to(device),
+                                      *(t.to(device) for t in (p, seeds, pos)), greedy)
+        assert torch.equal(go.cpu(), co) and torch.equal(gn.cpu(), cn)

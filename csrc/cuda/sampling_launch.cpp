@@ -1,0 +1,40 @@
+// Torch launcher for rejection_sample (CUDA dispatch key); the kernel is in sampling.cu
+// (include/decodekit/sampling/rejection.cuh). num_draft is not range-checked here (that would need a
+// device-to-host copy): the kernel clamps it to [0, k].
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "../op_args.h"
+#include "dispatch.h"
+#include "launchers.h"
+
+namespace {
+
+void rejection_sample_cuda(at::Tensor& out,                         // [B, k+1] int64
+                           at::Tensor& num_emitted,                 // [B] int32
+                           const at::Tensor& draft_tokens,          // [B, k] int64
+                           const at::Tensor& num_draft,             // [B] int32
+                           const std::optional<at::Tensor>& draft_probs,  // [B, k, V] float32
+                           const at::Tensor& target_probs,          // [B, k+1, V] float32
+                           const at::Tensor& seeds,                 // [B] int64
+                           const at::Tensor& positions,             // [B] int64
+                           bool greedy) {
+  const char* op = "decodekit::rejection_sample";
+  const dk::SpecArgs a = dk::rejection_sample_args(out, num_emitted, draft_tokens, num_draft, draft_probs,
+                                                   target_probs, seeds, positions);
+  dk::check_cuda(op, "draft_tokens", draft_tokens);
+  if (a.B == 0) return;
+  c10::cuda::OptionalCUDAGuard guard(draft_tokens.device());
+  dk::check_launch(op, dk::cuda::rejection_sample_launch(
+                           out.data_ptr<int64_t>(), num_emitted.data_ptr<int32_t>(), draft_tokens.data_ptr<int64_t>(),
+                           num_draft.data_ptr<int32_t>(),
+                           draft_probs.has_value() ? draft_probs->data_ptr<float>() : nullptr,
+                           target_probs.data_ptr<float>(), seeds.data_ptr<int64_t>(), positions.data_ptr<int64_t>(),
+                           a.B, a.k, a.V, greedy, c10::cuda::getCurrentCUDAStream()));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(decodekit, CUDA, m) { m.impl("rejection_sample", &rejection_sample_cuda); }

@@ -1,0 +1,85 @@
+// Emulator test of include/decodekit/sampling/rejection.cuh (dk::cuda::rejection_sample) against the
+// CPU rule (dk::spec_verify of sampling/rejection.h, as csrc/cpu/sampling.cpp calls it): identical
+// tokens and counts for random requests (with and without draft probabilities, greedy, ragged
+// draft counts incl. 0, vocabularies smaller and larger than the CTA, out-of-vocabulary drafts,
+// exact-tie rows), and num_draft outside [0, k] clamped.
+#include "shim.h"
+#include "decodekit/sampling/rejection.cuh"
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+static std::mt19937 rng(11);
+static int fails = 0, checks = 0;
+
+static void run(int B, int k, int64_t V, bool with_q, bool greedy, bool ties) {
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  std::uniform_int_distribution<int64_t> tok(0, V - 1);
+  std::vector<float> p(size_t(B) * (k + 1) * V), q(with_q ? size_t(B) * k * V : 0);
+  auto fill = [&](float* row) {
+    float s = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      row[v] = ties ? float(1 + (v % 3 == 0)) : std::exp(4.f * u(rng));
+      s += row[v];
+    }
+    for (int64_t v = 0; v < V; ++v) row[v] /= s;
+  };
+  for (int64_t r = 0; r < int64_t(B) * (k + 1); ++r) fill(&p[size_t(r * V)]);
+  for (int64_t r = 0; with_q && r < int64_t(B) * k; ++r) fill(&q[size_t(r * V)]);
+  std::vector<int64_t> draft(size_t(B) * k), seeds(B), pos(B);
+  std::vector<int32_t> nd(B);
+  for (int b = 0; b < B; ++b) {
+    nd[b] = int32_t(rng() % (k + 1));
+    seeds[b] = int64_t(rng()) << 20 | int64_t(rng() & 0xfffff);
+    pos[b] = int64_t(rng() % 100000);
+    for (int i = 0; i < k; ++i) {
+      // half the drafts the target's argmax (long greedy runs), a few outside the vocabulary
+      const float* pi = &p[size_t((int64_t(b) * (k + 1) + i) * V)];
+      int64_t am = 0;
+      for (int64_t v = 1; v < V; ++v) am = pi[v] > pi[am] ? v : am;
+      draft[size_t(b * k + i)] = (rng() % 2) ? am : (rng() % 17 == 0 ? V + 3 : tok(rng));
+    }
+  }
+  nd[0] = k;
+  std::vector<int64_t> out(size_t(B) * (k + 1), 77), want(out.size(), -1);
+  std::vector<int32_t> n(B, -5), nwant(B);
+  dk::cuda::rejection_sample(out.data(), n.data(), draft.data(), nd.data(), with_q ? q.data() : nullptr, p.data(),
+                             seeds.data(), pos.data(), B, k, V, greedy, nullptr);
+  for (int b = 0; b < B; ++b) {
+    const float* pb = &p[size_t(int64_t(b) * (k + 1) * V)];
+    const float* qb = with_q ? &q[size_t(int64_t(b) * k * V)] : nullptr;
+    nwant[b] = dk::spec_verify(&draft[size_t(b * k)], nd[b], [&](int i, int64_t v) { return pb[i * V + v]; },
+                               [&](int i, int64_t v) { return qb[i * V + v]; }, with_q, V, uint64_t(seeds[b]),
+                               uint64_t(pos[b]), greedy, &want[size_t(b * (k + 1))]);
+  }
+  ++checks;
+  if (out != want || n != nwant) {
+    for (int b = 0; b < B; ++b)
+      if (n[b] != nwant[b]) { printf("FAIL B=%d k=%d V=%ld q=%d greedy=%d ties=%d: request %d emitted %d, want %d\n", B, k, long(V), with_q, greedy, ties, b, n[b], nwant[b]); break; }
+    if (n == nwant) printf("FAIL B=%d k=%d V=%ld q=%d greedy=%d: tokens differ\n", B, k, long(V), with_q, greedy);
+    ++fails;
+  }
+}
+
+int main() {
+  for (int64_t V : {7, 256, 1000})
+    for (bool q : {true, false})
+      for (bool g : {false, true}) run(9, 4, V, q, g, false);
+  run(5, 3, 300, true, true, true);   // exact ties: the lowest token, as the CPU scan
+  run(5, 3, 300, false, false, true);
+  run(3, 1, 40000, true, false, false);
+  // num_draft outside [0, k]: clamped (the CPU launcher rejects it)
+  {
+    std::vector<float> p(2 * 3 * 5, 0.2f);
+    std::vector<int64_t> d = {1, 2, 3, 4}, s = {1, 2}, po = {0, 0}, o(6, 9);
+    std::vector<int32_t> nd = {-3, 7}, n(2);
+    dk::cuda::rejection_sample(o.data(), n.data(), d.data(), nd.data(), nullptr, p.data(), s.data(), po.data(), 2, 2, 5,
+                               true, nullptr);
+    ++checks;
+    if (n[0] != 1 || n[1] < 1 || n[1] > 3) { printf("FAIL clamp: %d %d\n", n[0], n[1]); ++fails; }
+  }
+  printf("test_spec: %d checks, %d failures, %ld launches\n", checks, fails, dk_emu::launches.load());
+  return fails != 0;
+}
