@@ -275,36 +275,6 @@ template <class T> float bits_to_float(uint16_t h) {
   if constexpr (std::is_same_v<T, __half>) return __half2float(x);
   else return __bfloat162float(x);
 }
-// D (16x8 fp32) += A (16x16) * B (16x8), fragments as in mma.cuh.
-template <class T>
-void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  const int lane = blk->cur->lane;
-  uint32_t* mine = xslot(lane);
-  for (int i = 0; i < 4; ++i) mine[i] = a[i];
-  mine[4] = b[0];
-  mine[5] = b[1];
-  warp_wait();
-  auto A = [&](int r, int k) {  // A[r][k]
-    const uint32_t* s = xslot((r % 8) * 4 + (k % 8) / 2);
-    const uint32_t w = s[(r >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)];
-    return bits_to_float<T>(uint16_t(k % 2 ? w >> 16 : w & 0xffff));
-  };
-  auto B = [&](int k, int n) {  // B[k][n]
-    const uint32_t* s = xslot(n * 4 + (k % 8) / 2);
-    const uint32_t w = s[4 + (k >= 8 ? 1 : 0)];
-    return bits_to_float<T>(uint16_t(k % 2 ? w >> 16 : w & 0xffff));
-  };
-  const int g = lane / 4, c = 2 * (lane % 4);
-  float r[4];
-  for (int i = 0; i < 4; ++i) {
-    const int row = g + (i >= 2 ? 8 : 0), col = c + (i & 1);
-    float acc = d[i];
-    for (int k = 0; k < 16; ++k) acc += A(row, k) * B(k, col);
-    r[i] = acc;
-  }
-  warp_wait();
-  for (int i = 0; i < 4; ++i) d[i] = r[i];
-}
 // e4m3 code -> float (the same exact conversion as common/fp8.h, written out here so that the
 // shim does not depend on the headers under test).
 inline float fp8_e4m3_value(uint8_t b) {
@@ -313,33 +283,40 @@ inline float fp8_e4m3_value(uint8_t b) {
   const float mag = exp ? std::ldexp(1.f + float(man) / 8.f, exp - 7) : std::ldexp(float(man), -9);
   return sign ? -mag : mag;
 }
-// D (16x8 fp32) += A (16x32 e4m3) * B (32x8 e4m3), fragments as in gemm/fp8_gemm.cuh.
-inline void mma_m16n8k32_e4m3(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+// D (16x8 fp32) += A (16xK) * B (Kx8) for the mma.sync shapes with E = K / 8 elements per 32-bit
+// register (m16n8k16 half/bf16: E = 2; m16n8k32 e4m3: E = 4). Lane l, g = l / 4, t = l % 4 holds
+// A[g (+8)][E t .. E t + E - 1 (+ K/2)] in a0..a3 and B[E t .. (+ K/2)][g] in b0, b1; element e of a
+// register is value(word, e). The lanes exchange their fragments between two warp barriers.
+template <int K, class Value>
+void mma_sync(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], Value value) {
+  constexpr int E = K / 8, H = K / 2;
   const int lane = blk->cur->lane;
   uint32_t* mine = xslot(lane);
   for (int i = 0; i < 4; ++i) mine[i] = a[i];
   mine[4] = b[0];
   mine[5] = b[1];
   warp_wait();
-  auto byte = [](uint32_t w, int i) { return uint8_t(w >> (8 * i)); };
-  auto A = [&](int r, int k) {  // A[r][k]: lane (r % 8) * 4 + (k % 16) / 4, register (r >= 8) + 2 (k >= 16)
-    const uint32_t* s = xslot((r % 8) * 4 + (k % 16) / 4);
-    return fp8_e4m3_value(byte(s[(r >= 8 ? 1 : 0) + (k >= 16 ? 2 : 0)], k % 4));
+  auto A = [&](int r, int k) {
+    return value(xslot((r % 8) * 4 + (k % H) / E)[(r >= 8 ? 1 : 0) + (k >= H ? 2 : 0)], k % E);
   };
-  auto B = [&](int k, int n) {  // B[k][n]: lane n * 4 + (k % 16) / 4, register (k >= 16)
-    const uint32_t* s = xslot(n * 4 + (k % 16) / 4);
-    return fp8_e4m3_value(byte(s[4 + (k >= 16 ? 1 : 0)], k % 4));
-  };
+  auto B = [&](int k, int n) { return value(xslot(n * 4 + (k % H) / E)[4 + (k >= H ? 1 : 0)], k % E); };
   const int g = lane / 4, c = 2 * (lane % 4);
   float r[4];
   for (int i = 0; i < 4; ++i) {
     const int row = g + (i >= 2 ? 8 : 0), col = c + (i & 1);
     float acc = d[i];
-    for (int k = 0; k < 32; ++k) acc += A(row, k) * B(k, col);
+    for (int k = 0; k < K; ++k) acc += A(row, k) * B(k, col);
     r[i] = acc;
   }
   warp_wait();
   for (int i = 0; i < 4; ++i) d[i] = r[i];
+}
+template <class T>
+void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  mma_sync<16>(d, a, b, [](uint32_t w, int e) { return bits_to_float<T>(uint16_t(w >> (16 * e))); });
+}
+inline void mma_m16n8k32_e4m3(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  mma_sync<32>(d, a, b, [](uint32_t w, int e) { return fp8_e4m3_value(uint8_t(w >> (8 * e))); });
 }
 inline void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr, bool trans) {
   const int lane = blk->cur->lane;
