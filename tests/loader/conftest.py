@@ -21,6 +21,17 @@ def gguf_path() -> str:
 
 
 @pytest.fixture(scope="session")
+def hf_tok(gguf_path):
+    """The embedded model's tokenizer as HF transformers loads it (to save next to tiny HF models)."""
+    import warnings
+    transformers = pytest.importorskip("transformers")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return transformers.AutoTokenizer.from_pretrained(os.path.dirname(gguf_path),
+                                                          gguf_file=os.path.basename(gguf_path))
+
+
+@pytest.fixture(scope="session")
 def smollm(gguf_path):
     from decodekit.loader import load_model
     return load_model(gguf_path, progress=False)

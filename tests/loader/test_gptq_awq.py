@@ -13,8 +13,9 @@ import torch
 
 from decodekit import ops
 from decodekit.loader import ModelLoadError, load_model
-from decodekit.models import AttentionMetadata, LlamaModel
+from decodekit.models import LlamaModel
 from decodekit.quant import Int4Weight, from_awq, from_gptq, to_awq, to_gptq
+from decodekit.quant.gptq_quantizer import calibration_forward
 
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
 
@@ -151,14 +152,6 @@ _PROJ = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.
          "mlp.up_proj", "mlp.down_proj")
 
 
-@pytest.fixture(scope="module")
-def hf_tok(gguf_path):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return transformers.AutoTokenizer.from_pretrained(os.path.dirname(gguf_path),
-                                                          gguf_file=os.path.basename(gguf_path))
-
-
 def _quantized_dir(tmp_path, hf_tok, method: str, act_order: bool):
     """A tiny Llama whose projections are 4-bit (RTN codes of its random weights) in `method`'s
     checkpoint format; returns (dir, HF model with the dequantized float64->fp32 weights)."""
@@ -219,15 +212,7 @@ def _quantized_dir(tmp_path, hf_tok, method: str, act_order: bool):
 
 
 def _prefill_logits(m, ids):
-    model = LlamaModel(m.config, dict(m.weights))
-    bs = 16
-    nb = (len(ids) + bs - 1) // bs
-    kv = model.allocate_kv_cache(nb, bs)
-    n = len(ids)
-    md = AttentionMetadata(torch.arange(n), torch.arange(n), torch.arange(nb, dtype=torch.int32)[None],
-                           torch.tensor([n], dtype=torch.int32), torch.tensor([0, n], dtype=torch.int32),
-                           torch.arange(n))
-    return model.forward(torch.tensor(ids), md, kv)
+    return calibration_forward(LlamaModel(m.config, dict(m.weights)), [ids])
 
 
 @pytest.mark.parametrize("method,act_order", [("gptq", False), ("gptq", True), ("awq", False)])
@@ -287,7 +272,6 @@ def test_quantize_cli_saves_and_reloads_exactly(tmp_path, hf_tok, method):
     engine's quantized weights (and the same logits), without quantizing again."""
     from decodekit import LLM
     from decodekit.cli import main
-    from decodekit.quant.gptq_quantizer import calibration_forward
     torch.manual_seed(1)
     cfg = transformers.Qwen2Config(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,

@@ -15,14 +15,6 @@ from decodekit.loader import ModelLoadError, load_model, resolve_model
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(scope="module")
-def hf_tok(gguf_path):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return transformers.AutoTokenizer.from_pretrained(os.path.dirname(gguf_path),
-                                                          gguf_file=os.path.basename(gguf_path))
-
-
 def _save(tmp_path, name, model, hf_tok=None, **save_kw):
     d = tmp_path / name
     with warnings.catch_warnings():
