@@ -58,22 +58,17 @@ class _Group:
         return all(s.out.finish_reason is not None for s in self.seqs)
 
 
-def _quantize_projections_rtn(weights: dict) -> None:
-    """--quantization int4-rtn: the float projection weights (q/k/v/o, gate/up/down) become packed
-    INT4 (round to nearest, groups of 32), in place; already-packed or non-multiple-of-32 ones stay."""
+def _quantize_projections(weights: dict, method: str) -> None:
+    """--quantization int4-rtn / fp8, in place: the float projection weights (q/k/v/o, gate/up/down)
+    become packed INT4 (round to nearest, groups of 32) or fp8 e4m3 with per-output-channel scales
+    (activations then quantized per token at run time); already-packed ones and those whose K is not
+    a multiple of 32 stay."""
     from decodekit.quant import quantize_rtn
-    for name, w in list(weights.items()):
-        if name.endswith("_proj.weight") and isinstance(w, torch.Tensor) and w.dim() == 2 and w.shape[1] % 32 == 0:
-            weights[name] = quantize_rtn(w, 32)
-
-
-def _quantize_projections_fp8(weights: dict) -> None:
-    """--quantization fp8: the float projection weights become fp8 e4m3 with per-output-channel
-    scales (decodekit.quant.fp8), in place; activations are quantized per token at run time."""
     from decodekit.quant.fp8 import quantize_fp8_weight
+    quantize = (lambda w: quantize_rtn(w, 32)) if method == "int4-rtn" else quantize_fp8_weight
     for name, w in list(weights.items()):
         if name.endswith("_proj.weight") and isinstance(w, torch.Tensor) and w.dim() == 2 and w.shape[1] % 32 == 0:
-            weights[name] = quantize_fp8_weight(w)
+            weights[name] = quantize(w)
 
 
 class LLMEngine:
@@ -87,10 +82,8 @@ class LLMEngine:
         # pops each tensor as it takes it, so weights never exist twice).
         loaded = load_model(args.model, dtype=self.dtype, device=self.device, progress=args.progress,
                             keep_quantized=args.keep_quantized())
-        if args.quantization == "int4-rtn":
-            _quantize_projections_rtn(loaded.weights)
-        elif args.quantization == "fp8":
-            _quantize_projections_fp8(loaded.weights)
+        if args.quantization in ("int4-rtn", "fp8"):
+            _quantize_projections(loaded.weights, args.quantization)
         self.model_config = cfg = loaded.config
         self.tokenizer = loaded.tokenizer
         self.model_source = loaded.source

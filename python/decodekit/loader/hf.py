@@ -171,6 +171,11 @@ def quant_config(raw: dict[str, Any], path: str) -> dict[str, Any] | None:
     return {"method": method, "group_size": group, "checkpoint_format": fmt}
 
 
+def _required_parts(qc: dict[str, Any]) -> set[str]:
+    """The tensors every quantized layer of this format has (g_idx / perm are optional)."""
+    return {"qweight", "scales", "mins"} if qc["method"] == "decodekit-int4" else {"qweight", "qzeros", "scales"}
+
+
 def _convert_quant(qc: dict[str, Any], parts: dict[str, torch.Tensor], name: str):
     from ..quant import from_awq, from_gptq
     from ..quant.export import from_int4_tensors
@@ -236,8 +241,7 @@ def load_hf_dir(path: str, dtype: torch.dtype = torch.float32, device: str | tor
             prefix, part = qp
             got = pending.setdefault(prefix, {})
             got[part] = f.get_tensor(k)
-            need = ({"qweight", "scales", "mins"} if qc["method"] == "decodekit-int4" else {"qweight", "qzeros", "scales"})
-            need |= {x for x in ("g_idx", "perm") if f"{prefix}.{x}" in files}
+            need = _required_parts(qc) | {x for x in ("g_idx", "perm") if f"{prefix}.{x}" in files}
             if need <= set(got):
                 w = _convert_quant(qc, pending.pop(prefix), f"{fn}: {prefix}")
                 if keep_quantized:
@@ -256,7 +260,6 @@ def load_hf_dir(path: str, dtype: torch.dtype = torch.float32, device: str | tor
         weights[k] = to_target(f.get_tensor(k), dtype, device)
     if pending:
         name, parts = next(iter(pending.items()))
-        need = {"qweight", "scales", "mins"} if qc["method"] == "decodekit-int4" else {"qweight", "qzeros", "scales"}
-        raise ModelLoadError(f"{path}: quantized layer {name!r} lacks {sorted(need - set(parts))}")
+        raise ModelLoadError(f"{path}: quantized layer {name!r} lacks {sorted(_required_parts(qc) - set(parts))}")
     check_weights(cfg, weights, path)
     return cfg, weights, tokenizer

@@ -144,8 +144,12 @@ def quantize_fp8_kv(x: torch.Tensor,              # [..., Hk, D]
                     ) -> torch.Tensor:            # [..., Hk, D] float8_e4m3fn
     """x / scale in float32, saturated to +-448, rounded to nearest even (NaN stays NaN)."""
     Hk = x.shape[-2]
-    s = _scale_rows(scale, Hk, x)[:, :, 0]  # [Hk, 1]
-    return (x.float() / s).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    return _to_fp8(x, _scale_rows(scale, Hk, x)[:, :, 0])  # scale [Hk, 1]
+
+
+def _to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """fp8(x / scale): fp32 division, saturated to +-448, round to nearest even (common/fp8.h)."""
+    return (x.float() / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
 
 
 def dequantize_cache(cache: torch.Tensor,         # [num_blocks, Hk, block_size, D]
@@ -312,8 +316,7 @@ def quantize_fp8(x: torch.Tensor                     # [M, K]
     amax = xf.abs().amax(dim=1)
     amax = torch.where(xf.isnan().any(dim=1), torch.full_like(amax, float("nan")), amax)
     scale = fp8_dynamic_scale(amax)
-    q = (xf / scale[:, None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
-    return q, scale
+    return _to_fp8(xf, scale[:, None]), scale
 
 
 def fp8_gemm(a: torch.Tensor,         # [M, K] float8_e4m3fn
