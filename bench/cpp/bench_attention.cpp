@@ -85,38 +85,44 @@ std::shared_ptr<const Meta> make_meta(int S, int ctx, int n_new = 1) {
   return m;
 }
 
-// One decode case: queries/outputs of T, the KV cache of C (T, or fp8 e4m3: half the bytes
-// of bf16; its arena bytes are arbitrary codes, NaN ones included, which changes no kernel's
-// cost; scales 1).
+// One case: S sequences of ctx tokens, n_new new tokens each (1: decode; ctx: a whole prompt's
+// prefill, causal over itself, which the GPU runs on the tensor-core kernel); queries/outputs of
+// T, the KV cache of C (T, or fp8 e4m3: half the bytes of bf16; its arena bytes are arbitrary
+// codes, NaN ones included, which changes no kernel's cost; scales 1). Bytes: K/V rows + q + out;
+// prefill flops: 4 * D per (query head, visible key) pair (q.k and p.v), S * Hq * 2 * D * n (n + 1).
 template <class T, class C>
-void add_case(std::vector<dkb::Case>& cases, const HeadConfig& hc, int S, int ctx) {
+void add_case(std::vector<dkb::Case>& cases, const HeadConfig& hc, int S, int ctx, int n_new = 1) {
   const int hq = hc.hq, hk = hc.hk, head = hc.head;
   const double kv_bytes = 2.0 * S * ctx * hk * head * sizeof(C);  // K and V rows read
   if (kv_bytes > kMaxKvBytes) return;
-  const std::shared_ptr<const Meta> m = make_meta(S, ctx);
+  const std::shared_ptr<const Meta> m = make_meta(S, ctx, n_new);
   const dk::PagedLayout L{hk, kBlockSize, head};
   const int64_t cache_elems = m->num_blocks * hk * kBlockSize * head;
-  const int64_t q_elems = int64_t(S) * hq * head;
+  const int64_t tokens = int64_t(S) * n_new;
+  const int64_t q_elems = tokens * hq * head;
   const float scale = 1.0f / std::sqrt(float(head));
   auto carve = [=](char* s, C*& kc, C*& vc, T*& q, T*& out) {
     dkb::Carver c{s};
     kc = c.take<C>(cache_elems);  // [num_blocks, Hk, block_size, D]
     vc = c.take<C>(cache_elems);  // [num_blocks, Hk, block_size, D]
-    q = c.take<T>(q_elems);       // [S, Hq, D]
-    out = c.take<T>(q_elems);     // [S, Hq, D]
+    q = c.take<T>(q_elems);       // [S * n_new, Hq, D]
+    out = c.take<T>(q_elems);     // [S * n_new, Hq, D]
     return c.used;
   };
   constexpr bool kFp8 = dk::kIsFp8<C>;
   dkb::Case c;
   c.bench = "paged_attention";
-  c.shape = "S=" + std::to_string(S) + " ctx=" + std::to_string(ctx) + " heads=" + std::to_string(hq) + "/" +
-            std::to_string(hk) + " d=" + std::to_string(head) + (kFp8 ? " kv=fp8" : "");
+  c.shape = (n_new > 1 ? "prefill S=" + std::to_string(S) + " n=" + std::to_string(n_new)
+                       : "S=" + std::to_string(S) + " ctx=" + std::to_string(ctx)) +
+            " heads=" + std::to_string(hq) + "/" + std::to_string(hk) + " d=" + std::to_string(head) +
+            (kFp8 ? " kv=fp8" : "");
   c.dtype = dkb::DtypeName<T>::value;
   c.bytes = kv_bytes + 2.0 * q_elems * sizeof(T);  // + q read + out written
+  if (n_new > 1) c.flops = double(S) * hq * 2.0 * head * double(n_new) * double(n_new + 1);
   C *kc, *vc;
   T *q, *out;
   c.slot_bytes = carve(nullptr, kc, vc, q, out);
-  const dk::cpu::PagedAttentionParams P{S, S, hq, m->max_blocks, int64_t(hq) * head, scale, L};
+  const dk::cpu::PagedAttentionParams P{tokens, S, hq, m->max_blocks, int64_t(hq) * head, scale, L};
   c.cpu = [=](char* s) {
     C *kc, *vc;
     T *q, *out;
@@ -129,11 +135,12 @@ void add_case(std::vector<dkb::Case>& cases, const HeadConfig& hc, int S, int ct
   // split-KV plan and its workspace, as the torch launcher makes them (freed at exit)
   int sms = 132;
   DKB_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const int splits = dk::paged_attention_num_splits(S, hk, hq, int64_t(m->max_blocks) * kBlockSize, sms);
+  const bool tc = dk::paged_attention_uses_prefill_kernel(sizeof(T) == 2, head, tokens, S);
+  const int splits = tc ? 1 : dk::paged_attention_num_splits(tokens, hk, hq, int64_t(m->max_blocks) * kBlockSize, sms);
   float* ws = nullptr;
   if (splits > 1)
-    DKB_CUDA_CHECK(cudaMalloc(&ws, sizeof(float) * dk::paged_attention_workspace_floats(splits, S, hq, head)));
-  c.shape += " splits=" + std::to_string(splits);
+    DKB_CUDA_CHECK(cudaMalloc(&ws, sizeof(float) * dk::paged_attention_workspace_floats(splits, tokens, hq, head)));
+  if (n_new == 1) c.shape += " splits=" + std::to_string(splits);
   c.gpu = [=](char* s, cudaStream_t st) {
     using D = dkb::cuda_t<T>;
     using DC = std::conditional_t<kFp8, dk::fp8_e4m3_t, D>;
@@ -144,62 +151,12 @@ void add_case(std::vector<dkb::Case>& cases, const HeadConfig& hc, int S, int ct
     return dk::cuda::paged_attention<D, DC>(
         reinterpret_cast<D*>(out), nullptr, reinterpret_cast<const D*>(q), int64_t(hq) * head,
         reinterpret_cast<const DC*>(kc), reinterpret_cast<const DC*>(vc), m->block_tables(meta), m->max_blocks,
-        m->seq_lens(meta), m->query_start(meta), S, int64_t(S), hq, m->num_blocks, L, scale, dk::KVScales{}, splits,
+        m->seq_lens(meta), m->query_start(meta), S, tokens, hq, m->num_blocks, L, scale, dk::KVScales{}, splits,
         ws, st);
   };
 #endif
   cases.push_back(std::move(c));
 }
-
-#if defined(__CUDACC__)
-// Prefill (GPU only: seconds per call on a small CPU): S prompts of n tokens each, causal over
-// themselves, through paged_attention (the tensor-core kernel). Bytes: K/V rows + q + out;
-// flops: 4 * D per (query head, visible key) pair (q.k and p.v), S * Hq * 2 * D * n * (n + 1).
-template <class T, class C>
-void add_prefill_case(std::vector<dkb::Case>& cases, const HeadConfig& hc, int S, int n) {
-  const int hq = hc.hq, hk = hc.hk, head = hc.head;
-  const std::shared_ptr<const Meta> m = make_meta(S, n, n);
-  const dk::PagedLayout L{hk, kBlockSize, head};
-  const int64_t cache_elems = m->num_blocks * hk * kBlockSize * head;
-  const int64_t tokens = int64_t(S) * n;
-  const int64_t q_elems = tokens * hq * head;
-  const float scale = 1.0f / std::sqrt(float(head));
-  auto carve = [=](char* s, C*& kc, C*& vc, T*& q, T*& out) {
-    dkb::Carver c{s};
-    kc = c.take<C>(cache_elems);  // [num_blocks, Hk, block_size, D]
-    vc = c.take<C>(cache_elems);  // [num_blocks, Hk, block_size, D]
-    q = c.take<T>(q_elems);       // [S * n, Hq, D]
-    out = c.take<T>(q_elems);     // [S * n, Hq, D]
-    return c.used;
-  };
-  constexpr bool kFp8 = dk::kIsFp8<C>;
-  dkb::Case c;
-  c.bench = "paged_attention";
-  c.shape = "prefill S=" + std::to_string(S) + " n=" + std::to_string(n) + " heads=" + std::to_string(hq) + "/" +
-            std::to_string(hk) + " d=" + std::to_string(head) + (kFp8 ? " kv=fp8" : "");
-  c.dtype = dkb::DtypeName<T>::value;
-  c.bytes = 2.0 * tokens * hk * head * sizeof(C) + 2.0 * q_elems * sizeof(T);
-  c.flops = double(S) * hq * 2.0 * head * double(n) * double(n + 1);
-  C *kc, *vc;
-  T *q, *out;
-  c.slot_bytes = carve(nullptr, kc, vc, q, out);
-  c.cpu = [](char*) {};
-  c.gpu = [=](char* s, cudaStream_t st) {
-    using D = dkb::cuda_t<T>;
-    using DC = std::conditional_t<kFp8, dk::fp8_e4m3_t, D>;
-    C *kc, *vc;
-    T *q, *out;
-    carve(s, kc, vc, q, out);
-    const int32_t* meta = m->dev;
-    return dk::cuda::paged_attention<D, DC>(
-        reinterpret_cast<D*>(out), nullptr, reinterpret_cast<const D*>(q), int64_t(hq) * head,
-        reinterpret_cast<const DC*>(kc), reinterpret_cast<const DC*>(vc), m->block_tables(meta), m->max_blocks,
-        m->seq_lens(meta), m->query_start(meta), S, tokens, hq, m->num_blocks, L, scale, dk::KVScales{}, 1, nullptr,
-        st);
-  };
-  cases.push_back(std::move(c));
-}
-#endif
 
 template <class T>
 void add_cases(std::vector<dkb::Case>& cases, bool quick) {
@@ -207,9 +164,9 @@ void add_cases(std::vector<dkb::Case>& cases, bool quick) {
   // prefill: 4 x 4096 (the target: >= 50% of the bf16 matmul rate) and 1 x 512, fp16/bf16 only
   if constexpr (sizeof(T) == 2)
     for (const HeadConfig& hc : kConfigs) {
-      add_prefill_case<T, T>(cases, hc, 4, 4096);
-      if (!quick) add_prefill_case<T, T>(cases, hc, 1, 512);
-      if (!quick && hc.hq == kConfigs[0].hq) add_prefill_case<T, dk::fp8_e4m3_t>(cases, hc, 4, 4096);
+      add_case<T, T>(cases, hc, 4, 4096, 4096);
+      if (!quick) add_case<T, T>(cases, hc, 1, 512, 512);
+      if (!quick && hc.hq == kConfigs[0].hq) add_case<T, dk::fp8_e4m3_t>(cases, hc, 4, 4096, 4096);
     }
 #endif
   const Grid grid = decode_grid(quick);
