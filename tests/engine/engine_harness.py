@@ -69,7 +69,7 @@ class FakeModel:
         sampled = {}
         for sr in out.scheduled:
             req, bt = sr.request, sr.request.block_ids
-            toks = req.all_token_ids
+            new_toks = sr.token_ids     # drafts included
             assert len(bt) * bs >= sr.start_pos + sr.num_new_tokens, "block table too short"
             for p in range(sr.start_pos, sr.start_pos + sr.num_new_tokens):
                 if p == 0:
@@ -79,11 +79,20 @@ class FakeModel:
                     assert prev is not None, f"{req}: reads unwritten KV at position {p - 1}"
                 blk = bt[p // bs]
                 assert self.kv.ref_count(blk) == 1, f"{req}: writes into shared block {blk}"
-                self.store[blk][p % bs] = mix(prev, toks[p], p)
+                self.store[blk][p % bs] = mix(prev, new_toks[p - sr.start_pos], p)
             self.tokens_computed += sr.num_new_tokens
             if sr.will_sample:
-                last = sr.start_pos + sr.num_new_tokens - 1
-                sampled[sr.request_id] = [token_from(self.store[bt[last // bs]][last % bs])]
+                # greedy verification: the model's token after the last real token and after each draft;
+                # keep drafts while they equal it, then emit the model's own token
+                end = sr.start_pos + sr.num_new_tokens
+                drafts = sr.token_ids[sr.num_new_tokens - sr.num_spec:]
+                out = []
+                for i, p in enumerate(range(end - 1 - sr.num_spec, end)):
+                    t = token_from(self.store[bt[p // bs]][p % bs])
+                    out.append(t)
+                    if i == len(drafts) or drafts[i] != t:
+                        break
+                sampled[sr.request_id] = out
         return sampled
 
 
@@ -115,7 +124,11 @@ class RunResult:
 
 def run(specs: list[Spec], *, num_blocks: int, block_size: int, max_model_len: int,
         budget: int = 2048, max_seqs: int = 256, prefix_caching: bool = True,
-        chunked: bool = True, hash_fn=None, check: bool = True, max_steps: int = 100_000) -> RunResult:
+        chunked: bool = True, hash_fn=None, check: bool = True, max_steps: int = 100_000,
+        spec_k: int = 0, draft_accuracy: float = 0.7, seed: int = 0) -> RunResult:
+    """spec_k > 0: before each step every decoding request gets 0 .. spec_k draft tokens, each the
+    reference continuation with probability draft_accuracy (else random), not capped at max_tokens
+    or max_model_len (the scheduler must cut them)."""
     cfg = SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=max_model_len,
                           block_size=block_size, enable_prefix_caching=prefix_caching, chunked_prefill=chunked)
     kv = KVCacheManager(num_blocks, block_size, prefix_caching, hash_fn=hash_fn)
@@ -129,6 +142,9 @@ def run(specs: list[Spec], *, num_blocks: int, block_size: int, max_model_len: i
     for s in specs:
         if s.abort_at is not None:
             aborts.setdefault(s.abort_at, []).append(s.rid)
+    rng = random.Random(seed)
+    futures: dict[str, list[int]] = {}
+    stop_len: dict[str, int] = {}
     k = step = 0
     while k < len(by_arrival) or sched.has_unfinished_requests():
         while k < len(by_arrival) and by_arrival[k].arrival <= step:
@@ -144,6 +160,14 @@ def run(specs: list[Spec], *, num_blocks: int, block_size: int, max_model_len: i
             sched.abort_request(rid)
             sched.abort_request(rid)            # idempotent
         model.poison_free_blocks()
+        if spec_k:
+            for r in sched.running:
+                r.spec_token_ids = []
+                if r.num_computed_tokens == r.num_tokens - 1:
+                    exp = futures.setdefault(r.request_id, reference_output(r.prompt_token_ids, 10 ** 6 // 1000))
+                    n = r.num_output_tokens
+                    r.spec_token_ids = [exp[n + i] if n + i < len(exp) and rng.random() < draft_accuracy
+                                        else rng.randrange(VOCAB) for i in range(rng.randint(0, spec_k))]
         out = sched.schedule()
         for rid in out.preempted_req_ids:
             res.max_preempted_outputs = max(res.max_preempted_outputs, reqs[rid].num_output_tokens)
@@ -154,10 +178,20 @@ def run(specs: list[Spec], *, num_blocks: int, block_size: int, max_model_len: i
         sched.update_from_output(out, sampled)
         for sr in out.scheduled:                # the caller's stop-token check
             r = sr.request
-            if r.status == RequestStatus.RUNNING and sr.will_sample and r.output_token_ids[-1] == stops[r.request_id]:
-                sched.finish_request(r.request_id, RequestStatus.FINISHED_STOPPED, r.output_token_ids[-1])
+            if r.status not in (RequestStatus.RUNNING, RequestStatus.FINISHED_LENGTH) or not sr.will_sample \
+                    or r.request_id in stop_len:
+                continue
+            new = r.output_token_ids[len(r.output_token_ids) - len(sampled[r.request_id]):]
+            if stops[r.request_id] in new:      # stop at the first stop token; what followed it is dropped
+                stop_len[r.request_id] = len(r.output_token_ids) - len(new) + new.index(stops[r.request_id]) + 1
+                if r.status == RequestStatus.RUNNING:
+                    sched.finish_request(r.request_id, RequestStatus.FINISHED_STOPPED, stops[r.request_id])
+                elif stop_len[r.request_id] < len(r.output_token_ids):  # max_tokens came after the stop
+                    r.status, r.stop_reason = RequestStatus.FINISHED_STOPPED, stops[r.request_id]
         if check:
             sched.check_invariants()
+            for r in sched.running:     # rejected drafts' blocks were given back
+                assert len(r.block_ids) <= kv.blocks_needed(r.num_tokens), r
         step += 1
         assert step < max_steps, "no progress (livelock?)"
     assert kv.num_free_blocks == num_blocks, "blocks leaked"
@@ -165,7 +199,7 @@ def run(specs: list[Spec], *, num_blocks: int, block_size: int, max_model_len: i
     kv.check_invariants([])
     for rid, r in reqs.items():
         assert r.is_finished, r
-        res.outputs[rid] = list(r.output_token_ids)
+        res.outputs[rid] = list(r.output_token_ids[:stop_len.get(rid)])
         res.status[rid] = r.status
         res.stop_reason[rid] = r.stop_reason
     res.num_preemptions = sched.num_preemptions

@@ -38,7 +38,7 @@ def _check_gemm(out, a, w, bias, dtype):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("M", [1, 3, 16, 17, 100])  # CUDA: GEMV up to 8 rows, then tensor cores (fp16/bf16)
+@pytest.mark.parametrize("M", [1, 2, 3, 5, 7, 8, 16, 17, 100])  # CUDA: GEMV up to 8 rows, then tensor cores (fp16/bf16)
 @pytest.mark.parametrize("N, K, G", [(576, 576, 32), (67, 192, 64), (130, 1024, 128), (1536, 576, 32), (33, 96, 32)])
 def test_int4_gemm(N, K, G, M, dtype, device, gen):
     w = _weight(N, K, G, device, gen)
@@ -149,7 +149,7 @@ def _weight8(N, K, G, device, gen):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("M", [1, 4, 5])
+@pytest.mark.parametrize("M", [1, 2, 4, 5, 8])
 @pytest.mark.parametrize("N, K, G", [(576, 576, 32), (77, 256, 64), (49, 384, 128), (51, 96, 32)])
 def test_int8_gemm(N, K, G, M, dtype, device, gen):
     w = _weight8(N, K, G, device, gen)
@@ -234,3 +234,20 @@ def test_quantize_rtn(gen):
     assert int(codes.max()) <= 15 and (codes == 0).any() and (codes == 15).any()
     with pytest.raises(ValueError, match="not a multiple of group_size"):
         quantize_rtn(torch.randn(4, 48), 32)
+
+
+# ---- row invariance: speculative verification must reproduce plain decoding bit for bit ----------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+@pytest.mark.parametrize("N, K, G", [(576, 576, 32), (77, 256, 64), (49, 384, 128), (130, 1536, 32)])
+def test_cpu_rows_do_not_depend_on_the_row_count(N, K, G, kind, dtype, gen):
+    """On the CPU, rows 1 .. 8 at a time (decode batches, a verification pass of up to 7 drafts) give
+    each row exactly the bits it gets alone: same per-element arithmetic as the one-row GEMV."""
+    w = _weight(N, K, G, "cpu", gen) if kind == "int4" else _weight8(N, K, G, "cpu", gen)
+    a = randn((8, K), dtype, "cpu", gen)
+    bias = randn((N,), dtype, "cpu", gen)
+    fn = ops.int4_gemm if kind == "int4" else ops.int8_gemm
+    alone = torch.cat([fn(a[i:i + 1], w, bias) for i in range(8)])
+    for M in range(2, 9):
+        assert torch.equal(fn(a[:M], w, bias), alone[:M]), f"M={M}"

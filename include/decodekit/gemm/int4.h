@@ -17,6 +17,7 @@
 #include "decodekit/common/macros.h"
 #include "decodekit/gemm/int4_common.h"
 #include "decodekit/gemm/int4_tiled.h"
+#include "decodekit/gemm/quant_small_m.h"
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -26,8 +27,9 @@ namespace dk {
 namespace cpu {
 
 // From this many rows of a, int4_gemm / int8_gemm decode each weight panel once to fp32 and run
-// the register-blocked fp32 kernel (int4_tiled.h); fewer rows decode in registers per row block.
-constexpr int64_t kTiledQuantGemmMinM = 8;
+// the register-blocked fp32 kernel (int4_tiled.h); fewer rows decode in registers: one row by the
+// GEMV below, 2 .. 8 by the register-blocked kernels of quant_small_m.h.
+constexpr int64_t kTiledQuantGemmMinM = 9;
 
 struct Int4GemmParams {
   int64_t M, N, K;
@@ -105,18 +107,6 @@ void gemv4_g32_avx512(T* out, const float* a, const half_t* scales, const T* bia
   }
 }
 
-// sum_g fp16 w[g] * x[g] over n groups.
-inline float half_dot(const half_t* w, const float* x, int64_t n) {
-  __m512 v = _mm512_setzero_ps();
-  int64_t g = 0;
-  for (; g + 16 <= n; g += 16)
-    v = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g))),
-                        _mm512_loadu_ps(x + g), v);
-  float t = _mm512_reduce_add_ps(v);
-  for (; g < n; ++g) t += _cvtsh_ss(w[g].bits) * x[g];
-  return t;
-}
-
 template <class T>
 void int4_gemv_g32_avx512(T* out, const float* a, const float* asum, const uint8_t* qweight, const half_t* scales,
                           const half_t* mins, const T* bias, int64_t N, int64_t K) {
@@ -186,6 +176,8 @@ void int4_gemm(T* out,                  // [M, N]
     int4_gemv_g32_avx512(out, af.data(), asum.data(), qweight, scales, mins, bias, N, K);
     return;
   }
+  // 2 .. 8 rows (and one row at other group sizes): the GEMV's per-element arithmetic
+  if (int4_gemm_small_m(out, af.data(), asum.data(), qweight, scales, mins, bias, M, N, K, G)) return;
 #endif
   constexpr int kMaxM = 8;  // rows of a handled together (each decoded weight used up to kMaxM times)
 #pragma omp parallel if (N * K * M >= kParallelGrain)
@@ -324,6 +316,7 @@ void int8_gemm(T* out,                  // [M, N]
     int8_gemv_g32_avx512(out, af.data(), qweight, scales, bias, N, K);
     return;
   }
+  if (int8_gemm_small_m(out, af.data(), qweight, scales, bias, M, N, K, G)) return;
 #endif
   constexpr int kMaxM = 4;
 #pragma omp parallel if (N * K * M >= kParallelGrain)

@@ -1,6 +1,7 @@
 """`decodekit bench latency` and `decodekit bench throughput`: offline engine benchmarks.
 
-latency:    one request at a time: prefill tokens/s (time to first token) and decode
+latency:    (with --spec: bench/spec_bench.py, speculative vs plain decoding per prompt class)
+            one request at a time: prefill tokens/s (time to first token) and decode
             tokens/s (steps after the first), as the median over --iters runs; the decode
             figure is also given as weight bytes read per second over the measured copy
             bandwidth (the memory-bound limit of a decode step).
@@ -163,6 +164,11 @@ def _llama_cpp(engine, prompt, out_len, threads):
 
 def latency(args) -> dict:
     eng = _engine(args)
+    if eng.spec is not None:  # speculative vs plain decoding on built-in prompt classes
+        from decodekit.bench.spec_bench import spec_latency
+        return {"bench": "latency_spec", "model": eng.model_source, "device": device_name(eng.device),
+                "dtype": str(eng.dtype).replace("torch.", ""), "output_len": args.output_len,
+                "threads": torch.get_num_threads(), **spec_latency(eng, args)}
     vocab = eng.model_config.vocab_size
     prompts = _prompts(args, eng.tokenizer, vocab, args.iters + 1)
     _one_request(eng, prompts[0][:8], 4)  # warm-up

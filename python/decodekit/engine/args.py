@@ -48,6 +48,14 @@ class EngineArgs:
     seed: int | None = None               # makes unseeded requests reproducible
     decode_graphs: str = "auto"           # auto: "cuda" on CUDA (graph per batch bucket), "off" on CPU
     progress: bool = False                # loader progress bar
+    speculative: str | None = None        # "ngram" | "layerskip" | "draft": speculative decoding (exact)
+    num_speculative_tokens: int = 4       # k: draft tokens verified per step at most
+    spec_adaptive: bool = True            # pick k per request from its acceptance rate and measured costs
+    spec_draft_model: str | None = None   # speculative="draft": the draft model (same tokenizer)
+    spec_layers: int | None = None        # speculative="layerskip": target layers the drafter runs
+                                          # (default num_layers // 4)
+    spec_ngram_min: int = 1               # speculative="ngram": n-gram lengths tried, longest first
+    spec_ngram_max: int = 4
 
     def __post_init__(self):
         if self.dtype not in ("auto", *_DTYPES):
@@ -73,6 +81,25 @@ class EngineArgs:
             raise ValueError(f"decode_graphs must be auto, off, static or cuda; got {self.decode_graphs!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**63):
             raise ValueError(f"seed must be an int in [0, 2^63), got {self.seed!r}")
+        self._check_spec()
+
+    def _check_spec(self) -> None:
+        from decodekit.engine.spec_decode import SPEC_METHODS
+        if self.speculative not in (None, *SPEC_METHODS):
+            raise ValueError(f"speculative must be one of {', '.join(SPEC_METHODS)} or None; got {self.speculative!r}")
+        for name, lo, hi in (("num_speculative_tokens", 1, 32), ("spec_ngram_min", 1, 64), ("spec_ngram_max", 1, 64)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+                raise ValueError(f"{name} must be an int in [{lo}, {hi}], got {v!r}")
+        if self.spec_ngram_min > self.spec_ngram_max:
+            raise ValueError(f"spec_ngram_min ({self.spec_ngram_min}) must be <= spec_ngram_max ({self.spec_ngram_max})")
+        if self.spec_layers is not None and (not isinstance(self.spec_layers, int) or isinstance(self.spec_layers, bool)
+                                             or self.spec_layers < 1):
+            raise ValueError(f"spec_layers must be an int >= 1, got {self.spec_layers!r}")
+        if not isinstance(self.spec_adaptive, bool):
+            raise ValueError(f"spec_adaptive must be a bool, got {self.spec_adaptive!r}")
+        if self.speculative == "draft" and not self.spec_draft_model:
+            raise ValueError("speculative='draft' needs spec_draft_model (a smaller model with the same tokenizer)")
 
     def resolved_device(self) -> torch.device:
         if self.device == "auto":
@@ -135,6 +162,19 @@ class EngineArgs:
         g.add_argument("--decode-graphs", default="auto", choices=["auto", "off", "static", "cuda"],
                        help="decode steps on padded static buffers, captured as CUDA graphs per batch bucket "
                             "(auto: cuda on GPU, off on CPU)")
+        s = p.add_argument_group("speculative decoding (exact: same output distribution)")
+        s.add_argument("--spec", dest="speculative", default=None, choices=["ngram", "layerskip", "draft"],
+                       help="drafter: ngram (prompt lookup), layerskip (the target's first --spec-layers layers), "
+                            "draft (--spec-draft-model)")
+        s.add_argument("--spec-k", dest="num_speculative_tokens", type=int, default=4,
+                       help="draft tokens per step at most (default 4)")
+        s.add_argument("--spec-fixed-k", dest="spec_adaptive", action="store_false",
+                       help="always draft k tokens (default: adapt k to each request's acceptance rate)")
+        s.add_argument("--spec-draft-model", default=None, help="draft model for --spec draft (same tokenizer)")
+        s.add_argument("--spec-layers", type=int, default=None,
+                       help="layers of the target the layerskip drafter runs (default num_layers // 4)")
+        s.add_argument("--spec-ngram-min", type=int, default=1, help="shortest n-gram matched (default 1)")
+        s.add_argument("--spec-ngram-max", type=int, default=4, help="longest n-gram matched (default 4)")
 
     @classmethod
     def from_cli(cls, ns: argparse.Namespace) -> "EngineArgs":

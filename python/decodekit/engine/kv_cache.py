@@ -280,6 +280,18 @@ class KVCacheManager:
         request.block_ids = []
         self._req_serials.pop(request.request_id, None)
 
+    def free_surplus(self, request: Request) -> None:
+        """Free the blocks past what request.num_tokens need (speculative decoding: the slots of
+        rejected drafts). They hold no registered content (only computed full blocks are
+        cached), so they go to the front of the free queue."""
+        keep = self.blocks_needed(request.num_tokens)
+        while len(request.block_ids) > keep:
+            blk = self._blocks[request.block_ids.pop()]
+            assert blk.ref_cnt == 1 and blk.block_hash is None, f"surplus block {blk.block_id} is shared"
+            blk.ref_cnt = 0
+            self._free[blk.block_id] = None
+            self._free.move_to_end(blk.block_id, last=False)
+
     def fork(self, parent: Request, child: Request) -> list[tuple[int, int]] | None:
         """Give `child` the parent's computed KV: share full blocks, copy the partial one.
 

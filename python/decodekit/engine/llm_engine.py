@@ -26,6 +26,7 @@ from .model_runner import ModelRunner
 from .outputs import CompletionOutput, Logprob, RequestOutput
 from .request import Request, RequestStatus, split_n
 from .scheduler import ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOutput
+from .spec_decode import spec_metrics
 
 log = logging.getLogger("decodekit")
 
@@ -38,6 +39,7 @@ class _Seq:
     detok: IncrementalDetokenizer
     out: CompletionOutput
     stop_ids: frozenset
+    spec: list = field(default_factory=lambda: [0, 0, 0])  # drafts, accepted, verification steps
 
 
 @dataclass
@@ -90,6 +92,7 @@ class LLMEngine:
         self.model = LlamaModel(cfg, loaded.weights, dtype=self.dtype, device=self.device)
         if args.quantization == "int4-gptq":
             self._quantize_gptq()
+        self.draft_model = self._load_draft_model() if args.speculative == "draft" else None
         kv_dtype = args.resolved_kv_cache_dtype()
         self.model.set_kv_cache_dtype(kv_dtype, self._calibrate_kv_scales() if kv_dtype != self.dtype else None)
         self.max_model_len = min(args.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
@@ -105,15 +108,55 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, num_blocks, args.block_size, self.max_model_len,
                                   decode_graphs=self._decode_graph_mode(), max_batch=args.max_num_seqs)
         self.sampler = Sampler()
+        self.spec = self._build_spec() if args.speculative else None
         self.eos_token_ids = sorted(set(cfg.eos_token_ids) | set(self.tokenizer.eos_token_ids or []))
         self._groups: dict[str, _Group] = {}
         self._seq_of: dict[str, _Seq] = {}
         self._ids = itertools.count()
         self.stats = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0, "last_step_tokens": 0}
 
+    def _build_spec(self):
+        """--spec ngram | layerskip | draft: the drafter and the engine's SpecDecoder."""
+        from decodekit.spec.drafters import ModelDrafter, NgramDrafter
+        from .spec_decode import SpecDecoder
+        a, c = self.args, self.model_config
+        if a.speculative == "ngram":
+            drafter = NgramDrafter(a.spec_ngram_min, a.spec_ngram_max)
+        elif a.speculative == "layerskip":
+            L = a.spec_layers if a.spec_layers is not None else max(1, c.num_layers // 4)
+            if not 1 <= L < c.num_layers:
+                raise ValueError(f"spec_layers must be in [1, {c.num_layers - 1}] (the target has "
+                                 f"{c.num_layers} layers), got {L}")
+            drafter = ModelDrafter(self.model, "layerskip", num_layers=L)
+        else:
+            drafter = ModelDrafter(self.draft_model, "draft",
+                                   kv_caches=self.draft_model.allocate_kv_cache(self.runner.num_blocks,
+                                                                                a.block_size),
+                                   max_chunk=a.max_num_batched_tokens)
+        return SpecDecoder(drafter, a.num_speculative_tokens, a.spec_adaptive)
+
+    def _load_draft_model(self):
+        """--spec draft: the draft model (same vocabulary as the target), on the engine's device."""
+        a = self.args
+        if a.spec_draft_model is None:
+            raise ValueError("speculative='draft' needs spec_draft_model (a smaller model with the same tokenizer)")
+        d = load_model(a.spec_draft_model, dtype=self.dtype, device=self.device, progress=a.progress,
+                       keep_quantized=a.keep_quantized())
+        if d.config.vocab_size != self.model_config.vocab_size:
+            raise ValueError(f"spec_draft_model's vocabulary ({d.config.vocab_size} tokens) differs from the "
+                             f"target's ({self.model_config.vocab_size}): a draft model must share the tokenizer")
+        probe = "Hello, world! 123"
+        if d.tokenizer.encode(probe) != self.tokenizer.encode(probe):
+            raise ValueError("spec_draft_model's tokenizer encodes text differently from the target's")
+        m = LlamaModel(d.config, d.weights, dtype=self.dtype, device=self.device)
+        m.set_kv_cache_dtype(self.dtype)
+        return m
+
     # ------------------------------------------------------------------ sizing
     def _num_kv_blocks(self) -> int:
         per_block = self.model.kv_cache_block_bytes(self.args.block_size)
+        if self.draft_model is not None:  # its pool mirrors the target's block for block
+            per_block += self.draft_model.kv_cache_block_bytes(self.args.block_size)
         if self.device.type == "cuda":
             budget = self._profile_gpu_budget()
         else:
@@ -276,31 +319,31 @@ class LLMEngine:
     # ------------------------------------------------------------------ step
     def step(self) -> list[RequestOutput]:
         """Run one batch; returns outputs of the requests that changed (new tokens or finished)."""
+        if self.spec is not None:
+            self.spec.propose(self.scheduler)
         so = self.scheduler.schedule()
         sampled: dict[str, list[int]] = {}
-        info: dict[str, tuple] = {}
-        rows = [sr for sr in so.scheduled if sr.will_sample]
+        info: dict[str, list] = {}
+        t0 = time.perf_counter()
         if so.scheduled:
+            if self.spec is not None:
+                self.spec.prepare(so, self.runner)
+                t0 = time.perf_counter()
             logits = self.runner.execute(so)
+            rows = [sr for sr in so.scheduled if sr.will_sample]
             if rows:
-                reqs = [sr.request for sr in rows]
-                seqs = [self._seq_of[r.request_id] for r in reqs]
-                md = SamplingMetadata.build([r.sampling_params for r in reqs], [r.output_token_ids for r in reqs],
-                                            [r.prompt_token_ids for r in reqs], [s.seed for s in seqs], None,
-                                            self.eos_token_ids, logits.device, self.model_config.vocab_size)
-                out = self.sampler(logits, md)
-                toks = out.token_ids.tolist()
-                lp = out.logprobs.tolist() if out.logprobs is not None else None
-                extra = None
-                if out.topk_ids is not None:
-                    extra = (out.topk_ids.tolist(), out.topk_logprobs.tolist(), out.ranks.tolist())
-                for i, r in enumerate(reqs):
-                    sampled[r.request_id] = [toks[i]]
-                    info[r.request_id] = (lp[i] if lp else None,
-                                          (extra[0][i], extra[1][i], extra[2][i]) if extra else None)
+                self._sample(rows, logits, sampled, info)
+        step_seconds = time.perf_counter() - t0
         self.stats["steps"] += 1
         self.stats["last_step_tokens"] = so.num_scheduled_tokens if so.scheduled else 0
-        finished = self.scheduler.update_from_output(so, sampled)
+        finished = self.scheduler.update_from_output(so, sampled)   # cuts tokens past max_tokens
+        if self.spec is not None:
+            for rid, (d, a) in self.spec.record(so, sampled, step_seconds).items():
+                s = self._seq_of.get(rid)
+                if s is not None:
+                    s.spec[0] += d
+                    s.spec[1] += a
+                    s.spec[2] += 1
         now = time.monotonic()
         for rid, toks in sampled.items():
             s = self._seq_of.get(rid)
@@ -313,18 +356,69 @@ class LLMEngine:
                 self._finish(s, r.finish_reason or "length", None)
         return self._collect(now)
 
+    @staticmethod
+    def _token_infos(out, idx: list[int]) -> list | None:
+        """Per token (raw logprob, (top ids, top logprobs, rank) or None) from a SamplerOutput."""
+        if out.logprobs is None:
+            return None
+        return [(out.logprobs[i], (out.topk_ids[i], out.topk_logprobs[i], out.ranks[i])
+                 if out.topk_ids is not None else None) for i in idx]
+
+    def _sample(self, rows, logits, sampled: dict, info: dict) -> None:
+        """Tokens (and logprob info) of the sampling rows: the plain sampler for one-row requests,
+        the speculative verifier for those with drafts (logits: 1 + num_spec rows each)."""
+        counts = [1 + sr.num_spec for sr in rows]
+        plain = [i for i, sr in enumerate(rows) if not sr.num_spec]
+        starts = [0]
+        for c in counts:
+            starts.append(starts[-1] + c)
+        V = self.model_config.vocab_size
+        if plain:
+            reqs = [rows[i].request for i in plain]
+            seqs = [self._seq_of[r.request_id] for r in reqs]
+            x = logits if len(plain) == len(rows) else logits.index_select(
+                0, torch.tensor([starts[i] for i in plain], device=logits.device))
+            md = SamplingMetadata.build([r.sampling_params for r in reqs], [r.output_token_ids for r in reqs],
+                                        [r.prompt_token_ids for r in reqs], [s.seed for s in seqs], None,
+                                        self.eos_token_ids, logits.device, V)
+            out = self.sampler(x, md)
+            toks = out.token_ids.tolist()
+            lp = self._lists(out)
+            for i, r in enumerate(reqs):
+                sampled[r.request_id] = [toks[i]]
+                info[r.request_id] = self._token_infos(lp, [i])
+        spec = [i for i, sr in enumerate(rows) if sr.num_spec]
+        if spec:
+            x = logits.index_select(0, torch.tensor([starts[i] + j for i in spec for j in range(counts[i])],
+                                                    device=logits.device)) if plain else logits
+            srs = [rows[i] for i in spec]
+            toks, lp_out, lp_idx = self.spec.verify(self.sampler, x, srs,
+                                                    [self._seq_of[sr.request_id].seed for sr in srs],
+                                                    self.eos_token_ids, V)
+            lp = self._lists(lp_out) if lp_out is not None else None
+            for sr, t, idx in zip(srs, toks, lp_idx):
+                sampled[sr.request_id] = t
+                info[sr.request_id] = self._token_infos(lp, idx) if lp is not None else None
+
+    @staticmethod
+    def _lists(out):
+        """A SamplerOutput with its tensors as Python lists (one device sync each)."""
+        from types import SimpleNamespace
+        conv = {k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in out.__dict__.items()}
+        return SimpleNamespace(**conv)
+
     def _on_tokens(self, s: _Seq, toks: list[int], info, now: float) -> None:
         g = self._groups[s.request.parent_id or s.request.request_id]
         g.dirty = True
         if g.first_token is None:
             g.first_token = now
         p = g.params
-        for tok in toks:
+        for j, tok in enumerate(toks):
             self.stats["generation_tokens"] += 1
             s.out.token_ids.append(tok)
             s.out.delta_token_ids.append(tok)
             if s.out.logprobs is not None and info is not None:
-                lp, extra = info
+                lp, extra = info[j]
                 entry = {}
                 if extra is not None:  # top-N in descending order: rank i + 1
                     ids, lps, rank = extra
@@ -369,10 +463,12 @@ class LLMEngine:
             if done and g.finished_at is None:
                 g.finished_at = now
             cached = max(0, min((s.request.num_cached_tokens for s in g.seqs), default=0))
+            metrics = {"arrival": g.arrival, "first_token": g.first_token, "finished": g.finished_at}
+            if self.spec is not None:
+                metrics.update(spec_metrics(*(sum(s.spec[i] for s in g.seqs) for i in range(3))))
             ro = RequestOutput(rid, g.prompt, g.prompt_token_ids,
                                [CompletionOutput(**{**s.out.__dict__, "token_ids": list(s.out.token_ids)})
-                                for s in g.seqs], done, cached,
-                               {"arrival": g.arrival, "first_token": g.first_token, "finished": g.finished_at})
+                                for s in g.seqs], done, cached, metrics)
             for s in g.seqs:
                 s.out.delta_text, s.out.delta_token_ids = "", []
             outs.append(ro)

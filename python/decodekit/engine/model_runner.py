@@ -107,24 +107,35 @@ class ModelRunner:
 
     def prepare(self, so: SchedulerOutput) -> tuple[torch.Tensor, AttentionMetadata]:
         """input_ids [T] and the step's metadata from the scheduled requests."""
-        ids, positions, slots, bt, seq_lens, qsl, sample_rows = self._host_inputs(so)
+        return self.prepare_seqs(*self._seqs_of(so))
+
+    def prepare_seqs(self, token_lists: list[list[int]], starts: list[int], tables: list[list[int]],
+                     num_logits: list[int]) -> tuple[torch.Tensor, AttentionMetadata]:
+        """input_ids [T] and metadata for sequences given directly (drafters use this): sequence i
+        computes token_lists[i] at positions starts[i].. with block table tables[i] and needs the
+        logits of its last num_logits[i] tokens."""
+        ids, positions, slots, bt, seq_lens, qsl, sample_rows = self._host_inputs(token_lists, starts, tables,
+                                                                                  num_logits)
         md = AttentionMetadata(
             positions=self._to_dev(positions), slot_mapping=self._to_dev(slots), block_tables=self._to_dev(bt),
             seq_lens=self._to_dev(seq_lens), query_start_loc=self._to_dev(qsl.to(torch.int32)),
             logits_indices=self._to_dev(torch.tensor(sample_rows, dtype=torch.int64)))
         return self._to_dev(ids), md
 
-    def _host_inputs(self, so: SchedulerOutput):
+    @staticmethod
+    def _seqs_of(so: SchedulerOutput):
+        """(token lists, start positions, block tables, logits rows per sequence) of a step: a
+        sampling request needs its last token's logits, a verifying one also each draft's."""
+        sc = so.scheduled
+        return ([sr.token_ids for sr in sc], [sr.start_pos for sr in sc], [sr.block_ids for sr in sc],
+                [1 + sr.num_spec if sr.will_sample else 0 for sr in sc])
+
+    def _host_inputs(self, token_lists, starts, tables, num_logits):
         """Host tensors: ids [T], positions [T], slots [T], block tables [S, maxb] int32,
-        seq_lens [S] int32, query_start_loc [S + 1] int64, rows that sample."""
+        seq_lens [S] int32, query_start_loc [S + 1] int64, rows whose logits are needed."""
         bs = self.block_size
-        ids: list[int] = []
-        starts, counts, tables = [], [], []
-        for sr in so.scheduled:
-            ids += sr.token_ids
-            starts.append(sr.start_pos)
-            counts.append(sr.num_new_tokens)
-            tables.append(sr.block_ids)
+        ids: list[int] = [t for toks in token_lists for t in toks]
+        counts = [len(toks) for toks in token_lists]
         S = len(counts)
         maxb = max(len(t) for t in tables)
         bt = torch.zeros(S, maxb, dtype=torch.int32)
@@ -138,7 +149,10 @@ class ModelRunner:
         seq_of_tok = torch.repeat_interleave(torch.arange(S), counts_t)           # [T]
         positions = starts_t[seq_of_tok] + (torch.arange(T) - qsl[:-1][seq_of_tok])
         slots = bt[seq_of_tok, positions // bs].long() * bs + positions % bs
-        sample_rows = [int(qsl[i + 1]) - 1 for i, sr in enumerate(so.scheduled) if sr.will_sample]
+        sample_rows = []
+        for i, n in enumerate(num_logits):
+            end = int(qsl[i + 1])
+            sample_rows.extend(range(end - n, end))
         seq_lens = (starts_t + counts_t).to(torch.int32)
         return torch.tensor(ids, dtype=torch.int64), positions, slots, bt, seq_lens, qsl, sample_rows
 
@@ -157,11 +171,12 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> torch.Tensor:
-        """Logits [num sampling requests, vocab] float32, in scheduling order."""
+        """Logits [num sampling rows, vocab] float32, in scheduling order: one row per sampling
+        request, 1 + num_spec rows (last token, then each draft) for a verifying one."""
         self.copy_blocks(so.blocks_to_copy)
         bucket = self._bucket_for(so)
         if bucket is not None:
-            ids, positions, slots, bt, seq_lens, _, _ = self._host_inputs(so)
+            ids, positions, slots, bt, seq_lens, _, _ = self._host_inputs(*self._seqs_of(so))
             return bucket.run(*(self._to_dev(t) for t in (ids, positions, slots, bt, seq_lens)))
         input_ids, md = self.prepare(so)
         return self.model.forward(input_ids, md, self.kv_caches)

@@ -82,6 +82,7 @@ class ScheduledRequest:
     start_pos: int          # num_computed_tokens before this step (first new token's position)
     will_sample: bool       # the chunk reaches num_tokens: sample the next token
     is_new: bool            # first step since admission/resumption: its block table is fresh
+    num_spec: int = 0       # draft tokens among the new tokens (the last ones): verify them
 
     @property
     def request_id(self) -> str:
@@ -89,7 +90,13 @@ class ScheduledRequest:
 
     @property
     def token_ids(self) -> list[int]:
-        return self.request.all_token_ids[self.start_pos:self.start_pos + self.num_new_tokens]
+        """The new tokens; draft tokens are read from request.spec_token_ids when this is called
+        (model drafters fill their placeholders after scheduling)."""
+        req, end = self.request, self.start_pos + self.num_new_tokens
+        toks = req.all_token_ids
+        if end <= len(toks):
+            return toks[self.start_pos:end]
+        return toks[self.start_pos:] + req.spec_token_ids[:end - len(toks)]
 
     @property
     def block_ids(self) -> list[int]:
@@ -187,6 +194,7 @@ class Scheduler:
         return self.finish_request(request_id, RequestStatus.FINISHED_ABORTED, "abort")
 
     def _finish(self, req: Request, status: RequestStatus, stop_reason=None) -> None:
+        req.spec_token_ids = []
         req.status = status
         req.stop_reason = stop_reason
         self.kv.free(req)
@@ -207,6 +215,7 @@ class Scheduler:
 
     # ---------------------------------------------------------------- scheduling
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        req.spec_token_ids = []
         self.kv.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
@@ -230,6 +239,9 @@ class Scheduler:
             if num_new <= 0:        # waiting for its sampled token (no update since last step)
                 i += 1
                 continue
+            if req.spec_token_ids:  # drafts that miss the budget / max_model_len are dropped
+                keep = max(0, req.num_computed_tokens + num_new - req.num_tokens)
+                del req.spec_token_ids[keep:]
             scheduled = True
             while not kv.allocate_slots(req, num_new):
                 if self.running[-1] is req:
@@ -252,6 +264,7 @@ class Scheduler:
         if not out.preempted_req_ids:
             while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
                 req = self.waiting[0]
+                req.spec_token_ids = []     # drafts only for running requests
                 hit_blocks, num_hit = kv.get_computed_blocks(req)
                 num_new = req.num_tokens_with_spec - num_hit
                 if not cfg.chunked_prefill and num_new > budget:
@@ -277,8 +290,9 @@ class Scheduler:
         for req, num_new, is_new in plan:
             start = req.num_computed_tokens
             req.num_computed_tokens = start + num_new
-            out.scheduled.append(ScheduledRequest(req, num_new, start,
-                                                  start + num_new >= req.num_tokens_with_spec, is_new))
+            will_sample = start + num_new >= req.num_tokens_with_spec
+            out.scheduled.append(ScheduledRequest(req, num_new, start, will_sample, is_new,
+                                                  len(req.spec_token_ids) if will_sample else 0))
             out.num_scheduled_tokens += num_new
         out.finished_req_ids, self._finished_ids = self._finished_ids, []
         self.num_steps += 1
@@ -289,7 +303,13 @@ class Scheduler:
         """Append the sampled tokens, apply max_tokens / max_model_len, free finished
         requests and make newly full blocks hittable. Returns the newly finished requests
         (including any cut by KV capacity during schedule()). Requests aborted or finished
-        since schedule() are skipped (their sampled tokens are dropped)."""
+        since schedule() are skipped (their sampled tokens are dropped).
+
+        Speculative rows (num_spec drafts verified): `sampled` holds the 1 .. num_spec + 1
+        emitted tokens (accepted drafts, then the verifier's own token); num_computed_tokens
+        rolls back over the rejected drafts (their KV slots are simply overwritten later) and
+        blocks past the sequence's need are freed. Tokens past max_tokens / max_model_len are
+        cut from `sampled[request_id]` in place, so the caller sees only what was appended."""
         finished, self._finished_in_schedule = self._finished_in_schedule, []
         max_len = self.config.max_model_len
         for sr in scheduler_output.scheduled:
@@ -301,13 +321,26 @@ class Scheduler:
                 raise ValueError(f"update_from_output: no sampled token for {req.request_id!r}")
             if tokens and not sr.will_sample:
                 raise ValueError(f"update_from_output: {req.request_id!r} got tokens for a partial prefill chunk")
+            if sr.num_spec and not 1 <= len(tokens) <= sr.num_spec + 1:
+                raise ValueError(f"update_from_output: {req.request_id!r} verified {sr.num_spec} drafts "
+                                 f"but got {len(tokens)} tokens (1 .. {sr.num_spec + 1} expected)")
+            if len(tokens) > 1 and not sr.num_spec:
+                raise ValueError(f"update_from_output: {req.request_id!r} got {len(tokens)} tokens for one row")
             status = None
             max_tokens = self._max_tokens(req)
+            appended = 0
             for tok in tokens:
                 req.append_output_token(tok)
+                appended += 1
                 if req.num_output_tokens >= max_tokens or req.num_tokens >= max_len:
                     status = RequestStatus.FINISHED_LENGTH
                     break
+            if sr.num_spec:
+                del tokens[appended:]
+                # KV is valid for the last token's predecessors only: accepted drafts are real now
+                req.num_computed_tokens = sr.start_pos + sr.num_new_tokens - sr.num_spec - 1 + appended
+                req.spec_token_ids = []
+                self.kv.free_surplus(req)
             self.kv.cache_full_blocks(req)
             if status is not None:
                 self.running.remove(req)

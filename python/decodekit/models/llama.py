@@ -145,7 +145,10 @@ class LlamaModel:
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor,           # [T] int64
                 md: AttentionMetadata,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:  # logits [N, vocab] fp32
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                num_layers: int | None = None) -> torch.Tensor:  # logits [N, vocab] fp32
+        """num_layers: run only the first num_layers layers, then the final norm and LM head
+        (layer-skip self-drafting; their KV goes to the same caches)."""
         c = self.config
         T = input_ids.shape[0]
         q_size, kv_size, D = c.q_size, c.kv_size, c.head_dim
@@ -155,7 +158,7 @@ class LlamaModel:
         else:
             residual = F.embedding(input_ids, self.embed)  # [T, hidden], a fresh tensor (updated in place)
         h = ops.rms_norm(residual, self.layers[0].input_norm, eps)
-        for i, L in enumerate(self.layers):
+        for i, L in enumerate(self.layers[:num_layers]):
             if i > 0:
                 ops.fused_add_rms_norm(h, residual, L.input_norm, eps)
             # attention

@@ -274,21 +274,50 @@ class Sampler:
             self._logprobs(raw, token_ids, md.max_num_logprobs, out)
         return out
 
+    def probs(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """[B, V] float32: the distribution each row's token is drawn from (steps 1-6 of the module
+        docstring, then softmax; greedy rows: one-hot at the argmax). Speculative decoding verifies
+        drafts against it (decodekit.ops.rejection_sample), so that path samples exactly what
+        ``forward`` would, from another random stream."""
+        raw = logits if logits.dtype == torch.float32 else logits.float()
+        x = self._processed(raw, md)
+        V = md.vocab_size
+        if md.all_greedy:
+            return torch.zeros_like(x).scatter_(1, x.argmax(dim=-1, keepdim=True), 1.0)
+        p = torch.softmax(self._scaled_filtered(x, md), dim=-1)
+        if md.any_greedy:
+            onehot = torch.zeros_like(x).scatter_(1, x.argmax(dim=-1, keepdim=True), 1.0)
+            p = torch.where(md.greedy[:, None], onehot, p)
+        assert p.shape[1] == V
+        return p
+
     @staticmethod
-    def _sample(raw: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-        if md.all_greedy and md.no_penalties and md.min_tokens_rows is None:
-            return raw.argmax(dim=-1)                      # the common fast path
+    def _processed(raw: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """Penalties and the min_tokens mask (steps 1-3)."""
         x = raw
         if not md.no_penalties:
             x = apply_penalties(x, md.prompt_token_ids, md.output_token_ids,
                                 md.repetition_penalty, md.presence_penalty, md.frequency_penalty)
         if md.min_tokens_rows is not None:
             x = x.index_put((md.min_tokens_rows, md.min_tokens_ids), x.new_full((), _NEG_INF))
-        if md.all_greedy:
-            return x.argmax(dim=-1)
+        return x
+
+    @staticmethod
+    def _scaled_filtered(x: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """Temperature, then top-k / top-p / min-p (steps 5-6)."""
         x = x / md.temperature[:, None]
         if md.need_filter:
             x = apply_top_k_top_p_min_p(x, md.top_k, md.top_p, md.min_p)
+        return x
+
+    @classmethod
+    def _sample(cls, raw: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        if md.all_greedy and md.no_penalties and md.min_tokens_rows is None:
+            return raw.argmax(dim=-1)                      # the common fast path
+        x = cls._processed(raw, md)
+        if md.all_greedy:
+            return x.argmax(dim=-1)
+        x = cls._scaled_filtered(x, md)
         score = x + token_gumbel(md.seeds, md.positions, md.vocab_size)
         if md.any_greedy:
             score = torch.where(md.greedy[:, None], x, score)

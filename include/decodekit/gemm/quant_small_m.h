@@ -1,0 +1,185 @@
+// INT4 / INT8 weight-only GEMM for a few rows of activations (2 .. 8: speculative verification,
+// small decode batches), CPU with AVX-512.
+//
+// Register blocking: NB output rows (weight rows) x MM activation rows of fp32 accumulators.
+// Each 16-code chunk of a weight row is decoded once and used by all MM rows; the activation
+// chunks come from L1. NB * MM independent accumulators keep the FMA units busy. Rows past N in
+// the last block recompute row N - 1 and are not written.
+//
+// Layouts as in int4.h: INT4 qweight [N, K / 2] (group-split nibbles), scales / mins [N, K / G]
+// fp16; INT8 qweight [N, K] int8, scales [N, K / G] fp16. G a multiple of 32.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+
+#include "decodekit/common/dtype.h"
+#include "decodekit/common/macros.h"
+#if defined(__AVX512F__) && defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+// Fully unrolled loops keep acc[NB][MM] in registers (a loop over j left rolled indexes the array
+// at run time, which puts it on the stack).
+#define DK_UNROLL_ALL DK_PRAGMA(GCC unroll 16)
+
+namespace dk {
+namespace cpu {
+
+#if defined(__AVX512F__) && defined(__F16C__)
+
+// sum_g fp16 w[g] * x[g] over n groups.
+inline float half_dot(const half_t* w, const float* x, int64_t n) {
+  __m512 v = _mm512_setzero_ps();
+  int64_t g = 0;
+  for (; g + 16 <= n; g += 16)
+    v = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g))),
+                        _mm512_loadu_ps(x + g), v);
+  float t = _mm512_reduce_add_ps(v);
+  for (; g < n; ++g) t += _cvtsh_ss(w[g].bits) * x[g];
+  return t;
+}
+
+// out[r, n] = sum_k a[r, k] * w[n, k] (+ bias[n]) for r < MM; a: fp32 [MM, K] (row stride K);
+// asum: fp32 [MM, K / G], each row's per-group activation sums. Per element this is exactly the
+// one-row GEMV's arithmetic (int4.h: gemv4_g32_avx512): per group the unscaled 16-lane dot of the
+// codes, t = lo * a_lo (+ fma hi * a_hi, chunk by chunk), acc = fma(t, scale, acc); then
+// reduce(acc) + sum_g min * asum (+ bias). So a row's result does not depend on how many rows
+// come with it (1 .. 8): a speculative verification pass reproduces plain decoding bit for bit.
+template <int NB, int MM, class T>
+void int4_small_m_block(T* out, int64_t out_stride, const float* a, const float* asum, const uint8_t* qweight,
+                        const half_t* scales, const half_t* mins, const T* bias, int64_t N, int64_t K, int G) {
+  const int64_t ng = K / G, half = G / 2, nblocks = (N + NB - 1) / NB;
+  DK_OMP_PARALLEL_FOR_IF(N * K * MM >= kParallelGrain)
+  for (int64_t nb = 0; nb < nblocks; ++nb) {
+    const __m512i low4 = _mm512_set1_epi32(15);
+    int64_t rows[NB];
+    __m512 acc[NB][MM];
+    DK_UNROLL_ALL
+    for (int j = 0; j < NB; ++j) {
+      rows[j] = std::min<int64_t>(nb * NB + j, N - 1);
+      for (int r = 0; r < MM; ++r) acc[j][r] = _mm512_setzero_ps();
+    }
+    for (int64_t g = 0; g < ng; ++g) {
+      DK_UNROLL_ALL
+      for (int j = 0; j < NB; ++j) {
+        const uint8_t* q = qweight + rows[j] * (K / 2) + g * half;
+        __m512 t[MM];
+        {  // first chunk: t = lo * a (a multiply, as the GEMV does), then the high nibbles
+          const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+          const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(b, low4));
+          const __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+          const float* ag = a + g * G;
+          DK_UNROLL_ALL
+          for (int r = 0; r < MM; ++r)
+            t[r] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(ag + r * K + half), _mm512_mul_ps(lo, _mm512_loadu_ps(ag + r * K)));
+        }
+        for (int64_t c = 16; c < half; c += 16) {  // G > 32
+          const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + c)));
+          const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(b, low4));
+          const __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+          const float* ag = a + g * G + c;
+          DK_UNROLL_ALL
+          for (int r = 0; r < MM; ++r)
+            t[r] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(ag + r * K + half), _mm512_fmadd_ps(lo, _mm512_loadu_ps(ag + r * K), t[r]));
+        }
+        const __m512 d = _mm512_set1_ps(_cvtsh_ss(scales[rows[j] * ng + g].bits));
+        DK_UNROLL_ALL
+        for (int r = 0; r < MM; ++r) acc[j][r] = _mm512_fmadd_ps(t[r], d, acc[j][r]);
+      }
+    }
+    for (int j = 0; j < NB && nb * NB + j < N; ++j) {
+      for (int r = 0; r < MM; ++r) {
+        float v = _mm512_reduce_add_ps(acc[j][r]) + half_dot(mins + rows[j] * ng, asum + r * ng, ng);
+        if (bias) v += to_float(bias[rows[j]]);
+        out[r * out_stride + rows[j]] = from_float<T>(v);
+      }
+    }
+  }
+}
+
+// INT8: the same with w = scale * q (GEMV: int8_gemv_g32_avx512); G a multiple of 32.
+template <int NB, int MM, class T>
+void int8_small_m_block(T* out, int64_t out_stride, const float* a, const int8_t* qweight, const half_t* scales,
+                        const T* bias, int64_t N, int64_t K, int G) {
+  const int64_t ng = K / G, nblocks = (N + NB - 1) / NB;
+  DK_OMP_PARALLEL_FOR_IF(N * K * MM >= kParallelGrain)
+  for (int64_t nb = 0; nb < nblocks; ++nb) {
+    int64_t rows[NB];
+    __m512 acc[NB][MM];
+    DK_UNROLL_ALL
+    for (int j = 0; j < NB; ++j) {
+      rows[j] = std::min<int64_t>(nb * NB + j, N - 1);
+      for (int r = 0; r < MM; ++r) acc[j][r] = _mm512_setzero_ps();
+    }
+    for (int64_t g = 0; g < ng; ++g) {
+      DK_UNROLL_ALL
+      for (int j = 0; j < NB; ++j) {
+        const int8_t* q = qweight + rows[j] * K + g * G;
+        __m512 t[MM];
+        for (int c = 0; c < G; c += 32) {
+          const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + c))));
+          const __m512 q1 =
+              _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + c + 16))));
+          const float* ag = a + g * G + c;
+          DK_UNROLL_ALL
+          for (int r = 0; r < MM; ++r) {
+            const __m512 p = _mm512_loadu_ps(ag + r * K);
+            t[r] = _mm512_fmadd_ps(q1, _mm512_loadu_ps(ag + r * K + 16),
+                                   c == 0 ? _mm512_mul_ps(q0, p) : _mm512_fmadd_ps(q0, p, t[r]));
+          }
+        }
+        const __m512 d = _mm512_set1_ps(_cvtsh_ss(scales[rows[j] * ng + g].bits));
+        DK_UNROLL_ALL
+        for (int r = 0; r < MM; ++r) acc[j][r] = _mm512_fmadd_ps(t[r], d, acc[j][r]);
+      }
+    }
+    for (int j = 0; j < NB && nb * NB + j < N; ++j) {
+      for (int r = 0; r < MM; ++r) {
+        float v = _mm512_reduce_add_ps(acc[j][r]) + 0.f;
+        if (bias) v += to_float(bias[rows[j]]);
+        out[r * out_stride + rows[j]] = from_float<T>(v);
+      }
+    }
+  }
+}
+
+// Row counts 1 .. 8 (compile-time so the accumulators stay in registers): 4 weight rows per block
+// up to 4 activation rows, 2 beyond (at most 16 accumulators). Returns false for other M / G.
+template <class T>
+bool int4_gemm_small_m(T* out, const float* a, const float* asum, const uint8_t* qweight, const half_t* scales,
+                       const half_t* mins, const T* bias, int64_t M, int64_t N, int64_t K, int G) {
+  if (G % 32 != 0) return false;
+  switch (M) {
+    case 1: int4_small_m_block<4, 1>(out, N, a, asum, qweight, scales, mins, bias, N, K, G); return true;
+    case 2: int4_small_m_block<4, 2>(out, N, a, asum, qweight, scales, mins, bias, N, K, G); return true;
+    case 3: int4_small_m_block<4, 3>(out, N, a, asum, qweight, scales, mins, bias, N, K, G); return true;
+    case 4: int4_small_m_block<4, 4>(out, N, a, asum, qweight, scales, mins, bias, N, K, G); return true;
+    case 5: int4_small_m_block<2, 5>(out, N, a, asum, qweight, scales, mins, bias, N, K, G); return true;
+    case 6: int4_small_m_block<2, 6>(out, N, a, asum, qweight, scales, mins, bias, N, K, G); return true;
+    case 7: int4_small_m_block<2, 7>(out, N, a, asum, qweight, scales, mins, bias, N, K, G); return true;
+    case 8: int4_small_m_block<2, 8>(out, N, a, asum, qweight, scales, mins, bias, N, K, G); return true;
+    default: return false;
+  }
+}
+
+template <class T>
+bool int8_gemm_small_m(T* out, const float* a, const int8_t* qweight, const half_t* scales, const T* bias,
+                       int64_t M, int64_t N, int64_t K, int G) {
+  if (G % 32 != 0) return false;
+  switch (M) {
+    case 1: int8_small_m_block<4, 1>(out, N, a, qweight, scales, bias, N, K, G); return true;
+    case 2: int8_small_m_block<4, 2>(out, N, a, qweight, scales, bias, N, K, G); return true;
+    case 3: int8_small_m_block<4, 3>(out, N, a, qweight, scales, bias, N, K, G); return true;
+    case 4: int8_small_m_block<4, 4>(out, N, a, qweight, scales, bias, N, K, G); return true;
+    case 5: int8_small_m_block<2, 5>(out, N, a, qweight, scales, bias, N, K, G); return true;
+    case 6: int8_small_m_block<2, 6>(out, N, a, qweight, scales, bias, N, K, G); return true;
+    case 7: int8_small_m_block<2, 7>(out, N, a, qweight, scales, bias, N, K, G); return true;
+    case 8: int8_small_m_block<2, 8>(out, N, a, qweight, scales, bias, N, K, G); return true;
+    default: return false;
+  }
+}
+
+#endif  // __AVX512F__ && __F16C__
+
+}  // namespace cpu
+}  // namespace dk

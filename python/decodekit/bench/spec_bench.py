@@ -1,0 +1,112 @@
+"""`decodekit bench latency --spec METHOD`: speculative against plain decoding, in the same engine
+(same weights; the plain runs simply switch the engine's SpecDecoder off), one request at a time.
+
+Per prompt of each class (bench.spec_prompts: grounded and open; chat template applied when the
+model has one): greedy decoding of up to --output-len tokens (EOS ends a request, the same way in
+both runs) timed after the first token; the speculative run must emit the identical tokens.
+Reported per class: median decode speed-up, acceptance rate and mean accepted length (tokens
+emitted per verification step); and the verification op's own time on the step's shapes
+(rejection_sample over [1, k+1, V]) as a fraction of one plain decode step.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from .spec_prompts import PROMPT_CLASSES
+
+
+def _prompt_ids(eng, text: str) -> list[int]:
+    tok = eng.tokenizer
+    if getattr(tok, "chat_template", None):
+        try:
+            return tok.encode(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True),
+                              add_special_tokens=False)
+        except Exception:  # noqa: BLE001 -- a template that cannot render a plain user turn
+            pass
+    return tok.encode(text)
+
+
+def _run_one(eng, ids: list[int], out_len: int) -> tuple[list[int], float, int, dict]:
+    """(tokens, seconds after the first token, tokens after the first, metrics) for one greedy request."""
+    from decodekit.sampling import SamplingParams
+    rid = eng.add_request(None, list(ids), SamplingParams(temperature=0, max_tokens=out_len))
+    first_t, first_n, final = None, 0, None
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.request_id != rid:
+                continue
+            n = len(o.outputs[0].token_ids)
+            if first_t is None and n:
+                first_t, first_n = time.perf_counter(), n
+            if o.finished:
+                final = o
+    end = time.perf_counter()
+    toks = final.outputs[0].token_ids
+    return toks, end - first_t, len(toks) - first_n, final.metrics
+
+
+def _verify_op_seconds(eng, k: int, reps: int = 50) -> float:
+    """Median time of one rejection_sample call on a decode step's shapes ([1, k+1, V], sampled)."""
+    from decodekit import ops
+    V, dev = eng.model_config.vocab_size, eng.device
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(1, k + 1, V, generator=g), -1).to(dev)
+    d = torch.randint(0, V, (1, k), generator=g).to(dev)
+    nd = torch.full((1,), k, dtype=torch.int32, device=dev)
+    seeds = torch.zeros(1, dtype=torch.int64, device=dev)
+    pos = torch.zeros(1, dtype=torch.int64, device=dev)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    ts = []
+    for _ in range(reps):
+        sync()
+        t = time.perf_counter()
+        ops.rejection_sample(d, nd, None, p, seeds, pos, greedy=False)
+        sync()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def spec_latency(eng, args) -> dict:
+    spec = eng.spec
+    classes = {}
+    _run_one(eng, eng.tokenizer.encode("Hello")[:8] or [1], 4)   # warm-up, both paths
+    eng.spec = None
+    _run_one(eng, eng.tokenizer.encode("Hello")[:8] or [1], 4)
+    plain_step = []
+    for cls, make in PROMPT_CLASSES.items():
+        rows = []
+        for text in make():
+            ids = _prompt_ids(eng, text)[-(eng.max_model_len - args.output_len - 1):]
+            eng.spec = None
+            base_toks, base_s, base_n = _run_one(eng, ids, args.output_len)[:3]
+            eng.spec = spec
+            d0, a0, v0 = (spec.stats[k] for k in ("spec_draft_tokens", "spec_accepted_tokens", "spec_verify_steps"))
+            toks, s, n, _ = _run_one(eng, ids, args.output_len)
+            d, a, v = (spec.stats[k] - x for k, x in zip(("spec_draft_tokens", "spec_accepted_tokens",
+                                                          "spec_verify_steps"), (d0, a0, v0)))
+            if base_n > 0:
+                plain_step.append(base_s / base_n)
+            rows.append({"prompt_tokens": len(ids), "output_tokens": len(toks), "identical": toks == base_toks,
+                         "plain_tok_s": base_n / base_s if base_s > 0 else None,
+                         "spec_tok_s": n / s if s > 0 else None,
+                         "speedup": (base_s / base_n) / (s / n) if base_n and n and s > 0 else None,
+                         "draft_tokens": d, "accepted_tokens": a, "verify_steps": v,
+                         "acceptance_rate": a / d if d else 0.0,
+                         "mean_accepted_length": (a + v) / v if v else 0.0})
+        sp = [r["speedup"] for r in rows if r["speedup"]]
+        D, A, Vs = (sum(r[k] for r in rows) for k in ("draft_tokens", "accepted_tokens", "verify_steps"))
+        classes[cls] = {"median_speedup": statistics.median(sp) if sp else None,
+                        "min_speedup": min(sp) if sp else None,
+                        "all_identical": all(r["identical"] for r in rows),
+                        "acceptance_rate": A / D if D else 0.0,
+                        "mean_accepted_length": (A + Vs) / Vs if Vs else 0.0,
+                        "prompts": rows}
+    eng.spec = spec
+    op_s = _verify_op_seconds(eng, spec.k)
+    step = statistics.median(plain_step) if plain_step else None
+    return {"method": spec.method, "k_max": spec.k, "adaptive": spec.adaptive,
+            "classes": classes, "verify_op_s": op_s, "plain_decode_step_s": step,
+            "verify_op_frac_of_decode_step": op_s / step if step else None}

@@ -1,0 +1,160 @@
+"""Speculative decoding inside the engine: proposing drafts before a step is scheduled, filling
+them once it is, verifying them with the exact rejection_sample op, and the statistics.
+
+One step, for a request that is decoding (KV covers all but its last token):
+  1. propose: the request's AdaptiveK picks k (capped so the step can never emit past
+     max_tokens or max_model_len), the drafter sets request.spec_token_ids (n-gram: the tokens;
+     model drafters: k placeholders). The scheduler schedules 1 + k tokens (counted in the token
+     budget, trailing drafts dropped when it is short) and allocates their KV slots.
+  2. draft: model drafters fill the placeholders (runs on the step's block tables).
+  3. the target computes logits at the last token and at every draft (one forward pass).
+  4. verify: each row's sampling distribution is built exactly as the plain sampler would
+     (penalties see the drafts before it as generated tokens; min_tokens counts them), then
+     rejection_sample keeps the accepted prefix plus one token of the target's own. The
+     scheduler rolls num_computed_tokens back over rejected drafts.
+Requests with and without drafts share the batch (the ones without go through the plain sampler).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from decodekit import ops
+from decodekit.sampling.sampler import Sampler, SamplerOutput, SamplingMetadata
+from decodekit.spec.adaptive import AdaptiveK, StepCostModel
+
+SPEC_METHODS = ("ngram", "draft", "layerskip")
+
+
+class SpecDecoder:
+    def __init__(self, drafter, k: int, adaptive: bool = True, prior_cost: float = 0.1):
+        self.drafter = drafter
+        self.k = k
+        self.adaptive = adaptive
+        self.cost = StepCostModel(prior_cost=prior_cost)
+        self._k_of: dict[str, AdaptiveK] = {}
+        self.stats = {"spec_draft_tokens": 0, "spec_accepted_tokens": 0, "spec_verify_steps": 0}
+
+    @property
+    def method(self) -> str:
+        return self.drafter.kind
+
+    # ------------------------------------------------------------------ 1. propose
+    def propose(self, scheduler) -> None:
+        running = scheduler.running
+        cost = self.cost.draft_cost(len(running))
+        max_len = scheduler.config.max_model_len
+        for req in running:
+            req.spec_token_ids = []
+            if req.num_computed_tokens != req.num_tokens - 1:   # prefilling, or already in flight
+                continue
+            room = min(scheduler._max_tokens(req) - req.num_output_tokens, max_len - req.num_tokens) - 1
+            if room <= 0:
+                continue
+            ak = self._k_of.get(req.request_id)
+            if ak is None:
+                ak = self._k_of[req.request_id] = AdaptiveK(self.k, self.adaptive)
+            k = min(ak.choose(cost), room)
+            if k > 0:
+                self.drafter.num_drafts(req, k)
+
+    # ------------------------------------------------------------------ 2. draft
+    def prepare(self, so, runner) -> None:
+        self.drafter.on_schedule(so)
+        for rid in so.finished_req_ids:
+            self._k_of.pop(rid, None)
+        self.drafter.copy_blocks(so.blocks_to_copy)
+        t = time.perf_counter()
+        n = self.drafter.draft(so.scheduled, runner)
+        self.cost.observe_drafter(n, time.perf_counter() - t)
+
+    # ------------------------------------------------------------------ 4. verify
+    @staticmethod
+    def verify(sampler: Sampler, logits: torch.Tensor, rows: list, seeds: list[int], eos_token_ids,
+               vocab_size: int) -> tuple[list[list[int]], SamplerOutput | None, list[list[int]]]:
+        """rows: the verifying ScheduledRequests, in order; logits: their 1 + num_spec rows each
+        ([sum, V]). Returns per request the emitted tokens, the logprob output of the emitted
+        rows (None unless a request wants logprobs) and per request the indices into it."""
+        reqs = [sr.request for sr in rows]
+        drafts = [list(r.spec_token_ids[:sr.num_spec]) for sr, r in zip(rows, reqs)]
+        params, outs, prompts, sds, steps = [], [], [], [], []
+        for r, d, seed in zip(reqs, drafts, seeds):
+            for j in range(len(d) + 1):
+                params.append(r.sampling_params)
+                outs.append(r.output_token_ids + d[:j] if j else r.output_token_ids)
+                prompts.append(r.prompt_token_ids)
+                sds.append(seed)
+                steps.append(r.num_output_tokens + j)
+        dev = logits.device
+        md = SamplingMetadata.build(params, outs, prompts, sds, steps, eos_token_ids, dev, vocab_size)
+        probs = sampler.probs(logits, md)                                    # [R, V]
+        B, ks = len(reqs), [len(d) for d in drafts]
+        kmax = max(ks)
+        if all(k == kmax for k in ks):
+            target = probs.view(B, kmax + 1, vocab_size)
+        else:
+            target = probs.new_zeros(B, kmax + 1, vocab_size)
+            b_idx = torch.tensor([b for b, k in enumerate(ks) for _ in range(k + 1)], device=dev)
+            j_idx = torch.tensor([j for k in ks for j in range(k + 1)], device=dev)
+            target[b_idx, j_idx] = probs
+        draft_t = torch.tensor([d + [0] * (kmax - len(d)) for d in drafts], dtype=torch.int64, device=dev)
+        out, n = ops.rejection_sample(
+            draft_t, torch.tensor(ks, dtype=torch.int32, device=dev), None, target,
+            torch.tensor(seeds, dtype=torch.int64, device=dev),
+            torch.tensor([r.num_output_tokens for r in reqs], dtype=torch.int64, device=dev),
+            greedy=md.all_greedy)
+        out, n = out.tolist(), n.tolist()
+        tokens = [o[:m] for o, m in zip(out, n)]
+        lp_out, lp_index = None, [[] for _ in reqs]
+        if md.max_num_logprobs is not None:
+            starts = [0]
+            for k in ks:
+                starts.append(starts[-1] + k + 1)
+            sel = [starts[b] + j for b, t in enumerate(tokens) for j in range(len(t))]
+            lp_out = SamplerOutput(token_ids=torch.tensor([x for t in tokens for x in t], device=dev))
+            Sampler._logprobs(logits.index_select(0, torch.tensor(sel, device=dev)).float(), lp_out.token_ids,
+                              md.max_num_logprobs, lp_out)
+            i = 0
+            for b, t in enumerate(tokens):
+                lp_index[b] = list(range(i, i + len(t)))
+                i += len(t)
+        return tokens, lp_out, lp_index
+
+    # ------------------------------------------------------------------ statistics
+    def record(self, so, sampled: dict[str, list[int]], step_seconds: float) -> dict[str, tuple[int, int]]:
+        """After update_from_output: per verifying request (drafts, accepted); feeds AdaptiveK
+        and the cost model."""
+        res = {}
+        for sr in so.scheduled:
+            if not sr.num_spec:
+                continue
+            toks = sampled.get(sr.request_id)
+            if not toks:
+                continue
+            acc = min(len(toks) - 1, sr.num_spec)
+            res[sr.request_id] = (sr.num_spec, acc)
+            ak = self._k_of.get(sr.request_id)
+            if ak is not None:
+                ak.update(sr.num_spec, acc)
+            self.stats["spec_draft_tokens"] += sr.num_spec
+            self.stats["spec_accepted_tokens"] += acc
+            self.stats["spec_verify_steps"] += 1
+        if so.scheduled:
+            self.cost.observe(so.num_scheduled_tokens, step_seconds)
+        return res
+
+    def summary(self) -> dict:
+        s = dict(self.stats)
+        d, a, v = s["spec_draft_tokens"], s["spec_accepted_tokens"], s["spec_verify_steps"]
+        s["spec_acceptance_rate"] = a / d if d else 0.0
+        s["spec_mean_accepted_length"] = (a + v) / v if v else 0.0  # tokens emitted per verification
+        s["spec_method"] = self.method
+        return s
+
+
+def spec_metrics(drafts: int, accepted: int, steps: int) -> dict:
+    """The per-request speculative-decoding figures in RequestOutput.metrics."""
+    return {"spec_draft_tokens": drafts, "spec_accepted_tokens": accepted, "spec_verify_steps": steps,
+            "spec_acceptance_rate": accepted / drafts if drafts else 0.0,
+            "spec_mean_accepted_length": (accepted + steps) / steps if steps else 0.0}

@@ -1,0 +1,142 @@
+"""Drafters for speculative decoding, as the engine drives them.
+
+Each step the engine asks `num_drafts(request, k)` for every running request that is decoding
+(its KV covers all but its last token); before scheduling, so the scheduler counts the drafts in
+the step's token budget and allocates their KV slots. Then `draft(scheduled, runner)` fills
+`request.spec_token_ids` for the scheduled ones (the scheduler may have dropped trailing drafts).
+The verifier (decodekit.ops.rejection_sample) makes the output exact whatever the drafts are;
+a drafter only decides the speed.
+
+- NgramDrafter: prompt lookup (spec.ngram.NgramProposer per request); knows its tokens before
+  scheduling, may propose fewer than k or none.
+- ModelDrafter: a model run autoregressively k times, greedy (one-hot drafts):
+  * layer-skip self-drafting: the target's first L layers + its final norm and LM head, writing
+    those layers' KV into the target's own cache at the draft positions (the verification pass
+    rewrites the same slots for every layer), so it needs no state at all;
+  * a separate draft model (same tokenizer / vocabulary) with its own paged KV cache addressed
+    by the target's block tables (same block ids; its pool mirrors the target's). Its KV is valid
+    for a prefix of each sequence (`computed`), caught up in the first draft pass of a step; a
+    (re)admitted request starts again from position 0 (its blocks are new or shared prefix
+    blocks, which it rewrites with the same tokens).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .ngram import NgramProposer
+
+_PLACEHOLDER = 0
+
+
+class NgramDrafter:
+    kind = "ngram"
+
+    def __init__(self, min_n: int = 1, max_n: int = 4):
+        NgramProposer(1, min_n, max_n)  # validates
+        self.min_n, self.max_n = min_n, max_n
+        self._proposers: dict[str, NgramProposer] = {}
+        self.seconds = 0.0
+
+    def num_drafts(self, req, k: int) -> int:
+        p = self._proposers.get(req.request_id)
+        if p is None:
+            p = self._proposers[req.request_id] = NgramProposer(max(k, 1), self.min_n, self.max_n)
+        toks = req.all_token_ids
+        if len(p.tokens) < len(toks):
+            p.extend(toks[len(p.tokens):])
+        req.spec_token_ids = p.propose(k) if k > 0 else []
+        return len(req.spec_token_ids)
+
+    def on_schedule(self, so) -> None:
+        for rid in so.finished_req_ids:
+            self._proposers.pop(rid, None)
+
+    def draft(self, scheduled, runner) -> int:
+        return 0  # the drafts were known before scheduling
+
+    def copy_blocks(self, pairs) -> None:
+        pass
+
+
+class ModelDrafter:
+    def __init__(self, model, kind: str, num_layers: int | None = None, kv_caches=None, max_chunk: int = 2048):
+        """kind "layerskip": `model` is the target and num_layers its first layers (kv_caches None:
+        the runner's, i.e. the target's). kind "draft": `model` is a separate draft model with its
+        own kv_caches (allocated like the target's: same num_blocks and block_size)."""
+        if kind not in ("layerskip", "draft"):
+            raise ValueError(f"ModelDrafter kind must be layerskip or draft, got {kind!r}")
+        self.kind, self.model, self.num_layers, self.kv_caches = kind, model, num_layers, kv_caches
+        self.max_chunk = max_chunk
+        self._computed: dict[str, int] = {}   # draft model: KV valid for positions < computed
+        self.seconds = 0.0
+
+    def num_drafts(self, req, k: int) -> int:
+        req.spec_token_ids = [_PLACEHOLDER] * k   # filled by draft() once scheduled
+        return k
+
+    def on_schedule(self, so) -> None:
+        for rid in so.finished_req_ids:
+            self._computed.pop(rid, None)
+        for rid in so.preempted_req_ids:
+            self._computed.pop(rid, None)
+        for sr in so.scheduled:
+            if sr.is_new:                       # fresh block table
+                self._computed.pop(sr.request_id, None)
+
+    def copy_blocks(self, pairs) -> None:
+        if self.kind == "draft" and pairs:
+            from decodekit import ops
+            mapping = torch.tensor(pairs, dtype=torch.int64).to(self.model.device)
+            ops.copy_blocks([k for k, _ in self.kv_caches], [v for _, v in self.kv_caches], mapping)
+
+    def _forward(self, runner, token_lists, starts, tables) -> list[int]:
+        ids, md = runner.prepare_seqs(token_lists, starts, tables, [1] * len(token_lists))
+        kv = self.kv_caches if self.kind == "draft" else runner.kv_caches
+        logits = self.model.forward(ids, md, kv, num_layers=self.num_layers)
+        return logits.argmax(dim=-1).tolist()
+
+    @torch.inference_mode()
+    def draft(self, scheduled, runner) -> int:
+        """Fill the placeholders of the scheduled verifying requests; returns draft tokens made."""
+        todo = [sr for sr in scheduled if sr.num_spec > 0]
+        if not todo:
+            return 0
+        t = time.perf_counter()
+        reqs = [sr.request for sr in todo]
+        ks = [sr.num_spec for sr in todo]
+        last = [r.num_tokens - 1 for r in reqs]          # position of each request's last real token
+        # pass 0: the last token (a draft model first catches up on what it has not seen)
+        starts = []
+        for r, n in zip(reqs, last):
+            c = min(self._computed.get(r.request_id, 0), n) if self.kind == "draft" else n
+            starts.append(c)
+        if self.kind == "draft":  # long catch-ups (a fresh prompt) in chunks that end before the last token
+            while True:
+                chunked = [(i, s) for i, (s, n) in enumerate(zip(starts, last)) if n - s > self.max_chunk]
+                if not chunked:
+                    break
+                toks = [reqs[i].all_token_ids[s:s + self.max_chunk] for i, s in chunked]
+                ids, md = runner.prepare_seqs(toks, [s for _, s in chunked], [reqs[i].block_ids for i, _ in chunked],
+                                              [0] * len(chunked))
+                self.model.forward(ids, md, self.kv_caches)
+                for i, s in chunked:
+                    starts[i] = s + self.max_chunk
+        toks = [r.all_token_ids[s:n + 1] for r, s, n in zip(reqs, starts, last)]
+        out = self._forward(runner, toks, starts, [r.block_ids for r in reqs])
+        for r, tok in zip(reqs, out):
+            r.spec_token_ids[0] = tok
+        # passes 1 .. k-1: one draft token each
+        for i in range(1, max(ks)):
+            live = [j for j, k in enumerate(ks) if k > i]
+            out = self._forward(runner, [[reqs[j].spec_token_ids[i - 1]] for j in live],
+                                [last[j] + i for j in live], [reqs[j].block_ids for j in live])
+            for j, tok in zip(live, out):
+                reqs[j].spec_token_ids[i] = tok
+        if self.kind == "draft":
+            for r, n, k in zip(reqs, last, ks):
+                # KV now valid for positions < n + k; the verifier's result trims it on the next call
+                self._computed[r.request_id] = n + k
+        self.seconds += time.perf_counter() - t
+        return sum(ks)
