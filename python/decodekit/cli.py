@@ -146,7 +146,12 @@ def _generate(args) -> int:
                         print(f"  {tok}: {top}")
     dt = time.perf_counter() - t0
     st = llm.engine.stats
-    print(f"[{st['generation_tokens']} tokens in {dt:.2f} s, {st['generation_tokens'] / dt:.1f} tok/s]",
+    spec = ""
+    if llm.engine.spec is not None:
+        s = llm.engine.spec.summary()
+        spec = (f"; {s['spec_method']}: acceptance {s['spec_acceptance_rate']:.2f}, "
+                f"{s['spec_mean_accepted_length']:.2f} tokens per verification")
+    print(f"[{st['generation_tokens']} tokens in {dt:.2f} s, {st['generation_tokens'] / dt:.1f} tok/s{spec}]",
           file=sys.stderr)
     return 0
 
