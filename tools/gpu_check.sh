@@ -51,7 +51,7 @@ PARTS=(
   "build: 240"
   "ceilings: 60"
   "tests: 210"
-  "engine: 150"
+  "engine: 200"
   "cpp_bench: 90"
   "py_bench: 150"
 )
@@ -261,10 +261,12 @@ part_engine() {
       "latency --model random:smollm2-135m --dtype bfloat16 --input-len 128 --output-len 64 --iters 3 --peer hf --gpu-memory-utilization 0.3 --max-num-seqs 8"
       "latency --model random:llama3-8b --dtype bfloat16 --input-len 512 --output-len 64 --iters 2 --peer hf --gpu-memory-utilization 0.45 --max-num-seqs 8"
       "throughput --model random:llama3-8b --dtype bfloat16 --input-len 256 --output-len 128 --num-prompts 64 --peer hf --gpu-memory-utilization 0.45 --max-num-seqs 64"
+      "latency --model random:llama3-8b --dtype bfloat16 --spec ngram --output-len 32 --gpu-memory-utilization 0.45 --max-num-seqs 8"
     )
   else
     skipmsg "no GPU: engine benchmarks on CUDA; running one tiny CPU latency run"
-    runs=("latency --model random:tiny --input-len 16 --output-len 8 --iters 1 --peer none")
+    runs=("latency --model random:tiny --input-len 16 --output-len 8 --iters 1 --peer none"
+          "latency --model random:tiny --spec ngram --output-len 8")
   fi
   local deadline=$(calc "$(now) + $PART_TIMEOUT - 5")
   for r in "${runs[@]}"; do
@@ -288,7 +290,14 @@ rows = [json.load(open(f)) for f in files if os.path.exists(f)]
 json.dump(rows, open(path, "w"), indent=1)
 with open(keyfile, "a") as k:
     for r in rows:
-        d, m = r["decodekit"], r["model"].replace("random:", "")
+        m = r["model"].replace("random:", "")
+        if r["bench"] == "latency_spec":  # speculative vs plain: the verification op's share of a step
+            c = r["classes"]
+            k.write(f"{m} spec {r['method']}: rejection_sample {1e6 * r['verify_op_s']:.0f} us = "
+                    f"{100 * (r['verify_op_frac_of_decode_step'] or 0):.2f}% of a decode step; speed-up grounded "
+                    f"{c['grounded']['median_speedup'] or 0:.2f}x open {c['open']['median_speedup'] or 0:.2f}x\n")
+            continue
+        d = r["decodekit"]
         if r["bench"] == "latency":
             hf = (r.get("hf_transformers") or {}).get("decode_tok_s")
             k.write(f"{m} decode {d['decode_tok_s']:.0f} tok/s ({100 * r['decode_frac_of_copy_bw']:.0f}% of copy BW"

@@ -324,11 +324,12 @@ class LLMEngine:
         so = self.scheduler.schedule()
         sampled: dict[str, list[int]] = {}
         info: dict[str, list] = {}
+        if self.spec is not None:
+            self.spec.on_schedule(so)
+            if so.scheduled:
+                self.spec.draft(so, self.runner)
         t0 = time.perf_counter()
         if so.scheduled:
-            if self.spec is not None:
-                self.spec.prepare(so, self.runner)
-                t0 = time.perf_counter()
             logits = self.runner.execute(so)
             rows = [sr for sr in so.scheduled if sr.will_sample]
             if rows:

@@ -137,7 +137,8 @@ class Scheduler:
         self._finished_in_schedule: list[Request] = []   # for the next update_from_output
 
     # ---------------------------------------------------------------- requests in / out
-    def _max_tokens(self, req: Request) -> int:
+    def max_output_tokens(self, req: Request) -> int:
+        """The request's output-token limit: max_tokens, or what max_model_len leaves."""
         mt = req.sampling_params.max_tokens
         return self.config.max_model_len - req.num_prompt_tokens if mt is None else mt
 
@@ -327,7 +328,7 @@ class Scheduler:
             if len(tokens) > 1 and not sr.num_spec:
                 raise ValueError(f"update_from_output: {req.request_id!r} got {len(tokens)} tokens for one row")
             status = None
-            max_tokens = self._max_tokens(req)
+            max_tokens = self.max_output_tokens(req)
             appended = 0
             for tok in tokens:
                 req.append_output_token(tok)

@@ -49,7 +49,7 @@ class SpecDecoder:
             req.spec_token_ids = []
             if req.num_computed_tokens != req.num_tokens - 1:   # prefilling, or already in flight
                 continue
-            room = min(scheduler._max_tokens(req) - req.num_output_tokens, max_len - req.num_tokens) - 1
+            room = min(scheduler.max_output_tokens(req) - req.num_output_tokens, max_len - req.num_tokens) - 1
             if room <= 0:
                 continue
             ak = self._k_of.get(req.request_id)
@@ -60,11 +60,14 @@ class SpecDecoder:
                 self.drafter.num_drafts(req, k)
 
     # ------------------------------------------------------------------ 2. draft
-    def prepare(self, so, runner) -> None:
+    def on_schedule(self, so) -> None:
+        """Every step, right after schedule(): forget finished requests, reset re-admitted ones."""
         self.drafter.on_schedule(so)
         for rid in so.finished_req_ids:
             self._k_of.pop(rid, None)
         self.drafter.copy_blocks(so.blocks_to_copy)
+
+    def draft(self, so, runner) -> None:
         t = time.perf_counter()
         n = self.drafter.draft(so.scheduled, runner)
         self.cost.observe_drafter(n, time.perf_counter() - t)
