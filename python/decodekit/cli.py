@@ -2,6 +2,8 @@
 
     decodekit generate "prompt"   complete a prompt (default: the embedded SmolLM2-135M-Instruct)
     decodekit chat                interactive chat that streams tokens
+    decodekit serve               OpenAI-compatible HTTP server (decodekit.server)
+    decodekit bench latency|throughput   offline engine benchmarks
     decodekit demo                run every op against its float64 reference and time it
     decodekit info                what this build contains (CPU / CUDA kernels, versions)
 """
@@ -244,6 +246,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--out", required=True, help="output directory")
     q.add_argument("--device", default="cpu", help="where to run the calibration (default cpu)")
     q.set_defaults(fn=_quantize)
+    sv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)",
+                        description="Serve the model over the OpenAI API (FastAPI + uvicorn); see decodekit.server.")
+    from decodekit import server
+    server.add_args(sv)
+    sv.set_defaults(fn=server.serve)
     i = sub.add_parser("info", help="show what this build contains")
     i.set_defaults(fn=_info)
     return p

@@ -52,6 +52,7 @@ class _Group:
     seqs: list[_Seq]
     arrival: float
     first_token: float | None = None
+    first_scheduled: float | None = None
     finished_at: float | None = None
     dirty: bool = True
 
@@ -322,6 +323,11 @@ class LLMEngine:
         if self.spec is not None:
             self.spec.propose(self.scheduler)
         so = self.scheduler.schedule()
+        for sr in so.scheduled:
+            if sr.is_new:
+                g = self._groups.get(sr.request.parent_id or sr.request_id)
+                if g is not None and g.first_scheduled is None:
+                    g.first_scheduled = time.monotonic()
         sampled: dict[str, list[int]] = {}
         info: dict[str, list] = {}
         if self.spec is not None:
@@ -464,7 +470,8 @@ class LLMEngine:
             if done and g.finished_at is None:
                 g.finished_at = now
             cached = max(0, min((s.request.num_cached_tokens for s in g.seqs), default=0))
-            metrics = {"arrival": g.arrival, "first_token": g.first_token, "finished": g.finished_at}
+            metrics = {"arrival": g.arrival, "first_scheduled": g.first_scheduled, "first_token": g.first_token,
+                       "finished": g.finished_at, "prompt_tokens": len(g.prompt_token_ids)}
             if self.spec is not None:
                 metrics.update(spec_metrics(*(sum(s.spec[i] for s in g.seqs) for i in range(3))))
             ro = RequestOutput(rid, g.prompt, g.prompt_token_ids,

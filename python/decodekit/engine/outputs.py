@@ -36,4 +36,5 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = False
     num_cached_tokens: int = 0          # prompt tokens served from the prefix cache
-    metrics: dict = field(default_factory=dict)  # arrival, first_token, finished times (monotonic s)
+    metrics: dict = field(default_factory=dict)  # arrival, first_scheduled, first_token, finished (monotonic s),
+                                                 # prompt_tokens; spec_* with speculative decoding

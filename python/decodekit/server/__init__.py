@@ -1,0 +1,87 @@
+"""`decodekit serve`: the OpenAI-compatible server (FastAPI + uvicorn) over the engine.
+
+    decodekit serve [--model ...] [--host 127.0.0.1] [--port 8000] [--api-key KEY] [engine options]
+
+The engine runs in its own thread (async_engine.AsyncEngine) beside uvicorn's event loop;
+protocol.py parses and validates OpenAI requests, app.py holds the endpoints, metrics.py the
+Prometheus metrics. SIGTERM / Ctrl-C: stop accepting, let in-flight requests finish for up to
+--shutdown-timeout seconds, then abort the rest.
+"""
+from __future__ import annotations
+
+
+def add_args(p) -> None:
+    from decodekit.engine.args import EngineArgs
+    EngineArgs.add_cli_args(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    g.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    g.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY on every endpoint but /health")
+    g.add_argument("--served-model-name", default=None, help="the model id clients send (default: the model's name)")
+    g.add_argument("--max-queue", type=int, default=1024,
+                   help="waiting sequences at most; beyond, new requests get 503 + Retry-After (default 1024)")
+    g.add_argument("--max-body-bytes", type=int, default=4 << 20, help="largest request body (default 4 MiB)")
+    g.add_argument("--shutdown-timeout", type=float, default=10.0,
+                   help="seconds in-flight requests may take to finish on SIGTERM (default 10)")
+
+
+def _server_class():
+    import contextlib
+    import signal
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, but a SIGTERM / SIGINT that ended in a graceful shutdown exits 0 instead of
+        being re-raised at the end."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            sigs = (signal.SIGINT, signal.SIGTERM)
+            old = {s: signal.signal(s, self.handle_exit) for s in sigs}
+            try:
+                yield
+            finally:
+                for s, h in old.items():
+                    signal.signal(s, h)
+    return Server
+
+
+def serve(args) -> int:
+    import os
+    import socket
+    import sys
+
+    import uvicorn
+
+    from decodekit.engine.args import EngineArgs
+    from decodekit.engine.llm_engine import LLMEngine
+
+    from .app import ServerConfig, build_app
+    from .async_engine import AsyncEngine
+    _Server = _server_class()
+
+    if args.max_queue < 1:
+        raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
+    if not 0 <= args.port < 65536:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    engine = LLMEngine(EngineArgs.from_cli(args))
+    name = args.served_model_name or args.model or os.path.splitext(os.path.basename(engine.model_source))[0]
+    aeng = AsyncEngine(engine)
+    aeng.start()
+    app = build_app(aeng, ServerConfig(model_name=name, api_key=args.api_key, max_queue=args.max_queue,
+                                       max_body_bytes=args.max_body_bytes))
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    host, port = sock.getsockname()[:2]
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=args.shutdown_timeout,
+                            access_log=False)
+    server = _Server(config)
+    print(f"decodekit serving {name!r} at http://{host}:{port}/v1 (health: /health, metrics: /metrics)",
+          file=sys.stderr, flush=True)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        aeng.shutdown()
+    return 0

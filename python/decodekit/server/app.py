@@ -1,0 +1,314 @@
+"""The OpenAI-compatible HTTP API (FastAPI): /v1/completions, /v1/chat/completions (streaming with
+server-sent events ending in `data: [DONE]`), /v1/models, /health, /metrics.
+
+Requests go to the AsyncEngine (its own thread); a client that disconnects has its requests aborted
+(streaming: the response generator is cancelled; non-streaming: the handler polls the connection).
+Invalid input gets a 4xx OpenAI error body naming the field; a full queue 503 with Retry-After.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from . import protocol as P
+from .async_engine import AsyncEngine, EngineDeadError
+from .metrics import ServerMetrics
+
+
+@dataclass
+class ServerConfig:
+    model_name: str
+    api_key: str | None = None
+    max_queue: int = 1024            # waiting sequences before new requests get 503
+    max_body_bytes: int = 4 << 20
+    stuck_after_s: float = 60.0      # health fails when the loop has work but has not turned for this long
+
+
+def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
+    app = FastAPI(title="decodekit", docs_url=None, redoc_url=None, openapi_url=None)
+    metrics = ServerMetrics(aeng, cfg.model_name)
+    app.state.aeng, app.state.cfg, app.state.metrics = aeng, cfg, metrics
+    eng = aeng.engine
+    tok = eng.tokenizer
+    vocab = eng.model_config.vocab_size
+
+    @app.exception_handler(P.APIError)
+    async def _api_error(_req, e: P.APIError):
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(Exception)
+    async def _internal(_req, e: Exception):  # never a bare 500 page; the engine keeps running
+        return JSONResponse(P.APIError(500, f"internal error: {type(e).__name__}: {e}", type="server_error").body(),
+                            status_code=500)
+
+    def auth(request: Request) -> None:
+        if cfg.api_key is None:
+            return
+        h = request.headers.get("authorization", "")
+        given = h[7:] if h.lower().startswith("bearer ") else ""
+        if not hmac.compare_digest(given.encode(), cfg.api_key.encode()):
+            raise P.APIError(401, "invalid or missing API key (Authorization: Bearer KEY)", type="authentication_error",
+                             code="invalid_api_key")
+
+    async def body_of(request: Request) -> dict:
+        cl = request.headers.get("content-length")
+        if cl is not None and cl.isdigit() and int(cl) > cfg.max_body_bytes:
+            raise P.APIError(413, f"request body over {cfg.max_body_bytes} bytes")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > cfg.max_body_bytes:
+                raise P.APIError(413, f"request body over {cfg.max_body_bytes} bytes")
+            chunks.append(chunk)
+        body = P.parse_json_body(b"".join(chunks))
+        m = body.get("model")
+        if m is not None and m != cfg.model_name:
+            raise P.APIError(404, f"model {json.dumps(m)[:100]} is not served here (serving {cfg.model_name!r})",
+                             "model", code="model_not_found")
+        return body
+
+    def admit(num_seqs: int) -> None:
+        if not aeng.alive:
+            raise P.APIError(503, "the engine is not running", type="server_error", headers={"Retry-After": "5"})
+        if aeng.num_waiting() + num_seqs > cfg.max_queue:
+            raise P.APIError(503, f"server busy: {aeng.num_waiting()} sequences waiting (max_queue={cfg.max_queue})",
+                             type="server_error", code="queue_full", headers={"Retry-After": "1"})
+
+    async def start(prompts: list, params, prefix: str) -> list:
+        admit(len(prompts) * params.n)
+        streams = []
+        try:
+            for i, p in enumerate(prompts):
+                streams.append(await aeng.add(f"{prefix}-{i}", p, params))
+        except ValueError as e:
+            for s in streams:
+                s.abort()
+            msg = str(e)
+            param = "max_tokens" if "max_tokens" in msg else ("prompt" if "prompt" in msg else None)
+            raise P.APIError(400, msg, param) from None
+        except EngineDeadError as e:
+            raise P.APIError(503, str(e), type="server_error") from None
+        return streams
+
+    async def finals(request: Request, streams: list) -> list:
+        """The finished outputs, aborting everything if the client goes away first."""
+        task = asyncio.ensure_future(asyncio.gather(*(s.final() for s in streams)))
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=0.25)
+                if done:
+                    return task.result()
+                if await request.is_disconnected():
+                    task.cancel()
+                    for s in streams:
+                        s.abort()
+                    raise P.APIError(499, "client disconnected")
+        except EngineDeadError as e:
+            raise P.APIError(503, str(e), type="server_error") from None
+        finally:
+            if not task.done():
+                task.cancel()
+
+    async def merged(streams: list):
+        """(prompt index, output) from all streams as they come."""
+        q: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i, s):
+            try:
+                async for out in s:
+                    await q.put((i, out, None))
+            except BaseException as e:  # noqa: BLE001
+                await q.put((i, None, e))
+            await q.put((i, None, None))
+
+        tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+        left = len(streams)
+        try:
+            while left:
+                i, out, err = await q.get()
+                if err is not None:
+                    raise err
+                if out is None:
+                    left -= 1
+                    continue
+                yield i, out
+        finally:
+            for t in tasks:
+                t.cancel()
+            for s in streams:
+                s.abort()
+
+    def observe(out) -> None:
+        metrics.observe_request(out.metrics, sum(len(c.token_ids) for c in out.outputs))
+
+    def itl(last: dict, idx: int, c) -> None:
+        """Inter-token latency: time between deliveries of new tokens to one choice (per token when a
+        delivery carries several, as speculative steps do)."""
+        if not c.delta_token_ids:
+            return
+        t = time.monotonic()
+        if idx in last:
+            gap = (t - last[idx]) / len(c.delta_token_ids)
+            for _ in c.delta_token_ids:
+                metrics.itl.observe(gap)
+        last[idx] = t
+
+    def sse(obj) -> str:
+        return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+    # ------------------------------------------------------------------ endpoints
+    @app.get("/health")
+    async def health():
+        if not aeng.alive:
+            return JSONResponse({"status": "dead", "error": repr(aeng.dead)}, status_code=503)
+        lag = time.monotonic() - aeng.heartbeat
+        if aeng.busy() and lag > cfg.stuck_after_s:
+            return JSONResponse({"status": "stuck", "seconds_since_last_step": lag}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        auth(request)
+        return {"object": "list", "data": [{"id": cfg.model_name, "object": "model", "created": P.now(),
+                                            "owned_by": "decodekit", "max_model_len": eng.max_model_len}]}
+
+    @app.get("/metrics")
+    async def prom(request: Request):
+        auth(request)
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        auth(request)
+        body = await body_of(request)
+        stream, include_usage = P.stream_options(body)
+        if P._opt(body, "echo", "bool", False):
+            raise P.APIError(400, "'echo' is not supported", "echo")
+        best_of = P._opt(body, "best_of", "int", None, 1)
+        lp = P._opt(body, "logprobs", "int", None, 0, P.MAX_LOGPROBS)
+        prompts = P.completion_prompts(body, vocab)
+        params = P.sampling_params(body, P._max_tokens(body, 16), lp)
+        if best_of is not None and best_of != params.n:
+            raise P.APIError(400, "'best_of' different from 'n' is not supported", "best_of")
+        rid = P.new_id("cmpl")
+        streams = await start(prompts, params, rid)
+        created, n = P.now(), params.n
+        if not stream:
+            outs = await finals(request, streams)
+            choices, ptoks, ctoks = [], 0, 0
+            for i, out in enumerate(outs):
+                observe(out)
+                ptoks += len(out.prompt_token_ids)
+                for c in out.outputs:
+                    ctoks += len(c.token_ids)
+                    choices.append({"index": i * n + c.index, "text": c.text, "finish_reason": c.finish_reason,
+                                    "logprobs": P.completion_logprobs(tok, c)})
+            return {"id": rid, "object": "text_completion", "created": created, "model": cfg.model_name,
+                    "choices": choices, "usage": P.usage(ptoks, ctoks)}
+
+        async def gen():
+            ptoks, ctoks, done = {}, {}, set()
+            offsets: dict[int, int] = {}
+            last: dict[int, float] = {}
+            try:
+                async for i, out in merged(streams):
+                    ptoks[i] = len(out.prompt_token_ids)
+                    for c in out.outputs:
+                        idx = i * n + c.index
+                        if idx in done or (not c.delta_token_ids and not c.delta_text and not c.finish_reason):
+                            continue
+                        start_tok = len(c.token_ids) - len(c.delta_token_ids)
+                        lps = P.completion_logprobs(tok, c, start_tok, offsets.get(idx, 0))
+                        offsets[idx] = offsets.get(idx, 0) + len(c.delta_text)
+                        ctoks[idx] = len(c.token_ids)
+                        itl(last, idx, c)
+                        if c.finish_reason:
+                            done.add(idx)
+                        yield sse({"id": rid, "object": "text_completion", "created": created, "model": cfg.model_name,
+                                   "choices": [{"index": idx, "text": c.delta_text, "logprobs": lps,
+                                                "finish_reason": c.finish_reason}]})
+                    if out.finished:
+                        observe(out)
+                if include_usage:
+                    yield sse({"id": rid, "object": "text_completion", "created": created, "model": cfg.model_name,
+                               "choices": [], "usage": P.usage(sum(ptoks.values()), sum(ctoks.values()))})
+            except EngineDeadError as e:
+                yield sse(P.APIError(503, str(e), type="server_error").body())
+            yield "data: [DONE]\n\n"
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        auth(request)
+        body = await body_of(request)
+        stream, include_usage = P.stream_options(body)
+        messages = P.chat_messages(body)
+        want_lp = P._opt(body, "logprobs", "bool", False)
+        top = P._opt(body, "top_logprobs", "int", None, 0, P.MAX_LOGPROBS)
+        if top is not None and not want_lp:
+            raise P.APIError(400, "'top_logprobs' needs logprobs=true", "top_logprobs")
+        try:
+            text = tok.apply_chat_template(messages, add_generation_prompt=True)
+        except Exception as e:  # noqa: BLE001 -- the template rejected the conversation
+            raise P.APIError(400, f"the chat template cannot render these messages: {e}", "messages") from None
+        ids = tok.encode(text, add_special_tokens=False)
+        if not ids:
+            raise P.APIError(400, "the rendered conversation is empty", "messages")
+        mt = P._max_tokens(body, None, "max_completion_tokens")
+        mt = P._max_tokens(body, mt)
+        if mt is None:
+            mt = max(1, eng.max_model_len - len(ids))
+        params = P.sampling_params(body, mt, (top or 0) if want_lp else None)
+        rid = P.new_id("chatcmpl")
+        streams = await start([{"prompt_token_ids": ids}], params, rid)
+        created = P.now()
+        if not stream:
+            (out,) = await finals(request, streams)
+            observe(out)
+            choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+                        "logprobs": P.chat_logprobs(c, 0, top or 0) if want_lp else None,
+                        "finish_reason": c.finish_reason} for c in out.outputs]
+            return {"id": rid, "object": "chat.completion", "created": created, "model": cfg.model_name,
+                    "choices": choices,
+                    "usage": P.usage(len(ids), sum(len(c.token_ids) for c in out.outputs))}
+
+        def chunk(choices, **extra):
+            return sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": cfg.model_name,
+                        "choices": choices, **extra})
+
+        async def gen():
+            ctoks, done = {}, set()
+            last: dict[int, float] = {}
+            try:
+                yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None} for i in range(params.n)])
+                async for _, out in merged(streams):
+                    for c in out.outputs:
+                        if c.index in done or (not c.delta_token_ids and not c.delta_text and not c.finish_reason):
+                            continue
+                        start_tok = len(c.token_ids) - len(c.delta_token_ids)
+                        ctoks[c.index] = len(c.token_ids)
+                        itl(last, c.index, c)
+                        delta = {"content": c.delta_text} if c.delta_text or not c.finish_reason else {}
+                        if c.finish_reason:
+                            done.add(c.index)
+                        yield chunk([{"index": c.index, "delta": delta,
+                                      "logprobs": P.chat_logprobs(c, start_tok, top or 0) if want_lp else None,
+                                      "finish_reason": c.finish_reason}])
+                    if out.finished:
+                        observe(out)
+                if include_usage:
+                    yield chunk([], usage=P.usage(len(ids), sum(ctoks.values())))
+            except EngineDeadError as e:
+                yield sse(P.APIError(503, str(e), type="server_error").body())
+            yield "data: [DONE]\n\n"
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    return app

@@ -1,0 +1,177 @@
+"""The engine loop beside the server's event loop: one thread owns the LLMEngine; requests and
+aborts reach it through a queue, outputs go back to each request's asyncio queue.
+
+The thread steps the engine while it has work and blocks on the command queue when idle. A bad
+request fails alone (add_request raises ValueError, sent back to its caller); an exception out of
+step() is fatal: every in-flight request gets it, the loop is marked dead and /health fails.
+`heartbeat` is the monotonic time of the loop's last turn; a loop with work whose heartbeat is
+old is stuck (health reports it).
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from typing import AsyncIterator
+
+from decodekit.engine.llm_engine import LLMEngine
+from decodekit.engine.outputs import RequestOutput
+
+log = logging.getLogger("decodekit.server")
+
+
+class EngineDeadError(RuntimeError):
+    pass
+
+
+class RequestStream:
+    """The outputs of one request as they change; the last one has finished=True. Iterating raises
+    EngineDeadError if the loop dies. abort() (or leaving before the end) frees the request."""
+
+    def __init__(self, aeng: "AsyncEngine", request_id: str, q: asyncio.Queue):
+        self.aeng, self.request_id, self._q = aeng, request_id, q
+        self.finished = False
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        return self._iter()
+
+    async def _iter(self):
+        try:
+            while not self.finished:
+                item = await self._q.get()
+                if isinstance(item, BaseException):
+                    self.finished = True
+                    raise item
+                self.finished = item.finished
+                yield item
+        finally:
+            self.abort()
+
+    async def final(self) -> RequestOutput:
+        last = None
+        async for out in self:
+            last = out
+        return last
+
+    def abort(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self.aeng.abort(self.request_id)
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._cmds: queue.Queue = queue.Queue()
+        self._sinks: dict[str, callable] = {}
+        self._stop = threading.Event()
+        self.dead: BaseException | None = None
+        self.heartbeat = time.monotonic()
+        self.num_pending = 0          # submitted, not yet added by the loop thread (under _lock)
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="decodekit-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._cmds.put(("wake",))
+        self._thread.join(timeout)
+
+    # ------------------------------------------------------------------ state (any thread)
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.dead is None
+
+    def busy(self) -> bool:
+        return bool(self._sinks) or self.num_pending > 0
+
+    def num_waiting(self) -> int:
+        return self.engine.scheduler.num_waiting + self.num_pending
+
+    # ------------------------------------------------------------------ requests (event loop)
+    async def add(self, request_id: str, prompt, params) -> "RequestStream":
+        """Queue a request; raises ValueError if the engine rejects it (nothing else changes)."""
+        if not self.alive:
+            raise EngineDeadError(f"the engine loop is not running ({self.dead!r})")
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        added: concurrent.futures.Future = concurrent.futures.Future()
+
+        def sink(item) -> None:
+            loop.call_soon_threadsafe(q.put_nowait, item)
+
+        with self._lock:
+            self.num_pending += 1
+        self._cmds.put(("add", request_id, prompt, params, sink, added))
+        await asyncio.wrap_future(added)
+        return RequestStream(self, request_id, q)
+
+    def abort(self, request_id: str) -> None:
+        self._cmds.put(("abort", request_id))
+
+    # ------------------------------------------------------------------ the loop (its thread)
+    def _handle(self, cmd) -> None:
+        if cmd[0] == "add":
+            _, rid, prompt, params, sink, added = cmd
+            with self._lock:
+                self.num_pending -= 1
+            try:
+                self.engine.add_request(rid, prompt, params)
+            except Exception as e:  # noqa: BLE001 -- a bad request fails alone
+                added.set_exception(e if isinstance(e, ValueError) else ValueError(str(e)))
+                return
+            self._sinks[rid] = sink
+            added.set_result(None)
+        elif cmd[0] == "abort":
+            if self._sinks.pop(cmd[1], None) is not None:
+                self.engine.abort_request(cmd[1])
+                # the engine reports the aborted request once more on its next step; nobody listens
+
+    def _run(self) -> None:
+        eng = self.engine
+        try:
+            while not self._stop.is_set():
+                idle = not eng.has_unfinished_requests()
+                try:
+                    cmd = self._cmds.get(timeout=0.5) if idle else self._cmds.get_nowait()
+                    self._handle(cmd)
+                    while True:
+                        self._handle(self._cmds.get_nowait())
+                except queue.Empty:
+                    pass
+                self.heartbeat = time.monotonic()
+                if eng.has_unfinished_requests():
+                    for out in eng.step():
+                        sink = self._sinks.get(out.request_id)
+                        if sink is not None:
+                            sink(out)
+                            if out.finished:
+                                del self._sinks[out.request_id]
+                    self.heartbeat = time.monotonic()
+        except BaseException as e:  # noqa: BLE001 -- fatal: tell everyone, health goes red
+            log.exception("engine loop died")
+            self.dead = e
+            err = EngineDeadError(f"engine loop died: {e!r}")
+            for sink in self._sinks.values():
+                sink(err)
+            self._sinks.clear()
+        finally:
+            # anything still queued (shutdown): fail it rather than leave a client waiting
+            while True:
+                try:
+                    cmd = self._cmds.get_nowait()
+                except queue.Empty:
+                    break
+                if cmd[0] == "add":
+                    with self._lock:
+                        self.num_pending -= 1
+                    cmd[5].set_exception(EngineDeadError("the server is shutting down"))
+            for rid, sink in list(self._sinks.items()):
+                eng.abort_request(rid)
+                sink(EngineDeadError("the server is shutting down"))
+            self._sinks.clear()

@@ -1,0 +1,226 @@
+"""OpenAI request parsing and response shapes for /v1/completions and /v1/chat/completions.
+
+Every invalid request raises APIError naming the offending field (`param`) with the allowed range;
+the app turns it into {"error": {"message", "type", "param", "code"}} and a 4xx status. Unknown
+fields are ignored (as the OpenAI API does); `model` must name the served model when given.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+
+from decodekit.sampling import SamplingParams
+from decodekit.sampling.params import SamplingParamsError
+
+MAX_LOGPROBS = 20
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 type: str = "invalid_request_error", code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_json_body(raw: bytes) -> dict:
+    """The request body as a JSON object (strict UTF-8, no NaN / Infinity)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise APIError(400, f"the request body is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    try:
+        body = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as e:
+        raise APIError(400, f"the request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+# --------------------------------------------------------------------------- field checks
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _opt(body: dict, name: str, kind: str, default=None, lo=None, hi=None):
+    """body[name] checked: kind int / number / bool / str; None (or absent) gives the default."""
+    v = body.get(name)
+    if v is None:
+        return default
+    rng = "" if lo is None and hi is None else f" in [{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
+    ok = {"int": _is_int(v), "number": (_is_int(v) or isinstance(v, float)), "bool": isinstance(v, bool),
+          "str": isinstance(v, str)}[kind]
+    if not ok:
+        raise APIError(400, f"'{name}' must be {'an' if kind == 'int' else 'a'} {kind}{rng}, got {json.dumps(v)[:80]}",
+                       name)
+    if kind in ("int", "number"):
+        if isinstance(v, float) and not math.isfinite(v):
+            raise APIError(400, f"'{name}' must be finite", name)
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise APIError(400, f"'{name}' must be{rng}, got {v}", name)
+    return v
+
+
+def _stop(body: dict) -> list[str]:
+    s = body.get("stop")
+    if s is None:
+        return []
+    if isinstance(s, str):
+        s = [s]
+    if not isinstance(s, list) or not all(isinstance(x, str) for x in s) or len(s) > 16:
+        raise APIError(400, "'stop' must be a string or a list of at most 16 strings", "stop")
+    if any(x == "" for x in s):
+        raise APIError(400, "'stop' strings must not be empty", "stop")
+    return s
+
+
+def sampling_params(body: dict, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    """The SamplingParams of a request body (OpenAI fields plus top_k, min_p, repetition_penalty,
+    ignore_eos, min_tokens, stop_token_ids, skip_special_tokens)."""
+    kw = dict(
+        n=_opt(body, "n", "int", 1, 1), temperature=_opt(body, "temperature", "number", 1.0, 0, 2),
+        top_p=_opt(body, "top_p", "number", 1.0, 0, 1), top_k=_opt(body, "top_k", "int", -1, -1),
+        min_p=_opt(body, "min_p", "number", 0.0, 0, 1),
+        presence_penalty=_opt(body, "presence_penalty", "number", 0.0, -2, 2),
+        frequency_penalty=_opt(body, "frequency_penalty", "number", 0.0, -2, 2),
+        repetition_penalty=_opt(body, "repetition_penalty", "number", 1.0),
+        seed=_opt(body, "seed", "int", None), stop=_stop(body),
+        ignore_eos=_opt(body, "ignore_eos", "bool", False), min_tokens=_opt(body, "min_tokens", "int", 0, 0),
+        skip_special_tokens=_opt(body, "skip_special_tokens", "bool", True),
+        include_stop_str_in_output=_opt(body, "include_stop_str_in_output", "bool", False),
+        max_tokens=max_tokens, logprobs=logprobs)
+    ids = body.get("stop_token_ids")
+    if ids is not None:
+        if not isinstance(ids, list) or not all(_is_int(t) for t in ids):
+            raise APIError(400, "'stop_token_ids' must be a list of ints", "stop_token_ids")
+        kw["stop_token_ids"] = ids
+    if kw["seed"] is not None and not 0 <= kw["seed"] < 2 ** 63:
+        raise APIError(400, f"'seed' must be in [0, 2^63), got {kw['seed']}", "seed")
+    try:
+        return SamplingParams(**kw)
+    except SamplingParamsError as e:
+        raise APIError(400, str(e), e.field) from None
+    except ValueError as e:
+        raise APIError(400, str(e)) from None
+
+
+def _max_tokens(body: dict, default: int | None, name: str = "max_tokens") -> int | None:
+    return _opt(body, name, "int", default, 1)
+
+
+def stream_options(body: dict) -> tuple[bool, bool]:
+    stream = _opt(body, "stream", "bool", False)
+    so = body.get("stream_options")
+    if so is None:
+        return stream, False
+    if not isinstance(so, dict):
+        raise APIError(400, "'stream_options' must be an object", "stream_options")
+    if not stream:
+        raise APIError(400, "'stream_options' is only allowed with stream=true", "stream_options")
+    return stream, _opt(so, "include_usage", "bool", False)
+
+
+def completion_prompts(body: dict, vocab_size: int) -> list:
+    """The prompt(s): a string, a list of token ids, or a list of either (a batch)."""
+    p = body.get("prompt")
+    if p is None:
+        raise APIError(400, "'prompt' is required", "prompt")
+
+    def one(x):
+        if isinstance(x, str):
+            if not x:
+                raise APIError(400, "'prompt' must not be empty", "prompt")
+            return x
+        if isinstance(x, list) and x and all(_is_int(t) for t in x):
+            bad = next((t for t in x if not 0 <= t < vocab_size), None)
+            if bad is not None:
+                raise APIError(400, f"'prompt' token ids must be in [0, {vocab_size}), got {bad}", "prompt")
+            return {"prompt_token_ids": x}
+        raise APIError(400, "'prompt' must be a non-empty string, a non-empty list of token ids, or a list of those",
+                       "prompt")
+    if isinstance(p, list) and p and all(isinstance(x, (str, list)) for x in p) and not all(_is_int(t) for t in p):
+        if len(p) > 64:
+            raise APIError(400, f"'prompt' batches hold at most 64 prompts, got {len(p)}", "prompt")
+        return [one(x) for x in p]
+    return [one(p)]
+
+
+def chat_messages(body: dict) -> list[dict]:
+    m = body.get("messages")
+    if not isinstance(m, list) or not m:
+        raise APIError(400, "'messages' must be a non-empty list of {role, content} objects", "messages")
+    out = []
+    for i, msg in enumerate(m):
+        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+            raise APIError(400, f"'messages[{i}]' must be an object with a string 'role'", "messages")
+        c = msg.get("content")
+        if isinstance(c, list):  # content parts: text only
+            texts = []
+            for part in c:
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise APIError(400, f"'messages[{i}].content' parts must be {{type: text, text: str}}", "messages")
+                texts.append(part["text"])
+            c = "".join(texts)
+        if c is None:
+            c = ""
+        if not isinstance(c, str):
+            raise APIError(400, f"'messages[{i}].content' must be a string or a list of text parts", "messages")
+        out.append({"role": msg["role"], "content": c})
+    return out
+
+
+# --------------------------------------------------------------------------- responses
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def completion_logprobs(tokenizer, out, start: int = 0, offset0: int = 0) -> dict | None:
+    """Legacy completions logprobs of out.token_ids[start:] (tokens, token_logprobs, top_logprobs,
+    text_offset)."""
+    if out.logprobs is None:
+        return None
+    toks, lps, tops, offs = [], [], [], []
+    off = offset0
+    for tid, entry in zip(out.token_ids[start:], out.logprobs[start:]):
+        s = tokenizer.decode([tid], skip_special_tokens=False)
+        toks.append(s)
+        lps.append(entry[tid].logprob if tid in entry else None)
+        tops.append({(e.decoded_token or ""): e.logprob for t, e in entry.items()})
+        offs.append(off)
+        off += len(s)
+    return {"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs}
+
+
+def chat_logprobs(out, start: int, top: int) -> dict | None:
+    if out.logprobs is None:
+        return None
+    content = []
+    for tid, entry in zip(out.token_ids[start:], out.logprobs[start:]):
+        e = entry.get(tid)
+        s = e.decoded_token if e is not None and e.decoded_token is not None else ""
+        ranked = sorted(((t, x) for t, x in entry.items() if x.rank is not None and x.rank <= top),
+                        key=lambda kv: kv[1].rank)[:top]
+        content.append({"token": s, "logprob": e.logprob if e is not None else None,
+                        "bytes": list(s.encode("utf-8")),
+                        "top_logprobs": [{"token": x.decoded_token or "", "logprob": x.logprob,
+                                          "bytes": list((x.decoded_token or "").encode("utf-8"))} for _, x in ranked]})
+    return {"content": content}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
