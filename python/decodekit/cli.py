@@ -3,7 +3,7 @@
     decodekit generate "prompt"   complete a prompt (default: the embedded SmolLM2-135M-Instruct)
     decodekit chat                interactive chat that streams tokens
     decodekit serve               OpenAI-compatible HTTP server (decodekit.server)
-    decodekit bench latency|throughput   offline engine benchmarks
+    decodekit bench latency|throughput   offline engine benchmarks; bench serve: against a live server
     decodekit demo                run every op against its float64 reference and time it
     decodekit info                what this build contains (CPU / CUDA kernels, versions)
 """
@@ -227,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--tokens", type=int, default=256, help="number of tokens in the batch (default 256)")
     d.add_argument("--seed", type=int, default=0, help="random seed for the inputs")
     d.set_defaults(fn=_demo)
-    b = sub.add_parser("bench", help="engine benchmarks: latency (batch 1) and throughput (batched)")
+    b = sub.add_parser("bench", help="benchmarks: latency (batch 1), throughput (batched), serve (a live server)")
     bsub = b.add_subparsers(dest="bench_kind", required=True)
     from decodekit.bench import engine_bench
     for kind, helptext in (("latency", "one request at a time: prefill and decode tokens/s"),
@@ -236,6 +236,11 @@ def build_parser() -> argparse.ArgumentParser:
                              formatter_class=argparse.RawDescriptionHelpFormatter)
         engine_bench.add_args(bp)
         bp.set_defaults(fn=lambda a, k=kind: engine_bench.run(k, a))
+    from decodekit.bench import serve_bench
+    sp = bsub.add_parser("serve", help="serving benchmark against an OpenAI-compatible server",
+                         description=serve_bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve_bench.add_args(sp)
+    sp.set_defaults(fn=serve_bench.run)
     q = sub.add_parser("quantize", help="quantize a float HF checkpoint to INT4 and save it",
                        description="Quantize the projections of a float Hugging Face directory to INT4 (GPTQ with "
                                    "act-order on built-in calibration text, or round to nearest) and save a "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import wait_idle
+from server_harness import wait_idle
 
 openai = pytest.importorskip("openai")
 
@@ -87,7 +87,7 @@ def test_speculative_server_same_greedy_output(server, client):
     """A server started with --spec ngram answers greedy requests exactly as the plain one and
     exports the acceptance metrics."""
     import httpx
-    from conftest import LiveServer
+    from server_harness import LiveServer
     from decodekit.engine.args import EngineArgs
     from decodekit.engine.llm_engine import LLMEngine
     from decodekit.server.async_engine import AsyncEngine

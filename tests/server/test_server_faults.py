@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import LiveServer, wait_idle
+from server_harness import LiveServer, wait_idle
 
 httpx = pytest.importorskip("httpx")
 

@@ -1,0 +1,205 @@
+"""`decodekit bench serve`: a serving benchmark client for any OpenAI-compatible server (vLLM's
+conventions). Streams every request and reports TTFT, TPOT, ITL and end-to-end latency (mean, median,
+p90, p99), request / output-token / total-token throughput and goodput under SLOs.
+
+Arrivals: --request-rate R requests/s with gamma-distributed gaps of shape --burstiness (1 = Poisson;
+inf rate = all at once), at most --max-concurrency in flight. Prompts: random token ids of --input-len
+(sent as token lists to /v1/completions, --output-len tokens each with ignore_eos) or the first turn
+of a ShareGPT-format JSON (--dataset, tokenized by the server; output length from the answer's length
+in characters / 4, capped by --output-len).
+TPOT = (e2e - ttft) / (output tokens - 1, from the usage chunk); ITL = gaps between streamed chunks
+(as vLLM counts them: a speculative step's chunk may carry several tokens).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import statistics
+import time
+
+
+def _pct(xs, p):
+    if not xs:
+        return None
+    xs = sorted(xs)
+    k = (len(xs) - 1) * p / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def _summary(xs) -> dict:
+    ms = [1e3 * x for x in xs]
+    return {"mean_ms": statistics.fmean(ms) if ms else None, "median_ms": _pct(ms, 50), "p90_ms": _pct(ms, 90),
+            "p99_ms": _pct(ms, 99)}
+
+
+def parse_goodput(items) -> dict:
+    """["ttft:500", "tpot:50"] -> {"ttft": 0.5, "tpot": 0.05} (seconds)."""
+    out = {}
+    for it in items or []:
+        k, _, v = it.partition(":")
+        if k not in ("ttft", "tpot", "e2el") or not v:
+            raise ValueError(f"--goodput items are ttft:MS, tpot:MS or e2el:MS, got {it!r}")
+        try:
+            ms = float(v)
+        except ValueError:
+            raise ValueError(f"--goodput {k}: {v!r} is not a number of milliseconds") from None
+        if not ms > 0:
+            raise ValueError(f"--goodput {k} must be > 0 ms, got {v}")
+        out[k] = ms / 1e3
+    return out
+
+
+def _requests(args) -> list[dict]:
+    rng = random.Random(args.seed)
+    if args.dataset:
+        with open(args.dataset) as f:
+            data = json.load(f)
+        reqs = []
+        for item in data:
+            conv = item.get("conversations") if isinstance(item, dict) else None
+            if not conv or len(conv) < 2:
+                continue
+            q, a = conv[0].get("value", ""), conv[1].get("value", "")
+            if q:
+                reqs.append({"prompt": q, "max_tokens": max(1, min(args.output_len, len(a) // 4 or 1))})
+        if not reqs:
+            raise ValueError(f"--dataset {args.dataset}: no ShareGPT conversations with an answer found")
+        rng.shuffle(reqs)
+        return [reqs[i % len(reqs)] for i in range(args.num_prompts)]
+    return [{"prompt": [rng.randrange(100, args.vocab) for _ in range(args.input_len)], "max_tokens": args.output_len}
+            for _ in range(args.num_prompts)]
+
+
+async def _one(client, url, model, req, headers) -> dict:
+    body = {"model": model, "prompt": req["prompt"], "max_tokens": req["max_tokens"], "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    ttft, last, itl, n, err, usage = None, None, [], 0, None, None
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as r:
+            if r.status_code != 200:
+                err = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+            else:
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        err = chunk["error"].get("message")
+                        break
+                    if chunk.get("usage"):
+                        usage = chunk["usage"]
+                    if not chunk.get("choices") or not chunk["choices"][0].get("text"):
+                        continue
+                    now = time.perf_counter()
+                    if ttft is None:
+                        ttft = now - t0
+                    elif last is not None:
+                        itl.append(now - last)
+                    last = now
+                    n += 1
+    except Exception as e:  # noqa: BLE001 -- a failed request is counted, not fatal
+        err = f"{type(e).__name__}: {e}"
+    e2e = time.perf_counter() - t0
+    out_tokens = usage["completion_tokens"] if usage else n
+    prompt_tokens = usage["prompt_tokens"] if usage else (len(req["prompt"]) if isinstance(req["prompt"], list) else 0)
+    return {"ok": err is None and ttft is not None, "error": err, "ttft": ttft, "e2e": e2e, "itl": itl,
+            "output_tokens": out_tokens, "prompt_tokens": prompt_tokens}
+
+
+async def _run(args, reqs, model) -> tuple[list[dict], float]:
+    import httpx
+    url = args.base_url.rstrip("/") + args.endpoint
+    headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    rng = random.Random(args.seed + 1)
+    sem = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
+    limits = httpx.Limits(max_connections=args.max_concurrency or len(reqs) + 8, max_keepalive_connections=64)
+
+    async with httpx.AsyncClient(timeout=args.timeout, limits=limits) as client:
+        async def guarded(req):
+            if sem is None:
+                return await _one(client, url, model, req, headers)
+            async with sem:
+                return await _one(client, url, model, req, headers)
+
+        tasks = []
+        t0 = time.perf_counter()
+        for req in reqs:
+            tasks.append(asyncio.ensure_future(guarded(req)))
+            if math.isfinite(args.request_rate):
+                theta = 1.0 / (args.request_rate * args.burstiness)
+                await asyncio.sleep(rng.gammavariate(args.burstiness, theta))
+        results = await asyncio.gather(*tasks)
+        return results, time.perf_counter() - t0
+
+
+def run(args) -> int:
+    import httpx
+    for name in ("num_prompts", "input_len", "output_len"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    if not args.request_rate > 0:
+        raise ValueError(f"--request-rate must be > 0 (inf: all at once), got {args.request_rate}")
+    if not args.burstiness > 0:
+        raise ValueError(f"--burstiness must be > 0, got {args.burstiness}")
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        raise ValueError("--max-concurrency must be >= 1")
+    slo = parse_goodput(args.goodput)
+    headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    model = args.model
+    if model is None:
+        r = httpx.get(args.base_url.rstrip("/") + "/v1/models", headers=headers, timeout=30)
+        r.raise_for_status()
+        model = r.json()["data"][0]["id"]
+    reqs = _requests(args)
+    results, dur = asyncio.run(_run(args, reqs, model))
+    ok = [r for r in results if r["ok"]]
+    out_tok = sum(r["output_tokens"] for r in ok)
+    tpots = [(r["e2e"] - r["ttft"]) / (r["output_tokens"] - 1) for r in ok if r["output_tokens"] > 1]
+
+    def good(r):
+        tpot = (r["e2e"] - r["ttft"]) / (r["output_tokens"] - 1) if r["output_tokens"] > 1 else 0.0
+        return all({"ttft": r["ttft"], "tpot": tpot, "e2el": r["e2e"]}[k] <= v for k, v in slo.items())
+
+    res = {"bench": "serve", "base_url": args.base_url, "model": model, "num_prompts": len(reqs),
+           "request_rate": args.request_rate, "burstiness": args.burstiness, "max_concurrency": args.max_concurrency,
+           "completed": len(ok), "failed": len(results) - len(ok),
+           "errors": sorted({r["error"] for r in results if r["error"]})[:5],
+           "duration_s": dur, "request_throughput": len(ok) / dur, "output_throughput": out_tok / dur,
+           "total_token_throughput": (out_tok + sum(r["prompt_tokens"] for r in ok)) / dur,
+           "ttft": _summary([r["ttft"] for r in ok]), "tpot": _summary(tpots),
+           "itl": _summary([g for r in ok for g in r["itl"]]), "e2el": _summary([r["e2e"] for r in ok]),
+           "date": time.strftime("%Y-%m-%d %H:%M")}
+    if slo:
+        res["goodput"] = {"slo_s": slo, "request_goodput": sum(good(r) for r in ok) / dur}
+    text = json.dumps(res, indent=2)
+    print(text)
+    if args.output_json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.output_json)), exist_ok=True)
+        with open(args.output_json, "w") as f:
+            f.write(text + "\n")
+    return 0 if ok else 1
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="the server (default http://127.0.0.1:8000)")
+    p.add_argument("--endpoint", default="/v1/completions", help="completions endpoint path")
+    p.add_argument("--model", default=None, help="model id (default: the server's first /v1/models entry)")
+    p.add_argument("--api-key", default=None, help="sent as Authorization: Bearer KEY")
+    p.add_argument("--dataset", default=None, help="ShareGPT-format JSON (default: random token prompts)")
+    p.add_argument("--num-prompts", type=int, default=100, help="requests (default 100)")
+    p.add_argument("--input-len", type=int, default=128, help="random prompts: tokens (default 128)")
+    p.add_argument("--output-len", type=int, default=64, help="tokens per request (default 64; dataset: a cap)")
+    p.add_argument("--vocab", type=int, default=49152, help="random prompts: token ids below this (default 49152)")
+    p.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (default inf: all at once)")
+    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps (1 = Poisson)")
+    p.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most")
+    p.add_argument("--goodput", nargs="*", default=None, help="SLOs: ttft:MS tpot:MS e2el:MS")
+    p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
+    p.add_argument("--seed", type=int, default=0, help="prompt and arrival seed")
+    p.add_argument("--output-json", default=None, help="write the result here")
