@@ -21,6 +21,7 @@
 // Fully unrolled loops keep acc[NB][MM] in registers (a loop over j left rolled indexes the array
 // at run time, which puts it on the stack).
 #define DK_UNROLL_ALL DK_PRAGMA(GCC unroll 16)
+#define DK_FORCE_INLINE inline __attribute__((always_inline))
 
 namespace dk {
 namespace cpu {
@@ -39,6 +40,29 @@ inline float half_dot(const half_t* w, const float* x, int64_t n) {
   return t;
 }
 
+// The block's weight rows (past N: row N - 1 again, not written) and zeroed accumulators.
+template <int NB, int MM>
+DK_FORCE_INLINE void small_m_begin(int64_t nb, int64_t N, int64_t (&rows)[NB], __m512 (&acc)[NB][MM]) {
+  DK_UNROLL_ALL
+  for (int j = 0; j < NB; ++j) {
+    rows[j] = std::min<int64_t>(nb * NB + j, N - 1);
+    for (int r = 0; r < MM; ++r) acc[j][r] = _mm512_setzero_ps();
+  }
+}
+
+// out[r, n] = reduce(acc[j][r]) + extra(n, r) (+ bias[n]) for the block's real rows: the GEMV's order.
+template <int NB, int MM, class T, class RowExtra>
+DK_FORCE_INLINE void small_m_end(T* out, int64_t out_stride, const T* bias, int64_t nb, int64_t N,
+                                 const int64_t (&rows)[NB], const __m512 (&acc)[NB][MM], RowExtra extra) {
+  for (int j = 0; j < NB && nb * NB + j < N; ++j) {
+    for (int r = 0; r < MM; ++r) {
+      float v = _mm512_reduce_add_ps(acc[j][r]) + extra(rows[j], r);
+      if (bias) v += to_float(bias[rows[j]]);
+      out[r * out_stride + rows[j]] = from_float<T>(v);
+    }
+  }
+}
+
 // out[r, n] = sum_k a[r, k] * w[n, k] (+ bias[n]) for r < MM; a: fp32 [MM, K] (row stride K);
 // asum: fp32 [MM, K / G], each row's per-group activation sums. Per element this is exactly the
 // one-row GEMV's arithmetic (int4.h: gemv4_g32_avx512): per group the unscaled 16-lane dot of the
@@ -54,11 +78,7 @@ void int4_small_m_block(T* out, int64_t out_stride, const float* a, const float*
     const __m512i low4 = _mm512_set1_epi32(15);
     int64_t rows[NB];
     __m512 acc[NB][MM];
-    DK_UNROLL_ALL
-    for (int j = 0; j < NB; ++j) {
-      rows[j] = std::min<int64_t>(nb * NB + j, N - 1);
-      for (int r = 0; r < MM; ++r) acc[j][r] = _mm512_setzero_ps();
-    }
+    small_m_begin(nb, N, rows, acc);
     for (int64_t g = 0; g < ng; ++g) {
       DK_UNROLL_ALL
       for (int j = 0; j < NB; ++j) {
@@ -87,13 +107,8 @@ void int4_small_m_block(T* out, int64_t out_stride, const float* a, const float*
         for (int r = 0; r < MM; ++r) acc[j][r] = _mm512_fmadd_ps(t[r], d, acc[j][r]);
       }
     }
-    for (int j = 0; j < NB && nb * NB + j < N; ++j) {
-      for (int r = 0; r < MM; ++r) {
-        float v = _mm512_reduce_add_ps(acc[j][r]) + half_dot(mins + rows[j] * ng, asum + r * ng, ng);
-        if (bias) v += to_float(bias[rows[j]]);
-        out[r * out_stride + rows[j]] = from_float<T>(v);
-      }
-    }
+    small_m_end(out, out_stride, bias, nb, N, rows, acc,
+                [&](int64_t n, int r) { return half_dot(mins + n * ng, asum + r * ng, ng); });
   }
 }
 
@@ -106,11 +121,7 @@ void int8_small_m_block(T* out, int64_t out_stride, const float* a, const int8_t
   for (int64_t nb = 0; nb < nblocks; ++nb) {
     int64_t rows[NB];
     __m512 acc[NB][MM];
-    DK_UNROLL_ALL
-    for (int j = 0; j < NB; ++j) {
-      rows[j] = std::min<int64_t>(nb * NB + j, N - 1);
-      for (int r = 0; r < MM; ++r) acc[j][r] = _mm512_setzero_ps();
-    }
+    small_m_begin(nb, N, rows, acc);
     for (int64_t g = 0; g < ng; ++g) {
       DK_UNROLL_ALL
       for (int j = 0; j < NB; ++j) {
@@ -133,13 +144,7 @@ void int8_small_m_block(T* out, int64_t out_stride, const float* a, const int8_t
         for (int r = 0; r < MM; ++r) acc[j][r] = _mm512_fmadd_ps(t[r], d, acc[j][r]);
       }
     }
-    for (int j = 0; j < NB && nb * NB + j < N; ++j) {
-      for (int r = 0; r < MM; ++r) {
-        float v = _mm512_reduce_add_ps(acc[j][r]) + 0.f;
-        if (bias) v += to_float(bias[rows[j]]);
-        out[r * out_stride + rows[j]] = from_float<T>(v);
-      }
-    }
+    small_m_end(out, out_stride, bias, nb, N, rows, acc, [](int64_t, int) { return 0.f; });
   }
 }
 

@@ -53,7 +53,8 @@ class Request:
                          they depend only on the tokens, so they stay valid across preemption
       num_cached_tokens  prefix-cache hit (tokens) when first scheduled; -1 before that
       num_preemptions    how many times this request was preempted (recompute-style)
-      spec_token_ids     draft tokens (speculative decoding; always empty for now)
+      spec_token_ids     this step's draft tokens (speculative decoding: set before scheduling,
+                         verified in the step, cleared by update_from_output / preemption)
     """
 
     __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "arrival_time",
@@ -119,7 +120,7 @@ class Request:
 
     @property
     def num_tokens_with_spec(self) -> int:
-        """num_tokens plus draft tokens (room for speculative decoding; equal for now)."""
+        """num_tokens plus this step's draft tokens."""
         return len(self._all_token_ids) + len(self.spec_token_ids)
 
     @property

@@ -83,9 +83,10 @@ class SpecDecoder:
         drafts = [list(r.spec_token_ids[:sr.num_spec]) for sr, r in zip(rows, reqs)]
         params, outs, prompts, sds, steps = [], [], [], [], []
         for r, d, seed in zip(reqs, drafts, seeds):
+            pen = r.sampling_params.has_penalties   # only penalties read the generated tokens
             for j in range(len(d) + 1):
                 params.append(r.sampling_params)
-                outs.append(r.output_token_ids + d[:j] if j else r.output_token_ids)
+                outs.append(r.output_token_ids + d[:j] if j and pen else r.output_token_ids)
                 prompts.append(r.prompt_token_ids)
                 sds.append(seed)
                 steps.append(r.num_output_tokens + j)
@@ -107,8 +108,8 @@ class SpecDecoder:
             torch.tensor(seeds, dtype=torch.int64, device=dev),
             torch.tensor([r.num_output_tokens for r in reqs], dtype=torch.int64, device=dev),
             greedy=md.all_greedy)
-        out, n = out.tolist(), n.tolist()
-        tokens = [o[:m] for o, m in zip(out, n)]
+        rows = torch.cat([out, n[:, None].to(out.dtype)], 1).tolist()   # one host sync
+        tokens = [row[:row[-1]] for row in rows]
         lp_out, lp_index = None, [[] for _ in reqs]
         if md.max_num_logprobs is not None:
             starts = [0]

@@ -189,12 +189,12 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         auth(request)
         body = await body_of(request)
         stream, include_usage = P.stream_options(body)
-        if P._opt(body, "echo", "bool", False):
+        if P.field(body, "echo", "bool", False):
             raise P.APIError(400, "'echo' is not supported", "echo")
-        best_of = P._opt(body, "best_of", "int", None, 1)
-        lp = P._opt(body, "logprobs", "int", None, 0, P.MAX_LOGPROBS)
+        best_of = P.field(body, "best_of", "int", None, 1)
+        lp = P.field(body, "logprobs", "int", None, 0, P.MAX_LOGPROBS)
         prompts = P.completion_prompts(body, vocab)
-        params = P.sampling_params(body, P._max_tokens(body, 16), lp)
+        params = P.sampling_params(body, P.field(body, "max_tokens", "int", 16, 1), lp)
         if best_of is not None and best_of != params.n:
             raise P.APIError(400, "'best_of' different from 'n' is not supported", "best_of")
         rid = P.new_id("cmpl")
@@ -250,8 +250,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         body = await body_of(request)
         stream, include_usage = P.stream_options(body)
         messages = P.chat_messages(body)
-        want_lp = P._opt(body, "logprobs", "bool", False)
-        top = P._opt(body, "top_logprobs", "int", None, 0, P.MAX_LOGPROBS)
+        want_lp = P.field(body, "logprobs", "bool", False)
+        top = P.field(body, "top_logprobs", "int", None, 0, P.MAX_LOGPROBS)
         if top is not None and not want_lp:
             raise P.APIError(400, "'top_logprobs' needs logprobs=true", "top_logprobs")
         try:
@@ -261,8 +261,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         ids = tok.encode(text, add_special_tokens=False)
         if not ids:
             raise P.APIError(400, "the rendered conversation is empty", "messages")
-        mt = P._max_tokens(body, None, "max_completion_tokens")
-        mt = P._max_tokens(body, mt)
+        mt = P.field(body, "max_tokens", "int", P.field(body, "max_completion_tokens", "int", None, 1), 1)
         if mt is None:
             mt = max(1, eng.max_model_len - len(ids))
         params = P.sampling_params(body, mt, (top or 0) if want_lp else None)

@@ -52,7 +52,7 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _opt(body: dict, name: str, kind: str, default=None, lo=None, hi=None):
+def field(body: dict, name: str, kind: str, default=None, lo=None, hi=None):
     """body[name] checked: kind int / number / bool / str; None (or absent) gives the default."""
     v = body.get(name)
     if v is None:
@@ -88,16 +88,16 @@ def sampling_params(body: dict, max_tokens: int, logprobs: int | None) -> Sampli
     """The SamplingParams of a request body (OpenAI fields plus top_k, min_p, repetition_penalty,
     ignore_eos, min_tokens, stop_token_ids, skip_special_tokens)."""
     kw = dict(
-        n=_opt(body, "n", "int", 1, 1), temperature=_opt(body, "temperature", "number", 1.0, 0, 2),
-        top_p=_opt(body, "top_p", "number", 1.0, 0, 1), top_k=_opt(body, "top_k", "int", -1, -1),
-        min_p=_opt(body, "min_p", "number", 0.0, 0, 1),
-        presence_penalty=_opt(body, "presence_penalty", "number", 0.0, -2, 2),
-        frequency_penalty=_opt(body, "frequency_penalty", "number", 0.0, -2, 2),
-        repetition_penalty=_opt(body, "repetition_penalty", "number", 1.0),
-        seed=_opt(body, "seed", "int", None), stop=_stop(body),
-        ignore_eos=_opt(body, "ignore_eos", "bool", False), min_tokens=_opt(body, "min_tokens", "int", 0, 0),
-        skip_special_tokens=_opt(body, "skip_special_tokens", "bool", True),
-        include_stop_str_in_output=_opt(body, "include_stop_str_in_output", "bool", False),
+        n=field(body, "n", "int", 1, 1), temperature=field(body, "temperature", "number", 1.0, 0, 2),
+        top_p=field(body, "top_p", "number", 1.0, 0, 1), top_k=field(body, "top_k", "int", -1, -1),
+        min_p=field(body, "min_p", "number", 0.0, 0, 1),
+        presence_penalty=field(body, "presence_penalty", "number", 0.0, -2, 2),
+        frequency_penalty=field(body, "frequency_penalty", "number", 0.0, -2, 2),
+        repetition_penalty=field(body, "repetition_penalty", "number", 1.0),
+        seed=field(body, "seed", "int", None), stop=_stop(body),
+        ignore_eos=field(body, "ignore_eos", "bool", False), min_tokens=field(body, "min_tokens", "int", 0, 0),
+        skip_special_tokens=field(body, "skip_special_tokens", "bool", True),
+        include_stop_str_in_output=field(body, "include_stop_str_in_output", "bool", False),
         max_tokens=max_tokens, logprobs=logprobs)
     ids = body.get("stop_token_ids")
     if ids is not None:
@@ -114,12 +114,8 @@ def sampling_params(body: dict, max_tokens: int, logprobs: int | None) -> Sampli
         raise APIError(400, str(e)) from None
 
 
-def _max_tokens(body: dict, default: int | None, name: str = "max_tokens") -> int | None:
-    return _opt(body, name, "int", default, 1)
-
-
 def stream_options(body: dict) -> tuple[bool, bool]:
-    stream = _opt(body, "stream", "bool", False)
+    stream = field(body, "stream", "bool", False)
     so = body.get("stream_options")
     if so is None:
         return stream, False
@@ -127,7 +123,7 @@ def stream_options(body: dict) -> tuple[bool, bool]:
         raise APIError(400, "'stream_options' must be an object", "stream_options")
     if not stream:
         raise APIError(400, "'stream_options' is only allowed with stream=true", "stream_options")
-    return stream, _opt(so, "include_usage", "bool", False)
+    return stream, field(so, "include_usage", "bool", False)
 
 
 def completion_prompts(body: dict, vocab_size: int) -> list:

@@ -1,6 +1,8 @@
-"""Speculative decoding (issue 6): drafters that propose tokens for the target model to verify with
-the exact rejection_sample op (decodekit.ops.rejection_sample). So far: the n-gram / prompt-lookup
-drafter."""
+"""Speculative decoding's drafters (issue 6): n-gram / prompt lookup, layer-skip and draft model
+(drafters.py), the adaptive draft length (adaptive.py). The engine side (proposing, verifying with
+decodekit.ops.rejection_sample, rollback) is decodekit.engine.spec_decode."""
+from .adaptive import AdaptiveK, StepCostModel
+from .drafters import ModelDrafter, NgramDrafter
 from .ngram import NgramProposer
 
-__all__ = ["NgramProposer"]
+__all__ = ["AdaptiveK", "ModelDrafter", "NgramDrafter", "NgramProposer", "StepCostModel"]
