@@ -8,9 +8,11 @@ from dataclasses import dataclass
 
 import torch
 
+from .packed import PackedWeight
+
 
 @dataclass
-class Fp8Weight:
+class Fp8Weight(PackedWeight):
     qweight: torch.Tensor   # [N, K] float8_e4m3fn
     scales: torch.Tensor    # [N] float32: w[n, :] ~ float(qweight[n, :]) * scales[n]
 
@@ -21,18 +23,6 @@ class Fp8Weight:
         if self.scales.dtype != torch.float32 or tuple(self.scales.shape) != (self.qweight.shape[0],):
             raise ValueError(f"Fp8Weight.scales must be float32 [{self.qweight.shape[0]}], got {self.scales.dtype} "
                              f"{tuple(self.scales.shape)}")
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return tuple(self.qweight.shape)
-
-    @property
-    def device(self) -> torch.device:
-        return self.qweight.device
-
-    @property
-    def nbytes(self) -> int:
-        return self.qweight.numel() + 4 * self.scales.numel()
 
     def to(self, device) -> "Fp8Weight":
         return Fp8Weight(self.qweight.to(device), self.scales.to(device))

@@ -109,19 +109,26 @@ def from_gptq(qweight: torch.Tensor,        # [K/8, N] int32
     return _from_codes(codes, scales.t(), zeros, group, perm)
 
 
+def _scales_zeros(w: Int4Weight, group_size: int | None, zmin: int, zmax: int, who: str):
+    """(group, scales [N, K/group], integer zeros [N, K/group]) of w in a checkpoint's group (default
+    w's own; a multiple of it dividing K), checking mins == -scale * zero with zero in zmin..zmax."""
+    K, G = w.shape[1], w.group_size
+    group = group_size or G
+    _check(group % G == 0 and K % group == 0, f"{who}: group_size {group} is not a multiple of {G} dividing {K}")
+    rep = group // G
+    s = w.scales.float().cpu()[:, ::rep]
+    z = torch.round(-w.mins.float().cpu()[:, ::rep] / s)
+    _check(bool(((z >= zmin) & (z <= zmax)).all()),
+           f"{who}: mins are not -scale * zero with zero in {zmin}..{zmax}")
+    return group, s, z
+
+
 def to_gptq(w: Int4Weight, group_size: int | None = None) -> dict[str, torch.Tensor]:
     """Int4Weight -> {"qweight", "qzeros", "scales", "g_idx"} in the GPTQ v1 format (inverse of
     from_gptq for weights it made; group_size: the GPTQ group, default the weight's own). The
     weight's mins must be -scale * zero with an integer zero in 1..16."""
-    N, K = w.shape
-    G = w.group_size
-    group = group_size or G
-    _check(group % G == 0 and K % group == 0, f"to_gptq: group_size {group} is not a multiple of {G} dividing {K}")
-    rep = group // G
-    s = w.scales.float().cpu()[:, ::rep]
-    m = w.mins.float().cpu()[:, ::rep]
-    z = torch.round(-m / s)
-    _check(bool(((z >= 1) & (z <= 16)).all()), "to_gptq: mins are not -scale * zero with zero in 1..16")
+    K = w.shape[1]
+    group, s, z = _scales_zeros(w, group_size, 1, 16, "to_gptq")
     codes = w.codes().cpu()
     if w.perm is not None:
         inv = torch.empty_like(w.perm)
@@ -164,14 +171,7 @@ def to_awq(w: Int4Weight, group_size: int | None = None) -> dict[str, torch.Tens
     """Int4Weight (no act-order) -> {"qweight", "qzeros", "scales"} in the AWQ GEMM format
     (inverse of from_awq); mins must be -scale * zero with an integer zero in 0..15."""
     _check(w.perm is None, "to_awq: AWQ has no act-order")
-    N, K = w.shape
-    G = w.group_size
-    group = group_size or G
-    _check(group % G == 0 and K % group == 0, f"to_awq: group_size {group} is not a multiple of {G} dividing {K}")
-    rep = group // G
-    s = w.scales.float().cpu()[:, ::rep]
-    z = torch.round(-w.mins.float().cpu()[:, ::rep] / s)
-    _check(bool(((z >= 0) & (z <= 15)).all()), "to_awq: mins are not -scale * zero with zero in 0..15")
+    _, s, z = _scales_zeros(w, group_size, 0, 15, "to_awq")
     order = list(AWQ_ORDER)
     def pack(x):  # uint8 [R, N] -> int32 [R, N/8]
         return _pack_cols(x.view(x.shape[0], -1, 8)[:, :, order].reshape(x.shape[0], -1))

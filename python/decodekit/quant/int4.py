@@ -17,12 +17,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .packed import PackedWeight
+
 Q4_1_BLOCK_BYTES = 20  # d, m (fp16 each), 16 bytes of codes
 Q4_0_BLOCK_BYTES = 18  # d (fp16), 16 bytes of codes
 
 
 @dataclass
-class Int4Weight:
+class Int4Weight(PackedWeight):
     """A packed INT4 weight [N, K] (see the module docstring)."""
     qweight: torch.Tensor   # [N, K/2] uint8
     scales: torch.Tensor    # [N, K/G] float16
@@ -45,15 +47,6 @@ class Int4Weight:
     @property
     def shape(self) -> tuple[int, int]:
         return self.qweight.shape[0], 2 * self.qweight.shape[1]
-
-    @property
-    def device(self) -> torch.device:
-        return self.qweight.device
-
-    @property
-    def nbytes(self) -> int:
-        extra = [] if self.perm is None else [self.perm]
-        return sum(t.numel() * t.element_size() for t in [self.qweight, self.scales, self.mins] + extra)
 
     def to(self, device) -> "Int4Weight":
         perm = None if self.perm is None else self.perm.to(device)

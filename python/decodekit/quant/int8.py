@@ -11,11 +11,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .packed import PackedWeight
+
 Q8_0_BLOCK_BYTES = 34  # d (fp16), 32 int8
 
 
 @dataclass
-class Int8Weight:
+class Int8Weight(PackedWeight):
     qweight: torch.Tensor   # [N, K] int8
     scales: torch.Tensor    # [N, K/G] float16
     group_size: int
@@ -26,18 +28,6 @@ class Int8Weight:
                 self.scales.shape != (N, K // self.group_size):
             raise ValueError(f"inconsistent INT8 weight: qweight {tuple(self.qweight.shape)}, scales "
                              f"{tuple(self.scales.shape)}, group_size {self.group_size}")
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return tuple(self.qweight.shape)
-
-    @property
-    def device(self) -> torch.device:
-        return self.qweight.device
-
-    @property
-    def nbytes(self) -> int:
-        return self.qweight.numel() + 2 * self.scales.numel()
 
     def rows(self, n0: int, n1: int) -> "Int8Weight":
         """Output rows [n0, n1) (views)."""

@@ -1,0 +1,20 @@
+"""PackedWeight: what every packed weight dataclass (Int4Weight, Int8Weight, Fp8Weight) answers the
+same way: the device and the bytes a GEMM reads (all its tensors). `shape` is the logical [N, K];
+qweight's own shape unless the format packs several values per element (INT4 overrides it)."""
+from __future__ import annotations
+
+import torch
+
+
+class PackedWeight:
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.qweight.shape)
+
+    @property
+    def device(self) -> torch.device:
+        return self.qweight.device
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in vars(self).values() if isinstance(t, torch.Tensor))
