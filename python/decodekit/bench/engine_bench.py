@@ -25,27 +25,15 @@ import time
 
 import torch
 
+from decodekit.bench.datasets import dataset_pairs, random_token_prompts
 from decodekit.bench.timing import measure_copy_bandwidth, device_name
 
 
 def _prompts(args, tokenizer, vocab: int, n: int) -> list[list[int]]:
-    rng = random.Random(args.seed)
     if args.dataset:
-        with open(args.dataset) as f:
-            data = json.load(f)
-        texts = []
-        for item in data:  # ShareGPT format or a list of strings
-            if isinstance(item, str):
-                texts.append(item)
-            elif isinstance(item, dict) and item.get("conversations"):
-                texts.append(item["conversations"][0].get("value", ""))
-        texts = [t for t in texts if t]
-        if not texts:
-            raise ValueError(f"--dataset {args.dataset}: no prompts found")
+        texts = [q for q, _ in dataset_pairs(args.dataset)]
         return [tokenizer.encode(texts[i % len(texts)])[: args.input_len] for i in range(n)]
-    # random token ids avoiding the special ids at the start of the vocabulary
-    lo = min(100, vocab // 2)
-    return [[rng.randrange(lo, vocab) for _ in range(args.input_len)] for _ in range(n)]
+    return random_token_prompts(random.Random(args.seed), n, args.input_len, vocab)
 
 
 def _engine(args):
@@ -72,19 +60,30 @@ def _weight_bytes(engine) -> int:
     return total
 
 
+def timed_request(engine, prompt: list[int], params):
+    """Runs one request alone: (final RequestOutput, seconds to its first token, seconds after that,
+    tokens after the first delivery)."""
+    rid = engine.add_request(None, list(prompt), params)
+    t0 = time.perf_counter()
+    first, first_n, final = None, 0, None
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.request_id != rid:
+                continue
+            if first is None and o.outputs[0].token_ids:
+                first, first_n = time.perf_counter(), len(o.outputs[0].token_ids)
+            if o.finished:
+                final = o
+    end = time.perf_counter()
+    return final, first - t0, end - first, len(final.outputs[0].token_ids) - first_n
+
+
 def _one_request(engine, prompt: list[int], out_len: int) -> tuple[float, float]:
     """(seconds to first token, seconds per later step) for one request alone."""
     from decodekit.sampling import SamplingParams
-    p = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
-    rid = engine.add_request(None, list(prompt), p)
-    t0 = time.perf_counter()
-    first = None
-    while engine.has_unfinished_requests():
-        outs = engine.step()
-        if first is None and any(o.outputs[0].token_ids for o in outs if o.request_id == rid):
-            first = time.perf_counter()
-    end = time.perf_counter()
-    return first - t0, (end - first) / max(out_len - 1, 1)
+    _, ttft, after, _ = timed_request(engine, prompt, SamplingParams(temperature=0, max_tokens=out_len,
+                                                                     ignore_eos=True))
+    return ttft, after / max(out_len - 1, 1)
 
 
 def hf_from_loaded(loaded, device="cpu"):

@@ -6,7 +6,7 @@ Arrivals: --request-rate R requests/s with gamma-distributed gaps of shape --bur
 inf rate = all at once), at most --max-concurrency in flight. Prompts: random token ids of --input-len
 (sent as token lists to /v1/completions, --output-len tokens each with ignore_eos) or the first turn
 of a ShareGPT-format JSON (--dataset, tokenized by the server; output length from the answer's length
-in characters / 4, capped by --output-len).
+in characters / 4, capped by --output-len; --output-len for items without an answer).
 TPOT = (e2e - ttft) / (output tokens - 1, from the usage chunk); ITL = gaps between streamed chunks
 (as vLLM counts them: a speculative step's chunk may carry several tokens).
 """
@@ -21,6 +21,7 @@ import random
 import statistics
 import time
 
+from decodekit.bench.datasets import dataset_pairs, random_token_prompts
 
 def _pct(xs, p):
     if not xs:
@@ -57,22 +58,12 @@ def parse_goodput(items) -> dict:
 def _requests(args) -> list[dict]:
     rng = random.Random(args.seed)
     if args.dataset:
-        with open(args.dataset) as f:
-            data = json.load(f)
-        reqs = []
-        for item in data:
-            conv = item.get("conversations") if isinstance(item, dict) else None
-            if not conv or len(conv) < 2:
-                continue
-            q, a = conv[0].get("value", ""), conv[1].get("value", "")
-            if q:
-                reqs.append({"prompt": q, "max_tokens": max(1, min(args.output_len, len(a) // 4 or 1))})
-        if not reqs:
-            raise ValueError(f"--dataset {args.dataset}: no ShareGPT conversations with an answer found")
-        rng.shuffle(reqs)
-        return [reqs[i % len(reqs)] for i in range(args.num_prompts)]
-    return [{"prompt": [rng.randrange(100, args.vocab) for _ in range(args.input_len)], "max_tokens": args.output_len}
-            for _ in range(args.num_prompts)]
+        pairs = dataset_pairs(args.dataset)
+        rng.shuffle(pairs)
+        return [{"prompt": q, "max_tokens": max(1, min(args.output_len, len(a) // 4 or args.output_len))}
+                for q, a in (pairs[i % len(pairs)] for i in range(args.num_prompts))]
+    return [{"prompt": p, "max_tokens": args.output_len}
+            for p in random_token_prompts(rng, args.num_prompts, args.input_len, args.vocab)]
 
 
 async def _one(client, url, model, req, headers) -> dict:

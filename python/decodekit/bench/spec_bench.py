@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from .engine_bench import timed_request
 from .spec_prompts import PROMPT_CLASSES
 
 
@@ -32,20 +33,8 @@ def _prompt_ids(eng, text: str) -> list[int]:
 def _run_one(eng, ids: list[int], out_len: int) -> tuple[list[int], float, int, dict]:
     """(tokens, seconds after the first token, tokens after the first, metrics) for one greedy request."""
     from decodekit.sampling import SamplingParams
-    rid = eng.add_request(None, list(ids), SamplingParams(temperature=0, max_tokens=out_len))
-    first_t, first_n, final = None, 0, None
-    while eng.has_unfinished_requests():
-        for o in eng.step():
-            if o.request_id != rid:
-                continue
-            n = len(o.outputs[0].token_ids)
-            if first_t is None and n:
-                first_t, first_n = time.perf_counter(), n
-            if o.finished:
-                final = o
-    end = time.perf_counter()
-    toks = final.outputs[0].token_ids
-    return toks, end - first_t, len(toks) - first_n, final.metrics
+    final, _, after, n_after = timed_request(eng, ids, SamplingParams(temperature=0, max_tokens=out_len))
+    return final.outputs[0].token_ids, after, n_after, final.metrics
 
 
 def _verify_op_seconds(eng, k: int, reps: int = 50) -> float:

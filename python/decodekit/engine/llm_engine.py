@@ -388,11 +388,9 @@ class LLMEngine:
             md = SamplingMetadata.build([r.sampling_params for r in reqs], [r.output_token_ids for r in reqs],
                                         [r.prompt_token_ids for r in reqs], [s.seed for s in seqs], None,
                                         self.eos_token_ids, logits.device, V)
-            out = self.sampler(x, md)
-            toks = out.token_ids.tolist()
-            lp = self._lists(out)
+            lp = self._lists(self.sampler(x, md))
             for i, r in enumerate(reqs):
-                sampled[r.request_id] = [toks[i]]
+                sampled[r.request_id] = [lp.token_ids[i]]
                 info[r.request_id] = self._token_infos(lp, [i])
         spec = [i for i, sr in enumerate(rows) if sr.num_spec]
         if spec:

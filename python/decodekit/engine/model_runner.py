@@ -149,9 +149,9 @@ class ModelRunner:
         seq_of_tok = torch.repeat_interleave(torch.arange(S), counts_t)           # [T]
         positions = starts_t[seq_of_tok] + (torch.arange(T) - qsl[:-1][seq_of_tok])
         slots = bt[seq_of_tok, positions // bs].long() * bs + positions % bs
-        sample_rows = []
-        for i, n in enumerate(num_logits):
-            end = int(qsl[i + 1])
+        sample_rows, end = [], 0
+        for c, n in zip(counts, num_logits):   # the last n tokens of each sequence
+            end += c
             sample_rows.extend(range(end - n, end))
         seq_lens = (starts_t + counts_t).to(torch.int32)
         return torch.tensor(ids, dtype=torch.int64), positions, slots, bt, seq_lens, qsl, sample_rows
