@@ -24,6 +24,14 @@ from .scheduler import SchedulerOutput
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
+def copy_kv_blocks(kv_caches: list[tuple[torch.Tensor, torch.Tensor]], pairs: list[tuple[int, int]]) -> None:
+    """Copy-on-write of forked blocks: (src, dst) pairs, every layer's K and V of one pool, one op call."""
+    if not pairs:
+        return
+    mapping = torch.tensor(pairs, dtype=torch.int64).to(kv_caches[0][0].device, non_blocking=True)
+    ops.copy_blocks([k for k, _ in kv_caches], [v for _, v in kv_caches], mapping)
+
+
 class _DecodeBucket:
     """Static inputs (and on CUDA a captured graph) for decode batches of up to `size` rows."""
 
@@ -163,11 +171,7 @@ class ModelRunner:
         return next((b for b in self.buckets if b.size >= B), None)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        """Copy-on-write of forked blocks: (src, dst) pairs, every layer's K and V, one op call."""
-        if not pairs:
-            return
-        mapping = torch.tensor(pairs, dtype=torch.int64).to(self.device, non_blocking=True)
-        ops.copy_blocks([k for k, _ in self.kv_caches], [v for _, v in self.kv_caches], mapping)
+        copy_kv_blocks(self.kv_caches, pairs)
 
     @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> torch.Tensor:

@@ -21,8 +21,6 @@ a drafter only decides the speed.
 """
 from __future__ import annotations
 
-import time
-
 import torch
 
 from .ngram import NgramProposer
@@ -37,7 +35,6 @@ class NgramDrafter:
         NgramProposer(1, min_n, max_n)  # validates
         self.min_n, self.max_n = min_n, max_n
         self._proposers: dict[str, NgramProposer] = {}
-        self.seconds = 0.0
 
     def num_drafts(self, req, k: int) -> int:
         p = self._proposers.get(req.request_id)
@@ -70,26 +67,20 @@ class ModelDrafter:
         self.kind, self.model, self.num_layers, self.kv_caches = kind, model, num_layers, kv_caches
         self.max_chunk = max_chunk
         self._computed: dict[str, int] = {}   # draft model: KV valid for positions < computed
-        self.seconds = 0.0
 
     def num_drafts(self, req, k: int) -> int:
         req.spec_token_ids = [_PLACEHOLDER] * k   # filled by draft() once scheduled
         return k
 
     def on_schedule(self, so) -> None:
-        for rid in so.finished_req_ids:
+        """Finished, preempted and (re)admitted requests (a fresh block table) start from position 0."""
+        for rid in [*so.finished_req_ids, *so.preempted_req_ids, *(sr.request_id for sr in so.scheduled if sr.is_new)]:
             self._computed.pop(rid, None)
-        for rid in so.preempted_req_ids:
-            self._computed.pop(rid, None)
-        for sr in so.scheduled:
-            if sr.is_new:                       # fresh block table
-                self._computed.pop(sr.request_id, None)
 
     def copy_blocks(self, pairs) -> None:
-        if self.kind == "draft" and pairs:
-            from decodekit import ops
-            mapping = torch.tensor(pairs, dtype=torch.int64).to(self.model.device)
-            ops.copy_blocks([k for k, _ in self.kv_caches], [v for _, v in self.kv_caches], mapping)
+        if self.kind == "draft":  # its own pool mirrors the target's copy-on-write
+            from decodekit.engine.model_runner import copy_kv_blocks
+            copy_kv_blocks(self.kv_caches, pairs)
 
     def _forward(self, runner, token_lists, starts, tables) -> list[int]:
         ids, md = runner.prepare_seqs(token_lists, starts, tables, [1] * len(token_lists))
@@ -103,7 +94,6 @@ class ModelDrafter:
         todo = [sr for sr in scheduled if sr.num_spec > 0]
         if not todo:
             return 0
-        t = time.perf_counter()
         reqs = [sr.request for sr in todo]
         ks = [sr.num_spec for sr in todo]
         last = [r.num_tokens - 1 for r in reqs]          # position of each request's last real token
@@ -138,5 +128,4 @@ class ModelDrafter:
             for r, n, k in zip(reqs, last, ks):
                 # KV now valid for positions < n + k; the verifier's result trims it on the next call
                 self._computed[r.request_id] = n + k
-        self.seconds += time.perf_counter() - t
         return sum(ks)
