@@ -4,7 +4,8 @@ decodekit.ops, against a dense linear on the same (decoded) weights in the activ
 
 Shapes (N x K): SmolLM2-135M's projections (576x576, 1536x576 (half gate-up), 576x1536) and LM head
 (49152x576, INT8), Llama-3-8B's (6144x4096 QKV, 4096x4096, 28672x4096 gate-up, 4096x14336 down) on
-CUDA. Rows M = 1, 4 and the kernels' largest (CPU 16, CUDA 8). Bytes counted: the packed weight
+CUDA. Rows M = 1, 4, 5 (a decode step verifying 4 drafts), 8 and the kernels' largest (CPU 16,
+CUDA 8). Bytes counted: the packed weight
 (codes + fp16 scales/mins) + activations read + output written, against the copy ceiling; the peer
 (torch's dense linear: oneDNN/MKL or cuBLAS) reads 2-4x more. Each case is checked against float64.
 
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     ctx.copy_ceiling()
     for dtype in ctx.dtypes:
         shapes = SHAPES[kind][:1] if ctx.quick else SHAPES[kind]
-        for M in ([1] if ctx.quick else [1, 4, max_m]):
+        for M in ([1] if ctx.quick else [1, 4, 5, 8, max_m]):
             for N, K in shapes:
                 ctx.add(case(ctx, "int4", N, K, M, dtype))
             if not ctx.quick:
