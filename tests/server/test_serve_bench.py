@@ -39,3 +39,28 @@ def test_bench_serve_bad_options(server, tmp_path):
                       ({"num_prompts": 0}, "num-prompts")]:
         with pytest.raises(ValueError, match=field):
             serve_bench.run(_args(server, tmp_path, **kw))
+
+
+def test_bench_serve_launch_compare_offline(tmp_path):
+    """--launch starts its own server, --compare-offline runs the same requests through the engine in
+    this process: both sides complete every request and the ratios are reported."""
+    from dk_testing import embedded_model_or_skip
+    embedded_model_or_skip()
+    from decodekit.cli import main
+    out = tmp_path / "cmp.json"
+    assert main(["bench", "serve", "--launch", "--max-model-len 256", "--compare-offline", "--num-prompts", "6",
+                 "--input-len", "12", "--output-len", "5", "--low-load-prompts", "2",
+                 "--output-json", str(out)]) == 0
+    r = json.load(open(out))
+    assert r["bench"] == "serve_vs_offline" and r["engine_args"] == ["--max-model-len", "256"]
+    assert r["server"]["output_tokens"] == r["offline"]["output_tokens"] == 6 * 5
+    assert len(r["server"]["low_load_ttft_s"]) == len(r["offline"]["prefill_s"]) == 2
+    assert r["throughput_ratio"] == pytest.approx(r["server"]["output_tok_s"] / r["offline"]["output_tok_s"])
+    assert r["ttft_ratio"] > 0 and set(r["targets"]) == {"throughput_ratio >= 0.9", "ttft_ratio <= 1.2"}
+
+
+def test_bench_serve_launch_bad_options(tmp_path):
+    from decodekit.cli import main
+    assert main(["bench", "serve", "--compare-offline"]) == 2                      # needs --launch
+    assert main(["bench", "serve", "--launch", "--no-such-flag 3"]) == 2           # not an engine option
+    assert main(["bench", "serve", "--launch", "", "--low-load-prompts", "0"]) == 2

@@ -77,6 +77,7 @@ def test_models_health_metrics(server, client):
     text = httpx.get(server.url + "/metrics").text
     for name in ("decodekit:num_requests_running", "decodekit:num_requests_waiting", "decodekit:kv_cache_usage_perc",
                  "decodekit:prefix_cache_hit_rate", "decodekit:num_preemptions", "decodekit:generation_tokens",
+                 "decodekit:engine_steps",
                  "decodekit:time_to_first_token_seconds_bucket", "decodekit:e2e_request_latency_seconds_count",
                  "decodekit:time_per_output_token_seconds", "decodekit:request_queue_time_seconds",
                  "decodekit:inter_token_latency_seconds_count"):

@@ -9,6 +9,8 @@ of a ShareGPT-format JSON (--dataset, tokenized by the server; output length fro
 in characters / 4, capped by --output-len; --output-len for items without an answer).
 TPOT = (e2e - ttft) / (output tokens - 1, from the usage chunk); ITL = gaps between streamed chunks
 (as vLLM counts them: a speculative step's chunk may carry several tokens).
+--launch "ENGINE ARGS" [--compare-offline]: starts the server itself and compares it with the offline
+engine on the same requests in one run (bench/serve_compare.py).
 """
 from __future__ import annotations
 
@@ -141,6 +143,11 @@ def run(args) -> int:
     if args.max_concurrency is not None and args.max_concurrency < 1:
         raise ValueError("--max-concurrency must be >= 1")
     slo = parse_goodput(args.goodput)
+    if args.compare_offline and args.launch is None:
+        raise ValueError("--compare-offline needs --launch (the server this run starts)")
+    if args.launch is not None:
+        from decodekit.bench.serve_compare import run_compare
+        return _emit(run_compare(args), args.output_json)
     headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     model = args.model
     if model is None:
@@ -168,13 +175,18 @@ def run(args) -> int:
            "date": time.strftime("%Y-%m-%d %H:%M")}
     if slo:
         res["goodput"] = {"slo_s": slo, "request_goodput": sum(good(r) for r in ok) / dur}
+    _emit(res, args.output_json)
+    return 0 if ok else 1
+
+
+def _emit(res: dict, path: str | None) -> int:
     text = json.dumps(res, indent=2)
     print(text)
-    if args.output_json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.output_json)), exist_ok=True)
-        with open(args.output_json, "w") as f:
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
             f.write(text + "\n")
-    return 0 if ok else 1
+    return 0
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -194,3 +206,5 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
     p.add_argument("--seed", type=int, default=0, help="prompt and arrival seed")
     p.add_argument("--output-json", default=None, help="write the result here")
+    from decodekit.bench.serve_compare import add_args as add_compare_args
+    add_compare_args(p.add_argument_group("server vs offline engine (one run)"))

@@ -42,6 +42,7 @@ class _EngineCollector:
         yield counter("num_preemptions", "Sequences preempted (recomputed later).", eng.scheduler.num_preemptions)
         yield counter("prompt_tokens", "Prompt tokens of accepted requests.", eng.stats["prompt_tokens"])
         yield counter("generation_tokens", "Generated tokens.", eng.stats["generation_tokens"])
+        yield counter("engine_steps", "Engine steps (forward passes) run.", eng.stats["steps"])
         yield gauge("engine_alive", "1 while the engine loop runs.", 1 if self.aeng.alive else 0)
         if eng.spec is not None:
             s = eng.spec.summary()
