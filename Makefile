@@ -13,7 +13,8 @@ JOBS ?= $(shell nproc)
 # Python packages the engine and its tests need (module=pip name); installed when missing.
 PY_DEPS = numpy=numpy gguf=gguf tokenizers=tokenizers safetensors=safetensors jinja2=jinja2 \
           pytest=pytest hypothesis=hypothesis ninja=ninja transformers=transformers accelerate=accelerate \
-          scipy=scipy fastapi=fastapi uvicorn=uvicorn prometheus_client=prometheus-client openai=openai httpx=httpx
+          scipy=scipy fastapi=fastapi uvicorn=uvicorn prometheus_client=prometheus-client openai=openai httpx=httpx \
+          matplotlib=matplotlib
 
 deps:
 	@$(PY) -c "import torch, sys; sys.exit(0 if tuple(map(int, torch.__version__.split('+')[0].split('.')[:2])) >= (2, 11) else 1)" 2>/dev/null \

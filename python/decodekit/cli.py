@@ -4,6 +4,7 @@
     decodekit chat                interactive chat that streams tokens
     decodekit serve               OpenAI-compatible HTTP server (decodekit.server)
     decodekit bench latency|throughput   offline engine benchmarks; bench serve: against a live server
+    decodekit plan                capacity planner (roofline: TP/PP/replicas, KV capacity, Pareto front)
     decodekit demo                run every op against its float64 reference and time it
     decodekit info                what this build contains (CPU / CUDA kernels, versions)
 """
@@ -256,6 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
     from decodekit import server
     server.add_args(sv)
     sv.set_defaults(fn=server.serve)
+    from decodekit.planner import cli as planner_cli  # pure Python: no torch import
+    pl = sub.add_parser("plan", help="capacity planner: TP/PP/replica shapes from the roofline (plan explain: one shape)",
+                        description=planner_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    planner_cli.add_args(pl)
+    pl.set_defaults(fn=planner_cli.run)
     i = sub.add_parser("info", help="show what this build contains")
     i.set_defaults(fn=_info)
     return p

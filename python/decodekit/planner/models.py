@@ -1,0 +1,264 @@
+"""Model shapes for the planner: presets, HF `config.json`, GGUF metadata; weight formats.
+
+Conventions (chosen so the seed documents' numbers come out, see docs in `roofline`):
+
+* Parameters are counted from the architecture: embedding V*d, LM head V*d unless tied,
+  per layer q/k/v/o (+ q/k/v biases for Qwen2), gate/up/down 3*d*I, two RMSNorm vectors,
+  and the final norm. Llama-3-8B: 8.03e9, Llama-3-70B: 70.55e9 (the seeds' "16 GB" and
+  "140 GB" in bf16).
+* A weight format stores every parameter at its bit width (the seeds' "16 GB in BF16",
+  "8-bit", "4-bit"), except formats that name the classes separately (`q4_1`: the engine's
+  GGUF SmolLM2, Q4_1 projections, a Q8_0 embedding, fp32 norms) and GGUF files, whose
+  stored tensor bytes are used as they are.
+* INT4 adds a 16-bit scale per group of `group_size` weights (4 + 16/g bits); the seeds'
+  "35 GB for a 4-bit 70B" ignores scales, which is `group_size=0`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+
+# bytes per element of the KV cache / activations by dtype name
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8": 1}
+KV_DTYPES = ("bf16", "fp16", "fp8", "fp32")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer's shape (Llama family: GQA attention, gated MLP, RMSNorm).
+
+    stored_bytes: for GGUF files, the bytes each class of tensor occupies on disk
+    ({"embed", "lm_head", "linear", "norm"}), used by the `stored` weight format.
+    """
+    name: str
+    vocab: int
+    hidden: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate: int
+    tied_embeddings: bool = False
+    qkv_bias: bool = False
+    stored_bytes: dict | None = None
+    stored_format: str | None = None
+
+    def __post_init__(self):
+        for f in ("vocab", "hidden", "n_layers", "n_heads", "n_kv_heads", "head_dim", "intermediate"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"model {self.name!r}: {f} must be a positive integer (got {v!r})")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"model {self.name!r}: n_heads ({self.n_heads}) must be a multiple of "
+                             f"n_kv_heads ({self.n_kv_heads})")
+
+    # ---- parameter counts (elements) ----
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def params_embed(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def params_lm_head(self) -> int:
+        """0 when tied: the embedding table is the LM head (stored and read once)."""
+        return 0 if self.tied_embeddings else self.vocab * self.hidden
+
+    @property
+    def params_per_layer_linear(self) -> int:
+        d = self.hidden
+        attn = d * self.q_dim + 2 * d * self.kv_dim + self.q_dim * d
+        bias = (self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0
+        return attn + bias + 3 * d * self.intermediate
+
+    @property
+    def params_linear(self) -> int:
+        return self.n_layers * self.params_per_layer_linear
+
+    @property
+    def params_norm(self) -> int:
+        return (2 * self.n_layers + 1) * self.hidden
+
+    @property
+    def params(self) -> int:
+        """All parameters (tied embeddings counted once)."""
+        return self.params_embed + self.params_lm_head + self.params_linear + self.params_norm
+
+    def kv_bytes_per_token(self, kv_dtype: str = "bf16") -> int:
+        """KV cache bytes per token, all layers: 2 (K and V) * layers * kv_heads * head_dim * bytes."""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * dtype_bytes(kv_dtype, "kv_dtype")
+
+
+def dtype_bytes(name: str, field: str = "dtype") -> int:
+    if name not in DTYPE_BYTES:
+        raise ValueError(f"{field} must be one of {', '.join(KV_DTYPES)} (got {name!r})")
+    return DTYPE_BYTES[name]
+
+
+def _llama(name, vocab, hidden, layers, heads, kv, inter, head_dim=128, tied=False, bias=False):
+    return ModelSpec(name, vocab, hidden, layers, heads, kv, head_dim, inter, tied, bias)
+
+
+PRESETS: dict[str, ModelSpec] = {
+    "llama3-8b": _llama("Llama-3-8B", 128256, 4096, 32, 32, 8, 14336),
+    "llama3-70b": _llama("Llama-3-70B", 128256, 8192, 80, 64, 8, 28672),
+    "llama3-405b": _llama("Llama-3.1-405B", 128256, 16384, 126, 128, 8, 53248),
+    "qwen2.5-7b": _llama("Qwen2.5-7B", 152064, 3584, 28, 28, 4, 18944, bias=True),
+    "qwen2.5-72b": _llama("Qwen2.5-72B", 152064, 8192, 80, 64, 8, 29568, bias=True),
+    "smollm2-135m": _llama("SmolLM2-135M", 49152, 576, 30, 9, 3, 1536, head_dim=64, tied=True),
+}
+_ALIASES = {"llama38b": "llama3-8b", "llama318b": "llama3-8b", "metallama38b": "llama3-8b",
+            "llama370b": "llama3-70b", "llama3170b": "llama3-70b", "llama3370b": "llama3-70b",
+            "metallama370b": "llama3-70b", "llama3405b": "llama3-405b", "llama31405b": "llama3-405b",
+            "qwen257b": "qwen2.5-7b", "qwen2572b": "qwen2.5-72b", "smollm2135m": "smollm2-135m"}
+
+
+def _key(name: str) -> str:
+    k = re.sub(r"[^a-z0-9]", "", name.lower().split("/")[-1])
+    return re.sub(r"(instruct|chat|hf)$", "", k)
+
+
+def load_model(spec: str) -> ModelSpec:
+    """A preset name (llama3-8b, llama3-70b, llama3-405b, qwen2.5-7b, qwen2.5-72b, smollm2-135m,
+    spelling-insensitive), a Hugging Face `config.json` (or its directory), or a `.gguf` file."""
+    if not isinstance(spec, str) or not spec:
+        raise ValueError("model must be a preset name or a config.json / .gguf path")
+    if os.path.isdir(spec) and os.path.exists(os.path.join(spec, "config.json")):
+        return from_hf_config(os.path.join(spec, "config.json"))
+    if spec.endswith(".json"):
+        return from_hf_config(spec)
+    if spec.endswith(".gguf"):
+        return from_gguf(spec)
+    if spec in PRESETS:
+        return PRESETS[spec]
+    k = _key(spec)
+    if k in _ALIASES:
+        return PRESETS[_ALIASES[k]]
+    raise ValueError(f"model: unknown preset {spec!r}; allowed: {', '.join(PRESETS)} "
+                     "or a config.json / .gguf path")
+
+
+def from_hf_config(path: str) -> ModelSpec:
+    """Shape from a Hugging Face config.json (Llama / Qwen2 / Mistral style keys)."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"model: no such file {path!r}")
+    with open(path) as f:
+        c = json.load(f)
+    try:
+        d, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
+        return ModelSpec(
+            name=c.get("_name_or_path") or os.path.basename(os.path.dirname(os.path.abspath(path))) or "model",
+            vocab=int(c["vocab_size"]), hidden=d, n_layers=int(c["num_hidden_layers"]), n_heads=heads,
+            n_kv_heads=int(c.get("num_key_value_heads") or heads),
+            head_dim=int(c.get("head_dim") or d // heads), intermediate=int(c["intermediate_size"]),
+            tied_embeddings=bool(c.get("tie_word_embeddings", False)),
+            qkv_bias=bool(c.get("attention_bias", c.get("model_type") == "qwen2")))
+    except KeyError as e:
+        raise ValueError(f"model: {path} lacks {e.args[0]!r}") from None
+
+
+def from_gguf(path: str) -> ModelSpec:
+    """Shape and stored tensor bytes from a GGUF file's metadata (the `gguf` package)."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"model: no such file {path!r}")
+    import gguf
+    r = gguf.GGUFReader(path)
+
+    def field(key, default=None):
+        f = r.fields.get(key)
+        if f is None:
+            return default
+        v = f.contents()
+        return v
+
+    arch = field("general.architecture", "llama")
+    get = lambda k, default=None: field(f"{arch}.{k}", default)  # noqa: E731
+    d, heads = int(get("embedding_length")), int(get("attention.head_count"))
+    names = {t.name for t in r.tensors}
+    vocab = get("vocab_size") or len(field("tokenizer.ggml.tokens", []) or [])
+    stored = {"embed": 0, "lm_head": 0, "linear": 0, "norm": 0}
+    types = set()
+    for t in r.tensors:
+        cls = ("embed" if t.name == "token_embd.weight" else "lm_head" if t.name == "output.weight"
+               else "norm" if len(t.shape) == 1 or t.name.endswith("_norm.weight") else "linear")
+        stored[cls] += int(t.n_bytes)
+        if cls == "linear":
+            types.add(t.tensor_type.name)
+    return ModelSpec(
+        name=str(field("general.name", os.path.basename(path))), vocab=int(vocab), hidden=d,
+        n_layers=int(get("block_count")), n_heads=heads, n_kv_heads=int(get("attention.head_count_kv", heads)),
+        head_dim=int(get("attention.key_length", d // heads)), intermediate=int(get("feed_forward_length")),
+        tied_embeddings="output.weight" not in names, qkv_bias="blk.0.attn_q.bias" in names,
+        stored_bytes=stored, stored_format="gguf " + "/".join(sorted(types)))
+
+
+# ---------------------------------------------------------------------------- weight formats
+WEIGHT_FORMATS = ("bf16", "fp16", "fp8", "int8", "int4", "q4_1", "stored")
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightFormat:
+    """How weights are stored (bits per element by tensor class) and which rate multiplies them.
+
+    compute: the FLOP rate used for the matmuls ("bf16": weight-only formats dequantize to
+    the activation type; "fp8": W8A8 on fp8 tensor cores). family: which measured GEMV
+    efficiency applies (dense, int4, int8, fp8).
+    """
+    name: str
+    linear_bits: float
+    embed_bits: float
+    norm_bits: float
+    compute: str
+    family: str
+    embed_family: str
+    note: str = ""
+
+    def bytes_by_class(self, m: ModelSpec) -> dict[str, float]:
+        """Stored bytes of each tensor class: embed, lm_head, linear, norm."""
+        if self.name == "stored":
+            if not m.stored_bytes:
+                raise ValueError(f"weights: 'stored' needs a GGUF model (got {m.name!r})")
+            return {k: float(v) for k, v in m.stored_bytes.items()}
+        return {"embed": m.params_embed * self.embed_bits / 8, "lm_head": m.params_lm_head * self.embed_bits / 8,
+                "linear": m.params_linear * self.linear_bits / 8, "norm": m.params_norm * self.norm_bits / 8}
+
+    def total_bytes(self, m: ModelSpec) -> float:
+        return sum(self.bytes_by_class(m).values())
+
+
+def weight_format(name: str, group_size: int = 128, model: ModelSpec | None = None) -> WeightFormat:
+    """bf16 / fp16 (2 B), fp8 (W8A8, 1 B), int8 (weight-only, per-channel scales ~0),
+    int4 (weight-only, 4 + 16/group_size bits; group_size=0: 4 bits, the seeds' convention),
+    q4_1 (the engine's GGUF SmolLM2: Q4_1 projections 5 bits, Q8_0 embedding 8.5 bits, fp32 norms),
+    stored (a GGUF file's own tensor bytes)."""
+    if not isinstance(group_size, int) or group_size < 0:
+        raise ValueError(f"group_size must be an integer >= 0 (0 = no scales; got {group_size!r})")
+    if name in ("bf16", "fp16"):
+        return WeightFormat(name, 16, 16, 16, "bf16", "dense", "dense")
+    if name == "fp8":
+        return WeightFormat(name, 8, 8, 8, "fp8", "fp8", "fp8", "W8A8 e4m3, per-channel scales (not counted)")
+    if name == "int8":
+        return WeightFormat(name, 8, 8, 8, "bf16", "int8", "int8", "weight-only, per-channel scales (not counted)")
+    if name == "int4":
+        bits = 4 + (16 / group_size if group_size else 0)
+        note = (f"4 bits + a 16-bit scale per {group_size} weights = {bits:.4g} bits" if group_size
+                else "4 bits, scales not counted (the seeds' convention)")
+        return WeightFormat(name, bits, bits, bits, "bf16", "int4", "int4", note)
+    if name == "q4_1":
+        return WeightFormat(name, 5, 8.5, 32, "bf16", "int4", "int8",
+                            "GGUF Q4_1 projections (4 bits + fp16 scale and min per 32 = 5 bits), "
+                            "Q8_0 embedding (8.5 bits), fp32 norms")
+    if name == "stored":
+        kinds = (model.stored_format or "") if model is not None else ""
+        fam = "int4" if re.search(r"Q[2-6]", kinds) else "int8" if "Q8" in kinds else "dense"
+        return WeightFormat(name, 0, 0, 0, "bf16", fam, "int8" if fam != "dense" else "dense",
+                            f"the GGUF file's own tensor bytes ({kinds or 'unknown types'})")
+    raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)} (got {name!r})")
