@@ -56,6 +56,11 @@ class EngineArgs:
                                           # (default num_layers // 4)
     spec_ngram_min: int = 1               # speculative="ngram": n-gram lengths tried, longest first
     spec_ngram_max: int = 4
+    tensor_parallel_size: int = 1         # ranks the model is split over (decodekit.distributed)
+    tp_allreduce: str = "auto"            # auto: decodekit's own AllReduce where built, else torch.distributed
+                                          # (gloo on CPU, NCCL on CUDA); "torch" forces the latter; "custom"
+    tp_fused_allreduce: bool = False      # row-parallel GEMM and AllReduce overlapped in column chunks
+    tp_timeout: float = 300.0             # seconds a collective may wait for a peer before failing
 
     def __post_init__(self):
         if self.dtype not in ("auto", *_DTYPES):
@@ -82,6 +87,19 @@ class EngineArgs:
         if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**63):
             raise ValueError(f"seed must be an int in [0, 2^63), got {self.seed!r}")
         self._check_spec()
+        self._check_tp()
+
+    def _check_tp(self) -> None:
+        n = self.tensor_parallel_size
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 64:
+            raise ValueError(f"tensor_parallel_size must be an int in [1, 64], got {n!r}")
+        if self.tp_allreduce not in ("auto", "torch", "custom"):
+            raise ValueError(f"tp_allreduce must be auto, torch or custom; got {self.tp_allreduce!r}")
+        if not isinstance(self.tp_timeout, (int, float)) or not 1 <= self.tp_timeout <= 86400:
+            raise ValueError(f"tp_timeout must be in [1, 86400] seconds, got {self.tp_timeout!r}")
+        if n > 1 and self.quantization == "int4-gptq":
+            raise ValueError("quantization 'int4-gptq' runs GPTQ on the whole model and cannot be combined with "
+                             "tensor_parallel_size > 1; quantize once with `decodekit quantize` and load the result")
 
     def _check_spec(self) -> None:
         from decodekit.engine.spec_decode import SPEC_METHODS
@@ -175,6 +193,18 @@ class EngineArgs:
                        help="layers of the target the layerskip drafter runs (default num_layers // 4)")
         s.add_argument("--spec-ngram-min", type=int, default=1, help="shortest n-gram matched (default 1)")
         s.add_argument("--spec-ngram-max", type=int, default=4, help="longest n-gram matched (default 4)")
+
+        t = p.add_argument_group("tensor parallelism")
+        t.add_argument("--tensor-parallel-size", "--tp", dest="tensor_parallel_size", type=int, default=1,
+                       help="split the model over N ranks (spawned on this machine, or started by torchrun; "
+                            "default 1)")
+        t.add_argument("--tp-allreduce", default="auto", choices=["auto", "torch", "custom"],
+                       help="AllReduce: auto (decodekit's own where built, else torch.distributed), torch "
+                            "(gloo on CPU, NCCL on CUDA) or custom")
+        t.add_argument("--tp-fused-allreduce", action="store_true",
+                       help="overlap each row-parallel GEMM with its AllReduce (output columns in chunks)")
+        t.add_argument("--tp-timeout", type=float, default=300.0,
+                       help="seconds a collective waits for a peer before the engine fails (default 300)")
 
     @classmethod
     def from_cli(cls, ns: argparse.Namespace) -> "EngineArgs":

@@ -22,6 +22,14 @@ class LLM:
         self.engine = LLMEngine(EngineArgs(model=model, **engine_args))
         self.tokenizer = self.engine.tokenizer
 
+    @property
+    def llm_engine(self) -> LLMEngine:  # vLLM's name
+        return self.engine
+
+    def shutdown(self) -> None:
+        """Stops tensor-parallel workers now (they also stop when the LLM is collected or at exit)."""
+        self.engine.shutdown()
+
     def _run(self, prompts: Sequence, params) -> list[RequestOutput]:
         if isinstance(params, SamplingParams) or params is None:
             params = [params or SamplingParams()] * len(prompts)

@@ -81,16 +81,20 @@ class LLMEngine:
             set_global_seed(args.seed)
         self.device = args.resolved_device()
         self.dtype = args.resolved_dtype()
-        # Loaded straight onto the engine's device (large random presets are drawn there; the model
-        # pops each tensor as it takes it, so weights never exist twice).
-        loaded = load_model(args.model, dtype=self.dtype, device=self.device, progress=args.progress,
-                            keep_quantized=args.keep_quantized())
-        if args.quantization in ("int4-rtn", "fp8"):
-            _quantize_projections(loaded.weights, args.quantization)
+        self.tp = None
+        if args.tensor_parallel_size > 1:
+            loaded = self._start_tensor_parallel()
+        else:
+            # Loaded straight onto the engine's device (large random presets are drawn there; the model
+            # pops each tensor as it takes it, so weights never exist twice).
+            loaded = load_model(args.model, dtype=self.dtype, device=self.device, progress=args.progress,
+                                keep_quantized=args.keep_quantized())
+            if args.quantization in ("int4-rtn", "fp8"):
+                _quantize_projections(loaded.weights, args.quantization)
+            self.model = LlamaModel(loaded.config, loaded.weights, dtype=self.dtype, device=self.device)
         self.model_config = cfg = loaded.config
         self.tokenizer = loaded.tokenizer
         self.model_source = loaded.source
-        self.model = LlamaModel(cfg, loaded.weights, dtype=self.dtype, device=self.device)
         if args.quantization == "int4-gptq":
             self._quantize_gptq()
         self.draft_model = self._load_draft_model() if args.speculative == "draft" else None
@@ -115,6 +119,36 @@ class LLMEngine:
         self._seq_of: dict[str, _Seq] = {}
         self._ids = itertools.count()
         self.stats = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0, "last_step_tokens": 0}
+
+    def _start_tensor_parallel(self):
+        """--tensor-parallel-size N: checks the model splits N ways, starts the workers (or joins
+        torchrun's), loads this rank's shard; self.model becomes the driver's TPDriverModel."""
+        import weakref
+
+        from decodekit.distributed.sharding import ShardPlan
+        from decodekit.distributed.parallel_state import launch_tensor_parallel
+        from decodekit.distributed.worker import TPDriverModel, load_shard
+        from decodekit.loader import load_config
+        a = self.args
+        ShardPlan(load_config(a.model), 0, a.tensor_parallel_size)  # bad sizes fail before any process starts
+        self.tp = launch_tensor_parallel(a, self.device)
+        try:
+            loaded, local = load_shard(a, self.device, self.dtype, self.tp)
+        except BaseException:
+            self.tp.shutdown()
+            raise
+        self.model = TPDriverModel(local, self.tp)
+        self._tp_finalizer = weakref.finalize(self, TPDriverModel.shutdown, self.model)
+        note = local.plan.capacity_note()
+        if note:
+            log.warning(note)
+        return loaded
+
+    def shutdown(self) -> None:
+        """Stops the tensor-parallel workers (nothing to do with one rank); the engine is unusable after."""
+        fin = getattr(self, "_tp_finalizer", None)
+        if fin is not None:
+            fin()
 
     def _build_spec(self):
         """--spec ngram | layerskip | draft: the drafter and the engine's SpecDecoder."""
@@ -163,6 +197,10 @@ class LLMEngine:
         else:
             budget = parse_bytes(self.args.kv_cache_memory)
         n = budget // per_block
+        if self.tp is not None:
+            log.info("KV cache per rank: %d blocks of %d tokens, %.1f MiB (%d of %d KV heads)", n,
+                     self.args.block_size, n * per_block / 2**20, self.model.config.num_kv_heads,
+                     self.model_config.num_kv_heads)
         need = -(-self.max_model_len // self.args.block_size)
         if n < need and self.args.max_model_len is None and n >= 1:
             # The model's full context does not fit: serve shorter sequences rather than refuse.
@@ -220,7 +258,10 @@ class LLMEngine:
     def _decode_graph_mode(self) -> str:
         mode = self.args.decode_graphs
         if mode == "auto":
-            mode = "cuda" if self.device.type == "cuda" else "off"
+            mode = "cuda" if self.device.type == "cuda" and self.tp is None else "off"
+        if mode == "cuda" and self.tp is not None:
+            log.warning("CUDA graphs are not captured with tensor parallelism yet; decode steps run eagerly")
+            mode = "static"
         if mode == "cuda":
             from decodekit.ops import _has_kernel
             if self.device.type != "cuda" or not _has_kernel("paged_attention", self.device):

@@ -28,6 +28,9 @@ def copy_kv_blocks(kv_caches: list[tuple[torch.Tensor, torch.Tensor]], pairs: li
     """Copy-on-write of forked blocks: (src, dst) pairs, every layer's K and V of one pool, one op call."""
     if not pairs:
         return
+    driver = getattr(kv_caches, "tp_driver", None)  # tensor parallel: the workers copy theirs too
+    if driver is not None:
+        driver.copy_kv_blocks(kv_caches, pairs)
     mapping = torch.tensor(pairs, dtype=torch.int64).to(kv_caches[0][0].device, non_blocking=True)
     ops.copy_blocks([k for k, _ in kv_caches], [v for _, v in kv_caches], mapping)
 

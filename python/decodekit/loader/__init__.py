@@ -28,7 +28,7 @@ from .hf import PICKLE_SUFFIXES, refuse_pickle
 from .random import PRESETS as RANDOM_PRESETS
 
 __all__ = ["LoadedModel", "load_model", "ModelLoadError", "embedded_model_path", "expected_weight_shapes",
-           "check_weights", "read_gguf_metadata", "read_gguf_tensors", "RANDOM_PRESETS", "resolve_model"]
+           "check_weights", "read_gguf_metadata", "read_gguf_tensors", "RANDOM_PRESETS", "resolve_model", "load_config"]
 
 
 @dataclass
@@ -85,27 +85,48 @@ def resolve_model(model: str | os.PathLike | None) -> tuple[str, str]:
     raise FileNotFoundError(f"model {model!r} not found: no such file or directory{hint}")
 
 
+def load_config(model: str | os.PathLike | None = None) -> ModelConfig:
+    """The model's configuration alone (no weights read): for checks before loading."""
+    kind, where = resolve_model(model)
+    if kind == "random":
+        from .random import preset_config
+        return preset_config(where)
+    if kind == "hf":
+        import json
+
+        from .hf import config_from_hf
+        with open(os.path.join(where, "config.json"), encoding="utf-8") as f:
+            return config_from_hf(json.load(f), name=os.path.basename(os.path.abspath(where)))
+    from .gguf import config_from_gguf, open_reader, read_gguf_metadata, read_gguf_tensors
+    reader = open_reader(where)
+    meta = read_gguf_metadata(reader)
+    return config_from_gguf(meta, list(read_gguf_tensors(reader, meta)))
+
+
 def load_model(model: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu", progress: bool = True,
-               keep_quantized: bool = False) -> LoadedModel:
+               keep_quantized: bool = False, shard=None) -> LoadedModel:
     """Loads a model's config, weights (as `dtype` on `device`) and tokenizer.
 
     model: None (the embedded SmolLM2-135M-Instruct), a .gguf file, a Hugging Face model
     directory, or "random:NAME" (NAME in RANDOM_PRESETS). progress: a progress bar on stderr.
     keep_quantized: GGUF Q4_0 / Q4_1 and GPTQ / AWQ projection weights stay packed
     (decodekit.quant.Int4Weight); without it they are dequantized to `dtype`.
+    shard: tensor parallelism: a function of the model's config returning this rank's
+    decodekit.distributed.ShardPlan; only this rank's slice of each split weight is read (GGUF
+    through the memory map, safetensors with get_slice) or kept (random presets, packed GPTQ).
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     kind, where = resolve_model(model)
     if kind == "random":
         from .random import random_model
-        cfg, weights, tok = random_model(where, dtype, device, progress)
+        cfg, weights, tok = random_model(where, dtype, device, progress, shard=shard)
         return LoadedModel(cfg, weights, tok, f"random:{where}")
     if kind == "hf":
         from .hf import load_hf_dir
-        cfg, weights, tok = load_hf_dir(where, dtype, device, progress, keep_quantized=keep_quantized)
+        cfg, weights, tok = load_hf_dir(where, dtype, device, progress, keep_quantized=keep_quantized, shard=shard)
     else:
         from .gguf import load_gguf
-        cfg, weights, tok = load_gguf(where, dtype, device, progress, keep_quantized=keep_quantized)
+        cfg, weights, tok = load_gguf(where, dtype, device, progress, keep_quantized=keep_quantized, shard=shard)
     return LoadedModel(cfg, weights, tok, where)

@@ -68,9 +68,12 @@ def expected_weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor], source: str) -> None:
-    """Raises ModelLoadError naming the first missing, unexpected or misshapen weight."""
+def check_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor], source: str, plan=None) -> None:
+    """Raises ModelLoadError naming the first missing, unexpected or misshapen weight (plan: a
+    tensor-parallel ShardPlan; weights then have this rank's shapes)."""
     expected = expected_weight_shapes(cfg)
+    if plan is not None:
+        expected = {n: plan.local_shape(n, s) for n, s in expected.items()}
     missing = [n for n in expected if n not in weights]
     extra = [n for n in weights if n not in expected]
     if missing:

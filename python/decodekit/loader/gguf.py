@@ -12,6 +12,8 @@ order. The permutation moves whole rows, so it applies to packed quantized rows 
 """
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import os
 import re
@@ -306,8 +308,34 @@ _PACKABLE_SUFFIXES = ("_proj.weight",)
 _PACKABLE_INT8 = ("model.embed_tokens.weight", "lm_head.weight")
 
 
+def shard_info(info: GGUFTensorInfo, plan) -> GGUFTensorInfo | None:
+    """This rank's slice of a tensor as a GGUFTensorInfo over the same memory map (nothing read yet),
+    or None when the slice does not fall on the quant type's blocks (the caller cuts after loading).
+    Rows of heads keep llama.cpp's within-head permutation, so a head-aligned row slice is undone
+    with the slice's own head count."""
+    sel = plan.selection(info.hf_name)
+    if sel is None or len(info.shape) != 2:
+        return info
+    dim, a, b = sel
+    rows, cols = info.shape
+    if dim == 0:
+        heads = None
+        if info.unpermute_heads:
+            per = rows // info.unpermute_heads
+            if a % per or b % per:
+                return None
+            heads = (b - a) // per
+        return dataclasses.replace(info, shape=(b - a, cols), data=info.data[a:b], unpermute_heads=heads)
+    n_el, n_bytes = info.block_size
+    if a % n_el or b % n_el:
+        return None
+    data = info.data.reshape(rows, -1)
+    per_el = data.shape[1] // (cols // n_el)  # array elements per block (bytes, or 1 for float types)
+    return dataclasses.replace(info, shape=(rows, b - a), data=data[:, a // n_el * per_el:b // n_el * per_el])
+
+
 def load_gguf(path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-              progress_bar: bool = True, keep_quantized: bool = False):
+              progress_bar: bool = True, keep_quantized: bool = False, shard=None):
     """(config, weights, tokenizer) of a GGUF file; weights dequantized tensor by tensor, except,
     with keep_quantized, the Q4_0 / Q4_1 projection weights and the Q8_0 embedding / LM head:
     those become packed decodekit.quant.Int4Weight / Int8Weight (byte for byte the file's blocks)."""
@@ -321,12 +349,20 @@ def load_gguf(path: str, dtype: torch.dtype = torch.float32, device: str | torch
     cfg.eos_token_ids = list(tokenizer.eos_token_ids)
     cfg.bos_token_id = tokenizer.bos_token_id
     weights: dict[str, torch.Tensor] = {}
+    plan = shard(cfg) if shard is not None else None
     for info in progress(infos, len(infos), f"loading {os.path.basename(path)}", progress_bar):
         if info.name in _NON_WEIGHTS:
             continue
         if info.hf_name is None:
             raise ModelLoadError(f"{path}: tensor {info.name!r} is not part of a supported "
                                  f"{meta.get('general.architecture')} model")
+        if plan is not None:
+            cut = shard_info(info, plan)
+            if cut is None:  # not on block boundaries: load whole, then keep the slice
+                from ..distributed.sharding import shard_weight
+                weights[info.hf_name] = shard_weight(info.hf_name, info.dequantize(dtype, device), plan)
+                continue
+            info = cut
         if keep_quantized and info.type_name in ("Q4_0", "Q4_1") and info.hf_name.endswith(_PACKABLE_SUFFIXES):
             from ..quant import from_gguf_q4_0, from_gguf_q4_1
             conv = from_gguf_q4_1 if info.type_name == "Q4_1" else from_gguf_q4_0
@@ -337,5 +373,5 @@ def load_gguf(path: str, dtype: torch.dtype = torch.float32, device: str | torch
             weights[info.hf_name] = from_gguf_q8_0(info.raw_bytes(), info.shape).to(device)
             continue
         weights[info.hf_name] = info.dequantize(dtype, device)
-    check_weights(cfg, weights, path)
+    check_weights(cfg, weights, path, plan)
     return cfg, weights, tokenizer

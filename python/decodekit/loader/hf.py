@@ -191,9 +191,10 @@ def _convert_quant(qc: dict[str, Any], parts: dict[str, torch.Tensor], name: str
 
 
 def load_hf_dir(path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                progress_bar: bool = True, keep_quantized: bool = False):
+                progress_bar: bool = True, keep_quantized: bool = False, shard=None):
     """(config, weights, tokenizer) of a Hugging Face model directory (GPTQ / AWQ projections:
-    packed Int4Weight with keep_quantized, else dequantized to dtype)."""
+    packed Int4Weight with keep_quantized, else dequantized to dtype). shard: see load_model (float
+    tensors are read as this rank's slice; quantized layers are converted whole, then cut)."""
     from safetensors import safe_open
 
     from ..tokenizer import Tokenizer
@@ -221,6 +222,17 @@ def load_hf_dir(path: str, dtype: torch.dtype = torch.float32, device: str | tor
         by_file.setdefault(files[n], []).append(n)
     weights: dict[str, torch.Tensor] = {}
     pending: dict[str, dict[str, torch.Tensor]] = {}  # quantized layer -> its parts read so far
+    plan = shard(cfg) if shard is not None else None
+    if plan is not None:
+        from ..distributed.sharding import shard_weight
+
+    def read(f, k):
+        sel = plan.selection(k) if plan is not None else None
+        if sel is None:
+            return f.get_tensor(k)
+        dim, a, b = sel
+        sl = f.get_slice(k)
+        return sl[a:b] if dim == 0 else sl[:, a:b]
 
     def quant_part(name: str) -> tuple[str, str] | None:
         if qc is None:
@@ -244,6 +256,8 @@ def load_hf_dir(path: str, dtype: torch.dtype = torch.float32, device: str | tor
             need = _required_parts(qc) | {x for x in ("g_idx", "perm") if f"{prefix}.{x}" in files}
             if need <= set(got):
                 w = _convert_quant(qc, pending.pop(prefix), f"{fn}: {prefix}")
+                if plan is not None:
+                    w = shard_weight(prefix + ".weight", w, plan)
                 if keep_quantized:
                     weights[prefix + ".weight"] = w.to(device)
                 else:
@@ -257,9 +271,9 @@ def load_hf_dir(path: str, dtype: torch.dtype = torch.float32, device: str | tor
                 continue
             raise ModelLoadError(f"{fn}: unexpected tensor {k!r}; the checkpoint does not look like a "
                                  f"{cfg.architecture} model decodekit supports")
-        weights[k] = to_target(f.get_tensor(k), dtype, device)
+        weights[k] = to_target(read(f, k), dtype, device)
     if pending:
         name, parts = next(iter(pending.items()))
         raise ModelLoadError(f"{path}: quantized layer {name!r} lacks {sorted(_required_parts(qc) - set(parts))}")
-    check_weights(cfg, weights, path)
+    check_weights(cfg, weights, path, plan)
     return cfg, weights, tokenizer

@@ -38,6 +38,10 @@ PRESETS: dict[str, dict] = {
                        num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=1000000.0,
                        max_position_embeddings=2048, tie_word_embeddings=True, attention_bias=True,
                        architecture="qwen2"),
+    # 8 query / 2 KV heads, an odd vocabulary, separate LM head: tensor-parallel tests (TP 4 replicates KV heads)
+    "tiny-gqa4": dict(vocab_size=1001, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=8,
+                      num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,
+                      max_position_embeddings=2048, tie_word_embeddings=False, architecture="llama"),
     "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
                          num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5, rope_theta=100000.0,
                          max_position_embeddings=8192, tie_word_embeddings=True, architecture="smollm2"),
@@ -102,14 +106,20 @@ def random_tokenizer(vocab_size: int):
 
 
 def random_model(name: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                 progress_bar: bool = True):
-    """(config, weights, tokenizer) of the preset random:NAME."""
+                 progress_bar: bool = True, shard=None):
+    """(config, weights, tokenizer) of the preset random:NAME (shard: see load_model; each tensor is
+    drawn whole, so every rank gets the same values, and cut at once)."""
     cfg = preset_config(name)
     tokenizer = random_tokenizer(cfg.vocab_size)
     cfg.bos_token_id = tokenizer.bos_token_id
     cfg.eos_token_ids = list(tokenizer.eos_token_ids)
     shapes = expected_weight_shapes(cfg)
     draw = "cpu" if num_params(cfg) <= CPU_DRAW_MAX_PARAMS else torch.device(device)
-    weights = {n: random_tensor(name, n, s, dtype, device, draw)
-               for n, s in progress(shapes.items(), len(shapes), f"random:{name}", progress_bar)}
+    plan = shard(cfg) if shard is not None else None
+    if plan is not None:
+        from ..distributed.sharding import shard_weight
+    weights = {}
+    for n, s in progress(shapes.items(), len(shapes), f"random:{name}", progress_bar):
+        t = random_tensor(name, n, s, dtype, device, draw)
+        weights[n] = shard_weight(n, t, plan) if plan is not None else t
     return cfg, weights, tokenizer

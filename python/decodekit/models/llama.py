@@ -43,8 +43,17 @@ class LayerWeights:
 
 class LlamaModel:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-        self.config = c = config
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", tp=None, plan=None):
+        """tp, plan: tensor parallelism (decodekit.distributed): this rank's TPGroup and ShardPlan;
+        `weights` then holds this rank's slices (or whole tensors, cut here) and the model runs this
+        rank's heads / features / vocabulary slice, meeting the other ranks in AllReduces."""
+        self.full_config = config
+        self.tp, self.plan = (tp, plan) if tp is not None and tp.world_size > 1 else (None, None)
+        if self.plan is not None:
+            from decodekit.distributed.sharding import shard_weights
+            shard_weights(weights, self.plan)
+            config = self.plan.local_config
+        self.config = c = config   # this rank's heads, KV heads and MLP features
         self.dtype, self.device = dtype, torch.device(device)
 
         def take(name: str):
@@ -118,16 +127,25 @@ class LlamaModel:
         |K| (after RoPE, as cached) and |V| of every head; scale = margin * amax / 448, so
         values up to `margin` times the calibration maximum stay unsaturated and the normal
         fp8 range reaches down to ~amax * 7e-5."""
+        self.begin_kv_calibration()
+        try:
+            run_forward()
+        finally:
+            scales = self.end_kv_calibration(margin)
+        return scales
+
+    def begin_kv_calibration(self) -> None:
+        """calibrate_kv_scales in two halves (tensor-parallel workers run the forward in between)."""
         amax: list[list[torch.Tensor]] = [[] for _ in range(self.config.num_layers)]
 
         def observe(i: int, k: torch.Tensor, v: torch.Tensor) -> None:  # k, v: [T, Hk, D]
             amax[i] = [k.detach().abs().amax(dim=(0, 2)).float(), v.detach().abs().amax(dim=(0, 2)).float()]
 
+        self._kv_amax = amax
         self.kv_observer = observe
-        try:
-            run_forward()
-        finally:
-            self.kv_observer = None
+
+    def end_kv_calibration(self, margin: float = 2.0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        amax, self._kv_amax, self.kv_observer = self._kv_amax, None, None
         tiny = torch.finfo(torch.float32).tiny * 448
         return [tuple((a.clamp_min(tiny) * margin / 448.0) for a in pair) for pair in amax]
 
@@ -146,17 +164,26 @@ class LlamaModel:
     def forward(self, input_ids: torch.Tensor,           # [T] int64
                 md: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                num_layers: int | None = None) -> torch.Tensor:  # logits [N, vocab] fp32
+                num_layers: int | None = None) -> torch.Tensor | None:  # logits [N, vocab] fp32
         """num_layers: run only the first num_layers layers, then the final norm and LM head
-        (layer-skip self-drafting; their KV goes to the same caches)."""
+        (layer-skip self-drafting; their KV goes to the same caches). Tensor-parallel workers
+        return None (rank 0 gathers the logits)."""
         c = self.config
         T = input_ids.shape[0]
         q_size, kv_size, D = c.q_size, c.kv_size, c.head_dim
         eps = c.rms_norm_eps
+        tp = self.tp
+        if tp is not None:  # vocabulary-parallel: ids outside this rank's slice look up row 0, zeroed
+            v0, v1 = self.plan.vocab_range
+            outside = (input_ids < v0) | (input_ids >= v1)
+            input_ids = (input_ids - v0).masked_fill_(outside, 0)
         if isinstance(self.embed, Int8Weight):  # a packed Q8_0 table: the rows decoded on lookup
             residual = ops.int8_embedding(input_ids, self.embed, self.dtype)
         else:
             residual = F.embedding(input_ids, self.embed)  # [T, hidden], a fresh tensor (updated in place)
+        if tp is not None:
+            residual.masked_fill_(outside[:, None], 0)
+            tp.all_reduce(residual)
         h = ops.rms_norm(residual, self.layers[0].input_norm, eps)
         for i, L in enumerate(self.layers[:num_layers]):
             if i > 0:
@@ -175,12 +202,20 @@ class LlamaModel:
                                   md.slot_mapping, ks, vs)
             attn = ops.paged_attention(q.view(T, c.num_heads, D), kc, vc, md.block_tables, md.seq_lens,
                                        md.query_start_loc, self.scale, k_scale=ks, v_scale=vs)
-            h = ops.linear(attn.view(T, q_size), L.o)
+            if tp is None:
+                h = ops.linear(attn.view(T, q_size), L.o)
+            else:  # row-parallel: the partial products summed over the ranks
+                h = tp.linear_all_reduce(attn.view(T, q_size), L.o)
             ops.fused_add_rms_norm(h, residual, L.post_norm, eps)
             # MLP
-            h = ops.linear(ops.silu_and_mul(ops.linear(h, L.gate_up)), L.down)
+            act = ops.silu_and_mul(ops.linear(h, L.gate_up))
+            h = ops.linear(act, L.down) if tp is None else tp.linear_all_reduce(act, L.down)
         # final norm and LM head only on the rows that need logits
         idx = md.logits_indices
         hs, rs = h.index_select(0, idx), residual.index_select(0, idx)
         ops.fused_add_rms_norm(hs, rs, self.norm, eps)
-        return ops.linear(hs, self.lm_head).float()
+        logits = ops.linear(hs, self.lm_head).float()
+        if tp is None:
+            return logits
+        # vocabulary-parallel LM head: rank 0 gathers the slices (the workers get None)
+        return tp.gather_logits(logits, self.plan.vocab_shard, self.full_config.vocab_size)

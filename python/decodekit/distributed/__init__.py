@@ -1,0 +1,1 @@
+"""Tensor parallelism: process groups, parallel layers, AllReduce backends."""

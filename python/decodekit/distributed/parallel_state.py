@@ -1,0 +1,211 @@
+"""The tensor-parallel process group of one engine and its collectives.
+
+Rank 0 is the driver (scheduler, sampler, detokenizer, API); ranks 1..N-1 are workers that only
+run the model on their shard. Two groups over the same ranks:
+
+    group      the model's collectives (AllReduce after row-parallel layers, the vocabulary-parallel
+               embedding and the logits gather): NCCL on CUDA, gloo on CPU; timeout `tp_timeout`
+               seconds, so a hung peer becomes an error instead of a hang.
+    cmd_group  gloo, driver -> workers step commands (`broadcast_object_list`); a long timeout, since
+               an idle server sends nothing for hours. A dead peer still fails at once (closed socket).
+
+Launch: `launch_tensor_parallel` spawns the N - 1 workers on this machine (their parent-death
+signal is SIGKILL, so they never outlive the driver); under `torchrun` (RANK / WORLD_SIZE /
+MASTER_ADDR / MASTER_PORT in the environment) every process is started by torchrun and only rank 0
+returns to the caller -- the others serve as workers and exit when the driver shuts down.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+class TPWorkerError(RuntimeError):
+    """A tensor-parallel peer died or stopped answering; the engine cannot continue."""
+
+
+@dataclass
+class TPGroup:
+    rank: int
+    world_size: int
+    device: torch.device
+    group: object                    # torch.distributed ProcessGroup for the model's collectives
+    cmd_group: object                # gloo ProcessGroup for driver -> worker commands
+    allreduce: str = "gloo"          # "gloo"/"nccl" (torch.distributed) or "custom" (decodekit's)
+    fused: bool = False              # row-parallel GEMM + AllReduce in column chunks that overlap
+    custom: object | None = None     # decodekit.distributed.custom_allreduce.CustomAllReduce
+    procs: list = field(default_factory=list)   # spawned worker processes (driver only)
+    fused_chunks: int = 4            # column chunks of the fused path (each a multiple of 32 columns)
+
+    @property
+    def is_driver(self) -> bool:
+        return self.rank == 0
+
+    # ------------------------------------------------------------------ collectives
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """In place: x <- the sum of every rank's x (all ranks get identical values)."""
+        if self.custom is not None:  # it falls back to torch.distributed past its buffers
+            return self.custom.all_reduce(x, out=x)
+        dist.all_reduce(x, group=self.group)
+        return x
+
+    def linear_all_reduce(self, x: torch.Tensor,  # [M, K_shard]
+                          weight) -> torch.Tensor:  # [N, K_shard] (tensor or packed) -> [M, N]
+        """A row-parallel layer: the sum over ranks of x @ weight^T. Fused: the output columns in
+        chunks, each chunk's AllReduce started as soon as it is computed, overlapping the next chunk's
+        GEMM (every output element's arithmetic is the same as unchunked, so results are identical)."""
+        from decodekit import ops
+        N = weight.shape[0]
+        chunk = -(-N // self.fused_chunks // 32) * 32
+        if not self.fused or N <= chunk:
+            return self.all_reduce(ops.linear(x, weight))
+        parts, works = [], []
+        for n0 in range(0, N, chunk):
+            n1 = min(N, n0 + chunk)
+            w = weight[n0:n1] if isinstance(weight, torch.Tensor) else weight.rows(n0, n1)
+            y = ops.linear(x, w)
+            parts.append(y)
+            works.append(dist.all_reduce(y, group=self.group, async_op=True))
+        for w in works:
+            w.wait()
+        return torch.cat(parts, dim=1)
+
+    def gather_logits(self, local: torch.Tensor,  # [R, V_shard_r] this rank's vocabulary slice
+                      vocab_shard: int, vocab_size: int) -> torch.Tensor | None:  # [R, V] on rank 0
+        R = local.shape[0]
+        if local.shape[1] < vocab_shard:  # the last slice may be short: pad to equal sizes
+            local = torch.nn.functional.pad(local, (0, vocab_shard - local.shape[1]))
+        local = local.contiguous()
+        if self.rank == 0:
+            bufs = [torch.empty(R, vocab_shard, dtype=local.dtype, device=local.device)
+                    for _ in range(self.world_size)]
+            dist.gather(local, bufs, dst=0, group=self.group)
+            return torch.cat(bufs, dim=1)[:, :vocab_size]
+        dist.gather(local, None, dst=0, group=self.group)
+        return None
+
+    # ------------------------------------------------------------------ commands
+    def send(self, cmds: list) -> None:
+        dist.broadcast_object_list([cmds], src=0, group=self.cmd_group)
+
+    def recv(self) -> list:
+        box = [None]
+        dist.broadcast_object_list(box, src=0, group=self.cmd_group)
+        return box[0]
+
+    def dead_workers(self) -> list[str]:
+        return [f"rank {i + 1} (exit code {p.poll()})" for i, p in enumerate(self.procs) if p.poll() is not None]
+
+    def shutdown(self) -> None:
+        if self.custom is not None:
+            try:
+                self.custom.close()
+            except Exception:  # noqa: BLE001 -- best effort at exit
+                pass
+            self.custom = None
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except Exception:  # noqa: BLE001 -- subprocess.TimeoutExpired: it did not stop
+                p.kill()
+                p.wait(timeout=5)
+        self.procs = []
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_env() -> tuple[int, int] | None:
+    """(rank, world size) when started by torchrun (or any launcher setting RANK / WORLD_SIZE)."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return None
+
+
+def init_group(rank: int, world_size: int, device: torch.device, init_method: str, timeout_s: float,
+               allreduce: str = "auto", fused: bool = False) -> TPGroup:
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout)
+    group = dist.group.WORLD
+    cmd_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(days=365))
+    tp = TPGroup(rank, world_size, device, group, cmd_group, allreduce=backend, fused=fused)
+    if allreduce in ("auto", "custom"):
+        tp.custom = _custom_allreduce(tp, required=allreduce == "custom")
+        if tp.custom is not None:
+            tp.allreduce = "custom"
+    return tp
+
+
+def _custom_allreduce(tp: TPGroup, required: bool):
+    """decodekit's own AllReduce (shared-memory / CUDA-IPC buffers) when every rank's build has it
+    (decided together, so no rank enters the setup collectives alone)."""
+    err = None
+    try:
+        from decodekit.distributed.custom_allreduce import CustomAllReduce
+    except Exception as e:  # noqa: BLE001 -- auto: fall back to torch.distributed
+        err = e
+    ok = torch.tensor([0 if err else 1], dtype=torch.int32, device=tp.device)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=tp.group)
+    if not int(ok.item()):
+        if required:
+            raise ValueError(f"tp_allreduce 'custom' is not available on every rank ({err or 'another rank'})")
+        return None
+    return CustomAllReduce(tp.group, tp.device)
+
+
+def launch_tensor_parallel(args, device: torch.device) -> TPGroup:
+    """Rank 0's TPGroup after starting the workers (spawned here, or by torchrun). Under torchrun a
+    rank > 0 runs its worker loop inside this call and exits the process when the driver is done."""
+    from .worker import worker_main
+    n = args.tensor_parallel_size
+    env = torchrun_env()
+    if env is not None:
+        rank, world = env
+        if world != n:
+            raise ValueError(f"tensor_parallel_size {n} differs from torchrun's WORLD_SIZE {world}")
+        if rank != 0:
+            os._exit(worker_main(args, rank, n, "env://", None))
+        return init_group(0, n, device, "env://", args.tp_timeout, args.tp_allreduce, args.tp_fused_allreduce)
+    init = f"tcp://127.0.0.1:{_free_port()}"
+    threads = max(1, torch.get_num_threads() // n)
+    procs = [_spawn_worker(args, r, n, init, threads) for r in range(1, n)]
+    torch.set_num_threads(threads)
+    try:
+        tp = init_group(0, n, device, init, args.tp_timeout, args.tp_allreduce, args.tp_fused_allreduce)
+    except Exception:
+        for p in procs:
+            p.kill()
+        raise
+    tp.procs = procs
+    return tp
+
+
+def _spawn_worker(args, rank: int, world_size: int, init: str, threads: int):
+    """A fresh interpreter running decodekit.distributed.worker (not multiprocessing: a user's script
+    without an `if __name__ == "__main__"` guard must not be re-imported)."""
+    import pickle
+    import subprocess
+    import sys
+    import tempfile
+    with tempfile.NamedTemporaryFile("wb", prefix="decodekit-tp-", suffix=".pkl", delete=False) as f:
+        pickle.dump((args, rank, world_size, init, threads), f)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    return subprocess.Popen([sys.executable, "-m", "decodekit.distributed.worker", f.name], env=env)
