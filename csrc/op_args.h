@@ -442,3 +442,106 @@ inline AttnArgs paged_attention_args(const at::Tensor& out, const at::Tensor& qu
 }
 
 }  // namespace dk
+
+// ---- custom all-reduce and gemm_allreduce (include/decodekit/comm/allreduce.h) ----------------
+#include "decodekit/comm/allreduce.h"
+
+namespace dk {
+
+// buffer_ptrs / signal_ptrs: [world_size] addresses in this process (not checkable beyond
+// count, null and alignment: they come from CustomAllReduce).
+inline comm::Peers comm_peers_args(const char* op, at::IntArrayRef buffer_ptrs, at::IntArrayRef signal_ptrs,
+                                   int64_t rank, int64_t buffer_bytes) {
+  const int64_t ws = int64_t(buffer_ptrs.size());
+  TORCH_CHECK(ws >= 1 && ws <= comm::kMaxRanks, op, ": 'buffer_ptrs' must hold one address per rank (1 to ",
+              comm::kMaxRanks, "), got ", ws);
+  TORCH_CHECK(int64_t(signal_ptrs.size()) == ws, op, ": 'signal_ptrs' must hold ", ws,
+              " addresses (as many as 'buffer_ptrs'), got ", signal_ptrs.size());
+  check_range<int64_t>(op, "rank", rank, 0, ws - 1);
+  TORCH_CHECK(buffer_bytes >= 4 * comm::kAlign && buffer_bytes % comm::kAlign == 0, op,
+              ": 'buffer_bytes' must be a positive multiple of ", comm::kAlign, " (>= ", 4 * comm::kAlign, "), got ",
+              buffer_bytes);
+  comm::Peers P;
+  P.rank = int(rank);
+  P.world_size = int(ws);
+  P.buffer_bytes = buffer_bytes;
+  for (int64_t q = 0; q < ws; ++q) {
+    TORCH_CHECK(buffer_ptrs[q] != 0 && buffer_ptrs[q] % 16 == 0, op, ": 'buffer_ptrs'[", q,
+                "] must be a non-null 16-byte aligned address, got ", buffer_ptrs[q]);
+    TORCH_CHECK(signal_ptrs[q] != 0 && signal_ptrs[q] % 128 == 0, op, ": 'signal_ptrs'[", q,
+                "] must be a non-null 128-byte aligned address, got ", signal_ptrs[q]);
+    P.buf[q] = reinterpret_cast<void*>(buffer_ptrs[q]);
+    P.sig[q] = reinterpret_cast<comm::Signal*>(signal_ptrs[q]);
+  }
+  return P;
+}
+
+inline void check_message_fits(const char* op, const char* name, int64_t nbytes, int64_t buffer_bytes) {
+  const int64_t cap = comm::max_message_bytes(buffer_bytes);
+  TORCH_CHECK(nbytes <= cap, op, ": '", name, "' has ", nbytes, " bytes, more than the buffers hold (", cap,
+              " = buffer_bytes / 4); reduce it with torch.distributed instead");
+}
+
+// out, inp: [...] same shape, contiguous (out may be inp). Returns the element count.
+inline int64_t custom_all_reduce_args(const at::Tensor& out, const at::Tensor& inp, const comm::Peers& P) {
+  const char* op = "decodekit::custom_all_reduce";
+  Check(op, "inp", inp).dtype(kFloatTypes).contiguous();
+  Check(op, "out", out).same_shape(inp, "inp").dtype_as(inp, "inp").device_as(inp, "inp").contiguous();
+  check_message_fits(op, "inp", inp.numel() * int64_t(inp.element_size()), P.buffer_bytes);
+  return inp.numel();
+}
+
+// signal: [>= sizeof(Signal)] uint8, 128-byte aligned. Returns the timeout in ns.
+inline uint64_t allreduce_init_signal_args(const at::Tensor& signal, int64_t world_size, double timeout_s) {
+  const char* op = "decodekit::allreduce_init_signal";
+  Check(op, "signal", signal).dim(1).dtype({at::kByte}).contiguous().aligned(128);
+  TORCH_CHECK(signal.numel() >= int64_t(sizeof(comm::Signal)), op, ": 'signal' must have at least ",
+              sizeof(comm::Signal), " bytes (allreduce_signal_bytes()), got ", signal.numel());
+  check_range<int64_t>(op, "world_size", world_size, 1, comm::kMaxRanks);
+  check_range(op, "timeout_s", timeout_s, 1e-6, 1e6);
+  return uint64_t(timeout_s * 1e9);
+}
+
+struct GemmAllReduceArgs {
+  GemmArgs g;
+  bool norm;         // residual + norm_weight given
+  int64_t r_stride;  // row stride of residual
+};
+
+// out [M, N] contiguous; a [M, K] (row stride free); weight [N, K]; bias [N]; residual [M, N]
+// (row stride free) and norm_weight [N] together or not at all.
+inline GemmAllReduceArgs gemm_allreduce_args(const at::Tensor& out, const at::Tensor& a, const at::Tensor& weight,
+                                             const std::optional<at::Tensor>& bias,
+                                             const std::optional<at::Tensor>& residual,
+                                             const std::optional<at::Tensor>& norm_weight, double eps,
+                                             const comm::Peers& P) {
+  const char* op = "decodekit::gemm_allreduce";
+  GemmAllReduceArgs r{};
+  GemmArgs& g = r.g;
+  Check(op, "a", a).dim(2).dtype(kFloatTypes).last_dim_contiguous();
+  g.M = a.size(0);
+  g.K = a.size(1);
+  g.a_stride = g.M > 1 ? a.stride(0) : g.K;
+  Check(op, "weight", weight).dim(2).size(1, g.K, "K = a.size(1)").dtype_as(a, "a").device_as(a, "a").contiguous();
+  g.N = weight.size(0);
+  Check(op, "out", out).dim(2).size(0, g.M, "M").size(1, g.N, "N = weight.size(0)").dtype_as(a, "a")
+      .device_as(a, "a").contiguous();
+  if (bias.has_value())
+    Check(op, "bias", *bias).dim(1).size(0, g.N, "N").dtype_as(a, "a").device_as(a, "a").contiguous();
+  TORCH_CHECK(residual.has_value() == norm_weight.has_value(), op,
+              ": 'residual' and 'norm_weight' go together (the residual + RMSNorm epilogue), got only ",
+              residual.has_value() ? "'residual'" : "'norm_weight'");
+  r.norm = residual.has_value();
+  if (r.norm) {
+    r.r_stride = Check(op, "residual", *residual).same_shape(out, "out").dtype_as(a, "a").device_as(a, "a")
+                     .row_stride();
+    Check(op, "norm_weight", *norm_weight).dim(1).size(0, g.N, "N").dtype_as(a, "a").device_as(a, "a")
+        .contiguous();
+    check_range(op, "eps", eps, 0.0, 1.0);
+    check_range<int64_t>(op, "N (hidden size of the norm)", g.N, 1, INT32_MAX);
+  }
+  check_message_fits(op, "out", g.M * g.N * int64_t(a.element_size()), P.buffer_bytes);
+  return r;
+}
+
+}  // namespace dk

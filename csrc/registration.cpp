@@ -75,6 +75,35 @@ TORCH_LIBRARY(decodekit, m) {
       "paged_attention(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "
       "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale, Tensor(b!)? lse=None, "
       "Tensor? k_scale=None, Tensor? v_scale=None) -> ()");
+
+  // Custom AllReduce over peer-mapped buffers (include/decodekit/comm/allreduce.h; driver:
+  // decodekit.distributed.custom_allreduce.CustomAllReduce). buffer_ptrs / signal_ptrs: [world_size]
+  // addresses, in this process, of every rank's data buffer (buffer_bytes each, 256-byte aligned) and
+  // Signal block (allreduce_signal_bytes() each); CUDA: IPC-opened device pointers, CPU: mapped
+  // /dev/shm segments. Every rank must make the same calls in the same order (a collective).
+  // out, inp: [...] same shape, contiguous; out may be inp. nbytes <= buffer_bytes / 4.
+  // two_shot: reduce-scatter + all-gather instead of every rank reducing the whole message.
+  m.def("custom_all_reduce(Tensor(a!) out, Tensor inp, int[] buffer_ptrs, int[] signal_ptrs, int rank, "
+        "int buffer_bytes, bool two_shot) -> ()");
+  // out [M, N] = sum over ranks of a [M, K] (row stride free) @ weight [N, K]^T (+ bias [N], added by rank 0);
+  // with residual [M, N] (row stride free) and norm_weight [N]: residual <- out + residual, out <-
+  // rms_norm(residual) * norm_weight (fused_add_rms_norm after the reduction). Partial tiles go
+  // straight into the peers' buffers as they are computed.
+  m.def("gemm_allreduce(Tensor(a!) out, Tensor a, Tensor weight, Tensor? bias, int[] buffer_ptrs, "
+        "int[] signal_ptrs, int rank, int buffer_bytes, Tensor(b!)? residual, Tensor? norm_weight, "
+        "float eps) -> ()");
+  // Bytes of one Signal block; allreduce_init_signal zeroes signal [>= that] uint8 and writes its
+  // header (world size, wait timeout, the epoch the first call follows; CUDA: diag_ptr = address of
+  // int64 [4] pinned host memory that a timed-out kernel fills before it traps) before peers map it.
+  m.def("allreduce_signal_bytes() -> int");
+  m.def("allreduce_init_signal(Tensor(a!) signal, int world_size, float timeout_s, int epoch, "
+        "int diag_ptr=0) -> ()");
+  // CUDA IPC (setup only; CUDA builds; the CPU raises): ipc_mem_handle(buf: CUDA) -> [72] uint8 CPU =
+  // the cudaIpcMemHandle (64 bytes) of buf's allocation + buf's int64 offset in it; ipc_open(handle
+  // [72] uint8) -> buf's address in this process (another process's handle); ipc_close(that address).
+  m.def("ipc_mem_handle(Tensor buf) -> Tensor");
+  m.def("ipc_open(Tensor handle) -> int");
+  m.def("ipc_close(int ptr) -> ()");
 }
 
 // `import decodekit._C` loads this library, which runs the registrations above.

@@ -33,20 +33,26 @@ def tiny_ref():
     return _run("random:tiny-gqa4")
 
 
-@pytest.mark.parametrize("tp, fused", [(2, False), (2, True), (4, False), (4, True)])
-def test_tp_greedy_matches_tp1(tiny_ref, tp, fused):
+@pytest.mark.parametrize("tp, allreduce, fused", [(2, "torch", False), (2, "torch", True), (4, "torch", True),
+                                                   (2, "custom", False), (2, "custom", True), (4, "custom", True)])
+def test_tp_greedy_matches_tp1(tiny_ref, tp, allreduce, fused):
     """8 query / 2 KV heads: TP 2 splits the KV heads, TP 4 replicates them; an odd vocabulary (1001)
-    gives uneven vocabulary slices; separate LM head."""
-    toks, lps = _run("random:tiny-gqa4", tensor_parallel_size=tp, tp_allreduce="torch", tp_fused_allreduce=fused)
+    gives uneven vocabulary slices; separate LM head. AllReduce through gloo or decodekit's own
+    (shared-memory buffers; fused: gemm_allreduce with the add + RMSNorm epilogue)."""
+    toks, lps = _run("random:tiny-gqa4", tensor_parallel_size=tp, tp_allreduce=allreduce, tp_fused_allreduce=fused)
     assert toks == tiny_ref[0]
     for a, b in zip(lps, tiny_ref[1]):
         assert a == pytest.approx(b, abs=1e-4)
 
 
-def test_fused_and_unfused_allreduce_identical():
-    """Chunked GEMM + overlapped AllReduce computes every element exactly like the unchunked path."""
-    a = _run("random:tiny-gqa4", tensor_parallel_size=2, tp_allreduce="torch", tp_fused_allreduce=False)
-    b = _run("random:tiny-gqa4", tensor_parallel_size=2, tp_allreduce="torch", tp_fused_allreduce=True)
+@pytest.mark.parametrize("allreduce", ["torch", "custom"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_and_unfused_allreduce_identical(allreduce, dtype):
+    """Column-chunked GEMM + overlapped AllReduce (gloo; bf16: dense_gemm chunks) or gemm_allreduce
+    (custom) computes every element exactly like GEMM then AllReduce: identical tokens and logprobs."""
+    kw = dict(tensor_parallel_size=2, tp_allreduce=allreduce, dtype=dtype)
+    a = _run("random:tiny-gqa4", **kw, tp_fused_allreduce=False)
+    b = _run("random:tiny-gqa4", **kw, tp_fused_allreduce=True)
     assert a == b
 
 
@@ -56,8 +62,19 @@ def test_tp3_embedded_default_matches_tp1():
     embedded_model_or_skip()
     prompts, params = PROMPTS[:2], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     ref, _ = _run(None, prompts, params)
-    got, _ = _run(None, prompts, params, tensor_parallel_size=3, tp_allreduce="torch")
+    got, _ = _run(None, prompts, params, tensor_parallel_size=3, tp_allreduce="custom", tp_fused_allreduce=True)
     assert got == ref
+
+
+def test_tp3_embedded_fused_identical():
+    """Packed Q4_1 projections: the fused path's column chunks (our INT4 kernels) give exactly the
+    unfused results."""
+    from dk_testing import embedded_model_or_skip
+    embedded_model_or_skip()
+    prompts, params = PROMPTS[2:], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=1)
+    a = _run(None, prompts, params, tensor_parallel_size=3, tp_allreduce="custom")
+    b = _run(None, prompts, params, tensor_parallel_size=3, tp_allreduce="custom", tp_fused_allreduce=True)
+    assert a == b
 
 
 def test_tp_with_spec_decode_and_fp8_kv():
@@ -67,6 +84,24 @@ def test_tp_with_spec_decode_and_fp8_kv():
     ref, _ = _run("random:tiny-gqa4", **kw)
     got, _ = _run("random:tiny-gqa4", tensor_parallel_size=2, tp_allreduce="torch", **kw)
     assert got == ref
+
+
+@pytest.mark.parametrize("allreduce", ["torch", "custom"])
+def test_killed_worker_fails_clearly(allreduce):
+    from decodekit.distributed.parallel_state import TPWorkerError
+    llm = LLM(model="random:tiny-gqa4", max_model_len=256, kv_cache_memory="64MiB", tensor_parallel_size=2,
+              tp_allreduce=allreduce, tp_timeout=20)
+    eng = llm.llm_engine
+    try:
+        assert llm.generate(["hello"], SamplingParams(temperature=0, max_tokens=3))[0].outputs[0].token_ids
+        eng.tp.procs[0].kill()
+        eng.tp.procs[0].wait(timeout=10)
+        t0 = time.monotonic()
+        with pytest.raises(TPWorkerError, match=r"worker rank 1 \(exit code -9\) died"):
+            llm.generate(["hello again"], SamplingParams(temperature=0, max_tokens=3))
+        assert time.monotonic() - t0 < 30
+    finally:
+        eng.shutdown()
 
 
 @pytest.mark.parametrize("model, tp, msg", [("random:tiny-gqa4", 3, r"tensor_parallel_size 3 .*allowed sizes: \[1, 2, 4, 8\]"),
@@ -83,23 +118,6 @@ def test_embedded_tp2_names_allowed_sizes():
     embedded_model_or_skip()
     with pytest.raises(ValueError, match=r"9\).*allowed sizes: \[1, 3\]"):
         LLM(tensor_parallel_size=2)
-
-
-def test_killed_worker_fails_clearly():
-    from decodekit.distributed.parallel_state import TPWorkerError
-    llm = LLM(model="random:tiny-gqa4", max_model_len=256, kv_cache_memory="64MiB", tensor_parallel_size=2,
-              tp_allreduce="torch", tp_timeout=20)
-    eng = llm.llm_engine
-    try:
-        assert llm.generate(["hello"], SamplingParams(temperature=0, max_tokens=3))[0].outputs[0].token_ids
-        eng.tp.procs[0].kill()
-        eng.tp.procs[0].wait(timeout=10)
-        t0 = time.monotonic()
-        with pytest.raises(TPWorkerError, match=r"worker rank 1 \(exit code -9\) died"):
-            llm.generate(["hello again"], SamplingParams(temperature=0, max_tokens=3))
-        assert time.monotonic() - t0 < 30
-    finally:
-        eng.shutdown()
 
 
 def test_torchrun_two_cpu_ranks(tmp_path):

@@ -54,26 +54,42 @@ class TPGroup:
         dist.all_reduce(x, group=self.group)
         return x
 
-    def linear_all_reduce(self, x: torch.Tensor,  # [M, K_shard]
-                          weight) -> torch.Tensor:  # [N, K_shard] (tensor or packed) -> [M, N]
-        """A row-parallel layer: the sum over ranks of x @ weight^T. Fused: the output columns in
-        chunks, each chunk's AllReduce started as soon as it is computed, overlapping the next chunk's
-        GEMM (every output element's arithmetic is the same as unchunked, so results are identical)."""
+    def linear_all_reduce(self, x: torch.Tensor,          # [M, K_shard]
+                          weight,                         # [N, K_shard] (tensor or packed)
+                          residual: torch.Tensor | None = None,     # [M, N] in/out
+                          norm_weight: torch.Tensor | None = None,  # [N]
+                          eps: float = 1e-6) -> torch.Tensor:       # [M, N]
+        """A row-parallel layer: y = the sum over ranks of x @ weight^T; with residual and norm_weight
+        also residual <- y + residual, y <- rms_norm(residual) * norm_weight (fused_add_rms_norm).
+
+        Fused (--tp-fused-allreduce): decodekit's gemm_allreduce for dense weights (each output tile
+        pushed to the peers as soon as it is computed, the norm as its epilogue); otherwise the output
+        columns in chunks, each chunk's AllReduce started as soon as it is computed and overlapping the
+        next chunk's GEMM. Every output element's arithmetic is the same as unfused, so are the results."""
         from decodekit import ops
+        if self.fused and self.custom is not None and isinstance(weight, torch.Tensor):
+            return self.custom.gemm_allreduce(x, weight, residual=residual, norm_weight=norm_weight, eps=eps)
         N = weight.shape[0]
         chunk = -(-N // self.fused_chunks // 32) * 32
-        if not self.fused or N <= chunk:
-            return self.all_reduce(ops.linear(x, weight))
-        parts, works = [], []
-        for n0 in range(0, N, chunk):
-            n1 = min(N, n0 + chunk)
-            w = weight[n0:n1] if isinstance(weight, torch.Tensor) else weight.rows(n0, n1)
-            y = ops.linear(x, w)
-            parts.append(y)
-            works.append(dist.all_reduce(y, group=self.group, async_op=True))
-        for w in works:
-            w.wait()
-        return torch.cat(parts, dim=1)
+        if not self.fused or N <= chunk or not _column_chunks_exact(x, weight):
+            y = self.all_reduce(ops.linear(x, weight))
+        else:
+            parts, works = [], []
+            for n0 in range(0, N, chunk):
+                n1 = min(N, n0 + chunk)
+                w = weight[n0:n1] if isinstance(weight, torch.Tensor) else weight.rows(n0, n1)
+                part = ops.linear(x, w)
+                parts.append(part)
+                if self.custom is not None:  # synchronous, but no socket round trip
+                    self.custom.all_reduce(part, out=part)
+                else:
+                    works.append(dist.all_reduce(part, group=self.group, async_op=True))
+            for w in works:
+                w.wait()
+            y = torch.cat(parts, dim=1)
+        if residual is not None:
+            ops.fused_add_rms_norm(y, residual, norm_weight, eps)
+        return y
 
     def gather_logits(self, local: torch.Tensor,  # [R, V_shard_r] this rank's vocabulary slice
                       vocab_shard: int, vocab_size: int) -> torch.Tensor | None:  # [R, V] on rank 0
@@ -122,6 +138,15 @@ class TPGroup:
                 pass
 
 
+def _column_chunks_exact(x: torch.Tensor, weight) -> bool:
+    """Whether ops.linear on 32-aligned column chunks gives each element exactly as unchunked: our own
+    kernels (packed INT4 / INT8 / fp8, and CPU bf16 up to 32 rows: dense_gemm) compute every output
+    independently of the others; torch's GEMMs may block by N, so those run whole."""
+    if not isinstance(weight, torch.Tensor):
+        return True
+    return x.device.type == "cpu" and x.dtype == torch.bfloat16 and x.shape[0] <= 32
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -146,13 +171,13 @@ def init_group(rank: int, world_size: int, device: torch.device, init_method: st
     cmd_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(days=365))
     tp = TPGroup(rank, world_size, device, group, cmd_group, allreduce=backend, fused=fused)
     if allreduce in ("auto", "custom"):
-        tp.custom = _custom_allreduce(tp, required=allreduce == "custom")
+        tp.custom = _custom_allreduce(tp, required=allreduce == "custom", timeout_s=timeout_s)
         if tp.custom is not None:
             tp.allreduce = "custom"
     return tp
 
 
-def _custom_allreduce(tp: TPGroup, required: bool):
+def _custom_allreduce(tp: TPGroup, required: bool, timeout_s: float):
     """decodekit's own AllReduce (shared-memory / CUDA-IPC buffers) when every rank's build has it
     (decided together, so no rank enters the setup collectives alone)."""
     err = None
@@ -166,7 +191,7 @@ def _custom_allreduce(tp: TPGroup, required: bool):
         if required:
             raise ValueError(f"tp_allreduce 'custom' is not available on every rank ({err or 'another rank'})")
         return None
-    return CustomAllReduce(tp.group, tp.device)
+    return CustomAllReduce(tp.group, tp.device, timeout_s=timeout_s)
 
 
 def launch_tensor_parallel(args, device: torch.device) -> TPGroup:

@@ -185,8 +185,9 @@ class LlamaModel:
             residual.masked_fill_(outside[:, None], 0)
             tp.all_reduce(residual)
         h = ops.rms_norm(residual, self.layers[0].input_norm, eps)
-        for i, L in enumerate(self.layers[:num_layers]):
-            if i > 0:
+        layers = self.layers[:num_layers]
+        for i, L in enumerate(layers):
+            if i > 0 and tp is None:  # (tensor parallel: done by the previous layer's down projection)
                 ops.fused_add_rms_norm(h, residual, L.input_norm, eps)
             # attention
             qkv = ops.linear(h, L.qkv, L.qkv_bias)  # [T, q + 2 kv]
@@ -204,12 +205,17 @@ class LlamaModel:
                                        md.query_start_loc, self.scale, k_scale=ks, v_scale=vs)
             if tp is None:
                 h = ops.linear(attn.view(T, q_size), L.o)
-            else:  # row-parallel: the partial products summed over the ranks
-                h = tp.linear_all_reduce(attn.view(T, q_size), L.o)
-            ops.fused_add_rms_norm(h, residual, L.post_norm, eps)
+                ops.fused_add_rms_norm(h, residual, L.post_norm, eps)
+            else:  # row-parallel: the partial products summed over the ranks, then add + norm
+                h = tp.linear_all_reduce(attn.view(T, q_size), L.o, residual, L.post_norm, eps)
             # MLP
             act = ops.silu_and_mul(ops.linear(h, L.gate_up))
-            h = ops.linear(act, L.down) if tp is None else tp.linear_all_reduce(act, L.down)
+            if tp is None:
+                h = ops.linear(act, L.down)
+            elif i + 1 < len(layers):  # the next layer's input add + norm as the AllReduce's epilogue
+                h = tp.linear_all_reduce(act, L.down, residual, layers[i + 1].input_norm, eps)
+            else:
+                h = tp.linear_all_reduce(act, L.down)
         # final norm and LM head only on the rows that need logits
         idx = md.logits_indices
         hs, rs = h.index_select(0, idx), residual.index_select(0, idx)

@@ -408,3 +408,88 @@ def _reshape_and_cache_fake(key, value, key_cache, value_cache, slot_mapping, k_
 def _paged_attention_fake(out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, lse=None,
                           k_scale=None, v_scale=None):
     return None
+
+
+# --- custom all-reduce over peer-mapped buffers ------------------------------------------
+# Kernels: include/decodekit/comm/allreduce.{h,cuh}. Driver (allocates and maps the buffers, exchanges
+# the addresses): decodekit.distributed.custom_allreduce.CustomAllReduce. buffer_ptrs / signal_ptrs:
+# [world_size] addresses in this process of every rank's data buffer / Signal block. Collective: every
+# rank makes the same calls in the same order.
+
+def custom_all_reduce(inp: torch.Tensor,               # [...] contiguous, nbytes <= buffer_bytes / 4
+                      buffer_ptrs: list[int],          # [world_size]
+                      signal_ptrs: list[int],          # [world_size]
+                      rank: int,
+                      buffer_bytes: int,
+                      two_shot: bool = False,
+                      out: torch.Tensor | None = None,  # [...] like inp (may be inp)
+                      ) -> torch.Tensor:
+    """Sum over ranks of inp, in rank order (bitwise identical on every rank)."""
+    if out is None:
+        out = torch.empty(inp.shape, dtype=inp.dtype, device=inp.device)
+    _ops.custom_all_reduce(out, inp, list(buffer_ptrs), list(signal_ptrs), rank, buffer_bytes, two_shot)
+    return out
+
+
+def gemm_allreduce(a: torch.Tensor,                     # [M, K] (row stride free)
+                   weight: torch.Tensor,                # [N, K] this rank's shard
+                   buffer_ptrs: list[int],              # [world_size]
+                   signal_ptrs: list[int],              # [world_size]
+                   rank: int,
+                   buffer_bytes: int,
+                   bias: torch.Tensor | None = None,      # [N], added once (by rank 0)
+                   residual: torch.Tensor | None = None,  # [M, N] in/out: out + residual
+                   norm_weight: torch.Tensor | None = None,  # [N]
+                   eps: float = 1e-6,
+                   out: torch.Tensor | None = None,       # [M, N]
+                   ) -> torch.Tensor:
+    """allreduce(a @ weight^T) (+ bias); with residual/norm_weight, fused_add_rms_norm after it."""
+    if out is None:
+        out = torch.empty((a.shape[0], weight.shape[0]), dtype=a.dtype, device=a.device)
+    _ops.gemm_allreduce(out, a, weight, bias, list(buffer_ptrs), list(signal_ptrs), rank, buffer_bytes, residual,
+                        norm_weight, eps)
+    return out
+
+
+def allreduce_signal_bytes() -> int:
+    return int(_ops.allreduce_signal_bytes())
+
+
+def allreduce_init_signal(signal: torch.Tensor,  # [>= allreduce_signal_bytes()] uint8, 128-byte aligned
+                          world_size: int, timeout_s: float, epoch: int = 0, diag_ptr: int = 0) -> None:
+    """Zeroes a Signal block and writes its header; `epoch` (int64, taken mod 2^64) precedes the first
+    call; diag_ptr (CUDA): address of a pinned int64 [4] that a timed-out kernel fills before trapping."""
+    _ops.allreduce_init_signal(signal, world_size, timeout_s, epoch, diag_ptr)
+
+
+def ipc_mem_handle(buf: torch.Tensor) -> torch.Tensor:  # CUDA buf -> [72] uint8 on the CPU
+    return _ops.ipc_mem_handle(buf)
+
+
+def ipc_open(handle: torch.Tensor) -> int:  # [72] uint8 from another process's ipc_mem_handle
+    return int(_ops.ipc_open(handle))
+
+
+def ipc_close(ptr: int) -> None:
+    _ops.ipc_close(ptr)
+
+
+@torch.library.register_fake("decodekit::custom_all_reduce")
+def _custom_all_reduce_fake(out, inp, buffer_ptrs, signal_ptrs, rank, buffer_bytes, two_shot):
+    return None
+
+
+@torch.library.register_fake("decodekit::gemm_allreduce")
+def _gemm_allreduce_fake(out, a, weight, bias, buffer_ptrs, signal_ptrs, rank, buffer_bytes, residual, norm_weight,
+                         eps):
+    return None
+
+
+@torch.library.register_fake("decodekit::allreduce_init_signal")
+def _allreduce_init_signal_fake(signal, world_size, timeout_s, epoch, diag_ptr=0):
+    return None
+
+
+@torch.library.register_fake("decodekit::ipc_mem_handle")
+def _ipc_mem_handle_fake(buf):
+    return torch.empty(72, dtype=torch.uint8, device="cpu")

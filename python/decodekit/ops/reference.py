@@ -410,3 +410,30 @@ def rejection_sample(draft_tokens: torch.Tensor,        # [B, k] int64
         active &= ~rej
     return out, emitted
 
+
+
+def custom_all_reduce(inputs: list[torch.Tensor]) -> torch.Tensor:  # each [...] -> [...]
+    """The ranks' inputs summed in rank order (fp32 accumulation, float64 for float64 inputs)."""
+    acc = torch.float64 if inputs[0].dtype == torch.float64 else torch.float32
+    s = inputs[0].to(acc)
+    for x in inputs[1:]:
+        s = s + x.to(acc)
+    return s.to(inputs[0].dtype)
+
+
+def gemm_allreduce(a: list[torch.Tensor],        # per rank [M, K_r]
+                   weight: list[torch.Tensor],   # per rank [N, K_r]
+                   bias: torch.Tensor | None = None,          # [N]
+                   residual: torch.Tensor | None = None,      # [M, N]
+                   norm_weight: torch.Tensor | None = None,   # [N]
+                   eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(out, new_residual): out = sum_r a_r @ w_r^T (+ bias); with residual and norm_weight,
+    new_residual = out + residual and out = rms_norm(new_residual) * norm_weight (else None)."""
+    acc = torch.float64 if a[0].dtype == torch.float64 else torch.float32
+    y = sum(x.to(acc) @ w.to(acc).T for x, w in zip(a, weight))
+    if bias is not None:
+        y = y + bias.to(acc)
+    if residual is None:
+        return y.to(a[0].dtype), None
+    out, new_residual = fused_add_rms_norm(y, residual.to(acc), norm_weight.to(acc), eps)
+    return out.to(a[0].dtype), new_residual.to(a[0].dtype)

@@ -1,0 +1,152 @@
+// CPU launchers for custom_all_reduce and gemm_allreduce (kernels in
+// include/decodekit/comm/allreduce.h): the ranks are processes that map each other's
+// /dev/shm segments (decodekit.distributed.custom_allreduce), addressed by int64 pointers
+// exactly like the CUDA version's IPC-opened ones. Also allreduce_signal_bytes /
+// allreduce_init_signal, and the CUDA-only IPC ops' error on a CPU-only build.
+#include <type_traits>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/mm.h>
+#include <torch/library.h>
+
+#include "../op_args.h"
+#include "dispatch.h"
+#include "decodekit/comm/allreduce.h"
+#include "decodekit/gemm/dense_cpu.h"
+#include "decodekit/norm.h"
+
+namespace {
+
+void raise_if_failed(const char* op, const dk::comm::CommStatus& st, const dk::comm::Peers& P) {
+  if (st.ok) return;
+  TORCH_CHECK(st.slot >= 0, op, ": rank ", P.rank, ": ", st.what, " (rank ", st.peer, ")");
+  TORCH_CHECK(false, op, ": rank ", P.rank, " of ", P.world_size, " timed out after ", st.waited_s,
+              " s waiting for rank ", st.peer, " (", st.what, "; call ", st.epoch, ", flag slot ", st.slot,
+              "): that rank died, hangs, or made a different call. This communicator is unusable now: close it.");
+}
+
+void custom_all_reduce_cpu(at::Tensor& out,              // [...] contiguous (may be inp)
+                           const at::Tensor& inp,        // [...] contiguous
+                           at::IntArrayRef buffer_ptrs,  // [world_size] addresses
+                           at::IntArrayRef signal_ptrs,  // [world_size] addresses
+                           int64_t rank, int64_t buffer_bytes, bool two_shot) {
+  const char* op = "decodekit::custom_all_reduce";
+  const dk::comm::Peers P = dk::comm_peers_args(op, buffer_ptrs, signal_ptrs, rank, buffer_bytes);
+  const int64_t n = dk::custom_all_reduce_args(out, inp, P);
+  DK_CPU_DISPATCH_FLOATING(inp.scalar_type(), op, [&] {
+    raise_if_failed(op, dk::cpu::all_reduce<scalar_t>(dk_ptr<scalar_t>(out), dk_ptr<scalar_t>(inp), n, P, two_shot),
+                    P);
+  });
+}
+
+// = decodekit.ops._DENSE_ROUTE_MAX_M: dense_gemm beats torch's CPU GEMM up to about this many rows.
+constexpr int64_t kDenseRouteMaxM = 32;
+// = decodekit.ops._BF16_UPCAST_MIN_M: from this many rows bf16 GEMMs run in fp32 on upcast operands.
+constexpr int64_t kBf16UpcastMinM = 128;
+static_assert(kDenseRouteMaxM <= dk::cpu::kDenseGemvMaxM, "dense_gemm row limit");
+
+// Column tile of the CPU gemm_allreduce: wide enough that dense_gemm parallelises inside it.
+int64_t cpu_tile_n(int64_t N) {
+  return std::max<int64_t>(256, dk::comm::round_up(dk::comm::cdiv(N, dk::comm::kMaxTiles), 16));
+}
+
+void gemm_allreduce_cpu(at::Tensor& out,                               // [M, N] contiguous
+                        const at::Tensor& a,                           // [M, K] (row stride free)
+                        const at::Tensor& weight,                      // [N, K] this rank's shard
+                        const std::optional<at::Tensor>& bias,         // [N] (rank 0 adds it)
+                        at::IntArrayRef buffer_ptrs,                   // [world_size] addresses
+                        at::IntArrayRef signal_ptrs,                   // [world_size] addresses
+                        int64_t rank, int64_t buffer_bytes,
+                        const std::optional<at::Tensor>& residual,     // [M, N] (row stride free), in/out
+                        const std::optional<at::Tensor>& norm_weight,  // [N]
+                        double eps) {
+  const char* op = "decodekit::gemm_allreduce";
+  const dk::comm::Peers P = dk::comm_peers_args(op, buffer_ptrs, signal_ptrs, rank, buffer_bytes);
+  const dk::GemmAllReduceArgs r = dk::gemm_allreduce_args(out, a, weight, bias, residual, norm_weight, eps, P);
+  const int64_t M = r.g.M, N = r.g.N, K = r.g.K;
+  if (M == 0 || N == 0) return;  // every rank skips the same call
+  const bool add_bias = bias.has_value() && rank == 0;
+  DK_CPU_DISPATCH_FLOATING(a.scalar_type(), op, [&] {
+    using T = scalar_t;
+    // dst [M, nc] row-major = round_T(a @ weight[n0 : n0 + nc]^T (+ bias on rank 0)), routed exactly as
+    // decodekit.ops.linear, so fused == ops.linear then all-reduce, bit for bit: bf16 up to
+    // kDenseRouteMaxM rows dense_gemm, tile by tile (its per-element arithmetic does not depend on the
+    // tile); everything else torch's GEMM (bf16 from kBf16UpcastMinM rows in fp32 on upcast operands),
+    // run once over all N columns -- its blocking may depend on N -- with the tiles published from it.
+    constexpr bool kBf16 = std::is_same_v<T, at::BFloat16>;
+    const bool tiled = kBf16 && M <= kDenseRouteMaxM;
+    at::Tensor whole;  // [M, N] the torch-routed product
+    if (!tiled) {
+      const std::optional<at::Tensor> b = add_bias ? bias : std::nullopt;
+      if (kBf16 && M >= kBf16UpcastMinM) {
+        const std::optional<at::Tensor> bf = b ? std::optional<at::Tensor>(b->to(at::kFloat)) : std::nullopt;
+        whole = at::linear(a.to(at::kFloat), weight.to(at::kFloat), bf).to(a.scalar_type());
+      } else {
+        whole = at::linear(a, weight, b).contiguous();
+      }
+    }
+    auto gemm_tile = [&](T* dst, int64_t n0, int64_t nc) {
+      if (tiled) {
+        dk::cpu::dense_gemm<T>(dst, dk_ptr<T>(a), r.g.a_stride, dk_ptr<T>(weight) + n0 * K,
+                               add_bias ? dk_ptr<T>(*bias) + n0 : nullptr, M, nc, K);
+        return;
+      }
+      at::from_blob(dst, {M, nc}, a.options()).copy_(whole.narrow(1, n0, nc));
+    };
+    T* o = dk_ptr<T>(out);
+    const int64_t tile_n = cpu_tile_n(N);
+    if (P.world_size == 1) {
+      gemm_tile(o, 0, N);
+    } else if (dk::comm::gemm_fits(M, N, int(sizeof(T)), P.world_size, buffer_bytes, tile_n)) {
+      raise_if_failed(op, dk::cpu::gemm_all_reduce<T>(o, M, N, tile_n, P, gemm_tile), P);
+    } else {  // the partial products do not fit world_size slots: GEMM, then all-reduce in place
+      gemm_tile(o, 0, N);
+      raise_if_failed(op, dk::cpu::all_reduce<T>(o, o, M * N, P, /*two_shot=*/false), P);
+    }
+    if (r.norm)
+      dk::cpu::fused_add_rms_norm<T>(o, N, dk_ptr<T>(*residual), r.r_stride, dk_ptr<T>(*norm_weight), M, int(N),
+                                     float(eps));
+  });
+}
+
+int64_t allreduce_signal_bytes() { return int64_t(sizeof(dk::comm::Signal)); }
+
+void allreduce_init_signal_cpu(at::Tensor& signal,  // [>= allreduce_signal_bytes()] uint8
+                               int64_t world_size, double timeout_s, int64_t epoch, int64_t /*diag_ptr*/) {
+  const uint64_t timeout_ns = dk::allreduce_init_signal_args(signal, world_size, timeout_s);
+  dk::cpu::init_signal(reinterpret_cast<dk::comm::Signal*>(signal.data_ptr()), int(world_size), timeout_ns,
+                       uint64_t(epoch));
+}
+
+at::Tensor ipc_mem_handle_cpu(const at::Tensor& buf) {
+  TORCH_CHECK(false, "decodekit::ipc_mem_handle: CUDA IPC needs a CUDA tensor, got one on ", buf.device(),
+              " (on the CPU, CustomAllReduce shares /dev/shm segments instead)");
+}
+
+#if !defined(DECODEKIT_CUDA)
+int64_t ipc_open_unavailable(const at::Tensor&) {
+  TORCH_CHECK(false, "decodekit::ipc_open: this build has no CUDA kernels (DECODEKIT_CUDA=1 builds them)");
+}
+void ipc_close_unavailable(int64_t) {
+  TORCH_CHECK(false, "decodekit::ipc_close: this build has no CUDA kernels (DECODEKIT_CUDA=1 builds them)");
+}
+#endif
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(decodekit, CPU, m) {
+  m.impl("custom_all_reduce", &custom_all_reduce_cpu);
+  m.impl("gemm_allreduce", &gemm_allreduce_cpu);
+  m.impl("allreduce_init_signal", &allreduce_init_signal_cpu);
+  m.impl("ipc_mem_handle", &ipc_mem_handle_cpu);
+}
+
+// No tensor arguments (or a CPU handle that a CUDA build turns into a device pointer).
+TORCH_LIBRARY_IMPL(decodekit, CompositeExplicitAutograd, m) {
+  m.impl("allreduce_signal_bytes", &allreduce_signal_bytes);
+#if !defined(DECODEKIT_CUDA)
+  m.impl("ipc_open", &ipc_open_unavailable);
+  m.impl("ipc_close", &ipc_close_unavailable);
+#endif
+}
