@@ -68,41 +68,69 @@ def _requests(args) -> list[dict]:
             for p in random_token_prompts(rng, args.num_prompts, args.input_len, args.vocab)]
 
 
-async def _one(client, url, model, req, headers) -> dict:
-    body = {"model": model, "prompt": req["prompt"], "max_tokens": req["max_tokens"], "temperature": 0,
+class _Timeline:
+    """Per-request timing from the streamed events."""
+
+    def __init__(self):
+        self.t0 = time.perf_counter()
+        self.ttft = self.last = None
+        self.itl, self.n, self.err, self.usage = [], 0, None, None
+
+    def event(self, data: str) -> bool:
+        """Handles one SSE data payload; False when the stream is over."""
+        if data == "[DONE]":
+            return False
+        chunk = json.loads(data)
+        if "error" in chunk:
+            self.err = chunk["error"].get("message")
+            return False
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        if chunk.get("choices") and chunk["choices"][0].get("text"):
+            now = time.perf_counter()
+            if self.ttft is None:
+                self.ttft = now - self.t0
+            elif self.last is not None:
+                self.itl.append(now - self.last)
+            self.last = now
+            self.n += 1
+        return True
+
+    def result(self, req) -> dict:
+        e2e = time.perf_counter() - self.t0
+        out_tokens = self.usage["completion_tokens"] if self.usage else self.n
+        prompt_tokens = self.usage["prompt_tokens"] if self.usage else (
+            len(req["prompt"]) if isinstance(req["prompt"], list) else 0)
+        return {"ok": self.err is None and self.ttft is not None, "error": self.err, "ttft": self.ttft, "e2e": e2e,
+                "itl": self.itl, "output_tokens": out_tokens, "prompt_tokens": prompt_tokens}
+
+
+def _body(model, req) -> dict:
+    return {"model": model, "prompt": req["prompt"], "max_tokens": req["max_tokens"], "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    t0 = time.perf_counter()
-    ttft, last, itl, n, err, usage = None, None, [], 0, None, None
+
+
+async def _one(client, url, model, req, headers, timeout: float) -> dict:
+    """One streamed request: through the raw SSE client (client None) or httpx."""
+    tl = _Timeline()
     try:
-        async with client.stream("POST", url, json=body, headers=headers) as r:
-            if r.status_code != 200:
-                err = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
-            else:
-                async for line in r.aiter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    chunk = json.loads(line[6:])
-                    if "error" in chunk:
-                        err = chunk["error"].get("message")
-                        break
-                    if chunk.get("usage"):
-                        usage = chunk["usage"]
-                    if not chunk.get("choices") or not chunk["choices"][0].get("text"):
-                        continue
-                    now = time.perf_counter()
-                    if ttft is None:
-                        ttft = now - t0
-                    elif last is not None:
-                        itl.append(now - last)
-                    last = now
-                    n += 1
+        if client is None:
+            from decodekit.bench.sse_client import stream_events
+            async for data in stream_events(url, _body(model, req), headers, timeout):
+                if not tl.event(data):
+                    break
+        else:
+            async with client.stream("POST", url, json=_body(model, req), headers=headers) as r:
+                if r.status_code != 200:
+                    tl.err = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                else:
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: ") and not tl.event(line[6:]):
+                            break
     except Exception as e:  # noqa: BLE001 -- a failed request is counted, not fatal
-        err = f"{type(e).__name__}: {e}"
-    e2e = time.perf_counter() - t0
-    out_tokens = usage["completion_tokens"] if usage else n
-    prompt_tokens = usage["prompt_tokens"] if usage else (len(req["prompt"]) if isinstance(req["prompt"], list) else 0)
-    return {"ok": err is None and ttft is not None, "error": err, "ttft": ttft, "e2e": e2e, "itl": itl,
-            "output_tokens": out_tokens, "prompt_tokens": prompt_tokens}
+        from decodekit.bench.sse_client import HTTPStatusError
+        tl.err = str(e) if isinstance(e, HTTPStatusError) else f"{type(e).__name__}: {e}"
+    return tl.result(req)
 
 
 async def _run(args, reqs, model) -> tuple[list[dict], float]:
@@ -113,12 +141,15 @@ async def _run(args, reqs, model) -> tuple[list[dict], float]:
     sem = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
     limits = httpx.Limits(max_connections=args.max_concurrency or len(reqs) + 8, max_keepalive_connections=64)
 
-    async with httpx.AsyncClient(timeout=args.timeout, limits=limits) as client:
+    raw = getattr(args, "client", "auto") != "httpx" and url.startswith("http://")
+    async with httpx.AsyncClient(timeout=args.timeout, limits=limits) as hclient:
+        client = None if raw else hclient
+
         async def guarded(req):
             if sem is None:
-                return await _one(client, url, model, req, headers)
+                return await _one(client, url, model, req, headers, args.timeout)
             async with sem:
-                return await _one(client, url, model, req, headers)
+                return await _one(client, url, model, req, headers, args.timeout)
 
         tasks = []
         t0 = time.perf_counter()
@@ -204,6 +235,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most")
     p.add_argument("--goodput", nargs="*", default=None, help="SLOs: ttft:MS tpot:MS e2el:MS")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
+    p.add_argument("--client", default="auto", choices=["auto", "httpx"],
+                   help="auto: a minimal asyncio HTTP client for http:// (a few us of CPU per streamed chunk, so the "
+                        "client steals little from a server on the same cores), httpx for https; httpx: always")
     p.add_argument("--seed", type=int, default=0, help="prompt and arrival seed")
     p.add_argument("--output-json", default=None, help="write the result here")
     from decodekit.bench.serve_compare import add_args as add_compare_args

@@ -1,20 +1,20 @@
 """`decodekit bench serve --launch "ENGINE ARGS" [--compare-offline]`: the server against the offline
 engine on the same requests, in one run.
 
-1. Starts `decodekit serve ENGINE ARGS` on a free loopback port and waits for /health.
-2. Saturation: --num-prompts random token prompts sent at --request-rate (default: all at once),
-   streamed; output tokens/s over the whole run (what `bench serve` reports).
-3. Low load: --low-load-prompts other prompts of the same length, one at a time; median TTFT.
-4. Stops the server (SIGTERM), so the offline run below has the cores to itself.
-5. --compare-offline: builds the engine in this process with the same ENGINE ARGS, times the
-   prefill of each low-load prompt alone (the time to its first token, `timed_request`), then
-   submits the saturation prompts at once and steps until done (`LLMEngine.step`, as
-   `LLM.generate` does): output tokens/s.
+1. Starts `decodekit serve ENGINE ARGS` on a free loopback port and waits for /health; with
+   --compare-offline also builds the engine in this process with the same ENGINE ARGS. Both get one
+   short warm-up request.
+2. Saturation, --rounds times: --num-prompts new random token prompts sent to the server at
+   --request-rate (default: all at once), streamed (output tokens/s, as `bench serve` reports), then
+   the same prompts submitted at once to the offline engine and stepped until done (as
+   `LLM.generate` does). The idle side costs nothing, so alternating gives both the same machine.
+3. Low load: --low-load-prompts other prompts, one at a time: the server's TTFT, then the offline
+   engine's prefill of the same prompt alone (time to its first token, `timed_request`).
+4. Stops the server (SIGTERM).
 
-Reports server/offline output throughput (target >= 0.9) and median server TTFT at low load over
-the median offline prefill time of the same prompts (target <= 1.2). Both sides get one short
-warm-up request first; the low-load prompts differ from the saturation ones, so neither side's
-prefill is served from its prefix cache.
+Reports the median server / median offline output throughput (target >= 0.9) and median server TTFT
+at low load over the median offline prefill time (target <= 1.2). Every prompt is new to both sides,
+so no prefill is served from a prefix cache.
 """
 from __future__ import annotations
 
@@ -77,7 +77,52 @@ def _client_run(args, reqs, model, *, max_concurrency=None):
     return asyncio.run(_run(a, reqs, model))
 
 
-def _server_phase(args, engine_argv, sat_reqs, low_reqs, warm_req) -> dict:
+class _Offline:
+    """The engine in this process, built with the server's ENGINE ARGS."""
+
+    def __init__(self, engine_argv: list[str]):
+        from decodekit.engine.args import EngineArgs
+        from decodekit.engine.llm_engine import LLMEngine
+        self.eng = LLMEngine(EngineArgs.from_cli(_engine_namespace(engine_argv)))
+
+    def prefill_s(self, prompt: list[int]) -> float:
+        from decodekit.bench.engine_bench import timed_request
+        from decodekit.sampling import SamplingParams
+        return timed_request(self.eng, prompt, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))[1]
+
+    def saturate(self, reqs: list[dict]) -> dict:
+        from decodekit.sampling import SamplingParams
+        eng = self.eng
+        t0 = time.perf_counter()
+        for r in reqs:
+            eng.add_request(None, list(r["prompt"]),
+                            SamplingParams(temperature=0, max_tokens=r["max_tokens"], ignore_eos=True))
+        n_out = 0
+        while eng.has_unfinished_requests():
+            for o in eng.step():
+                if o.finished:
+                    n_out += len(o.outputs[0].token_ids)
+        dt = time.perf_counter() - t0
+        return {"duration_s": dt, "output_tokens": n_out, "output_tok_s": n_out / dt}
+
+
+def _server_saturate(a, reqs, model) -> dict:
+    res, dur = _client_run(a, reqs, model, max_concurrency=a.max_concurrency)
+    _check(res)
+    out_tok = sum(r["output_tokens"] for r in res)
+    return {"duration_s": dur, "output_tokens": out_tok, "output_tok_s": out_tok / dur,
+            "ttft_median_s": statistics.median(r["ttft"] for r in res)}
+
+
+def _check(results) -> None:
+    bad = [r["error"] for r in results if not r["ok"]]
+    if bad:
+        raise RuntimeError(f"{len(bad)} server requests failed, e.g. {bad[0]}")
+
+
+def _compare(args, engine_argv, rounds, low_reqs, warm_req) -> dict:
+    """Server and offline engine alive together, measured in turns (the idle one costs nothing), so
+    both see the same machine: saturation rounds alternate, low-load prompts alternate one by one."""
     import httpx
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
@@ -90,11 +135,27 @@ def _server_phase(args, engine_argv, sat_reqs, low_reqs, warm_req) -> dict:
         model = httpx.get(base + "/v1/models", timeout=30).json()["data"][0]["id"]
         a = copy.copy(args)
         a.base_url, a.endpoint, a.api_key = base, "/v1/completions", None
-        _client_run(a, [warm_req], model, max_concurrency=1)
-        t0 = time.perf_counter()
-        sat, sat_dur = _client_run(a, sat_reqs, model, max_concurrency=args.max_concurrency)
-        print(f"[serve-compare] saturation: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-        low, _ = _client_run(a, low_reqs, model, max_concurrency=1)
+        _check(_client_run(a, [warm_req], model, max_concurrency=1)[0])
+        off = _Offline(engine_argv) if args.compare_offline else None
+        if off is not None:
+            off.saturate([warm_req])
+        res = {"server": [], "offline": [], "server_ttft_s": [], "offline_prefill_s": []}
+        for i, reqs in enumerate(rounds):
+            t0 = time.perf_counter()
+            res["server"].append(_server_saturate(a, reqs, model))
+            if off is not None:
+                res["offline"].append(off.saturate(reqs))
+            print(f"[serve-compare] saturation round {i + 1}/{len(rounds)}: {time.perf_counter() - t0:.1f} s",
+                  file=sys.stderr, flush=True)
+        for r in low_reqs:
+            low, _ = _client_run(a, [r], model, max_concurrency=1)
+            _check(low)
+            res["server_ttft_s"].append(low[0]["ttft"])
+            if off is not None:
+                res["offline_prefill_s"].append(off.prefill_s(r["prompt"]))
+    except BaseException:
+        print(f"[serve-compare] server log: {log.name}", file=sys.stderr)
+        raise
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -103,37 +164,8 @@ def _server_phase(args, engine_argv, sat_reqs, low_reqs, warm_req) -> dict:
             proc.kill()
             proc.wait()
         log.close()
-    bad = [r["error"] for r in sat + low if not r["ok"]]
-    if bad:
-        raise RuntimeError(f"{len(bad)} server requests failed, e.g. {bad[0]} (log: {log.name})")
     os.unlink(log.name)
-    out_tok = sum(r["output_tokens"] for r in sat)
-    return {"duration_s": sat_dur, "output_tokens": out_tok, "output_tok_s": out_tok / sat_dur,
-            "low_load_ttft_s": [r["ttft"] for r in low],
-            "saturation_ttft_median_s": statistics.median(r["ttft"] for r in sat)}
-
-
-def _offline_phase(engine_argv, sat_reqs, low_reqs, warm_req, output_len) -> dict:
-    from decodekit.bench.engine_bench import timed_request
-    from decodekit.engine.args import EngineArgs
-    from decodekit.engine.llm_engine import LLMEngine
-    from decodekit.sampling import SamplingParams
-    eng = LLMEngine(EngineArgs.from_cli(_engine_namespace(engine_argv)))
-    first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
-    timed_request(eng, warm_req["prompt"], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
-    prefill = [timed_request(eng, r["prompt"], first)[1] for r in low_reqs]
-    p = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
-    t0 = time.perf_counter()
-    for r in sat_reqs:
-        eng.add_request(None, list(r["prompt"]), p)
-    n_out = 0
-    while eng.has_unfinished_requests():
-        for o in eng.step():
-            if o.finished:
-                n_out += len(o.outputs[0].token_ids)
-    dt = time.perf_counter() - t0
-    return {"duration_s": dt, "output_tokens": n_out, "output_tok_s": n_out / dt, "prefill_s": prefill,
-            "device": str(eng.device), "dtype": str(eng.dtype).replace("torch.", "")}
+    return res
 
 
 def run_compare(args) -> dict:
@@ -143,25 +175,33 @@ def run_compare(args) -> dict:
     ns = _engine_namespace(engine_argv)  # bad engine options fail here, before anything starts
     if args.low_load_prompts < 1:
         raise ValueError(f"--low-load-prompts must be >= 1, got {args.low_load_prompts}")
+    if args.rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     rng = random.Random(args.seed)
-    sat = random_token_prompts(rng, args.num_prompts, args.input_len, args.vocab)
-    low = random_token_prompts(rng, args.low_load_prompts, args.input_len, args.vocab)
-    warm = random_token_prompts(rng, 1, 8, args.vocab)[0]
-    sat_reqs = [{"prompt": p, "max_tokens": args.output_len} for p in sat]
-    low_reqs = [{"prompt": p, "max_tokens": args.output_len} for p in low]
-    warm_req = {"prompt": warm, "max_tokens": 4}
-    server = _server_phase(args, engine_argv, sat_reqs, low_reqs, warm_req)
+    # every round and every low-load prompt new: neither side serves a prefill from its prefix cache
+    rounds = [[{"prompt": p, "max_tokens": args.output_len}
+               for p in random_token_prompts(rng, args.num_prompts, args.input_len, args.vocab)]
+              for _ in range(args.rounds)]
+    low_reqs = [{"prompt": p, "max_tokens": args.output_len}
+                for p in random_token_prompts(rng, args.low_load_prompts, args.input_len, args.vocab)]
+    warm_req = {"prompt": random_token_prompts(rng, 1, 8, args.vocab)[0], "max_tokens": 4}
+    m = _compare(args, engine_argv, rounds, low_reqs, warm_req)
+    med = statistics.median
     res = {"bench": "serve_vs_offline", "engine_args": engine_argv, "model": ns.model or "(embedded default)",
            "num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len,
-           "request_rate": args.request_rate, "max_concurrency": args.max_concurrency,
-           "low_load_prompts": args.low_load_prompts, "server": server,
-           "server_low_load_ttft_median_s": statistics.median(server["low_load_ttft_s"]),
+           "request_rate": args.request_rate, "max_concurrency": args.max_concurrency, "rounds": args.rounds,
+           "low_load_prompts": args.low_load_prompts,
+           "server": {"rounds": m["server"], "output_tok_s": med(r["output_tok_s"] for r in m["server"]),
+                      "output_tokens": m["server"][0]["output_tokens"], "low_load_ttft_s": m["server_ttft_s"]},
+           "server_low_load_ttft_median_s": med(m["server_ttft_s"]),
            "date": time.strftime("%Y-%m-%d %H:%M")}
     if args.compare_offline:
-        off = _offline_phase(engine_argv, sat_reqs, low_reqs, warm_req, args.output_len)
-        res["offline"] = off
-        res["offline_prefill_median_s"] = statistics.median(off["prefill_s"])
-        res["throughput_ratio"] = server["output_tok_s"] / off["output_tok_s"]
+        res["offline"] = {"rounds": m["offline"], "output_tok_s": med(r["output_tok_s"] for r in m["offline"]),
+                          "output_tokens": m["offline"][0]["output_tokens"], "prefill_s": m["offline_prefill_s"]}
+        res["offline_prefill_median_s"] = med(m["offline_prefill_s"])
+        res["throughput_ratio"] = res["server"]["output_tok_s"] / res["offline"]["output_tok_s"]
+        res["throughput_ratio_per_round"] = [s["output_tok_s"] / o["output_tok_s"]
+                                             for s, o in zip(m["server"], m["offline"])]
         res["ttft_ratio"] = res["server_low_load_ttft_median_s"] / res["offline_prefill_median_s"]
         res["targets"] = {"throughput_ratio >= 0.9": res["throughput_ratio"] >= 0.9,
                           "ttft_ratio <= 1.2": res["ttft_ratio"] <= 1.2}
@@ -177,4 +217,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "process and report server/offline throughput and low-load TTFT/prefill ratios")
     p.add_argument("--low-load-prompts", type=int, default=8,
                    help="with --launch: prompts sent one at a time for the low-load TTFT (default 8)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="with --launch: saturation rounds (new prompts each), server and offline in turns; "
+                        "medians reported (default 3)")
     p.add_argument("--launch-timeout", type=float, default=600.0, help="seconds to wait for the launched server")

@@ -62,6 +62,11 @@ class RequestStream:
             self.aeng.abort(self.request_id)
 
 
+def _deliver(items) -> None:
+    for q, item in items:
+        q.put_nowait(item)
+
+
 class AsyncEngine:
     def __init__(self, engine: LLMEngine):
         self.engine = engine
@@ -105,6 +110,8 @@ class AsyncEngine:
         def sink(item) -> None:
             loop.call_soon_threadsafe(q.put_nowait, item)
 
+        sink.loop, sink.queue = loop, q  # a step's outputs go to their loops in one batch (_deliver)
+
         with self._lock:
             self.num_pending += 1
         self._cmds.put(("add", request_id, prompt, params, sink, added))
@@ -146,12 +153,15 @@ class AsyncEngine:
                     pass
                 self.heartbeat = time.monotonic()
                 if eng.has_unfinished_requests():
+                    batch: dict = {}
                     for out in eng.step():
                         sink = self._sinks.get(out.request_id)
                         if sink is not None:
-                            sink(out)
+                            batch.setdefault(sink.loop, []).append((sink.queue, out))
                             if out.finished:
                                 del self._sinks[out.request_id]
+                    for loop, items in batch.items():  # one wake-up of each event loop per step
+                        loop.call_soon_threadsafe(_deliver, items)
                     self.heartbeat = time.monotonic()
         except BaseException as e:  # noqa: BLE001 -- fatal: tell everyone, health goes red
             log.exception("engine loop died")
