@@ -57,8 +57,6 @@ def _die_with_parent() -> None:
 
 
 def child_main(fd: int) -> int:
-    _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server decides
     conn = Connection(fd)
     try:
         args = conn.recv()
@@ -198,6 +196,9 @@ class EngineProcess:
         parent, child = Pipe(duplex=True)
         env = dict(os.environ)
         pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        # OpenMP workers spinning between the engine's parallel regions were measured 10-30x slower
+        # in this child on a loaded 2-core machine (int4_gemm); OMP_WAIT_POLICY in the environment wins
+        env.setdefault("OMP_WAIT_POLICY", "passive")
         env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         self.proc = subprocess.Popen([sys.executable, "-m", "decodekit.server.engine_proc", str(child.fileno())],
                                      pass_fds=(child.fileno(),), env=env)
@@ -386,4 +387,6 @@ class EngineProcess:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING)
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server decides
     sys.exit(child_main(int(sys.argv[1])))
