@@ -4,8 +4,8 @@
 
 The engine runs in its own process (engine_proc.EngineProcess: the HTTP layer's Python does not
 share a GIL with the engine loop); --engine-in-thread runs it in a thread of the server process
-instead (async_engine.AsyncEngine). protocol.py parses and validates OpenAI requests, app.py holds the endpoints, metrics.py the
-Prometheus metrics. SIGTERM / Ctrl-C: stop accepting, let in-flight requests finish for up to
+instead (async_engine.AsyncEngine). protocol.py parses and validates OpenAI requests, app.py holds
+the endpoints, metrics.py the Prometheus metrics. SIGTERM / Ctrl-C: stop accepting, let in-flight requests finish for up to
 --shutdown-timeout seconds, then abort the rest.
 """
 from __future__ import annotations
@@ -24,6 +24,9 @@ def add_args(p) -> None:
     g.add_argument("--max-body-bytes", type=int, default=4 << 20, help="largest request body (default 4 MiB)")
     g.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds in-flight requests may take to finish on SIGTERM (default 10)")
+    g.add_argument("--engine-in-thread", action="store_true",
+                   help="run the engine in a thread of the server process (default: in its own process, so the "
+                        "HTTP layer does not compete with it for the GIL)")
 
 
 def _server_class():
