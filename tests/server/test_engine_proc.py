@@ -177,3 +177,27 @@ def test_serve_engine_in_thread_flag():
     server.add_args(p)
     assert p.parse_args([]).engine_in_thread is False
     assert p.parse_args(["--engine-in-thread"]).engine_in_thread is True
+
+
+def test_child_dies_with_the_server():
+    """SIGKILL the server process: its engine process goes too (PR_SET_PDEATHSIG)."""
+    from dk_testing import embedded_model_or_skip
+    embedded_model_or_skip()
+    code = ("import os, sys\n"
+            "from decodekit.engine.args import EngineArgs\n"
+            "from decodekit.server.engine_proc import EngineProcess\n"
+            "a = EngineProcess(EngineArgs(kv_cache_memory='64MiB', max_model_len=256))\n"
+            "print(a.proc.pid, flush=True)\n"
+            "os.kill(os.getpid(), 9)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    pid = int(p.stdout.split()[0])
+    t = time.monotonic()
+    while time.monotonic() - t < 10:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    pytest.fail(f"engine process {pid} outlived the server")
