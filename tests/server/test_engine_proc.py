@@ -201,3 +201,28 @@ def test_child_dies_with_the_server():
             return
         time.sleep(0.05)
     pytest.fail(f"engine process {pid} outlived the server")
+
+
+def test_tensor_parallel_in_the_engine_process():
+    """--tensor-parallel-size 2: the child is the TP driver and spawns its worker; same tokens as TP 1."""
+    from decodekit.engine.llm_engine import LLMEngine
+    from decodekit.sampling.params import SamplingParams
+    from decodekit.server.engine_proc import EngineProcess
+    kw = dict(model="random:tiny-gqa4", kv_cache_memory="16MiB", max_model_len=128, seed=0)
+    ref = LLMEngine(_args(**kw))
+    ref.add_request("r", [1, 2, 3, 4, 5], SamplingParams(max_tokens=8, temperature=0))
+    want = None
+    while ref.has_unfinished_requests():
+        for o in ref.step():
+            if o.finished:
+                want = o.outputs[0].token_ids
+    a = EngineProcess(_args(tensor_parallel_size=2, **kw))
+    a.start()
+    try:
+        async def go():
+            st = await a.add("r", [1, 2, 3, 4, 5], SamplingParams(max_tokens=8, temperature=0))
+            return (await st.final()).outputs[0].token_ids
+        assert asyncio.run(go()) == want
+    finally:
+        a.shutdown(10)
+    assert a.proc.returncode == 0

@@ -294,7 +294,11 @@ class EngineProcess:
                 self._sinks.pop(request_id, None)
                 self._pending.pop(request_id, None)
             raise EngineDeadError(f"the engine process is not running ({e!r})") from None
-        await asyncio.wrap_future(added)
+        try:
+            await asyncio.wrap_future(added)
+        except asyncio.CancelledError:  # the caller went away before the verdict: free the request
+            self.abort(request_id)
+            raise
         return RequestStream(self, request_id, q)
 
     def abort(self, request_id: str) -> None:
