@@ -5,8 +5,8 @@
 The engine runs in its own process (engine_proc.EngineProcess: the HTTP layer's Python does not
 share a GIL with the engine loop); --engine-in-thread runs it in a thread of the server process
 instead (async_engine.AsyncEngine). protocol.py parses and validates OpenAI requests, app.py holds
-the endpoints, metrics.py the Prometheus metrics. SIGTERM / Ctrl-C: stop accepting, let in-flight requests finish for up to
---shutdown-timeout seconds, then abort the rest.
+the endpoints, metrics.py the Prometheus metrics. SIGTERM / Ctrl-C: stop accepting, let in-flight
+requests finish for up to --shutdown-timeout seconds, then abort the rest and stop the engine.
 """
 from __future__ import annotations
 

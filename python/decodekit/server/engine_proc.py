@@ -16,7 +16,10 @@ Protocol over one socketpair (multiprocessing.connection, pickled tuples):
                    ("dead", message)                             -- step() raised; the child exits
 One reader thread in the parent dispatches a step's outputs with one call_soon_threadsafe per event
 loop. The child exits when the pipe closes and is SIGKILLed when the parent dies (PR_SET_PDEATHSIG;
-Linux). If the child dies, every in-flight request gets EngineDeadError and `alive` turns False.
+Linux: "the parent" is the thread that constructed the EngineProcess, so construct it in a thread
+that outlives it, e.g. the main thread). If the child dies, every in-flight request gets
+EngineDeadError and `alive` turns False. The child runs with OMP_WAIT_POLICY=passive unless the
+environment sets it (see EngineProcess.__init__).
 """
 from __future__ import annotations
 
@@ -211,7 +214,8 @@ class EngineProcess:
             msg = parent.recv()
         except (EOFError, OSError) as e:
             self._kill()
-            raise RuntimeError(f"the engine process died while starting (exit code {self.proc.poll()}): {e!r}") from None
+            raise RuntimeError(f"the engine process died while starting (exit code {self.proc.poll()}): "
+                               f"{e!r}") from None
         except BaseException:
             self._kill()
             raise
