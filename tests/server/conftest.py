@@ -1,4 +1,6 @@
-"""Fixtures: the embedded model's engine in its loop thread, and a live server over it (session-wide)."""
+"""Fixtures: the embedded model's engine in its own process (EngineProcess, the production path of
+`decodekit serve`), and a live server over it (session-wide); `thread_aeng`: the same engine in a
+thread of this process (--engine-in-thread)."""
 from __future__ import annotations
 
 import pytest
@@ -11,11 +13,10 @@ httpx = pytest.importorskip("httpx")
 @pytest.fixture(scope="session")
 def aeng():
     from decodekit.engine.args import EngineArgs
-    from decodekit.engine.llm_engine import LLMEngine
-    from decodekit.server.async_engine import AsyncEngine
+    from decodekit.server.engine_proc import EngineProcess
     from dk_testing import embedded_model_or_skip
     embedded_model_or_skip()
-    a = AsyncEngine(LLMEngine(EngineArgs(kv_cache_memory="192MiB", max_model_len=1024, seed=0)))
+    a = EngineProcess(EngineArgs(kv_cache_memory="192MiB", max_model_len=1024, seed=0))
     a.start()
     yield a
     a.shutdown()
@@ -27,3 +28,16 @@ def server(aeng):
     s = LiveServer(aeng)
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="module")
+def thread_aeng():
+    from decodekit.engine.args import EngineArgs
+    from decodekit.engine.llm_engine import LLMEngine
+    from decodekit.server.async_engine import AsyncEngine
+    from dk_testing import embedded_model_or_skip
+    embedded_model_or_skip()
+    a = AsyncEngine(LLMEngine(EngineArgs(kv_cache_memory="64MiB", max_model_len=1024, seed=0)))
+    a.start()
+    yield a
+    a.shutdown()

@@ -90,9 +90,8 @@ def test_speculative_server_same_greedy_output(server, client):
     import httpx
     from server_harness import LiveServer
     from decodekit.engine.args import EngineArgs
-    from decodekit.engine.llm_engine import LLMEngine
-    from decodekit.server.async_engine import AsyncEngine
-    a = AsyncEngine(LLMEngine(EngineArgs(kv_cache_memory="64MiB", max_model_len=1024, speculative="ngram")))
+    from decodekit.server.engine_proc import EngineProcess
+    a = EngineProcess(EngineArgs(kv_cache_memory="64MiB", max_model_len=1024, speculative="ngram"))
     a.start()
     s = LiveServer(a)
     try:

@@ -183,9 +183,11 @@ def test_200_concurrent_streams_with_disconnects(server):
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
 
 
-def test_sigterm_shuts_down_gracefully(tmp_path):
-    """`decodekit serve` as a process: ready line, a request served, SIGTERM -> exits 0 promptly even
-    with a long request in flight (aborted after --shutdown-timeout)."""
+@pytest.mark.parametrize("mode", [[], ["--engine-in-thread"]])
+def test_sigterm_shuts_down_gracefully(tmp_path, mode):
+    """`decodekit serve` as a process (the engine in its own process, or in a thread): ready line, a
+    request served, SIGTERM -> exits 0 promptly even with a long request in flight (aborted after
+    --shutdown-timeout), leaving no engine process behind."""
     import os
     import signal
     import subprocess
@@ -198,7 +200,7 @@ def test_sigterm_shuts_down_gracefully(tmp_path):
     port.close()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     p = subprocess.Popen([sys.executable, "-m", "decodekit.cli", "serve", "--port", str(num), "--kv-cache-memory",
-                          "64MiB", "--max-model-len", "1024", "--shutdown-timeout", "2"],
+                          "64MiB", "--max-model-len", "1024", "--shutdown-timeout", "2", *mode],
                          stderr=subprocess.PIPE, text=True, env=env)
     try:
         t = time.monotonic()
@@ -215,6 +217,8 @@ def test_sigterm_shuts_down_gracefully(tmp_path):
         p.send_signal(signal.SIGTERM)
         assert p.wait(30) == 0
         assert time.monotonic() - t < 15
+        children = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
+        assert not children
     finally:
         if p.poll() is None:
             p.kill()

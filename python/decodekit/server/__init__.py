@@ -2,10 +2,11 @@
 
     decodekit serve [--model ...] [--host 127.0.0.1] [--port 8000] [--api-key KEY] [engine options]
 
-The engine runs in its own thread (async_engine.AsyncEngine) beside uvicorn's event loop;
-protocol.py parses and validates OpenAI requests, app.py holds the endpoints, metrics.py the
-Prometheus metrics. SIGTERM / Ctrl-C: stop accepting, let in-flight requests finish for up to
---shutdown-timeout seconds, then abort the rest.
+The engine runs in its own process (engine_proc.EngineProcess: the HTTP layer's Python does not
+share a GIL with the engine loop); --engine-in-thread runs it in a thread of the server process
+instead (async_engine.AsyncEngine). protocol.py parses and validates OpenAI requests, app.py holds
+the endpoints, metrics.py the Prometheus metrics. SIGTERM / Ctrl-C: stop accepting, let in-flight
+requests finish for up to --shutdown-timeout seconds, then abort the rest and stop the engine.
 """
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ def add_args(p) -> None:
     g.add_argument("--max-body-bytes", type=int, default=4 << 20, help="largest request body (default 4 MiB)")
     g.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds in-flight requests may take to finish on SIGTERM (default 10)")
+    g.add_argument("--engine-in-thread", action="store_true",
+                   help="run the engine in a thread of the server process (default: in its own process, so the "
+                        "HTTP layer does not compete with it for the GIL)")
 
 
 def _server_class():
@@ -55,32 +59,37 @@ def serve(args) -> int:
     import uvicorn
 
     from decodekit.engine.args import EngineArgs
-    from decodekit.engine.llm_engine import LLMEngine
 
     from .app import ServerConfig, build_app
-    from .async_engine import AsyncEngine
     _Server = _server_class()
 
     if args.max_queue < 1:
         raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
-    engine = LLMEngine(EngineArgs.from_cli(args))
-    name = args.served_model_name or args.model or os.path.splitext(os.path.basename(engine.model_source))[0]
-    aeng = AsyncEngine(engine)
-    aeng.start()
-    app = build_app(aeng, ServerConfig(model_name=name, api_key=args.api_key, max_queue=args.max_queue,
-                                       max_body_bytes=args.max_body_bytes))
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.host, args.port))
-    host, port = sock.getsockname()[:2]
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=args.shutdown_timeout,
-                            access_log=False)
-    server = _Server(config)
-    print(f"decodekit serving {name!r} at http://{host}:{port}/v1 (health: /health, metrics: /metrics)",
-          file=sys.stderr, flush=True)
+    if getattr(args, "engine_in_thread", False):
+        from decodekit.engine.llm_engine import LLMEngine
+
+        from .async_engine import AsyncEngine
+        aeng = AsyncEngine(LLMEngine(EngineArgs.from_cli(args)))
+    else:
+        from .engine_proc import EngineProcess
+        aeng = EngineProcess(EngineArgs.from_cli(args))
     try:
+        engine = aeng.engine
+        name = args.served_model_name or args.model or os.path.splitext(os.path.basename(engine.model_source))[0]
+        aeng.start()
+        app = build_app(aeng, ServerConfig(model_name=name, api_key=args.api_key, max_queue=args.max_queue,
+                                           max_body_bytes=args.max_body_bytes))
+        sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((args.host, args.port))
+        host, port = sock.getsockname()[:2]
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=args.shutdown_timeout,
+                                access_log=False)
+        server = _Server(config)
+        print(f"decodekit serving {name!r} at http://{host}:{port}/v1 (health: /health, metrics: /metrics)",
+              file=sys.stderr, flush=True)
         server.run(sockets=[sock])
     finally:
         aeng.shutdown()

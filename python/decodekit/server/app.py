@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP API (FastAPI): /v1/completions, /v1/chat/completions (streaming with
 server-sent events ending in `data: [DONE]`), /v1/models, /health, /metrics.
 
-Requests go to the AsyncEngine (its own thread); a client that disconnects has its requests aborted
+Requests go to the engine (engine_proc.EngineProcess: its own process; or async_engine.AsyncEngine:
+a thread); a client that disconnects has its requests aborted
 (streaming: the response generator is cancelled; non-streaming: the handler polls the connection).
 Invalid input gets a 4xx OpenAI error body naming the field; a full queue 503 with Retry-After.
 """
