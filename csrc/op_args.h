@@ -3,6 +3,7 @@
 // kernel needs. Device-specific launchers add only what is device-specific.
 #pragma once
 #include <cmath>
+#include <limits>
 
 #include "check.h"
 #include "decodekit/attention/common.h"  // KVScales
@@ -129,9 +130,11 @@ struct GemmArgs {
   int64_t M, N, K, a_stride;
 };
 
+// out [M, N] contiguous = a [M, K] (row stride free) @ weight [N, K]^T (+ bias [N]), M <= max_m; `op` names
+// the op in errors (dense_gemm, gemm_allreduce).
 inline GemmArgs dense_gemm_args(const at::Tensor& out, const at::Tensor& a, const at::Tensor& weight,
-                                const std::optional<at::Tensor>& bias, int64_t max_m) {
-  const char* op = "decodekit::dense_gemm";
+                                const std::optional<at::Tensor>& bias, int64_t max_m,
+                                const char* op = "decodekit::dense_gemm") {
   GemmArgs g{};
   Check(op, "a", a).dim(2).dtype(kFloatTypes).last_dim_contiguous();
   g.M = a.size(0);
@@ -517,17 +520,8 @@ inline GemmAllReduceArgs gemm_allreduce_args(const at::Tensor& out, const at::Te
                                              const comm::Peers& P) {
   const char* op = "decodekit::gemm_allreduce";
   GemmAllReduceArgs r{};
-  GemmArgs& g = r.g;
-  Check(op, "a", a).dim(2).dtype(kFloatTypes).last_dim_contiguous();
-  g.M = a.size(0);
-  g.K = a.size(1);
-  g.a_stride = g.M > 1 ? a.stride(0) : g.K;
-  Check(op, "weight", weight).dim(2).size(1, g.K, "K = a.size(1)").dtype_as(a, "a").device_as(a, "a").contiguous();
-  g.N = weight.size(0);
-  Check(op, "out", out).dim(2).size(0, g.M, "M").size(1, g.N, "N = weight.size(0)").dtype_as(a, "a")
-      .device_as(a, "a").contiguous();
-  if (bias.has_value())
-    Check(op, "bias", *bias).dim(1).size(0, g.N, "N").dtype_as(a, "a").device_as(a, "a").contiguous();
+  r.g = dense_gemm_args(out, a, weight, bias, std::numeric_limits<int64_t>::max(), op);
+  const GemmArgs& g = r.g;
   TORCH_CHECK(residual.has_value() == norm_weight.has_value(), op,
               ": 'residual' and 'norm_weight' go together (the residual + RMSNorm epilogue), got only ",
               residual.has_value() ? "'residual'" : "'norm_weight'");

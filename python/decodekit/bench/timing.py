@@ -28,7 +28,6 @@ import functools
 import json
 import math
 import os
-import platform
 import re
 import statistics
 import time
@@ -113,14 +112,8 @@ def device_name(device: str | torch.device | None = None) -> str:
     dev = _as_device(device)
     if dev.type == "cuda":
         return torch.cuda.get_device_name(dev)
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cpus)"
-    except OSError:
-        pass
-    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} cpus)"
+    from decodekit.planner.hardware import cpu_device_name  # torch-free, shared with the planner
+    return cpu_device_name()
 
 
 def device_slug(device: str | torch.device | None = None) -> str:

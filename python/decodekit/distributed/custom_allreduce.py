@@ -121,6 +121,24 @@ class _Resources:
         self.segment = None
 
 
+def _map_segment(res: "_Resources", path: str, seg_bytes: int, create: bool) -> torch.Tensor:
+    """Maps a /dev/shm segment (created here, exclusively, when `create`) as uint8 [seg_bytes]; the map and
+    the view are kept in `res` (and the path, when created, for unlinking)."""
+    fd = os.open(path, (os.O_CREAT | os.O_EXCL | os.O_RDWR) if create else os.O_RDWR, 0o600)
+    if create:
+        res.path = path
+    try:
+        if create:
+            os.ftruncate(fd, seg_bytes)
+        m = mmap.mmap(fd, seg_bytes)
+    finally:
+        os.close(fd)
+    res.maps.append(m)
+    view = torch.frombuffer(m, dtype=torch.uint8)
+    res.views.append(view)
+    return view
+
+
 class CustomAllReduce:
     """AllReduce and gemm_allreduce among the ranks of ``group`` through peer-mapped buffers.
 
@@ -182,16 +200,7 @@ class CustomAllReduce:
         res = self._res
         _sweep_stale_segments()
         path = os.path.join(_SHM_DIR, f"{_SHM_PREFIX}{os.getpid()}_{secrets.token_hex(8)}")
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        res.path = path
-        try:
-            os.ftruncate(fd, seg_bytes)
-            own = mmap.mmap(fd, seg_bytes)
-        finally:
-            os.close(fd)
-        res.maps.append(own)
-        own_view = torch.frombuffer(own, dtype=torch.uint8)
-        res.views.append(own_view)
+        own_view = _map_segment(res, path, seg_bytes, create=True)
         ops.allreduce_init_signal(own_view[:sig_bytes], self.world_size, self.timeout_s, epoch)
         paths = self._exchange(path)
         bases = []
@@ -199,15 +208,7 @@ class CustomAllReduce:
             if q == self.rank:
                 bases.append(own_view.data_ptr())
                 continue
-            fd = os.open(p, os.O_RDWR)
-            try:
-                m = mmap.mmap(fd, seg_bytes)
-            finally:
-                os.close(fd)
-            res.maps.append(m)
-            v = torch.frombuffer(m, dtype=torch.uint8)
-            res.views.append(v)
-            bases.append(v.data_ptr())
+            bases.append(_map_segment(res, p, seg_bytes, create=False).data_ptr())
         dist.barrier(group=self.group)  # every rank has mapped every segment: the names can go
         os.unlink(path)
         res.path = None

@@ -18,6 +18,7 @@ get_slice), and `shard_weight` cuts an already-loaded tensor or packed weight (I
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -113,6 +114,16 @@ class ShardPlan:
             return 1, self.rank * I, (self.rank + 1) * I
         return None
 
+    @functools.cached_property
+    def _full_shapes(self) -> dict[str, tuple[int, ...]]:
+        from decodekit.loader import expected_weight_shapes
+        return expected_weight_shapes(self.config)
+
+    def full_dim(self, name: str, dim: int) -> int:
+        """The whole model's size of `name` along `dim` (a bias: its weight's rows)."""
+        shapes = self._full_shapes
+        return (shapes[name] if name in shapes else shapes[name.rsplit(".", 1)[0] + ".weight"])[dim]
+
     def local_shape(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
         sel = self.selection(name)
         if sel is None:
@@ -148,22 +159,13 @@ def shard_weight(name: str, w, plan: ShardPlan):
     if sel is None:
         return w
     dim, a, b = sel
-    full = plan.config
-    if w.shape[dim] == b - a and w.shape[dim] != _full_dim(name, dim, full):
+    if w.shape[dim] == b - a and w.shape[dim] != plan.full_dim(name, dim):
         return w  # the loader already cut it
     if isinstance(w, torch.Tensor):
         return (w[a:b] if dim == 0 else w[:, a:b]).clone()
     if dim == 0:
         return _clone_packed(w.rows(a, b))
     return _packed_cols(name, w, a, b)
-
-
-def _full_dim(name: str, dim: int, c: ModelConfig) -> int:
-    from decodekit.loader import expected_weight_shapes
-    shapes = expected_weight_shapes(c)
-    if name in shapes:
-        return shapes[name][dim]
-    return shapes[name.rsplit(".", 1)[0] + ".weight"][dim]  # a bias: its weight's rows
 
 
 def _clone_packed(w):

@@ -111,9 +111,9 @@ class TPDriverModel:
         self._send(("forward", kv_caches.tp_pool_id, _to_host(input_ids), _to_host(md), num_layers))
         try:
             return self._model.forward(input_ids, md, kv_caches, num_layers)
-        except RuntimeError as e:
-            if "TPWorkerError" in type(e).__name__:
-                raise
+        except TPWorkerError:
+            raise
+        except RuntimeError as e:  # a collective failed: say which worker
             raise self.worker_error(e) from e
 
     def set_kv_cache_dtype(self, kv_dtype: torch.dtype, kv_scales=None) -> None:

@@ -265,7 +265,7 @@ def load_calibration(device_name: str | tuple | list, source: str | None = None,
 
 # --------------------------------------------------------------------------------- the CPU
 def cpu_device_name() -> str:
-    """Same string as decodekit.bench.timing.device_name('cpu'), without importing torch."""
+    """This CPU's name as benchmark rows record it (decodekit.bench.timing.device_name('cpu') calls this)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

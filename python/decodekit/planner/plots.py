@@ -24,6 +24,16 @@ def _plt():
     return plt
 
 
+def _save(plt, fig, ax, path: str) -> str:
+    """The figures' common finish: grid, legend, layout, PNG, close."""
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def frontier(plan: Plan, path: str) -> str:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 5.5))
@@ -52,12 +62,7 @@ def frontier(plan: Plan, path: str) -> str:
     ax.set_ylabel("output tokens/s per GPU")
     ax.set_title(f"{plan.model.name}, {plan.weights.name} weights, {plan.constraints.gpus} x {plan.hardware.name}"
                  f" ({plan.primary.label.split(' (')[0]})", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, path)
 
 
 def tp_scaling(plan: Plan, path: str, batches=(1, 8, 32, 128), tps=(1, 2, 4, 8, 16)) -> str:
@@ -82,12 +87,7 @@ def tp_scaling(plan: Plan, path: str, batches=(1, 8, 32, 128), tps=(1, 2, 4, 8, 
     ax.set_xlabel("tensor parallel degree (dotted: without AllReduce)")
     ax.set_ylabel("time per output token (ms)")
     ax.set_title(f"TP scaling: {m.name} on {hw.name} (context {ctx:g})", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, path)
 
 
 def roofline(plan: Plan, path: str, batches=(1, 4, 16, 64, 256, 1024)) -> str:
@@ -113,12 +113,7 @@ def roofline(plan: Plan, path: str, batches=(1, 4, 16, 64, 256, 1024)) -> str:
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("attained FLOP/s")
     ax.set_title(f"Roofline: {hw.name}, {m.name} ({wf.name}), ridge {peak / hw.mem_bw:.0f} FLOP/B", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, path)
 
 
 def write_all(plan: Plan, out_dir: str) -> list:
