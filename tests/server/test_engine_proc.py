@@ -226,3 +226,15 @@ def test_tensor_parallel_in_the_engine_process():
     finally:
         a.shutdown(10)
     assert a.proc.returncode == 0
+
+
+def test_child_openmp_policy_short_spin_unless_the_environment_chooses(aeng):
+    from decodekit.server.engine_proc import child_omp_env
+    assert child_omp_env({}) == {"GOMP_SPINCOUNT": "10000"}
+    assert child_omp_env({"OMP_WAIT_POLICY": "active"}) == {}
+    assert child_omp_env({"GOMP_SPINCOUNT": "0"}) == {}
+    # the running child got it: its environment shows the short spin (the test environment sets neither)
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        with open(f"/proc/{aeng.proc.pid}/environ", "rb") as f:
+            env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        assert env.get(b"GOMP_SPINCOUNT") == b"10000"
