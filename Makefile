@@ -61,6 +61,7 @@ emu-test:
 	mkdir -p $(EMU_DIR)
 	$(EMU_CXX) tools/cuda_emu/test_quant.cpp -o $(EMU_DIR)/test_quant && $(EMU_DIR)/test_quant
 	$(EMU_CXX) tools/cuda_emu/test_spec.cpp -o $(EMU_DIR)/test_spec && $(EMU_DIR)/test_spec
+	$(EMU_CXX) tools/cuda_emu/test_allreduce.cpp -o $(EMU_DIR)/test_allreduce && $(EMU_DIR)/test_allreduce
 	$(EMU_CXX) tools/cuda_emu/test_attn.cpp -o $(EMU_DIR)/test_attn && $(EMU_DIR)/test_attn
 	$(EMU_DIR)/test_attn --only "tc " --greedy  # tensor-core kernel, one warp running ahead (barriers)
 

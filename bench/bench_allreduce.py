@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -43,6 +44,7 @@ except ImportError:  # run from a checkout that is not installed
     import decodekit
 
 from decodekit.bench import DTYPES, TOLERANCE, BenchContext, Result, Timing, add_common_args, rel_err
+from decodekit.ops import reference
 
 NAME = "allreduce"
 KIB, MIB = 1 << 10, 1 << 20
@@ -180,32 +182,32 @@ def _worker(rank: int, ws: int, port: int, cfg: dict, out_path: str) -> None:
                              peer=peer_name,
                              notes=f"world_size={ws} algo={algo} message_bytes={nbytes}{shared}"))
 
-    for name, k_full, n_out in cfg["layers"]:
+    for (name, k_full, n_out), kind in itertools.product(cfg["layers"], cfg["weights"]):
         K = k_full // ws
-        w = rand((n_out, K), 0.02)
+        w = weight(kind, rand((n_out, K), 0.02))
         for M in cfg["m_rows"]:
             a = rand((M, K))
             out = torch.empty((M, n_out), dtype=dtype, device=device)
-            ref = reduced64(a.double() @ w.double().T)
+            ref = reduced64(reference._linear_partial(a, w, torch.float64))
             car.gemm_allreduce(a, w, out=out)
             err = rel_err(out, ref)
-            assert err <= 2 * TOLERANCE[dtype], f"gemm_allreduce {name} M={M}: rel err {err:.3g}"
+            assert err <= 2 * TOLERANCE[dtype], f"gemm_allreduce {kind} {name} M={M}: rel err {err:.3g}"
 
             def peer():
                 y = ops.linear(a, w)
                 dist.all_reduce(y, group=peer_group)
                 return y
             peer_err = rel_err(peer(), ref)
-            calls = clock.calls_for(int(w.numel() * w.element_size()))
+            calls = clock.calls_for(weight_bytes(w))
             t = clock(lambda: car.gemm_allreduce(a, w, out=out), calls)
             t_peer = clock(peer, calls)
-            nb = (w.numel() + a.numel() + out.numel()) * w.element_size()
+            nb = weight_bytes(w) + (a.numel() + out.numel()) * a.element_size()
             rows.append(dict(bench="gemm_allreduce" + suffix,
-                             case=f"{name} M={M} K={K} N={n_out} ws={ws} algo=fused",
+                             case=f"{name} M={M} K={K} N={n_out} ws={ws} algo=fused{case_weights(kind)}",
                              ws=ws, algo="fused", nbytes=nb, flops=2.0 * M * K * n_out, t=t, t_peer=t_peer,
                              calls=calls, err=err,
                              peer_err=peer_err, peer=f"ops.linear + {peer_name}",
-                             notes=f"world_size={ws} algo=fused tp_shard_K={K}{shared}"))
+                             notes=f"world_size={ws} algo=fused tp_shard_K={K} weights={kind}{shared}"))
     car.close()
 
     # world size 1: the fused op without communication against the plain GEMM (its overhead)
@@ -215,32 +217,53 @@ def _worker(rank: int, ws: int, port: int, cfg: dict, out_path: str) -> None:
             torch.set_num_threads(os.cpu_count() or 1)  # the other ranks wait in a barrier
         solo = CustomAllReduce(solo_group, device=device, max_bytes=cfg["max_gemm_out_bytes"], timeout_s=120)
         solo_clock = _Clock(device, _NoBarrier(), 3 * cfg["samples"], cfg["quick"])  # small differences: more samples
-        for name, k_full, n_out in cfg["layers"]:
+        for (name, k_full, n_out), kind in itertools.product(cfg["layers"], cfg["weights"]):
             K = k_full // cfg["overhead_tp"]
-            w = rand((n_out, K), 0.02)
+            w = weight(kind, rand((n_out, K), 0.02))
             for M in cfg["m_rows"]:
                 a = rand((M, K))
                 out = torch.empty((M, n_out), dtype=dtype, device=device)
                 solo.gemm_allreduce(a, w, out=out)
-                ref = a.double() @ w.double().T
+                ref = reference._linear_partial(a, w, torch.float64)
                 err = rel_err(out, ref)
-                assert err <= 2 * TOLERANCE[dtype], f"gemm_allreduce ws=1 {name} M={M}: rel err {err:.3g}"
-                calls = solo_clock.calls_for(int(w.numel() * w.element_size()))
+                assert err <= 2 * TOLERANCE[dtype], f"gemm_allreduce ws=1 {kind} {name} M={M}: rel err {err:.3g}"
+                calls = solo_clock.calls_for(weight_bytes(w))
                 t = solo_clock.graphed(lambda: solo.gemm_allreduce(a, w, out=out), calls)
                 t_peer = solo_clock.graphed(lambda: ops.linear(a, w), calls)
-                nb = (w.numel() + a.numel() + out.numel()) * w.element_size()
+                nb = weight_bytes(w) + (a.numel() + out.numel()) * a.element_size()
                 over = statistics.median(t) / statistics.median(t_peer) - 1
-                rows.append(dict(bench="gemm_allreduce", case=f"{name} M={M} K={K} N={n_out} ws=1 algo=fused",
+                rows.append(dict(bench="gemm_allreduce",
+                                 case=f"{name} M={M} K={K} N={n_out} ws=1 algo=fused{case_weights(kind)}",
                                  ws=1, algo="fused", nbytes=nb, flops=2.0 * M * K * n_out, t=t, t_peer=t_peer,
                                  calls=calls, err=err, graph=dev_type == "cuda",
                                  peer_err=rel_err(ops.linear(a, w), ref), peer="ops.linear (plain GEMM)",
-                                 notes=f"world_size=1 overhead_vs_plain_gemm={100 * over:+.1f}%"))
+                                 notes=f"world_size=1 weights={kind} overhead_vs_plain_gemm={100 * over:+.1f}%"))
         solo.close()
     dist.barrier()
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(rows, f)
     dist.destroy_process_group()
+
+
+def weight(kind: str, w: torch.Tensor):  # [N, K] dense -> the layer's weight in `kind`'s format
+    if kind == "int4":
+        from decodekit.quant import quantize_rtn
+        return quantize_rtn(w, next(g for g in (128, 64, 32) if w.shape[1] % g == 0))
+    if kind == "fp8":
+        from decodekit.quant.fp8 import quantize_fp8_weight
+        return quantize_fp8_weight(w)
+    return w
+
+
+def weight_bytes(w) -> int:
+    if isinstance(w, torch.Tensor):
+        return w.numel() * w.element_size()
+    return sum(t.numel() * t.element_size() for t in (w.qweight, w.scales, getattr(w, "mins", None)) if t is not None)
+
+
+def case_weights(kind: str) -> str:  # dense cases keep their names (the planner's calibration reads them)
+    return "" if kind == "dense" else f" weights={kind}"
 
 
 class _NoBarrier:
@@ -259,9 +282,14 @@ def main(argv: list[str] | None = None) -> list[Result]:
     p.add_argument("--world-size", type=int, default=None,
                    help="ranks (default: CPU 2; CUDA the visible GPUs, at least 2, all on one GPU if only one)")
     p.add_argument("--samples", type=int, default=None, help="timed samples per case (default 15, quick 5)")
+    p.add_argument("--weights", default="dense,int4,fp8",
+                   help="gemm_allreduce weight formats, comma-separated: dense, int4 (RTN, g128 where K allows), fp8 (W8A8)")
     args, unknown = p.parse_known_args(argv)
     if unknown:
         print(f"bench_{NAME}: ignoring options it does not know: {' '.join(unknown)}")
+    kinds = [k for k in args.weights.split(",") if k]
+    if not kinds or any(k not in ("dense", "int4", "fp8") for k in kinds):
+        raise SystemExit(f"bench_allreduce: --weights takes dense, int4 and fp8 (comma-separated), got {args.weights!r}")
     ctx = BenchContext(args, NAME)
     dev = ctx.device.type
     if dev == "cuda" and not decodekit.has_cuda_kernels():
@@ -279,7 +307,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
         if dtype not in ctx.dtypes:
             continue
         cfg = dict(device=dev, dtype=dtype_name, quick=ctx.quick, sizes=sizes, layers=layers, m_rows=m_rows,
-                   samples=args.samples or (5 if ctx.quick else 15), overhead_tp=8 if dev == "cpu" else 1,
+                   weights=kinds, samples=args.samples or (5 if ctx.quick else 15), overhead_tp=8 if dev == "cpu" else 1,
                    max_gemm_out_bytes=max(m_rows) * max(n for _, _, n in layers) * dtype.itemsize)
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "rows.json")

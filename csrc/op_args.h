@@ -212,8 +212,7 @@ inline Fp8Args quantize_fp8_args(const at::Tensor& out, const at::Tensor& scale,
 
 inline Fp8Args fp8_gemm_args(const at::Tensor& out, const at::Tensor& a, const at::Tensor& a_scale,
                              const at::Tensor& weight, const at::Tensor& w_scale,
-                             const std::optional<at::Tensor>& bias) {
-  const char* op = "decodekit::fp8_gemm";
+                             const std::optional<at::Tensor>& bias, const char* op = "decodekit::fp8_gemm") {
   Fp8Args f{};
   Check(op, "a", a).dim(2).dtype({at::kFloat8_e4m3fn}).contiguous();
   f.M = a.size(0);
@@ -511,31 +510,64 @@ struct GemmAllReduceArgs {
   int64_t r_stride;  // row stride of residual
 };
 
-// out [M, N] contiguous; a [M, K] (row stride free); weight [N, K]; bias [N]; residual [M, N]
-// (row stride free) and norm_weight [N] together or not at all.
+// The epilogue of the gemm_allreduce family: residual [M, N] (row stride free) and norm_weight [N]
+// together or not at all, both of out's dtype; the reduced message (out) fits the buffer.
+inline GemmAllReduceArgs allreduce_epilogue_args(const char* op, const GemmArgs& g, const at::Tensor& out,
+                                                 const std::optional<at::Tensor>& residual,
+                                                 const std::optional<at::Tensor>& norm_weight, double eps,
+                                                 const comm::Peers& P) {
+  GemmAllReduceArgs r{};
+  r.g = g;
+  TORCH_CHECK(residual.has_value() == norm_weight.has_value(), op,
+              ": 'residual' and 'norm_weight' go together (the residual + RMSNorm epilogue), got only ",
+              residual.has_value() ? "'residual'" : "'norm_weight'");
+  r.norm = residual.has_value();
+  if (r.norm) {
+    r.r_stride = Check(op, "residual", *residual).same_shape(out, "out").dtype_as(out, "out").device_as(out, "out")
+                     .row_stride();
+    Check(op, "norm_weight", *norm_weight).dim(1).size(0, g.N, "N").dtype_as(out, "out").device_as(out, "out")
+        .contiguous();
+    check_range(op, "eps", eps, 0.0, 1.0);
+    check_range<int64_t>(op, "N (hidden size of the norm)", g.N, 1, INT32_MAX);
+  }
+  check_message_fits(op, "out", g.M * g.N * int64_t(out.element_size()), P.buffer_bytes);
+  return r;
+}
+
+// gemm_allreduce: out [M, N] contiguous; a [M, K] (row stride free); weight [N, K]; bias [N].
 inline GemmAllReduceArgs gemm_allreduce_args(const at::Tensor& out, const at::Tensor& a, const at::Tensor& weight,
                                              const std::optional<at::Tensor>& bias,
                                              const std::optional<at::Tensor>& residual,
                                              const std::optional<at::Tensor>& norm_weight, double eps,
                                              const comm::Peers& P) {
   const char* op = "decodekit::gemm_allreduce";
-  GemmAllReduceArgs r{};
-  r.g = dense_gemm_args(out, a, weight, bias, std::numeric_limits<int64_t>::max(), op);
-  const GemmArgs& g = r.g;
-  TORCH_CHECK(residual.has_value() == norm_weight.has_value(), op,
-              ": 'residual' and 'norm_weight' go together (the residual + RMSNorm epilogue), got only ",
-              residual.has_value() ? "'residual'" : "'norm_weight'");
-  r.norm = residual.has_value();
-  if (r.norm) {
-    r.r_stride = Check(op, "residual", *residual).same_shape(out, "out").dtype_as(a, "a").device_as(a, "a")
-                     .row_stride();
-    Check(op, "norm_weight", *norm_weight).dim(1).size(0, g.N, "N").dtype_as(a, "a").device_as(a, "a")
-        .contiguous();
-    check_range(op, "eps", eps, 0.0, 1.0);
-    check_range<int64_t>(op, "N (hidden size of the norm)", g.N, 1, INT32_MAX);
-  }
-  check_message_fits(op, "out", g.M * g.N * int64_t(a.element_size()), P.buffer_bytes);
-  return r;
+  const GemmArgs g = dense_gemm_args(out, a, weight, bias, std::numeric_limits<int64_t>::max(), op);
+  return allreduce_epilogue_args(op, g, out, residual, norm_weight, eps, P);
+}
+
+// gemm_allreduce_int4: the operands of int4_gemm (this rank's shard), then the epilogue's.
+inline GemmAllReduceArgs gemm_allreduce_int4_args(const at::Tensor& out, const at::Tensor& a,
+                                                  const at::Tensor& qweight, const at::Tensor& scales,
+                                                  const at::Tensor& mins, int64_t group_size,
+                                                  const std::optional<at::Tensor>& bias,
+                                                  const std::optional<at::Tensor>& residual,
+                                                  const std::optional<at::Tensor>& norm_weight, double eps,
+                                                  const comm::Peers& P) {
+  const char* op = "decodekit::gemm_allreduce_int4";
+  const GemmArgs g = quant_gemm_args(op, out, a, qweight, scales, &mins, group_size, bias);
+  return allreduce_epilogue_args(op, g, out, residual, norm_weight, eps, P);
+}
+
+// gemm_allreduce_fp8: the operands of fp8_gemm (a / a_scale from quantize_fp8), then the epilogue's.
+inline GemmAllReduceArgs gemm_allreduce_fp8_args(const at::Tensor& out, const at::Tensor& a,
+                                                 const at::Tensor& a_scale, const at::Tensor& weight,
+                                                 const at::Tensor& w_scale, const std::optional<at::Tensor>& bias,
+                                                 const std::optional<at::Tensor>& residual,
+                                                 const std::optional<at::Tensor>& norm_weight, double eps,
+                                                 const comm::Peers& P) {
+  const char* op = "decodekit::gemm_allreduce_fp8";
+  const Fp8Args f = fp8_gemm_args(out, a, a_scale, weight, w_scale, bias, op);
+  return allreduce_epilogue_args(op, GemmArgs{f.M, f.N, f.K, f.K}, out, residual, norm_weight, eps, P);
 }
 
 }  // namespace dk

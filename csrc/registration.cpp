@@ -92,6 +92,14 @@ TORCH_LIBRARY(decodekit, m) {
   m.def("gemm_allreduce(Tensor(a!) out, Tensor a, Tensor weight, Tensor? bias, int[] buffer_ptrs, "
         "int[] signal_ptrs, int rank, int buffer_bytes, Tensor(b!)? residual, Tensor? norm_weight, "
         "float eps) -> ()");
+  // The same with this rank's shard of a packed INT4 weight (int4_gemm's operands) or fp8 W8A8
+  // (fp8_gemm's: a [M, K] / a_scale [M] from quantize_fp8; out's dtype is the output's).
+  m.def("gemm_allreduce_int4(Tensor(a!) out, Tensor a, Tensor qweight, Tensor scales, Tensor mins, int group_size, "
+        "Tensor? bias, int[] buffer_ptrs, int[] signal_ptrs, int rank, int buffer_bytes, Tensor(b!)? residual, "
+        "Tensor? norm_weight, float eps) -> ()");
+  m.def("gemm_allreduce_fp8(Tensor(a!) out, Tensor a, Tensor a_scale, Tensor weight, Tensor w_scale, Tensor? bias, "
+        "int[] buffer_ptrs, int[] signal_ptrs, int rank, int buffer_bytes, Tensor(b!)? residual, Tensor? norm_weight, "
+        "float eps) -> ()");
   // Bytes of one Signal block; allreduce_init_signal zeroes signal [>= that] uint8 and writes its
   // header (world size, wait timeout, the epoch the first call follows; CUDA: diag_ptr = address of
   // int64 [4] pinned host memory that a timed-out kernel fills before it traps) before peers map it.

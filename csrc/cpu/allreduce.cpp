@@ -14,6 +14,8 @@
 #include "dispatch.h"
 #include "decodekit/comm/allreduce.h"
 #include "decodekit/gemm/dense_cpu.h"
+#include "decodekit/gemm/fp8_gemm.h"
+#include "decodekit/gemm/int4.h"
 #include "decodekit/norm.h"
 
 namespace {
@@ -49,6 +51,28 @@ static_assert(kDenseRouteMaxM <= dk::cpu::kDenseGemvMaxM, "dense_gemm row limit"
 // Column tile of the CPU gemm_allreduce: wide enough that dense_gemm parallelises inside it.
 int64_t cpu_tile_n(int64_t N) {
   return std::max<int64_t>(256, dk::comm::round_up(dk::comm::cdiv(N, dk::comm::kMaxTiles), 16));
+}
+
+// Tiles of this rank's partial product to the peers as they are computed (gemm_tile(dst [M, nc]
+// row-major, n0, nc)), the rank-order sum into out, then the residual + RMSNorm epilogue.
+template <class T, class GemmTile>
+void reduce_tiles(const char* op, at::Tensor& out, const dk::GemmAllReduceArgs& r, const dk::comm::Peers& P,
+                  GemmTile&& gemm_tile, const std::optional<at::Tensor>& residual,
+                  const std::optional<at::Tensor>& norm_weight, double eps) {
+  const int64_t M = r.g.M, N = r.g.N;
+  T* o = dk_ptr<T>(out);
+  const int64_t tile_n = cpu_tile_n(N);
+  if (P.world_size == 1) {
+    gemm_tile(o, 0, N);
+  } else if (dk::comm::gemm_fits(M, N, int(sizeof(T)), P.world_size, P.buffer_bytes, tile_n)) {
+    raise_if_failed(op, dk::cpu::gemm_all_reduce<T>(o, M, N, tile_n, P, gemm_tile), P);
+  } else {  // the partial products do not fit world_size slots: GEMM, then all-reduce in place
+    gemm_tile(o, 0, N);
+    raise_if_failed(op, dk::cpu::all_reduce<T>(o, o, M * N, P, /*two_shot=*/false), P);
+  }
+  if (r.norm)
+    dk::cpu::fused_add_rms_norm<T>(o, N, dk_ptr<T>(*residual), r.r_stride, dk_ptr<T>(*norm_weight), M, int(N),
+                                   float(eps));
 }
 
 void gemm_allreduce_cpu(at::Tensor& out,                               // [M, N] contiguous
@@ -94,19 +118,70 @@ void gemm_allreduce_cpu(at::Tensor& out,                               // [M, N]
       }
       at::from_blob(dst, {M, nc}, a.options()).copy_(whole.narrow(1, n0, nc));
     };
-    T* o = dk_ptr<T>(out);
-    const int64_t tile_n = cpu_tile_n(N);
-    if (P.world_size == 1) {
-      gemm_tile(o, 0, N);
-    } else if (dk::comm::gemm_fits(M, N, int(sizeof(T)), P.world_size, buffer_bytes, tile_n)) {
-      raise_if_failed(op, dk::cpu::gemm_all_reduce<T>(o, M, N, tile_n, P, gemm_tile), P);
-    } else {  // the partial products do not fit world_size slots: GEMM, then all-reduce in place
-      gemm_tile(o, 0, N);
-      raise_if_failed(op, dk::cpu::all_reduce<T>(o, o, M * N, P, /*two_shot=*/false), P);
-    }
-    if (r.norm)
-      dk::cpu::fused_add_rms_norm<T>(o, N, dk_ptr<T>(*residual), r.r_stride, dk_ptr<T>(*norm_weight), M, int(N),
-                                     float(eps));
+    reduce_tiles<T>(op, out, r, P, gemm_tile, residual, norm_weight, eps);
+  });
+}
+
+// The INT4 / fp8 tiles are int4_gemm / fp8_gemm over the tile's weight rows: their per-element
+// arithmetic does not depend on N, so fused == ops.linear then all-reduce, bit for bit.
+void gemm_allreduce_int4_cpu(at::Tensor& out,                               // [M, N] contiguous
+                             const at::Tensor& a,                           // [M, K] (row stride free)
+                             const at::Tensor& qweight,                     // [N, K / 2] uint8, this rank's shard
+                             const at::Tensor& scales,                      // [N, K / G] float16
+                             const at::Tensor& mins,                        // [N, K / G] float16
+                             int64_t group_size,
+                             const std::optional<at::Tensor>& bias,         // [N] (rank 0 adds it)
+                             at::IntArrayRef buffer_ptrs,                   // [world_size] addresses
+                             at::IntArrayRef signal_ptrs,                   // [world_size] addresses
+                             int64_t rank, int64_t buffer_bytes,
+                             const std::optional<at::Tensor>& residual,     // [M, N] (row stride free), in/out
+                             const std::optional<at::Tensor>& norm_weight,  // [N]
+                             double eps) {
+  const char* op = "decodekit::gemm_allreduce_int4";
+  const dk::comm::Peers P = dk::comm_peers_args(op, buffer_ptrs, signal_ptrs, rank, buffer_bytes);
+  const dk::GemmAllReduceArgs r =
+      dk::gemm_allreduce_int4_args(out, a, qweight, scales, mins, group_size, bias, residual, norm_weight, eps, P);
+  const int64_t M = r.g.M, N = r.g.N, K = r.g.K, ng = K / group_size;
+  if (M == 0 || N == 0) return;
+  const bool add_bias = bias.has_value() && rank == 0;
+  DK_CPU_DISPATCH_FLOATING(a.scalar_type(), op, [&] {
+    using T = scalar_t;
+    auto gemm_tile = [&](T* dst, int64_t n0, int64_t nc) {
+      const dk::cpu::Int4GemmParams G{M, nc, K, int(group_size), r.g.a_stride};
+      dk::cpu::int4_gemm<T>(dst, dk_ptr<T>(a), qweight.data_ptr<uint8_t>() + n0 * (K / 2),
+                            dk_ptr<dk::half_t>(scales) + n0 * ng, dk_ptr<dk::half_t>(mins) + n0 * ng,
+                            add_bias ? dk_ptr<T>(*bias) + n0 : nullptr, G);
+    };
+    reduce_tiles<T>(op, out, r, P, gemm_tile, residual, norm_weight, eps);
+  });
+}
+
+void gemm_allreduce_fp8_cpu(at::Tensor& out,                               // [M, N] contiguous
+                            const at::Tensor& a,                           // [M, K] Float8_e4m3fn
+                            const at::Tensor& a_scale,                     // [M] float32
+                            const at::Tensor& weight,                      // [N, K] Float8_e4m3fn, this rank's shard
+                            const at::Tensor& w_scale,                     // [N] float32
+                            const std::optional<at::Tensor>& bias,         // [N] (rank 0 adds it)
+                            at::IntArrayRef buffer_ptrs,                   // [world_size] addresses
+                            at::IntArrayRef signal_ptrs,                   // [world_size] addresses
+                            int64_t rank, int64_t buffer_bytes,
+                            const std::optional<at::Tensor>& residual,     // [M, N] (row stride free), in/out
+                            const std::optional<at::Tensor>& norm_weight,  // [N]
+                            double eps) {
+  const char* op = "decodekit::gemm_allreduce_fp8";
+  const dk::comm::Peers P = dk::comm_peers_args(op, buffer_ptrs, signal_ptrs, rank, buffer_bytes);
+  const dk::GemmAllReduceArgs r =
+      dk::gemm_allreduce_fp8_args(out, a, a_scale, weight, w_scale, bias, residual, norm_weight, eps, P);
+  const int64_t M = r.g.M, N = r.g.N, K = r.g.K;
+  if (M == 0 || N == 0) return;
+  const bool add_bias = bias.has_value() && rank == 0;
+  DK_CPU_DISPATCH_FLOATING(out.scalar_type(), op, [&] {
+    using T = scalar_t;
+    auto gemm_tile = [&](T* dst, int64_t n0, int64_t nc) {
+      dk::cpu::fp8_gemm<T>(dst, dk_ptr<uint8_t>(a), a_scale.data_ptr<float>(), dk_ptr<uint8_t>(weight) + n0 * K,
+                           w_scale.data_ptr<float>() + n0, add_bias ? dk_ptr<T>(*bias) + n0 : nullptr, M, nc, K);
+    };
+    reduce_tiles<T>(op, out, r, P, gemm_tile, residual, norm_weight, eps);
   });
 }
 
@@ -138,6 +213,8 @@ void ipc_close_unavailable(int64_t) {
 TORCH_LIBRARY_IMPL(decodekit, CPU, m) {
   m.impl("custom_all_reduce", &custom_all_reduce_cpu);
   m.impl("gemm_allreduce", &gemm_allreduce_cpu);
+  m.impl("gemm_allreduce_int4", &gemm_allreduce_int4_cpu);
+  m.impl("gemm_allreduce_fp8", &gemm_allreduce_fp8_cpu);
   m.impl("allreduce_init_signal", &allreduce_init_signal_cpu);
   m.impl("ipc_mem_handle", &ipc_mem_handle_cpu);
 }

@@ -2,6 +2,7 @@
 // initialisation and the CUDA IPC helpers. Host code, compiled by g++ in the CUDA build only; the
 // kernels are instantiated in allreduce.cu (include/decodekit/comm/allreduce.cuh).
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
@@ -46,6 +47,26 @@ void custom_all_reduce_cuda(at::Tensor& out,              // [...] contiguous (m
 
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
+// The product into out through the registered op (its CUDA routing), then the all-reduce in place:
+// the quantized ops' fallback where the fused kernels do not apply.
+template <class T>
+void reduce_in_place(const char* op, at::Tensor& out, const dk::comm::Peers& P, cudaStream_t stream) {
+  const int64_t n = out.numel();
+  const bool two_shot = n * int64_t(sizeof(T)) >= dk::comm::kFallbackTwoShotMinBytes;
+  dk::check_launch(op, dk::cuda::custom_all_reduce<T>(dk::cuda_ptr<T>(out), dk::cuda_ptr<T>(out), n, P, two_shot,
+                                                      stream));
+}
+
+template <class T>
+void norm_epilogue(const char* op, at::Tensor& out, const dk::GemmAllReduceArgs& r,
+                   const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& norm_weight,
+                   double eps, cudaStream_t stream) {
+  if (r.norm)
+    dk::check_launch(op, dk::cuda::fused_add_rms_norm<T>(dk::cuda_ptr<T>(out), r.g.N, dk::cuda_ptr<T>(*residual),
+                                                         r.r_stride, dk::cuda_ptr<T>(*norm_weight), r.g.M,
+                                                         int(r.g.N), float(eps), stream));
+}
+
 void gemm_allreduce_cuda(at::Tensor& out,                               // [M, N] contiguous
                          const at::Tensor& a,                           // [M, K] (row stride free)
                          const at::Tensor& weight,                      // [N, K] this rank's shard
@@ -78,13 +99,95 @@ void gemm_allreduce_cuda(at::Tensor& out,                               // [M, N
       const at::Tensor wt = weight.t();
       if (add_bias) at::addmm_out(out, *bias, a, wt);
       else at::mm_out(out, a, wt);
-      const bool two_shot = M * N * int64_t(sizeof(T)) >= dk::comm::kFallbackTwoShotMinBytes;
-      dk::check_launch(op, dk::cuda::custom_all_reduce<T>(o, o, M * N, P, two_shot, stream));
+      reduce_in_place<T>(op, out, P, stream);
     }
-    if (r.norm)
-      dk::check_launch(op, dk::cuda::fused_add_rms_norm<T>(o, N, dk::cuda_ptr<T>(*residual), r.r_stride,
-                                                           dk::cuda_ptr<T>(*norm_weight), M, int(N), float(eps),
-                                                           stream));
+    norm_epilogue<T>(op, out, r, residual, norm_weight, eps, stream);
+  });
+}
+
+void gemm_allreduce_int4_cuda(at::Tensor& out,                               // [M, N] contiguous
+                              const at::Tensor& a,                           // [M, K] (row stride free)
+                              const at::Tensor& qweight,                     // [N, K / 2] uint8, this rank's shard
+                              const at::Tensor& scales,                      // [N, K / G] float16
+                              const at::Tensor& mins,                        // [N, K / G] float16
+                              int64_t group_size,
+                              const std::optional<at::Tensor>& bias,         // [N] (rank 0 adds it)
+                              at::IntArrayRef buffer_ptrs,                   // [world_size] device addresses
+                              at::IntArrayRef signal_ptrs,                   // [world_size] device addresses
+                              int64_t rank, int64_t buffer_bytes,
+                              const std::optional<at::Tensor>& residual,     // [M, N] (row stride free), in/out
+                              const std::optional<at::Tensor>& norm_weight,  // [N]
+                              double eps) {
+  const char* op = "decodekit::gemm_allreduce_int4";
+  const dk::comm::Peers P = dk::comm_peers_args(op, buffer_ptrs, signal_ptrs, rank, buffer_bytes);
+  const dk::GemmAllReduceArgs r =
+      dk::gemm_allreduce_int4_args(out, a, qweight, scales, mins, group_size, bias, residual, norm_weight, eps, P);
+  dk::check_cuda(op, "a", a);
+  const int64_t M = r.g.M, N = r.g.N, K = r.g.K;
+  if (M == 0 || N == 0) return;
+  c10::cuda::OptionalCUDAGuard guard(a.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const bool add_bias = bias.has_value() && rank == 0;
+  DK_CUDA_DISPATCH_FLOATING(a.scalar_type(), op, [&] {
+    using T = scalar_t;
+    constexpr bool mma_type = !std::is_same_v<T, float>;
+    const bool aligned = aligned16(out) && aligned16(a) && aligned16(qweight) && (!bias || aligned16(*bias));
+    if (dk::comm::cuda_int4_gemm_fused_ok(mma_type, M, N, K, int(group_size), r.g.a_stride, aligned, P.world_size,
+                                          buffer_bytes, int(sizeof(T)))) {
+      dk::check_launch(op, dk::cuda::gemm_all_reduce_int4<T>(
+                               dk::cuda_ptr<T>(out), dk::cuda_ptr<T>(a), r.g.a_stride, qweight.data_ptr<uint8_t>(),
+                               dk::cuda_ptr<__half>(scales), dk::cuda_ptr<__half>(mins), int(group_size),
+                               bias ? dk::cuda_ptr<T>(*bias) : nullptr, M, N, K, P, stream));
+    } else {  // int4_gemm into out (rank 0 adds the bias), then the all-reduce in place
+      static auto gemm = c10::Dispatcher::singleton().findSchemaOrThrow("decodekit::int4_gemm", "")
+                             .typed<void(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const at::Tensor&, int64_t, const std::optional<at::Tensor>&)>();
+      gemm.call(out, a, qweight, scales, mins, group_size, add_bias ? bias : std::nullopt);
+      reduce_in_place<T>(op, out, P, stream);
+    }
+    norm_epilogue<T>(op, out, r, residual, norm_weight, eps, stream);
+  });
+}
+
+void gemm_allreduce_fp8_cuda(at::Tensor& out,                               // [M, N] contiguous
+                             const at::Tensor& a,                           // [M, K] Float8_e4m3fn
+                             const at::Tensor& a_scale,                     // [M] float32
+                             const at::Tensor& weight,                      // [N, K] Float8_e4m3fn, this rank's shard
+                             const at::Tensor& w_scale,                     // [N] float32
+                             const std::optional<at::Tensor>& bias,         // [N] (rank 0 adds it)
+                             at::IntArrayRef buffer_ptrs,                   // [world_size] device addresses
+                             at::IntArrayRef signal_ptrs,                   // [world_size] device addresses
+                             int64_t rank, int64_t buffer_bytes,
+                             const std::optional<at::Tensor>& residual,     // [M, N] (row stride free), in/out
+                             const std::optional<at::Tensor>& norm_weight,  // [N]
+                             double eps) {
+  const char* op = "decodekit::gemm_allreduce_fp8";
+  const dk::comm::Peers P = dk::comm_peers_args(op, buffer_ptrs, signal_ptrs, rank, buffer_bytes);
+  const dk::GemmAllReduceArgs r =
+      dk::gemm_allreduce_fp8_args(out, a, a_scale, weight, w_scale, bias, residual, norm_weight, eps, P);
+  dk::check_cuda(op, "a", a);
+  const int64_t M = r.g.M, N = r.g.N, K = r.g.K;
+  if (M == 0 || N == 0) return;
+  c10::cuda::OptionalCUDAGuard guard(a.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const bool add_bias = bias.has_value() && rank == 0;
+  DK_CUDA_DISPATCH_FLOATING(out.scalar_type(), op, [&] {
+    using T = scalar_t;
+    const bool aligned = aligned16(out) && aligned16(a) && aligned16(weight) && (!bias || aligned16(*bias));
+    if (!std::is_same_v<T, float> &&
+        dk::comm::cuda_fp8_gemm_fused_ok(M, N, K, K, aligned, P.world_size, buffer_bytes, int(sizeof(T)))) {
+      dk::check_launch(op, dk::cuda::gemm_all_reduce_fp8<T>(
+                               dk::cuda_ptr<T>(out), dk::cuda_ptr<uint8_t>(a), K, a_scale.data_ptr<float>(),
+                               dk::cuda_ptr<uint8_t>(weight), w_scale.data_ptr<float>(),
+                               bias ? dk::cuda_ptr<T>(*bias) : nullptr, M, N, K, P, stream));
+    } else {  // fp8_gemm into out (rank 0 adds the bias), then the all-reduce in place
+      static auto gemm = c10::Dispatcher::singleton().findSchemaOrThrow("decodekit::fp8_gemm", "")
+                             .typed<void(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const at::Tensor&, const std::optional<at::Tensor>&)>();
+      gemm.call(out, a, a_scale, weight, w_scale, add_bias ? bias : std::nullopt);
+      reduce_in_place<T>(op, out, P, stream);
+    }
+    norm_epilogue<T>(op, out, r, residual, norm_weight, eps, stream);
   });
 }
 
@@ -159,6 +262,8 @@ void ipc_close_cuda(int64_t ptr) {
 TORCH_LIBRARY_IMPL(decodekit, CUDA, m) {
   m.impl("custom_all_reduce", &custom_all_reduce_cuda);
   m.impl("gemm_allreduce", &gemm_allreduce_cuda);
+  m.impl("gemm_allreduce_int4", &gemm_allreduce_int4_cuda);
+  m.impl("gemm_allreduce_fp8", &gemm_allreduce_fp8_cuda);
   m.impl("allreduce_init_signal", &allreduce_init_signal_cuda);
   m.impl("ipc_mem_handle", &ipc_mem_handle_cuda);
 }

@@ -56,6 +56,16 @@ def test_fused_and_unfused_allreduce_identical(allreduce, dtype):
     assert a == b
 
 
+@pytest.mark.parametrize("quantization", ["int4-rtn", "fp8"])
+def test_fused_quantized_allreduce_identical(quantization):
+    """INT4 / fp8 W8A8 row-parallel shards: gemm_allreduce_int4 / _fp8 (fused) against the quantized GEMM
+    then AllReduce: identical tokens and logprobs."""
+    kw = dict(tensor_parallel_size=2, tp_allreduce="custom", dtype="bfloat16", quantization=quantization)
+    a = _run("random:tiny-gqa4", **kw, tp_fused_allreduce=False)
+    b = _run("random:tiny-gqa4", **kw, tp_fused_allreduce=True)
+    assert a == b
+
+
 def test_tp3_embedded_default_matches_tp1():
     """The embedded SmolLM2 (9 query / 3 KV heads, Q4_1 projections, Q8_0 tied embedding) at TP 3."""
     from dk_testing import embedded_model_or_skip
@@ -67,8 +77,8 @@ def test_tp3_embedded_default_matches_tp1():
 
 
 def test_tp3_embedded_fused_identical():
-    """Packed Q4_1 projections: the fused path's column chunks (our INT4 kernels) give exactly the
-    unfused results."""
+    """Packed Q4_1 projections: the fused path (gemm_allreduce_int4: int4_gemm tiles pushed to the peers)
+    gives exactly the unfused results."""
     from dk_testing import embedded_model_or_skip
     embedded_model_or_skip()
     prompts, params = PROMPTS[2:], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=1)

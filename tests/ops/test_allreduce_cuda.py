@@ -5,7 +5,7 @@ single GPU (or one rank per GPU when there are enough): processes spawned with a
 refuses two ranks on one GPU), each with a CustomAllReduce over cudaIpc handles. Results are compared
 with the float64 sum of every rank's inputs (the same bounds as the CPU tests) and must be bitwise
 identical across ranks; gemm_allreduce with and without the residual + RMSNorm epilogue, fused (M <= 16)
-and cuBLAS + all-reduce (M > 16); a CUDA graph of both ops replayed on new inputs; a peer that never
+and cuBLAS + all-reduce (M > 16), and with INT4 / fp8 shards (fused, or their GEMM + all-reduce); a CUDA graph of both ops replayed on new inputs; a peer that never
 arrives makes the kernel trap, and timeout_report() names it. Kernels of processes sharing a GPU take
 turns (time slicing), so each wait can last a time slice: the tests use few calls.
 """
@@ -18,7 +18,10 @@ import pytest
 import torch
 
 from dk_testing import CUDA_OK
-from test_allreduce import DTYPES, _free_port, bits, check_allreduce, gemm_bound, rand
+from decodekit.ops import reference as ref
+from test_allreduce import DTYPES, U, _free_port, bits, check_allreduce, gemm_bound, rand
+from test_allreduce_quant import bound as quant_bound
+from test_allreduce_quant import fp8_terms, int4_terms
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not CUDA_OK, reason="needs a CUDA GPU and a CUDA build")]
 
@@ -71,6 +74,16 @@ def _worker(rank: int, ws: int, port: int, out_dir: str) -> None:
             x_exp, r_exp = out.clone(), resid.clone()
             ops.fused_add_rms_norm(x_exp, r_exp, nw, 1e-6)
             res[f"gemm {dtype} {M} {N} {K}"] = [t.cpu() for t in (a, w, b, out, out2, r2, x_exp, r_exp)]
+    # packed shards: gemm_allreduce_int4 / _fp8 (fused for M <= 16, the quantized GEMM + all-reduce beyond)
+    from test_allreduce_quant import fp8_weight, int4_weight
+    for kind in ("int4", "fp8"):
+        for dtype in (torch.bfloat16, torch.float16):
+            for M, N, K in ((1, 520, 256), (9, 136, 384), (40, 256, 128)):
+                a = rand((M, K), dtype, gen)
+                w = int4_weight(N, K, 128 if K % 128 == 0 else 64, gen) if kind == "int4" else fp8_weight(N, K, gen)
+                b = rand((N,), dtype, gen)
+                out = car.gemm_allreduce(a.to(dev), w.to(dev), bias=b.to(dev))
+                res[f"quant {kind} {dtype} {M} {N} {K}"] = (a, w, b, out.cpu())
     # CUDA graph: both ops captured once, replayed on new inputs (the epoch advances in device memory)
     x = torch.zeros(4099, dtype=torch.bfloat16, device=dev)
     y = torch.empty_like(x)
@@ -130,6 +143,18 @@ def test_cuda_ipc_allreduce_and_gemm(ws):
                 out, out2, r2, x_exp, r_exp = R[r][key][3:8]
                 assert torch.equal(bits(out), bits(out0)), f"{key}: rank {r} differs from rank 0"
                 assert torch.equal(out2, x_exp) and torch.equal(r2, r_exp), f"{key}: rank {r}: epilogue differs"
+        elif key.startswith("quant "):
+            a, w = [R[r][key][0] for r in range(ws)], [R[r][key][1] for r in range(ws)]
+            b, out0 = R[0][key][2], R[0][key][3]
+            exp, _ = ref.gemm_allreduce([x.double() for x in a], w, b.double())
+            P, A = (int4_terms if "int4" in key else fp8_terms)(a, w)
+            dtype = a[0].dtype
+            # + the INT4 weights' rounding to T in the tensor-core mainloops (u_T |w| each)
+            bound = quant_bound(P, A, b, dtype, a[0].shape[1], 4) + (2 * U[dtype] * sum(A) if "int4" in key else 0)
+            err = (out0.double() - exp).abs()
+            assert (err <= bound).all(), f"{key}: worst {err.max():.3g}"
+            for r in range(ws):
+                assert torch.equal(bits(R[r][key][3]), bits(out0)), f"{key}: rank {r} differs from rank 0"
         elif key.startswith("graph "):
             xs = [R[r][key][0] for r in range(ws)]
             exp_y = rank_sum([rank_sum(xs)] * ws)  # one-shot of x, then two-shot of that

@@ -14,11 +14,13 @@
 #include <algorithm>
 #include <cmath>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <set>
@@ -204,9 +206,13 @@ inline void run_block(Block& b, const std::function<void()>& body, int nt, std::
 template <class K, class... A>
 void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t, K kernel, A... args) {
   ++launches;
-  distinct.insert((void*)kernel);
   const int nt = block.x * block.y * block.z;
-  last_threads = nt;
+  {
+    static std::mutex mu;  // launches from several OS threads at once (the all-reduce test's ranks)
+    std::lock_guard<std::mutex> lock(mu);
+    distinct.insert((void*)kernel);
+    last_threads = nt;
+  }
   if (nt > 1024 || nt % 32 != 0 || nt == 0) { fprintf(stderr, "emulator: bad block %d\n", nt); abort(); }
   if (smem > 48 * 1024) { fprintf(stderr, "emulator: bad dynamic smem %zu\n", smem); abort(); }
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535) {
@@ -249,6 +255,32 @@ inline float __shfl_xor_sync(unsigned mask, float v, int o) {
   return r;
 }
 template <class T> inline T __ldg(const T* p) { return *p; }
+
+// ---- what the custom all-reduce kernels (include/decodekit/comm/allreduce.cuh) need: ranks are
+// launches running at the same time on different OS threads of this process, sharing host memory
+// as peer buffers; a kernel spinning on a peer's flag holds its OS thread (yielding) until the
+// peer's launch stores it.
+#define cudaOccupancyMaxActiveBlocksPerMultiprocessor(p, ...) (*(p) = 1, cudaSuccess)  // (the kernel name may hold commas)
+#ifndef __noinline__
+#define __noinline__ __attribute__((noinline))
+#endif
+using std::max;  // CUDA's device min / max of ints
+using std::min;
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline unsigned atomicExch(unsigned* p, unsigned v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
+[[noreturn]] inline void __trap() {
+  fprintf(stderr, "emulator: __trap (a peer flag wait timed out)\n");
+  abort();
+}
+namespace dk_emu {
+inline uint64_t global_timer_ns() {
+  std::this_thread::yield();
+  return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now().time_since_epoch()).count());
+}
+}  // namespace dk_emu
 
 // ---- tensor-core and async-copy operations of include/decodekit/common/mma.cuh (warp-collective:
 // the lanes exchange operands through per-thread slots between two warp barriers, like a shuffle).

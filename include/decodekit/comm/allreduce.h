@@ -109,6 +109,18 @@ DK_HD bool cuda_gemm_fused_ok(bool mma_type, int64_t M, int64_t N, int64_t K, in
   if (N > (int64_t(1) << 30) || K > (int64_t(1) << 30)) return false;
   return ws == 1 || gemm_fits(M, N, elem, ws, buffer_bytes, kCudaGemmTileN);
 }
+// The INT4 kernel: also K a multiple of G in {32, 64, 128} (K / 32 16-byte chunks per weight row).
+DK_HD bool cuda_int4_gemm_fused_ok(bool mma_type, int64_t M, int64_t N, int64_t K, int G, int64_t a_stride,
+                                   bool aligned16, int ws, int64_t buffer_bytes, int elem) {
+  if (G != 32 && G != 64 && G != 128) return false;
+  return K % G == 0 && cuda_gemm_fused_ok(mma_type, M, N, K, a_stride, aligned16, ws, buffer_bytes, elem);
+}
+// The fp8 kernel (e4m3 codes, 16-byte loads of 16 codes): K and a's row stride multiples of 16.
+DK_HD bool cuda_fp8_gemm_fused_ok(int64_t M, int64_t N, int64_t K, int64_t a_stride, bool aligned16, int ws,
+                                  int64_t buffer_bytes, int elem) {
+  return K % 16 == 0 && a_stride % 16 == 0 &&
+         cuda_gemm_fused_ok(true, M, N, K, a_stride, aligned16, ws, buffer_bytes, elem);
+}
 
 // The message as 16-byte units of V = 16 / sizeof(T) elements (the last one may be partial);
 // two-shot chunk c = units [c * chunk, min((c + 1) * chunk, units)), possibly empty.

@@ -1,5 +1,6 @@
 // Warp-level tensor-core and async-copy building blocks (sm_80+ PTX, used on sm_90a):
 //  - mma_m16n8k16<T>: D = A * B + D, A 16x16 / B 16x8 of T (half or bf16), fp32 accumulators,
+//  - mma_m16n8k32_e4m3: the same for fp8 e4m3 operands, A 16x32 / B 32x8 (sm_89+),
 //  - ldmatrix_x4 / ldmatrix_x4_trans: four 8x8 b16 matrices from shared memory into fragments,
 //  - cp_async16 (LDGSTS, optional zero fill) with commit / wait_group,
 //  - pack2<T>: two fp32 values rounded to T, packed in one 32-bit fragment register.
@@ -53,6 +54,20 @@ DK_DEVICE void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #elif defined(DK_CUDA_EMU)
   dk_emu::mma_m16n8k16<T>(d, a, b);
+#endif
+}
+
+// D (16x8 fp32) += A (16x32 e4m3) * B (32x8 e4m3). Fragments (lane l, g = l / 4, t = l % 4; 4 codes
+// per register, lowest byte = lowest index): a0 = A[g][4t..4t+3], a1 = A[g+8][4t..], a2 = A[g][16+4t..],
+// a3 = A[g+8][16+4t..]; b0 = B[4t..4t+3][g], b1 = B[16+4t..][g]; D as mma_m16n8k16.
+DK_DEVICE void mma_m16n8k32_e4m3(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(DK_CUDA_EMU)
+  dk_emu::mma_m16n8k32_e4m3(d, a, b);
 #endif
 }
 

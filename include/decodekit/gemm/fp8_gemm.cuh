@@ -19,20 +19,6 @@
 
 namespace dk::cuda {
 
-// D (16x8 fp32) += A (16x32 e4m3) * B (32x8 e4m3). Fragments (lane l, g = l / 4, t = l % 4; 4 codes
-// per register, lowest byte = lowest index): a0 = A[g][4t..4t+3], a1 = A[g+8][4t..], a2 = A[g][16+4t..],
-// a3 = A[g+8][16+4t..]; b0 = B[4t..4t+3][g], b1 = B[16+4t..][g]; D as mma_m16n8k16.
-DK_DEVICE void mma_m16n8k32_e4m3(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#elif defined(DK_CUDA_EMU)
-  dk_emu::mma_m16n8k32_e4m3(d, a, b);
-#endif
-}
-
 namespace fp8_detail {
 
 constexpr int kWarps = 4;

@@ -35,6 +35,8 @@ import torch
 import torch.distributed as dist
 
 from decodekit import ops
+from decodekit.quant import Int4Weight
+from decodekit.quant.fp8 import Fp8Weight
 
 MAX_RANKS = 8  # = dk::comm::kMaxRanks
 _FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -270,21 +272,22 @@ class CustomAllReduce:
         return out
 
     def gemm_allreduce(self, a: torch.Tensor,           # [M, K_shard] (row stride free)
-                       weight: torch.Tensor,            # [N, K_shard] this rank's shard
+                       weight,                          # [N, K_shard] this rank's shard: tensor, Int4Weight, Fp8Weight
                        bias: torch.Tensor | None = None,  # [N], added once
                        residual: torch.Tensor | None = None,  # [M, N] in/out: out + residual
                        norm_weight: torch.Tensor | None = None,  # [N]
                        eps: float = 1e-6,
                        out: torch.Tensor | None = None) -> torch.Tensor:  # [M, N]
         """allreduce(a @ weight^T) (+ bias) for a row-parallel layer; with residual and norm_weight,
-        residual <- out + residual and out <- rms_norm(residual) * norm_weight."""
+        residual <- out + residual and out <- rms_norm(residual) * norm_weight. Weights the fused ops do
+        not take (INT8) and messages over the buffer: ops.linear, then the all-reduce."""
         self._check_open()
         M, N = a.shape[0], weight.shape[0]
         if out is None:
             out = torch.empty((M, N), dtype=a.dtype, device=a.device)
-        if not self._fits(M * N * a.element_size()) or a.dtype not in _FLOAT_TYPES:
-            y = torch.nn.functional.linear(a, weight, bias if self.rank == 0 else None)
-            dist.all_reduce(y, group=self.group)
+        fused_weight = isinstance(weight, (torch.Tensor, Int4Weight, Fp8Weight))
+        if not self._fits(M * N * a.element_size()) or a.dtype not in _FLOAT_TYPES or not fused_weight:
+            y = self.all_reduce(ops.linear(a, weight, bias if self.rank == 0 else None))
             out.copy_(y)
             if residual is not None:
                 ops.fused_add_rms_norm(out, residual, norm_weight, eps)

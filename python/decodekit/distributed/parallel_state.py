@@ -62,12 +62,15 @@ class TPGroup:
         """A row-parallel layer: y = the sum over ranks of x @ weight^T; with residual and norm_weight
         also residual <- y + residual, y <- rms_norm(residual) * norm_weight (fused_add_rms_norm).
 
-        Fused (--tp-fused-allreduce): decodekit's gemm_allreduce for dense weights (each output tile
-        pushed to the peers as soon as it is computed, the norm as its epilogue); otherwise the output
-        columns in chunks, each chunk's AllReduce started as soon as it is computed and overlapping the
-        next chunk's GEMM. Every output element's arithmetic is the same as unfused, so are the results."""
+        Fused (--tp-fused-allreduce): decodekit's gemm_allreduce for dense, INT4 and fp8 weights (each
+        output tile pushed to the peers as soon as it is computed, the norm as its epilogue); otherwise
+        the output columns in chunks, each chunk's AllReduce started as soon as it is computed and
+        overlapping the next chunk's GEMM. On the CPU every output element's arithmetic is the same as
+        unfused, so are the results."""
         from decodekit import ops
-        if self.fused and self.custom is not None and isinstance(weight, torch.Tensor):
+        from decodekit.quant import Int4Weight
+        from decodekit.quant.fp8 import Fp8Weight
+        if self.fused and self.custom is not None and isinstance(weight, (torch.Tensor, Int4Weight, Fp8Weight)):
             return self.custom.gemm_allreduce(x, weight, residual=residual, norm_weight=norm_weight, eps=eps)
         N = weight.shape[0]
         chunk = -(-N // self.fused_chunks // 32) * 32

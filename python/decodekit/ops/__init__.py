@@ -432,7 +432,7 @@ def custom_all_reduce(inp: torch.Tensor,               # [...] contiguous, nbyte
 
 
 def gemm_allreduce(a: torch.Tensor,                     # [M, K] (row stride free)
-                   weight: torch.Tensor,                # [N, K] this rank's shard
+                   weight,                              # [N, K] this rank's shard: tensor, Int4Weight or Fp8Weight
                    buffer_ptrs: list[int],              # [world_size]
                    signal_ptrs: list[int],              # [world_size]
                    rank: int,
@@ -443,11 +443,24 @@ def gemm_allreduce(a: torch.Tensor,                     # [M, K] (row stride fre
                    eps: float = 1e-6,
                    out: torch.Tensor | None = None,       # [M, N]
                    ) -> torch.Tensor:
-    """allreduce(a @ weight^T) (+ bias); with residual/norm_weight, fused_add_rms_norm after it."""
+    """allreduce(a @ weight^T) (+ bias); with residual/norm_weight, fused_add_rms_norm after it. Packed
+    weights: gemm_allreduce_int4 (int4_gemm's operands; act-order: a's columns gathered first) or
+    gemm_allreduce_fp8 (a quantized per token by quantize_fp8, as ops.linear does)."""
     if out is None:
         out = torch.empty((a.shape[0], weight.shape[0]), dtype=a.dtype, device=a.device)
-    _ops.gemm_allreduce(out, a, weight, bias, list(buffer_ptrs), list(signal_ptrs), rank, buffer_bytes, residual,
-                        norm_weight, eps)
+    comm = (list(buffer_ptrs), list(signal_ptrs), rank, buffer_bytes, residual, norm_weight, eps)
+    if isinstance(weight, Fp8Weight):
+        q, sc = quantize_fp8(a)
+        _ops.gemm_allreduce_fp8(out, q, sc, weight.qweight, weight.scales, bias, *comm)
+    elif isinstance(weight, Int4Weight):
+        if weight.perm is not None:
+            a, weight = a.index_select(1, weight.perm), weight.stored()
+        _ops.gemm_allreduce_int4(out, a, weight.qweight, weight.scales, weight.mins, weight.group_size, bias, *comm)
+    elif isinstance(weight, torch.Tensor):
+        _ops.gemm_allreduce(out, a, weight, bias, *comm)
+    else:
+        raise TypeError(f"gemm_allreduce: 'weight' must be a tensor, Int4Weight or Fp8Weight, got "
+                        f"{type(weight).__name__}")
     return out
 
 
@@ -482,6 +495,18 @@ def _custom_all_reduce_fake(out, inp, buffer_ptrs, signal_ptrs, rank, buffer_byt
 @torch.library.register_fake("decodekit::gemm_allreduce")
 def _gemm_allreduce_fake(out, a, weight, bias, buffer_ptrs, signal_ptrs, rank, buffer_bytes, residual, norm_weight,
                          eps):
+    return None
+
+
+@torch.library.register_fake("decodekit::gemm_allreduce_int4")
+def _gemm_allreduce_int4_fake(out, a, qweight, scales, mins, group_size, bias, buffer_ptrs, signal_ptrs, rank,
+                              buffer_bytes, residual, norm_weight, eps):
+    return None
+
+
+@torch.library.register_fake("decodekit::gemm_allreduce_fp8")
+def _gemm_allreduce_fp8_fake(out, a, a_scale, weight, w_scale, bias, buffer_ptrs, signal_ptrs, rank, buffer_bytes,
+                             residual, norm_weight, eps):
     return None
 
 

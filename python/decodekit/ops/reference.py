@@ -421,8 +421,23 @@ def custom_all_reduce(inputs: list[torch.Tensor]) -> torch.Tensor:  # each [...]
     return s.to(inputs[0].dtype)
 
 
+def _linear_partial(x: torch.Tensor,  # [M, K_r]
+                    w,                # [N, K_r]: a tensor, or packed (duck-typed: decodekit.quant's Int4Weight, Fp8Weight)
+                    acc: torch.dtype) -> torch.Tensor:  # [M, N] in acc
+    """x @ w^T in `acc`: packed INT4 decoded (act-order: x's columns in the stored order first); fp8
+    W8A8 with x quantized per token as the kernels do."""
+    if isinstance(w, torch.Tensor):
+        return x.to(acc) @ w.to(acc).T
+    if w.qweight.dtype == torch.float8_e4m3fn:
+        q, s = quantize_fp8(x)
+        return fp8_gemm(q, s, w.qweight, w.scales, None, acc)
+    if getattr(w, "perm", None) is not None:
+        x = x.index_select(1, w.perm)
+    return x.to(acc) @ int4_dequantize(w.qweight, w.scales, w.mins, w.group_size).to(acc).T
+
+
 def gemm_allreduce(a: list[torch.Tensor],        # per rank [M, K_r]
-                   weight: list[torch.Tensor],   # per rank [N, K_r]
+                   weight: list,                 # per rank [N, K_r]: tensors, or Int4Weight / Fp8Weight shards
                    bias: torch.Tensor | None = None,          # [N]
                    residual: torch.Tensor | None = None,      # [M, N]
                    norm_weight: torch.Tensor | None = None,   # [N]
@@ -430,7 +445,7 @@ def gemm_allreduce(a: list[torch.Tensor],        # per rank [M, K_r]
     """(out, new_residual): out = sum_r a_r @ w_r^T (+ bias); with residual and norm_weight,
     new_residual = out + residual and out = rms_norm(new_residual) * norm_weight (else None)."""
     acc = torch.float64 if a[0].dtype == torch.float64 else torch.float32
-    y = sum(x.to(acc) @ w.to(acc).T for x, w in zip(a, weight))
+    y = sum(_linear_partial(x, w, acc) for x, w in zip(a, weight))
     if bias is not None:
         y = y + bias.to(acc)
     if residual is None:
