@@ -185,7 +185,7 @@ def _worker(rank: int, ws: int, port: int, cfg: dict, out_path: str) -> None:
     for (name, k_full, n_out), kind in itertools.product(cfg["layers"], cfg["weights"]):
         K = k_full // ws
         w = weight(kind, rand((n_out, K), 0.02))
-        for M in cfg["m_rows"]:
+        for M in m_rows_for(kind, cfg["m_rows"]):
             a = rand((M, K))
             out = torch.empty((M, n_out), dtype=dtype, device=device)
             ref = reduced64(reference._linear_partial(a, w, torch.float64))
@@ -220,7 +220,7 @@ def _worker(rank: int, ws: int, port: int, cfg: dict, out_path: str) -> None:
         for (name, k_full, n_out), kind in itertools.product(cfg["layers"], cfg["weights"]):
             K = k_full // cfg["overhead_tp"]
             w = weight(kind, rand((n_out, K), 0.02))
-            for M in cfg["m_rows"]:
+            for M in m_rows_for(kind, cfg["m_rows"]):
                 a = rand((M, K))
                 out = torch.empty((M, n_out), dtype=dtype, device=device)
                 solo.gemm_allreduce(a, w, out=out)
@@ -254,6 +254,12 @@ def weight(kind: str, w: torch.Tensor):  # [N, K] dense -> the layer's weight in
         from decodekit.quant.fp8 import quantize_fp8_weight
         return quantize_fp8_weight(w)
     return w
+
+
+def m_rows_for(kind: str, m_rows: list[int]) -> list[int]:
+    """Dense: every M; INT4 / fp8: the decode sizes (M <= 16: the fused kernels) plus the largest M,
+    which keeps the GPU run inside its time budget."""
+    return m_rows if kind == "dense" else sorted({m for m in m_rows if m <= 16} | {max(m_rows)})
 
 
 def weight_bytes(w) -> int:
