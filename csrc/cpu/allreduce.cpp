@@ -98,7 +98,7 @@ void gemm_allreduce_cpu(at::Tensor& out,                               // [M, N]
     // kDenseRouteMaxM rows dense_gemm, tile by tile (its per-element arithmetic does not depend on the
     // tile); everything else torch's GEMM (bf16 from kBf16UpcastMinM rows in fp32 on upcast operands),
     // run once over all N columns -- its blocking may depend on N -- with the tiles published from it.
-    constexpr bool kBf16 = std::is_same_v<T, at::BFloat16>;
+    constexpr bool kBf16 = std::is_same_v<T, dk::bf16_t>;  // DK_CPU_DISPATCH_FLOATING's bf16 type
     const bool tiled = kBf16 && M <= kDenseRouteMaxM;
     at::Tensor whole;  // [M, N] the torch-routed product
     if (!tiled) {
