@@ -42,12 +42,15 @@ MAX_RANKS = 8  # = dk::comm::kMaxRanks
 _FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 # all_reduce(algo="auto"): two-shot (reduce-scatter + all-gather) from this many bytes, one-shot
-# (every rank reads every peer) below. PLACEHOLDERS until calibrated: take the crossover of the
-# bench "all_reduce" rows (algo one_shot vs two_shot, per device and world size) of
-# bench/bench_allreduce.py. The only place these numbers live.
+# (every rank reads every peer) below: the crossover of the bench "all_reduce" rows (algo one_shot vs
+# two_shot, per device and world size) of bench/bench_allreduce.py. The only place these numbers live.
+#   cpu, 2 ranks (2-core VM, bench/results/20261201-0233 and -0559_cpu_allreduce.md): two-shot is as fast
+#     or faster at 4 KiB (8.3 vs 8.5-10.9 us), 16 KiB, 64 KiB, 256 KiB (65 vs 88-92 us) and 4 MiB, slower
+#     only at 1 MiB (383-609 vs 328-383 us) -> from 4 KiB.
+#   cuda, and cpu with 3+ ranks: PLACEHOLDERS until measured (gpu_check family `allreduce` records them).
 TWO_SHOT_MIN_BYTES = {
     "cuda": {2: 1 << 20, 3: 512 << 10, 4: 512 << 10, 8: 256 << 10},
-    "cpu": {2: 256 << 10, 3: 256 << 10, 4: 256 << 10},
+    "cpu": {2: 4 << 10, 3: 256 << 10, 4: 256 << 10},
 }
 _DEFAULT_TWO_SHOT_MIN_BYTES = 512 << 10
 
