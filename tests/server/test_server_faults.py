@@ -42,6 +42,8 @@ def _post(server, path, body=None, raw=None, headers=None):
     ({"prompt": "hi", "max_tokens": 100000}, "max_tokens"),
     ({"prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options"),
     ({"prompt": "hi", "model": "gpt-9"}, "model"),
+    ({"prompt": "hi", "suffix": "tail"}, "suffix"),          # not implemented: refused, not ignored
+    ({"prompt": "hi", "logit_bias": {"5": 100}}, "logit_bias"),
 ])
 def test_bad_completion_requests(server, body, param):
     r = _post(server, "/v1/completions", body)
@@ -57,10 +59,29 @@ def test_bad_completion_requests(server, body, param):
     ({"messages": [{"role": "user", "content": 5}]}, "messages"),
     ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}, "top_logprobs"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0}, "max_completion_tokens"),
+    ({"messages": [{"role": "user"}]}, "messages"),
+    ({"messages": [{"role": "system", "content": None}, {"role": "user", "content": "hi"}]}, "messages"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]},
+     "tools"),
+    ({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 1}}, "logit_bias"),
 ])
 def test_bad_chat_requests(server, body, param):
     r = _post(server, "/v1/chat/completions", body)
     assert 400 <= r.status_code < 500 and r.json()["error"]["param"] == param, r.text
+
+
+def test_noop_values_of_unsupported_fields_are_accepted(server):
+    """Clients that send the 'off' value of a feature we lack (null, empty, text format, tool_choice none)
+    and assistant turns without content get a normal answer."""
+    r = _post(server, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None},
+                     {"role": "user", "content": "again"}],
+        "max_tokens": 2, "logit_bias": {}, "tools": [], "tool_choice": "none", "functions": None,
+        "response_format": {"type": "text"}})
+    assert r.status_code == 200, r.text
+    r = _post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2, "suffix": None, "logit_bias": None})
+    assert r.status_code == 200, r.text
 
 
 @pytest.mark.parametrize("raw", [b"{not json", b"\xff\xfe{}", b'{"prompt": "x", "temperature": NaN}', b"[1, 2]",

@@ -192,6 +192,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         stream, include_usage = P.stream_options(body)
         if P.field(body, "echo", "bool", False):
             raise P.APIError(400, "'echo' is not supported", "echo")
+        P.reject_unsupported(body, ("suffix", "logit_bias"))
         best_of = P.field(body, "best_of", "int", None, 1)
         lp = P.field(body, "logprobs", "int", None, 0, P.MAX_LOGPROBS)
         prompts = P.completion_prompts(body, vocab)
@@ -250,6 +251,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         auth(request)
         body = await body_of(request)
         stream, include_usage = P.stream_options(body)
+        P.reject_unsupported(body, ("logit_bias", "tools", "tool_choice", "functions", "function_call",
+                                    "response_format"))
         messages = P.chat_messages(body)
         want_lp = P.field(body, "logprobs", "bool", False)
         top = P.field(body, "top_logprobs", "int", None, 0, P.MAX_LOGPROBS)

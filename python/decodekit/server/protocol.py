@@ -151,6 +151,17 @@ def completion_prompts(body: dict, vocab_size: int) -> list:
     return [one(p)]
 
 
+def reject_unsupported(body: dict, names: tuple[str, ...]) -> None:
+    """A 400 naming the field for OpenAI features this server does not implement, when the request
+    asks for them (present and not null / empty / the no-op value), instead of silently ignoring them."""
+    noop = {"response_format": ({"type": "text"},), "tool_choice": ("none",), "suffix": ("",)}
+    for name in names:
+        v = body.get(name)
+        if v is None or v == {} or v == [] or v in noop.get(name, ()):
+            continue
+        raise APIError(400, f"'{name}' is not supported by this server", name)
+
+
 def chat_messages(body: dict) -> list[dict]:
     m = body.get("messages")
     if not isinstance(m, list) or not m:
@@ -168,6 +179,8 @@ def chat_messages(body: dict) -> list[dict]:
                 texts.append(part["text"])
             c = "".join(texts)
         if c is None:
+            if msg["role"] in ("user", "system"):  # only assistant / tool turns may come without content
+                raise APIError(400, f"'messages[{i}].content' is required for role {msg['role']!r}", "messages")
             c = ""
         if not isinstance(c, str):
             raise APIError(400, f"'messages[{i}].content' must be a string or a list of text parts", "messages")
