@@ -169,3 +169,34 @@ def _ok(c, n):
         return True
     except TPConfigError:
         return False
+
+
+def test_driver_broadcasts_the_host_copies_of_the_step_inputs():
+    """On CUDA the ModelRunner keeps the host tensors each step's inputs were copied from (md.host); the
+    TP driver sends those (no device-to-host copy) only for the very input_ids they belong to, and the
+    workers never receive the `host` field."""
+    import torch
+    from decodekit.distributed.worker import _host_inputs, _to_device, _to_host
+    from decodekit.models import AttentionMetadata
+
+    def md_of(n, host=None):
+        return AttentionMetadata(positions=torch.arange(n), slot_mapping=torch.arange(n), block_tables=torch.zeros(1, 2,
+                                 dtype=torch.int32), seq_lens=torch.tensor([n], dtype=torch.int32),
+                                 query_start_loc=torch.tensor([0, n], dtype=torch.int32),
+                                 logits_indices=torch.tensor([n - 1]), host=host)
+    ids, ids_host, host_md = torch.arange(5), torch.arange(5) + 100, md_of(5)
+    md = md_of(5, host=(ids, ids_host, host_md))
+    got_ids, got_md = _host_inputs(ids, md)
+    assert got_ids is ids_host and got_md is host_md
+    other = torch.arange(5)  # equal values, another tensor: not the inputs md was built with -> copies
+    got_ids, got_md = _host_inputs(other, md)
+    assert got_ids is other and got_md.host is None and torch.equal(got_md.positions, md.positions)
+    assert _to_host(md).host is None and _to_device(md, torch.device("cpu")).host is None
+
+
+def test_cpu_runner_metadata_has_no_host_copies():
+    from decodekit.engine.args import EngineArgs
+    from decodekit.engine.llm_engine import LLMEngine
+    eng = LLMEngine(EngineArgs(model="random:tiny-gqa4", max_model_len=64, kv_cache_memory="8MiB"))
+    ids, md = eng.runner.prepare_seqs([[1, 2, 3]], [0], [[0]], [1])
+    assert md.host is None and ids.tolist() == [1, 2, 3] and md.positions.tolist() == [0, 1, 2]

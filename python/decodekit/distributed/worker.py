@@ -42,7 +42,7 @@ def _to_host(x):
     if isinstance(x, torch.Tensor):
         return x.cpu() if x.device.type != "cpu" else x
     if isinstance(x, AttentionMetadata):
-        return AttentionMetadata(**{k: _to_host(v) for k, v in vars(x).items()})
+        return AttentionMetadata(**{k: _to_host(v) for k, v in vars(x).items() if k != "host"})
     return x
 
 
@@ -50,8 +50,16 @@ def _to_device(x, device):
     if isinstance(x, torch.Tensor):
         return x.to(device, non_blocking=True)
     if isinstance(x, AttentionMetadata):
-        return AttentionMetadata(**{k: _to_device(v, device) for k, v in vars(x).items()})
+        return AttentionMetadata(**{k: _to_device(v, device) for k, v in vars(x).items() if k != "host"})
     return x
+
+
+def _host_inputs(input_ids: torch.Tensor, md: AttentionMetadata):  # -> (ids [T], metadata) on the host
+    """What the workers get: the host tensors md was copied from when md says so for these very input_ids
+    (ModelRunner on CUDA: no device-to-host copy, which would wait for the stream), else copies."""
+    if md.host is not None and md.host[0] is input_ids:
+        return md.host[1], md.host[2]
+    return _to_host(input_ids), _to_host(md)
 
 
 def load_shard(args, device: torch.device, dtype: torch.dtype, tp: TPGroup | None):
@@ -108,7 +116,7 @@ class TPDriverModel:
 
     def forward(self, input_ids: torch.Tensor, md: AttentionMetadata, kv_caches: KVPool,
                 num_layers: int | None = None) -> torch.Tensor:
-        self._send(("forward", kv_caches.tp_pool_id, _to_host(input_ids), _to_host(md), num_layers))
+        self._send(("forward", kv_caches.tp_pool_id, *_host_inputs(input_ids, md), num_layers))
         try:
             return self._model.forward(input_ids, md, kv_caches, num_layers)
         except TPWorkerError:

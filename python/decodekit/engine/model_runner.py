@@ -127,11 +127,17 @@ class ModelRunner:
         logits of its last num_logits[i] tokens."""
         ids, positions, slots, bt, seq_lens, qsl, sample_rows = self._host_inputs(token_lists, starts, tables,
                                                                                   num_logits)
+        host = AttentionMetadata(positions=positions, slot_mapping=slots, block_tables=bt, seq_lens=seq_lens,
+                                 query_start_loc=qsl.to(torch.int32),
+                                 logits_indices=torch.tensor(sample_rows, dtype=torch.int64))
+        if self.device.type != "cuda":
+            return ids, host
+        dev_ids = self._to_dev(ids)
         md = AttentionMetadata(
             positions=self._to_dev(positions), slot_mapping=self._to_dev(slots), block_tables=self._to_dev(bt),
-            seq_lens=self._to_dev(seq_lens), query_start_loc=self._to_dev(qsl.to(torch.int32)),
-            logits_indices=self._to_dev(torch.tensor(sample_rows, dtype=torch.int64)))
-        return self._to_dev(ids), md
+            seq_lens=self._to_dev(seq_lens), query_start_loc=self._to_dev(host.query_start_loc),
+            logits_indices=self._to_dev(host.logits_indices), host=(dev_ids, ids, host))
+        return dev_ids, md
 
     @staticmethod
     def _seqs_of(so: SchedulerOutput):

@@ -7,7 +7,7 @@ in one AttentionMetadata object; nothing is kept in globals.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,9 @@ class AttentionMetadata:
     seq_lens: torch.Tensor         # [S] int32, context length incl. this step's tokens
     query_start_loc: torch.Tensor  # [S + 1] int32, cumulative new-token counts
     logits_indices: torch.Tensor   # [N] int64, rows of the T tokens whose logits are needed
+    # CUDA (ModelRunner.prepare_seqs): (input_ids on the device, input_ids [T] on the host, this metadata's host
+    # tensors) -- what it was copied from, so tensor parallelism broadcasts them without a copy back; else None.
+    host: tuple | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
