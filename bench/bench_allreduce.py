@@ -262,10 +262,8 @@ def m_rows_for(kind: str, m_rows: list[int]) -> list[int]:
     return m_rows if kind == "dense" else sorted({m for m in m_rows if m <= 16} | {max(m_rows)})
 
 
-def weight_bytes(w) -> int:
-    if isinstance(w, torch.Tensor):
-        return w.numel() * w.element_size()
-    return sum(t.numel() * t.element_size() for t in (w.qweight, w.scales, getattr(w, "mins", None)) if t is not None)
+def weight_bytes(w) -> int:  # a tensor's or a packed weight's (PackedWeight.nbytes) bytes
+    return w.numel() * w.element_size() if isinstance(w, torch.Tensor) else w.nbytes
 
 
 def case_weights(kind: str) -> str:  # dense cases keep their names (the planner's calibration reads them)

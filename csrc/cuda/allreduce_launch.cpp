@@ -47,24 +47,27 @@ void custom_all_reduce_cuda(at::Tensor& out,              // [...] contiguous (m
 
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
-// The product into out through the registered op (its CUDA routing), then the all-reduce in place:
-// the quantized ops' fallback where the fused kernels do not apply.
-template <class T>
-void reduce_in_place(const char* op, at::Tensor& out, const dk::comm::Peers& P, cudaStream_t stream) {
-  const int64_t n = out.numel();
-  const bool two_shot = n * int64_t(sizeof(T)) >= dk::comm::kFallbackTwoShotMinBytes;
-  dk::check_launch(op, dk::cuda::custom_all_reduce<T>(dk::cuda_ptr<T>(out), dk::cuda_ptr<T>(out), n, P, two_shot,
-                                                      stream));
-}
-
-template <class T>
-void norm_epilogue(const char* op, at::Tensor& out, const dk::GemmAllReduceArgs& r,
-                   const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& norm_weight,
-                   double eps, cudaStream_t stream) {
+// The body all three gemm_allreduce launchers share: the fused kernel when `fused_ok` (launch_fused()
+// returns its cudaError_t); else gemm() writes this rank's product into out (rank 0 adding the bias) and
+// out is all-reduced in place. Then the residual + RMSNorm epilogue.
+template <class T, class Fused, class Gemm>
+void fused_or_gemm_then_reduce(const char* op, at::Tensor& out, const dk::GemmAllReduceArgs& r,
+                               const dk::comm::Peers& P, bool fused_ok, Fused&& launch_fused, Gemm&& gemm,
+                               const std::optional<at::Tensor>& residual,
+                               const std::optional<at::Tensor>& norm_weight, double eps, cudaStream_t stream) {
+  T* o = dk::cuda_ptr<T>(out);
+  if (fused_ok) {
+    dk::check_launch(op, launch_fused());
+  } else {
+    gemm();
+    const int64_t n = out.numel();
+    const bool two_shot = n * int64_t(sizeof(T)) >= dk::comm::kFallbackTwoShotMinBytes;
+    dk::check_launch(op, dk::cuda::custom_all_reduce<T>(o, o, n, P, two_shot, stream));
+  }
   if (r.norm)
-    dk::check_launch(op, dk::cuda::fused_add_rms_norm<T>(dk::cuda_ptr<T>(out), r.g.N, dk::cuda_ptr<T>(*residual),
-                                                         r.r_stride, dk::cuda_ptr<T>(*norm_weight), r.g.M,
-                                                         int(r.g.N), float(eps), stream));
+    dk::check_launch(op, dk::cuda::fused_add_rms_norm<T>(o, r.g.N, dk::cuda_ptr<T>(*residual), r.r_stride,
+                                                         dk::cuda_ptr<T>(*norm_weight), r.g.M, int(r.g.N),
+                                                         float(eps), stream));
 }
 
 void gemm_allreduce_cuda(at::Tensor& out,                               // [M, N] contiguous
@@ -90,18 +93,21 @@ void gemm_allreduce_cuda(at::Tensor& out,                               // [M, N
     using T = scalar_t;
     constexpr bool mma_type = !std::is_same_v<T, float>;
     const bool aligned = aligned16(out) && aligned16(a) && aligned16(weight) && (!bias || aligned16(*bias));
-    T* o = dk::cuda_ptr<T>(out);
-    if (dk::comm::cuda_gemm_fused_ok(mma_type, M, N, K, r.g.a_stride, aligned, P.world_size, buffer_bytes,
-                                     int(sizeof(T)))) {
-      dk::check_launch(op, dk::cuda::gemm_all_reduce<T>(o, dk::cuda_ptr<T>(a), r.g.a_stride, dk::cuda_ptr<T>(weight),
-                                                        bias ? dk::cuda_ptr<T>(*bias) : nullptr, M, N, K, P, stream));
-    } else {  // cuBLAS into out (rank 0 adds the bias), then the all-reduce in place
-      const at::Tensor wt = weight.t();
-      if (add_bias) at::addmm_out(out, *bias, a, wt);
-      else at::mm_out(out, a, wt);
-      reduce_in_place<T>(op, out, P, stream);
-    }
-    norm_epilogue<T>(op, out, r, residual, norm_weight, eps, stream);
+    fused_or_gemm_then_reduce<T>(
+        op, out, r, P,
+        dk::comm::cuda_gemm_fused_ok(mma_type, M, N, K, r.g.a_stride, aligned, P.world_size, buffer_bytes,
+                                     int(sizeof(T))),
+        [&] {
+          return dk::cuda::gemm_all_reduce<T>(dk::cuda_ptr<T>(out), dk::cuda_ptr<T>(a), r.g.a_stride,
+                                              dk::cuda_ptr<T>(weight), bias ? dk::cuda_ptr<T>(*bias) : nullptr, M, N,
+                                              K, P, stream);
+        },
+        [&] {  // cuBLAS
+          const at::Tensor wt = weight.t();
+          if (add_bias) at::addmm_out(out, *bias, a, wt);
+          else at::mm_out(out, a, wt);
+        },
+        residual, norm_weight, eps, stream);
   });
 }
 
@@ -132,20 +138,23 @@ void gemm_allreduce_int4_cuda(at::Tensor& out,                               // 
     using T = scalar_t;
     constexpr bool mma_type = !std::is_same_v<T, float>;
     const bool aligned = aligned16(out) && aligned16(a) && aligned16(qweight) && (!bias || aligned16(*bias));
-    if (dk::comm::cuda_int4_gemm_fused_ok(mma_type, M, N, K, int(group_size), r.g.a_stride, aligned, P.world_size,
-                                          buffer_bytes, int(sizeof(T)))) {
-      dk::check_launch(op, dk::cuda::gemm_all_reduce_int4<T>(
-                               dk::cuda_ptr<T>(out), dk::cuda_ptr<T>(a), r.g.a_stride, qweight.data_ptr<uint8_t>(),
-                               dk::cuda_ptr<__half>(scales), dk::cuda_ptr<__half>(mins), int(group_size),
-                               bias ? dk::cuda_ptr<T>(*bias) : nullptr, M, N, K, P, stream));
-    } else {  // int4_gemm into out (rank 0 adds the bias), then the all-reduce in place
-      static auto gemm = c10::Dispatcher::singleton().findSchemaOrThrow("decodekit::int4_gemm", "")
-                             .typed<void(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                         const at::Tensor&, int64_t, const std::optional<at::Tensor>&)>();
-      gemm.call(out, a, qweight, scales, mins, group_size, add_bias ? bias : std::nullopt);
-      reduce_in_place<T>(op, out, P, stream);
-    }
-    norm_epilogue<T>(op, out, r, residual, norm_weight, eps, stream);
+    fused_or_gemm_then_reduce<T>(
+        op, out, r, P,
+        dk::comm::cuda_int4_gemm_fused_ok(mma_type, M, N, K, int(group_size), r.g.a_stride, aligned, P.world_size,
+                                          buffer_bytes, int(sizeof(T))),
+        [&] {
+          return dk::cuda::gemm_all_reduce_int4<T>(
+              dk::cuda_ptr<T>(out), dk::cuda_ptr<T>(a), r.g.a_stride, qweight.data_ptr<uint8_t>(),
+              dk::cuda_ptr<__half>(scales), dk::cuda_ptr<__half>(mins), int(group_size),
+              bias ? dk::cuda_ptr<T>(*bias) : nullptr, M, N, K, P, stream);
+        },
+        [&] {  // int4_gemm's own CUDA routing (GEMV / tensor-core kernels)
+          static auto gemm = c10::Dispatcher::singleton().findSchemaOrThrow("decodekit::int4_gemm", "")
+                                 .typed<void(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                             const at::Tensor&, int64_t, const std::optional<at::Tensor>&)>();
+          gemm.call(out, a, qweight, scales, mins, group_size, add_bias ? bias : std::nullopt);
+        },
+        residual, norm_weight, eps, stream);
   });
 }
 
@@ -174,20 +183,23 @@ void gemm_allreduce_fp8_cuda(at::Tensor& out,                               // [
   DK_CUDA_DISPATCH_FLOATING(out.scalar_type(), op, [&] {
     using T = scalar_t;
     const bool aligned = aligned16(out) && aligned16(a) && aligned16(weight) && (!bias || aligned16(*bias));
-    if (!std::is_same_v<T, float> &&
-        dk::comm::cuda_fp8_gemm_fused_ok(M, N, K, K, aligned, P.world_size, buffer_bytes, int(sizeof(T)))) {
-      dk::check_launch(op, dk::cuda::gemm_all_reduce_fp8<T>(
-                               dk::cuda_ptr<T>(out), dk::cuda_ptr<uint8_t>(a), K, a_scale.data_ptr<float>(),
-                               dk::cuda_ptr<uint8_t>(weight), w_scale.data_ptr<float>(),
-                               bias ? dk::cuda_ptr<T>(*bias) : nullptr, M, N, K, P, stream));
-    } else {  // fp8_gemm into out (rank 0 adds the bias), then the all-reduce in place
-      static auto gemm = c10::Dispatcher::singleton().findSchemaOrThrow("decodekit::fp8_gemm", "")
-                             .typed<void(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                         const at::Tensor&, const std::optional<at::Tensor>&)>();
-      gemm.call(out, a, a_scale, weight, w_scale, add_bias ? bias : std::nullopt);
-      reduce_in_place<T>(op, out, P, stream);
-    }
-    norm_epilogue<T>(op, out, r, residual, norm_weight, eps, stream);
+    fused_or_gemm_then_reduce<T>(
+        op, out, r, P,
+        !std::is_same_v<T, float> &&
+            dk::comm::cuda_fp8_gemm_fused_ok(M, N, K, K, aligned, P.world_size, buffer_bytes, int(sizeof(T))),
+        [&] {
+          return dk::cuda::gemm_all_reduce_fp8<T>(dk::cuda_ptr<T>(out), dk::cuda_ptr<uint8_t>(a), K,
+                                                  a_scale.data_ptr<float>(), dk::cuda_ptr<uint8_t>(weight),
+                                                  w_scale.data_ptr<float>(), bias ? dk::cuda_ptr<T>(*bias) : nullptr,
+                                                  M, N, K, P, stream);
+        },
+        [&] {  // fp8_gemm's own CUDA kernel
+          static auto gemm = c10::Dispatcher::singleton().findSchemaOrThrow("decodekit::fp8_gemm", "")
+                                 .typed<void(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                             const at::Tensor&, const std::optional<at::Tensor>&)>();
+          gemm.call(out, a, a_scale, weight, w_scale, add_bias ? bias : std::nullopt);
+        },
+        residual, norm_weight, eps, stream);
   });
 }
 

@@ -53,8 +53,8 @@ def int4_terms(a_list, w_list):
     for a, w in zip(a_list, w_list):
         x = a.double() if w.perm is None else a.double().index_select(1, w.perm)
         dq = ref.int4_dequantize(w.qweight, w.scales, w.mins, w.group_size).double()
-        wabs = (dq - ref.int4_dequantize(w.qweight, w.scales, torch.zeros_like(w.mins), w.group_size).double()).abs() \
-            + ref.int4_dequantize(w.qweight, w.scales, torch.zeros_like(w.mins), w.group_size).double().abs()
+        sq = ref.int4_dequantize(w.qweight, w.scales, torch.zeros_like(w.mins), w.group_size).double()  # scale q
+        wabs = sq.abs() + (dq - sq).abs()  # |scale q| + |min|
         P.append(x @ dq.T)
         A.append(x.abs() @ wabs.T)
     return P, A

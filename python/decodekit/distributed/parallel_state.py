@@ -62,15 +62,13 @@ class TPGroup:
         """A row-parallel layer: y = the sum over ranks of x @ weight^T; with residual and norm_weight
         also residual <- y + residual, y <- rms_norm(residual) * norm_weight (fused_add_rms_norm).
 
-        Fused (--tp-fused-allreduce): decodekit's gemm_allreduce for dense, INT4 and fp8 weights (each
-        output tile pushed to the peers as soon as it is computed, the norm as its epilogue); otherwise
-        the output columns in chunks, each chunk's AllReduce started as soon as it is computed and
-        overlapping the next chunk's GEMM. On the CPU every output element's arithmetic is the same as
-        unfused, so are the results."""
+        Fused (--tp-fused-allreduce) with decodekit's AllReduce: CustomAllReduce.gemm_allreduce (dense, INT4
+        and fp8 weights: each output tile pushed to the peers as soon as it is computed, the norm as its
+        epilogue; it falls back itself for other weights); with torch's, the output columns in chunks, each
+        chunk's AllReduce started as soon as it is computed and overlapping the next chunk's GEMM. On the
+        CPU every output element's arithmetic is the same as unfused, so are the results."""
         from decodekit import ops
-        from decodekit.quant import Int4Weight
-        from decodekit.quant.fp8 import Fp8Weight
-        if self.fused and self.custom is not None and isinstance(weight, (torch.Tensor, Int4Weight, Fp8Weight)):
+        if self.fused and self.custom is not None:
             return self.custom.gemm_allreduce(x, weight, residual=residual, norm_weight=norm_weight, eps=eps)
         N = weight.shape[0]
         chunk = -(-N // self.fused_chunks // 32) * 32
@@ -83,10 +81,7 @@ class TPGroup:
                 w = weight[n0:n1] if isinstance(weight, torch.Tensor) else weight.rows(n0, n1)
                 part = ops.linear(x, w)
                 parts.append(part)
-                if self.custom is not None:  # synchronous, but no socket round trip
-                    self.custom.all_reduce(part, out=part)
-                else:
-                    works.append(dist.all_reduce(part, group=self.group, async_op=True))
+                works.append(dist.all_reduce(part, group=self.group, async_op=True))
             for w in works:
                 w.wait()
             y = torch.cat(parts, dim=1)
