@@ -45,6 +45,25 @@ def test_tp_greedy_matches_tp1(tiny_ref, tp, allreduce, fused):
         assert a == pytest.approx(b, abs=1e-4)
 
 
+@pytest.mark.parametrize("tp, allreduce, fused", [(2, "custom", True), (4, "torch", False)])
+def test_tp_decode_buckets_match_tp1(tiny_ref, tp, allreduce, fused, monkeypatch):
+    """decode_graphs="static" under TP: every rank builds the same padded decode buckets (on CUDA the
+    graphs are captured in lockstep) and decode steps go through ("bucket_run", ...) -- the protocol the
+    CUDA-graph path uses, run eagerly: the same tokens as TP=1."""
+    from decodekit.distributed.worker import TPDriverModel
+    calls = []
+    real = TPDriverModel.run_decode_bucket
+    monkeypatch.setattr(TPDriverModel, "run_decode_bucket",
+                        lambda self, pool, bucket, *a: calls.append(bucket.size) or real(self, pool, bucket, *a))
+    toks, lps = _run("random:tiny-gqa4", tensor_parallel_size=tp, tp_allreduce=allreduce, tp_fused_allreduce=fused,
+                     decode_graphs="static", max_num_seqs=3)
+    assert toks == tiny_ref[0]
+    for a, b in zip(lps, tiny_ref[1]):
+        assert a == pytest.approx(b, abs=1e-4)
+    # 4 prompts, at most 3 running: decode batches of 3 (bucket 3 = max_num_seqs) then 1 (bucket 1)
+    assert calls and set(calls) <= {1, 2, 3} and 3 in calls, calls
+
+
 @pytest.mark.parametrize("allreduce", ["torch", "custom"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_fused_and_unfused_allreduce_identical(allreduce, dtype):

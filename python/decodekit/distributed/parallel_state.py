@@ -5,7 +5,9 @@ run the model on their shard. Two groups over the same ranks:
 
     group      the model's collectives (AllReduce after row-parallel layers, the vocabulary-parallel
                embedding and the logits gather): NCCL on CUDA, gloo on CPU; timeout `tp_timeout`
-               seconds, so a hung peer becomes an error instead of a hang.
+               seconds, so a hung peer becomes an error instead of a hang. Ranks sharing one GPU
+               (more ranks than this machine has GPUs: NCCL refuses them) get gloo, with a warning;
+               that is for testing, decodekit's own AllReduce then carries the model's collectives.
     cmd_group  gloo, driver -> workers step commands (`broadcast_object_list`); a long timeout, since
                an idle server sends nothing for hours. A dead peer still fails at once (closed socket).
 
@@ -17,6 +19,7 @@ returns to the caller -- the others serve as workers and exit when the driver sh
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import socket
 from dataclasses import dataclass, field
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+log = logging.getLogger("decodekit.distributed")
 
 class TPWorkerError(RuntimeError):
     """A tensor-parallel peer died or stopped answering; the engine cannot continue."""
@@ -37,6 +41,7 @@ class TPGroup:
     group: object                    # torch.distributed ProcessGroup for the model's collectives
     cmd_group: object                # gloo ProcessGroup for driver -> worker commands
     allreduce: str = "gloo"          # "gloo"/"nccl" (torch.distributed) or "custom" (decodekit's)
+    backend: str = "gloo"            # group's backend: "nccl" or "gloo"
     fused: bool = False              # row-parallel GEMM + AllReduce in column chunks that overlap
     custom: object | None = None     # decodekit.distributed.custom_allreduce.CustomAllReduce
     procs: list = field(default_factory=list)   # spawned worker processes (driver only)
@@ -89,19 +94,45 @@ class TPGroup:
             ops.fused_add_rms_norm(y, residual, norm_weight, eps)
         return y
 
-    def gather_logits(self, local: torch.Tensor,  # [R, V_shard_r] this rank's vocabulary slice
+    def gather_logits(self, local: torch.Tensor,  # [R, V_shard_r] fp32, this rank's vocabulary slice
                       vocab_shard: int, vocab_size: int) -> torch.Tensor | None:  # [R, V] on rank 0
+        """Rank 0 gets every rank's slice side by side (the workers None). Through decodekit's AllReduce
+        when [R, world_size * vocab_shard] fp32 fits its buffers: each rank's slice in its own columns,
+        zeros elsewhere, summed (x + 0 is exact: the same values as a gather; capturable in CUDA graphs
+        without NCCL); else torch.distributed's gather (gloo: staged through the host)."""
         R = local.shape[0]
+        if self.custom is not None and local.dtype == torch.float32 and \
+                R * self.world_size * vocab_shard * 4 <= self.custom.max_bytes:
+            full = torch.zeros(R, self.world_size * vocab_shard, dtype=torch.float32, device=local.device)
+            full[:, self.rank * vocab_shard:self.rank * vocab_shard + local.shape[1]] = local
+            self.custom.all_reduce(full, out=full)
+            return full[:, :vocab_size] if self.rank == 0 else None
         if local.shape[1] < vocab_shard:  # the last slice may be short: pad to equal sizes
             local = torch.nn.functional.pad(local, (0, vocab_shard - local.shape[1]))
         local = local.contiguous()
+        dev = local.device
+        if self.backend == "gloo" and dev.type != "cpu":  # gloo gathers host tensors
+            local = local.cpu()
         if self.rank == 0:
             bufs = [torch.empty(R, vocab_shard, dtype=local.dtype, device=local.device)
                     for _ in range(self.world_size)]
             dist.gather(local, bufs, dst=0, group=self.group)
-            return torch.cat(bufs, dim=1)[:, :vocab_size]
+            return torch.cat(bufs, dim=1)[:, :vocab_size].to(dev)
         dist.gather(local, None, dst=0, group=self.group)
         return None
+
+    def graph_max_rows(self, hidden_row_bytes: int, logits_row_bytes: int) -> int:
+        """The most tokens a forward pass captured in a CUDA graph may have: every collective in it must
+        be capturable. NCCL's are (no limit); with gloo only decodekit's AllReduce is, so the rows whose
+        hidden states (hidden_row_bytes each) and logits (logits_row_bytes each, all ranks' columns) fit
+        its buffers; 0 when nothing can be captured."""
+        if self.device.type != "cuda":
+            return 0
+        if self.backend == "nccl":
+            return 1 << 30
+        if self.custom is None:
+            return 0
+        return self.custom.max_bytes // max(hidden_row_bytes, logits_row_bytes)
 
     # ------------------------------------------------------------------ commands
     def send(self, cmds: list) -> None:
@@ -158,16 +189,30 @@ def torchrun_env() -> tuple[int, int] | None:
     return None
 
 
+def _local_world_size(world_size: int) -> int:
+    """Ranks on this machine: torchrun's LOCAL_WORLD_SIZE, else all of them (spawned here)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+
+
+def ranks_share_gpu(world_size: int) -> bool:
+    """Whether this machine's ranks outnumber its GPUs (rank r runs on GPU r % count)."""
+    return _local_world_size(world_size) > max(1, torch.cuda.device_count())
+
+
 def init_group(rank: int, world_size: int, device: torch.device, init_method: str, timeout_s: float,
                allreduce: str = "auto", fused: bool = False) -> TPGroup:
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = "nccl" if device.type == "cuda" and not ranks_share_gpu(world_size) else "gloo"
     timeout = datetime.timedelta(seconds=timeout_s)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        if backend == "gloo" and rank == 0:
+            log.warning("tensor parallelism: %d ranks on this machine's %d GPU(s): NCCL refuses ranks that share "
+                        "a GPU, using gloo and decodekit's AllReduce (for testing: no speed-up)",
+                        _local_world_size(world_size), torch.cuda.device_count())
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout)
     group = dist.group.WORLD
     cmd_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(days=365))
-    tp = TPGroup(rank, world_size, device, group, cmd_group, allreduce=backend, fused=fused)
+    tp = TPGroup(rank, world_size, device, group, cmd_group, allreduce=backend, backend=backend, fused=fused)
     if allreduce in ("auto", "custom"):
         tp.custom = _custom_allreduce(tp, required=allreduce == "custom", timeout_s=timeout_s)
         if tp.custom is not None:
@@ -183,7 +228,7 @@ def _custom_allreduce(tp: TPGroup, required: bool, timeout_s: float):
         from decodekit.distributed.custom_allreduce import CustomAllReduce
     except Exception as e:  # noqa: BLE001 -- auto: fall back to torch.distributed
         err = e
-    ok = torch.tensor([0 if err else 1], dtype=torch.int32, device=tp.device)
+    ok = torch.tensor([0 if err else 1], dtype=torch.int32, device=tp.device if tp.backend == "nccl" else "cpu")
     dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=tp.group)
     if not int(ok.item()):
         if required:

@@ -11,6 +11,9 @@ Commands (lists, one broadcast per driver call; KV pools freed on the driver are
 workers with the next one):
     ("alloc", pool, num_blocks, block_size)    ("free", pool)      ("copy", pool, [(src, dst), ...])
     ("forward", pool, input_ids, metadata, num_layers)
+    ("bucket", pool, size, max_blocks_per_seq, capture)   a decode bucket (model_runner.DecodeBucket):
+        static buffers, on CUDA a graph captured in lockstep with the driver's
+    ("bucket_run", pool, size, ids, positions, slots, block_tables, seq_lens)   a padded decode step
     ("calib_begin",)  ("calib_end", margin)  ("kv_dtype", dtype, use_calibrated)   ("stop",)
 """
 from __future__ import annotations
@@ -114,15 +117,36 @@ class TPDriverModel:
     def copy_kv_blocks(self, pool: KVPool, pairs) -> None:
         self._send(("copy", pool.tp_pool_id, list(pairs)))
 
+    def _local(self, fn):
+        """This rank's part of a collective step: a RuntimeError there is a collective that failed."""
+        try:
+            return fn()
+        except TPWorkerError:
+            raise
+        except RuntimeError as e:  # say which worker
+            raise self.worker_error(e) from e
+
+    @property
+    def local_model(self) -> LlamaModel:
+        return self._model
+
     def forward(self, input_ids: torch.Tensor, md: AttentionMetadata, kv_caches: KVPool,
                 num_layers: int | None = None) -> torch.Tensor:
         self._send(("forward", kv_caches.tp_pool_id, *_host_inputs(input_ids, md), num_layers))
-        try:
-            return self._model.forward(input_ids, md, kv_caches, num_layers)
-        except TPWorkerError:
-            raise
-        except RuntimeError as e:  # a collective failed: say which worker
-            raise self.worker_error(e) from e
+        return self._local(lambda: self._model.forward(input_ids, md, kv_caches, num_layers))
+
+    def build_decode_bucket(self, pool: KVPool, host, size: int, capture: bool):
+        """The driver's DecodeBucket over its local shard (host: model_runner.BucketHost), built (warmed up
+        and captured) together with each worker's."""
+        from decodekit.engine.model_runner import DecodeBucket
+        self._send(("bucket", pool.tp_pool_id, size, host.max_blocks_per_seq, capture))
+        return self._local(lambda: DecodeBucket(host, size, capture))
+
+    def run_decode_bucket(self, pool: KVPool, bucket, inputs, to_dev) -> torch.Tensor:
+        """A padded decode step: the workers get the host inputs (ids, positions, slots, tables, seq_lens),
+        then the driver runs its bucket on their device copies (to_dev)."""
+        self._send(("bucket_run", pool.tp_pool_id, bucket.size, *inputs))
+        return self._local(lambda: bucket.run(*(to_dev(t) for t in inputs)))
 
     def set_kv_cache_dtype(self, kv_dtype: torch.dtype, kv_scales=None) -> None:
         self._send(("kv_dtype", kv_dtype, kv_scales is not None))
@@ -178,8 +202,10 @@ def worker_main(args, rank: int, world_size: int, init_method: str, threads: int
 
 @torch.inference_mode()
 def _serve_commands(model: LlamaModel, tp: TPGroup) -> None:
-    from decodekit.engine.model_runner import copy_kv_blocks
+    from decodekit.engine.model_runner import BucketHost, DecodeBucket, copy_kv_blocks
     pools: dict[int, list] = {}
+    hosts: dict[int, BucketHost] = {}                   # pool -> what its decode buckets run on
+    buckets: dict[tuple[int, int], DecodeBucket] = {}   # (pool, size) -> bucket
     calibrated = None
     while True:
         for cmd in tp.recv():
@@ -187,12 +213,23 @@ def _serve_commands(model: LlamaModel, tp: TPGroup) -> None:
             if op == "forward":
                 _, pid, ids, md, num_layers = cmd
                 model.forward(_to_device(ids, model.device), _to_device(md, model.device), pools[pid], num_layers)
+            elif op == "bucket_run":
+                _, pid, size, *inputs = cmd
+                buckets[(pid, size)].run(*(t.to(model.device, non_blocking=True) for t in inputs))
+            elif op == "bucket":
+                _, pid, size, max_blocks, capture = cmd
+                if pid not in hosts:
+                    hosts[pid] = BucketHost(model, pools[pid], model.device, max_blocks)
+                buckets[(pid, size)] = DecodeBucket(hosts[pid], size, capture)
             elif op == "copy":
                 copy_kv_blocks(pools[cmd[1]], cmd[2])
             elif op == "alloc":
                 pools[cmd[1]] = model.allocate_kv_cache(cmd[2], cmd[3])
             elif op == "free":
                 pools.pop(cmd[1], None)
+                hosts.pop(cmd[1], None)
+                for key in [k for k in buckets if k[0] == cmd[1]]:
+                    del buckets[key]
             elif op == "calib_begin":
                 model.begin_kv_calibration()
             elif op == "calib_end":

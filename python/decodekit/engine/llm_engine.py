@@ -110,8 +110,9 @@ class LLMEngine:
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
             max_model_len=self.max_model_len, block_size=args.block_size,
             enable_prefix_caching=args.enable_prefix_caching), self.kv_manager)
+        graphs, graph_batch = self._decode_graph_mode()
         self.runner = ModelRunner(self.model, num_blocks, args.block_size, self.max_model_len,
-                                  decode_graphs=self._decode_graph_mode(), max_batch=args.max_num_seqs)
+                                  decode_graphs=graphs, max_batch=graph_batch)
         self.sampler = Sampler()
         self.spec = self._build_spec() if args.speculative else None
         self.eos_token_ids = sorted(set(cfg.eos_token_ids) | set(self.tokenizer.eos_token_ids or []))
@@ -255,19 +256,29 @@ class LLMEngine:
                                       num_scheduled_tokens=len(ids)))
         return sum(k.numel() * k.element_size() * 2 for k, _ in probe.kv_caches)
 
-    def _decode_graph_mode(self) -> str:
-        mode = self.args.decode_graphs
+    def _decode_graph_mode(self) -> tuple[str, int]:
+        """(ModelRunner's decode_graphs mode, largest decode bucket): graphs up to max_num_seqs rows, fewer
+        under tensor parallelism when only decodekit's AllReduce can be captured (gloo: ranks sharing a GPU)."""
+        mode, rows = self.args.decode_graphs, self.args.max_num_seqs
         if mode == "auto":
-            mode = "cuda" if self.device.type == "cuda" and self.tp is None else "off"
-        if mode == "cuda" and self.tp is not None:
-            log.warning("CUDA graphs are not captured with tensor parallelism yet; decode steps run eagerly")
-            mode = "static"
+            mode = "cuda" if self.device.type == "cuda" else "off"
         if mode == "cuda":
             from decodekit.ops import _has_kernel
             if self.device.type != "cuda" or not _has_kernel("paged_attention", self.device):
                 log.warning("CUDA graphs need the CUDA paged_attention kernel; decode steps run eagerly")
                 mode = "off"
-        return mode
+        if mode == "cuda" and self.tp is not None:
+            c, plan = self.model_config, self.model.plan
+            cap = self.tp.graph_max_rows(c.hidden_size * self.dtype.itemsize, self.tp.world_size * plan.vocab_shard * 4)
+            if cap < 1:
+                log.warning("tensor parallelism over gloo without decodekit's AllReduce: no collective can be "
+                            "captured in a CUDA graph; decode steps run eagerly")
+                return "static", rows
+            if cap < rows:
+                log.warning("CUDA graphs for decode batches up to %d (decodekit's AllReduce buffers); larger "
+                            "batches run eagerly", cap)
+                rows = cap
+        return mode, rows
 
     def _profile_gpu_budget(self) -> int:
         """Bytes left for KV after weights and a max-size forward pass's activations."""

@@ -11,8 +11,15 @@ attend to one cached token of block 0, their logits are dropped) and run on the 
 static input buffers. On CUDA that forward pass is captured once per bucket in a CUDA graph
 and each step only copies its inputs in and replays it; elsewhere (mode "static") the same
 padded path runs eagerly, so the padding logic is tested without a GPU.
+
+Tensor parallelism: the driver's model is a TPDriverModel. Each bucket is then built on every rank
+(the driver sends ("bucket", ...) first, so all ranks warm up and capture in lockstep: the
+collectives inside the captured forward pass meet), and a bucketed step sends ("bucket_run", ...)
+with the step's host inputs before replaying the driver's own graph over its local shard.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -35,11 +42,22 @@ def copy_kv_blocks(kv_caches: list[tuple[torch.Tensor, torch.Tensor]], pairs: li
     ops.copy_blocks([k for k, _ in kv_caches], [v for _, v in kv_caches], mapping)
 
 
-class _DecodeBucket:
+@dataclass
+class BucketHost:
+    """What decode buckets run on: one rank's model (the local shard under tensor parallelism), its KV
+    caches, their device, the block-table width, and the CUDA graph memory pool its buckets share."""
+    model: object
+    kv_caches: list
+    device: torch.device
+    max_blocks_per_seq: int
+    graph_pool: object = None
+
+
+class DecodeBucket:
     """Static inputs (and on CUDA a captured graph) for decode batches of up to `size` rows."""
 
-    def __init__(self, runner: "ModelRunner", size: int, capture: bool):
-        dev, mb = runner.device, runner.max_blocks_per_seq
+    def __init__(self, host: BucketHost, size: int, capture: bool):
+        dev, mb = host.device, host.max_blocks_per_seq
         self.size = size
         self.input_ids = torch.zeros(size, dtype=torch.int64, device=dev)
         self.md = AttentionMetadata(
@@ -51,12 +69,12 @@ class _DecodeBucket:
             logits_indices=torch.arange(size, dtype=torch.int64, device=dev))
         self.graph = None
         self.logits = None
-        self.runner = runner
+        self.host = host
         if capture:
             self._capture()
 
-    def _forward(self) -> torch.Tensor:
-        return self.runner.model.forward(self.input_ids, self.md, self.runner.kv_caches)
+    def _forward(self) -> torch.Tensor | None:  # logits [size, vocab] (None on a tensor-parallel worker)
+        return self.host.model.forward(self.input_ids, self.md, self.host.kv_caches)
 
     def _capture(self) -> None:
         s = torch.cuda.Stream(self.input_ids.device)
@@ -66,11 +84,16 @@ class _DecodeBucket:
                 self._forward()
         torch.cuda.current_stream().wait_stream(s)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=self.runner.graph_pool):
+        with torch.cuda.graph(self.graph, pool=self.host.graph_pool):
             self.logits = self._forward()
-        self.runner.graph_pool = self.graph.pool()
+        self.host.graph_pool = self.graph.pool()
 
-    def run(self, ids, positions, slots, tables, seq_lens) -> torch.Tensor:
+    def run(self, ids: torch.Tensor,        # [B] int64, B <= size
+            positions: torch.Tensor,        # [B] int64
+            slots: torch.Tensor,            # [B] int64
+            tables: torch.Tensor,           # [B, nb] int32, nb <= max_blocks_per_seq
+            seq_lens: torch.Tensor          # [B] int32
+            ) -> torch.Tensor | None:       # logits [B, vocab] fp32 (None on a tensor-parallel worker)
         B = ids.shape[0]
         nb = tables.shape[1]
         md = self.md
@@ -83,8 +106,10 @@ class _DecodeBucket:
         md.seq_lens[B:].fill_(1)
         if self.graph is not None:
             self.graph.replay()
-            return self.logits[:B]
-        return self._forward()[:B]
+            logits = self.logits
+        else:
+            logits = self._forward()
+        return None if logits is None else logits[:B]
 
 
 class ModelRunner:
@@ -98,17 +123,23 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.kv_caches = model.allocate_kv_cache(num_blocks, block_size)
         self.max_blocks_per_seq = -(-(max_model_len or model.config.max_position_embeddings) // block_size)
-        self.graph_pool = None
-        self.buckets: list[_DecodeBucket] = []
+        self.tp_driver = getattr(self.kv_caches, "tp_driver", None)  # TPDriverModel under tensor parallelism
+        self.buckets: list[DecodeBucket] = []
         if decode_graphs not in ("off", "static", "cuda"):
             raise ValueError(f"decode_graphs must be off, static or cuda; got {decode_graphs!r}")
         if decode_graphs != "off":
+            local = self.tp_driver.local_model if self.tp_driver is not None else model
+            host = BucketHost(local, self.kv_caches, self.device, self.max_blocks_per_seq)
             sizes = [b for b in GRAPH_BATCH_SIZES if b <= max_batch]
             if not sizes or sizes[-1] < max_batch:
                 sizes.append(max_batch)
             # largest first, so the smaller graphs reuse the largest one's memory pool
             for b in sorted(sizes, reverse=True):
-                self.buckets.append(_DecodeBucket(self, b, capture=decode_graphs == "cuda"))
+                capture = decode_graphs == "cuda"
+                if self.tp_driver is not None:  # every worker builds (and captures) the same bucket with it
+                    self.buckets.append(self.tp_driver.build_decode_bucket(self.kv_caches, host, b, capture))
+                else:
+                    self.buckets.append(DecodeBucket(host, b, capture))
             self.buckets.sort(key=lambda b: b.size)
 
     def _to_dev(self, t: torch.Tensor) -> torch.Tensor:
@@ -173,7 +204,7 @@ class ModelRunner:
         seq_lens = (starts_t + counts_t).to(torch.int32)
         return torch.tensor(ids, dtype=torch.int64), positions, slots, bt, seq_lens, qsl, sample_rows
 
-    def _bucket_for(self, so: SchedulerOutput) -> _DecodeBucket | None:
+    def _bucket_for(self, so: SchedulerOutput) -> DecodeBucket | None:
         if not self.buckets or not all(sr.num_new_tokens == 1 and sr.will_sample for sr in so.scheduled):
             return None
         B = len(so.scheduled)
@@ -189,7 +220,9 @@ class ModelRunner:
         self.copy_blocks(so.blocks_to_copy)
         bucket = self._bucket_for(so)
         if bucket is not None:
-            ids, positions, slots, bt, seq_lens, _, _ = self._host_inputs(*self._seqs_of(so))
-            return bucket.run(*(self._to_dev(t) for t in (ids, positions, slots, bt, seq_lens)))
+            inputs = self._host_inputs(*self._seqs_of(so))[:5]  # ids, positions, slots, tables, seq_lens
+            if self.tp_driver is not None:
+                return self.tp_driver.run_decode_bucket(self.kv_caches, bucket, inputs, self._to_dev)
+            return bucket.run(*(self._to_dev(t) for t in inputs))
         input_ids, md = self.prepare(so)
         return self.model.forward(input_ids, md, self.kv_caches)
