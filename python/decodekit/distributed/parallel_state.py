@@ -204,6 +204,8 @@ def init_group(rank: int, world_size: int, device: torch.device, init_method: st
     backend = "nccl" if device.type == "cuda" and not ranks_share_gpu(world_size) else "gloo"
     timeout = datetime.timedelta(seconds=timeout_s)
     if device.type == "cuda":
+        if device.index is None:  # "cuda": rank r on GPU r % count (set_device needs an index)
+            device = torch.device("cuda", rank % max(1, torch.cuda.device_count()))
         torch.cuda.set_device(device)
         if backend == "gloo" and rank == 0:
             log.warning("tensor parallelism: %d ranks on this machine's %d GPU(s): NCCL refuses ranks that share "

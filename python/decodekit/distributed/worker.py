@@ -182,11 +182,10 @@ def worker_main(args, rank: int, world_size: int, init_method: str, threads: int
     logging.basicConfig(level=logging.WARNING)
     if threads:
         torch.set_num_threads(threads)
-    device, dtype = args.resolved_device(), args.resolved_dtype()
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", rank % torch.cuda.device_count())
-    tp = init_group(rank, world_size, device, init_method, args.tp_timeout, args.tp_allreduce,
+    dtype = args.resolved_dtype()
+    tp = init_group(rank, world_size, args.resolved_device(), init_method, args.tp_timeout, args.tp_allreduce,
                     args.tp_fused_allreduce)
+    device = tp.device
     try:
         if args.seed is not None:
             torch.manual_seed(args.seed)

@@ -133,6 +133,7 @@ class LLMEngine:
         a = self.args
         ShardPlan(load_config(a.model), 0, a.tensor_parallel_size)  # bad sizes fail before any process starts
         self.tp = launch_tensor_parallel(a, self.device)
+        self.device = self.tp.device  # "cuda" -> this rank's GPU
         try:
             loaded, local = load_shard(a, self.device, self.dtype, self.tp)
         except BaseException:
