@@ -81,6 +81,8 @@ inline void int4_rows_avx512(const uint8_t* qrow, const float* sc, const float* 
 //   out[n] = sum_g d[n,g] * dot(n, g) + extra(n) (+ bias[n]),
 // dot(n, g, a_lo, a_hi): the 16-lane partial products of row n's group g (unscaled);
 // extra(n): the format's per-row term (INT4: sum_g min[n,g] * asum_g; INT8: 0).
+// The vector ports bound this loop (not memory): the four rows' scales are converted 16 groups at
+// a time into a stack array, so each group's scale is a broadcast load, not a convert + broadcast.
 template <class T, class GroupDot, class RowExtra>
 void gemv4_g32_avx512(T* out, const float* a, const half_t* scales, const T* bias, int64_t N, int64_t K,
                       GroupDot dot, RowExtra extra) {
@@ -89,15 +91,20 @@ void gemv4_g32_avx512(T* out, const float* a, const half_t* scales, const T* bia
   for (int64_t nb = 0; nb < (N + 3) / 4; ++nb) {
     int64_t rows[4];
     __m512 acc[4];
+    alignas(64) float sc[4][16];  // sc[r][i]: row r's scale of group g0 + i
     for (int r = 0; r < 4; ++r) {
       rows[r] = std::min<int64_t>(nb * 4 + r, N - 1);
       acc[r] = _mm512_setzero_ps();
     }
-    for (int64_t g = 0; g < ng; ++g) {
-      const __m512 alo = _mm512_loadu_ps(a + g * 32), ahi = _mm512_loadu_ps(a + g * 32 + 16);
-      for (int r = 0; r < 4; ++r)
-        acc[r] = _mm512_fmadd_ps(dot(rows[r], g, alo, ahi), _mm512_set1_ps(_cvtsh_ss(scales[rows[r] * ng + g].bits)),
-                                 acc[r]);
+    for (int64_t g0 = 0; g0 < ng; g0 += 16) {
+      const int64_t gn = std::min<int64_t>(16, ng - g0);
+      for (int r = 0; r < 4; ++r) half_row_to_float(scales + rows[r] * ng + g0, sc[r], gn);
+      for (int64_t i = 0; i < gn; ++i) {
+        const int64_t g = g0 + i;
+        const __m512 alo = _mm512_loadu_ps(a + g * 32), ahi = _mm512_loadu_ps(a + g * 32 + 16);
+        for (int r = 0; r < 4; ++r)
+          acc[r] = _mm512_fmadd_ps(dot(rows[r], g, alo, ahi), _mm512_set1_ps(sc[r][i]), acc[r]);
+      }
     }
     for (int r = 0; r < 4 && nb * 4 + r < N; ++r) {
       float v = _mm512_reduce_add_ps(acc[r]) + extra(rows[r]);
@@ -111,13 +118,15 @@ template <class T>
 void int4_gemv_g32_avx512(T* out, const float* a, const float* asum, const uint8_t* qweight, const half_t* scales,
                           const half_t* mins, const T* bias, int64_t N, int64_t K) {
   const int64_t ng = K / 32, half = K / 2;
-  const __m512i low4 = _mm512_set1_epi32(15);
+  // float(q) for q = 0..15, looked up by vpermps, which reads only an index's low 4 bits: the low
+  // nibble straight from the widened byte, no mask and no int -> float conversion (same values)
+  const __m512 codes = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   gemv4_g32_avx512(out, a, scales, bias, N, K,
                    [&](int64_t n, int64_t g, __m512 alo, __m512 ahi) {  // low nibbles: 0..15, high: 16..31
                      const __m512i b = _mm512_cvtepu8_epi32(
                          _mm_loadu_si128(reinterpret_cast<const __m128i*>(qweight + n * half + g * 16)));
-                     const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(b, low4)), alo);
-                     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), ahi, t);
+                     const __m512 t = _mm512_mul_ps(_mm512_permutexvar_ps(b, codes), alo);
+                     return _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), codes), ahi, t);
                    },
                    [&](int64_t n) { return half_dot(mins + n * ng, asum, ng); });
 }
