@@ -212,6 +212,23 @@ inline float softmax_block16(float* s, int valid, float mx, OnlineSoftmax& sm) {
   return corr;
 }
 
+// The rest of a block once its scores s[0..valid) (max mx) are known: the online-softmax update
+// and acc = acc * corr + sum_j p_j v_j, the accumulator row in D / 16 zmm registers.
+template <int D>
+inline void attend_scores_avx512(const float* vf, int valid, float mx, OnlineSoftmax& sm, float* acc, float* s) {
+  constexpr int NC = D / 16;
+  const float corr = valid <= 16 ? softmax_block16(s, valid, mx, sm) : softmax_block(s, valid, mx, sm);
+  __m512 a[NC];
+  const __m512 cv = _mm512_set1_ps(corr);
+  for (int c = 0; c < NC; ++c) a[c] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * c), cv);
+  for (int j = 0; j < valid; ++j) {
+    const __m512 p = _mm512_set1_ps(s[j]);
+    const float* vr = vf + size_t(j) * D;
+    for (int c = 0; c < NC; ++c) a[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), a[c]);
+  }
+  for (int c = 0; c < NC; ++c) _mm512_storeu_ps(acc + 16 * c, a[c]);
+}
+
 // attend_block for a compile-time head_dim D (a multiple of 16): q and the accumulator row
 // stay in D / 16 zmm registers for the whole block (no reload/store per key).
 template <int D>
@@ -245,17 +262,44 @@ inline void attend_block_avx512(const float* q, const float* kf, const float* vf
     s[j] = dot;
     mx = std::max(mx, dot);
   }
-  const float corr = valid <= 16 ? softmax_block16(s, valid, mx, sm) : softmax_block(s, valid, mx, sm);
-  __m512 a[NC];
-  const __m512 cv = _mm512_set1_ps(corr);
-  for (int c = 0; c < NC; ++c) a[c] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * c), cv);
-  for (int j = 0; j < valid; ++j) {
-    const __m512 p = _mm512_set1_ps(s[j]);
-    const float* vr = vf + size_t(j) * D;
-    for (int c = 0; c < NC; ++c) a[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), a[c]);
-  }
-  for (int c = 0; c < NC; ++c) _mm512_storeu_ps(acc + 16 * c, a[c]);
+  attend_scores_avx512<D>(vf, valid, mx, sm, acc, s);
 }
+
+#if defined(__AVX512BF16__)
+// attend_block_avx512 for a bf16 query and bf16 cache: the scores straight from the cache's bf16
+// rows by vdpbf16ps (products of bf16 are exact in fp32; fp32 sums), times qscale afterwards --
+// no fp32 copy of the block's keys. qb: the unscaled query row (D bf16).
+template <int D>
+inline void attend_block_bf16k(const bf16_t* qb, float qscale, const bf16_t* kb, const float* vf, int valid,
+                               OnlineSoftmax& sm, float* acc, float* s) {
+  static_assert(D % 32 == 0, "D must be a multiple of 32");
+  constexpr int NC = D / 32;
+  __m512bh qv[NC];
+  for (int c = 0; c < NC; ++c) qv[c] = (__m512bh)_mm512_loadu_si512(qb + 32 * c);
+  const __m512 qs = _mm512_set1_ps(qscale);
+  float mx = -INFINITY;
+  int j = 0;
+  if (valid == 16) {
+    __m512 t[16];
+    for (; j < 16; ++j) {
+      const bf16_t* kr = kb + size_t(j) * D;
+      t[j] = _mm512_dpbf16_ps(_mm512_setzero_ps(), qv[0], (__m512bh)_mm512_loadu_si512(kr));
+      for (int c = 1; c < NC; ++c) t[j] = _mm512_dpbf16_ps(t[j], qv[c], (__m512bh)_mm512_loadu_si512(kr + 32 * c));
+    }
+    const __m512 sums = _mm512_mul_ps(hsum16(t), qs);
+    _mm512_storeu_ps(s, sums);
+    mx = _mm512_reduce_max_ps(sums);
+  }
+  for (; j < valid; ++j) {
+    const bf16_t* kr = kb + size_t(j) * D;
+    __m512 t = _mm512_dpbf16_ps(_mm512_setzero_ps(), qv[0], (__m512bh)_mm512_loadu_si512(kr));
+    for (int c = 1; c < NC; ++c) t = _mm512_dpbf16_ps(t, qv[c], (__m512bh)_mm512_loadu_si512(kr + 32 * c));
+    s[j] = _mm512_reduce_add_ps(t) * qscale;
+    mx = std::max(mx, s[j]);
+  }
+  attend_scores_avx512<D>(vf, valid, mx, sm, acc, s);
+}
+#endif
 #endif
 
 struct PagedAttentionParams {
@@ -286,6 +330,12 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
   const int D = P.L.head_dim, bs = P.L.block_size, Hk = P.L.num_kv_heads;
   const int group = P.num_q_heads / Hk;
   constexpr int64_t kTile = 16;  // query tokens per work item
+  // bf16 query and cache: scores by vdpbf16ps from the cache's own rows (head_dim 64 / 128)
+#if defined(__AVX512BF16__)
+  constexpr bool kBf16Scores = std::is_same_v<T, bf16_t> && std::is_same_v<C, bf16_t>;
+#else
+  constexpr bool kBf16Scores = false;
+#endif
   std::vector<AttnWork> work;
   for (int s = 0; s < P.num_seqs; ++s)
     for (int64_t t0 = query_start[s]; t0 < query_start[s + 1]; t0 += kTile)
@@ -300,6 +350,7 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
         sc(size_t(max_rows) * bs);
     std::vector<OnlineSoftmax> sm(max_rows);
     std::vector<int64_t> last(max_rows);
+    std::vector<bf16_t> qb(kBf16Scores ? size_t(max_rows) * D : 0);  // unscaled bf16 query rows
 #pragma omp for schedule(dynamic, 1)
     for (size_t w = 0; w < work.size(); ++w) {
       const AttnWork W = work[w];
@@ -313,6 +364,7 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
           const int r = int(t - W.t0) * group + g;
           const T* src = query + t * P.q_stride + int64_t(W.h * group + g) * D;
           for (int d = 0; d < D; ++d) q[size_t(r) * D + d] = to_float(src[d]) * qscale;
+          if constexpr (kBf16Scores) std::copy_n(src, D, &qb[size_t(r) * D]);
           last[r] = causal_last_key(ctx, n, t - query_start[W.s]);
           sm[r].init();
         }
@@ -332,7 +384,8 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
             __builtin_prefetch(vn + off);
           }
         }
-        cache_row_to_float(key_cache + base, kf.data(), nk * D);
+        const bool bf16_scores = kBf16Scores && (D == 128 || D == 64);
+        if (!bf16_scores) cache_row_to_float(key_cache + base, kf.data(), nk * D);
         cache_row_to_float(value_cache + base, vf.data(), nk * D);
         for (int r = 0; r < rows; ++r) {
           const int valid = int(std::min<int64_t>(nk, last[r] + 1 - k0));  // causal mask
@@ -340,6 +393,14 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
           const float* qr = &q[size_t(r) * D];
           float* ar = &acc[size_t(r) * D];
           float* s = &sc[size_t(r) * bs];
+#if defined(__AVX512BF16__)
+          if constexpr (kBf16Scores) {
+            const bf16_t* qbr = &qb[size_t(r) * D];
+            const bf16_t* kb = reinterpret_cast<const bf16_t*>(key_cache + base);
+            if (D == 128) { attend_block_bf16k<128>(qbr, qscale, kb, vf.data(), valid, sm[r], ar, s); continue; }
+            if (D == 64) { attend_block_bf16k<64>(qbr, qscale, kb, vf.data(), valid, sm[r], ar, s); continue; }
+          }
+#endif
 #if defined(__AVX512F__)
           if (D == 128) { attend_block_avx512<128>(qr, kf.data(), vf.data(), valid, sm[r], ar, s); continue; }
           if (D == 64) { attend_block_avx512<64>(qr, kf.data(), vf.data(), valid, sm[r], ar, s); continue; }
