@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 log = logging.getLogger("decodekit.distributed")
 
+
 class TPWorkerError(RuntimeError):
     """A tensor-parallel peer died or stopped answering; the engine cannot continue."""
 

@@ -214,7 +214,7 @@ def _serve_commands(model: LlamaModel, tp: TPGroup) -> None:
                 model.forward(_to_device(ids, model.device), _to_device(md, model.device), pools[pid], num_layers)
             elif op == "bucket_run":
                 _, pid, size, *inputs = cmd
-                buckets[(pid, size)].run(*(t.to(model.device, non_blocking=True) for t in inputs))
+                buckets[(pid, size)].run(*(_to_device(t, model.device) for t in inputs))
             elif op == "bucket":
                 _, pid, size, max_blocks, capture = cmd
                 if pid not in hosts:
