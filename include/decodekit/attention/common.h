@@ -48,6 +48,7 @@ struct OnlineSoftmax {
   // accumulator must be scaled (exp(old_m - new_m)) and updates m. Add the chunk's
   // exp(s - m) terms to l afterwards with add().
   DK_HD float rescale(float chunk_max) {
+    if (chunk_max <= m) return 1.f;  // max unchanged: exp(0), no exp call
     const float nm = chunk_max > m ? chunk_max : m;
     const float corr = (m == -INFINITY) ? 0.f : expf(m - nm);
     l *= corr;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "decodekit/attention/common.h"
+#include "decodekit/attention/cpu_avx512.h"
 #include "decodekit/common/dtype.h"
 #include "decodekit/common/fp8.h"
 
@@ -123,7 +124,7 @@ inline void copy_blocks(char* cache,              // [num_blocks, block_bytes] b
     std::memcpy(cache + mapping[2 * i + 1] * block_bytes, cache + mapping[2 * i] * block_bytes, size_t(block_bytes));
 }
 
-// The online-softmax step shared by both attend_block versions: s[0..valid) holds the block's
+// The online-softmax step of the scalar attend_block: s[0..valid) holds the block's
 // scores (max mx); turns them into exp(s - m) with the updated running max, folds their sum
 // into sm and returns the factor the accumulator must be scaled by.
 inline float softmax_block(float* s, int valid, float mx, OnlineSoftmax& sm) {
@@ -164,144 +165,6 @@ inline void attend_block(const float* q, const float* kf, const float* vf, int v
   }
 }
 
-#if defined(__AVX512F__)
-// out[j] = sum of v[j]'s 16 lanes, for 16 vectors at once (45 instructions instead of 16
-// horizontal reductions): pairwise unpack+add at 32 and 64 bits, then across 128-bit lanes.
-inline __m512 hsum16(const __m512 (&v)[16]) {
-  __m512 a[8], b[4];
-  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [v2i(0+2), v2i+1(0+2), v2i(1+3), v2i+1(1+3)]
-    a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  for (int k = 0; k < 4; ++k) {  // per 128-bit lane: the lane sums of v4k .. v4k+3
-    const __m512d x = _mm512_castps_pd(a[2 * k]), y = _mm512_castps_pd(a[2 * k + 1]);
-    b[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-  }
-  const __m512 d01 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm512_shuffle_f32x4(b[0], b[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  const __m512 d23 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm512_shuffle_f32x4(b[2], b[3], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(d01, d23, _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(d01, d23, _MM_SHUFFLE(3, 1, 3, 1)));
-}
-
-// exp_nonpos on 16 lanes (the same range reduction and polynomial, with FMAs).
-inline __m512 exp_nonpos16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.3981999507e-3f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-}
-
-// softmax_block for up to 16 scores in one vector (the scalar loop's exp did not vectorize
-// for a run-time count and dominated the decode kernel).
-inline float softmax_block16(float* s, int valid, float mx, OnlineSoftmax& sm) {
-  const float corr = sm.rescale(mx);
-  const __mmask16 k = valid >= 16 ? __mmask16(0xffff) : __mmask16((1u << valid) - 1u);
-  const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, s), _mm512_set1_ps(sm.m));
-  const __m512 p = _mm512_maskz_mov_ps(k, exp_nonpos16(x));
-  _mm512_mask_storeu_ps(s, k, p);
-  sm.add(_mm512_reduce_add_ps(p));
-  return corr;
-}
-
-// The rest of a block once its scores s[0..valid) (max mx) are known: the online-softmax update
-// and acc = acc * corr + sum_j p_j v_j, the accumulator row in D / 16 zmm registers.
-template <int D>
-inline void attend_scores_avx512(const float* vf, int valid, float mx, OnlineSoftmax& sm, float* acc, float* s) {
-  constexpr int NC = D / 16;
-  const float corr = valid <= 16 ? softmax_block16(s, valid, mx, sm) : softmax_block(s, valid, mx, sm);
-  __m512 a[NC];
-  const __m512 cv = _mm512_set1_ps(corr);
-  for (int c = 0; c < NC; ++c) a[c] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * c), cv);
-  for (int j = 0; j < valid; ++j) {
-    const __m512 p = _mm512_set1_ps(s[j]);
-    const float* vr = vf + size_t(j) * D;
-    for (int c = 0; c < NC; ++c) a[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), a[c]);
-  }
-  for (int c = 0; c < NC; ++c) _mm512_storeu_ps(acc + 16 * c, a[c]);
-}
-
-// attend_block for a compile-time head_dim D (a multiple of 16): q and the accumulator row
-// stay in D / 16 zmm registers for the whole block (no reload/store per key).
-template <int D>
-inline void attend_block_avx512(const float* q, const float* kf, const float* vf, int valid, OnlineSoftmax& sm,
-                                float* acc, float* s) {
-  static_assert(D % 16 == 0, "D must be a multiple of 16");
-  constexpr int NC = D / 16;
-  __m512 qv[NC];
-  for (int c = 0; c < NC; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
-  float mx = -INFINITY;
-  if (valid == 16) {  // a full block: 16 dot products, reduced together by a transpose tree
-    __m512 t[16];
-    for (int j = 0; j < 16; ++j) {
-      const float* kr = kf + size_t(j) * D;
-      t[j] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
-      for (int c = 1; c < NC; ++c) t[j] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), t[j]);
-    }
-    const __m512 sums = hsum16(t);  // sums[j] = sum of t[j]'s lanes
-    _mm512_storeu_ps(s, sums);
-    mx = _mm512_reduce_max_ps(sums);
-  }
-  for (int j = valid == 16 ? 16 : 0; j < valid; ++j) {
-    const float* kr = kf + size_t(j) * D;
-    __m512 t0 = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
-    __m512 t1 = _mm512_mul_ps(qv[1], _mm512_loadu_ps(kr + 16));
-    for (int c = 2; c < NC; c += 2) {
-      t0 = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), t0);
-      t1 = _mm512_fmadd_ps(qv[c + 1], _mm512_loadu_ps(kr + 16 * c + 16), t1);
-    }
-    const float dot = _mm512_reduce_add_ps(_mm512_add_ps(t0, t1));
-    s[j] = dot;
-    mx = std::max(mx, dot);
-  }
-  attend_scores_avx512<D>(vf, valid, mx, sm, acc, s);
-}
-
-#if defined(__AVX512BF16__)
-// attend_block_avx512 for a bf16 query and bf16 cache: the scores straight from the cache's bf16
-// rows by vdpbf16ps (products of bf16 are exact in fp32; fp32 sums), times qscale afterwards --
-// no fp32 copy of the block's keys. qb: the unscaled query row (D bf16).
-template <int D>
-inline void attend_block_bf16k(const bf16_t* qb, float qscale, const bf16_t* kb, const float* vf, int valid,
-                               OnlineSoftmax& sm, float* acc, float* s) {
-  static_assert(D % 32 == 0, "D must be a multiple of 32");
-  constexpr int NC = D / 32;
-  __m512bh qv[NC];
-  for (int c = 0; c < NC; ++c) qv[c] = (__m512bh)_mm512_loadu_si512(qb + 32 * c);
-  const __m512 qs = _mm512_set1_ps(qscale);
-  float mx = -INFINITY;
-  int j = 0;
-  if (valid == 16) {
-    __m512 t[16];
-    for (; j < 16; ++j) {
-      const bf16_t* kr = kb + size_t(j) * D;
-      t[j] = _mm512_dpbf16_ps(_mm512_setzero_ps(), qv[0], (__m512bh)_mm512_loadu_si512(kr));
-      for (int c = 1; c < NC; ++c) t[j] = _mm512_dpbf16_ps(t[j], qv[c], (__m512bh)_mm512_loadu_si512(kr + 32 * c));
-    }
-    const __m512 sums = _mm512_mul_ps(hsum16(t), qs);
-    _mm512_storeu_ps(s, sums);
-    mx = _mm512_reduce_max_ps(sums);
-  }
-  for (; j < valid; ++j) {
-    const bf16_t* kr = kb + size_t(j) * D;
-    __m512 t = _mm512_dpbf16_ps(_mm512_setzero_ps(), qv[0], (__m512bh)_mm512_loadu_si512(kr));
-    for (int c = 1; c < NC; ++c) t = _mm512_dpbf16_ps(t, qv[c], (__m512bh)_mm512_loadu_si512(kr + 32 * c));
-    s[j] = _mm512_reduce_add_ps(t) * qscale;
-    mx = std::max(mx, s[j]);
-  }
-  attend_scores_avx512<D>(vf, valid, mx, sm, acc, s);
-}
-#endif
-#endif
-
 struct PagedAttentionParams {
   int64_t num_tokens;      // T: all sequences' new tokens
   int num_seqs;            // S
@@ -330,12 +193,15 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
   const int D = P.L.head_dim, bs = P.L.block_size, Hk = P.L.num_kv_heads;
   const int group = P.num_q_heads / Hk;
   constexpr int64_t kTile = 16;  // query tokens per work item
-  // bf16 query and cache: scores by vdpbf16ps from the cache's own rows (head_dim 64 / 128)
-#if defined(__AVX512BF16__)
-  constexpr bool kBf16Scores = std::is_same_v<T, bf16_t> && std::is_same_v<C, bf16_t>;
+  // E: the element type the vector kernel reads -- the cache itself, or for fp8 an fp32 copy of
+  // each block (converted once per block, shared by all rows of the work item).
+  using E = std::conditional_t<kIsFp8<C>, float, C>;
+#if defined(__AVX512F__)
+  const bool vec = D == 64 || D == 128 || D == 256;  // attend_rows' head dims
 #else
-  constexpr bool kBf16Scores = false;
+  const bool vec = false;
 #endif
+  const bool convert = !vec || kIsFp8<C>;  // blocks go through the fp32 copies kf / vf
   std::vector<AttnWork> work;
   for (int s = 0; s < P.num_seqs; ++s)
     for (int64_t t0 = query_start[s]; t0 < query_start[s + 1]; t0 += kTile)
@@ -346,25 +212,29 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
 #pragma omp parallel if (total_keys * P.num_q_heads * D >= kParallelGrain)
   {
     const int max_rows = int(kTile) * group;
-    std::vector<float> q(size_t(max_rows) * D), acc(size_t(max_rows) * D), kf(size_t(bs) * D), vf(size_t(bs) * D),
-        sc(size_t(max_rows) * bs);
+    std::vector<float> q(size_t(max_rows) * D), acc(size_t(max_rows) * D), qrow(static_cast<size_t>(D)),
+        kf(convert ? size_t(bs) * D : 0), vf(convert ? size_t(bs) * D : 0), sc(size_t(max_rows) * bs);
     std::vector<OnlineSoftmax> sm(max_rows);
     std::vector<int64_t> last(max_rows);
-    std::vector<bf16_t> qb(kBf16Scores ? size_t(max_rows) * D : 0);  // unscaled bf16 query rows
 #pragma omp for schedule(dynamic, 1)
     for (size_t w = 0; w < work.size(); ++w) {
       const AttnWork W = work[w];
       const int64_t n = query_start[W.s + 1] - query_start[W.s];
       const int64_t ctx = seq_lens[W.s];
       const int rows = int(W.t1 - W.t0) * group;
-      // Gather the tile's queries (all heads of the group), pre-scaled, in fp32.
+      // Gather the tile's queries (all heads of the group), pre-scaled, in fp32 (chunk order
+      // for the vector kernel).
       const float qscale = P.scale * kvs.key(W.h);
       for (int64_t t = W.t0; t < W.t1; ++t)
         for (int g = 0; g < group; ++g) {
           const int r = int(t - W.t0) * group + g;
           const T* src = query + t * P.q_stride + int64_t(W.h * group + g) * D;
-          for (int d = 0; d < D; ++d) q[size_t(r) * D + d] = to_float(src[d]) * qscale;
-          if constexpr (kBf16Scores) std::copy_n(src, D, &qb[size_t(r) * D]);
+          float* qr = &q[size_t(r) * D];
+          for (int d = 0; d < D; ++d) qrow[size_t(d)] = to_float(src[d]) * qscale;
+#if defined(__AVX512F__)
+          if (vec) to_chunk_order<E>(qrow.data(), qr, D); else
+#endif
+          std::copy_n(qrow.data(), D, qr);
           last[r] = causal_last_key(ctx, n, t - query_start[W.s]);
           sm[r].init();
         }
@@ -374,46 +244,69 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
       for (int64_t k0 = 0; k0 <= tile_last; k0 += bs) {
         const int nk = int(std::min<int64_t>(bs, tile_last + 1 - k0));
         const int64_t base = P.L.row(table[k0 / bs], W.h, 0);
-        if (k0 + bs <= tile_last) {  // the next block is a random page: start its loads now
-          const int64_t next = P.L.row(table[k0 / bs + 1], W.h, 0);
-          const int64_t bytes = int64_t(bs) * D * int64_t(sizeof(C));
-          const char* kn = reinterpret_cast<const char*>(key_cache + next);
-          const char* vn = reinterpret_cast<const char*>(value_cache + next);
-          for (int64_t off = 0; off < bytes; off += 64) {
-            __builtin_prefetch(kn + off);
-            __builtin_prefetch(vn + off);
-          }
+        // The next block is a random page: start its loads now (the vector kernel spreads its
+        // prefetches over the block's keys; the converting paths issue them up front).
+        const bool has_next = k0 + bs <= tile_last;
+        const int64_t next = has_next ? P.L.row(table[k0 / bs + 1], W.h, 0) : 0;
+        const char* next_k = has_next ? reinterpret_cast<const char*>(key_cache + next) : nullptr;
+        const char* next_v = has_next ? reinterpret_cast<const char*>(value_cache + next) : nullptr;
+        if (convert) {
+          if (has_next)
+            for (int64_t off = 0; off < int64_t(bs) * D * int64_t(sizeof(C)); off += 64) {
+              __builtin_prefetch(next_k + off);
+              __builtin_prefetch(next_v + off);
+            }
+          next_k = next_v = nullptr;
+          cache_row_to_float(key_cache + base, kf.data(), nk * D);
+          cache_row_to_float(value_cache + base, vf.data(), nk * D);
         }
-        const bool bf16_scores = kBf16Scores && (D == 128 || D == 64);
-        if (!bf16_scores) cache_row_to_float(key_cache + base, kf.data(), nk * D);
-        cache_row_to_float(value_cache + base, vf.data(), nk * D);
-        for (int r = 0; r < rows; ++r) {
-          const int valid = int(std::min<int64_t>(nk, last[r] + 1 - k0));  // causal mask
-          if (valid <= 0) continue;
-          const float* qr = &q[size_t(r) * D];
-          float* ar = &acc[size_t(r) * D];
-          float* s = &sc[size_t(r) * bs];
-#if defined(__AVX512BF16__)
-          if constexpr (kBf16Scores) {
-            const bf16_t* qbr = &qb[size_t(r) * D];
-            const bf16_t* kb = reinterpret_cast<const bf16_t*>(key_cache + base);
-            if (D == 128) { attend_block_bf16k<128>(qbr, qscale, kb, vf.data(), valid, sm[r], ar, s); continue; }
-            if (D == 64) { attend_block_bf16k<64>(qbr, qscale, kb, vf.data(), valid, sm[r], ar, s); continue; }
+        if (!vec) {
+          for (int r = 0; r < rows; ++r) {
+            const int valid = int(std::min<int64_t>(nk, last[r] + 1 - k0));  // causal mask
+            if (valid > 0)
+              attend_block(&q[size_t(r) * D], kf.data(), vf.data(), valid, D, sm[r], &acc[size_t(r) * D],
+                           &sc[size_t(r) * bs]);
           }
-#endif
+          continue;
+        }
 #if defined(__AVX512F__)
-          if (D == 128) { attend_block_avx512<128>(qr, kf.data(), vf.data(), valid, sm[r], ar, s); continue; }
-          if (D == 64) { attend_block_avx512<64>(qr, kf.data(), vf.data(), valid, sm[r], ar, s); continue; }
-#endif
-          attend_block(qr, kf.data(), vf.data(), valid, D, sm[r], ar, s);
+        const E* kb;
+        const E* vb;
+        if constexpr (kIsFp8<C>) {
+          kb = kf.data();
+          vb = vf.data();
+        } else {
+          kb = key_cache + base;
+          vb = value_cache + base;
         }
+        // up to 4 consecutive rows that see the same keys (a decode token's GQA group) at once
+        for (int r0 = 0; r0 < rows;) {
+          const int valid = int(std::min<int64_t>(nk, last[r0] + 1 - k0));  // causal mask
+          int nr = 1;
+          while (nr < 4 && r0 + nr < rows && std::min<int64_t>(nk, last[r0 + nr] + 1 - k0) == valid) ++nr;
+          if (valid > 0) {
+            attend_rows<E>(D, nr, &q[size_t(r0) * D], kb, vb, valid, &sm[r0], &acc[size_t(r0) * D],
+                           &sc[size_t(r0) * bs], bs, next_k, next_v);
+            next_k = next_v = nullptr;  // prefetched once per block
+          }
+          r0 += nr;
+        }
+#endif
       }
       for (int r = 0; r < rows; ++r) {
         const int64_t t = W.t0 + r / group;
         const int head = W.h * group + r % group;
         const float inv = kvs.value(W.h) / sm[r].l;
+        const float* ar = &acc[size_t(r) * D];
         T* o = out + (t * P.num_q_heads + head) * int64_t(D);
-        for (int d = 0; d < D; ++d) o[d] = from_float<T>(acc[size_t(r) * D + d] * inv);
+#if defined(__AVX512F__)
+        if (vec) {
+          for (int d = 0; d < D; ++d) o[d] = from_float<T>(from_chunk_order<E>(ar, d) * inv);
+        } else
+#endif
+        {
+          for (int d = 0; d < D; ++d) o[d] = from_float<T>(ar[d] * inv);
+        }
         if (lse) lse[t * P.num_q_heads + head] = sm[r].lse();
       }
     }
