@@ -85,6 +85,48 @@ def test_paged_attention_fp8(case, config, scales, dtype, device, gen):
     assert_close(lse, want_lse, torch.float32, f"fp8 lse {case}")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("d", [64, 128, 96])
+def test_paged_attention_fp8_every_code(d, device, gen):
+    """Every finite e4m3 code (subnormals, zeros, +-448) as a key and as a value element, read by
+    each kernel path (vector head dims 64/128, the scalar one for 96); a NaN code in one used
+    value element makes exactly that element of that sequence's KV-head outputs NaN, as in the
+    reference."""
+    hq, hk, bs = 6, 2, 16
+    finite = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
+    n = finite.numel()  # 254 codes
+    ctx = [n, 37]
+    nb = sum((c + bs - 1) // bs for c in ctx)
+    codes = finite[torch.randint(0, n, (nb, hk, bs, d), generator=gen)]
+    codes.view(nb, hk, bs * d)[:, 0, :n] = finite[torch.randperm(n, generator=gen)]  # each code at least once
+    kc = codes.view(FP8).contiguous()
+    vc = codes[torch.randperm(nb, generator=gen)].view(FP8).contiguous()
+    kc.view(torch.uint8)[..., 0] = 0  # keep the scores moderate: key elements small enough ...
+    q = randn((2, hq, d), torch.float32, "cpu", gen, scale=1e-3)  # ... and queries tiny
+    need = [(c + bs - 1) // bs for c in ctx]
+    bt = torch.full((2, max(need)), -5, dtype=torch.int32)
+    bt[0, :need[0]] = torch.arange(need[0], dtype=torch.int32)
+    bt[1, :need[1]] = torch.arange(need[0], need[0] + need[1], dtype=torch.int32)
+    lens = torch.tensor(ctx, dtype=torch.int32)
+    qsl = torch.tensor([0, 1, 2], dtype=torch.int32)
+    ks, vs = torch.tensor([0.75, 0.5]), torch.tensor([0.25, 1.5])
+    args = [t.to(device) for t in (q, kc, vc, bt, lens, qsl)]
+    out = torch.full_like(args[0], float("nan"))
+    ops.paged_attention(*args, d ** -0.5, out=out, k_scale=ks.to(device), v_scale=vs.to(device))
+    want, _ = ref.paged_attention(q.double(), kc, vc, bt, lens, qsl, d ** -0.5, ks, vs)
+    assert_close(out, want, torch.float32, f"fp8 every code d={d}")
+    # a NaN code in sequence 1's used value rows, KV head 1
+    blk = int(bt[1, 1])
+    vc.view(torch.uint8)[blk, 1, 3, 5] = 0xFF
+    args[2] = vc.to(device)
+    out.fill_(0.0)
+    ops.paged_attention(*args, d ** -0.5, out=out, k_scale=ks.to(device), v_scale=vs.to(device))
+    out = out.cpu()
+    nan = torch.zeros_like(out, dtype=torch.bool)
+    nan[1, 3:, 5] = True  # element 5 of the KV head's query heads, in that sequence only
+    assert torch.equal(out.isnan(), nan), f"NaN at {out.isnan().nonzero().tolist()}"
+
+
 def test_fp8_dequantize_matches_torch():
     """The reference's dequantization is torch's exact float8 -> float conversion times the scale."""
     codes = torch.arange(256, dtype=torch.uint8).view(FP8).reshape(1, 1, 16, 16)

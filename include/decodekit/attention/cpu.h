@@ -1,6 +1,8 @@
 // CPU kernels for the paged KV cache: reshape_and_cache and paged_attention (torch-free).
 // Parallel over (sequence, KV head, query tile); every query head of a GQA group is
-// processed together so each K/V row is converted and read once per tile.
+// processed together so each K/V row is converted and read once per tile. With AVX-512 and
+// head_dim 64/128/256 the cache is read in place by attend_rows (cpu_avx512.h); otherwise each
+// block is converted to fp32 and the scalar attend_block runs.
 #pragma once
 #include <algorithm>
 #include <array>
@@ -193,15 +195,19 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
   const int D = P.L.head_dim, bs = P.L.block_size, Hk = P.L.num_kv_heads;
   const int group = P.num_q_heads / Hk;
   constexpr int64_t kTile = 16;  // query tokens per work item
-  // E: the element type the vector kernel reads -- the cache itself, or for fp8 an fp32 copy of
-  // each block (converted once per block, shared by all rows of the work item).
-  using E = std::conditional_t<kIsFp8<C>, float, C>;
+  // E: the element type the vector kernel reads -- the cache itself (fp8 read as 2^-8 times its
+  // value, the 256 folded into the query and output scales), or, for fp8 without AVX-512 BW/VL,
+  // an fp32 copy of each block (converted once per block, shared by all rows of the work item).
 #if defined(__AVX512F__)
+  constexpr bool kFp8Direct = kIsFp8<C> && kFp8Chunks;
   const bool vec = D == 64 || D == 128 || D == 256;  // attend_rows' head dims
 #else
+  constexpr bool kFp8Direct = false;
   const bool vec = false;
 #endif
-  const bool convert = !vec || kIsFp8<C>;  // blocks go through the fp32 copies kf / vf
+  using E = std::conditional_t<kIsFp8<C> && !kFp8Direct, float, C>;
+  const float fp8_unit = kFp8Direct && vec ? 256.0f : 1.0f;  // exact power of two
+  const bool convert = !vec || (kIsFp8<C> && !kFp8Direct);  // blocks go through the fp32 copies kf / vf
   std::vector<AttnWork> work;
   for (int s = 0; s < P.num_seqs; ++s)
     for (int64_t t0 = query_start[s]; t0 < query_start[s + 1]; t0 += kTile)
@@ -224,7 +230,7 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
       const int rows = int(W.t1 - W.t0) * group;
       // Gather the tile's queries (all heads of the group), pre-scaled, in fp32 (chunk order
       // for the vector kernel).
-      const float qscale = P.scale * kvs.key(W.h);
+      const float qscale = P.scale * kvs.key(W.h) * fp8_unit;
       for (int64_t t = W.t0; t < W.t1; ++t)
         for (int g = 0; g < group; ++g) {
           const int r = int(t - W.t0) * group + g;
@@ -272,7 +278,7 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
 #if defined(__AVX512F__)
         const E* kb;
         const E* vb;
-        if constexpr (kIsFp8<C>) {
+        if constexpr (kIsFp8<C> && !kFp8Direct) {
           kb = kf.data();
           vb = vf.data();
         } else {
@@ -296,7 +302,7 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
       for (int r = 0; r < rows; ++r) {
         const int64_t t = W.t0 + r / group;
         const int head = W.h * group + r % group;
-        const float inv = kvs.value(W.h) / sm[r].l;
+        const float inv = kvs.value(W.h) * fp8_unit / sm[r].l;
         const float* ar = &acc[size_t(r) * D];
         T* o = out + (t * P.num_q_heads + head) * int64_t(D);
 #if defined(__AVX512F__)

@@ -8,7 +8,8 @@
 // the even and the odd elements (a 32-bit lane holds elements 2i, 2i+1: a shift and a mask give
 // them as fp32, with no shuffle); the query and accumulator rows are kept in that same order
 // (to_chunk_order / from_chunk_order), which leaves dot products and the per-element P.V sums
-// unchanged. fp16 (hardware conversion) and fp32 rows are read in natural order.
+// unchanged. fp16 (hardware conversion), fp8 e4m3 (via fp16, scaled by 2^-8) and fp32 rows
+// are read in natural order.
 #pragma once
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -18,6 +19,7 @@
 
 #include "decodekit/attention/common.h"
 #include "decodekit/common/dtype.h"
+#include "decodekit/common/fp8.h"
 
 // GCC 12 reports the register arrays below (and its own intrinsics' undefined operands) as
 // maybe-uninitialized at -O3; every element read is written first.
@@ -44,6 +46,33 @@ template <> struct Chunk32<half_t> {
     hi = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16)));
   }
 };
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+// fp8 e4m3, read as 2^-8 times its value (the caller folds the 256 into its scales): the byte
+// sign-extended to 16 bits and shifted left by 7 puts the sign at bit 15 (and 14) and
+// exponent+mantissa at bits 7..13; masking bit 14 leaves an fp16 whose exponent bias is 8 too
+// large -- subnormals included, exactly -- which the hardware widens to fp32 (vcvtph2ps does
+// not consult MXCSR.DAZ). The NaN code S.1111.111 is patched in, so every code converts as
+// fp8_e4m3_to_float(code) / 256.
+inline constexpr bool kFp8Chunks = true;
+inline constexpr float kFp8ChunkScale = 256.0f;
+template <> struct Chunk32<fp8_e4m3_t> {
+  static constexpr bool kPairOrder = false;
+  static inline __m512 load16(const fp8_e4m3_t* p) {
+    const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i h = _mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(int16_t(0xbf80)));
+    const __m256i em = _mm256_set1_epi16(0x3f80);
+    const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, em), em);
+    return _mm512_mask_mov_ps(_mm512_cvtph_ps(h), nan, _mm512_set1_ps(NAN));
+  }
+  static inline void load(const fp8_e4m3_t* p, __m512& lo, __m512& hi) {
+    lo = load16(p);
+    hi = load16(p + 16);
+  }
+};
+#else
+inline constexpr bool kFp8Chunks = false;
+inline constexpr float kFp8ChunkScale = 1.0f;
+#endif
 template <> struct Chunk32<float> {
   static constexpr bool kPairOrder = false;
   static inline void load(const float* p, __m512& lo, __m512& hi) {
