@@ -131,13 +131,16 @@ def test_preemption_with_speculation(prompts):
     assert_no_leaks(spec)
 
 
-def test_seeded_sampling_reproducible_and_distribution_matches_plain():
+@pytest.mark.parametrize("method", ["ngram", "layerskip"])
+def test_seeded_sampling_reproducible_and_distribution_matches_plain(method):
     """temperature > 0: the same seed gives the same tokens; and the first three
     tokens' distribution under speculation matches plain sampling (two-sample chi-square on the
-    joint outcomes of 400 samples each; the verification is exact, so this only fails with probability ~1e-4)."""
+    joint outcomes of 400 samples each; the verification is exact, so this only fails with probability ~1e-4).
+    ngram: one-hot drafts; layerskip: drafts drawn from the drafter's own distribution (draft_probs)."""
     from scipy.stats import chi2_contingency
     text = "one two three four five six seven eight nine ten one two three four five six seven eight nine ten one"
-    base, spec = _llm(), _llm(speculative="ngram", num_speculative_tokens=3)
+    kw = {"spec_layers": 20, "spec_adaptive": False} if method == "layerskip" else {}
+    base, spec = _llm(), _llm(speculative=method, num_speculative_tokens=3, **kw)
     ps = [SamplingParams(temperature=0.9, top_k=4, max_tokens=3, ignore_eos=True, seed=11 + i, n=100) for i in range(4)]
 
     def outs(llm, params):
@@ -158,6 +161,31 @@ def test_seeded_sampling_reproducible_and_distribution_matches_plain():
     assert_no_leaks(spec)
 
 
+def test_sampled_requests_draw_drafts_from_the_drafter_distribution(tmp_path):
+    """A model drafter samples a sampled request's drafts from its own distribution q and the
+    verifier accepts with min(1, p/q): the target drafting for itself (q = p up to its weight
+    format) then has nearly every draft accepted, where argmax drafts (the verifier told nothing
+    of q) are accepted only with probability p(argmax) (measured: 1.00 vs 0.43 at temperature 0.9).
+    Outputs stay reproducible for a seed."""
+    llm = _llm(speculative="draft", spec_draft_model=_draft_dir(tmp_path, None), spec_adaptive=False)
+    ids = [_chat_ids(llm, p) for p in open_prompts()[:3]]
+    params = [SamplingParams(temperature=0.9, max_tokens=24, seed=3 + j, ignore_eos=True) for j in range(3)]
+    reqs = [{"prompt_token_ids": i} for i in ids]
+
+    def run():
+        st = llm.engine.spec.stats
+        for k in st:
+            st[k] = 0
+        toks = [r.outputs[0].token_ids for r in llm.generate(reqs, params)]
+        return toks, llm.engine.spec.summary()["spec_acceptance_rate"]
+    toks, sampled = run()
+    assert run()[0] == toks
+    llm.engine.spec.sampling = None    # argmax drafts, one-hot to the verifier
+    _, argmax = run()
+    assert sampled > 0.95 and argmax < sampled - 0.2, (sampled, argmax)
+    assert_no_leaks(llm)
+
+
 def test_spec_options_rejected_with_the_field_named():
     from decodekit.engine.args import EngineArgs
     for kw, field in [({"speculative": "medusa"}, "speculative"), ({"num_speculative_tokens": 0}, "num_speculative_tokens"),
@@ -176,3 +204,24 @@ def test_cli_generate_with_spec():
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "acceptance" in r.stderr
+
+
+def test_bench_spec_latency_sampled_reports_both_draft_kinds():
+    """`bench latency --spec layerskip --temperature T`: seeded sampling, no identity claim, and the
+    model drafter's argmax-draft arm reported beside the sampled one."""
+    from types import SimpleNamespace
+    from decodekit.bench.spec_bench import spec_latency
+    llm = _llm(speculative="layerskip", spec_layers=20, spec_adaptive=False)
+    res = spec_latency(llm.engine, SimpleNamespace(output_len=6, temperature=0.8))
+    assert res["temperature"] == 0.8 and llm.engine.spec is not None and llm.engine.spec.sampling is not None
+    for c in res["classes"].values():
+        assert c["all_identical"] is None and 0.0 <= c["argmax_drafts_acceptance_rate"] <= 1.0
+        for row in c["prompts"]:
+            assert row["identical"] is None
+            assert set(row["argmax_drafts"]) == {"speedup", "acceptance_rate", "mean_accepted_length"}
+    assert sum(r["draft_tokens"] for c in res["classes"].values() for r in c["prompts"]) > 0
+    with pytest.raises(ValueError, match="--temperature"):
+        from decodekit.bench.engine_bench import run
+        run("latency", SimpleNamespace(threads=None, input_len=1, output_len=1, num_prompts=1, iters=1,
+                                       temperature=-1.0))
+    assert_no_leaks(llm)

@@ -335,3 +335,39 @@ def test_no_host_sync_on_meta():
     out = SAMPLER(torch.empty(3, V, device="meta"), md)
     assert out.token_ids.device.type == "meta" and out.token_ids.shape == (3,)
     assert out.topk_ids.shape == (3, 3) and out.ranks.shape == (3,)
+
+
+# ----------------------------------------------------------------------------- draws with their distribution
+def test_sample_with_probs_draws_from_the_probs_it_returns():
+    """Speculative model drafters: the returned probs are exactly Sampler.probs (penalties, min_tokens,
+    temperature, filters included), greedy rows are the argmax with one-hot probs, the draws follow
+    the probs (chi-square over 6000 seeds per row), are reproducible for a (seed, position), and come
+    from the given Philox stream (not the plain sampler's)."""
+    from scipy.stats import chisquare
+    from decodekit.sampling.philox import STREAM_SPEC_DRAFT
+    g = torch.Generator().manual_seed(21)
+    V, N = 11, 6000
+    base = torch.randn(3, V, generator=g) * 1.5
+    params = [SamplingParams(temperature=0.8, top_k=6, repetition_penalty=1.3, seed=1),
+              SamplingParams(temperature=0),
+              SamplingParams(temperature=1.3, top_p=0.9, min_p=0.02, min_tokens=4)]
+    rows = [b for b in range(3) for _ in range(N)]
+    md = build([params[b] for b in rows], V, outputs=[[2, 2, 5] if b == 0 else [] for b in rows],
+               prompts=[[7] for _ in rows], seeds=[1000 + i for i in range(len(rows))],
+               steps=[3 if b == 0 else 1 for b in rows], eos=[4])
+    logits = base[rows]
+    tok, p = SAMPLER.sample_with_probs(logits, md, STREAM_SPEC_DRAFT)
+    assert torch.equal(p, SAMPLER.probs(logits, md))
+    assert p[N:2 * N].eq(torch.nn.functional.one_hot(base[1].argmax(), V).float()).all()
+    assert tok[N:2 * N].eq(base[1].argmax()).all()
+    assert p[2 * N, 4] == 0 and not tok[2 * N:].eq(4).any()   # min_tokens masks EOS
+    for b in (0, 2):
+        want = p[b * N].double()
+        got = torch.bincount(tok[b * N:(b + 1) * N], minlength=V).double()
+        assert ((want == 0) <= (got == 0)).all(), "drew a token of probability 0"
+        keep = want > 0
+        assert chisquare(got[keep].numpy(), (want[keep] / want[keep].sum() * N).numpy()).pvalue > 1e-4
+    again, _ = SAMPLER.sample_with_probs(logits, md, STREAM_SPEC_DRAFT)
+    assert torch.equal(again, tok)
+    plain = SAMPLER(logits, md).token_ids   # stream 0: other draws from the same distribution
+    assert not torch.equal(plain[:N], tok[:N])

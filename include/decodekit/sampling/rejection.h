@@ -28,6 +28,7 @@ namespace dk {
 
 inline constexpr uint32_t kStreamSpecAccept = 1;
 inline constexpr uint32_t kStreamSpecResample = 2;
+inline constexpr uint32_t kStreamSpecDraft = 3;  // model drafters' own draws (Python: STREAM_SPEC_DRAFT)
 
 DK_HD float spec_accept_uniform(uint64_t seed, uint64_t pos) {
   const Philox4 w = philox4x32_10(Philox4{{0u, uint32_t(pos), uint32_t(pos >> 32), kStreamSpecAccept}},

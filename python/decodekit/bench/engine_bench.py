@@ -259,6 +259,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch/OpenMP threads (default: all cores)")
     p.add_argument("--output-json", default=None, help="write the result here")
     p.add_argument("--bench-seed", dest="seed", type=int, default=0, help="seed for random prompts")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="latency --spec: sample at this temperature (seeded per prompt) instead of greedy; "
+                        "model drafters are then also run with argmax drafts for comparison (default 0)")
 
 
 def run(kind: str, args) -> int:
@@ -267,6 +270,8 @@ def run(kind: str, args) -> int:
     for name in ("input_len", "output_len", "num_prompts", "iters"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    if not 0.0 <= args.temperature <= 100.0:
+        raise ValueError(f"--temperature must be in [0, 100], got {args.temperature}")
     res = latency(args) if kind == "latency" else throughput(args)
     res["date"] = time.strftime("%Y-%m-%d %H:%M")
     res["torch"] = torch.__version__

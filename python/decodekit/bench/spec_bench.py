@@ -4,6 +4,9 @@
 Per prompt of each class (bench.spec_prompts: grounded and open; chat template applied when the
 model has one): greedy decoding of up to --output-len tokens (EOS ends a request, the same way in
 both runs) timed after the first token; the speculative run must emit the identical tokens.
+--temperature T > 0: seeded sampling instead (the outputs follow the same distribution, not the
+same tokens: "identical" is None); a model drafter then also runs with argmax drafts (its
+DraftSampling off: one-hot drafts) and each prompt reports both ("argmax_drafts").
 Reported per class: median decode speed-up, acceptance rate and mean accepted length (tokens
 emitted per verification step); and the verification op's own time on the step's shapes
 (rejection_sample over [1, k+1, V]) as a fraction of one plain decode step.
@@ -30,10 +33,13 @@ def _prompt_ids(eng, text: str) -> list[int]:
     return tok.encode(text)
 
 
-def _run_one(eng, ids: list[int], out_len: int) -> tuple[list[int], float, int, dict]:
-    """(tokens, seconds after the first token, tokens after the first, metrics) for one greedy request."""
+def _run_one(eng, ids: list[int], out_len: int, temperature: float = 0.0,
+             seed: int = 0) -> tuple[list[int], float, int, dict]:
+    """(tokens, seconds after the first token, tokens after the first, metrics) for one request
+    (greedy, or seeded sampling at `temperature`)."""
     from decodekit.sampling import SamplingParams
-    final, _, after, n_after = timed_request(eng, ids, SamplingParams(temperature=0, max_tokens=out_len))
+    sp = SamplingParams(temperature=temperature, max_tokens=out_len, seed=seed if temperature > 0 else None)
+    final, _, after, n_after = timed_request(eng, ids, sp)
     return final.outputs[0].token_ids, after, n_after, final.metrics
 
 
@@ -58,8 +64,24 @@ def _verify_op_seconds(eng, k: int, reps: int = 50) -> float:
     return statistics.median(ts)
 
 
+def _spec_run(eng, spec, ids, out_len, temperature, seed) -> tuple[list[int], float, int, int, int, int]:
+    """(tokens, seconds, tokens after the first, drafts, accepted, verify steps) of one speculative run."""
+    eng.spec = spec
+    keys = ("spec_draft_tokens", "spec_accepted_tokens", "spec_verify_steps")
+    before = [spec.stats[k] for k in keys]
+    toks, s, n, _ = _run_one(eng, ids, out_len, temperature, seed)
+    d, a, v = (spec.stats[k] - x for k, x in zip(keys, before))
+    return toks, s, n, d, a, v
+
+
+def _speedup(base_s, base_n, s, n):
+    return (base_s / base_n) / (s / n) if base_n and n and s > 0 and base_s > 0 else None
+
+
 def spec_latency(eng, args) -> dict:
     spec = eng.spec
+    temp = float(getattr(args, "temperature", 0.0) or 0.0)
+    both = temp > 0 and getattr(spec, "sampling", None) is not None   # model drafter: sampled vs argmax drafts
     classes = {}
     _run_one(eng, eng.tokenizer.encode("Hello")[:8] or [1], 4)   # warm-up, both paths
     eng.spec = None
@@ -67,35 +89,49 @@ def spec_latency(eng, args) -> dict:
     plain_step = []
     for cls, make in PROMPT_CLASSES.items():
         rows = []
-        for text in make():
+        for i, text in enumerate(make()):
             ids = _prompt_ids(eng, text)[-(eng.max_model_len - args.output_len - 1):]
             eng.spec = None
-            base_toks, base_s, base_n = _run_one(eng, ids, args.output_len)[:3]
-            eng.spec = spec
-            d0, a0, v0 = (spec.stats[k] for k in ("spec_draft_tokens", "spec_accepted_tokens", "spec_verify_steps"))
-            toks, s, n, _ = _run_one(eng, ids, args.output_len)
-            d, a, v = (spec.stats[k] - x for k, x in zip(("spec_draft_tokens", "spec_accepted_tokens",
-                                                          "spec_verify_steps"), (d0, a0, v0)))
+            base_toks, base_s, base_n = _run_one(eng, ids, args.output_len, temp, 1 + i)[:3]
+            toks, s, n, d, a, v = _spec_run(eng, spec, ids, args.output_len, temp, 1 + i)
             if base_n > 0:
                 plain_step.append(base_s / base_n)
-            rows.append({"prompt_tokens": len(ids), "output_tokens": len(toks), "identical": toks == base_toks,
-                         "plain_tok_s": base_n / base_s if base_s > 0 else None,
-                         "spec_tok_s": n / s if s > 0 else None,
-                         "speedup": (base_s / base_n) / (s / n) if base_n and n and s > 0 else None,
-                         "draft_tokens": d, "accepted_tokens": a, "verify_steps": v,
-                         "acceptance_rate": a / d if d else 0.0,
-                         "mean_accepted_length": (a + v) / v if v else 0.0})
+            row = {"prompt_tokens": len(ids), "output_tokens": len(toks),
+                   "identical": toks == base_toks if temp == 0 else None,
+                   "plain_tok_s": base_n / base_s if base_s > 0 else None,
+                   "spec_tok_s": n / s if s > 0 else None,
+                   "speedup": _speedup(base_s, base_n, s, n),
+                   "draft_tokens": d, "accepted_tokens": a, "verify_steps": v,
+                   "acceptance_rate": a / d if d else 0.0,
+                   "mean_accepted_length": (a + v) / v if v else 0.0}
+            if both:
+                sampling, spec.sampling = spec.sampling, None
+                try:
+                    _, s2, n2, d2, a2, v2 = _spec_run(eng, spec, ids, args.output_len, temp, 1 + i)
+                finally:
+                    spec.sampling = sampling
+                row["argmax_drafts"] = {"speedup": _speedup(base_s, base_n, s2, n2),
+                                        "acceptance_rate": a2 / d2 if d2 else 0.0,
+                                        "mean_accepted_length": (a2 + v2) / v2 if v2 else 0.0}
+            rows.append(row)
         sp = [r["speedup"] for r in rows if r["speedup"]]
         D, A, Vs = (sum(r[k] for r in rows) for k in ("draft_tokens", "accepted_tokens", "verify_steps"))
-        classes[cls] = {"median_speedup": statistics.median(sp) if sp else None,
+        if both:
+            am = [r["argmax_drafts"] for r in rows]
+            sp2 = [x["speedup"] for x in am if x["speedup"]]
+            extra = {"argmax_drafts_median_speedup": statistics.median(sp2) if sp2 else None,
+                     "argmax_drafts_acceptance_rate": statistics.mean(x["acceptance_rate"] for x in am)}
+        else:
+            extra = {}
+        classes[cls] = {**extra, "median_speedup": statistics.median(sp) if sp else None,
                         "min_speedup": min(sp) if sp else None,
-                        "all_identical": all(r["identical"] for r in rows),
+                        "all_identical": all(r["identical"] for r in rows) if temp == 0 else None,
                         "acceptance_rate": A / D if D else 0.0,
                         "mean_accepted_length": (A + Vs) / Vs if Vs else 0.0,
                         "prompts": rows}
     eng.spec = spec
     op_s = _verify_op_seconds(eng, spec.k)
     step = statistics.median(plain_step) if plain_step else None
-    return {"method": spec.method, "k_max": spec.k, "adaptive": spec.adaptive,
+    return {"method": spec.method, "k_max": spec.k, "adaptive": spec.adaptive, "temperature": temp,
             "classes": classes, "verify_op_s": op_s, "plain_decode_step_s": step,
             "verify_op_frac_of_decode_step": op_s / step if step else None}

@@ -114,8 +114,8 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, num_blocks, args.block_size, self.max_model_len,
                                   decode_graphs=graphs, max_batch=graph_batch)
         self.sampler = Sampler()
-        self.spec = self._build_spec() if args.speculative else None
         self.eos_token_ids = sorted(set(cfg.eos_token_ids) | set(self.tokenizer.eos_token_ids or []))
+        self.spec = self._build_spec() if args.speculative else None
         self._groups: dict[str, _Group] = {}
         self._seq_of: dict[str, _Seq] = {}
         self._ids = itertools.count()
@@ -154,7 +154,7 @@ class LLMEngine:
 
     def _build_spec(self):
         """--spec ngram | layerskip | draft: the drafter and the engine's SpecDecoder."""
-        from decodekit.spec.drafters import ModelDrafter, NgramDrafter
+        from decodekit.spec.drafters import DraftSampling, ModelDrafter, NgramDrafter
         from .spec_decode import SpecDecoder
         a, c = self.args, self.model_config
         if a.speculative == "ngram":
@@ -170,7 +170,11 @@ class LLMEngine:
                                    kv_caches=self.draft_model.allocate_kv_cache(self.runner.num_blocks,
                                                                                 a.block_size),
                                    max_chunk=a.max_num_batched_tokens)
-        return SpecDecoder(drafter, a.num_speculative_tokens, a.spec_adaptive)
+        sampling = None
+        if isinstance(drafter, ModelDrafter):  # sampled requests draw their drafts (seeds, EOS: the engine's)
+            sampling = DraftSampling(self.sampler, lambda rid: self._seq_of[rid].seed, self.eos_token_ids,
+                                     c.vocab_size)
+        return SpecDecoder(drafter, a.num_speculative_tokens, a.spec_adaptive, sampling=sampling)
 
     def _load_draft_model(self):
         """--spec draft: the draft model (same vocabulary as the target), on the engine's device."""

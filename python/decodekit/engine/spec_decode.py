@@ -28,8 +28,11 @@ SPEC_METHODS = ("ngram", "draft", "layerskip")
 
 
 class SpecDecoder:
-    def __init__(self, drafter, k: int, adaptive: bool = True, prior_cost: float = 0.1):
+    def __init__(self, drafter, k: int, adaptive: bool = True, prior_cost: float = 0.1, sampling=None):
+        """sampling: a spec.drafters.DraftSampling (model drafters then draw sampled requests'
+        drafts from their own distribution; None: argmax drafts)."""
         self.drafter = drafter
+        self.sampling = sampling
         self.k = k
         self.adaptive = adaptive
         self.cost = StepCostModel(prior_cost=prior_cost)
@@ -69,12 +72,11 @@ class SpecDecoder:
 
     def draft(self, so, runner) -> None:
         t = time.perf_counter()
-        n = self.drafter.draft(so.scheduled, runner)
+        n = self.drafter.draft(so.scheduled, runner, self.sampling)
         self.cost.observe_drafter(n, time.perf_counter() - t)
 
     # ------------------------------------------------------------------ 4. verify
-    @staticmethod
-    def verify(sampler: Sampler, logits: torch.Tensor, rows: list, seeds: list[int], eos_token_ids,
+    def verify(self, sampler: Sampler, logits: torch.Tensor, rows: list, seeds: list[int], eos_token_ids,
                vocab_size: int) -> tuple[list[list[int]], SamplerOutput | None, list[list[int]]]:
         """rows: the verifying ScheduledRequests, in order; logits: their 1 + num_spec rows each
         ([sum, V]). Returns per request the emitted tokens, the logprob output of the emitted
@@ -103,8 +105,16 @@ class SpecDecoder:
             j_idx = torch.tensor([j for k in ks for j in range(k + 1)], device=dev)
             target[b_idx, j_idx] = probs
         draft_t = torch.tensor([d + [0] * (kmax - len(d)) for d in drafts], dtype=torch.int64, device=dev)
+        qs = [self.drafter.draft_probs(r.request_id, len(d)) for r, d in zip(reqs, drafts)]
+        draft_probs = None
+        if any(q is not None for q in qs):  # sampled drafts: their q; the others one-hot at the draft
+            draft_probs = torch.zeros(B, kmax, vocab_size, dtype=torch.float32, device=dev)
+            draft_probs.scatter_(2, draft_t[:, :, None], 1.0)
+            for b, q in enumerate(qs):
+                if q is not None:
+                    draft_probs[b, :q.shape[0]] = q
         out, n = ops.rejection_sample(
-            draft_t, torch.tensor(ks, dtype=torch.int32, device=dev), None, target,
+            draft_t, torch.tensor(ks, dtype=torch.int32, device=dev), draft_probs, target,
             torch.tensor(seeds, dtype=torch.int64, device=dev),
             torch.tensor([r.num_output_tokens for r in reqs], dtype=torch.int64, device=dev),
             greedy=md.all_greedy)

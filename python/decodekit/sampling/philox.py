@@ -20,7 +20,8 @@ this bit for bit; the Random123 known-answer vectors are in tests/sampling/test_
 * sampling-noise layout (``token_uniforms``): the uniform for (seed, position, token v) is
   word (v & 3) of philox(key(seed), ctr = (v >> 2, position & 0xFFFFFFFF, position >> 32,
   STREAM_SAMPLING = 0)). Word 3 of the counter is a stream tag so other consumers
-  (e.g. speculative-decoding acceptance) can use STREAM_* != 0 without overlapping.
+  (speculative decoding: acceptance 1, residual 2, model drafters' draws STREAM_SPEC_DRAFT = 3)
+  use STREAM_* != 0 without overlapping.
 * Gumbel noise (``gumbel_from_uniform``): g = -log(-log(max(u, 2**-24))). The clamp maps
   u == 0 to the smallest non-zero u, so g is always finite (in about [-2.8, 16.6]) and a
   masked token (logit -inf) stays -inf. log is not bit-reproducible across libms, so
@@ -38,6 +39,7 @@ MASK32 = 0xFFFFFFFF
 ROUNDS = 10
 STREAM_SAMPLING = 0
 STREAM_SEED_DERIVE = 0x5EED
+STREAM_SPEC_DRAFT = 3   # model drafters' draws (1 and 2: the verifier's, include/decodekit/sampling/rejection.h)
 UNIFORM_SCALE = 2.0 ** -24
 
 

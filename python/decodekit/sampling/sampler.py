@@ -39,7 +39,7 @@ from typing import Sequence
 import torch
 
 from .params import SamplingParams
-from .philox import derive_seed, token_gumbel
+from .philox import derive_seed, gumbel_from_uniform, token_gumbel, token_uniforms
 
 _NEG_INF = float("-inf")
 
@@ -288,6 +288,26 @@ class Sampler:
             onehot = torch.zeros_like(x).scatter_(1, x.argmax(dim=-1, keepdim=True), 1.0)
             p = torch.where(md.greedy[:, None], onehot, p)
         return p
+
+    def sample_with_probs(self, logits: torch.Tensor, md: SamplingMetadata,
+                          stream: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(token_ids [B] int64, probs [B, V] float32): each row's distribution exactly as ``probs``
+        builds it, and a draw from it by Gumbel-max on Philox stream ``stream`` (keyed by the rows'
+        seeds and positions; greedy rows: the argmax, probs one-hot there). Speculative model
+        drafters draw sampled drafts with it, on a stream the plain sampler and the verifier
+        never use, and hand the probs to the verifier."""
+        raw = logits if logits.dtype == torch.float32 else logits.float()
+        x = self._processed(raw, md)
+        top = x.argmax(dim=-1)
+        if md.all_greedy:
+            return top, torch.zeros_like(x).scatter_(1, top[:, None], 1.0)
+        xs = self._scaled_filtered(x, md)
+        p = torch.softmax(xs, dim=-1)
+        tok = (xs + gumbel_from_uniform(token_uniforms(md.seeds, md.positions, md.vocab_size, stream))).argmax(dim=-1)
+        if md.any_greedy:
+            p = torch.where(md.greedy[:, None], torch.zeros_like(x).scatter_(1, top[:, None], 1.0), p)
+            tok = torch.where(md.greedy, top, tok)
+        return tok, p
 
     @staticmethod
     def _processed(raw: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:

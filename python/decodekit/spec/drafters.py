@@ -9,7 +9,13 @@ a drafter only decides the speed.
 
 - NgramDrafter: prompt lookup (spec.ngram.NgramProposer per request); knows its tokens before
   scheduling, may propose fewer than k or none.
-- ModelDrafter: a model run autoregressively k times, greedy (one-hot drafts):
+- ModelDrafter: a model run autoregressively k times. Greedy requests draft its argmax (one-hot
+  drafts); sampled ones (given a DraftSampling) draw each draft from the drafter's own
+  distribution q, processed as the target's is (penalties over the drafts before it, min_tokens,
+  temperature, top-k / top-p / min-p), with the request's seed on Philox stream STREAM_SPEC_DRAFT
+  at the draft's output position, and keep q for the verifier: acceptance min(1, p/q) is then
+  sum_v min(p_v, q_v) instead of the p(argmax q) of a one-hot draft. Either way the output
+  distribution is the target's exactly (the draft noise is a stream the verifier never reads).
   * layer-skip self-drafting: the target's first L layers + its final norm and LM head, writing
     those layers' KV into the target's own cache at the draft positions (the verification pass
     rewrites the same slots for every layer), so it needs no state at all;
@@ -21,7 +27,13 @@ a drafter only decides the speed.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
+
+from decodekit.sampling.philox import STREAM_SPEC_DRAFT
+from decodekit.sampling.sampler import Sampler, SamplingMetadata
 
 from .ngram import NgramProposer
 
@@ -50,11 +62,23 @@ class NgramDrafter:
         for rid in so.finished_req_ids:
             self._proposers.pop(rid, None)
 
-    def draft(self, scheduled, runner) -> int:
+    def draft(self, scheduled, runner, sampling=None) -> int:
         return 0  # the drafts were known before scheduling
 
     def copy_blocks(self, pairs) -> None:
         pass
+
+    def draft_probs(self, request_id: str, n: int) -> torch.Tensor | None:
+        return None  # deterministic drafts
+
+
+@dataclass
+class DraftSampling:
+    """What a model drafter needs to sample drafts for sampled requests (the engine's)."""
+    sampler: Sampler
+    seed_of: Callable[[str], int]    # request id -> the seed its verification uses
+    eos_token_ids: list[int]
+    vocab_size: int
 
 
 class ModelDrafter:
@@ -67,6 +91,7 @@ class ModelDrafter:
         self.kind, self.model, self.num_layers, self.kv_caches = kind, model, num_layers, kv_caches
         self.max_chunk = max_chunk
         self._computed: dict[str, int] = {}   # draft model: KV valid for positions < computed
+        self._probs: dict[str, list] = {}     # this step's q rows per sampled request ([V] each)
 
     def num_drafts(self, req, k: int) -> int:
         req.spec_token_ids = [_PLACEHOLDER] * k   # filled by draft() once scheduled
@@ -82,15 +107,37 @@ class ModelDrafter:
             from decodekit.engine.model_runner import copy_kv_blocks
             copy_kv_blocks(self.kv_caches, pairs)
 
-    def _forward(self, runner, token_lists, starts, tables) -> list[int]:
+    def draft_probs(self, request_id: str, n: int) -> torch.Tensor | None:
+        """[n, V] float32: the distributions this step's first n drafts of the request were drawn
+        from; None for one-hot (greedy) drafts."""
+        rows = self._probs.get(request_id)
+        return None if rows is None else torch.stack(rows[:n])
+
+    def _forward(self, runner, token_lists, starts, tables, reqs, index: int, sampling) -> list[int]:
+        """Draft `index` of each request in reqs (one logits row per sequence)."""
         ids, md = runner.prepare_seqs(token_lists, starts, tables, [1] * len(token_lists))
         kv = self.kv_caches if self.kind == "draft" else runner.kv_caches
         logits = self.model.forward(ids, md, kv, num_layers=self.num_layers)
-        return logits.argmax(dim=-1).tolist()
+        params = [r.sampling_params for r in reqs]
+        if sampling is None or all(p.is_greedy for p in params):
+            return logits.argmax(dim=-1).tolist()
+        outs = [r.output_token_ids + r.spec_token_ids[:index] if index and p.has_penalties else r.output_token_ids
+                for r, p in zip(reqs, params)]
+        smd = SamplingMetadata.build(params, outs, [r.prompt_token_ids for r in reqs],
+                                     [sampling.seed_of(r.request_id) for r in reqs],
+                                     [r.num_output_tokens + index for r in reqs], sampling.eos_token_ids,
+                                     logits.device, sampling.vocab_size)
+        tok, q = sampling.sampler.sample_with_probs(logits, smd, STREAM_SPEC_DRAFT)
+        for j, (r, p) in enumerate(zip(reqs, params)):
+            if not p.is_greedy:
+                self._probs.setdefault(r.request_id, []).append(q[j])
+        return tok.tolist()
 
     @torch.inference_mode()
-    def draft(self, scheduled, runner) -> int:
-        """Fill the placeholders of the scheduled verifying requests; returns draft tokens made."""
+    def draft(self, scheduled, runner, sampling: DraftSampling | None = None) -> int:
+        """Fill the placeholders of the scheduled verifying requests; returns draft tokens made.
+        sampling None: every draft is the drafter's argmax (one-hot)."""
+        self._probs = {}
         todo = [sr for sr in scheduled if sr.num_spec > 0]
         if not todo:
             return 0
@@ -114,14 +161,15 @@ class ModelDrafter:
                 for i, s in chunked:
                     starts[i] = s + self.max_chunk
         toks = [r.all_token_ids[s:n + 1] for r, s, n in zip(reqs, starts, last)]
-        out = self._forward(runner, toks, starts, [r.block_ids for r in reqs])
+        out = self._forward(runner, toks, starts, [r.block_ids for r in reqs], reqs, 0, sampling)
         for r, tok in zip(reqs, out):
             r.spec_token_ids[0] = tok
         # passes 1 .. k-1: one draft token each
         for i in range(1, max(ks)):
             live = [j for j, k in enumerate(ks) if k > i]
             out = self._forward(runner, [[reqs[j].spec_token_ids[i - 1]] for j in live],
-                                [last[j] + i for j in live], [reqs[j].block_ids for j in live])
+                                [last[j] + i for j in live], [reqs[j].block_ids for j in live],
+                                [reqs[j] for j in live], i, sampling)
             for j, tok in zip(live, out):
                 reqs[j].spec_token_ids[i] = tok
         if self.kind == "draft":
