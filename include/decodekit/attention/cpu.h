@@ -40,7 +40,8 @@ inline float exp_nonpos(float x) {
   return p * scale;
 }
 
-// n cache elements as fp32 (fp8: through a 256-entry table built from fp8_e4m3_to_float).
+// n cache elements as fp32 (fp8: by Chunk32's conversion, the tail through a 256-entry table
+// built from fp8_e4m3_to_float).
 template <class C>
 inline void cache_row_to_float(const C* src, float* dst, int n) {
   if constexpr (kIsFp8<C>) {
@@ -51,18 +52,9 @@ inline void cache_row_to_float(const C* src, float* dst, int n) {
     }();
     int j = 0;
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-    // e4m3 -> fp16 bits (sign to bit 15, exponent and mantissa to bits 7..13: an fp16 with 2^8
-    // too small a scale, subnormals included), hardware fp16 -> fp32, times 256 (exact);
-    // the NaN code S.1111.111 is patched in. Equal to fp8_e4m3_to_float for every code.
-    const __m256i m7f = _mm256_set1_epi16(0x7f), m80 = _mm256_set1_epi16(0x80);
-    for (; j + 16 <= n; j += 16) {
-      const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j)));
-      const __m256i em = _mm256_and_si256(w, m7f);
-      const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, m80), 8), _mm256_slli_epi16(em, 7));
-      __m512 f = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.f));
-      f = _mm512_mask_mov_ps(f, _mm256_cmpeq_epi16_mask(em, m7f), _mm512_set1_ps(NAN));
-      _mm512_storeu_ps(dst + j, f);
-    }
+    // the vector kernel's conversion (Chunk32: 2^-8 times the value), times 256: exact
+    for (; j + 16 <= n; j += 16)
+      _mm512_storeu_ps(dst + j, _mm512_mul_ps(Chunk32<fp8_e4m3_t>::load16(src + j), _mm512_set1_ps(kFp8ChunkScale)));
 #endif
     for (; j < n; ++j) dst[j] = lut[src[j].bits];
   } else {
@@ -206,7 +198,11 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
   const bool vec = false;
 #endif
   using E = std::conditional_t<kIsFp8<C> && !kFp8Direct, float, C>;
-  const float fp8_unit = kFp8Direct && vec ? 256.0f : 1.0f;  // exact power of two
+#if defined(__AVX512F__)
+  const float fp8_unit = kFp8Direct && vec ? kFp8ChunkScale : 1.0f;  // exact power of two
+#else
+  const float fp8_unit = 1.0f;
+#endif
   const bool convert = !vec || (kIsFp8<C> && !kFp8Direct);  // blocks go through the fp32 copies kf / vf
   std::vector<AttnWork> work;
   for (int s = 0; s < P.num_seqs; ++s)

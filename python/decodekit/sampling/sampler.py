@@ -279,15 +279,7 @@ class Sampler:
         docstring, then softmax; greedy rows: one-hot at the argmax). Speculative decoding verifies
         drafts against it (decodekit.ops.rejection_sample), so that path samples exactly what
         ``forward`` would, from another random stream."""
-        raw = logits if logits.dtype == torch.float32 else logits.float()
-        x = self._processed(raw, md)
-        if md.all_greedy:
-            return torch.zeros_like(x).scatter_(1, x.argmax(dim=-1, keepdim=True), 1.0)
-        p = torch.softmax(self._scaled_filtered(x, md), dim=-1)
-        if md.any_greedy:
-            onehot = torch.zeros_like(x).scatter_(1, x.argmax(dim=-1, keepdim=True), 1.0)
-            p = torch.where(md.greedy[:, None], onehot, p)
-        return p
+        return self._distribution(logits, md)[1]
 
     def sample_with_probs(self, logits: torch.Tensor, md: SamplingMetadata,
                           stream: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -296,18 +288,26 @@ class Sampler:
         seeds and positions; greedy rows: the argmax, probs one-hot there). Speculative model
         drafters draw sampled drafts with it, on a stream the plain sampler and the verifier
         never use, and hand the probs to the verifier."""
+        xs, p, top = self._distribution(logits, md)
+        if xs is None:
+            return top, p
+        tok = (xs + gumbel_from_uniform(token_uniforms(md.seeds, md.positions, md.vocab_size, stream))).argmax(dim=-1)
+        return (torch.where(md.greedy, top, tok) if md.any_greedy else tok), p
+
+    def _distribution(self, logits: torch.Tensor, md: SamplingMetadata):
+        """(xs, p, top): the scaled, filtered logits (None when every row is greedy), the rows'
+        distributions (one-hot at the argmax on greedy rows) and the processed argmax (None
+        unless some row is greedy)."""
         raw = logits if logits.dtype == torch.float32 else logits.float()
         x = self._processed(raw, md)
-        top = x.argmax(dim=-1)
+        top = x.argmax(dim=-1) if md.any_greedy else None
         if md.all_greedy:
-            return top, torch.zeros_like(x).scatter_(1, top[:, None], 1.0)
+            return None, torch.zeros_like(x).scatter_(1, top[:, None], 1.0), top
         xs = self._scaled_filtered(x, md)
         p = torch.softmax(xs, dim=-1)
-        tok = (xs + gumbel_from_uniform(token_uniforms(md.seeds, md.positions, md.vocab_size, stream))).argmax(dim=-1)
         if md.any_greedy:
             p = torch.where(md.greedy[:, None], torch.zeros_like(x).scatter_(1, top[:, None], 1.0), p)
-            tok = torch.where(md.greedy, top, tok)
-        return tok, p
+        return xs, p, top
 
     @staticmethod
     def _processed(raw: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
