@@ -9,6 +9,12 @@ CUDA 8). Bytes counted: the packed weight
 (codes + fp16 scales/mins) + activations read + output written, against the copy ceiling; the peer
 (torch's dense linear: oneDNN/MKL or cuBLAS) reads 2-4x more. Each case is checked against float64.
 
+CUDA, larger M (M = 16, 64, 512, 4096; Llama-3-8B QKV 6144x4096 and down 4096x14336; bf16): the
+dispatch table of csrc/cuda/gemm_launch.cpp (INT4 g128: int4_gemm_mma below 128 rows, the CUTLASS sm90
+mixed-input kernel from 128; fp8: mma.sync below 128, CUTLASS QGMMA from 128) in TFLOP/s against torch's
+bf16 linear (cuBLAS) on the decoded weight, and fp8 also against torch._scaled_mm with the same per-token x
+per-channel scales. DECODEKIT_SM90_GEMM=never / always in the environment pins either side of the table.
+
 CPU, larger M (batched decode, prefill: M = 32, 256, 2048 on the SmolLM2 shapes plus 192x576 (K/V),
 the CPU kernels' tiled path, include/decodekit/gemm/int4_tiled.h): compute-bound rows in TFLOP/s
 against the measured fp32 matmul rate, two rows per case: the op vs torch's fp32 linear on the
@@ -45,10 +51,10 @@ SHAPES = {"cpu": [(576, 576), (1536, 576), (576, 1536)],
 LM_HEAD = (49152, 576)
 
 
-def _int4(N, K, dev, g):
+def _int4(N, K, dev, g, G=32):
     return Int4Weight(torch.randint(0, 256, (N, K // 2), generator=g, dtype=torch.uint8).to(dev),
-                      (torch.rand(N, K // 32, generator=g) * 0.02 + 0.002).half().to(dev),
-                      (torch.randn(N, K // 32, generator=g) * 0.05).half().to(dev), 32)
+                      (torch.rand(N, K // G, generator=g) * 0.02 + 0.002).half().to(dev),
+                      (torch.randn(N, K // G, generator=g) * 0.05).half().to(dev), G)
 
 
 def _int8(N, K, dev, g):
@@ -128,6 +134,60 @@ def case_large(ctx: BenchContext, kind: str, N: int, K: int, M: int, dtype: torc
                                 peer_timing=t["packed_dense"], max_rel_err=err, peer_rel_err=pd_err)]
 
 
+CUDA_LARGE = [(6144, 4096), (4096, 14336)]
+
+
+def case_cuda_large(ctx: BenchContext, kind: str, N: int, K: int, M: int) -> list[Result]:
+    """CUDA, M >= 16, bf16: int4_gemm (g128) or fp8_gemm through the op's dispatch table vs cuBLAS bf16
+    (and fp8 vs torch._scaled_mm, row-wise scales)."""
+    dev, dtype = ctx.device, torch.bfloat16
+    g = torch.Generator().manual_seed(N * 7 + K * 13 + M)
+    x = torch.randn(M, K, generator=g).to(dtype).to(dev)
+    out = torch.full((M, N), float("nan"), dtype=dtype, device=dev)
+    flops = 2.0 * M * N * K
+    if kind == "int4":
+        w = _int4(N, K, dev, g, G=128)
+        wd = reference.int4_dequantize(w.qweight, w.scales, w.mins, 128)                 # [N, K] float32, exact
+        op = lambda x, o, q, s, m: torch.ops.decodekit.int4_gemm(o, x, q, s, m, 128, None)  # noqa: E731
+        args, a_ref = (x, out, w.qweight, w.scales, w.mins), x
+        nbytes = w.nbytes + (x.numel() + out.numel()) * 2
+    else:
+        from decodekit.quant.fp8 import quantize_fp8_weight
+        w = quantize_fp8_weight(torch.randn(N, K, generator=g).mul_(0.05).to(dev))
+        wd = w.qweight.float() * w.scales[:, None]                                       # [N, K] float32, exact
+        aq, a_s = ops.quantize_fp8(x)
+        a_ref = aq.float() * a_s[:, None]  # the values the op multiplies (codes x scales)
+        x = a_ref.to(dtype)                # the bf16 peer's input: those values, rounded
+        op = lambda a, o, q, sa, sw: torch.ops.decodekit.fp8_gemm(o, a, sa, q, sw, None)  # noqa: E731
+        args = (aq, out, w.qweight, a_s, w.scales)
+        nbytes = w.qweight.numel() + aq.numel() + out.numel() * 2
+    op(*args)
+    ref = a_ref.double() @ wd.double().T
+    err = check_close(out, ref, dtype, f"{kind}_gemm M={M} {N}x{K}")
+    sets = ctx.rotate(args, keep=(0,) if kind == "int4" else (0, 3))
+    t = ctx.time(op, sets)
+    dense = wd.to(dtype)
+    del wd
+    peer_err = rel_err(torch.nn.functional.linear(x, dense), ref)
+    tp = ctx.time(lambda a, wd: torch.nn.functional.linear(a, wd), ctx.rotate((x, dense), keep=(0,)))
+    case = f"M={M} {N}x{K}" + (" g128" if kind == "int4" else "")
+    rows = [Result.from_timings(f"{kind}_gemm vs cuBLAS bf16", case, dtype, dev, t, flops=flops, nbytes=nbytes,
+                                peer="torch linear (bf16, cuBLAS) on the decoded weight", peer_timing=tp,
+                                rotate_bytes=tensor_bytes(sets), max_rel_err=err, peer_rel_err=peer_err)]
+    if kind == "fp8":
+        def scaled_mm(a, q, sa, sw):
+            return torch._scaled_mm(a, q.t(), scale_a=sa[:, None], scale_b=sw[None, :], out_dtype=dtype)
+        try:
+            sm_err = rel_err(scaled_mm(args[0], args[2], args[3], args[4]), ref)
+            ts = ctx.time(lambda a, o, q, sa, sw: scaled_mm(a, q, sa, sw), sets)
+            rows.append(Result.from_timings("fp8_gemm vs torch._scaled_mm", case, dtype, dev, t, flops=flops,
+                                            nbytes=nbytes, peer="torch._scaled_mm (row-wise scales)",
+                                            peer_timing=ts, max_rel_err=err, peer_rel_err=sm_err))
+        except RuntimeError as e:  # row-wise scaling needs a recent torch / cuBLASLt
+            print(f"bench_quant: torch._scaled_mm peer skipped: {e}")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> list[Result]:
     p = add_common_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     args, unknown = p.parse_known_args(argv)
@@ -146,6 +206,12 @@ def main(argv: list[str] | None = None) -> list[Result]:
                 ctx.add(case(ctx, "int4", N, K, M, dtype))
             if not ctx.quick:
                 ctx.add(case(ctx, "int8", *LM_HEAD, M, dtype))
+        if kind == "cuda" and dtype == torch.bfloat16:
+            for M in ([512] if ctx.quick else [16, 64, 512, 4096]):
+                for N, K in (CUDA_LARGE[:1] if ctx.quick else CUDA_LARGE):
+                    for k in ("int4", "fp8"):
+                        for r in case_cuda_large(ctx, k, N, K, M):
+                            ctx.add(r)
         if kind == "cpu":
             for M in ([32] if ctx.quick else [32, 256, 2048]):
                 for N, K in (SHAPES["cpu_large"][:1] if ctx.quick else SHAPES["cpu_large"]):

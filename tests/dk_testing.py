@@ -44,6 +44,15 @@ def randn(shape, dtype, device, gen: torch.Generator, scale: float = 1.0) -> tor
     return (torch.randn(shape, generator=gen) * scale).to(dtype).to(device)
 
 
+def cuda_kernel_names(fn) -> list[str]:
+    """Names of the CUDA kernels fn() launches (torch.profiler; fn synchronized inside)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
 def strided_rows(rows: int, cols: int, dtype, device, gen, pad: int = 13) -> tuple[torch.Tensor, torch.Tensor]:
     """A [rows, cols] view with row stride cols + pad into a buffer whose padding is NaN.
 

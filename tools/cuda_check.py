@@ -108,7 +108,8 @@ def short_name(demangled: str) -> str:
         if s.startswith(prefix):
             s = s[len(prefix):]
             break
-    return s.replace("(anonymous namespace)::", "")
+    s = s.replace("(anonymous namespace)::", "")
+    return s if len(s) <= 100 else s[:97] + "..."  # CUTLASS kernels (c++filt leaves some of them mangled)
 
 
 # ----------------------------------------------------------------------------- build

@@ -263,6 +263,7 @@ part_engine() {
       "latency --model random:llama3-8b --dtype bfloat16 --input-len 512 --output-len 64 --iters 2 --peer hf --gpu-memory-utilization 0.45 --max-num-seqs 8"
       "throughput --model random:llama3-8b --dtype bfloat16 --input-len 256 --output-len 128 --num-prompts 64 --peer hf --gpu-memory-utilization 0.45 --max-num-seqs 64"
       "latency --model random:llama3-8b --dtype bfloat16 --spec ngram --output-len 32 --gpu-memory-utilization 0.45 --max-num-seqs 8"
+      "latency --model random:llama3-8b --dtype bfloat16 --quantization fp8 --input-len 512 --output-len 32 --iters 1 --peer none --gpu-memory-utilization 0.45 --max-num-seqs 8"
     )
   else
     skipmsg "no GPU: engine benchmarks on CUDA; running one tiny CPU latency run"

@@ -1,7 +1,10 @@
 // Weight-quantized GEMM microbenchmarks: INT4 (group-split nibbles + fp16 scale/min) and fp8 W8A8.
 // Built twice: as C++ (bench_quant: CPU kernels of gemm/int4.h, gemm/fp8_gemm.h) and, through
 // bench_quant.cu, by nvcc (bench_quant_cuda: quant_gemv for M <= 8, the tensor-core int4_gemm_mma
-// beyond; fp8_gemm). Method: see bench_common.h (rotating slots, L2 flushed on the GPU, medians).
+// beyond; fp8_gemm; with CUTLASS headers (DECODEKIT_CUTLASS) also the sm90 kernels of gemm/sm90_gemm.cuh,
+// rows "int4_gemm_sm90" / "fp8_gemm_sm90", bf16 from M = 16: set against the rows above at the same M they
+// give the crossovers of the table in csrc/cuda/gemm_launch.cpp). Method: see bench_common.h (rotating
+// slots, L2 flushed on the GPU, medians).
 //
 // Bytes per call = the packed weight (+ scales) + activations + output: at small M the weight
 // dominates and the GB/s against the copy ceiling is the figure of merit (decode reads every weight
@@ -9,9 +12,10 @@
 // weight: an INT4 kernel at the same fraction of the copy bandwidth is ~3.6x faster than a
 // bandwidth-bound bf16 GEMV.
 // Shapes: GPU: Llama-3-8B projections (qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down 4096x14336;
-// INT4 groups of 128) at M = 1, 4, 16, 64, 512; CPU: SmolLM2-135M (576x576, 1536x576, 576x1536; groups
+// INT4 groups of 128) at M = 1, 4, 16, 64, 128, 512, 4096 (fp16: up to 64); CPU: SmolLM2-135M (576x576, 1536x576, 576x1536; groups
 // of 32) at M = 1, 8, 32 and the 8B down projection at M = 1. --quick: fewer shapes.
 #include <string>
+#include <type_traits>
 
 #include "bench_common.h"
 #include "decodekit/gemm/fp8_gemm.h"
@@ -20,6 +24,9 @@
 #include "decodekit/gemm/fp8_gemm.cuh"
 #include "decodekit/gemm/int4.cuh"
 #include "decodekit/gemm/int4_mma.cuh"
+#if defined(DECODEKIT_CUTLASS)
+#include "decodekit/gemm/sm90_gemm.cuh"
+#endif
 #endif
 
 namespace {
@@ -38,51 +45,67 @@ std::vector<Shape> shapes(bool quick) {
 #endif
 }
 
+template <class T>
 std::vector<int64_t> batch(bool quick, const Shape& s) {
 #if defined(__CUDACC__)
   (void)s;
-  return quick ? std::vector<int64_t>{1, 64} : std::vector<int64_t>{1, 4, 16, 64, 512};
+  if (quick) return {1, 64};
+  if (sizeof(T) == 2 && !std::is_same_v<T, dk::bf16_t>) return {1, 4, 16, 64};
+  return {1, 4, 16, 64, 128, 512, 4096};
 #else
   if (s.K == 14336) return {1};
   return quick ? std::vector<int64_t>{1, 32} : std::vector<int64_t>{1, 8, 32};
 #endif
 }
 
+// sm90: the CUTLASS kernel (its workspace carved from the slot too); else the table's CUDA kernel.
 template <class T>
-void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M) {
+void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm90 = false) {
   const int64_t N = sh.N, K = sh.K, ng = K / sh.G;
   const int G = sh.G;
-  auto carve = [=](char* s, uint8_t*& q, dk::half_t*& sc, dk::half_t*& mn, T*& a, T*& out) {
+  size_t ws_bytes = 0;
+#if defined(__CUDACC__) && defined(DECODEKIT_CUTLASS)
+  if constexpr (sizeof(T) == 2)
+    if (sm90) ws_bytes = dk::cuda::int4_gemm_sm90_workspace_bytes<dkb::cuda_t<T>>(M, N, K, G);
+#endif
+  auto carve = [=](char* s, uint8_t*& q, dk::half_t*& sc, dk::half_t*& mn, T*& a, T*& out, char*& ws) {
     dkb::Carver c{s};
     q = c.take<uint8_t>(N * K / 2);     // [N, K/2]
     sc = c.take<dk::half_t>(N * ng);    // [N, K/G]
     mn = c.take<dk::half_t>(N * ng);    // [N, K/G]
     a = c.take<T>(M * K);               // [M, K]
     out = c.take<T>(M * N);             // [M, N]
+    ws = c.take<char>(int64_t(ws_bytes));
     return c.used;
   };
   dkb::Case c;
-  c.bench = "int4_gemm";
+  c.bench = sm90 ? "int4_gemm_sm90" : "int4_gemm";
   c.shape = std::string(sh.name) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + " G=" + std::to_string(G) +
             " M=" + std::to_string(M);
   c.dtype = dkb::DtypeName<T>::value;
   c.bytes = double(N) * K / 2 + 4.0 * N * ng + double(M) * (K + N) * sizeof(T);
   c.flops = 2.0 * M * N * K;
-  uint8_t* q; dk::half_t *sc, *mn; T *a, *out;
-  c.slot_bytes = carve(nullptr, q, sc, mn, a, out);
+  uint8_t* q; dk::half_t *sc, *mn; T *a, *out; char* ws;
+  c.slot_bytes = carve(nullptr, q, sc, mn, a, out, ws);
   c.big = M * N * K > (int64_t(1) << 33);
   c.cpu = [=](char* s) {
-    uint8_t* q; dk::half_t *sc, *mn; T *a, *out;
-    carve(s, q, sc, mn, a, out);
+    uint8_t* q; dk::half_t *sc, *mn; T *a, *out; char* ws;
+    carve(s, q, sc, mn, a, out, ws);
     dk::cpu::int4_gemm<T>(out, a, q, sc, mn, nullptr, dk::cpu::Int4GemmParams{M, N, K, G, K});
   };
 #if defined(__CUDACC__)
   c.gpu = [=](char* s, cudaStream_t st) {
     using D = dkb::cuda_t<T>;
-    uint8_t* q; dk::half_t *sc, *mn; T *a, *out;
-    carve(s, q, sc, mn, a, out);
+    uint8_t* q; dk::half_t *sc, *mn; T *a, *out; char* ws;
+    carve(s, q, sc, mn, a, out, ws);
     const __half* hs = reinterpret_cast<const __half*>(sc);
     const __half* hm = reinterpret_cast<const __half*>(mn);
+#if defined(DECODEKIT_CUTLASS)
+    if constexpr (sizeof(T) == 2)
+      if (sm90)
+        return dk::cuda::int4_gemm_sm90<D>(reinterpret_cast<D*>(out), reinterpret_cast<const D*>(a), K, q, hs, hm,
+                                           nullptr, M, N, K, G, ws, ws_bytes, st);
+#endif
     if (M <= dk::cuda::kQuantGemvRows)
       return dk::cuda::quant_gemv<D>(reinterpret_cast<D*>(out), reinterpret_cast<const D*>(a), K, q, hs, hm, nullptr,
                                      int(M), N, K, G, true, st);
@@ -94,36 +117,48 @@ void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M) {
 }
 
 template <class T>
-void add_fp8(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M) {
+void add_fp8(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm90 = false) {
   const int64_t N = sh.N, K = sh.K;
-  auto carve = [=](char* s, uint8_t*& a, float*& as, uint8_t*& w, float*& ws, T*& out) {
+  size_t wk_bytes = 0;
+#if defined(__CUDACC__) && defined(DECODEKIT_CUTLASS)
+  if constexpr (sizeof(T) == 2)
+    if (sm90) wk_bytes = dk::cuda::fp8_gemm_sm90_workspace_bytes<dkb::cuda_t<T>>(M, N, K);
+#endif
+  auto carve = [=](char* s, uint8_t*& a, float*& as, uint8_t*& w, float*& ws, T*& out, char*& wk) {
     dkb::Carver c{s};
     a = c.take<uint8_t>(M * K);   // [M, K] e4m3
     as = c.take<float>(M);        // [M]
     w = c.take<uint8_t>(N * K);   // [N, K] e4m3
     ws = c.take<float>(N);        // [N]
     out = c.take<T>(M * N);       // [M, N]
+    wk = c.take<char>(int64_t(wk_bytes));
     return c.used;
   };
   dkb::Case c;
-  c.bench = "fp8_gemm";
+  c.bench = sm90 ? "fp8_gemm_sm90" : "fp8_gemm";
   c.shape = std::string(sh.name) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + " M=" + std::to_string(M);
   c.dtype = dkb::DtypeName<T>::value;
   c.bytes = double(N) * K + 4.0 * (N + M) + double(M) * K + double(M) * N * sizeof(T);
   c.flops = 2.0 * M * N * K;
-  uint8_t *a, *w; float *as, *ws; T* out;
-  c.slot_bytes = carve(nullptr, a, as, w, ws, out);
+  uint8_t *a, *w; float *as, *ws; T* out; char* wk;
+  c.slot_bytes = carve(nullptr, a, as, w, ws, out, wk);
   c.big = M * N * K > (int64_t(1) << 33);
   c.cpu = [=](char* s) {
-    uint8_t *a, *w; float *as, *ws; T* out;
-    carve(s, a, as, w, ws, out);
+    uint8_t *a, *w; float *as, *ws; T* out; char* wk;
+    carve(s, a, as, w, ws, out, wk);
     dk::cpu::fp8_gemm<T>(out, a, as, w, ws, nullptr, M, N, K);
   };
 #if defined(__CUDACC__)
   c.gpu = [=](char* s, cudaStream_t st) {
     using D = dkb::cuda_t<T>;
-    uint8_t *a, *w; float *as, *ws; T* out;
-    carve(s, a, as, w, ws, out);
+    uint8_t *a, *w; float *as, *ws; T* out; char* wk;
+    carve(s, a, as, w, ws, out, wk);
+#if defined(DECODEKIT_CUTLASS)
+    if constexpr (sizeof(T) == 2)
+      if (sm90)
+        return dk::cuda::fp8_gemm_sm90<D>(reinterpret_cast<D*>(out), a, as, w, ws, nullptr, M, N, K, wk, wk_bytes,
+                                          st);
+#endif
     return dk::cuda::fp8_gemm<D>(reinterpret_cast<D*>(out), a, as, w, ws, nullptr, M, N, K, st);
   };
 #endif
@@ -138,9 +173,15 @@ void add_cases(std::vector<dkb::Case>& cases, bool quick) {
 #endif
   }
   for (const Shape& sh : shapes(quick))
-    for (int64_t M : batch(quick, sh)) {
+    for (int64_t M : batch<T>(quick, sh)) {
       add_int4<T>(cases, sh, M);
       add_fp8<T>(cases, sh, M);
+#if defined(__CUDACC__) && defined(DECODEKIT_CUTLASS)
+      if (std::is_same_v<T, dk::bf16_t> && M >= 16) {
+        add_int4<T>(cases, sh, M, true);
+        add_fp8<T>(cases, sh, M, true);
+      }
+#endif
     }
 }
 

@@ -1,15 +1,63 @@
-// Torch launchers for int4_gemm, int8_gemm and int4_dequantize (CUDA dispatch key); the kernels are
-// instantiated in gemm.cu (include/decodekit/gemm/int4.cuh). Host code, g++, CUDA build only.
+// Torch launchers for int4_gemm, int8_gemm, int4_dequantize, quantize_fp8 and fp8_gemm (CUDA dispatch key);
+// the kernels are instantiated in gemm.cu (gemm/int4.cuh, int4_mma.cuh, fp8_gemm.cuh) and gemm_sm90_*.cu
+// (gemm/sm90_gemm.cuh, CUTLASS). Host code, g++, CUDA build only.
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
+
+#include <cstdlib>
+#include <cstring>
 
 #include "../op_args.h"
 #include "dispatch.h"
 #include "launchers.h"
 
 namespace {
+
+// Kernel table (rows of a = M; the crossovers are provisional, taken from the tile shapes, until the
+// H200 runs of bench_quant_cuda -- rows "int4_gemm" vs "int4_gemm_sm90", "fp8_gemm" vs "fp8_gemm_sm90"
+// -- measure them):
+//   int4_gemm  M <= 8                               quant_gemv (one warp per output row, weights streamed)
+//              9 <= M < 128, or G = 32, or N % 8 > 0 int4_gemm_mma (mma.sync m16n8k16, codes decoded in registers)
+//              M >= 128, G in {64, 128}, N % 8 == 0  int4_gemm_sm90 (CUTLASS mixed input: TMA, wgmma, 128 x 128
+//                                                   tiles of (N, M): below one M tile most of it idles)
+//   fp8_gemm   M < 128, fp32 out, or N, K % 16 > 0  fp8_gemm (mma.sync m16n8k32 e4m3; ptxas lowers it to HMMA)
+//              M >= 128, fp16 / bf16 out            fp8_gemm_sm90 (CUTLASS: QGMMA e4m3, per-token x per-channel
+//                                                   scales and bias in the epilogue)
+constexpr int64_t kInt4Sm90MinM = 128;
+constexpr int64_t kFp8Sm90MinM = 128;
+
+// DECODEKIT_SM90_GEMM: "auto" (default: the table above), "always" (whenever the shape allows, at any M:
+// tests and benchmarks), "never" (the mma.sync kernels only). Read per call, so tests can switch it.
+enum class Sm90Policy { kAuto, kAlways, kNever };
+
+Sm90Policy sm90_policy(const char* op) {
+  const char* v = std::getenv("DECODEKIT_SM90_GEMM");
+  if (v == nullptr || *v == 0 || std::strcmp(v, "auto") == 0) return Sm90Policy::kAuto;
+  if (std::strcmp(v, "always") == 0) return Sm90Policy::kAlways;
+  if (std::strcmp(v, "never") == 0) return Sm90Policy::kNever;
+  TORCH_CHECK(false, op, ": environment variable DECODEKIT_SM90_GEMM = '", v,
+              "' must be one of 'auto', 'always', 'never'");
+}
+
+bool want_sm90(const char* op, int64_t M, int64_t min_m) {
+  const Sm90Policy p = sm90_policy(op);
+  return p == Sm90Policy::kAlways || (p == Sm90Policy::kAuto && M >= min_m);
+}
+
+// Runs launch(workspace pointer, bytes) with a workspace of `bytes` from the caching allocator (graph-safe);
+// true when it ran, false when the path declined the call (cudaErrorNotSupported: nothing was launched).
+template <class F>
+bool try_sm90(const char* op, const at::Tensor& like, size_t bytes, F&& launch) {
+  if (bytes == 0) return false;
+  at::Tensor ws = at::empty({int64_t(bytes)}, like.options().dtype(at::kByte));
+  const cudaError_t err = launch(ws.data_ptr(), bytes);
+  if (err == cudaErrorNotSupported) return false;
+  dk::check_launch(op, err);
+  return true;
+}
 
 void int4_gemm_cuda(at::Tensor& out,                        // [M, N]
                     const at::Tensor& a,                    // [M, K]
@@ -27,6 +75,20 @@ void int4_gemm_cuda(at::Tensor& out,                        // [M, N]
                              dk::cuda::kQuantGemvMaxM);
   if (g.M == 0 || g.N == 0) return;
   c10::cuda::OptionalCUDAGuard guard(a.device());
+  if (a.scalar_type() != at::kFloat && want_sm90(op, g.M, kInt4Sm90MinM)) {
+    auto run = [&](auto type_tag) {
+      using T = decltype(type_tag);
+      return try_sm90(op, a, dk::cuda::int4_gemm_sm90_workspace_bytes<T>(g.M, g.N, g.K, int(group_size)),
+                      [&](void* ws, size_t bytes) {
+                        return dk::cuda::int4_gemm_sm90<T>(
+                            dk::cuda_ptr<T>(out), dk::cuda_ptr<T>(a), g.a_stride, qweight.data_ptr<uint8_t>(),
+                            dk::cuda_ptr<__half>(scales), dk::cuda_ptr<__half>(mins),
+                            bias.has_value() ? dk::cuda_ptr<T>(*bias) : nullptr, g.M, g.N, g.K, int(group_size), ws,
+                            bytes, c10::cuda::getCurrentCUDAStream());
+                      });
+    };
+    if (a.scalar_type() == at::kHalf ? run(__half{}) : run(__nv_bfloat16{})) return;
+  }
   if (g.M > dk::cuda::kQuantGemvMaxM) {
     DK_CUDA_DISPATCH_FLOATING(a.scalar_type(), op, [&] {
       dk::check_launch(op, dk::cuda::int4_gemm_mma<scalar_t>(
@@ -128,6 +190,18 @@ void fp8_gemm_cuda(at::Tensor& out,                        // [M, N]
   dk::check_cuda(op, "a", a);
   if (f.M == 0 || f.N == 0) return;
   c10::cuda::OptionalCUDAGuard guard(a.device());
+  if (out.scalar_type() != at::kFloat && want_sm90(op, f.M, kFp8Sm90MinM)) {
+    auto run = [&](auto type_tag) {
+      using T = decltype(type_tag);
+      return try_sm90(op, a, dk::cuda::fp8_gemm_sm90_workspace_bytes<T>(f.M, f.N, f.K), [&](void* ws, size_t bytes) {
+        return dk::cuda::fp8_gemm_sm90<T>(dk::cuda_ptr<T>(out), reinterpret_cast<const uint8_t*>(a.data_ptr()),
+                                          a_scale.data_ptr<float>(), reinterpret_cast<const uint8_t*>(weight.data_ptr()),
+                                          w_scale.data_ptr<float>(), bias.has_value() ? dk::cuda_ptr<T>(*bias) : nullptr,
+                                          f.M, f.N, f.K, ws, bytes, c10::cuda::getCurrentCUDAStream());
+      });
+    };
+    if (out.scalar_type() == at::kHalf ? run(__half{}) : run(__nv_bfloat16{})) return;
+  }
   DK_CUDA_DISPATCH_FLOATING(out.scalar_type(), op, [&] {
     dk::check_launch(op, dk::cuda::fp8_gemm<scalar_t>(
                              dk::cuda_ptr<scalar_t>(out), reinterpret_cast<const uint8_t*>(a.data_ptr()),

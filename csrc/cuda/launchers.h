@@ -19,6 +19,8 @@
 
 // X(T) for every storage type the CUDA launchers are instantiated for.
 #define DK_CUDA_LAUNCH_TYPES(X) X(float) X(__half) X(__nv_bfloat16)
+// X(T) for the 16-bit types of the CUTLASS sm90 GEMMs (gemm/sm90_gemm.cuh).
+#define DK_CUDA_SM90_TYPES(X) X(__half) X(__nv_bfloat16)
 
 namespace dk::cuda {
 
@@ -83,6 +85,23 @@ cudaError_t quantize_fp8(uint8_t* q, float* scale, const T* x, int64_t M, int64_
 template <class T>
 cudaError_t fp8_gemm(T* out, const uint8_t* a, const float* a_scale, const uint8_t* w, const float* w_scale,
                      const T* bias, int64_t M, int64_t N, int64_t K, cudaStream_t stream);
+
+// include/decodekit/gemm/sm90_gemm.cuh: CUTLASS sm90 (TMA + wgmma) GEMMs for large M, fp16 / bf16 only
+// (gemm_sm90_int4.cu, gemm_sm90_fp8.cu). *_workspace_bytes: the device workspace a call needs, 0 when the
+// shape cannot take the path; the GEMMs return cudaErrorNotSupported, having launched nothing, when
+// CUTLASS cannot implement the call.
+template <class T>
+size_t int4_gemm_sm90_workspace_bytes(int64_t M, int64_t N, int64_t K, int G);
+template <class T>
+cudaError_t int4_gemm_sm90(T* out, const T* a, int64_t a_stride, const uint8_t* qweight, const __half* scales,
+                           const __half* mins, const T* bias, int64_t M, int64_t N, int64_t K, int G,
+                           void* workspace, size_t workspace_bytes, cudaStream_t stream);
+template <class T>
+size_t fp8_gemm_sm90_workspace_bytes(int64_t M, int64_t N, int64_t K);
+template <class T>
+cudaError_t fp8_gemm_sm90(T* out, const uint8_t* a, const float* a_scale, const uint8_t* w, const float* w_scale,
+                          const T* bias, int64_t M, int64_t N, int64_t K, void* workspace, size_t workspace_bytes,
+                          cudaStream_t stream);
 
 // include/decodekit/sampling/rejection.cuh (defined in sampling.cu)
 cudaError_t rejection_sample_launch(int64_t* out, int32_t* num_emitted, const int64_t* draft, const int32_t* num_draft,

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.library import opcheck
 
-from dk_testing import DEVICES, DTYPES, TOL, randn
+from dk_testing import DEVICES, DTYPES, TOL, cuda_kernel_names, cuda_only, randn
 from decodekit import ops
 from decodekit.ops import reference as ref
 from decodekit.quant.fp8 import Fp8Weight, quantize_fp8_weight
@@ -48,6 +48,51 @@ def test_fp8_gemm(M, N, K, dtype, device, gen):
     bias = randn((N,), dtype, device, gen) if M % 2 else None
     out = ops.fp8_gemm(a, a_s, w, bias, dtype)
     _check(out, a, a_s, w, bias, dtype)
+
+
+# CUDA: the CUTLASS sm90 fp8 GEMM (QGMMA; a_scale x w_scale and bias in the epilogue,
+# include/decodekit/gemm/sm90_gemm.cuh) takes fp16 / bf16 outputs with N and K multiples of 16, from M = 128
+# (DECODEKIT_SM90_GEMM=auto) or at any M ("always"); fp32 outputs and N % 16 != 0 stay on the mma.sync
+# kernel. M tails of the 128-row tile, N tails (144, 272), K tails of the 128-deep tile (160, 576);
+# NaN-poisoned output.
+@pytest.mark.parametrize("policy", ["always", "auto"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M", [1, 5, 128, 300])
+@pytest.mark.parametrize("N, K", [(144, 160), (272, 576), (130, 64), (256, 1024)])
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
+def test_fp8_gemm_sm90(M, N, K, dtype, policy, device, monkeypatch, gen):
+    monkeypatch.setenv("DECODEKIT_SM90_GEMM", policy)
+    x = randn((M, K), dtype, device, gen)
+    w = quantize_fp8_weight(randn((N, K), torch.float32, device, gen, scale=0.05))
+    a, a_s = ops.quantize_fp8(x)
+    bias = randn((N,), dtype, device, gen) if M % 2 else None
+    out = torch.full((M, N), float("nan"), dtype=dtype, device=device)
+    names = cuda_kernel_names(lambda: torch.ops.decodekit.fp8_gemm(out, a, a_s, w.qweight, w.scales, bias))
+    _check(out, a, a_s, w, bias, dtype)
+    took = any("device_kernel" in n for n in names)  # cutlass::device_kernel<...>
+    eligible = dtype != torch.float32 and N % 16 == 0 and K % 16 == 0
+    assert took == (eligible and (policy == "always" or M >= 128)), names
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
+def test_fp8_gemm_sm90_graph(device, monkeypatch, gen):
+    """The sm90 fp8 path captured in a CUDA graph replays like eager on new inputs."""
+    monkeypatch.setenv("DECODEKIT_SM90_GEMM", "always")
+    w = quantize_fp8_weight(randn((272, 320), torch.float32, device, gen, scale=0.05))
+    x = randn((200, 320), torch.bfloat16, device, gen)
+    a, a_s = ops.quantize_fp8(x)
+    out = torch.empty(200, 272, dtype=torch.bfloat16, device=device)
+    torch.ops.decodekit.fp8_gemm(out, a, a_s, w.qweight, w.scales, None)  # warm-up outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        torch.ops.decodekit.fp8_gemm(out, a, a_s, w.qweight, w.scales, None)
+    a2, s2 = ops.quantize_fp8(randn((200, 320), torch.bfloat16, device, gen))
+    a.copy_(a2)
+    a_s.copy_(s2)
+    g.replay()
+    graphed = out.clone()
+    assert torch.equal(graphed, ops.fp8_gemm(a, a_s, w, None, torch.bfloat16))
+    _check(graphed, a, a_s, w, None, torch.bfloat16)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.library import opcheck
 
-from dk_testing import DEVICES, DTYPES, TOL, randn, strided_rows
+from dk_testing import DEVICES, DTYPES, TOL, cuda_kernel_names, cuda_only, randn, strided_rows
 from decodekit import ops
 from decodekit.ops import reference as ref
 from decodekit.quant import Int4Weight, from_gguf_q4_0, from_gguf_q4_1, to_gguf_q4_1
@@ -71,6 +71,58 @@ def test_int4_gemm_tiled(N, K, G, M, with_bias, dtype, device, gen):
     out = torch.full((M, N), float("nan"), dtype=dtype, device=device)
     ops.int4_gemm(a, w, bias, out=out)
     _check_gemm(out, a, w, bias, dtype)
+
+
+# CUDA: the CUTLASS sm90 mixed-input GEMM (include/decodekit/gemm/sm90_gemm.cuh) takes G = 64 / 128,
+# fp16 / bf16, N a multiple of 8, from M = 128 (DECODEKIT_SM90_GEMM=auto) or at any M ("always");
+# N % 8 != 0 and G = 32 fall back to the mma.sync kernel (still exact to the same bound). M tails of the
+# 128-token tile (1, 3, 127, 300), N tails of the 128-row tile (136, 264), several K tiles, a row-strided
+# view into a NaN-padded buffer, bias, NaN-poisoned output.
+SM90_SHAPES = [(136, 256, 64), (264, 384, 128), (520, 1024, 128), (130, 256, 64), (96, 256, 32)]
+
+
+@pytest.mark.parametrize("policy", ["always", "auto"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 3, 127, 128, 300])
+@pytest.mark.parametrize("N, K, G", SM90_SHAPES)
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
+def test_int4_gemm_sm90(N, K, G, M, dtype, policy, device, monkeypatch, gen):
+    monkeypatch.setenv("DECODEKIT_SM90_GEMM", policy)
+    w = _weight(N, K, G, device, gen)
+    a, _ = strided_rows(M, K, dtype, device, gen)
+    bias = randn((N,), dtype, device, gen) if M % 2 else None
+    out = torch.full((M, N), float("nan"), dtype=dtype, device=device)
+    names = cuda_kernel_names(lambda: ops.int4_gemm(a, w, bias, out=out))
+    _check_gemm(out, a, w, bias, dtype)
+    took = any("int4_sm90_interleave_kernel" in n for n in names)
+    eligible = G in (64, 128) and N % 8 == 0
+    assert took == (eligible and (policy == "always" or M >= 128)), names
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
+def test_int4_gemm_sm90_graph_and_policy(device, monkeypatch, gen):
+    """The sm90 path inside a CUDA graph (its workspace from the caching allocator) replays like eager on new
+    inputs, agrees with the mma.sync kernel ("never"); a bad DECODEKIT_SM90_GEMM value is a clear error."""
+    w = _weight(264, 512, 128, device, gen)
+    a = randn((256, 512), torch.bfloat16, device, gen)
+    out = torch.empty(256, 264, dtype=torch.bfloat16, device=device)
+    monkeypatch.setenv("DECODEKIT_SM90_GEMM", "always")
+    ops.int4_gemm(a, w, None, out=out)  # warm-up (CUTLASS's smem attribute) outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        ops.int4_gemm(a, w, None, out=out)
+    a.copy_(randn((256, 512), torch.bfloat16, device, gen))
+    g.replay()
+    graphed = out.clone()
+    eager = ops.int4_gemm(a, w, None)
+    assert torch.equal(graphed, eager)
+    _check_gemm(graphed, a, w, None, torch.bfloat16)
+    monkeypatch.setenv("DECODEKIT_SM90_GEMM", "never")
+    other = ops.int4_gemm(a, w, None)
+    _check_gemm(other, a, w, None, torch.bfloat16)
+    monkeypatch.setenv("DECODEKIT_SM90_GEMM", "sometimes")
+    with pytest.raises(RuntimeError, match="DECODEKIT_SM90_GEMM = 'sometimes' must be one of 'auto', 'always'"):
+        ops.int4_gemm(a, w, None)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -9,6 +9,7 @@
 #include "decodekit/gemm/int4_mma.cuh"
 #include "decodekit/gemm/fp8_gemm.cuh"
 #include "decodekit/gemm/fp8_gemm.h"
+#include "decodekit/gemm/sm90_prepare.cuh"
 
 #include <cmath>
 #include <cstring>
@@ -130,6 +131,57 @@ template <class T> void run_fp8(int M, int64_t N, int64_t K, int x_pad, bool wit
   if (bad) ++fails;
 }
 
+// The CUTLASS sm90 INT4 path's operand preparation (gemm/sm90_prepare.cuh): the interleaved activations
+// x and the fp32 transposed scales / mins, read the way the CUTLASS mixed-input kernel reads them (qweight
+// bytes as plain packed 4-bit elements, w = float(q) * s_t[g][n] + z_t[g][n]), must give the float64
+// product of our layout (int4_code / int4_weight on the original activations); scales exact; x's
+// padding past K never written (NaN-poisoned rows of a stride > K read only inside K).
+template <class T> void run_sm90_prepare(int M, int64_t N, int64_t K, int G, int a_pad) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const int64_t ng = K / G, a_stride = K + a_pad;
+  std::vector<uint8_t> q(size_t(N * K / 2));
+  for (auto& v : q) v = uint8_t(byte(rng));
+  std::vector<__half> sc(size_t(N * ng)), mn(size_t(N * ng));
+  for (auto& v : sc) v = __float2half(0.001f + 0.02f * std::fabs(nd(rng)));
+  for (auto& v : mn) v = __float2half(0.1f * nd(rng));
+  std::vector<T> a(size_t(M * a_stride), Conv<T>::store(NAN));
+  for (int m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) a[size_t(m * a_stride + k)] = Conv<T>::store(nd(rng));
+  std::vector<T> x(size_t(M * K) + 8, Conv<T>::store(NAN));
+  std::vector<float> s_t(size_t(N * ng) + 1, NAN), z_t(size_t(N * ng) + 1, NAN);
+  const cudaError_t err = cuda::int4_sm90_prepare<T>(x.data(), s_t.data(), z_t.data(), a.data(), a_stride, sc.data(),
+                                                     mn.data(), M, N, K, G, nullptr);
+  ++checks;
+  bool bad = err != cudaSuccess || !std::isnan(ld(x[size_t(M * K)])) || !std::isnan(s_t[size_t(N * ng)]);
+  for (int64_t n = 0; n < N && !bad; ++n)
+    for (int64_t g = 0; g < ng && !bad; ++g)
+      bad = s_t[size_t(g * N + n)] != __half2float(sc[size_t(n * ng + g)]) ||
+            z_t[size_t(g * N + n)] != __half2float(mn[size_t(n * ng + g)]);
+  if (bad) printf("FAIL sm90 prepare %s M=%d N=%ld K=%ld G=%d: status, padding or scales\n", tname<T>(), M, long(N),
+                  long(K), G);
+  for (int m = 0; m < M && !bad; ++m)
+    for (int64_t n = 0; n < N && !bad; ++n) {
+      const uint8_t* row = q.data() + n * (K / 2);
+      double want = 0, got = 0, mag = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t g = k / G;
+        const double w = int4_weight(int4_code(row, G, k), __half2float(sc[size_t(n * ng + g)]),
+                                     __half2float(mn[size_t(n * ng + g)]));
+        want += w * ld(a[size_t(m * a_stride + k)]);
+        mag += std::fabs(w * ld(a[size_t(m * a_stride + k)]));
+        const int plain = (k & 1) ? row[k / 2] >> 4 : row[k / 2] & 15;  // cutlass::uint4b_t order
+        got += (double(plain) * s_t[size_t(g * N + n)] + z_t[size_t(g * N + n)]) * ld(x[size_t(m * K + k)]);
+      }
+      if (!(std::fabs(got - want) <= 1e-12 * (1 + mag))) {
+        printf("FAIL sm90 prepare %s M=%d N=%ld K=%ld G=%d: [%d,%ld] %g vs %g\n", tname<T>(), M, long(N), long(K), G,
+               m, long(n), got, want);
+        bad = true;
+      }
+    }
+  if (bad) ++fails;
+}
+
 template <class T> void run_dequant(int64_t N, int64_t K, int G) {
   using C = typename Cpu<T>::type;
   std::uniform_int_distribution<int> byte(0, 255);
@@ -184,6 +236,8 @@ template <class T> void run_all() {
         run<T>(true, M, M % 2 ? 191 : 64, 2 * G + (G == 32 ? 64 : 0), G, M % 3 ? 0 : 5, M % 2 == 0, true);
     run<T>(true, 130, 577, 576, 64, 0, true, true);
     run<T>(true, 3, 70, 1536, 32, 1, false, true);  // small M works too
+    for (int G : {64, 128})
+      for (int M : {1, 5, 130}) run_sm90_prepare<T>(M, M == 130 ? 40 : 72, G == 64 ? 192 : 384, G, M % 2 ? 3 : 0);
     std::vector<float> fo(4);
     ++checks;
     if (cuda::int4_gemm_mma<float>(fo.data(), fo.data(), 4, nullptr, nullptr, nullptr, nullptr, 9, 1, 32, 32,

@@ -1,0 +1,267 @@
+// CUTLASS 3.x sm90 GEMMs (TMA loads, wgmma, warp-specialized persistent CTAs) for the large-M regime
+// (prefill, big batches) of int4_gemm and fp8_gemm. Torch-free; instantiated in csrc/cuda/gemm_sm90.cu,
+// dispatched by csrc/cuda/gemm_launch.cpp (the heuristic table there).
+//
+// INT4 W4A16 (the mixed-input collective, CUTLASS example 55's recipe, written for our layout):
+//  - the narrow operand must go through registers, so the product is computed transposed:
+//    out^T [N, M] = W [N, K] (operand A: our qweight bytes read as plain packed cutlass::uint4b_t,
+//    K-major) x X^T (operand B: the activations [M, K], K-major), stored column-major = out [M, N].
+//  - our nibble order is "group-split" (gemm/int4.h); read as plain packed 4-bit elements a group's
+//    logical element j is our element int4_interleaved_source(j, G) (gemm/int4_common.h), so the
+//    activations are first interleaved the same way (int4_sm90_interleave_kernel: exact, a copy).
+//  - scales and mins: the collective wants them MN-major ([K / G, N]) and dequantizes
+//    w = float(q) * scale + min in the scale type; we give it fp32 copies (int4_sm90_scales_kernel:
+//    fp16 -> fp32 exact, transposed), so each weight is scale * q + min in fp32 rounded once to T --
+//    exactly int4_weight() then the rounding the GEMV / mma.sync kernels do (same numerics as theirs).
+//  - epilogue: out^T = acc + bias[n] (a column broadcast in the transposed problem; no bias = 0).
+//  - K tile 64: the collective wants G to be a multiple of the K tile and at least 4 k16 steps per
+//    tile, so G = 32 (GGUF Q4_0 / Q4_1) cannot take this path; it stays on the mma.sync kernel.
+// fp8 W8A8 (e4m3 x e4m3 -> fp32 on wgmma, QGMMA in SASS): out [M, N] = a_scale[m] * (w_scale[n] * acc)
+// + bias[n], an epilogue visitor tree over the accumulators (per-token x per-channel scales).
+//
+// Workspace: one device buffer per call, sized by *_sm90_workspace_bytes (interleaved activations,
+// fp32 scales/mins, CUTLASS's own workspace), carved here; a call that cannot be implemented returns
+// cudaErrorNotSupported before launching anything (the launcher then takes the mma.sync kernels).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "decodekit/common/vec.cuh"  // aligned16: TMA and the epilogue loads want 16-byte aligned bases
+#include "decodekit/gemm/sm90_prepare.cuh"
+
+namespace dk::cuda {
+namespace sm90 {
+
+template <class T>
+struct CutlassType;
+template <>
+struct CutlassType<__half> {
+  using type = cutlass::half_t;
+};
+template <>
+struct CutlassType<__nv_bfloat16> {
+  using type = cutlass::bfloat16_t;
+};
+
+constexpr size_t kAlign = 256;  // every carved workspace piece starts 256-byte aligned (TMA wants 16)
+inline size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+// ---------------------------------------------------------------------------------------- INT4
+
+constexpr int kInt4KTile = 64;
+
+template <class T>
+struct Int4Config {
+  using Act = typename CutlassType<T>::type;  // activations, output, bias
+  using Quant = cutlass::uint4b_t;
+  using Scale = float;
+  // (weight rows N, tokens M, K) of the transposed problem
+  using TileShape = cute::Shape<cute::_128, cute::_128, cute::Int<kInt4KTile>>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using LayoutW = cutlass::layout::RowMajor;     // W [N, K], K contiguous
+  using LayoutX = cutlass::layout::ColumnMajor;  // X^T as operand B: X [M, K], K contiguous
+  using LayoutD = cutlass::layout::ColumnMajor;  // out^T [N, M] column-major = out [M, N] row-major
+  static constexpr int kAlignW = 128 / cutlass::sizeof_bits<Quant>::value;
+  static constexpr int kAlignX = 128 / cutlass::sizeof_bits<Act>::value;
+  static constexpr int kAlignD = kAlignX;
+
+  using Bias = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, Act, float>;
+  using Fusion = cutlass::epilogue::fusion::Sm90EVT<
+      cutlass::epilogue::fusion::Sm90Compute<cutlass::plus, Act, float, cutlass::FloatRoundStyle::round_to_nearest>,
+      cutlass::epilogue::fusion::Sm90AccFetch, Bias>;
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlignD, Act, LayoutD, kAlignD,
+      cutlass::epilogue::TmaWarpSpecializedCooperative, Fusion>::CollectiveOp;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cute::tuple<Quant, Scale, Scale>, LayoutW, kAlignW, Act,
+      LayoutX, kAlignX, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+
+template <class T>
+typename Int4Config<T>::Gemm::Arguments int4_arguments(T* out, const T* x, const uint8_t* qweight,
+                                                              const float* s_t, const float* z_t, const T* bias,
+                                                              int64_t M, int64_t N, int64_t K, int G) {
+  using C = Int4Config<T>;
+  using Kernel = typename C::Kernel;
+  using StrideW = typename Kernel::StrideA;
+  using StrideX = typename Kernel::StrideB;
+  using StrideD = typename Kernel::StrideD;
+  using StrideS = typename C::Mainloop::StrideScale;
+  const StrideW dW = cute::make_stride(K, cute::Int<1>{}, N * K);
+  const StrideX dX = cute::make_stride(K, cute::Int<1>{}, M * K);
+  const StrideD dD = cute::make_stride(cute::Int<1>{}, N, M * N);
+  const StrideS dS = cute::make_stride(cute::Int<1>{}, N, N * (K / G));
+  typename C::Gemm::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {int(N), int(M), int(K), 1},
+      {reinterpret_cast<const typename C::Quant*>(qweight), dW, reinterpret_cast<const typename C::Act*>(x), dX,
+       s_t, dS, G, z_t},
+      {{}, nullptr, dD, reinterpret_cast<typename C::Act*>(out), dD}};
+  // thread args of the tree: {AccFetch, Bias, plus}
+  args.epilogue.thread = {{}, {reinterpret_cast<const typename C::Act*>(bias)}, {}};
+  return args;
+}
+
+}  // namespace sm90
+
+// The shapes this path takes: G in {64, 128} (a multiple of the K tile), N a multiple of 8 (16-byte
+// rows of out^T and of the fp32 scales), M, N and K within int.
+inline bool int4_gemm_sm90_shape_ok(int64_t M, int64_t N, int64_t K, int G) {
+  return (G == 64 || G == 128) && K % G == 0 && N % 8 == 0 && M > 0 && N > 0 &&
+         M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX;
+}
+
+// Bytes of workspace int4_gemm_sm90 needs, or 0 when the shape cannot take this path.
+template <class T>
+size_t int4_gemm_sm90_workspace_bytes(int64_t M, int64_t N, int64_t K, int G) {
+  using namespace sm90;
+  if (!int4_gemm_sm90_shape_ok(M, N, K, G)) return 0;
+  const size_t x_bytes = align_up(size_t(M) * size_t(K) * sizeof(T));
+  const size_t s_bytes = align_up(size_t(N) * size_t(K / G) * sizeof(float));
+  auto args = int4_arguments<T>(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, M, N, K, G);
+  const size_t cutlass_bytes = Int4Config<T>::Gemm::get_workspace_size(args);
+  return x_bytes + 2 * s_bytes + align_up(cutlass_bytes) + kAlign;
+}
+
+// out [M, N] = a [M, K] (row stride a_stride) @ dequant(qweight [N, K/2], scales / mins [N, K/G])^T (+ bias [N])
+// through the CUTLASS mixed-input kernel; workspace: int4_gemm_sm90_workspace_bytes(M, N, K, G) bytes.
+template <class T>
+cudaError_t int4_gemm_sm90(T* out, const T* a, int64_t a_stride, const uint8_t* qweight, const __half* scales,
+                           const __half* mins, const T* bias, int64_t M, int64_t N, int64_t K, int G,
+                           void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  using namespace sm90;
+  const size_t need = int4_gemm_sm90_workspace_bytes<T>(M, N, K, G);
+  if (need == 0 || workspace_bytes < need || !aligned16(out) || !aligned16(qweight) || !aligned16(bias))
+    return cudaErrorNotSupported;
+  char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(workspace) + kAlign - 1) / kAlign * kAlign);
+  T* x = reinterpret_cast<T*>(base);
+  base += align_up(size_t(M) * size_t(K) * sizeof(T));
+  const int64_t KG = K / G;
+  float* s_t = reinterpret_cast<float*>(base);
+  base += align_up(size_t(N) * size_t(KG) * sizeof(float));
+  float* z_t = reinterpret_cast<float*>(base);
+  base += align_up(size_t(N) * size_t(KG) * sizeof(float));
+  void* cutlass_ws = base;
+
+  typename Int4Config<T>::Gemm gemm;
+  auto args = int4_arguments<T>(out, x, qweight, s_t, z_t, bias, M, N, K, G);
+  if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorNotSupported;
+  if (cudaError_t e = int4_sm90_prepare<T>(x, s_t, z_t, a, a_stride, scales, mins, M, N, K, G, stream);
+      e != cudaSuccess)
+    return e;
+  if (gemm.initialize(args, cutlass_ws, stream) != cutlass::Status::kSuccess) return cudaErrorUnknown;
+  if (gemm.run(stream) != cutlass::Status::kSuccess) return cudaErrorUnknown;
+  return cudaGetLastError();
+}
+
+// ---------------------------------------------------------------------------------------- fp8
+
+namespace sm90 {
+
+template <class T>
+struct Fp8Config {
+  using Out = typename CutlassType<T>::type;
+  using E4M3 = cutlass::float_e4m3_t;
+  using TileShape = cute::Shape<cute::_128, cute::_128, cute::_128>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using LayoutA = cutlass::layout::RowMajor;     // a [M, K]
+  using LayoutB = cutlass::layout::ColumnMajor;  // weight [N, K]
+  using LayoutD = cutlass::layout::RowMajor;     // out [M, N]
+  static constexpr int kAlignAB = 16, kAlignD = 128 / cutlass::sizeof_bits<Out>::value;
+
+  using WScale = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, float, float>;
+  using AScale = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, float, float>;
+  using Bias = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, Out, float>;
+  using Scaled = cutlass::epilogue::fusion::Sm90EVT<
+      cutlass::epilogue::fusion::Sm90Compute<cutlass::multiplies, float, float,
+                                             cutlass::FloatRoundStyle::round_to_nearest>,
+      WScale, cutlass::epilogue::fusion::Sm90AccFetch>;
+  using Fusion = cutlass::epilogue::fusion::Sm90EVT<
+      cutlass::epilogue::fusion::Sm90Compute<cutlass::homogeneous_multiply_add, Out, float,
+                                             cutlass::FloatRoundStyle::round_to_nearest>,
+      AScale, Scaled, Bias>;
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlignD, Out, LayoutD, kAlignD,
+      cutlass::epilogue::TmaWarpSpecializedCooperative, Fusion>::CollectiveOp;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, E4M3, LayoutA, kAlignAB, E4M3, LayoutB, kAlignAB, float,
+      TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+
+template <class T>
+typename Fp8Config<T>::Gemm::Arguments fp8_arguments(T* out, const uint8_t* a, const float* a_scale,
+                                                     const uint8_t* w, const float* w_scale, const T* bias,
+                                                     int64_t M, int64_t N, int64_t K) {
+  using C = Fp8Config<T>;
+  using Kernel = typename C::Kernel;
+  const typename Kernel::StrideA dA = cute::make_stride(K, cute::Int<1>{}, M * K);
+  const typename Kernel::StrideB dB = cute::make_stride(K, cute::Int<1>{}, N * K);
+  const typename Kernel::StrideD dD = cute::make_stride(N, cute::Int<1>{}, M * N);
+  typename C::Gemm::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {int(M), int(N), int(K), 1},
+      {reinterpret_cast<const typename C::E4M3*>(a), dA, reinterpret_cast<const typename C::E4M3*>(w), dB},
+      {{}, nullptr, dD, reinterpret_cast<typename C::Out*>(out), dD}};
+  // thread args of the tree: {AScale, {WScale, AccFetch, multiplies}, Bias, multiply_add}
+  args.epilogue.thread = {{a_scale}, {{w_scale}, {}, {}}, {reinterpret_cast<const typename C::Out*>(bias)}, {}};
+  return args;
+}
+
+}  // namespace sm90
+
+// The shapes this path takes: K and N multiples of 16 (16-byte TMA rows of a / weight and of out), within int.
+inline bool fp8_gemm_sm90_shape_ok(int64_t M, int64_t N, int64_t K) {
+  return K % 16 == 0 && N % 16 == 0 && M > 0 && N > 0 && K > 0 && M <= INT32_MAX && N <= INT32_MAX &&
+         K <= INT32_MAX;
+}
+
+// Bytes of workspace fp8_gemm_sm90 needs, or 0 when the shape cannot take this path.
+template <class T>
+size_t fp8_gemm_sm90_workspace_bytes(int64_t M, int64_t N, int64_t K) {
+  if (!fp8_gemm_sm90_shape_ok(M, N, K)) return 0;
+  auto args = sm90::fp8_arguments<T>(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, M, N, K);
+  return sm90::align_up(sm90::Fp8Config<T>::Gemm::get_workspace_size(args)) + sm90::kAlign;
+}
+
+// out [M, N] = a_scale[m] * w_scale[n] * (a [M, K] @ w [N, K]^T) (+ bias [N]), e4m3 inputs, fp32 accumulation.
+template <class T>
+cudaError_t fp8_gemm_sm90(T* out, const uint8_t* a, const float* a_scale, const uint8_t* w, const float* w_scale,
+                          const T* bias, int64_t M, int64_t N, int64_t K, void* workspace, size_t workspace_bytes,
+                          cudaStream_t stream) {
+  using namespace sm90;
+  const size_t need = fp8_gemm_sm90_workspace_bytes<T>(M, N, K);
+  if (need == 0 || workspace_bytes < need || !aligned16(out) || !aligned16(a) || !aligned16(w) ||
+      !aligned16(a_scale) || !aligned16(w_scale) || !aligned16(bias))
+    return cudaErrorNotSupported;
+  void* ws = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(workspace) + kAlign - 1) / kAlign * kAlign);
+  typename Fp8Config<T>::Gemm gemm;
+  auto args = fp8_arguments<T>(out, a, a_scale, w, w_scale, bias, M, N, K);
+  if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorNotSupported;
+  if (gemm.initialize(args, ws, stream) != cutlass::Status::kSuccess) return cudaErrorUnknown;
+  if (gemm.run(stream) != cutlass::Status::kSuccess) return cudaErrorUnknown;
+  return cudaGetLastError();
+}
+
+}  // namespace dk::cuda
