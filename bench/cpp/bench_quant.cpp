@@ -58,12 +58,22 @@ std::vector<int64_t> batch(bool quick, const Shape& s) {
 #endif
 }
 
-// sm90: the CUTLASS kernel (its workspace carved from the slot too); else the table's CUDA kernel.
+// sm90: the CUTLASS kernel (its workspace carved from the slot too); else the table's CUDA kernel, for
+// M > 8 int4_gemm_mma with the split-K plan of gemm/int4_mma_plan.h, or with `splits` ways when > 0
+// (the "int4_gemm S=1" rows: the unsplit kernel, to measure the plan against).
 template <class T>
-void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm90 = false) {
+void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm90 = false, int splits = 0) {
   const int64_t N = sh.N, K = sh.K, ng = K / sh.G;
   const int G = sh.G;
   size_t ws_bytes = 0;
+#if defined(__CUDACC__)
+  if (!sm90 && M > dk::cuda::kQuantGemvRows) {
+    int sms = 0;
+    if (splits <= 0 && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) sms = 0;
+    if (splits <= 0) splits = dk::cuda::int4_mma_splits(M, N, K, G, sms);
+    if (splits > 1) ws_bytes = size_t(splits) * size_t(M * N) * sizeof(float);
+  }
+#endif
 #if defined(__CUDACC__) && defined(DECODEKIT_CUTLASS)
   if constexpr (sizeof(T) == 2)
     if (sm90) ws_bytes = dk::cuda::int4_gemm_sm90_workspace_bytes<dkb::cuda_t<T>>(M, N, K, G);
@@ -79,7 +89,7 @@ void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm
     return c.used;
   };
   dkb::Case c;
-  c.bench = sm90 ? "int4_gemm_sm90" : "int4_gemm";
+  c.bench = sm90 ? "int4_gemm_sm90" : splits == 1 && M > 8 ? "int4_gemm S=1" : "int4_gemm";
   c.shape = std::string(sh.name) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + " G=" + std::to_string(G) +
             " M=" + std::to_string(M);
   c.dtype = dkb::DtypeName<T>::value;
@@ -110,7 +120,7 @@ void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm
       return dk::cuda::quant_gemv<D>(reinterpret_cast<D*>(out), reinterpret_cast<const D*>(a), K, q, hs, hm, nullptr,
                                      int(M), N, K, G, true, st);
     return dk::cuda::int4_gemm_mma<D>(reinterpret_cast<D*>(out), reinterpret_cast<const D*>(a), K, q, hs, hm, nullptr,
-                                      M, N, K, G, st);
+                                      M, N, K, G, splits, splits > 1 ? reinterpret_cast<float*>(ws) : nullptr, st);
   };
 #endif
   cases.push_back(std::move(c));
@@ -176,6 +186,9 @@ void add_cases(std::vector<dkb::Case>& cases, bool quick) {
     for (int64_t M : batch<T>(quick, sh)) {
       add_int4<T>(cases, sh, M);
       add_fp8<T>(cases, sh, M);
+#if defined(__CUDACC__)
+      if (std::is_same_v<T, dk::bf16_t> && (M == 16 || M == 64)) add_int4<T>(cases, sh, M, false, 1);
+#endif
 #if defined(__CUDACC__) && defined(DECODEKIT_CUTLASS)
       if (std::is_same_v<T, dk::bf16_t> && M >= 16) {
         add_int4<T>(cases, sh, M, true);

@@ -13,8 +13,8 @@ static_assert(dk::cuda::kQuantGemvMaxM == dk::cuda::kQuantGemvRows, "launchers.h
                                                const __half*, const T*, int, int64_t, int64_t, int, bool,     \
                                                cudaStream_t);                                                 \
   template cudaError_t dk::cuda::int4_gemm_mma<T>(T*, const T*, int64_t, const uint8_t*, const __half*,        \
-                                                  const __half*, const T*, int64_t, int64_t, int64_t, int,    \
-                                                  cudaStream_t);                                              \
+                                                  const __half*, const T*, int64_t, int64_t, int64_t, int, int, \
+                                                  float*, cudaStream_t);                                      \
   template cudaError_t dk::cuda::quantize_fp8<T>(uint8_t*, float*, const T*, int64_t, int64_t, int64_t,       \
                                                  cudaStream_t);                                               \
   template cudaError_t dk::cuda::fp8_gemm<T>(T*, const uint8_t*, const float*, const uint8_t*, const float*,   \

@@ -20,7 +20,8 @@ namespace {
 // H200 runs of bench_quant_cuda -- rows "int4_gemm" vs "int4_gemm_sm90", "fp8_gemm" vs "fp8_gemm_sm90"
 // -- measure them):
 //   int4_gemm  M <= 8                               quant_gemv (one warp per output row, weights streamed)
-//              9 <= M < 128, or G = 32, or N % 8 > 0 int4_gemm_mma (mma.sync m16n8k16, codes decoded in registers)
+//              9 <= M < 128, or G = 32, or N % 8 > 0 int4_gemm_mma (mma.sync m16n8k16, codes decoded in registers;
+//                                                   split-K when the grid is small: gemm/int4_mma_plan.h)
 //              M >= 128, G in {64, 128}, N % 8 == 0  int4_gemm_sm90 (CUTLASS mixed input: TMA, wgmma, 128 x 128
 //                                                   tiles of (N, M): below one M tile most of it idles)
 //   fp8_gemm   M < 128, fp32 out, or N, K % 16 > 0  fp8_gemm (mma.sync m16n8k32 e4m3; ptxas lowers it to HMMA)
@@ -45,6 +46,15 @@ Sm90Policy sm90_policy(const char* op) {
 bool want_sm90(const char* op, int64_t M, int64_t min_m) {
   const Sm90Policy p = sm90_policy(op);
   return p == Sm90Policy::kAlways || (p == Sm90Policy::kAuto && M >= min_m);
+}
+
+// Multiprocessors of the tensor's GPU (the split-K plan of int4_gemm_mma).
+int sm_count(const at::Tensor& t) {
+  int n = 0;
+  const cudaError_t err = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, t.get_device());
+  TORCH_CHECK(err == cudaSuccess, "decodekit::int4_gemm: cannot read the GPU's multiprocessor count: ",
+              cudaGetErrorString(err));
+  return n;
 }
 
 // Runs launch(workspace pointer, bytes) with a workspace of `bytes` from the caching allocator (graph-safe);
@@ -90,12 +100,16 @@ void int4_gemm_cuda(at::Tensor& out,                        // [M, N]
     if (a.scalar_type() == at::kHalf ? run(__half{}) : run(__nv_bfloat16{})) return;
   }
   if (g.M > dk::cuda::kQuantGemvMaxM) {
+    const int splits = dk::cuda::int4_mma_splits(g.M, g.N, g.K, int(group_size), sm_count(a));
+    at::Tensor partial;  // [splits, M, N] fp32 partial sums (split-K)
+    if (splits > 1) partial = at::empty({splits, g.M, g.N}, a.options().dtype(at::kFloat));
     DK_CUDA_DISPATCH_FLOATING(a.scalar_type(), op, [&] {
       dk::check_launch(op, dk::cuda::int4_gemm_mma<scalar_t>(
                                dk::cuda_ptr<scalar_t>(out), dk::cuda_ptr<scalar_t>(a), g.a_stride,
                                qweight.data_ptr<uint8_t>(), dk::cuda_ptr<__half>(scales), dk::cuda_ptr<__half>(mins),
                                bias.has_value() ? dk::cuda_ptr<scalar_t>(*bias) : nullptr, g.M, g.N, g.K,
-                               int(group_size), c10::cuda::getCurrentCUDAStream()));
+                               int(group_size), splits, splits > 1 ? partial.data_ptr<float>() : nullptr,
+                               c10::cuda::getCurrentCUDAStream()));
     });
     return;
   }

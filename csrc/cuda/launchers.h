@@ -16,6 +16,7 @@
 
 #include "decodekit/attention/common.h"  // PagedLayout, KVScales (torch-free, host-compatible)
 #include "decodekit/common/fp8.h"        // fp8_e4m3_t (the fp8 KV-cache storage type)
+#include "decodekit/gemm/int4_mma_plan.h"  // int4_mma_splits (host-only)
 
 // X(T) for every storage type the CUDA launchers are instantiated for.
 #define DK_CUDA_LAUNCH_TYPES(X) X(float) X(__half) X(__nv_bfloat16)
@@ -72,11 +73,12 @@ template <class T>
 cudaError_t int8_dequantize_rows(T* w, const int8_t* qweight, const __half* scales, const int64_t* ids, int64_t R,
                                  int64_t N, int64_t K, int G, cudaStream_t stream);
 inline constexpr int kQuantGemvMaxM = 8;  // = int4.cuh's
-// include/decodekit/gemm/int4_mma.cuh: INT4 GEMM on tensor cores for any M (half / bf16 only)
+// include/decodekit/gemm/int4_mma.cuh: INT4 GEMM on tensor cores for any M (half / bf16 only); split-K
+// ways from int4_mma_splits (gemm/int4_mma_plan.h), partial: splits * M * N floats when splits > 1
 template <class T>
 cudaError_t int4_gemm_mma(T* out, const T* a, int64_t a_stride, const uint8_t* qweight, const __half* scales,
-                          const __half* mins, const T* bias, int64_t M, int64_t N, int64_t K, int G,
-                          cudaStream_t stream);
+                          const __half* mins, const T* bias, int64_t M, int64_t N, int64_t K, int G, int splits,
+                          float* partial, cudaStream_t stream);
 
 // include/decodekit/gemm/fp8_gemm.cuh: fp8 e4m3 W8A8
 template <class T>

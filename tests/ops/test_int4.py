@@ -99,6 +99,30 @@ def test_int4_gemm_sm90(N, K, G, M, dtype, policy, device, monkeypatch, gen):
     assert took == (eligible and (policy == "always" or M >= 128)), names
 
 
+# CUDA split-K of the mma.sync kernel (gemm/int4_mma_plan.h: more CTAs when the grid is small; partial sums
+# reduced in order): long K against small M and N, so the plan splits (2 to 14 ways here; uneven group ranges).
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("M", [9, 16, 17])
+@pytest.mark.parametrize("N, K, G", [(130, 4096, 128), (200, 2304, 64), (72, 8192, 32)])
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
+def test_int4_gemm_split_k(N, K, G, M, dtype, device, monkeypatch, gen):
+    monkeypatch.setenv("DECODEKIT_SM90_GEMM", "never")
+    w = _weight(N, K, G, device, gen)
+    a, _ = strided_rows(M, K, dtype, device, gen)
+    bias = randn((N,), dtype, device, gen) if M != 16 else None
+    out = torch.full((M, N), float("nan"), dtype=dtype, device=device)
+    names = cuda_kernel_names(lambda: ops.int4_gemm(a, w, bias, out=out))
+    _check_gemm(out, a, w, bias, dtype)
+    assert any("int4_mma_reduce_kernel" in n for n in names), names  # the plan split these
+    g = torch.cuda.CUDAGraph()  # the partial-sum workspace inside a capture
+    with torch.cuda.graph(g):
+        ops.int4_gemm(a, w, bias, out=out)
+    eager = out.clone()
+    out.fill_(float("nan"))
+    g.replay()
+    assert torch.equal(out, eager)
+
+
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
 def test_int4_gemm_sm90_graph_and_policy(device, monkeypatch, gen):
     """The sm90 path inside a CUDA graph (its workspace from the caching allocator) replays like eager on new

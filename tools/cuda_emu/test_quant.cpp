@@ -23,7 +23,7 @@ static int fails = 0, checks = 0;
 template <class T> double out_tol() { return sizeof(T) == 4 ? 2e-6 : std::is_same_v<T, __half> ? 1e-3 : 8e-3; }
 
 template <class T> void run(bool int4, int M, int64_t N, int64_t K, int G, int a_pad, bool with_bias,
-                            bool mma = false) {
+                            bool mma = false, int splits = 1) {
   using C = typename Cpu<T>::type;
   std::uniform_int_distribution<int> byte(0, 255);
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -38,8 +38,10 @@ template <class T> void run(bool int4, int M, int64_t N, int64_t K, int G, int a
   for (auto& x : a) x = Conv<T>::store(nd(rng));
   for (auto& x : bias) x = Conv<T>::store(nd(rng));
   std::vector<T> out(size_t(M * N), Conv<T>::store(NAN));
+  std::vector<float> partial(size_t(splits * M * N), NAN);  // split-K sums (splits > 1)
   cudaError_t err = mma ? cuda::int4_gemm_mma<T>(out.data(), a.data(), a_stride, q.data(), sc.data(), mn.data(),
-                                                 with_bias ? bias.data() : nullptr, M, N, K, G, nullptr)
+                                                 with_bias ? bias.data() : nullptr, M, N, K, G, splits,
+                                                 splits > 1 ? partial.data() : nullptr, nullptr)
                         : cuda::quant_gemv<T>(out.data(), a.data(), a_stride, q.data(), sc.data(),
                                               int4 ? mn.data() : nullptr, with_bias ? bias.data() : nullptr, M, N, K,
                                               G, int4, nullptr);
@@ -68,9 +70,9 @@ template <class T> void run(bool int4, int M, int64_t N, int64_t K, int G, int a
       const double got = ld(out[m * N + n]), cp = ld(ocpu[m * N + n]);
       const double tol = out_tol<T>() * (1 + mag) + 1e-6 * mag;
       if (!(std::fabs(got - want) <= tol) || !(std::fabs(cp - want) <= tol)) {
-        printf("FAIL %s %s M=%d N=%ld K=%ld G=%d: out[%d,%ld] = %g (cpu %g), want %g\n",
+        printf("FAIL %s %s M=%d N=%ld K=%ld G=%d splits=%d: out[%d,%ld] = %g (cpu %g), want %g\n",
                mma ? "int4 mma" : int4 ? "int4" : "int8",
-               tname<T>(), M, long(N), long(K), G, m, long(n), got, cp, want);
+               tname<T>(), M, long(N), long(K), G, splits, m, long(n), got, cp, want);
         bad = true;
       }
     }
@@ -236,12 +238,29 @@ template <class T> void run_all() {
         run<T>(true, M, M % 2 ? 191 : 64, 2 * G + (G == 32 ? 64 : 0), G, M % 3 ? 0 : 5, M % 2 == 0, true);
     run<T>(true, 130, 577, 576, 64, 0, true, true);
     run<T>(true, 3, 70, 1536, 32, 1, false, true);  // small M works too
+    // split-K (blockIdx.z over the groups, partial sums then the in-order reduction; bias added once):
+    // uneven group ranges (ng = 9 over 2 and 5 ways), more splits than groups (zero-group splits), tails
+    for (int G : {32, 64, 128})
+      for (int S : {2, 3, 5})
+        run<T>(true, S == 3 ? 40 : 17, S == 5 ? 200 : 130, 9 * G, G, S == 2 ? 3 : 0, S != 3, true, S);
+    run<T>(true, 9, 64, 128, 64, 0, true, true, 4);  // 2 groups over 4 splits
+    ++checks;
+    if (cuda::int4_gemm_mma<T>(nullptr, nullptr, 32, nullptr, nullptr, nullptr, nullptr, 9, 1, 32, 32, 2, nullptr,
+                               nullptr) != cudaErrorInvalidValue) { printf("FAIL splits without workspace accepted\n"); ++fails; }
+    // the plan: 1 for a full grid, more for a small one, bounded by traffic, 16 and the groups
+    ++checks;
+    if (cuda::int4_mma_splits(16, 4096, 4096, 128, 132) != 4 || cuda::int4_mma_splits(64, 4096, 4096, 128, 132) != 1 ||
+        cuda::int4_mma_splits(9, 28672, 4096, 128, 132) != 2 || cuda::int4_mma_splits(9, 576, 576, 32, 132) != 1 ||
+        cuda::int4_mma_splits(9, 4096, 14336, 128, 132) != 9) {
+      printf("FAIL int4_mma_splits plan\n");
+      ++fails;
+    }
     for (int G : {64, 128})
       for (int M : {1, 5, 130}) run_sm90_prepare<T>(M, M == 130 ? 40 : 72, G == 64 ? 192 : 384, G, M % 2 ? 3 : 0);
     std::vector<float> fo(4);
     ++checks;
-    if (cuda::int4_gemm_mma<float>(fo.data(), fo.data(), 4, nullptr, nullptr, nullptr, nullptr, 9, 1, 32, 32,
-                                   nullptr) != cudaErrorInvalidValue) { printf("FAIL mma fp32 accepted\n"); ++fails; }
+    if (cuda::int4_gemm_mma<float>(fo.data(), fo.data(), 4, nullptr, nullptr, nullptr, nullptr, 9, 1, 32, 32, 1,
+                                   nullptr, nullptr) != cudaErrorInvalidValue) { printf("FAIL mma fp32 accepted\n"); ++fails; }
   }
   for (int M : {1, 5, 16, 17, 40, 70})
     run_fp8<T>(M, M % 2 ? 191 : 64, M % 3 ? 96 : 576, M % 4 ? 0 : 3, M % 2 == 0);

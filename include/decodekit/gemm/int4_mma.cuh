@@ -14,6 +14,9 @@
 //    two k16 steps' B fragments per chunk, multiplied with A fragments from ldmatrix by
 //    mma.sync m16n8k16 (fp32 accumulators).
 //  - rows of a past M and weights past N are zeros, their outputs are not written.
+//  - split-K (int4_mma_splits, gemm/int4_mma_plan.h): blockIdx.z takes groups [ng z / S, ng (z+1) / S) and
+//    writes its fp32 sums to partial[z] [M, N]; int4_mma_reduce_kernel adds the S of them in order
+//    (+ bias) and rounds once to T. S = 1 writes out directly.
 // Numerics: like decoding the weight to T then a T GEMM with fp32 accumulation (what the dense
 // path does): each weight rounded once to T, products and sums in fp32.
 #pragma once
@@ -25,6 +28,7 @@
 #include "decodekit/common/mma.cuh"
 #include "decodekit/common/vec.cuh"
 #include "decodekit/gemm/int4_common.h"
+#include "decodekit/gemm/int4_mma_plan.h"
 
 namespace dk::cuda {
 namespace gemm_detail {
@@ -32,6 +36,7 @@ namespace gemm_detail {
 constexpr int kMmaWarps = 4;
 constexpr int kMmaNT = 2;                         // n8 tiles per warp
 constexpr int kMmaN = kMmaWarps * kMmaNT * 8;     // output features per CTA
+static_assert(kMmaN == kInt4MmaFeatures, "int4_mma_plan.h's CTA width");
 
 // Four bytes of a 16-byte chunk held as words w[0..3]: bytes c, c + 1, c + 8, c + 9 (c even, < 8)
 // as one word (byte order: c, c+1, c+8, c+9), selects only (no run-time register indexing).
@@ -50,6 +55,7 @@ int4_gemm_mma_kernel(T* __restrict__ out,              // [M, N]
                      const __half* __restrict__ scales,    // [N, K/G]
                      const __half* __restrict__ mins,      // [N, K/G]
                      const T* __restrict__ bias,           // [N] or null
+                     float* __restrict__ partial,          // [splits, M, N] (splits > 1) or null
                      int64_t M, int64_t N, int64_t K, int G) {
   constexpr int BM = 16 * MT;
   constexpr int LDA = 128 + 8;  // the largest group (128) + 16 bytes of padding
@@ -59,6 +65,7 @@ int4_gemm_mma_kernel(T* __restrict__ out,              // [M, N]
   const int64_t m0 = int64_t(blockIdx.y) * BM;
   const int64_t nw = int64_t(blockIdx.x) * kMmaN + warp * (kMmaNT * 8);  // this warp's first feature
   const int64_t ng = K / G;
+  const int64_t g_begin = ng * blockIdx.z / gridDim.z, g_end = ng * (blockIdx.z + 1) / gridDim.z;
 
   float acc[MT][kMmaNT][4];
 #pragma unroll
@@ -79,7 +86,7 @@ int4_gemm_mma_kernel(T* __restrict__ out,              // [M, N]
   }
 
 #pragma unroll 1
-  for (int64_t g = 0; g < ng; ++g) {
+  for (int64_t g = g_begin; g < g_end; ++g) {
     // a[m0 .. m0 + BM, g*G .. g*G + G) -> a_s (zeros past M), 2 elements per access
     __syncthreads();
     for (int i = tid; i < BM * G / 2; i += kMmaWarps * 32) {
@@ -144,28 +151,51 @@ int4_gemm_mma_kernel(T* __restrict__ out,              // [M, N]
         const int64_t n = nw + 8 * t + cl + (e & 1);
         if (m < M && n < N) {
           float v = acc[i][t][e];
-          if (bias != nullptr) v += to_float(bias[n]);
-          out[m * N + n] = from_float<T>(v);
+          if (partial != nullptr) {
+            partial[(int64_t(blockIdx.z) * M + m) * N + n] = v;
+          } else {
+            if (bias != nullptr) v += to_float(bias[n]);
+            out[m * N + n] = from_float<T>(v);
+          }
         }
       }
+}
+
+// out[m, n] = T(sum over the splits, in order, of partial[s][m][n] (+ bias[n])).
+template <class T>
+__global__ void __launch_bounds__(256)
+int4_mma_reduce_kernel(T* __restrict__ out,                 // [M, N]
+                       const float* __restrict__ partial,   // [splits, M, N]
+                       const T* __restrict__ bias,          // [N] or null
+                       int64_t M, int64_t N, int splits) {
+  const int64_t total = M * N;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    float v = partial[i];
+    for (int s = 1; s < splits; ++s) v += partial[int64_t(s) * total + i];
+    if (bias != nullptr) v += to_float(bias[i % N]);
+    out[i] = from_float<T>(v);
+  }
 }
 
 }  // namespace gemm_detail
 
 // out [M, N] = a [M, K] @ w^T (+ bias) on tensor cores, w packed INT4 (any M >= 1; meant for
 // M > kQuantGemvRows). T: half or bf16 (float: cudaErrorInvalidValue); K a multiple of G,
-// G in {32, 64, 128}; qweight 16-byte aligned.
+// G in {32, 64, 128}; qweight 16-byte aligned. splits >= 1 ways of K (int4_mma_splits); more than one
+// needs `partial`, splits * M * N floats of device workspace.
 template <class T>
 cudaError_t int4_gemm_mma(T* out, const T* a, int64_t a_stride, const uint8_t* qweight, const __half* scales,
-                          const __half* mins, const T* bias, int64_t M, int64_t N, int64_t K, int G,
-                          cudaStream_t stream) {
+                          const __half* mins, const T* bias, int64_t M, int64_t N, int64_t K, int G, int splits,
+                          float* partial, cudaStream_t stream) {
   using namespace gemm_detail;
   if constexpr (!kIsMmaType<T>) {
     return cudaErrorInvalidValue;
   } else {
     if (M <= 0 || N <= 0) return cudaSuccess;
-    if ((G != 32 && G != 64 && G != 128) || K % G != 0 || !aligned16(qweight) || mins == nullptr)
+    if ((G != 32 && G != 64 && G != 128) || K % G != 0 || !aligned16(qweight) || mins == nullptr || splits < 1 ||
+        splits > 65535 || (splits > 1 && partial == nullptr))
       return cudaErrorInvalidValue;
+    float* part = splits > 1 ? partial : nullptr;
     const int64_t gx = ceil_div(N, int64_t(kMmaN));
     const dim3 block(kMmaWarps * 32);
     if (gx > 0x7fffffff) return cudaErrorInvalidValue;
@@ -173,13 +203,18 @@ cudaError_t int4_gemm_mma(T* out, const T* a, int64_t a_stride, const uint8_t* q
   {                                                                                                            \
     const int64_t gy = ceil_div(M, int64_t(16 * MT));                                                          \
     if (gy > 65535) return cudaErrorInvalidValue;                                                              \
-    int4_gemm_mma_kernel<T, MT><<<dim3(unsigned(gx), unsigned(gy)), block, 0, stream>>>(                      \
-        out, a, a_stride, qweight, scales, mins, bias, M, N, K, G);                                            \
+    const dim3 grid = dim3(unsigned(gx), unsigned(gy), unsigned(splits));                                      \
+    int4_gemm_mma_kernel<T, MT><<<grid, block, 0, stream>>>(out, a, a_stride, qweight, scales, mins, bias, part, \
+                                                            M, N, K, G);                                       \
   }
-    if (M <= 16) DK_MMA_LAUNCH(1)
-    else if (M <= 32) DK_MMA_LAUNCH(2)
+    if (int4_mma_block_rows(M) == 16) DK_MMA_LAUNCH(1)
+    else if (int4_mma_block_rows(M) == 32) DK_MMA_LAUNCH(2)
     else DK_MMA_LAUNCH(4)
 #undef DK_MMA_LAUNCH
+    if (splits > 1) {
+      const int64_t blocks = std::min<int64_t>(ceil_div(M * N, int64_t(256)), 65535);
+      int4_mma_reduce_kernel<T><<<unsigned(blocks), 256, 0, stream>>>(out, partial, bias, M, N, splits);
+    }
     return cudaGetLastError();
   }
 }
