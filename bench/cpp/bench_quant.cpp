@@ -59,7 +59,7 @@ std::vector<int64_t> batch(bool quick, const Shape& s) {
 }
 
 // sm90: the CUTLASS kernel (its workspace carved from the slot too); else the table's CUDA kernel, for
-// M > 8 int4_gemm_mma with the split-K plan of gemm/int4_mma_plan.h, or with `splits` ways when > 0
+// M > 8 int4_gemm_mma with the split-K plan of gemm/mma_plan.h, or with `splits` ways when > 0
 // (the "int4_gemm S=1" rows: the unsplit kernel, to measure the plan against).
 template <class T>
 void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm90 = false, int splits = 0) {
@@ -126,10 +126,19 @@ void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm
   cases.push_back(std::move(c));
 }
 
+// sm90: the CUTLASS kernel; else the mma.sync kernel with the split-K plan, or `splits` ways when > 0.
 template <class T>
-void add_fp8(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm90 = false) {
+void add_fp8(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm90 = false, int splits = 0) {
   const int64_t N = sh.N, K = sh.K;
   size_t wk_bytes = 0;
+#if defined(__CUDACC__)
+  if (!sm90) {
+    int sms = 0;
+    if (splits <= 0 && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) sms = 0;
+    if (splits <= 0) splits = dk::cuda::fp8_mma_splits(M, N, K, sms);
+    if (splits > 1) wk_bytes = size_t(splits) * size_t(M * N) * sizeof(float);
+  }
+#endif
 #if defined(__CUDACC__) && defined(DECODEKIT_CUTLASS)
   if constexpr (sizeof(T) == 2)
     if (sm90) wk_bytes = dk::cuda::fp8_gemm_sm90_workspace_bytes<dkb::cuda_t<T>>(M, N, K);
@@ -145,7 +154,7 @@ void add_fp8(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm9
     return c.used;
   };
   dkb::Case c;
-  c.bench = sm90 ? "fp8_gemm_sm90" : "fp8_gemm";
+  c.bench = sm90 ? "fp8_gemm_sm90" : splits == 1 ? "fp8_gemm S=1" : "fp8_gemm";
   c.shape = std::string(sh.name) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + " M=" + std::to_string(M);
   c.dtype = dkb::DtypeName<T>::value;
   c.bytes = double(N) * K + 4.0 * (N + M) + double(M) * K + double(M) * N * sizeof(T);
@@ -169,7 +178,8 @@ void add_fp8(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm9
         return dk::cuda::fp8_gemm_sm90<D>(reinterpret_cast<D*>(out), a, as, w, ws, nullptr, M, N, K, wk, wk_bytes,
                                           st);
 #endif
-    return dk::cuda::fp8_gemm<D>(reinterpret_cast<D*>(out), a, as, w, ws, nullptr, M, N, K, st);
+    return dk::cuda::fp8_gemm<D>(reinterpret_cast<D*>(out), a, as, w, ws, nullptr, M, N, K, splits,
+                                 splits > 1 ? reinterpret_cast<float*>(wk) : nullptr, st);
   };
 #endif
   cases.push_back(std::move(c));
@@ -187,7 +197,10 @@ void add_cases(std::vector<dkb::Case>& cases, bool quick) {
       add_int4<T>(cases, sh, M);
       add_fp8<T>(cases, sh, M);
 #if defined(__CUDACC__)
-      if (std::is_same_v<T, dk::bf16_t> && (M == 16 || M == 64)) add_int4<T>(cases, sh, M, false, 1);
+      if (std::is_same_v<T, dk::bf16_t> && (M == 16 || M == 64)) {
+        add_int4<T>(cases, sh, M, false, 1);
+        add_fp8<T>(cases, sh, M, false, 1);
+      }
 #endif
 #if defined(__CUDACC__) && defined(DECODEKIT_CUTLASS)
       if (std::is_same_v<T, dk::bf16_t> && M >= 16) {

@@ -18,7 +18,7 @@ static_assert(dk::cuda::kQuantGemvMaxM == dk::cuda::kQuantGemvRows, "launchers.h
   template cudaError_t dk::cuda::quantize_fp8<T>(uint8_t*, float*, const T*, int64_t, int64_t, int64_t,       \
                                                  cudaStream_t);                                               \
   template cudaError_t dk::cuda::fp8_gemm<T>(T*, const uint8_t*, const float*, const uint8_t*, const float*,   \
-                                             const T*, int64_t, int64_t, int64_t, cudaStream_t);              \
+                                             const T*, int64_t, int64_t, int64_t, int, float*, cudaStream_t);   \
   template cudaError_t dk::cuda::int4_dequantize<T>(T*, const uint8_t*, const __half*, const __half*, int64_t, \
                                                     int64_t, int, cudaStream_t);                              \
   template cudaError_t dk::cuda::int8_dequantize_rows<T>(T*, const int8_t*, const __half*, const int64_t*,     \

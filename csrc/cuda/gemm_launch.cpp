@@ -21,10 +21,11 @@ namespace {
 // -- measure them):
 //   int4_gemm  M <= 8                               quant_gemv (one warp per output row, weights streamed)
 //              9 <= M < 128, or G = 32, or N % 8 > 0 int4_gemm_mma (mma.sync m16n8k16, codes decoded in registers;
-//                                                   split-K when the grid is small: gemm/int4_mma_plan.h)
+//                                                   split-K when the grid is small: gemm/mma_plan.h)
 //              M >= 128, G in {64, 128}, N % 8 == 0  int4_gemm_sm90 (CUTLASS mixed input: TMA, wgmma, 128 x 128
 //                                                   tiles of (N, M): below one M tile most of it idles)
-//   fp8_gemm   M < 128, fp32 out, or N, K % 16 > 0  fp8_gemm (mma.sync m16n8k32 e4m3; ptxas lowers it to HMMA)
+//   fp8_gemm   M < 128, fp32 out, or N, K % 16 > 0  fp8_gemm (mma.sync m16n8k32 e4m3; ptxas lowers it to HMMA;
+//                                                   split-K when the grid is small: gemm/mma_plan.h)
 //              M >= 128, fp16 / bf16 out            fp8_gemm_sm90 (CUTLASS: QGMMA e4m3, per-token x per-channel
 //                                                   scales and bias in the epilogue)
 constexpr int64_t kInt4Sm90MinM = 128;
@@ -48,11 +49,11 @@ bool want_sm90(const char* op, int64_t M, int64_t min_m) {
   return p == Sm90Policy::kAlways || (p == Sm90Policy::kAuto && M >= min_m);
 }
 
-// Multiprocessors of the tensor's GPU (the split-K plan of int4_gemm_mma).
+// Multiprocessors of the tensor's GPU (the split-K plans of gemm/mma_plan.h).
 int sm_count(const at::Tensor& t) {
   int n = 0;
   const cudaError_t err = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, t.get_device());
-  TORCH_CHECK(err == cudaSuccess, "decodekit::int4_gemm: cannot read the GPU's multiprocessor count: ",
+  TORCH_CHECK(err == cudaSuccess, "decodekit: cannot read the GPU's multiprocessor count: ",
               cudaGetErrorString(err));
   return n;
 }
@@ -216,12 +217,16 @@ void fp8_gemm_cuda(at::Tensor& out,                        // [M, N]
     };
     if (out.scalar_type() == at::kHalf ? run(__half{}) : run(__nv_bfloat16{})) return;
   }
+  const int splits = dk::cuda::fp8_mma_splits(f.M, f.N, f.K, sm_count(a));
+  at::Tensor partial;  // [splits, M, N] fp32 partial sums (split-K)
+  if (splits > 1) partial = at::empty({splits, f.M, f.N}, a.options().dtype(at::kFloat));
   DK_CUDA_DISPATCH_FLOATING(out.scalar_type(), op, [&] {
     dk::check_launch(op, dk::cuda::fp8_gemm<scalar_t>(
                              dk::cuda_ptr<scalar_t>(out), reinterpret_cast<const uint8_t*>(a.data_ptr()),
                              a_scale.data_ptr<float>(), reinterpret_cast<const uint8_t*>(weight.data_ptr()),
                              w_scale.data_ptr<float>(), bias.has_value() ? dk::cuda_ptr<scalar_t>(*bias) : nullptr,
-                             f.M, f.N, f.K, c10::cuda::getCurrentCUDAStream()));
+                             f.M, f.N, f.K, splits, splits > 1 ? partial.data_ptr<float>() : nullptr,
+                             c10::cuda::getCurrentCUDAStream()));
   });
 }
 

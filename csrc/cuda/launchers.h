@@ -16,7 +16,7 @@
 
 #include "decodekit/attention/common.h"  // PagedLayout, KVScales (torch-free, host-compatible)
 #include "decodekit/common/fp8.h"        // fp8_e4m3_t (the fp8 KV-cache storage type)
-#include "decodekit/gemm/int4_mma_plan.h"  // int4_mma_splits (host-only)
+#include "decodekit/gemm/mma_plan.h"  // int4_mma_splits, fp8_mma_splits (host-only)
 
 // X(T) for every storage type the CUDA launchers are instantiated for.
 #define DK_CUDA_LAUNCH_TYPES(X) X(float) X(__half) X(__nv_bfloat16)
@@ -74,7 +74,7 @@ cudaError_t int8_dequantize_rows(T* w, const int8_t* qweight, const __half* scal
                                  int64_t N, int64_t K, int G, cudaStream_t stream);
 inline constexpr int kQuantGemvMaxM = 8;  // = int4.cuh's
 // include/decodekit/gemm/int4_mma.cuh: INT4 GEMM on tensor cores for any M (half / bf16 only); split-K
-// ways from int4_mma_splits (gemm/int4_mma_plan.h), partial: splits * M * N floats when splits > 1
+// ways from int4_mma_splits (gemm/mma_plan.h), partial: splits * M * N floats when splits > 1
 template <class T>
 cudaError_t int4_gemm_mma(T* out, const T* a, int64_t a_stride, const uint8_t* qweight, const __half* scales,
                           const __half* mins, const T* bias, int64_t M, int64_t N, int64_t K, int G, int splits,
@@ -86,7 +86,8 @@ cudaError_t quantize_fp8(uint8_t* q, float* scale, const T* x, int64_t M, int64_
                          cudaStream_t stream);
 template <class T>
 cudaError_t fp8_gemm(T* out, const uint8_t* a, const float* a_scale, const uint8_t* w, const float* w_scale,
-                     const T* bias, int64_t M, int64_t N, int64_t K, cudaStream_t stream);
+                     const T* bias, int64_t M, int64_t N, int64_t K, int splits, float* partial,
+                     cudaStream_t stream);
 
 // include/decodekit/gemm/sm90_gemm.cuh: CUTLASS sm90 (TMA + wgmma) GEMMs for large M, fp16 / bf16 only
 // (gemm_sm90_int4.cu, gemm_sm90_fp8.cu). *_workspace_bytes: the device workspace a call needs, 0 when the

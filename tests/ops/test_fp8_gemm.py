@@ -74,6 +74,24 @@ def test_fp8_gemm_sm90(M, N, K, dtype, policy, device, monkeypatch, gen):
     assert took == (eligible and (policy == "always" or M >= 128)), names
 
 
+# CUDA split-K of the mma.sync kernel (gemm/mma_plan.h): long K against small M and N, so the plan splits
+# (4 to 14 ways here; uneven ranges of the 64-byte steps), scales and bias applied once after the sum.
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M", [9, 16, 17])
+@pytest.mark.parametrize("N, K", [(136, 4096), (200, 2336)])
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
+def test_fp8_gemm_split_k(M, N, K, dtype, device, monkeypatch, gen):
+    monkeypatch.setenv("DECODEKIT_SM90_GEMM", "never")
+    x = randn((M, K), dtype, device, gen)
+    w = quantize_fp8_weight(randn((N, K), torch.float32, device, gen, scale=0.05))
+    a, a_s = ops.quantize_fp8(x)
+    bias = randn((N,), dtype, device, gen) if M != 16 else None
+    out = torch.full((M, N), float("nan"), dtype=dtype, device=device)
+    names = cuda_kernel_names(lambda: torch.ops.decodekit.fp8_gemm(out, a, a_s, w.qweight, w.scales, bias))
+    _check(out, a, a_s, w, bias, dtype)
+    assert any("splitk_reduce_kernel" in n for n in names), names
+
+
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
 def test_fp8_gemm_sm90_graph(device, monkeypatch, gen):
     """The sm90 fp8 path captured in a CUDA graph replays like eager on new inputs."""

@@ -99,7 +99,7 @@ def test_int4_gemm_sm90(N, K, G, M, dtype, policy, device, monkeypatch, gen):
     assert took == (eligible and (policy == "always" or M >= 128)), names
 
 
-# CUDA split-K of the mma.sync kernel (gemm/int4_mma_plan.h: more CTAs when the grid is small; partial sums
+# CUDA split-K of the mma.sync kernel (gemm/mma_plan.h: more CTAs when the grid is small; partial sums
 # reduced in order): long K against small M and N, so the plan splits (2 to 14 ways here; uneven group ranges).
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("M", [9, 16, 17])
@@ -113,7 +113,7 @@ def test_int4_gemm_split_k(N, K, G, M, dtype, device, monkeypatch, gen):
     out = torch.full((M, N), float("nan"), dtype=dtype, device=device)
     names = cuda_kernel_names(lambda: ops.int4_gemm(a, w, bias, out=out))
     _check_gemm(out, a, w, bias, dtype)
-    assert any("int4_mma_reduce_kernel" in n for n in names), names  # the plan split these
+    assert any("splitk_reduce_kernel" in n for n in names), names  # the plan split these
     g = torch.cuda.CUDAGraph()  # the partial-sum workspace inside a capture
     with torch.cuda.graph(g):
         ops.int4_gemm(a, w, bias, out=out)

@@ -81,7 +81,7 @@ template <class T> void run(bool int4, int M, int64_t N, int64_t K, int G, int a
 
 // fp8 W8A8: quantize_fp8 (codes and scales equal to the CPU kernel's, byte for byte) and fp8_gemm
 // (tensor cores) against the CPU kernel and float64.
-template <class T> void run_fp8(int M, int64_t N, int64_t K, int x_pad, bool with_bias) {
+template <class T> void run_fp8(int M, int64_t N, int64_t K, int x_pad, bool with_bias, int splits = 1) {
   using C = typename Cpu<T>::type;
   std::normal_distribution<float> nd(0.f, 1.f);
   std::uniform_int_distribution<int> byte(0, 255);
@@ -105,8 +105,9 @@ template <class T> void run_fp8(int M, int64_t N, int64_t K, int x_pad, bool wit
   std::vector<float> ws(static_cast<size_t>(N));
   for (auto& v : ws) v = 0.001f + 0.01f * std::fabs(nd(rng));
   std::vector<T> out(static_cast<size_t>(M * N), Conv<T>::store(NAN)), oc(static_cast<size_t>(M * N));
+  std::vector<float> partial(size_t(splits * M * N), NAN);  // split-K sums (splits > 1)
   err = cuda::fp8_gemm<T>(out.data(), q.data(), s.data(), w.data(), ws.data(), with_bias ? bias.data() : nullptr, M,
-                          N, K, nullptr);
+                          N, K, splits, splits > 1 ? partial.data() : nullptr, nullptr);
   cpu::fp8_gemm<C>((C*)oc.data(), q.data(), s.data(), w.data(), ws.data(), with_bias ? (const C*)bias.data() : nullptr,
                    M, N, K);
   ++checks;
@@ -125,8 +126,8 @@ template <class T> void run_fp8(int M, int64_t N, int64_t K, int x_pad, bool wit
       const double got = ld(out[m * N + n]), cp = ld(oc[m * N + n]);
       const double tol = out_tol<T>() * (1 + std::fabs(want)) + 1e-6 * mag;
       if (!(std::fabs(got - want) <= tol) || !(std::fabs(cp - want) <= tol)) {
-        printf("FAIL fp8_gemm %s M=%d N=%ld K=%ld: out[%d,%ld] = %g (cpu %g), want %g\n", tname<T>(), M, long(N),
-               long(K), m, long(n), got, cp, want);
+        printf("FAIL fp8_gemm %s M=%d N=%ld K=%ld splits=%d: out[%d,%ld] = %g (cpu %g), want %g\n", tname<T>(), M,
+               long(N), long(K), splits, m, long(n), got, cp, want);
         bad = true;
       }
     }
@@ -251,7 +252,8 @@ template <class T> void run_all() {
     ++checks;
     if (cuda::int4_mma_splits(16, 4096, 4096, 128, 132) != 4 || cuda::int4_mma_splits(64, 4096, 4096, 128, 132) != 1 ||
         cuda::int4_mma_splits(9, 28672, 4096, 128, 132) != 2 || cuda::int4_mma_splits(9, 576, 576, 32, 132) != 1 ||
-        cuda::int4_mma_splits(9, 4096, 14336, 128, 132) != 9) {
+        cuda::int4_mma_splits(9, 4096, 14336, 128, 132) != 9 || cuda::fp8_mma_splits(16, 4096, 4096, 132) != 8 ||
+        cuda::fp8_mma_splits(64, 4096, 4096, 132) != 2 || cuda::fp8_mma_splits(9, 576, 64, 132) != 1) {
       printf("FAIL int4_mma_splits plan\n");
       ++fails;
     }
@@ -265,6 +267,10 @@ template <class T> void run_all() {
   for (int M : {1, 5, 16, 17, 40, 70})
     run_fp8<T>(M, M % 2 ? 191 : 64, M % 3 ? 96 : 576, M % 4 ? 0 : 3, M % 2 == 0);
   run_fp8<T>(3, 130, 32, 1, true);
+  // split-K: uneven step ranges (K = 576: 9 steps of 64; K = 160: 2.5 steps), more splits than steps, scales and
+  // bias applied once after the in-order sum
+  for (int S : {2, 3, 5}) run_fp8<T>(S == 3 ? 40 : 17, S == 5 ? 200 : 130, S == 2 ? 160 : 576, S == 2 ? 3 : 0, S != 3, S);
+  run_fp8<T>(9, 64, 96, 0, true, 4);
   run_dequant<T>(13, 256, 32);
   run_dequant<T>(7, 384, 128);
   // invalid: M = 9, K not a multiple of 32

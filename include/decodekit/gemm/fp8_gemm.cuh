@@ -8,6 +8,9 @@
 //    padded by 16 bytes) and reads A fragments with ldmatrix (an 8x8 b16 matrix is 8 rows x 16
 //    codes, exactly the m16n8k32 e4m3 A layout); B fragments (w[n][4t..4t+3] and [16+4t..]) are
 //    32-bit loads of the weight rows. fp32 accumulators, then * a_scale[m] * w_scale[n] + bias.
+//    Split-K (fp8_mma_splits, gemm/mma_plan.h): blockIdx.z takes a range of the 64-byte K steps and writes
+//    its unscaled sums to partial[z] [M, N]; splitk_reduce (gemm/splitk.cuh) sums them in order, then the
+//    scales and bias.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -16,6 +19,8 @@
 #include "decodekit/common/fp8.h"
 #include "decodekit/common/mma.cuh"
 #include "decodekit/common/vec.cuh"
+#include "decodekit/gemm/mma_plan.h"
+#include "decodekit/gemm/splitk.cuh"
 
 namespace dk::cuda {
 
@@ -24,6 +29,7 @@ namespace fp8_detail {
 constexpr int kWarps = 4;
 constexpr int kNT = 2;                  // n8 tiles per warp
 constexpr int kTileN = kWarps * kNT * 8;  // output features per CTA
+static_assert(kTileN == kMmaGemmFeatures, "mma_plan.h's CTA width");
 constexpr int kKc = 64;                 // K elements (bytes) staged per step
 
 template <class T>
@@ -67,6 +73,7 @@ fp8_gemm_kernel(T* __restrict__ out,                // [M, N]
                 const uint8_t* __restrict__ w,      // [N, K] e4m3
                 const float* __restrict__ w_scale,  // [N]
                 const T* __restrict__ bias,         // [N] or null
+                float* __restrict__ partial,        // [splits, M, N] (splits > 1) or null
                 int64_t M, int64_t N, int64_t K) {
   constexpr int BM = 16 * MT;
   constexpr int LDA = kKc + 16;  // bytes per staged row (+16: conflict-free ldmatrix)
@@ -92,8 +99,10 @@ fp8_gemm_kernel(T* __restrict__ out,                // [M, N]
     wrow[t] = w + (nvalid[t] ? n : 0) * K;
   }
 
+  const int64_t steps = (K + kKc - 1) / kKc;  // this split's K steps: [steps z / S, steps (z + 1) / S)
+  const int64_t k_begin = steps * blockIdx.z / gridDim.z * kKc, k_end = steps * (blockIdx.z + 1) / gridDim.z * kKc;
 #pragma unroll 1
-  for (int64_t k0 = 0; k0 < K; k0 += kKc) {
+  for (int64_t k0 = k_begin; k0 < k_end && k0 < K; k0 += kKc) {
     const int kc = K - k0 < kKc ? int(K - k0) : kKc;  // a multiple of 32 (K % 32 == 0)
     __syncthreads();
     for (int i = tid; i < BM * (kKc / 4); i += kWarps * 32) {  // 4 codes per access, zeros past M / K
@@ -139,9 +148,13 @@ fp8_gemm_kernel(T* __restrict__ out,                // [M, N]
         const int64_t m = m0 + 16 * i + gl + (e >> 1) * 8;
         const int64_t n = nw + 8 * t + 2 * tl + (e & 1);
         if (m < M && n < N) {
-          float v = acc[i][t][e] * __ldg(a_scale + m) * __ldg(w_scale + n);
-          if (bias != nullptr) v += to_float(bias[n]);
-          out[m * N + n] = from_float<T>(v);
+          if (partial != nullptr) {
+            partial[(int64_t(blockIdx.z) * M + m) * N + n] = acc[i][t][e];
+          } else {
+            float v = acc[i][t][e] * __ldg(a_scale + m) * __ldg(w_scale + n);
+            if (bias != nullptr) v += to_float(bias[n]);
+            out[m * N + n] = from_float<T>(v);
+          }
         }
       }
 }
@@ -162,26 +175,31 @@ cudaError_t quantize_fp8(uint8_t* q, float* scale, const T* x, int64_t M, int64_
 
 // out [M, N] = (a @ w^T) * a_scale[m] * w_scale[n] (+ bias), a / w e4m3 codes; K a multiple of 32;
 // a and w 4-byte aligned (rows are: K % 32 == 0).
+// splits >= 1 ways of K (fp8_mma_splits); more than one needs `partial`, splits * M * N floats of workspace.
 template <class T>
 cudaError_t fp8_gemm(T* out, const uint8_t* a, const float* a_scale, const uint8_t* w, const float* w_scale,
-                     const T* bias, int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
+                     const T* bias, int64_t M, int64_t N, int64_t K, int splits, float* partial,
+                     cudaStream_t stream) {
   using namespace fp8_detail;
   if (M <= 0 || N <= 0) return cudaSuccess;
-  if (K % 32 != 0 || (reinterpret_cast<uintptr_t>(a) & 3u) || (reinterpret_cast<uintptr_t>(w) & 3u))
+  if (K % 32 != 0 || (reinterpret_cast<uintptr_t>(a) & 3u) || (reinterpret_cast<uintptr_t>(w) & 3u) || splits < 1 ||
+      splits > 65535 || (splits > 1 && partial == nullptr))
     return cudaErrorInvalidValue;
+  float* part = splits > 1 ? partial : nullptr;
   const int64_t gx = ceil_div(N, int64_t(kTileN));
   if (gx > 0x7fffffff) return cudaErrorInvalidValue;
 #define DK_FP8_LAUNCH(MT)                                                                                      \
   {                                                                                                            \
     const int64_t gy = ceil_div(M, int64_t(16 * MT));                                                          \
     if (gy > 65535) return cudaErrorInvalidValue;                                                              \
-    fp8_gemm_kernel<T, MT><<<dim3(unsigned(gx), unsigned(gy)), kWarps * 32, 0, stream>>>(out, a, a_scale, w,   \
-                                                                                        w_scale, bias, M, N, K); \
+    const dim3 grid = dim3(unsigned(gx), unsigned(gy), unsigned(splits));                                      \
+    fp8_gemm_kernel<T, MT><<<grid, kWarps * 32, 0, stream>>>(out, a, a_scale, w, w_scale, bias, part, M, N, K); \
   }
-  if (M <= 16) DK_FP8_LAUNCH(1)
-  else if (M <= 32) DK_FP8_LAUNCH(2)
+  if (mma_gemm_block_rows(M) == 16) DK_FP8_LAUNCH(1)
+  else if (mma_gemm_block_rows(M) == 32) DK_FP8_LAUNCH(2)
   else DK_FP8_LAUNCH(4)
 #undef DK_FP8_LAUNCH
+  if (splits > 1) return splitk_reduce<T>(out, partial, a_scale, w_scale, bias, M, N, splits, stream);
   return cudaGetLastError();
 }
 

@@ -14,8 +14,8 @@
 //    two k16 steps' B fragments per chunk, multiplied with A fragments from ldmatrix by
 //    mma.sync m16n8k16 (fp32 accumulators).
 //  - rows of a past M and weights past N are zeros, their outputs are not written.
-//  - split-K (int4_mma_splits, gemm/int4_mma_plan.h): blockIdx.z takes groups [ng z / S, ng (z+1) / S) and
-//    writes its fp32 sums to partial[z] [M, N]; int4_mma_reduce_kernel adds the S of them in order
+//  - split-K (int4_mma_splits, gemm/mma_plan.h): blockIdx.z takes groups [ng z / S, ng (z+1) / S) and
+//    writes its fp32 sums to partial[z] [M, N]; splitk_reduce (gemm/splitk.cuh) adds the S of them in order
 //    (+ bias) and rounds once to T. S = 1 writes out directly.
 // Numerics: like decoding the weight to T then a T GEMM with fp32 accumulation (what the dense
 // path does): each weight rounded once to T, products and sums in fp32.
@@ -28,7 +28,8 @@
 #include "decodekit/common/mma.cuh"
 #include "decodekit/common/vec.cuh"
 #include "decodekit/gemm/int4_common.h"
-#include "decodekit/gemm/int4_mma_plan.h"
+#include "decodekit/gemm/mma_plan.h"
+#include "decodekit/gemm/splitk.cuh"
 
 namespace dk::cuda {
 namespace gemm_detail {
@@ -36,7 +37,7 @@ namespace gemm_detail {
 constexpr int kMmaWarps = 4;
 constexpr int kMmaNT = 2;                         // n8 tiles per warp
 constexpr int kMmaN = kMmaWarps * kMmaNT * 8;     // output features per CTA
-static_assert(kMmaN == kInt4MmaFeatures, "int4_mma_plan.h's CTA width");
+static_assert(kMmaN == kMmaGemmFeatures, "mma_plan.h's CTA width");
 
 // Four bytes of a 16-byte chunk held as words w[0..3]: bytes c, c + 1, c + 8, c + 9 (c even, < 8)
 // as one word (byte order: c, c+1, c+8, c+9), selects only (no run-time register indexing).
@@ -161,22 +162,6 @@ int4_gemm_mma_kernel(T* __restrict__ out,              // [M, N]
       }
 }
 
-// out[m, n] = T(sum over the splits, in order, of partial[s][m][n] (+ bias[n])).
-template <class T>
-__global__ void __launch_bounds__(256)
-int4_mma_reduce_kernel(T* __restrict__ out,                 // [M, N]
-                       const float* __restrict__ partial,   // [splits, M, N]
-                       const T* __restrict__ bias,          // [N] or null
-                       int64_t M, int64_t N, int splits) {
-  const int64_t total = M * N;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    float v = partial[i];
-    for (int s = 1; s < splits; ++s) v += partial[int64_t(s) * total + i];
-    if (bias != nullptr) v += to_float(bias[i % N]);
-    out[i] = from_float<T>(v);
-  }
-}
-
 }  // namespace gemm_detail
 
 // out [M, N] = a [M, K] @ w^T (+ bias) on tensor cores, w packed INT4 (any M >= 1; meant for
@@ -207,14 +192,11 @@ cudaError_t int4_gemm_mma(T* out, const T* a, int64_t a_stride, const uint8_t* q
     int4_gemm_mma_kernel<T, MT><<<grid, block, 0, stream>>>(out, a, a_stride, qweight, scales, mins, bias, part, \
                                                             M, N, K, G);                                       \
   }
-    if (int4_mma_block_rows(M) == 16) DK_MMA_LAUNCH(1)
-    else if (int4_mma_block_rows(M) == 32) DK_MMA_LAUNCH(2)
+    if (mma_gemm_block_rows(M) == 16) DK_MMA_LAUNCH(1)
+    else if (mma_gemm_block_rows(M) == 32) DK_MMA_LAUNCH(2)
     else DK_MMA_LAUNCH(4)
 #undef DK_MMA_LAUNCH
-    if (splits > 1) {
-      const int64_t blocks = std::min<int64_t>(ceil_div(M * N, int64_t(256)), 65535);
-      int4_mma_reduce_kernel<T><<<unsigned(blocks), 256, 0, stream>>>(out, partial, bias, M, N, splits);
-    }
+    if (splits > 1) return splitk_reduce<T>(out, partial, nullptr, nullptr, bias, M, N, splits, stream);
     return cudaGetLastError();
   }
 }
