@@ -58,6 +58,13 @@ int sm_count(const at::Tensor& t) {
   return n;
 }
 
+// The fp32 partial sums [splits, M, N] of a split-K launch (splits > 1), else null.
+float* splitk_partial(at::Tensor& holder, int splits, int64_t M, int64_t N, const at::Tensor& like) {
+  if (splits <= 1) return nullptr;
+  holder = at::empty({splits, M, N}, like.options().dtype(at::kFloat));
+  return holder.data_ptr<float>();
+}
+
 // Runs launch(workspace pointer, bytes) with a workspace of `bytes` from the caching allocator (graph-safe);
 // true when it ran, false when the path declined the call (cudaErrorNotSupported: nothing was launched).
 template <class F>
@@ -102,15 +109,14 @@ void int4_gemm_cuda(at::Tensor& out,                        // [M, N]
   }
   if (g.M > dk::cuda::kQuantGemvMaxM) {
     const int splits = dk::cuda::int4_mma_splits(g.M, g.N, g.K, int(group_size), sm_count(a));
-    at::Tensor partial;  // [splits, M, N] fp32 partial sums (split-K)
-    if (splits > 1) partial = at::empty({splits, g.M, g.N}, a.options().dtype(at::kFloat));
+    at::Tensor holder;
+    float* partial = splitk_partial(holder, splits, g.M, g.N, a);
     DK_CUDA_DISPATCH_FLOATING(a.scalar_type(), op, [&] {
       dk::check_launch(op, dk::cuda::int4_gemm_mma<scalar_t>(
                                dk::cuda_ptr<scalar_t>(out), dk::cuda_ptr<scalar_t>(a), g.a_stride,
                                qweight.data_ptr<uint8_t>(), dk::cuda_ptr<__half>(scales), dk::cuda_ptr<__half>(mins),
                                bias.has_value() ? dk::cuda_ptr<scalar_t>(*bias) : nullptr, g.M, g.N, g.K,
-                               int(group_size), splits, splits > 1 ? partial.data_ptr<float>() : nullptr,
-                               c10::cuda::getCurrentCUDAStream()));
+                               int(group_size), splits, partial, c10::cuda::getCurrentCUDAStream()));
     });
     return;
   }
@@ -218,15 +224,14 @@ void fp8_gemm_cuda(at::Tensor& out,                        // [M, N]
     if (out.scalar_type() == at::kHalf ? run(__half{}) : run(__nv_bfloat16{})) return;
   }
   const int splits = dk::cuda::fp8_mma_splits(f.M, f.N, f.K, sm_count(a));
-  at::Tensor partial;  // [splits, M, N] fp32 partial sums (split-K)
-  if (splits > 1) partial = at::empty({splits, f.M, f.N}, a.options().dtype(at::kFloat));
+  at::Tensor holder;
+  float* partial = splitk_partial(holder, splits, f.M, f.N, a);
   DK_CUDA_DISPATCH_FLOATING(out.scalar_type(), op, [&] {
     dk::check_launch(op, dk::cuda::fp8_gemm<scalar_t>(
                              dk::cuda_ptr<scalar_t>(out), reinterpret_cast<const uint8_t*>(a.data_ptr()),
                              a_scale.data_ptr<float>(), reinterpret_cast<const uint8_t*>(weight.data_ptr()),
                              w_scale.data_ptr<float>(), bias.has_value() ? dk::cuda_ptr<scalar_t>(*bias) : nullptr,
-                             f.M, f.N, f.K, splits, splits > 1 ? partial.data_ptr<float>() : nullptr,
-                             c10::cuda::getCurrentCUDAStream()));
+                             f.M, f.N, f.K, splits, partial, c10::cuda::getCurrentCUDAStream()));
   });
 }
 

@@ -1,5 +1,5 @@
 // CUTLASS 3.x sm90 GEMMs (TMA loads, wgmma, warp-specialized persistent CTAs) for the large-M regime
-// (prefill, big batches) of int4_gemm and fp8_gemm. Torch-free; instantiated in csrc/cuda/gemm_sm90.cu,
+// (prefill, big batches) of int4_gemm and fp8_gemm. Torch-free; instantiated in csrc/cuda/gemm_sm90_int4.cu and _fp8.cu,
 // dispatched by csrc/cuda/gemm_launch.cpp (the heuristic table there).
 //
 // INT4 W4A16 (the mixed-input collective, CUTLASS example 55's recipe, written for our layout):
@@ -56,6 +56,26 @@ struct CutlassType<__nv_bfloat16> {
 constexpr size_t kAlign = 256;  // every carved workspace piece starts 256-byte aligned (TMA wants 16)
 inline size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
+// The warp-specialized cooperative kernel both GEMMs use: the epilogue (no C operand; D written by TMA,
+// Fusion over the fp32 accumulators) built first, its shared memory carved out of the mainloop's stages.
+template <class TileShape, class ElementA, class LayoutA, int AlignA, class ElementB, class LayoutB, int AlignB,
+          class Out, class LayoutD, class Fusion>
+struct CooperativeGemm {
+  static constexpr int kAlignD = 128 / cutlass::sizeof_bits<Out>::value;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlignD, Out, LayoutD, kAlignD,
+      cutlass::epilogue::TmaWarpSpecializedCooperative, Fusion>::CollectiveOp;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, LayoutA, AlignA, ElementB, LayoutB, AlignB, float,
+      TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+
 // ---------------------------------------------------------------------------------------- INT4
 
 constexpr int kInt4KTile = 64;
@@ -67,30 +87,19 @@ struct Int4Config {
   using Scale = float;
   // (weight rows N, tokens M, K) of the transposed problem
   using TileShape = cute::Shape<cute::_128, cute::_128, cute::Int<kInt4KTile>>;
-  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using LayoutW = cutlass::layout::RowMajor;     // W [N, K], K contiguous
   using LayoutX = cutlass::layout::ColumnMajor;  // X^T as operand B: X [M, K], K contiguous
   using LayoutD = cutlass::layout::ColumnMajor;  // out^T [N, M] column-major = out [M, N] row-major
-  static constexpr int kAlignW = 128 / cutlass::sizeof_bits<Quant>::value;
-  static constexpr int kAlignX = 128 / cutlass::sizeof_bits<Act>::value;
-  static constexpr int kAlignD = kAlignX;
-
   using Bias = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, Act, float>;
   using Fusion = cutlass::epilogue::fusion::Sm90EVT<
       cutlass::epilogue::fusion::Sm90Compute<cutlass::plus, Act, float, cutlass::FloatRoundStyle::round_to_nearest>,
       cutlass::epilogue::fusion::Sm90AccFetch, Bias>;
-  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlignD, Act, LayoutD, kAlignD,
-      cutlass::epilogue::TmaWarpSpecializedCooperative, Fusion>::CollectiveOp;
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cute::tuple<Quant, Scale, Scale>, LayoutW, kAlignW, Act,
-      LayoutX, kAlignX, float, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using Base = CooperativeGemm<TileShape, cute::tuple<Quant, Scale, Scale>, LayoutW,
+                               128 / cutlass::sizeof_bits<Quant>::value, Act, LayoutX,
+                               128 / cutlass::sizeof_bits<Act>::value, Act, LayoutD, Fusion>;
+  using Mainloop = typename Base::Mainloop;
+  using Kernel = typename Base::Kernel;
+  using Gemm = typename Base::Gemm;
 };
 
 template <class T>
@@ -179,12 +188,6 @@ struct Fp8Config {
   using Out = typename CutlassType<T>::type;
   using E4M3 = cutlass::float_e4m3_t;
   using TileShape = cute::Shape<cute::_128, cute::_128, cute::_128>;
-  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
-  using LayoutA = cutlass::layout::RowMajor;     // a [M, K]
-  using LayoutB = cutlass::layout::ColumnMajor;  // weight [N, K]
-  using LayoutD = cutlass::layout::RowMajor;     // out [M, N]
-  static constexpr int kAlignAB = 16, kAlignD = 128 / cutlass::sizeof_bits<Out>::value;
-
   using WScale = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, float, float>;
   using AScale = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, float, float>;
   using Bias = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, Out, float>;
@@ -196,18 +199,11 @@ struct Fp8Config {
       cutlass::epilogue::fusion::Sm90Compute<cutlass::homogeneous_multiply_add, Out, float,
                                              cutlass::FloatRoundStyle::round_to_nearest>,
       AScale, Scaled, Bias>;
-  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlignD, Out, LayoutD, kAlignD,
-      cutlass::epilogue::TmaWarpSpecializedCooperative, Fusion>::CollectiveOp;
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, E4M3, LayoutA, kAlignAB, E4M3, LayoutB, kAlignAB, float,
-      TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  // a [M, K] row-major, weight [N, K] (column-major B), out [M, N] row-major; 16-byte (16-code) alignment
+  using Base = CooperativeGemm<TileShape, E4M3, cutlass::layout::RowMajor, 16, E4M3, cutlass::layout::ColumnMajor, 16,
+                               Out, cutlass::layout::RowMajor, Fusion>;
+  using Kernel = typename Base::Kernel;
+  using Gemm = typename Base::Gemm;
 };
 
 template <class T>
