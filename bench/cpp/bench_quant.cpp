@@ -1,7 +1,8 @@
 // Weight-quantized GEMM microbenchmarks: INT4 (group-split nibbles + fp16 scale/min) and fp8 W8A8.
 // Built twice: as C++ (bench_quant: CPU kernels of gemm/int4.h, gemm/fp8_gemm.h) and, through
 // bench_quant.cu, by nvcc (bench_quant_cuda: quant_gemv for M <= 8, the tensor-core int4_gemm_mma
-// beyond; fp8_gemm; with CUTLASS headers (DECODEKIT_CUTLASS) also the sm90 kernels of gemm/sm90_gemm.cuh,
+// beyond (rows "int4_gemm"), the Marlin-style int4_gemm_marlin for M <= 64 (rows "int4_gemm_marlin": the
+// table's default there, to set against "int4_gemm"); fp8_gemm; with CUTLASS headers (DECODEKIT_CUTLASS) also the sm90 kernels of gemm/sm90_gemm.cuh,
 // rows "int4_gemm_sm90" / "fp8_gemm_sm90", bf16 from M = 16: set against the rows above at the same M they
 // give the crossovers of the table in csrc/cuda/gemm_launch.cpp). Method: see bench_common.h (rotating
 // slots, L2 flushed on the GPU, medians).
@@ -24,6 +25,7 @@
 #include "decodekit/gemm/fp8_gemm.cuh"
 #include "decodekit/gemm/int4.cuh"
 #include "decodekit/gemm/int4_mma.cuh"
+#include "decodekit/gemm/int4_marlin.cuh"
 #if defined(DECODEKIT_CUTLASS)
 #include "decodekit/gemm/sm90_gemm.cuh"
 #endif
@@ -60,14 +62,30 @@ std::vector<int64_t> batch(bool quick, const Shape& s) {
 
 // sm90: the CUTLASS kernel (its workspace carved from the slot too); else the table's CUDA kernel, for
 // M > 8 int4_gemm_mma with the split-K plan of gemm/mma_plan.h, or with `splits` ways when > 0
-// (the "int4_gemm S=1" rows: the unsplit kernel, to measure the plan against).
+// (the "int4_gemm S=1" rows: the unsplit kernel, to measure the plan against); marlin: int4_gemm_marlin
+// with the plan of gemm/mma_plan.h (its column counters zeroed once, left zero by every call).
 template <class T>
-void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm90 = false, int splits = 0) {
+void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm90 = false, int splits = 0,
+              bool marlin = false) {
   const int64_t N = sh.N, K = sh.K, ng = K / sh.G;
   const int G = sh.G;
   size_t ws_bytes = 0;
+  int ctas = 0;
+  unsigned* counters = nullptr;
 #if defined(__CUDACC__)
-  if (!sm90 && M > dk::cuda::kQuantGemvRows) {
+  if constexpr (sizeof(T) == 2) {
+    if (marlin) {
+      using D = dkb::cuda_t<T>;
+      int sms = 0;
+      if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) sms = 1;
+      if (dk::cuda::int4_marlin_prepare<D>(M) != cudaSuccess) return;
+      ctas = dk::cuda::int4_marlin_ctas(N, K, sms, dk::cuda::int4_marlin_ctas_per_sm<D>(M));
+      ws_bytes = dk::cuda::int4_marlin_partial_floats(M, N, ctas) * sizeof(float);
+      const size_t cbytes = size_t(dk::cuda::int4_marlin_columns(N)) * sizeof(unsigned);
+      if (cudaMalloc(&counters, cbytes) != cudaSuccess || cudaMemset(counters, 0, cbytes) != cudaSuccess) return;
+    }
+  }
+  if (!sm90 && !marlin && M > dk::cuda::kQuantGemvRows) {
     int sms = 0;
     if (splits <= 0 && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) sms = 0;
     if (splits <= 0) splits = dk::cuda::int4_mma_splits(M, N, K, G, sms);
@@ -89,7 +107,7 @@ void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm
     return c.used;
   };
   dkb::Case c;
-  c.bench = sm90 ? "int4_gemm_sm90" : splits == 1 && M > 8 ? "int4_gemm S=1" : "int4_gemm";
+  c.bench = sm90 ? "int4_gemm_sm90" : marlin ? "int4_gemm_marlin" : splits == 1 && M > 8 ? "int4_gemm S=1" : "int4_gemm";
   c.shape = std::string(sh.name) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + " G=" + std::to_string(G) +
             " M=" + std::to_string(M);
   c.dtype = dkb::DtypeName<T>::value;
@@ -116,6 +134,9 @@ void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm
         return dk::cuda::int4_gemm_sm90<D>(reinterpret_cast<D*>(out), reinterpret_cast<const D*>(a), K, q, hs, hm,
                                            nullptr, M, N, K, G, ws, ws_bytes, st);
 #endif
+    if (marlin)
+      return dk::cuda::int4_gemm_marlin<D>(reinterpret_cast<D*>(out), reinterpret_cast<const D*>(a), K, q, hs, hm,
+                                           nullptr, M, N, K, G, ctas, reinterpret_cast<float*>(ws), counters, st);
     if (M <= dk::cuda::kQuantGemvRows)
       return dk::cuda::quant_gemv<D>(reinterpret_cast<D*>(out), reinterpret_cast<const D*>(a), K, q, hs, hm, nullptr,
                                      int(M), N, K, G, true, st);
@@ -197,6 +218,7 @@ void add_cases(std::vector<dkb::Case>& cases, bool quick) {
       add_int4<T>(cases, sh, M);
       add_fp8<T>(cases, sh, M);
 #if defined(__CUDACC__)
+      if (M <= dk::cuda::kMarlinMaxM) add_int4<T>(cases, sh, M, false, 0, true);
       if (std::is_same_v<T, dk::bf16_t> && (M == 16 || M == 64)) {
         add_int4<T>(cases, sh, M, false, 1);
         add_fp8<T>(cases, sh, M, false, 1);

@@ -1,8 +1,9 @@
-// CUDA weight-only GEMV kernels (include/decodekit/gemm/int4.cuh) and the INT4 tensor-core GEMM
-// (int4_mma.cuh), torch-free: instantiated here for
+// CUDA weight-only GEMV kernels (include/decodekit/gemm/int4.cuh) and the INT4 tensor-core GEMMs
+// (int4_mma.cuh, int4_marlin.cuh), torch-free: instantiated here for
 // each activation type; the torch launchers are in gemm_launch.cpp (g++).
 #include "decodekit/gemm/int4.cuh"
 #include "decodekit/gemm/int4_mma.cuh"
+#include "decodekit/gemm/int4_marlin.cuh"
 #include "decodekit/gemm/fp8_gemm.cuh"
 #include "launchers.h"
 
@@ -15,6 +16,11 @@ static_assert(dk::cuda::kQuantGemvMaxM == dk::cuda::kQuantGemvRows, "launchers.h
   template cudaError_t dk::cuda::int4_gemm_mma<T>(T*, const T*, int64_t, const uint8_t*, const __half*,        \
                                                   const __half*, const T*, int64_t, int64_t, int64_t, int, int, \
                                                   float*, cudaStream_t);                                      \
+  template cudaError_t dk::cuda::int4_marlin_prepare<T>(int64_t);                                              \
+  template int dk::cuda::int4_marlin_ctas_per_sm<T>(int64_t);                                                  \
+  template cudaError_t dk::cuda::int4_gemm_marlin<T>(T*, const T*, int64_t, const uint8_t*, const __half*,     \
+                                                     const __half*, const T*, int64_t, int64_t, int64_t, int,  \
+                                                     int, float*, unsigned*, cudaStream_t);                   \
   template cudaError_t dk::cuda::quantize_fp8<T>(uint8_t*, float*, const T*, int64_t, int64_t, int64_t,       \
                                                  cudaStream_t);                                               \
   template cudaError_t dk::cuda::fp8_gemm<T>(T*, const uint8_t*, const float*, const uint8_t*, const float*,   \

@@ -7,8 +7,14 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 
 #include "../op_args.h"
 #include "dispatch.h"
@@ -19,7 +25,10 @@ namespace {
 // Kernel table (rows of a = M; the crossovers are provisional, taken from the tile shapes, until the
 // H200 runs of bench_quant_cuda -- rows "int4_gemm" vs "int4_gemm_sm90", "fp8_gemm" vs "fp8_gemm_sm90"
 // -- measure them):
-//   int4_gemm  M <= 8                               quant_gemv (one warp per output row, weights streamed)
+//   int4_gemm  M <= 64 (fp16 / bf16, a's row stride  int4_gemm_marlin (Marlin-style: 4-stage cp.async pipeline,
+//              a multiple of 16 bytes)              magic-number decode, mma.sync, striped units over all SMs,
+//                                                   in-kernel reduction of split columns: gemm/int4_marlin.cuh)
+//              M <= 8 otherwise (fp32, strides)     quant_gemv (one warp per output row, weights streamed)
 //              9 <= M < 128, or G = 32, or N % 8 > 0 int4_gemm_mma (mma.sync m16n8k16, codes decoded in registers;
 //                                                   split-K when the grid is small: gemm/mma_plan.h)
 //              M >= 128, G in {64, 128}, N % 8 == 0  int4_gemm_sm90 (CUTLASS mixed input: TMA, wgmma, 128 x 128
@@ -42,6 +51,66 @@ Sm90Policy sm90_policy(const char* op) {
   if (std::strcmp(v, "never") == 0) return Sm90Policy::kNever;
   TORCH_CHECK(false, op, ": environment variable DECODEKIT_SM90_GEMM = '", v,
               "' must be one of 'auto', 'always', 'never'");
+}
+
+// DECODEKIT_INT4_MARLIN: "auto" (default: the Marlin-style kernel for M <= 64 when the call allows it),
+// "never" (the GEMV / mma.sync kernels: tests, benchmarks, a fallback). Read per call.
+bool want_marlin(const char* op) {
+  const char* v = std::getenv("DECODEKIT_INT4_MARLIN");
+  if (v == nullptr || *v == 0 || std::strcmp(v, "auto") == 0) return true;
+  if (std::strcmp(v, "never") == 0) return false;
+  TORCH_CHECK(false, op, ": environment variable DECODEKIT_INT4_MARLIN = '", v, "' must be 'auto' or 'never'");
+}
+
+// The Marlin kernel's per-(device, stream) column counters (kMarlinMaxColumns zeros, left zero by every
+// launch, so graph replays need no memset; one buffer per stream: launches on two streams may overlap),
+// its shared-memory opt-in and occupancy per (device, type, rows). Kept for the process, never freed.
+struct MarlinState {
+  std::mutex mu;
+  std::map<std::pair<int, cudaStream_t>, unsigned*> counters;
+  std::map<std::tuple<int, int, int>, int> ctas_per_sm;  // (device, type tag, rows) -> CTAs an SM
+};
+
+// kMarlinMaxColumns zeroed counters on the current device, made outside any graph capture in progress
+// (the first call may come while a stream captures: relaxed capture mode for this thread, cudaMalloc, a
+// memset on a private stream, synchronized), so a captured graph never depends on a memset of its own.
+unsigned* marlin_new_counters() {
+  const size_t bytes = size_t(dk::cuda::kMarlinMaxColumns) * sizeof(unsigned);
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  dk::check_launch("decodekit::int4_gemm (capture mode)", cudaThreadExchangeStreamCaptureMode(&mode));
+  unsigned* p = nullptr;
+  cudaStream_t side = nullptr;
+  cudaError_t e = cudaMalloc(&p, bytes);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaMemsetAsync(p, 0, bytes, side);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(side);
+  if (side != nullptr) cudaStreamDestroy(side);
+  cudaThreadExchangeStreamCaptureMode(&mode);  // back to the caller's mode
+  if (e != cudaSuccess && p != nullptr) cudaFree(p);
+  dk::check_launch("decodekit::int4_gemm (Marlin counters)", e);
+  return p;
+}
+MarlinState& marlin_state() {
+  static MarlinState* s = new MarlinState;  // leaked on purpose (see above)
+  return *s;
+}
+
+template <class T>
+void marlin_setup(const at::Tensor& like, int64_t M, cudaStream_t stream, unsigned** counters, int* per_sm) {
+  MarlinState& st = marlin_state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  const int dev = like.get_device();
+  const auto ckey = std::make_tuple(dev, std::is_same_v<T, __half> ? 0 : 1, dk::cuda::int4_marlin_rows(M));
+  auto occ = st.ctas_per_sm.find(ckey);
+  if (occ == st.ctas_per_sm.end()) {
+    dk::check_launch("decodekit::int4_gemm (Marlin shared-memory opt-in)", dk::cuda::int4_marlin_prepare<T>(M));
+    occ = st.ctas_per_sm.emplace(ckey, dk::cuda::int4_marlin_ctas_per_sm<T>(M)).first;
+  }
+  *per_sm = occ->second;
+  const auto key = std::make_pair(dev, stream);
+  auto it = st.counters.find(key);
+  if (it == st.counters.end()) it = st.counters.emplace(key, marlin_new_counters()).first;
+  *counters = it->second;
 }
 
 bool want_sm90(const char* op, int64_t M, int64_t min_m) {
@@ -106,6 +175,28 @@ void int4_gemm_cuda(at::Tensor& out,                        // [M, N]
                       });
     };
     if (a.scalar_type() == at::kHalf ? run(__half{}) : run(__nv_bfloat16{})) return;
+  }
+  if (a.scalar_type() != at::kFloat && want_marlin(op) &&
+      dk::cuda::int4_marlin_supported(g.M, g.N, g.K, int(group_size), g.a_stride * int64_t(a.element_size())) &&
+      reinterpret_cast<uintptr_t>(a.data_ptr()) % 16 == 0 && reinterpret_cast<uintptr_t>(qweight.data_ptr()) % 16 == 0) {
+    auto run = [&](auto type_tag) {
+      using T = decltype(type_tag);
+      const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+      unsigned* counters = nullptr;
+      int per_sm = 1;
+      marlin_setup<T>(a, g.M, stream, &counters, &per_sm);
+      const int ctas = dk::cuda::int4_marlin_ctas(g.N, g.K, sm_count(a), per_sm);
+      at::Tensor partial = at::empty({int64_t(dk::cuda::int4_marlin_partial_floats(g.M, g.N, ctas))},
+                                     a.options().dtype(at::kFloat));
+      dk::check_launch(op, dk::cuda::int4_gemm_marlin<T>(
+                               dk::cuda_ptr<T>(out), dk::cuda_ptr<T>(a), g.a_stride, qweight.data_ptr<uint8_t>(),
+                               dk::cuda_ptr<__half>(scales), dk::cuda_ptr<__half>(mins),
+                               bias.has_value() ? dk::cuda_ptr<T>(*bias) : nullptr, g.M, g.N, g.K, int(group_size),
+                               ctas, partial.data_ptr<float>(), counters, stream));
+    };
+    if (a.scalar_type() == at::kHalf) run(__half{});
+    else run(__nv_bfloat16{});
+    return;
   }
   if (g.M > dk::cuda::kQuantGemvMaxM) {
     const int splits = dk::cuda::int4_mma_splits(g.M, g.N, g.K, int(group_size), sm_count(a));

@@ -107,6 +107,7 @@ def test_int4_gemm_sm90(N, K, G, M, dtype, policy, device, monkeypatch, gen):
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
 def test_int4_gemm_split_k(N, K, G, M, dtype, device, monkeypatch, gen):
     monkeypatch.setenv("DECODEKIT_SM90_GEMM", "never")
+    monkeypatch.setenv("DECODEKIT_INT4_MARLIN", "never")  # (M <= 64 would take the Marlin kernel)
     w = _weight(N, K, G, device, gen)
     a, _ = strided_rows(M, K, dtype, device, gen)
     bias = randn((N,), dtype, device, gen) if M != 16 else None
@@ -121,6 +122,73 @@ def test_int4_gemm_split_k(N, K, G, M, dtype, device, monkeypatch, gen):
     out.fill_(float("nan"))
     g.replay()
     assert torch.equal(out, eager)
+
+
+# CUDA: the Marlin-style kernel (gemm/int4_marlin.cuh) for M <= 64 with 16-byte aligned rows of a: every m16
+# tile count (M 1..16, ..32, ..64), N tails of the 128-feature column (200, 72), K tails of the 128-deep unit
+# (576, 96), real shapes whose columns split over several CTAs and are reduced in-kernel (Llama-3-8B
+# 4096 x 14336, 14336 x 4096); rows strided into a NaN-padded buffer; NaN-poisoned output; deterministic (a
+# second call is bitwise equal); agrees with the other kernels (DECODEKIT_INT4_MARLIN=never) to the same bound.
+MARLIN_SHAPES = [(576, 576, 32), (1536, 576, 32), (200, 4096, 128), (4096, 14336, 128), (14336, 4096, 64), (72, 96, 32)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 2, 7, 16, 17, 33, 64])
+@pytest.mark.parametrize("N, K, G", MARLIN_SHAPES)
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
+def test_int4_gemm_marlin(N, K, G, M, dtype, device, monkeypatch, gen):
+    monkeypatch.setenv("DECODEKIT_SM90_GEMM", "auto")
+    w = _weight(N, K, G, device, gen)
+    buf = torch.full((M, K + 16), float("nan"), dtype=dtype, device=device)
+    a = buf[:, 8:K + 8]  # 16-byte aligned rows, stride K + 16
+    a.copy_(randn((M, K), dtype, device, gen))
+    bias = randn((N,), dtype, device, gen) if M % 2 else None
+    out = torch.full((M, N), float("nan"), dtype=dtype, device=device)
+    names = cuda_kernel_names(lambda: ops.int4_gemm(a, w, bias, out=out))
+    assert any("int4_gemm_marlin_kernel" in n for n in names), names
+    _check_gemm(out, a, w, bias, dtype)
+    assert torch.equal(ops.int4_gemm(a, w, bias), out)  # deterministic in-kernel reduction
+    monkeypatch.setenv("DECODEKIT_INT4_MARLIN", "never")
+    names = cuda_kernel_names(lambda: ops.int4_gemm(a, w, bias, out=out))
+    assert not any("marlin" in n for n in names), names
+    _check_gemm(out, a, w, bias, dtype)
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
+def test_int4_gemm_marlin_graph_streams_and_policy(device, monkeypatch, gen):
+    """The Marlin kernel captured in a CUDA graph on a fresh stream (its counters made during the capture)
+    replays like eager on new inputs, many times (the counters are left zero); two streams at once give the
+    eager results; unaligned rows of a fall back to another kernel; a bad DECODEKIT_INT4_MARLIN is an error."""
+    w = _weight(4096, 4096, 128, device, gen)
+    a = randn((5, 4096), torch.bfloat16, device, gen)
+    out = torch.empty(5, 4096, dtype=torch.bfloat16, device=device)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        ops.int4_gemm(a, w, None, out=out)
+    for _ in range(3):
+        a.copy_(randn((5, 4096), torch.bfloat16, device, gen))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, ops.int4_gemm(a, w, None))
+    _check_gemm(out, a, w, None, torch.bfloat16)
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    want = [ops.int4_gemm(a[i:i + 1].contiguous(), w, None) for i in range(2)]
+    got = [None, None]
+    torch.cuda.synchronize()
+    for _ in range(20):
+        for i, s in enumerate((s1, s2)):
+            with torch.cuda.stream(s):
+                got[i] = ops.int4_gemm(a[i:i + 1].contiguous(), w, None)
+        torch.cuda.synchronize()
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    buf = randn((5, 4096 + 1), torch.bfloat16, device, gen)
+    names = cuda_kernel_names(lambda: ops.int4_gemm(buf[:, 1:], w, None, out=out))
+    assert not any("marlin" in n for n in names), names
+    _check_gemm(out, buf[:, 1:], w, None, torch.bfloat16)
+    monkeypatch.setenv("DECODEKIT_INT4_MARLIN", "sometimes")
+    with pytest.raises(RuntimeError, match="DECODEKIT_INT4_MARLIN = 'sometimes' must be 'auto' or 'never'"):
+        ops.int4_gemm(a, w, None)
 
 
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])

@@ -103,6 +103,12 @@ inline std::set<void*> distinct;
 inline int last_threads = 0;
 inline int workers = 2;
 inline size_t stack_bytes = 64 * 1024;
+// dynamic shared memory (extern __shared__ in the kernels; dk_emu::dynamic_smem() here): thread_local
+// like the static arrays, so that smem_handle's 32-bit offsets reach it
+constexpr size_t kMaxDynamicSmem = 227 * 1024;
+alignas(128) inline thread_local unsigned char dyn_smem_buf[kMaxDynamicSmem];
+inline thread_local size_t dyn_smem_bytes = 0;
+inline unsigned char* dynamic_smem() { return dyn_smem_buf; }
 
 inline void wait(Barrier& b) {
   Fiber* f = blk->cur;
@@ -214,7 +220,7 @@ void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t, K kernel, A... arg
     last_threads = nt;
   }
   if (nt > 1024 || nt % 32 != 0 || nt == 0) { fprintf(stderr, "emulator: bad block %d\n", nt); abort(); }
-  if (smem > 48 * 1024) { fprintf(stderr, "emulator: bad dynamic smem %zu\n", smem); abort(); }
+  if (smem > kMaxDynamicSmem) { fprintf(stderr, "emulator: bad dynamic smem %zu\n", smem); abort(); }
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535) {
     fprintf(stderr, "emulator: bad grid %u %u %u\n", grid.x, grid.y, grid.z); abort();
   }
@@ -228,7 +234,10 @@ void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t, K kernel, A... arg
     blk = &b;
     std::mt19937 rng(1234 + w);
     const std::function<void()> body = [&] { kernel(args...); };
+    dyn_smem_bytes = smem;
     for (long i; (i = next++) < nblocks;) {
+      // poisoned: a kernel must not read dynamic shared memory it did not write
+      memset(dyn_smem_buf, 0xff, smem);
       blockIdx = dim3(unsigned(i % g.x), unsigned((i / g.x) % g.y), unsigned(i / (long(g.x) * g.y)));
       run_block(b, body, nt, rng);
     }

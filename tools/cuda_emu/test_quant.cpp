@@ -7,6 +7,7 @@
 #include "decodekit/gemm/int4.cuh"
 #include "decodekit/gemm/int4.h"
 #include "decodekit/gemm/int4_mma.cuh"
+#include "decodekit/gemm/int4_marlin.cuh"
 #include "decodekit/gemm/fp8_gemm.cuh"
 #include "decodekit/gemm/fp8_gemm.h"
 #include "decodekit/gemm/sm90_prepare.cuh"
@@ -73,6 +74,63 @@ template <class T> void run(bool int4, int M, int64_t N, int64_t K, int G, int a
         printf("FAIL %s %s M=%d N=%ld K=%ld G=%d splits=%d: out[%d,%ld] = %g (cpu %g), want %g\n",
                mma ? "int4 mma" : int4 ? "int4" : "int8",
                tname<T>(), M, long(N), long(K), G, splits, m, long(n), got, cp, want);
+        bad = true;
+      }
+    }
+  if (bad) ++fails;
+}
+
+// The Marlin-style kernel (gemm/int4_marlin.cuh) on `ctas` CTAs: against float64 (its weights are one fused
+// q * s + m in T, bf16 with the fp16 scale and min rounded to bf16 first: within out_tol), every output
+// written (NaN-poisoned), counters back to zero, and bitwise the same on a second run (the in-order sum of a
+// split column's slots, whatever the arrival order of its CTAs).
+template <class T> void run_marlin(int M, int64_t N, int64_t K, int G, int a_pad, bool with_bias, int ctas) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const int64_t ng = K / G, a_stride = K + a_pad;
+  std::vector<uint8_t> q(size_t(N * K / 2));
+  for (auto& x : q) x = uint8_t(byte(rng));
+  std::vector<__half> sc(size_t(N * ng)), mn(size_t(N * ng));
+  for (auto& x : sc) x = __float2half(0.001f + 0.02f * std::fabs(nd(rng)));
+  for (auto& x : mn) x = __float2half(0.1f * nd(rng));
+  std::vector<T> a(size_t(M * a_stride), Conv<T>::store(NAN)), bias(static_cast<size_t>(N));
+  for (int m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) a[size_t(m * a_stride + k)] = Conv<T>::store(nd(rng));
+  for (auto& x : bias) x = Conv<T>::store(nd(rng));
+  const int64_t cols = cuda::int4_marlin_columns(N);
+  std::vector<float> partial(cuda::int4_marlin_partial_floats(M, N, ctas), NAN);
+  std::vector<unsigned> counters(size_t(cols), 0u);
+  auto launch = [&](std::vector<T>& o) {
+    return cuda::int4_gemm_marlin<T>(o.data(), a.data(), a_stride, q.data(), sc.data(), mn.data(),
+                                     with_bias ? bias.data() : nullptr, M, N, K, G, ctas, partial.data(),
+                                     counters.data(), nullptr);
+  };
+  std::vector<T> out(size_t(M * N), Conv<T>::store(NAN)), again(size_t(M * N), Conv<T>::store(NAN));
+  const cudaError_t e1 = launch(out), e2 = launch(again);
+  ++checks;
+  bool bad = e1 != cudaSuccess || e2 != cudaSuccess;
+  for (unsigned c : counters) bad |= c != 0;
+  if (bad) printf("FAIL marlin %s M=%d N=%ld K=%ld G=%d ctas=%d: status %d / %d or counters not reset\n", tname<T>(), M,
+                  long(N), long(K), G, ctas, int(e1), int(e2));
+  if (!bad && memcmp(out.data(), again.data(), out.size() * sizeof(T)) != 0) {
+    printf("FAIL marlin %s M=%d N=%ld K=%ld G=%d ctas=%d: second run differs\n", tname<T>(), M, long(N), long(K), G,
+           ctas);
+    bad = true;
+  }
+  for (int m = 0; m < M && !bad; ++m)
+    for (int64_t n = 0; n < N && !bad; ++n) {
+      double want = with_bias ? ld(bias[n]) : 0, mag = with_bias ? std::fabs(ld(bias[n])) : 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t g = k / G;
+        const double w = int4_weight(int4_code(q.data() + n * (K / 2), G, k), __half2float(sc[size_t(n * ng + g)]),
+                                     __half2float(mn[size_t(n * ng + g)]));
+        want += w * ld(a[size_t(m * a_stride + k)]);
+        mag += std::fabs(w * ld(a[size_t(m * a_stride + k)]));
+      }
+      const double got = ld(out[size_t(m * N + n)]);
+      if (!(std::fabs(got - want) <= out_tol<T>() * (1 + mag))) {
+        printf("FAIL marlin %s M=%d N=%ld K=%ld G=%d ctas=%d: out[%d,%ld] = %g, want %g\n", tname<T>(), M, long(N),
+               long(K), G, ctas, m, long(n), got, want);
         bad = true;
       }
     }
@@ -255,6 +313,43 @@ template <class T> void run_all() {
         cuda::int4_mma_splits(9, 4096, 14336, 128, 132) != 9 || cuda::fp8_mma_splits(16, 4096, 4096, 132) != 8 ||
         cuda::fp8_mma_splits(64, 4096, 4096, 132) != 2 || cuda::fp8_mma_splits(9, 576, 64, 132) != 1) {
       printf("FAIL int4_mma_splits plan\n");
+      ++fails;
+    }
+    // Marlin-style (M <= 64): every MT (M 1..16, ..32, ..64), N tails (8, 200: 1.56 columns), K tails of
+    // the 128-deep unit (K = 576, 9 G, one group), one CTA (no split), a few (columns split mid-way, segments
+    // of several units), one per unit (every column split k_tiles ways), strided a, bias
+    for (int G : {32, 64, 128})
+      for (int M : {1, 3, 16, 17, 40, 64}) {
+        const int64_t N = M % 2 ? 200 : 8, K = M < 17 ? 576 - 576 % G + (G == 32 ? 0 : G) : 9 * G;
+        const int units = int(cuda::int4_marlin_units(N, K));
+        for (int ctas : {1, 3, units}) run_marlin<T>(M, N, K, G, M % 3 ? 0 : 8, M % 2 == 0, std::min(ctas, units));
+      }
+    run_marlin<T>(2, 300, 1536, 32, 0, true, 7);
+    run_marlin<T>(1, 64, 64, 64, 0, false, 1);  // K below one unit
+    {
+      std::vector<T> o(4096), aa(4096);
+      std::vector<uint8_t> qq(4096);
+      std::vector<__half> ss(64);
+      std::vector<float> ws(1 << 16);
+      std::vector<unsigned> cn(4, 0u);
+      auto call = [&](int M, int64_t stride, int G, int ctas) {
+        return cuda::int4_gemm_marlin<T>(o.data(), aa.data(), stride, qq.data(), ss.data(), ss.data(), nullptr, M, 8,
+                                         64, G, ctas, ws.data(), cn.data(), nullptr);
+      };
+      ++checks;
+      if (call(65, 64, 32, 1) != cudaErrorInvalidValue || call(1, 67, 32, 1) != cudaErrorInvalidValue ||
+          call(1, 64, 16, 1) != cudaErrorInvalidValue || call(1, 64, 32, 2) != cudaErrorInvalidValue ||
+          call(1, 64, 32, 0) != cudaErrorInvalidValue || call(1, 64, 32, 1) != cudaSuccess) {
+        printf("FAIL marlin argument checks\n");
+        ++fails;
+      }
+    }
+    // the plan: all SMs (2 an SM at most), never more CTAs than units
+    ++checks;
+    if (cuda::int4_marlin_ctas(4096, 4096, 132, 4) != 264 || cuda::int4_marlin_ctas(576, 576, 132, 1) != 25 ||
+        cuda::int4_marlin_ctas(4096, 4096, 132, 1) != 132 || cuda::int4_marlin_rows(17) != 32 ||
+        cuda::int4_marlin_smem_bytes(16) != 4 * (8192 + 4096 + 2048)) {
+      printf("FAIL int4_marlin plan\n");
       ++fails;
     }
     for (int G : {64, 128})

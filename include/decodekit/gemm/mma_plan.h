@@ -1,4 +1,5 @@
-// Launch plans of the CUDA mma.sync GEMMs for weights (gemm/int4_mma.cuh, gemm/fp8_gemm.cuh), host-only
+// Launch plans of the CUDA mma.sync GEMMs for weights (gemm/int4_mma.cuh, gemm/fp8_gemm.cuh,
+// gemm/int4_marlin.cuh), host-only
 // and torch-free so that the torch launcher (csrc/cuda/gemm_launch.cpp, g++) and the kernels' own
 // launchers agree.
 #pragma once
@@ -34,6 +35,40 @@ inline int int4_mma_splits(int64_t M, int64_t N, int64_t K, int G, int num_sms) 
 }
 inline int fp8_mma_splits(int64_t M, int64_t N, int64_t K, int num_sms) {
   return mma_gemm_splits(M, N, K, 64, 8, num_sms);
+}
+
+// The Marlin-style INT4 kernel for decode-sized M (gemm/int4_marlin.cuh): units of 128 output x 128 input
+// features, 4-stage cp.async pipeline; CTA b of P takes units [b U / P, (b + 1) U / P) (k-fastest within a
+// 128-feature column), split columns reduced in-kernel through a workspace of fp32 slots and per-column
+// counters.
+inline constexpr int kMarlinFeatures = 128, kMarlinK = 128, kMarlinStages = 4, kMarlinMaxM = 64;
+inline constexpr int64_t kMarlinMaxColumns = 65536;  // counters a launcher keeps (N <= 8M)
+
+inline int int4_marlin_rows(int64_t M) { return M <= 16 ? 16 : M <= 32 ? 32 : 64; }
+inline size_t int4_marlin_smem_bytes(int rows) {
+  return size_t(kMarlinStages) * (kMarlinFeatures * kMarlinK / 2 + size_t(rows) * kMarlinK * 2 + 4 * kMarlinFeatures * 4);
+}
+inline int64_t int4_marlin_columns(int64_t N) { return (N + kMarlinFeatures - 1) / kMarlinFeatures; }
+inline int64_t int4_marlin_units(int64_t N, int64_t K) {
+  return int4_marlin_columns(N) * ((K + kMarlinK - 1) / kMarlinK);
+}
+// Shapes the kernel takes: 1 <= M <= 64, G in {32, 64, 128}, K a positive multiple of G, a's row stride a
+// multiple of 16 bytes, at most kMarlinMaxColumns columns and 2^30 units (32-bit unit indices).
+inline bool int4_marlin_supported(int64_t M, int64_t N, int64_t K, int G, int64_t a_stride_bytes) {
+  return M >= 1 && M <= kMarlinMaxM && N >= 1 && (G == 32 || G == 64 || G == 128) && K > 0 && K % G == 0 &&
+         a_stride_bytes % 16 == 0 && int4_marlin_columns(N) <= kMarlinMaxColumns &&
+         int4_marlin_units(N, K) <= (int64_t(1) << 30);
+}
+// CTAs: every SM busy, at most 2 CTAs an SM (more would only split columns into more segments, each a
+// workspace round trip), never more than the units. Provisional, until bench_quant_cuda's "int4_gemm_marlin"
+// rows measure it.
+inline int int4_marlin_ctas(int64_t N, int64_t K, int num_sms, int ctas_per_sm) {
+  const int64_t per_sm = std::max(1, std::min(ctas_per_sm, 2));
+  return int(std::max<int64_t>(1, std::min(int4_marlin_units(N, K), int64_t(std::max(num_sms, 1)) * per_sm)));
+}
+// Workspace: fp32 slots [ctas + columns, M, 128] and one counter per column (zero, left zero by the kernel).
+inline size_t int4_marlin_partial_floats(int64_t M, int64_t N, int ctas) {
+  return size_t(ctas + int4_marlin_columns(N)) * size_t(M) * kMarlinFeatures;
 }
 
 }  // namespace dk::cuda

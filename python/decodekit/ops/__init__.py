@@ -139,8 +139,9 @@ def _quant_gemm(a, weight, bias, out):
 
 
 def _cuda_quant_kernel(a, weight) -> bool:
-    """Whether a CUDA kernel takes a @ w^T: the GEMV kernels up to 8 rows; beyond, the INT4
-    tensor-core GEMM for fp16 / bf16 activations (int4_mma.cuh); the rest decodes chunks (dense)."""
+    """Whether a CUDA kernel takes a @ w^T: the GEMV kernels up to 8 rows; INT4 with fp16 / bf16
+    activations at any M (the Marlin-style kernel to 64 rows, int4_marlin.cuh, then the mma.sync and CUTLASS
+    GEMMs: csrc/cuda/gemm_launch.cpp); the rest decodes chunks (dense)."""
     return a.shape[0] <= _CUDA_QUANT_GEMV_MAX_M or (isinstance(weight, Int4Weight) and
                                                    a.dtype in (torch.float16, torch.bfloat16))
 

@@ -1,0 +1,443 @@
+// CUDA INT4 weight-only GEMM for decode-sized M (1..64), Marlin-style (W4A16, fp16/bf16 activations):
+// out [M, N] = a [M, K] @ w^T (+ bias), w in include/decodekit/gemm/int4.h's layout (group-split nibbles,
+// fp16 scale and min per group of G in {32, 64, 128}). Torch-free.
+//
+// Design:
+//  - Work units are (128 output features) x (128 input features) tiles of the weight, ordered k-fastest
+//    within each 128-feature column; CTA b of P takes units [b U / P, (b + 1) U / P) ("striped", stream-K-like:
+//    every CTA the same weight bytes, so even M = 1 with few columns fills all SMs). A CTA's range is one or
+//    more segments (maximal runs inside one column).
+//  - 4 warps, 32 features each (4 n8 tiles); rows of a in 16-row mma tiles (MT = 1, 2, 4: M <= 16, 32, 64).
+//  - Weights, activations: a 4-stage cp.async pipeline in dynamic shared memory (weights with an L2
+//    evict-first hint: read once; a stays L2-resident for every CTA), XOR-swizzled so that the weight reads
+//    (16 bytes a lane) and ldmatrix of a are bank-conflict free. Scales and mins (fp16, 4 bytes per group of a
+//    row, not 16-byte aligned) ride in registers two tiles ahead of their tile and are staged in shared memory
+//    one tile ahead.
+//  - Decoding in registers, the magic-number trick: a 32-bit word with four codes in its nibble positions
+//    (one PRMT from the 16-byte chunk) becomes two T values 2^e + q with one LOP3 (q OR-ed into the mantissa
+//    of 1024.0 for fp16, 128.0 for bf16), then q = x - 2^e (exact) and w = q * s + m (one HFMA2) straight into
+//    the mma.sync m16n8k16 B fragment; fp32 accumulators.
+//  - A 16-byte chunk of a row (32 codes: low nibbles elements 16j.., high ones G/2 + 16j.. of a group) feeds
+//    two k16 steps; lane (g, c) takes bytes c, c+1, c+8, c+9 = its B fragment of both (as int4_mma.cuh).
+//  - Segment epilogue: a column covered by one segment writes out (+ bias) directly. Otherwise each segment
+//    writes its fp32 sums (rows < M only) to its own workspace slot, the CTA arriving last at the column's
+//    counter (atomicAdd after a fence, the "last block" pattern) adds the column's slots in segment order
+//    (deterministic: independent of arrival order) + bias, rounds once to T, writes out and resets the counter
+//    to 0, so the counters are zero again after every launch (graph replays need no memset).
+// Numerics: each weight is round_T(s_T * q + m_T) computed by one fused multiply-add in T (fp16: s_T, m_T
+// are the fp16 scale and min themselves, so w = round_fp16(s q + m) exactly; bf16: the fp16 scale and min are
+// first rounded to bf16, ~2^-9 relative each, as Marlin's bf16 path), products and sums in fp32. The other
+// CUDA INT4 kernels decode in fp32 (int4_weight) then round to T: results agree within those roundings.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "decodekit/common/mma.cuh"
+#include "decodekit/common/vec.cuh"
+#include "decodekit/gemm/mma_plan.h"
+
+namespace dk::cuda {
+namespace marlin_detail {
+
+constexpr int kWarps = 4;
+constexpr int kBN = kMarlinFeatures;  // 128 output features per unit (4 warps x 4 n8 tiles)
+constexpr int kBK = kMarlinK;         // 128 input features per unit (64 bytes of codes a row)
+constexpr int kStages = kMarlinStages;
+static_assert(kBN == kWarps * 32 && kBK == 128, "the tile shapes below");
+
+// Shared memory of one stage: weights [128 rows][64 bytes], a [16 MT rows][256 bytes], scale/min pairs
+// [4 groups][128 rows] x 4 bytes (int4_marlin_smem_bytes in mma_plan.h is the same sum over the stages).
+constexpr int kWBytes = kBN * kBK / 2, kSBytes = 4 * kBN * 4;
+
+// Byte selection (PRMT): result byte i = byte (s >> 4i) & 7 of {b (bytes 4..7), a (bytes 0..3)}.
+DK_DEVICE uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t s) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(a, b, s);
+#else
+  const uint64_t v = uint64_t(a) | (uint64_t(b) << 32);
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= uint32_t((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+  return r;
+#endif
+}
+
+// L2-only loads / stores of the fp32 workspace (written by other CTAs: never through L1).
+DK_DEVICE float ld_cg(const float* p) {
+#if defined(__CUDA_ARCH__)
+  return __ldcg(p);
+#else
+  return *p;
+#endif
+}
+DK_DEVICE void st_cg(float* p, float v) {
+#if defined(__CUDA_ARCH__)
+  __stcg(p, v);
+#else
+  *p = v;
+#endif
+}
+
+// The magic-number decode of T: kMagic is 2^e (1024.0 fp16, 128.0 bf16) in both halves; OR-ing a code
+// 0..15 into the low mantissa bits gives 2^e + q exactly.
+template <class T> struct Magic;
+template <> struct Magic<__half> { static constexpr uint32_t kBits = 0x64006400u; static constexpr float kBase = 1024.f; };
+template <> struct Magic<__nv_bfloat16> { static constexpr uint32_t kBits = 0x43004300u; static constexpr float kBase = 128.f; };
+
+// A scale / min pair (fp16 bits s | m << 16) as the T pair the decode multiplies with.
+template <class T>
+DK_DEVICE uint32_t scale_pair(uint32_t sm16) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return sm16;
+  } else {
+    __half s, m;
+    const uint16_t sb = uint16_t(sm16), mb = uint16_t(sm16 >> 16);
+    memcpy(&s, &sb, 2);
+    memcpy(&m, &mb, 2);
+    return pack2<T>(__half2float(s), __half2float(m));
+  }
+}
+
+// Two weights from x = kBits | (q0 in bits 0..3) | (q1 in bits 16..19): w_i = round_T(q_i * s + m), with
+// sm = the T pair (s, m); returned as one B-fragment register (w0 in the low half).
+template <class T>
+DK_DEVICE uint32_t decode2(uint32_t x, uint32_t sm) {
+#if defined(__CUDA_ARCH__)
+  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  T2 v, p;
+  memcpy(&v, &x, 4);
+  memcpy(&p, &sm, 4);
+  T2 r;
+  if constexpr (std::is_same_v<T, __half>) {
+    const T2 q = __hsub2(v, __float2half2_rn(Magic<T>::kBase));  // exact: small integers
+    r = __hfma2(q, __low2half2(p), __high2half2(p));             // one rounding to T
+  } else {
+    const T2 q = __hsub2(v, __float2bfloat162_rn(Magic<T>::kBase));
+    r = __hfma2(q, __low2bfloat162(p), __high2bfloat162(p));
+  }
+  uint32_t out;
+  memcpy(&out, &r, 4);
+  return out;
+#else
+  // host emulation: the exact q * s + m in double (exact: q < 16, s and m in T), rounded once to T
+  auto val = [](uint16_t b) {
+    T t;
+    memcpy(&t, &b, 2);
+    return double(Conv<T>::load(t));
+  };
+  const double s = val(uint16_t(sm)), m = val(uint16_t(sm >> 16));
+  const double q0 = val(uint16_t(x)) - Magic<T>::kBase, q1 = val(uint16_t(x >> 16)) - Magic<T>::kBase;
+  auto round = [](double v) {
+    T t;
+    if constexpr (std::is_same_v<T, __half>) t = __double2half(v);
+    else t = __double2bfloat16(v);
+    uint16_t b;
+    memcpy(&b, &t, 2);
+    return uint32_t(b);
+  };
+  return round(q0 * s + m) | (round(q1 * s + m) << 16);
+#endif
+}
+
+// The shared-memory byte offset of 16-byte chunk c (0..3) of weight row r, and of chunk c (0..15) of row r
+// of a: XOR swizzles that spread a warp's reads over all banks.
+DK_DEVICE int w_off(int r, int c) { return r * 64 + 16 * (c ^ ((r >> 1) & 3)); }
+DK_DEVICE int a_off(int r, int c) { return r * 256 + 16 * (c ^ (r & 7)); }
+
+template <class T, int MT>
+__global__ void __launch_bounds__(kWarps * 32)
+int4_gemm_marlin_kernel(T* __restrict__ out,                 // [M, N]
+                        const T* __restrict__ a,              // [M, K], row stride a_stride
+                        int64_t a_stride,
+                        const uint8_t* __restrict__ qweight,  // [N, K/2]
+                        const __half* __restrict__ scales,    // [N, K/G]
+                        const __half* __restrict__ mins,      // [N, K/G]
+                        const T* __restrict__ bias,           // [N] or null
+                        float* __restrict__ partial,          // [P + n_tiles, M, 128] fp32 workspace
+                        unsigned* __restrict__ counters,      // [n_tiles], zero on entry and on exit
+                        int M, int64_t N, int64_t K, int G) {
+  constexpr int BM = 16 * MT;
+  constexpr int kABytes = BM * kBK * 2;
+  constexpr int kStageBytes = kWBytes + kABytes + kSBytes;
+#if defined(__CUDA_ARCH__)
+  extern __shared__ __align__(128) unsigned char smem[];
+#elif defined(DK_CUDA_EMU)
+  unsigned char* smem = dk_emu::dynamic_smem();
+#else
+  unsigned char* smem = nullptr;  // (nvcc's host pass)
+#endif
+  __shared__ int last_flag;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int gl = lane >> 2, cl = 2 * (lane & 3);
+  // unit indices in 32 bits (int4_marlin_supported bounds the units), their products in 64
+  const int n_tiles = int((N + kBN - 1) / kBN), k_tiles = int((K + kBK - 1) / kBK), U = n_tiles * k_tiles;
+  const int P = int(gridDim.x), b = int(blockIdx.x);
+  const int u0 = int(int64_t(b) * U / P), u1 = int(int64_t(b + 1) * U / P);
+  const int count = u1 - u0;
+  const int64_t ng = K / G;
+  const int groups_per_chunk_shift = G == 32 ? 0 : G == 64 ? 1 : 2;  // chunk c: group c >> shift, j = c & mask
+
+  auto w_s = [&](int slot) { return smem + slot * kStageBytes; };
+  auto a_s = [&](int slot) { return smem + slot * kStageBytes + kWBytes; };
+  auto s_s = [&](int slot) { return reinterpret_cast<uint32_t*>(smem + slot * kStageBytes + kWBytes + kABytes); };
+
+  // issue the cp.async copies of unit u into stage `slot` (weights 512 chunks, a BM x 16 chunks)
+  auto load_tile = [&](int u, int slot) {
+    const int nt = u / k_tiles;
+    const int64_t k0 = int64_t(u - nt * k_tiles) * kBK;
+    const int64_t klen = K - k0 < kBK ? K - k0 : kBK;
+    unsigned char* ws = w_s(slot);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int i = tid + kWarps * 32 * j, r = i >> 2, c = i & 3;
+      const int64_t n = int64_t(nt) * kBN + r;
+      const bool ok = n < N && 32 * c < klen;
+      cp_async16_evict_first(ws + w_off(r, c), ok ? qweight + n * (K / 2) + k0 / 2 + 16 * c : qweight, ok ? 16 : 0);
+    }
+    unsigned char* as = a_s(slot);
+#pragma unroll
+    for (int j = 0; j < BM * 16 / (kWarps * 32); ++j) {
+      const int i = tid + kWarps * 32 * j, r = i >> 4, c = i & 15;
+      const bool ok = r < M && 8 * c < klen;
+      cp_async16(as + a_off(r, c), ok ? a + r * a_stride + k0 + 8 * c : a, ok ? 16 : 0);
+    }
+  };
+  // the scale / min pairs of unit u's row `tid`: 4 groups (fewer valid: BK / G, K's tail), fp16 bits
+  struct Scales { uint32_t v[4]; };
+  auto load_scales = [&](int u) {
+    Scales s;
+    const int nt = u / k_tiles;
+    const int64_t k0 = int64_t(u - nt * k_tiles) * kBK, n = int64_t(nt) * kBN + tid;
+    const int64_t klen = K - k0 < kBK ? K - k0 : kBK;
+    const uint16_t* sp = reinterpret_cast<const uint16_t*>(scales);
+    const uint16_t* mp = reinterpret_cast<const uint16_t*>(mins);
+#pragma unroll
+    for (int gi = 0; gi < 4; ++gi) {
+      s.v[gi] = 0;
+      if (n < N && gi * G < klen) {
+        const int64_t idx = n * ng + k0 / G + gi;
+        s.v[gi] = uint32_t(__ldg(sp + idx)) | (uint32_t(__ldg(mp + idx)) << 16);
+      }
+    }
+    return s;
+  };
+  auto store_scales = [&](const Scales& s, int slot) {
+    uint32_t* ss = s_s(slot);
+#pragma unroll
+    for (int gi = 0; gi < 4; ++gi) ss[gi * kBN + tid] = scale_pair<T>(s.v[gi]);
+  };
+
+  float acc[MT][4][4];
+  auto zero_acc = [&] {
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int t = 0; t < 4; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[i][t][e] = 0.f;
+  };
+  zero_acc();
+
+  // this lane's byte selection: bytes c, c+8, c+1, c+9 of its chunk (c = cl), from the words holding them
+  const int off = cl & 3;
+  const uint32_t sel = uint32_t(off) | uint32_t(4 + off) << 4 | uint32_t(off + 1) << 8 | uint32_t(5 + off) << 12;
+  const bool first_words = cl < 4;
+
+  auto compute = [&](int u, int slot) {
+    const int nt = u / k_tiles;
+    const int64_t k0 = int64_t(u - nt * k_tiles) * kBK;
+    const int chunks = int((K - k0 < kBK ? K - k0 : kBK) / 32);  // 16-byte chunks of a row in this tile
+    const unsigned char* ws = w_s(slot);
+    const unsigned char* as = a_s(slot);
+    const uint32_t* ss = s_s(slot);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      if (c < chunks) {
+        const int gi = c >> groups_per_chunk_shift, j = c & ((1 << groups_per_chunk_shift) - 1);
+        const int col_lo = gi * G + 16 * j, col_hi = col_lo + G / 2;  // the chunk's two k16 steps
+        uint32_t alo[MT][4], ahi[MT][4];
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+          const int r = i * 16 + (lane & 15);
+          ldmatrix_x4(alo[i], as + a_off(r, (col_lo >> 3) + (lane >> 4)));
+          ldmatrix_x4(ahi[i], as + a_off(r, (col_hi >> 3) + (lane >> 4)));
+        }
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          const int r = warp * 32 + 8 * t + gl;
+          const uint4 w = *reinterpret_cast<const uint4*>(ws + w_off(r, c));
+          const uint32_t sm = ss[gi * kBN + r];
+          const uint32_t p = byte_perm(first_words ? w.x : w.y, first_words ? w.z : w.w, sel);
+          uint32_t blo[2], bhi[2];
+          blo[0] = decode2<T>((p & 0x000f000fu) | Magic<T>::kBits, sm);          // elements c, c+1
+          blo[1] = decode2<T>(((p >> 8) & 0x000f000fu) | Magic<T>::kBits, sm);   // c+8, c+9
+          bhi[0] = decode2<T>(((p >> 4) & 0x000f000fu) | Magic<T>::kBits, sm);   // G/2 + c, c+1
+          bhi[1] = decode2<T>(((p >> 12) & 0x000f000fu) | Magic<T>::kBits, sm);  // G/2 + c+8, c+9
+#pragma unroll
+          for (int i = 0; i < MT; ++i) {
+            mma_m16n8k16<T>(acc[i][t], alo[i], blo);
+            mma_m16n8k16<T>(acc[i][t], ahi[i], bhi);
+          }
+        }
+      }
+    }
+  };
+
+  // the CTA holding unit u (the largest b with floor(b U / P) <= u)
+  auto cta_of = [&](int u) { return int((int64_t(u + 1) * P - 1) / U); };
+
+  auto epilogue = [&](int nt) {
+    const int first = cta_of(nt * k_tiles), last = cta_of(nt * k_tiles + k_tiles - 1);
+    const int64_t n0 = int64_t(nt) * kBN + warp * 32;
+    auto for_each = [&](auto&& f) {  // f(m, column in the 128-wide tile, feature, accumulator)
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int t = 0; t < 4; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int m = 16 * i + gl + (e >> 1) * 8;
+            const int col = warp * 32 + 8 * t + cl + (e & 1);
+            if (m < M && n0 + 8 * t + cl + (e & 1) < N) f(m, col, int64_t(nt) * kBN + col, acc[i][t][e]);
+          }
+    };
+    auto finish = [&](int m, int64_t n, float v) {
+      if (bias != nullptr) v += to_float(bias[n]);
+      out[int64_t(m) * N + n] = from_float<T>(v);
+    };
+    if (first == last) {
+      for_each([&](int m, int, int64_t n, float v) { finish(m, n, v); });
+      return;
+    }
+    // slot of the segment (column nt, CTA b) = b + nt: unique, < P + n_tiles
+    for_each([&](int m, int col, int64_t, float v) { st_cg(partial + (int64_t(b + nt) * M + m) * kBN + col, v); });
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+      const unsigned arrived = atomicAdd(counters + nt, 1u);
+      const bool is_last = arrived == unsigned(last - first);
+      if (is_last) {
+        atomicExch(counters + nt, 0u);
+        __threadfence();
+      }
+      last_flag = is_last;
+    }
+    __syncthreads();
+    if (last_flag) {
+      for_each([&](int m, int col, int64_t n, float) {
+        float v = 0.f;
+        for (int s = first; s <= last; ++s) v += ld_cg(partial + (int64_t(s + nt) * M + m) * kBN + col);
+        finish(m, n, v);
+      });
+    }
+  };
+
+  // pipeline: stage of unit u0 + i is i % kStages; scales ride two units ahead in registers (s_next, s_next2)
+  // and are stored one unit ahead of their use
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < count) load_tile(u0 + s, s);
+    cp_async_commit();
+  }
+  Scales s_next{}, s_next2{};
+  if (count > 0) store_scales(load_scales(u0), 0);
+  if (count > 1) s_next = load_scales(u0 + 1);
+  if (count > 2) s_next2 = load_scales(u0 + 2);
+#pragma unroll 1
+  for (int i = 0; i < count; ++i) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // unit i's stage is complete for all threads; stage (i - 1) % kStages is free
+    if (i + kStages - 1 < count) load_tile(u0 + i + kStages - 1, (i + kStages - 1) % kStages);
+    cp_async_commit();
+    if (i + 1 < count) store_scales(s_next, (i + 1) % kStages);  // used after the next barrier
+    s_next = s_next2;
+    if (i + 3 < count) s_next2 = load_scales(u0 + i + 3);
+    const int u = u0 + i;
+    compute(u, i % kStages);
+    const int nt = u / k_tiles;
+    if (u == u1 - 1 || u - nt * k_tiles == k_tiles - 1) {  // the end of a segment
+      epilogue(nt);
+      zero_acc();
+    }
+  }
+  cp_async_wait<0>();
+}
+
+}  // namespace marlin_detail
+
+// Dynamic shared memory of the Marlin kernel for M rows (the kernel needs it opted in above 48 KB).
+template <class T>
+cudaError_t int4_marlin_prepare(int64_t M) {
+  using namespace marlin_detail;
+  const int rows = int4_marlin_rows(M);
+  const size_t bytes = int4_marlin_smem_bytes(rows);
+#if defined(__CUDACC__) && !defined(DK_CUDA_EMU)
+  if constexpr (kIsMmaType<T>) {
+    cudaError_t e = cudaSuccess;
+    if (rows == 16) e = cudaFuncSetAttribute(int4_gemm_marlin_kernel<T, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+    else if (rows == 32) e = cudaFuncSetAttribute(int4_gemm_marlin_kernel<T, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+    else e = cudaFuncSetAttribute(int4_gemm_marlin_kernel<T, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+    return e;
+  }
+#endif
+  (void)bytes;
+  return cudaSuccess;
+}
+
+// CTAs of the Marlin kernel one SM holds at M rows (after int4_marlin_prepare), >= 1.
+template <class T>
+int int4_marlin_ctas_per_sm(int64_t M) {
+  using namespace marlin_detail;
+  int n = 1;
+#if defined(__CUDACC__) && !defined(DK_CUDA_EMU)
+  if constexpr (kIsMmaType<T>) {
+    const int rows = int4_marlin_rows(M);
+    const size_t bytes = int4_marlin_smem_bytes(rows);
+    if (rows == 16) cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, int4_gemm_marlin_kernel<T, 1>, kWarps * 32, bytes);
+    else if (rows == 32) cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, int4_gemm_marlin_kernel<T, 2>, kWarps * 32, bytes);
+    else cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, int4_gemm_marlin_kernel<T, 4>, kWarps * 32, bytes);
+  }
+#else
+  (void)M;
+#endif
+  return n > 0 ? n : 1;
+}
+
+// out [M, N] = a [M, K] @ w^T (+ bias), w packed INT4, 1 <= M <= 64 (kMarlinMaxM), T half or bf16 (float:
+// cudaErrorInvalidValue), G in {32, 64, 128}, K a multiple of G; qweight, a and a's row stride 16-byte
+// aligned. `ctas` (from int4_marlin_ctas) CTAs; workspace: `partial` int4_marlin_partial_floats(M, N, ctas)
+// floats, `counters` int4_marlin_counters(N) zeros (left zero). int4_marlin_prepare<T>(M) must have run
+// once per process and device (the shared-memory opt-in).
+template <class T>
+cudaError_t int4_gemm_marlin(T* out, const T* a, int64_t a_stride, const uint8_t* qweight, const __half* scales,
+                             const __half* mins, const T* bias, int64_t M, int64_t N, int64_t K, int G, int ctas,
+                             float* partial, unsigned* counters, cudaStream_t stream) {
+  using namespace marlin_detail;
+  if constexpr (!kIsMmaType<T>) {
+    return cudaErrorInvalidValue;
+  } else {
+    if (M <= 0 || N <= 0) return cudaSuccess;
+    if (!int4_marlin_supported(M, N, K, G, a_stride * int64_t(sizeof(T))) || !aligned16(qweight) || !aligned16(a) ||
+        mins == nullptr || ctas < 1 || ctas > int4_marlin_units(N, K) || partial == nullptr || counters == nullptr)
+      return cudaErrorInvalidValue;
+    const int rows = int4_marlin_rows(M);
+    const size_t smem = int4_marlin_smem_bytes(rows);
+    const dim3 grid{unsigned(ctas)}, block{unsigned(kWarps * 32)};
+    if (rows == 16)
+      int4_gemm_marlin_kernel<T, 1><<<grid, block, smem, stream>>>(out, a, a_stride, qweight, scales, mins, bias,
+                                                                 partial, counters, int(M), N, K, G);
+    else if (rows == 32)
+      int4_gemm_marlin_kernel<T, 2><<<grid, block, smem, stream>>>(out, a, a_stride, qweight, scales, mins, bias,
+                                                                 partial, counters, int(M), N, K, G);
+    else
+      int4_gemm_marlin_kernel<T, 4><<<grid, block, smem, stream>>>(out, a, a_stride, qweight, scales, mins, bias,
+                                                                 partial, counters, int(M), N, K, G);
+    return cudaGetLastError();
+  }
+}
+
+}  // namespace dk::cuda
