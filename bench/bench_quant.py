@@ -9,11 +9,14 @@ CUDA 8). Bytes counted: the packed weight
 (codes + fp16 scales/mins) + activations read + output written, against the copy ceiling; the peer
 (torch's dense linear: oneDNN/MKL or cuBLAS) reads 2-4x more. Each case is checked against float64.
 
-CUDA, larger M (M = 16, 64, 512, 4096; Llama-3-8B QKV 6144x4096 and down 4096x14336; bf16): the
-dispatch table of csrc/cuda/gemm_launch.cpp (INT4 g128: int4_gemm_mma below 128 rows, the CUTLASS sm90
-mixed-input kernel from 128; fp8: mma.sync below 128, CUTLASS QGMMA from 128) in TFLOP/s against torch's
+CUDA, the issue's rows (M = 1, 4, 16, 32, 64, 128, 512, 4096; Llama-3-8B QKV 6144x4096 and down 4096x14336;
+bf16; the 70B projections in bench/cpp/bench_quant.cpp): the dispatch table of
+csrc/cuda/gemm_launch.cpp (INT4 g128: the Marlin-style kernel to 64 rows, int4_gemm_mma below 128, the CUTLASS
+sm90 mixed-input kernel from 128; fp8: mma.sync below 128, CUTLASS QGMMA from 128) in GB/s of the copy
+ceiling below 512 rows and TFLOP/s from 512 against torch's
 bf16 linear (cuBLAS) on the decoded weight, and fp8 also against torch._scaled_mm with the same per-token x
-per-channel scales. DECODEKIT_SM90_GEMM=never / always in the environment pins either side of the table.
+per-channel scales. DECODEKIT_SM90_GEMM=never / always and DECODEKIT_INT4_MARLIN=never in the environment
+pin either side of the table.
 
 CPU, larger M (batched decode, prefill: M = 32, 256, 2048 on the SmolLM2 shapes plus 192x576 (K/V),
 the CPU kernels' tiled path, include/decodekit/gemm/int4_tiled.h): compute-bound rows in TFLOP/s
@@ -134,11 +137,14 @@ def case_large(ctx: BenchContext, kind: str, N: int, K: int, M: int, dtype: torc
                                 peer_timing=t["packed_dense"], max_rel_err=err, peer_rel_err=pd_err)]
 
 
+# Llama-3-8B QKV and down (the 70B projections are rows of the C++ bench, bench/cpp/bench_quant.cpp: their
+# float64 references and host-generated weights would not fit this bench's time on the GPU machine)
 CUDA_LARGE = [(6144, 4096), (4096, 14336)]
+CUDA_LARGE_M = [1, 4, 16, 32, 64, 128, 512, 4096]
 
 
 def case_cuda_large(ctx: BenchContext, kind: str, N: int, K: int, M: int) -> list[Result]:
-    """CUDA, M >= 16, bf16: int4_gemm (g128) or fp8_gemm through the op's dispatch table vs cuBLAS bf16
+    """CUDA, bf16: int4_gemm (g128) or fp8_gemm through the op's dispatch table vs cuBLAS bf16
     (and fp8 vs torch._scaled_mm, row-wise scales)."""
     dev, dtype = ctx.device, torch.bfloat16
     g = torch.Generator().manual_seed(N * 7 + K * 13 + M)
@@ -209,7 +215,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
             if not ctx.quick:
                 ctx.add(case(ctx, "int8", *LM_HEAD, M, dtype))
         if kind == "cuda" and dtype == torch.bfloat16:
-            for M in ([512] if ctx.quick else [16, 64, 512, 4096]):
+            for M in ([512] if ctx.quick else CUDA_LARGE_M):
                 for N, K in (CUDA_LARGE[:1] if ctx.quick else CUDA_LARGE):
                     for k in ("int4", "fp8"):
                         for r in case_cuda_large(ctx, k, N, K, M):

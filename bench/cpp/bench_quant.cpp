@@ -13,7 +13,8 @@
 // weight: an INT4 kernel at the same fraction of the copy bandwidth is ~3.6x faster than a
 // bandwidth-bound bf16 GEMV.
 // Shapes: GPU: Llama-3-8B projections (qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down 4096x14336;
-// INT4 groups of 128) at M = 1, 4, 16, 64, 128, 512, 4096 (fp16: up to 64); CPU: SmolLM2-135M (576x576, 1536x576, 576x1536; groups
+// INT4 groups of 128) at M = 1, 4, 16, 32, 64, 128, 512, 4096 (fp16: up to 64), Llama-3-70B (qkv 10240x8192,
+// gate_up 57344x8192, down 8192x28672) at M = 1, 16, 64; CPU: SmolLM2-135M (576x576, 1536x576, 576x1536; groups
 // of 32) at M = 1, 8, 32 and the 8B down projection at M = 1. --quick: fewer shapes.
 #include <string>
 #include <type_traits>
@@ -38,8 +39,9 @@ struct Shape { int64_t N, K; int G; const char* name; };
 std::vector<Shape> shapes(bool quick) {
 #if defined(__CUDACC__)
   if (quick) return {{6144, 4096, 128, "8b.qkv"}, {4096, 14336, 128, "8b.down"}};
-  return {{6144, 4096, 128, "8b.qkv"}, {4096, 4096, 128, "8b.o"}, {28672, 4096, 128, "8b.gate_up"},
-          {4096, 14336, 128, "8b.down"}};
+  return {{6144, 4096, 128, "8b.qkv"},   {4096, 4096, 128, "8b.o"},       {28672, 4096, 128, "8b.gate_up"},
+          {4096, 14336, 128, "8b.down"}, {10240, 8192, 128, "70b.qkv"},   {57344, 8192, 128, "70b.gate_up"},
+          {8192, 28672, 128, "70b.down"}};
 #else
   if (quick) return {{1536, 576, 32, "smol.gate_up"}};
   return {{576, 576, 32, "smol.q"}, {1536, 576, 32, "smol.gate_up"}, {576, 1536, 32, "smol.down"},
@@ -50,10 +52,10 @@ std::vector<Shape> shapes(bool quick) {
 template <class T>
 std::vector<int64_t> batch(bool quick, const Shape& s) {
 #if defined(__CUDACC__)
-  (void)s;
   if (quick) return {1, 64};
-  if (sizeof(T) == 2 && !std::is_same_v<T, dk::bf16_t>) return {1, 4, 16, 64};
-  return {1, 4, 16, 64, 128, 512, 4096};
+  if (s.name[0] == '7') return {1, 16, 64};  // 70B projections: the decode rows (the binary's time cap)
+  if (sizeof(T) == 2 && !std::is_same_v<T, dk::bf16_t>) return {1, 4, 16, 32, 64};
+  return {1, 4, 16, 32, 64, 128, 512, 4096};
 #else
   if (s.K == 14336) return {1};
   return quick ? std::vector<int64_t>{1, 32} : std::vector<int64_t>{1, 8, 32};

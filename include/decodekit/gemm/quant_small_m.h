@@ -65,7 +65,7 @@ DK_FORCE_INLINE void small_m_end(T* out, int64_t out_stride, const T* bias, int6
 
 // out[r, n] = sum_k a[r, k] * w[n, k] (+ bias[n]) for r < MM; a: fp32 [MM, K] (row stride K);
 // asum: fp32 [MM, K / G], each row's per-group activation sums. Per element this is exactly the
-// one-row GEMV's arithmetic (int4.h: gemv4_g32_avx512): per group the unscaled 16-lane dot of the
+// one-row GEMV's arithmetic (int4.h: gemv_rows_g32_avx512): per group the unscaled 16-lane dot of the
 // codes, t = lo * a_lo (+ fma hi * a_hi, chunk by chunk), acc = fma(t, scale, acc); then
 // reduce(acc) + sum_g min * asum (+ bias). So a row's result does not depend on how many rows
 // come with it (1 .. 8): a speculative verification pass reproduces plain decoding bit for bit.
