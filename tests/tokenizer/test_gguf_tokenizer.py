@@ -95,3 +95,13 @@ def test_random_ids_decode_equal_transformers(tok, hf_tok):
 def test_encode_rejects_non_str(tok):
     with pytest.raises(TypeError):
         tok.encode(["a"])
+
+
+def test_lone_surrogate_is_a_clear_error(tok):
+    """Text with a lone surrogate (what surrogateescape makes of bad bytes) is not Unicode: a ValueError that
+    names the prompt and the position, not the tokenizers library's bare TypeError; valid text still encodes."""
+    with pytest.raises(ValueError, match=r"prompt: not valid Unicode text: .* at character 3"):
+        tok.encode("ok \udcff bad")
+    with pytest.raises(ValueError, match="at character 0"):
+        tok.encode_batch(["fine", "\ud800"])
+    assert tok.encode("ok \u00e9 fine") == tok.encode_batch(["ok \u00e9 fine"])[0]

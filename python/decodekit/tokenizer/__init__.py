@@ -216,9 +216,12 @@ class Tokenizer:
         recognised as such; add_special_tokens adds BOS/EOS when the model wants them."""
         if not isinstance(text, str):
             raise TypeError(f"encode() takes a str, got {type(text).__name__}")
+        _check_unicode(text)
         return self._tk.encode(text, add_special_tokens=add_special_tokens).ids
 
     def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        for t in texts:
+            _check_unicode(t)
         return [e.ids for e in self._tk.encode_batch(list(texts), add_special_tokens=add_special_tokens)]
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
@@ -251,3 +254,13 @@ class Tokenizer:
 
 
 from .detokenizer import IncrementalDetokenizer  # noqa: E402
+
+
+def _check_unicode(text: str) -> None:
+    """Text the tokenizer can take: a lone surrogate (e.g. from surrogateescape-decoded bytes) is not
+    Unicode text; say where it is instead of the tokenizers library's bare TypeError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"prompt: not valid Unicode text: {e.reason} at character {e.start} "
+                         f"({text[e.start:e.end]!r}); send UTF-8 text or token ids") from None
