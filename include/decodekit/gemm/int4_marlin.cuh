@@ -66,6 +66,18 @@ DK_DEVICE uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t s) {
 #endif
 }
 
+// (x & B) | C in one LOP3 (written as C++, ptxas emits two: one immediate operand each).
+template <uint32_t B, uint32_t C>
+DK_DEVICE uint32_t and_or(uint32_t x) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(x), "n"(B), "n"(C));
+  return r;
+#else
+  return (x & B) | C;
+#endif
+}
+
 // L2-only loads / stores of the fp32 workspace (written by other CTAs: never through L1).
 DK_DEVICE float ld_cg(const float* p) {
 #if defined(__CUDA_ARCH__)
@@ -149,7 +161,7 @@ DK_DEVICE int w_off(int r, int c) { return r * 64 + 16 * (c ^ ((r >> 1) & 3)); }
 DK_DEVICE int a_off(int r, int c) { return r * 256 + 16 * (c ^ (r & 7)); }
 
 template <class T, int MT>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, 1)
 int4_gemm_marlin_kernel(T* __restrict__ out,                 // [M, N]
                         const T* __restrict__ a,              // [M, K], row stride a_stride
                         int64_t a_stride,
@@ -186,32 +198,48 @@ int4_gemm_marlin_kernel(T* __restrict__ out,                 // [M, N]
   auto s_s = [&](int slot) { return reinterpret_cast<uint32_t*>(smem + slot * kStageBytes + kWBytes + kABytes); };
 
   // issue the cp.async copies of unit u into stage `slot` (weights 512 chunks, a BM x 16 chunks)
-  auto load_tile = [&](int u, int slot) {
-    const int nt = u / k_tiles;
-    const int64_t k0 = int64_t(u - nt * k_tiles) * kBK;
+  // a unit's (column, k tile); the pipeline walks three cursors one unit per step (no divisions in the loop)
+  struct Pos { int nt, kt; };
+  auto pos_of = [&](int u) { return Pos{u / k_tiles, u - (u / k_tiles) * k_tiles}; };
+  auto advance = [&](Pos& p) {
+    if (++p.kt == k_tiles) {
+      p.kt = 0;
+      ++p.nt;
+    }
+  };
+  const int g_shift = G == 32 ? 5 : G == 64 ? 6 : 7;
+
+  // Loop-invariant parts of the copy addresses. Copy j of this thread: weight row (tid >> 2) + 32 j, chunk
+  // tid & 3; a row (tid >> 4) + 8 j, chunk tid & 15 -- their swizzles do not depend on j (w_off, a_off).
+  const int w_row = tid >> 2, w_chunk = tid & 3, a_row = tid >> 4, a_chunk = tid & 15;
+  const int w_dst = w_off(w_row, w_chunk), a_dst = a_off(a_row, a_chunk);  // + j * 2048 bytes each
+  const int64_t w_src = int64_t(w_row) * (K / 2) + 16 * w_chunk, a_src = int64_t(a_row) * a_stride + 8 * a_chunk;
+  auto load_tile = [&](Pos p, int slot) {
+    const int64_t k0 = int64_t(p.kt) * kBK;
     const int64_t klen = K - k0 < kBK ? K - k0 : kBK;
-    unsigned char* ws = w_s(slot);
+    const int rows_left = int(N - int64_t(p.nt) * kBN < kBN ? N - int64_t(p.nt) * kBN : kBN);
+    const uint8_t* wq = qweight + int64_t(p.nt) * kBN * (K / 2) + k0 / 2 + w_src;
+    unsigned char* ws = w_s(slot) + w_dst;
+    const bool w_in_k = 32 * w_chunk < klen;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const int i = tid + kWarps * 32 * j, r = i >> 2, c = i & 3;
-      const int64_t n = int64_t(nt) * kBN + r;
-      const bool ok = n < N && 32 * c < klen;
-      cp_async16_evict_first(ws + w_off(r, c), ok ? qweight + n * (K / 2) + k0 / 2 + 16 * c : qweight, ok ? 16 : 0);
+      const bool ok = w_in_k && w_row + 32 * j < rows_left;
+      cp_async16_evict_first(ws + 2048 * j, ok ? wq + int64_t(32 * j) * (K / 2) : qweight, ok ? 16 : 0);
     }
-    unsigned char* as = a_s(slot);
+    const T* aq = a + k0 + a_src;
+    unsigned char* as = a_s(slot) + a_dst;
+    const bool a_in_k = 8 * a_chunk < klen;
 #pragma unroll
     for (int j = 0; j < BM * 16 / (kWarps * 32); ++j) {
-      const int i = tid + kWarps * 32 * j, r = i >> 4, c = i & 15;
-      const bool ok = r < M && 8 * c < klen;
-      cp_async16(as + a_off(r, c), ok ? a + r * a_stride + k0 + 8 * c : a, ok ? 16 : 0);
+      const bool ok = a_in_k && a_row + 8 * j < M;
+      cp_async16(as + 2048 * j, ok ? aq + int64_t(8 * j) * a_stride : a, ok ? 16 : 0);
     }
   };
   // the scale / min pairs of unit u's row `tid`: 4 groups (fewer valid: BK / G, K's tail), fp16 bits
   struct Scales { uint32_t v[4]; };
-  auto load_scales = [&](int u) {
+  auto load_scales = [&](Pos p) {
     Scales s;
-    const int nt = u / k_tiles;
-    const int64_t k0 = int64_t(u - nt * k_tiles) * kBK, n = int64_t(nt) * kBN + tid;
+    const int64_t k0 = int64_t(p.kt) * kBK, n = int64_t(p.nt) * kBN + tid;
     const int64_t klen = K - k0 < kBK ? K - k0 : kBK;
     const uint16_t* sp = reinterpret_cast<const uint16_t*>(scales);
     const uint16_t* mp = reinterpret_cast<const uint16_t*>(mins);
@@ -219,7 +247,7 @@ int4_gemm_marlin_kernel(T* __restrict__ out,                 // [M, N]
     for (int gi = 0; gi < 4; ++gi) {
       s.v[gi] = 0;
       if (n < N && gi * G < klen) {
-        const int64_t idx = n * ng + k0 / G + gi;
+        const int64_t idx = n * ng + (k0 >> g_shift) + gi;
         s.v[gi] = uint32_t(__ldg(sp + idx)) | (uint32_t(__ldg(mp + idx)) << 16);
       }
     }
@@ -247,36 +275,45 @@ int4_gemm_marlin_kernel(T* __restrict__ out,                 // [M, N]
   const uint32_t sel = uint32_t(off) | uint32_t(4 + off) << 4 | uint32_t(off + 1) << 8 | uint32_t(5 + off) << 12;
   const bool first_words = cl < 4;
 
-  auto compute = [&](int u, int slot) {
-    const int nt = u / k_tiles;
-    const int64_t k0 = int64_t(u - nt * k_tiles) * kBK;
+  // Loop-invariant parts of the compute side's shared-memory reads: weight row warp * 32 + 8 t + gl has the
+  // swizzle (gl >> 1) & 3 for every t (w_off), a row 16 i + (lane & 15) has lane & 7 (a_off), so per chunk c
+  // one offset each (+ 512 t, + 4096 i, + 32 t as immediates); chunk c's k16 steps and group from G.
+  int w_rd[4], a_lo[4], a_hi[4], s_rd[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int gi = c >> groups_per_chunk_shift, j = c & ((1 << groups_per_chunk_shift) - 1);
+    const int col_lo = gi * G + 16 * j, col_hi = col_lo + G / 2;  // the chunk's two k16 steps
+    w_rd[c] = w_off(warp * 32 + gl, c);
+    a_lo[c] = a_off(lane & 15, (col_lo >> 3) + (lane >> 4));
+    a_hi[c] = a_off(lane & 15, (col_hi >> 3) + (lane >> 4));
+    s_rd[c] = (gi * kBN + warp * 32 + gl) * 4;
+  }
+  auto compute = [&](Pos p, int slot) {
+    const int64_t k0 = int64_t(p.kt) * kBK;
     const int chunks = int((K - k0 < kBK ? K - k0 : kBK) / 32);  // 16-byte chunks of a row in this tile
     const unsigned char* ws = w_s(slot);
     const unsigned char* as = a_s(slot);
-    const uint32_t* ss = s_s(slot);
+    const unsigned char* ss = reinterpret_cast<const unsigned char*>(s_s(slot));
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       if (c < chunks) {
-        const int gi = c >> groups_per_chunk_shift, j = c & ((1 << groups_per_chunk_shift) - 1);
-        const int col_lo = gi * G + 16 * j, col_hi = col_lo + G / 2;  // the chunk's two k16 steps
         uint32_t alo[MT][4], ahi[MT][4];
 #pragma unroll
         for (int i = 0; i < MT; ++i) {
-          const int r = i * 16 + (lane & 15);
-          ldmatrix_x4(alo[i], as + a_off(r, (col_lo >> 3) + (lane >> 4)));
-          ldmatrix_x4(ahi[i], as + a_off(r, (col_hi >> 3) + (lane >> 4)));
+          ldmatrix_x4(alo[i], as + a_lo[c] + 4096 * i);
+          ldmatrix_x4(ahi[i], as + a_hi[c] + 4096 * i);
         }
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
-          const int r = warp * 32 + 8 * t + gl;
-          const uint4 w = *reinterpret_cast<const uint4*>(ws + w_off(r, c));
-          const uint32_t sm = ss[gi * kBN + r];
+          const uint4 w = *reinterpret_cast<const uint4*>(ws + w_rd[c] + 512 * t);
+          const uint32_t sm = *reinterpret_cast<const uint32_t*>(ss + s_rd[c] + 32 * t);
           const uint32_t p = byte_perm(first_words ? w.x : w.y, first_words ? w.z : w.w, sel);
           uint32_t blo[2], bhi[2];
-          blo[0] = decode2<T>((p & 0x000f000fu) | Magic<T>::kBits, sm);          // elements c, c+1
-          blo[1] = decode2<T>(((p >> 8) & 0x000f000fu) | Magic<T>::kBits, sm);   // c+8, c+9
-          bhi[0] = decode2<T>(((p >> 4) & 0x000f000fu) | Magic<T>::kBits, sm);   // G/2 + c, c+1
-          bhi[1] = decode2<T>(((p >> 12) & 0x000f000fu) | Magic<T>::kBits, sm);  // G/2 + c+8, c+9
+          constexpr uint32_t kLow = 0x000f000fu, kMag = Magic<T>::kBits;
+          blo[0] = decode2<T>(and_or<kLow, kMag>(p), sm);        // elements c, c+1
+          blo[1] = decode2<T>(and_or<kLow, kMag>(p >> 8), sm);   // c+8, c+9
+          bhi[0] = decode2<T>(and_or<kLow, kMag>(p >> 4), sm);   // G/2 + c, c+1
+          bhi[1] = decode2<T>(and_or<kLow, kMag>(p >> 12), sm);  // G/2 + c+8, c+9
 #pragma unroll
           for (int i = 0; i < MT; ++i) {
             mma_m16n8k16<T>(acc[i][t], alo[i], blo);
@@ -338,31 +375,37 @@ int4_gemm_marlin_kernel(T* __restrict__ out,                 // [M, N]
 
   // pipeline: stage of unit u0 + i is i % kStages; scales ride two units ahead in registers (s_next, s_next2)
   // and are stored one unit ahead of their use
+  Pos lp = pos_of(u0), sp = lp, cp = lp;  // next unit to load, next scales to load, unit to compute
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < count) load_tile(u0 + s, s);
+    if (s < count) load_tile(lp, s);
     cp_async_commit();
+    advance(lp);
   }
   Scales s_next{}, s_next2{};
-  if (count > 0) store_scales(load_scales(u0), 0);
-  if (count > 1) s_next = load_scales(u0 + 1);
-  if (count > 2) s_next2 = load_scales(u0 + 2);
+  if (count > 0) store_scales(load_scales(sp), 0);
+  advance(sp);
+  if (count > 1) s_next = load_scales(sp);
+  advance(sp);
+  if (count > 2) s_next2 = load_scales(sp);
+  advance(sp);
 #pragma unroll 1
   for (int i = 0; i < count; ++i) {
     cp_async_wait<kStages - 2>();
     __syncthreads();  // unit i's stage is complete for all threads; stage (i - 1) % kStages is free
-    if (i + kStages - 1 < count) load_tile(u0 + i + kStages - 1, (i + kStages - 1) % kStages);
+    if (i + kStages - 1 < count) load_tile(lp, (i + kStages - 1) % kStages);
+    advance(lp);
     cp_async_commit();
     if (i + 1 < count) store_scales(s_next, (i + 1) % kStages);  // used after the next barrier
     s_next = s_next2;
-    if (i + 3 < count) s_next2 = load_scales(u0 + i + 3);
-    const int u = u0 + i;
-    compute(u, i % kStages);
-    const int nt = u / k_tiles;
-    if (u == u1 - 1 || u - nt * k_tiles == k_tiles - 1) {  // the end of a segment
-      epilogue(nt);
+    if (i + 3 < count) s_next2 = load_scales(sp);
+    advance(sp);
+    compute(cp, i % kStages);
+    if (i == count - 1 || cp.kt == k_tiles - 1) {  // the end of a segment
+      epilogue(cp.nt);
       zero_acc();
     }
+    advance(cp);
   }
   cp_async_wait<0>();
 }
