@@ -23,17 +23,25 @@ static int fails = 0, checks = 0;
 
 template <class T> double out_tol() { return sizeof(T) == 4 ? 2e-6 : std::is_same_v<T, __half> ? 1e-3 : 8e-3; }
 
+// Random packed weights: row_bytes code bytes and ng fp16 scales / mins per row (the kernels' layout).
+struct QuantWeights { std::vector<uint8_t> q; std::vector<__half> sc, mn; };
+static QuantWeights random_weights(int64_t N, int64_t row_bytes, int64_t ng) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  QuantWeights w{std::vector<uint8_t>(size_t(N * row_bytes)), std::vector<__half>(size_t(N * ng)),
+                 std::vector<__half>(size_t(N * ng))};
+  for (auto& x : w.q) x = uint8_t(byte(rng));
+  for (auto& x : w.sc) x = __float2half(0.001f + 0.02f * std::fabs(nd(rng)));
+  for (auto& x : w.mn) x = __float2half(0.1f * nd(rng));
+  return w;
+}
+
 template <class T> void run(bool int4, int M, int64_t N, int64_t K, int G, int a_pad, bool with_bias,
                             bool mma = false, int splits = 1) {
   using C = typename Cpu<T>::type;
-  std::uniform_int_distribution<int> byte(0, 255);
   std::normal_distribution<float> nd(0.f, 1.f);
   const int64_t row_bytes = int4 ? K / 2 : K, ng = K / G;
-  std::vector<uint8_t> q(size_t(N * row_bytes));
-  for (auto& x : q) x = uint8_t(byte(rng));
-  std::vector<__half> sc(size_t(N * ng)), mn(size_t(N * ng));
-  for (auto& x : sc) x = __float2half(0.001f + 0.02f * std::fabs(nd(rng)));
-  for (auto& x : mn) x = __float2half(0.1f * nd(rng));
+  auto [q, sc, mn] = random_weights(N, row_bytes, ng);
   const int64_t a_stride = K + a_pad;
   std::vector<T> a(static_cast<size_t>(M * a_stride)), bias(static_cast<size_t>(N));
   for (auto& x : a) x = Conv<T>::store(nd(rng));
@@ -85,14 +93,9 @@ template <class T> void run(bool int4, int M, int64_t N, int64_t K, int G, int a
 // written (NaN-poisoned), counters back to zero, and bitwise the same on a second run (the in-order sum of a
 // split column's slots, whatever the arrival order of its CTAs).
 template <class T> void run_marlin(int M, int64_t N, int64_t K, int G, int a_pad, bool with_bias, int ctas) {
-  std::uniform_int_distribution<int> byte(0, 255);
   std::normal_distribution<float> nd(0.f, 1.f);
   const int64_t ng = K / G, a_stride = K + a_pad;
-  std::vector<uint8_t> q(size_t(N * K / 2));
-  for (auto& x : q) x = uint8_t(byte(rng));
-  std::vector<__half> sc(size_t(N * ng)), mn(size_t(N * ng));
-  for (auto& x : sc) x = __float2half(0.001f + 0.02f * std::fabs(nd(rng)));
-  for (auto& x : mn) x = __float2half(0.1f * nd(rng));
+  auto [q, sc, mn] = random_weights(N, K / 2, ng);
   std::vector<T> a(size_t(M * a_stride), Conv<T>::store(NAN)), bias(static_cast<size_t>(N));
   for (int m = 0; m < M; ++m)
     for (int64_t k = 0; k < K; ++k) a[size_t(m * a_stride + k)] = Conv<T>::store(nd(rng));
@@ -198,14 +201,9 @@ template <class T> void run_fp8(int M, int64_t N, int64_t K, int x_pad, bool wit
 // product of our layout (int4_code / int4_weight on the original activations); scales exact; x's
 // padding past K never written (NaN-poisoned rows of a stride > K read only inside K).
 template <class T> void run_sm90_prepare(int M, int64_t N, int64_t K, int G, int a_pad) {
-  std::uniform_int_distribution<int> byte(0, 255);
   std::normal_distribution<float> nd(0.f, 1.f);
   const int64_t ng = K / G, a_stride = K + a_pad;
-  std::vector<uint8_t> q(size_t(N * K / 2));
-  for (auto& v : q) v = uint8_t(byte(rng));
-  std::vector<__half> sc(size_t(N * ng)), mn(size_t(N * ng));
-  for (auto& v : sc) v = __float2half(0.001f + 0.02f * std::fabs(nd(rng)));
-  for (auto& v : mn) v = __float2half(0.1f * nd(rng));
+  auto [q, sc, mn] = random_weights(N, K / 2, ng);
   std::vector<T> a(size_t(M * a_stride), Conv<T>::store(NAN));
   for (int m = 0; m < M; ++m)
     for (int64_t k = 0; k < K; ++k) a[size_t(m * a_stride + k)] = Conv<T>::store(nd(rng));

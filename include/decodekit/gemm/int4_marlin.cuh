@@ -197,7 +197,6 @@ int4_gemm_marlin_kernel(T* __restrict__ out,                 // [M, N]
   auto a_s = [&](int slot) { return smem + slot * kStageBytes + kWBytes; };
   auto s_s = [&](int slot) { return reinterpret_cast<uint32_t*>(smem + slot * kStageBytes + kWBytes + kABytes); };
 
-  // issue the cp.async copies of unit u into stage `slot` (weights 512 chunks, a BM x 16 chunks)
   // a unit's (column, k tile); the pipeline walks three cursors one unit per step (no divisions in the loop)
   struct Pos { int nt, kt; };
   auto pos_of = [&](int u) { return Pos{u / k_tiles, u - (u / k_tiles) * k_tiles}; };
@@ -214,6 +213,7 @@ int4_gemm_marlin_kernel(T* __restrict__ out,                 // [M, N]
   const int w_row = tid >> 2, w_chunk = tid & 3, a_row = tid >> 4, a_chunk = tid & 15;
   const int w_dst = w_off(w_row, w_chunk), a_dst = a_off(a_row, a_chunk);  // + j * 2048 bytes each
   const int64_t w_src = int64_t(w_row) * (K / 2) + 16 * w_chunk, a_src = int64_t(a_row) * a_stride + 8 * a_chunk;
+  // issue the cp.async copies of unit p into stage `slot` (weights 512 chunks, a BM x 16 chunks)
   auto load_tile = [&](Pos p, int slot) {
     const int64_t k0 = int64_t(p.kt) * kBK;
     const int64_t klen = K - k0 < kBK ? K - k0 : kBK;
@@ -412,48 +412,44 @@ int4_gemm_marlin_kernel(T* __restrict__ out,                 // [M, N]
 
 }  // namespace marlin_detail
 
+// The kernel instantiation for M rows (MT = 1, 2, 4 m16 tiles): the one place that maps rows to MT.
+template <class T>
+auto marlin_kernel(int64_t M) {
+  using namespace marlin_detail;
+  const int rows = int4_marlin_rows(M);
+  return rows == 16 ? int4_gemm_marlin_kernel<T, 1> : rows == 32 ? int4_gemm_marlin_kernel<T, 2>
+                                                                 : int4_gemm_marlin_kernel<T, 4>;
+}
+
 // Dynamic shared memory of the Marlin kernel for M rows (the kernel needs it opted in above 48 KB).
 template <class T>
 cudaError_t int4_marlin_prepare(int64_t M) {
-  using namespace marlin_detail;
-  const int rows = int4_marlin_rows(M);
-  const size_t bytes = int4_marlin_smem_bytes(rows);
 #if defined(__CUDACC__) && !defined(DK_CUDA_EMU)
-  if constexpr (kIsMmaType<T>) {
-    cudaError_t e = cudaSuccess;
-    if (rows == 16) e = cudaFuncSetAttribute(int4_gemm_marlin_kernel<T, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-    else if (rows == 32) e = cudaFuncSetAttribute(int4_gemm_marlin_kernel<T, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-    else e = cudaFuncSetAttribute(int4_gemm_marlin_kernel<T, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-    return e;
-  }
+  if constexpr (kIsMmaType<T>)
+    return cudaFuncSetAttribute(marlin_kernel<T>(M), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                int(int4_marlin_smem_bytes(int4_marlin_rows(M))));
 #endif
-  (void)bytes;
+  (void)M;
   return cudaSuccess;
 }
 
 // CTAs of the Marlin kernel one SM holds at M rows (after int4_marlin_prepare), >= 1.
 template <class T>
 int int4_marlin_ctas_per_sm(int64_t M) {
-  using namespace marlin_detail;
   int n = 1;
 #if defined(__CUDACC__) && !defined(DK_CUDA_EMU)
-  if constexpr (kIsMmaType<T>) {
-    const int rows = int4_marlin_rows(M);
-    const size_t bytes = int4_marlin_smem_bytes(rows);
-    if (rows == 16) cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, int4_gemm_marlin_kernel<T, 1>, kWarps * 32, bytes);
-    else if (rows == 32) cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, int4_gemm_marlin_kernel<T, 2>, kWarps * 32, bytes);
-    else cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, int4_gemm_marlin_kernel<T, 4>, kWarps * 32, bytes);
-  }
-#else
-  (void)M;
+  if constexpr (kIsMmaType<T>)
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, marlin_kernel<T>(M), marlin_detail::kWarps * 32,
+                                                  int4_marlin_smem_bytes(int4_marlin_rows(M)));
 #endif
+  (void)M;
   return n > 0 ? n : 1;
 }
 
 // out [M, N] = a [M, K] @ w^T (+ bias), w packed INT4, 1 <= M <= 64 (kMarlinMaxM), T half or bf16 (float:
 // cudaErrorInvalidValue), G in {32, 64, 128}, K a multiple of G; qweight, a and a's row stride 16-byte
 // aligned. `ctas` (from int4_marlin_ctas) CTAs; workspace: `partial` int4_marlin_partial_floats(M, N, ctas)
-// floats, `counters` int4_marlin_counters(N) zeros (left zero). int4_marlin_prepare<T>(M) must have run
+// floats, `counters` int4_marlin_columns(N) zeros (left zero). int4_marlin_prepare<T>(M) must have run
 // once per process and device (the shared-memory opt-in).
 template <class T>
 cudaError_t int4_gemm_marlin(T* out, const T* a, int64_t a_stride, const uint8_t* qweight, const __half* scales,
@@ -467,18 +463,11 @@ cudaError_t int4_gemm_marlin(T* out, const T* a, int64_t a_stride, const uint8_t
     if (!int4_marlin_supported(M, N, K, G, a_stride * int64_t(sizeof(T))) || !aligned16(qweight) || !aligned16(a) ||
         mins == nullptr || ctas < 1 || ctas > int4_marlin_units(N, K) || partial == nullptr || counters == nullptr)
       return cudaErrorInvalidValue;
-    const int rows = int4_marlin_rows(M);
-    const size_t smem = int4_marlin_smem_bytes(rows);
+    const size_t smem = int4_marlin_smem_bytes(int4_marlin_rows(M));
     const dim3 grid{unsigned(ctas)}, block{unsigned(kWarps * 32)};
-    if (rows == 16)
-      int4_gemm_marlin_kernel<T, 1><<<grid, block, smem, stream>>>(out, a, a_stride, qweight, scales, mins, bias,
-                                                                 partial, counters, int(M), N, K, G);
-    else if (rows == 32)
-      int4_gemm_marlin_kernel<T, 2><<<grid, block, smem, stream>>>(out, a, a_stride, qweight, scales, mins, bias,
-                                                                 partial, counters, int(M), N, K, G);
-    else
-      int4_gemm_marlin_kernel<T, 4><<<grid, block, smem, stream>>>(out, a, a_stride, qweight, scales, mins, bias,
-                                                                 partial, counters, int(M), N, K, G);
+    const auto kernel = marlin_kernel<T>(M);
+    kernel<<<grid, block, smem, stream>>>(out, a, a_stride, qweight, scales, mins, bias, partial, counters, int(M), N,
+                                          K, G);
     return cudaGetLastError();
   }
 }
