@@ -18,6 +18,7 @@
 #include "decodekit/gemm/int4_common.h"
 #include "decodekit/gemm/int4_tiled.h"
 #include "decodekit/gemm/quant_small_m.h"
+#include "decodekit/gemm/quant_small_m_avx2.h"
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -190,6 +191,9 @@ void int4_gemm(T* out,                  // [M, N]
   }
   // 2 .. 8 rows (and one row at other group sizes): the GEMV's per-element arithmetic
   if (int4_gemm_small_m(out, af.data(), asum.data(), qweight, scales, mins, bias, M, N, K, G)) return;
+#elif defined(DK_QUANT_SMALL_M_AVX2)
+  // AVX2 without AVX-512: 1 .. 8 rows, each row's arithmetic independent of the row count
+  if (int4_gemm_small_m_avx2(out, af.data(), asum.data(), qweight, scales, mins, bias, M, N, K, G)) return;
 #endif
   constexpr int kMaxM = 8;  // rows of a handled together (each decoded weight used up to kMaxM times)
 #pragma omp parallel if (N * K * M >= kParallelGrain)
@@ -329,6 +333,8 @@ void int8_gemm(T* out,                  // [M, N]
     return;
   }
   if (int8_gemm_small_m(out, af.data(), qweight, scales, bias, M, N, K, G)) return;
+#elif defined(DK_QUANT_SMALL_M_AVX2)
+  if (int8_gemm_small_m_avx2(out, af.data(), qweight, scales, bias, M, N, K, G)) return;
 #endif
   constexpr int kMaxM = 4;
 #pragma omp parallel if (N * K * M >= kParallelGrain)

@@ -11,7 +11,9 @@
 // bf16 / fp16 rows are converted to fp32 into the thread's own buffer (again only when its next
 // task is on another row block). fp32 outputs are written by the micro-kernel itself (partial
 // sums of later K blocks accumulate there); other types go through an fp32 strip buffer.
-// Needs AVX-512 F/BW/VL and F16C (DK_TILED_QUANT_GEMM); layouts: include/decodekit/gemm/int4.h.
+// Needs AVX-512 F/BW/VL and F16C, or (without AVX-512) AVX2 + FMA + F16C, whose panel decode and
+// micro-kernel (NR = 16, MR = 6) are in int4_tiled_avx2.h; either sets DK_TILED_QUANT_GEMM.
+// Layouts: include/decodekit/gemm/int4.h.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -23,16 +25,20 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__F16C__)
+#define DK_TILED_QUANT_GEMM 1
+#define DK_TILED_QUANT_AVX512 1
+#else
+#include "decodekit/gemm/int4_tiled_avx2.h"
+#if defined(DK_AVX2)
+#define DK_TILED_QUANT_GEMM 1
+#endif
+#endif
 
 namespace dk {
 namespace cpu {
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__F16C__)
-#define DK_TILED_QUANT_GEMM 1
-
-constexpr int kTileMR = 12;          // rows of a per micro-kernel (broadcast)
-constexpr int kTileNR = 32;          // output columns per micro-kernel (two 16-wide vectors)
-constexpr int64_t kTileKC = 256;     // K per decoded panel: kTileKC * kTileNR * 4 B = 32 KB
+#if defined(DK_TILED_QUANT_GEMM)
 constexpr int64_t kTileABytes = 1 << 20;  // fp32 rows of a per task
 
 // A 64-byte aligned view into a vector of floats (n usable elements).
@@ -49,6 +55,12 @@ inline void tile_rows_to_float(float* af,      // [rows, K]
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t k = 0; k < K; ++k) af[r * K + k] = to_float(a[r * a_stride + k]);
 }
+#endif
+
+#if defined(DK_TILED_QUANT_AVX512)
+constexpr int kTileMR = 12;          // rows of a per micro-kernel (broadcast)
+constexpr int kTileNR = 32;          // output columns per micro-kernel (two 16-wide vectors)
+constexpr int64_t kTileKC = 256;     // K per decoded panel: kTileKC * kTileNR * 4 B = 32 KB
 
 // c[r][:] = init[:] + sum_k a[r][k] * bp[k][:] (init: c itself when null) for the R rows of
 // one block: 2R accumulators; per k two weight vectors and R broadcasts feed 2R FMAs.
@@ -179,6 +191,9 @@ inline void tile_decode_int8(float* bp,              // [kc][NR]
   }
 }
 
+#endif  // DK_TILED_QUANT_AVX512
+
+#if defined(DK_TILED_QUANT_GEMM)
 // out[m, n] = sum_k a[m, k] * w[n, k] (+ bias[n]) with decode(bp, n0, k0, kc) writing the
 // decoded panel (tile_decode_int4 / _int8 bound to a weight). K a multiple of G (and of 4).
 template <class T, class Decode>
