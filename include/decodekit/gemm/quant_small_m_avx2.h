@@ -30,9 +30,6 @@ namespace cpu {
 
 #if defined(DK_AVX2)
 #define DK_QUANT_SMALL_M_AVX2 1
-#ifndef DK_NB1
-#define DK_NB1 8
-#endif
 
 // sum_g fp16 w[g] * x[g] over n groups (8 lanes, then the tail in order).
 inline float half_dot8(const half_t* w, const float* x, int64_t n) {
@@ -145,7 +142,8 @@ void quant_small_m_block_avx2(T* out, int64_t out_stride, const float* a, const 
 
 // Row counts 1 .. 8 of a (fp32 [M, K]): blocks of at most 4 rows (5 .. 8 rows: two passes over the
 // weight, each row's arithmetic unchanged); NB weight rows per block so that NB x MM accumulators,
-// MM partial dots and a chunk's 4 decoded vectors fit the 16 vector registers.
+// MM partial dots and a chunk's 4 decoded vectors fit the 16 vector registers (one row: 8 weight rows,
+// measured 2.7 ns per row-group vs 3.3 with 4 or 6 on one Zen 3 core, 1536 x 576 cache-resident).
 template <int NC, class Chunk, class Q, class T, class RowExtra>
 void quant_rows_avx2(T* out, int64_t out_stride, const float* a, const Q* qweight, int64_t row_bytes,
                      const half_t* scales, const T* bias, int64_t M, int64_t N, int64_t K, RowExtra extra) {
@@ -155,7 +153,7 @@ void quant_rows_avx2(T* out, int64_t out_stride, const float* a, const Q* qweigh
     const float* am = a + m0 * K;
     auto ex = [&](int64_t n, int r) { return extra(n, int(m0) + r); };
     switch (mm) {
-      case 1: quant_small_m_block_avx2<DK_NB1, 1, NC, Chunk>(o, out_stride, am, qweight, row_bytes, scales, bias, N, K, ex); break;
+      case 1: quant_small_m_block_avx2<8, 1, NC, Chunk>(o, out_stride, am, qweight, row_bytes, scales, bias, N, K, ex); break;
       case 2: quant_small_m_block_avx2<3, 2, NC, Chunk>(o, out_stride, am, qweight, row_bytes, scales, bias, N, K, ex); break;
       case 3: quant_small_m_block_avx2<2, 3, NC, Chunk>(o, out_stride, am, qweight, row_bytes, scales, bias, N, K, ex); break;
       default: quant_small_m_block_avx2<1, 4, NC, Chunk>(o, out_stride, am, qweight, row_bytes, scales, bias, N, K, ex); break;
