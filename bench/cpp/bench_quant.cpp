@@ -72,8 +72,8 @@ void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm
   const int64_t N = sh.N, K = sh.K, ng = K / sh.G;
   const int G = sh.G;
   size_t ws_bytes = 0;
-  int ctas = 0;
-  unsigned* counters = nullptr;
+  [[maybe_unused]] int ctas = 0;  // (CUDA builds only)
+  [[maybe_unused]] unsigned* counters = nullptr;
 #if defined(__CUDACC__)
   if constexpr (sizeof(T) == 2) {
     if (marlin) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include "decodekit/common/dtype.h"
 #if !defined(__CUDACC__)
+#include "decodekit/common/avx2.h"
 #include "decodekit/common/avx512.h"
 #endif
 
@@ -25,6 +26,15 @@ inline __m512 silu16(__m512 x) {
   const __mmask16 neg = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
   return _mm512_div_ps(_mm512_mask_mul_ps(x, neg, x, e), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
 }
+#elif defined(DK_AVX2)
+// silu16's formulation on 8 lanes (AVX2 without AVX-512): e = exp(-|x|), x / (1 + e) or x e / (1 + e).
+inline __m256 silu8(__m256 x) {
+  const __m256 ax = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
+  const __m256 e = _mm256_and_ps(_mm256_cmp_ps(ax, _mm256_set1_ps(87.0f), _CMP_LE_OQ),
+                                 exp_nonpos8(_mm256_sub_ps(_mm256_setzero_ps(), ax)));
+  const __m256 neg = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
+  return _mm256_div_ps(_mm256_blendv_ps(x, _mm256_mul_ps(x, e), neg), _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
 #endif
 
 template <class T>
@@ -40,6 +50,11 @@ void silu_and_mul(T* DK_RESTRICT out,       // [rows, d], contiguous
     for (int64_t i = 0; i < d; i += 16) {  // the tail masked: every element takes the same path
       const __mmask16 m = lanes_mask(d - i);
       store16(y + i, _mm512_mul_ps(silu16(load16(g + i, m)), load16(u + i, m)), m);
+    }
+#elif defined(DK_AVX2) && !defined(__CUDACC__)
+    for (int64_t i = 0; i < d; i += 8) {  // the tail through load8 / store8's partial lanes: one path
+      const int64_t n = d - i;
+      store8(y + i, _mm256_mul_ps(silu8(load8(g + i, n)), load8(u + i, n)), n);
     }
 #else
 #pragma omp simd

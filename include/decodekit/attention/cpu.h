@@ -1,8 +1,9 @@
 // CPU kernels for the paged KV cache: reshape_and_cache and paged_attention (torch-free).
 // Parallel over (sequence, KV head, query tile); every query head of a GQA group is
-// processed together so each K/V row is converted and read once per tile. With AVX-512 and
-// head_dim 64/128/256 the cache is read in place by attend_rows (cpu_avx512.h); otherwise each
-// block is converted to fp32 and the scalar attend_block runs.
+// processed together so each K/V row is converted and read once per tile. With AVX-512 (or, without
+// it, AVX2 + FMA + F16C) and head_dim 64/128/256 the cache is read in place by attend_rows
+// (cpu_avx512.h / cpu_avx2.h: DK_ATTN_VEC); otherwise each block is converted to fp32 and the
+// scalar attend_block runs.
 #pragma once
 #include <algorithm>
 #include <array>
@@ -14,9 +15,14 @@
 #include <vector>
 
 #include "decodekit/attention/common.h"
+#include "decodekit/attention/cpu_avx2.h"
 #include "decodekit/attention/cpu_avx512.h"
 #include "decodekit/common/dtype.h"
 #include "decodekit/common/fp8.h"
+
+#if defined(__AVX512F__) || defined(DK_ATTN_AVX2)
+#define DK_ATTN_VEC 1
+#endif
 
 namespace dk::cpu {
 
@@ -55,6 +61,9 @@ inline void cache_row_to_float(const C* src, float* dst, int n) {
     // the vector kernel's conversion (Chunk32: 2^-8 times the value), times 256: exact
     for (; j + 16 <= n; j += 16)
       _mm512_storeu_ps(dst + j, _mm512_mul_ps(Chunk32<fp8_e4m3_t>::load16(src + j), _mm512_set1_ps(kFp8ChunkScale)));
+#elif defined(DK_ATTN_AVX2)
+    for (; j + 8 <= n; j += 8)
+      _mm256_storeu_ps(dst + j, _mm256_mul_ps(Chunk16<fp8_e4m3_t>::load8(src + j), _mm256_set1_ps(kFp8ChunkScale)));
 #endif
     for (; j < n; ++j) dst[j] = lut[src[j].bits];
   } else {
@@ -69,6 +78,9 @@ inline void cache_row_to_float(const C* src, float* dst, int n) {
       for (; j + 16 <= n; j += 16)
         _mm512_storeu_ps(dst + j, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j))));
     }
+#elif defined(DK_ATTN_AVX2)
+    if constexpr (!std::is_same_v<C, float>)
+      for (; j + 8 <= n; j += 8) _mm256_storeu_ps(dst + j, load8(src + j));
 #endif
     for (; j < n; ++j) dst[j] = to_float(src[j]);
   }
@@ -190,7 +202,7 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
   // E: the element type the vector kernel reads -- the cache itself (fp8 read as 2^-8 times its
   // value, the 256 folded into the query and output scales), or, for fp8 without AVX-512 BW/VL,
   // an fp32 copy of each block (converted once per block, shared by all rows of the work item).
-#if defined(__AVX512F__)
+#if defined(DK_ATTN_VEC)
   constexpr bool kFp8Direct = kIsFp8<C> && kFp8Chunks;
   const bool vec = D == 64 || D == 128 || D == 256;  // attend_rows' head dims
 #else
@@ -198,7 +210,7 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
   const bool vec = false;
 #endif
   using E = std::conditional_t<kIsFp8<C> && !kFp8Direct, float, C>;
-#if defined(__AVX512F__)
+#if defined(DK_ATTN_VEC)
   const float fp8_unit = kFp8Direct && vec ? kFp8ChunkScale : 1.0f;  // exact power of two
 #else
   const float fp8_unit = 1.0f;
@@ -233,7 +245,7 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
           const T* src = query + t * P.q_stride + int64_t(W.h * group + g) * D;
           float* qr = &q[size_t(r) * D];
           for (int d = 0; d < D; ++d) qrow[size_t(d)] = to_float(src[d]) * qscale;
-#if defined(__AVX512F__)
+#if defined(DK_ATTN_VEC)
           if (vec) to_chunk_order<E>(qrow.data(), qr, D); else
 #endif
           std::copy_n(qrow.data(), D, qr);
@@ -271,7 +283,7 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
           }
           continue;
         }
-#if defined(__AVX512F__)
+#if defined(DK_ATTN_VEC)
         const E* kb;
         const E* vb;
         if constexpr (kIsFp8<C> && !kFp8Direct) {
@@ -301,7 +313,7 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
         const float inv = kvs.value(W.h) * fp8_unit / sm[r].l;
         const float* ar = &acc[size_t(r) * D];
         T* o = out + (t * P.num_q_heads + head) * int64_t(D);
-#if defined(__AVX512F__)
+#if defined(DK_ATTN_VEC)
         if (vec) {
           for (int d = 0; d < D; ++d) o[d] = from_float<T>(from_chunk_order<E>(ar, d) * inv);
         } else
