@@ -39,7 +39,7 @@ demo: install
 test: install test-py test-cpp
 
 test-py:
-	PYTHONPATH=$(CURDIR)/python$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m pytest -q -p no:cacheprovider tests
+	PYTHONPATH=$(CURDIR)/python$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
 
 # C++ kernel tests straight from the torch-free headers (CMake + ctest, CPU-only here).
 test-cpp:
