@@ -17,6 +17,9 @@
 #include "decodekit/common/macros.h"
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__F16C__)
 #include <immintrin.h>
+#define DK_FP8_GEMM_AVX512 1
+#else
+#include "decodekit/common/avx2.h"  // DK_AVX2: the 8-lane version of the same kernel
 #endif
 
 namespace dk::cpu {
@@ -78,6 +81,25 @@ inline void fp8_dot_rows(const float* af, int64_t K, const uint8_t* wr, float* r
   }
   for (int r = 0; r < MM; ++r) res[r] = _mm512_reduce_add_ps(acc[r]) * 256.f;
 }
+#elif defined(DK_AVX2)
+// fp8x16_to_ps_scaled on 8 codes (AVX2 without AVX-512).
+inline __m256 fp8x8_to_ps_scaled(const uint8_t* p) {
+  const __m128i h = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m128i sign = _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x80)), 8);
+  const __m128i mag = _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7f)), 7);
+  return _mm256_cvtph_ps(_mm_or_si128(sign, mag));
+}
+
+template <int MM>
+inline void fp8_dot_rows(const float* af, int64_t K, const uint8_t* wr, float* res) {
+  __m256 acc[MM];
+  for (int r = 0; r < MM; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 8) {
+    const __m256 w = fp8x8_to_ps_scaled(wr + k);
+    for (int r = 0; r < MM; ++r) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(af + r * K + k), w, acc[r]);
+  }
+  for (int r = 0; r < MM; ++r) res[r] = hsum8(acc[r]) * 256.f;
+}
 #endif
 
 template <class T>
@@ -100,8 +122,12 @@ void fp8_gemm(T* out,                 // [M, N]
       const uint8_t* wr = w + n * K;
       const float ws = w_scale[n];
       const float b = bias ? to_float(bias[n]) : 0.f;
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__F16C__)
+#if defined(DK_FP8_GEMM_AVX512) || defined(DK_AVX2)
+#if defined(DK_FP8_GEMM_AVX512)
       if (K % 16 == 0) {  // codes widened in registers; each weight row read once per 4 rows of a
+#else
+      if (K % 8 == 0) {
+#endif
         for (int64_t m0 = 0; m0 < M; m0 += kRows) {
           const int64_t mm = std::min(kRows, M - m0);
           float acc[kRows];
