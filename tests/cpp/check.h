@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <sstream>
@@ -60,6 +61,19 @@ inline int finish(const char* name) {
   std::printf("%s: %lld checks, %lld failures -> %s\n", name, n_checks(), n_failures(),
               n_failures() ? "FAIL" : "PASS");
   return n_failures() ? 1 : 0;
+}
+
+// Tests CMake also builds for x86-64-v3 (DK_TEST_NEEDS_AVX2: the CPU kernels' AVX2 paths) exit 77
+// (ctest: skipped) on a CPU without AVX2 + FMA + F16C instead of dying on an illegal instruction.
+inline void skip_without_avx2(const char* name) {
+#if defined(DK_TEST_NEEDS_AVX2) && (defined(__x86_64__) || defined(__i386__))
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("f16c")) {
+    std::printf("%s: built for AVX2, this CPU has none: skipped\n", name);
+    std::exit(77);
+  }
+#else
+  (void)name;
+#endif
 }
 
 // xorshift64*: deterministic across platforms (unlike std::*_distribution).

@@ -132,12 +132,7 @@ void run_all_caches(Rng& rng, const Case& c) {
 }  // namespace
 
 int main() {
-#if defined(DK_TEST_NEEDS_AVX2) && (defined(__x86_64__) || defined(__i386__))
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("f16c")) {
-    std::printf("test_attention_cpu: built for AVX2, this CPU has none: skipped\n");
-    return 77;
-  }
-#endif
+  skip_without_avx2("test_attention_cpu");
   Rng rng(11);
   // decodes (1 new token), prefill chunks that start mid-block, a whole prompt, a single-key sequence
   const std::vector<int> ctx = {1, 17, 33, 200, 61, 1100}, n = {1, 1, 9, 1, 40, 3};

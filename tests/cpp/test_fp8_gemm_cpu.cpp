@@ -60,12 +60,7 @@ void test_gemm(Rng& rng, int64_t M, int64_t N, int64_t K, bool with_bias) {
 }  // namespace
 
 int main() {
-#if defined(DK_TEST_NEEDS_AVX2) && (defined(__x86_64__) || defined(__i386__))
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("f16c")) {
-    std::printf("test_fp8_gemm_cpu: built for AVX2, this CPU has none: skipped\n");
-    return 77;
-  }
-#endif
+  skip_without_avx2("test_fp8_gemm_cpu");
   Rng rng(5);
   for (int64_t K : {576, 200, 13})
     for (int64_t M : {1, 2, 3, 4, 5, 8, 17}) {

@@ -130,12 +130,7 @@ void test_rows_alone(Rng& rng, const Quant& W, bool int8) {
 }  // namespace
 
 int main() {
-#if defined(DK_TEST_NEEDS_AVX2) && (defined(__x86_64__) || defined(__i386__))
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("f16c")) {
-    std::printf("test_int4_cpu: built for AVX2, this CPU has none: skipped\n");
-    return 77;
-  }
-#endif
+  skip_without_avx2("test_int4_cpu");
   Rng rng(7);
   const int64_t shapes[][3] = {{191, 576, 32}, {577, 256, 64}, {96, 640, 128}, {33, 1536, 32}, {5, 64, 32}};
   for (const auto& sh : shapes) {

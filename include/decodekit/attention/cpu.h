@@ -209,7 +209,7 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
   constexpr bool kFp8Direct = false;
   const bool vec = false;
 #endif
-  using E = std::conditional_t<kIsFp8<C> && !kFp8Direct, float, C>;
+  using E [[maybe_unused]] = std::conditional_t<kIsFp8<C> && !kFp8Direct, float, C>;
 #if defined(DK_ATTN_VEC)
   const float fp8_unit = kFp8Direct && vec ? kFp8ChunkScale : 1.0f;  // exact power of two
 #else

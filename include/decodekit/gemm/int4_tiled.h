@@ -1,4 +1,4 @@
-// INT4 / INT8 weight-only GEMM for larger M on the CPU (AVX-512), BLIS style: a panel of the
+// INT4 / INT8 weight-only GEMM for larger M on the CPU (AVX-512; AVX2 below), BLIS style: a panel of the
 // weight (NR = 32 output columns x up to KC of K) is decoded ONCE into an fp32 buffer laid out
 // k-major for the micro-kernel (32 KB: L1), then an MR x NR register-blocked micro-kernel
 // (MR = 12 rows of `a` broadcast, two 16-wide weight vectors, 24 fp32 accumulators) runs it
