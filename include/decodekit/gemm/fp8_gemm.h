@@ -57,7 +57,8 @@ void quantize_fp8(uint8_t* q,            // [M, K] e4m3 codes, contiguous
   }
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__F16C__)
+#if defined(DK_FP8_GEMM_AVX512)
+constexpr int64_t kFp8DotLanes = 16;
 // 16 e4m3 codes -> fp32 times 2^-8, exactly: the code's sign, exponent and mantissa moved into
 // fp16 fields ((b & 0x80) << 8 | (b & 0x7f) << 7) make an fp16 of value x * 2^-8 (normals and
 // subnormals alike, since e4m3's exponent range fits fp16's), widened by vcvtph2ps. (The NaN
@@ -72,7 +73,7 @@ inline __m512 fp8x16_to_ps_scaled(const uint8_t* p) {
 
 // Rows m0 .. m0 + MM of out for weight row n: sum_k af[m][k] * w[k] * 2^-8 with 16-wide FMAs.
 template <int MM>
-inline void fp8_dot_rows(const float* af, int64_t K, const uint8_t* wr, float* res) {
+inline void fp8_dot_rows(const float* af, int64_t K, const uint8_t* wr, float* res) {  // K % kFp8DotLanes == 0
   __m512 acc[MM];
   for (int r = 0; r < MM; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; k += 16) {
@@ -82,6 +83,7 @@ inline void fp8_dot_rows(const float* af, int64_t K, const uint8_t* wr, float* r
   for (int r = 0; r < MM; ++r) res[r] = _mm512_reduce_add_ps(acc[r]) * 256.f;
 }
 #elif defined(DK_AVX2)
+constexpr int64_t kFp8DotLanes = 8;
 // fp8x16_to_ps_scaled on 8 codes (AVX2 without AVX-512).
 inline __m256 fp8x8_to_ps_scaled(const uint8_t* p) {
   const __m128i h = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
@@ -123,11 +125,7 @@ void fp8_gemm(T* out,                 // [M, N]
       const float ws = w_scale[n];
       const float b = bias ? to_float(bias[n]) : 0.f;
 #if defined(DK_FP8_GEMM_AVX512) || defined(DK_AVX2)
-#if defined(DK_FP8_GEMM_AVX512)
-      if (K % 16 == 0) {  // codes widened in registers; each weight row read once per 4 rows of a
-#else
-      if (K % 8 == 0) {
-#endif
+      if (K % kFp8DotLanes == 0) {  // codes widened in registers; each weight row read once per 4 rows of a
         for (int64_t m0 = 0; m0 < M; m0 += kRows) {
           const int64_t mm = std::min(kRows, M - m0);
           float acc[kRows];

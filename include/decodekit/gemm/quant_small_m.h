@@ -18,11 +18,6 @@
 #include <immintrin.h>
 #endif
 
-// Fully unrolled loops keep acc[NB][MM] in registers (a loop over j left rolled indexes the array
-// at run time, which puts it on the stack).
-#define DK_UNROLL_ALL DK_PRAGMA(GCC unroll 16)
-#define DK_FORCE_INLINE inline __attribute__((always_inline))
-
 namespace dk {
 namespace cpu {
 

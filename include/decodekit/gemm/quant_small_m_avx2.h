@@ -6,9 +6,10 @@
 // chunk of a weight row is decoded once (INT4: 32 codes, 4 vectors) and used by all MM rows.
 //
 // Per element this is one fixed arithmetic, whatever NB and MM: per group the unscaled dot of the
-// codes, t = c0 * a0 (then fma c1 * a1, c2 * a2, c3 * a3; a later chunk adds its c0 * a0 to t first: INT4 low nibbles of
-// the chunk's 16 bytes, 8 at a time, then the high ones; INT8 32 bytes in order), acc = fma(t,
-// scale, acc); then hsum8(acc) + extra (INT4: sum_g min * asum, half_dot8) + bias. So a row's
+// codes, chunk by chunk (a chunk's 4 code vectors c0..c3: INT4 the low nibbles of its 16 bytes, 8 at a
+// time, then the high ones; INT8 its 32 bytes in order) x = (c0 a0 + c2 a2) + (c1 a1 + c3 a3) (mul,
+// fma, add), t = x for the first chunk, t + x after; acc = fma(t, scale, acc); then hsum8(acc) + extra
+// (INT4: sum_g min * asum, half_dot8) + bias. So a row's
 // result does not depend on how many rows come with it: a speculative verification pass
 // reproduces plain decoding bit for bit, as on AVX-512.
 //
@@ -21,9 +22,6 @@
 #include "decodekit/common/avx2.h"
 #include "decodekit/common/dtype.h"
 #include "decodekit/common/macros.h"
-
-#define DK_UNROLL_ALL_AVX2 DK_PRAGMA(GCC unroll 16)
-#define DK_FORCE_INLINE_AVX2 inline __attribute__((always_inline))
 
 namespace dk {
 namespace cpu {
@@ -48,7 +46,7 @@ inline float half_dot8(const half_t* w, const float* x, int64_t n) {
 // INT8 the 32 signed bytes in order.
 struct Int4Chunk {
   static constexpr int kBytes = 16;
-  DK_FORCE_INLINE_AVX2 static void decode(const uint8_t* q, __m256 (&v)[4]) {
+  DK_FORCE_INLINE static void decode(const uint8_t* q, __m256 (&v)[4]) {
     const __m256i low4 = _mm256_set1_epi32(15);
     const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
     const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8)));
@@ -63,7 +61,7 @@ struct Int4Chunk {
 
 struct Int8Chunk {
   static constexpr int kBytes = 32;
-  DK_FORCE_INLINE_AVX2 static void decode(const int8_t* q, __m256 (&v)[4]) {
+  DK_FORCE_INLINE static void decode(const int8_t* q, __m256 (&v)[4]) {
     for (int i = 0; i < 4; ++i)
       v[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * i))));
   }
@@ -82,23 +80,26 @@ void quant_small_m_block_avx2(T* out, int64_t out_stride, const float* a, const 
   DK_OMP_PARALLEL_FOR_IF(N * K * MM >= kParallelGrain)
   for (int64_t nb = 0; nb < nblocks; ++nb) {
     const Q* qrow[NB];
+    const half_t* srow[NB];
     __m256 acc[NB][MM];
-    DK_UNROLL_ALL_AVX2
+    DK_UNROLL_ALL
     for (int j = 0; j < NB; ++j) {
-      qrow[j] = qweight + std::min<int64_t>(nb * NB + j, N - 1) * row_bytes;
-      DK_UNROLL_ALL_AVX2
+      const int64_t n = std::min<int64_t>(nb * NB + j, N - 1);
+      qrow[j] = qweight + n * row_bytes;
+      srow[j] = scales + n * ng;
+      DK_UNROLL_ALL
       for (int r = 0; r < MM; ++r) acc[j][r] = _mm256_setzero_ps();
     }
     alignas(32) float sc[NB][8];  // sc[j][i]: row j's scale of group g0 + i
     for (int64_t g0 = 0; g0 < ng; g0 += 8) {
       const int64_t gn = std::min<int64_t>(8, ng - g0);
-      DK_UNROLL_ALL_AVX2
+      DK_UNROLL_ALL
       for (int j = 0; j < NB; ++j)
-        _mm256_store_ps(sc[j], load8(scales + std::min<int64_t>(nb * NB + j, N - 1) * ng + g0, gn));
+        _mm256_store_ps(sc[j], load8(srow[j] + g0, gn));
       for (int64_t i = 0; i < gn; ++i) {
         const int64_t g = g0 + i;
         const float* ag = a + g * G;
-        DK_UNROLL_ALL_AVX2
+        DK_UNROLL_ALL
         for (int j = 0; j < NB; ++j) {
           const Q* q = qrow[j] + g * kGroupBytes;
           // the same bytes of row j one block ahead (the rows are contiguous): the hardware prefetcher
@@ -108,11 +109,11 @@ void quant_small_m_block_avx2(T* out, int64_t out_stride, const float* a, const 
           // a prefetch is a no-op.
           _mm_prefetch(reinterpret_cast<const char*>(q + NB * row_bytes), _MM_HINT_T0);
           __m256 t[MM];
-          DK_UNROLL_ALL_AVX2
+          DK_UNROLL_ALL
           for (int c = 0; c < NC; ++c) {
             __m256 v[4];
             Chunk::decode(q + c * Chunk::kBytes, v);
-            DK_UNROLL_ALL_AVX2
+            DK_UNROLL_ALL
             for (int r = 0; r < MM; ++r) {
               const float* ar = ag + r * K;
               const int64_t o = c * Chunk::kBytes;  // the chunk's first byte = its first element
@@ -126,7 +127,7 @@ void quant_small_m_block_avx2(T* out, int64_t out_stride, const float* a, const 
             }
           }
           const __m256 d = _mm256_broadcast_ss(&sc[j][i]);
-          DK_UNROLL_ALL_AVX2
+          DK_UNROLL_ALL
           for (int r = 0; r < MM; ++r) acc[j][r] = _mm256_fmadd_ps(t[r], d, acc[j][r]);
         }
       }
@@ -175,7 +176,7 @@ bool quant_rows_avx2_g(int G, T* out, const float* a, const Q* qweight, int64_t 
   }
 }
 
-// out = a @ w^T (+ bias) for M in 1 .. 8, G a multiple of 32; false (nothing done) otherwise.
+// out = a @ w^T (+ bias) for M in 1 .. 8, G = 32, 64 or 128; false (nothing done) otherwise.
 // a: fp32 [M, K]; asum: fp32 [M, K / G], each row's per-group activation sums.
 template <class T>
 bool int4_gemm_small_m_avx2(T* out, const float* a, const float* asum, const uint8_t* qweight, const half_t* scales,
