@@ -79,13 +79,15 @@ inline void int4_rows_avx512(const uint8_t* qrow, const float* sc, const float* 
 #if defined(__AVX512F__) && defined(__F16C__)
 // M = 1, G = 32, kGemvRows (12) output rows at a time (the group's 32 activations loaded once for
 // them; rows past N recompute the last one and are not written):
-//   out[n] = sum_g d[n,g] * dot(n, g) + extra(n) (+ bias[n]),
-// dot(n, g, a_lo, a_hi): the 16-lane partial products of row n's group g (unscaled);
-// extra(n): the format's per-row term (INT4: sum_g min[n,g] * asum_g; INT8: 0).
-// The vector ports bound this loop (not memory): the rows' scales are converted 16 groups at a time
-// into a stack array, so each group's scale is a broadcast load, not a convert + broadcast. 12 rows, not
-// 4: 1.6-2x faster on 2 Zen cores (fewer activation loads and loop steps per row, more independent
-// accumulator chains; 16 no longer fits the 32 vector registers), bench/results/20261202-*_cpu_gemv.md.
+//   acc_n = step(n, g, a_lo, a_hi, d[n,g], acc_n) over the groups g, then
+//   out[n] = reduce(acc_n) + extra(n) (+ bias[n]);
+// step: the format's 16-lane update with row n's group g (a_lo / a_hi: the group's activations 0..15
+// and 16..31; d: its scale); extra(n): the format's per-row term (INT4: sum_g min[n,g] * asum_g; INT8: 0).
+// The vector ports bound this loop (not memory, once prefetched): the rows' scales are converted 16
+// groups at a time into a stack array, so each group's scale is a broadcast load, not a convert +
+// broadcast. 12 rows, not 4: 1.6-2x faster on 2 Zen cores (fewer activation loads and loop steps per
+// row, more independent accumulator chains; 16 no longer fits the 32 vector registers),
+// bench/results/20261202-*_cpu_gemv.md.
 inline constexpr int kGemvRows = 12;
 // The same row one block ahead (the block's rows are contiguous, so kGemvRows rows on), one prefetch per
 // 64 bytes of a row (gb: the group's byte offset in the row / 16): the hardware prefetcher follows the
@@ -95,9 +97,9 @@ inline constexpr int kGemvRows = 12;
   do {                                                                                \
     if (((gb) & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); \
   } while (0)
-template <class T, class GroupDot, class RowExtra>
+template <class T, class GroupStep, class RowExtra>
 void gemv_rows_g32_avx512(T* out, const float* a, const half_t* scales, const T* bias, int64_t N, int64_t K,
-                          GroupDot dot, RowExtra extra) {
+                          GroupStep step, RowExtra extra) {
   const int64_t ng = K / 32;
   DK_OMP_PARALLEL_FOR_IF(N * K >= kParallelGrain)
   for (int64_t nb = 0; nb < (N + kGemvRows - 1) / kGemvRows; ++nb) {
@@ -114,8 +116,7 @@ void gemv_rows_g32_avx512(T* out, const float* a, const half_t* scales, const T*
       for (int64_t i = 0; i < gn; ++i) {
         const int64_t g = g0 + i;
         const __m512 alo = _mm512_loadu_ps(a + g * 32), ahi = _mm512_loadu_ps(a + g * 32 + 16);
-        for (int r = 0; r < kGemvRows; ++r)
-          acc[r] = _mm512_fmadd_ps(dot(rows[r], g, alo, ahi), _mm512_set1_ps(sc[r][i]), acc[r]);
+        for (int r = 0; r < kGemvRows; ++r) acc[r] = step(rows[r], g, alo, ahi, sc[r][i], acc[r]);
       }
     }
     for (int r = 0; r < kGemvRows && nb * kGemvRows + r < N; ++r) {
@@ -126,20 +127,24 @@ void gemv_rows_g32_avx512(T* out, const float* a, const half_t* scales, const T*
   }
 }
 
+// INT4, per group: the scaled code table t[q] = d * q (exact: 4 x 11 significant bits), looked up by
+// vpermps, which reads only an index's low 4 bits (the low nibble straight from the widened byte, no
+// mask and no int -> float conversion); acc = fma(t[hi], a_hi, fma(t[lo], a_lo, acc)). Each product
+// d * q * a is rounded once and the scale costs one multiply per group and row (7 vector uops per 32
+// weights), and 2 .. 8 rows (quant_small_m.h) do exactly this per row.
 template <class T>
 void int4_gemv_g32_avx512(T* out, const float* a, const float* asum, const uint8_t* qweight, const half_t* scales,
                           const half_t* mins, const T* bias, int64_t N, int64_t K) {
   const int64_t ng = K / 32, half = K / 2;
-  // float(q) for q = 0..15, looked up by vpermps, which reads only an index's low 4 bits: the low
-  // nibble straight from the widened byte, no mask and no int -> float conversion (same values)
-  const __m512 codes = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 codes = int4_codes_ps();
   gemv_rows_g32_avx512(out, a, scales, bias, N, K,
-                   [&](int64_t n, int64_t g, __m512 alo, __m512 ahi) {  // low nibbles: 0..15, high: 16..31
+                   [&](int64_t n, int64_t g, __m512 alo, __m512 ahi, float d, __m512 acc) {
                      const uint8_t* q = qweight + n * half + g * 16;
                      DK_GEMV_PREFETCH(q + kGemvRows * half, g);
                      const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
-                     const __m512 t = _mm512_mul_ps(_mm512_permutexvar_ps(b, codes), alo);
-                     return _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), codes), ahi, t);
+                     const __m512 t = _mm512_mul_ps(codes, _mm512_set1_ps(d));
+                     acc = _mm512_fmadd_ps(_mm512_permutexvar_ps(b, t), alo, acc);
+                     return _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), t), ahi, acc);
                    },
                    [&](int64_t n) { return half_dot(mins + n * ng, asum, ng); });
 }
@@ -148,15 +153,16 @@ template <class T>
 void int8_gemv_g32_avx512(T* out, const float* a, const int8_t* qweight, const half_t* scales, const T* bias,
                           int64_t N, int64_t K) {
   gemv_rows_g32_avx512(out, a, scales, bias, N, K,
-                   [&](int64_t n, int64_t g, __m512 a0, __m512 a1) {
+                   [&](int64_t n, int64_t g, __m512 a0, __m512 a1, float d, __m512 acc) {  // fma(dot, d, acc)
                      const int8_t* q = qweight + n * K + g * 32;
                      DK_GEMV_PREFETCH(q + kGemvRows * K, 2 * g);
                      const __m512 t = _mm512_mul_ps(
                          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))),
                          a0);
-                     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)))),
-                                            a1, t);
+                     const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                                            _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)))),
+                                                        a1, t);
+                     return _mm512_fmadd_ps(dot, _mm512_set1_ps(d), acc);
                    },
                    [](int64_t) { return 0.f; });
 }

@@ -35,6 +35,11 @@ inline float half_dot(const half_t* w, const float* x, int64_t n) {
   return t;
 }
 
+// float(q) for the INT4 codes q = 0..15 (lane q), the table the INT4 kernels scale per group.
+DK_FORCE_INLINE __m512 int4_codes_ps() {
+  return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
 // The same bytes of a weight row one block ahead (the block's NB rows are contiguous, so NB rows on),
 // once per 64 bytes of the row (offset: the group's byte offset in the row); a no-op past the weight's
 // end. The hardware prefetcher follows NB interleaved row streams poorly (as for the GEMV, int4.h).
@@ -66,19 +71,33 @@ DK_FORCE_INLINE void small_m_end(T* out, int64_t out_stride, const T* bias, int6
   }
 }
 
+// acc[r] = fma(t[hi], a_r[half..], fma(t[lo], a_r[0..], acc[r])) for one 16-byte chunk of codes q and
+// the MM activation rows a_r = ag + r * K (t: the group's scaled code table).
+template <int MM>
+DK_FORCE_INLINE void int4_chunk_fma(const uint8_t* q, __m512 t, const float* ag, int64_t K, int64_t half,
+                                    __m512 (&acc)[MM]) {
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+  const __m512 lo = _mm512_permutexvar_ps(b, t);
+  const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), t);
+  DK_UNROLL_ALL
+  for (int r = 0; r < MM; ++r)
+    acc[r] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(ag + r * K + half), _mm512_fmadd_ps(lo, _mm512_loadu_ps(ag + r * K), acc[r]));
+}
+
 // out[r, n] = sum_k a[r, k] * w[n, k] (+ bias[n]) for r < MM; a: fp32 [MM, K] (row stride K);
 // asum: fp32 [MM, K / G], each row's per-group activation sums. Per element this is exactly the
-// one-row GEMV's arithmetic (int4.h: gemv_rows_g32_avx512): per group the unscaled 16-lane dot of the
-// codes, t = lo * a_lo (+ fma hi * a_hi, chunk by chunk), acc = fma(t, scale, acc); then
-// reduce(acc) + sum_g min * asum (+ bias). So a row's result does not depend on how many rows
+// one-row GEMV's arithmetic (int4.h: int4_gemv_g32_avx512): per group the scaled code table
+// t = d * (0..15) (exact), then per 16-byte chunk acc = fma(t[hi], a_hi, fma(t[lo], a_lo, acc));
+// then reduce(acc) + sum_g min * asum (+ bias). So a row's result does not depend on how many rows
 // come with it (1 .. 8): a speculative verification pass reproduces plain decoding bit for bit.
+// Per chunk and weight row: 4 decode uops (widen, shift, 2 lookups) shared by the MM rows, 2 FMAs per row.
 template <int NB, int MM, class T>
 void int4_small_m_block(T* out, int64_t out_stride, const float* a, const float* asum, const uint8_t* qweight,
                         const half_t* scales, const half_t* mins, const T* bias, int64_t N, int64_t K, int G) {
   const int64_t ng = K / G, half = G / 2, nblocks = (N + NB - 1) / NB;
   DK_OMP_PARALLEL_FOR_IF(N * K * MM >= kParallelGrain)
   for (int64_t nb = 0; nb < nblocks; ++nb) {
-    const __m512i low4 = _mm512_set1_epi32(15);
+    const __m512 codes = int4_codes_ps();
     int64_t rows[NB];
     __m512 acc[NB][MM];
     small_m_begin(nb, N, rows, acc);
@@ -87,28 +106,11 @@ void int4_small_m_block(T* out, int64_t out_stride, const float* a, const float*
       for (int j = 0; j < NB; ++j) {
         const uint8_t* q = qweight + rows[j] * (K / 2) + g * half;
         small_m_prefetch(q + NB * (K / 2), g * half);
-        __m512 t[MM];
-        {  // first chunk: t = lo * a (a multiply, as the GEMV does), then the high nibbles
-          const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
-          const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(b, low4));
-          const __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
-          const float* ag = a + g * G;
-          DK_UNROLL_ALL
-          for (int r = 0; r < MM; ++r)
-            t[r] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(ag + r * K + half), _mm512_mul_ps(lo, _mm512_loadu_ps(ag + r * K)));
-        }
-        for (int64_t c = 16; c < half; c += 16) {  // G > 32
-          const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + c)));
-          const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(b, low4));
-          const __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
-          const float* ag = a + g * G + c;
-          DK_UNROLL_ALL
-          for (int r = 0; r < MM; ++r)
-            t[r] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(ag + r * K + half), _mm512_fmadd_ps(lo, _mm512_loadu_ps(ag + r * K), t[r]));
-        }
-        const __m512 d = _mm512_set1_ps(_cvtsh_ss(scales[rows[j] * ng + g].bits));
-        DK_UNROLL_ALL
-        for (int r = 0; r < MM; ++r) acc[j][r] = _mm512_fmadd_ps(t[r], d, acc[j][r]);
+        const __m512 t = _mm512_mul_ps(codes, _mm512_set1_ps(_cvtsh_ss(scales[rows[j] * ng + g].bits)));
+        // elements g*G + c.. (low nibbles), g*G + half + c.. (high); the first chunk outside the
+        // loop (G = 32: the only one) keeps the accumulators in registers
+        int4_chunk_fma<MM>(q, t, a + g * G, K, half, acc[j]);
+        for (int64_t c = 16; c < half; c += 16) int4_chunk_fma<MM>(q + c, t, a + g * G + c, K, half, acc[j]);
       }
     }
     small_m_end(out, out_stride, bias, nb, N, rows, acc,
@@ -116,7 +118,8 @@ void int4_small_m_block(T* out, int64_t out_stride, const float* a, const float*
   }
 }
 
-// INT8: the same with w = scale * q (GEMV: int8_gemv_g32_avx512); G a multiple of 32.
+// INT8 (w = scale * q), the GEMV's arithmetic (int8_gemv_g32_avx512): per group the unscaled 16-lane dot
+// t = q_0 * a_0 (+ fma q_c * a_c, chunk by chunk), then acc = fma(t, scale, acc); G a multiple of 32.
 template <int NB, int MM, class T>
 void int8_small_m_block(T* out, int64_t out_stride, const float* a, const int8_t* qweight, const half_t* scales,
                         const T* bias, int64_t N, int64_t K, int G) {
@@ -153,8 +156,10 @@ void int8_small_m_block(T* out, int64_t out_stride, const float* a, const int8_t
   }
 }
 
-// Row counts 1 .. 8 (compile-time so the accumulators stay in registers): 4 weight rows per block
-// up to 4 activation rows, 2 beyond (at most 16 accumulators). Returns false for other M / G.
+// Row counts 1 .. 8 (compile-time so the accumulators stay in registers). INT4: 4 weight rows per
+// block up to 5 activation rows, 2 beyond (swept 2..12 on one Xeon core, cache-resident SmolLM2 shapes:
+// M = 5 is 1.14x faster at 4 than at 2, M = 6..8 1.1-1.2x slower at 3 or 4). INT8: 4 up to 4, 2 beyond
+// (at most 16 accumulators). Returns false for other M / G.
 template <class T>
 bool int4_gemm_small_m(T* out, const float* a, const float* asum, const uint8_t* qweight, const half_t* scales,
                        const half_t* mins, const T* bias, int64_t M, int64_t N, int64_t K, int G) {
@@ -164,7 +169,7 @@ bool int4_gemm_small_m(T* out, const float* a, const float* asum, const uint8_t*
     case 2: int4_small_m_block<4, 2>(out, N, a, asum, qweight, scales, mins, bias, N, K, G); return true;
     case 3: int4_small_m_block<4, 3>(out, N, a, asum, qweight, scales, mins, bias, N, K, G); return true;
     case 4: int4_small_m_block<4, 4>(out, N, a, asum, qweight, scales, mins, bias, N, K, G); return true;
-    case 5: int4_small_m_block<2, 5>(out, N, a, asum, qweight, scales, mins, bias, N, K, G); return true;
+    case 5: int4_small_m_block<4, 5>(out, N, a, asum, qweight, scales, mins, bias, N, K, G); return true;
     case 6: int4_small_m_block<2, 6>(out, N, a, asum, qweight, scales, mins, bias, N, K, G); return true;
     case 7: int4_small_m_block<2, 7>(out, N, a, asum, qweight, scales, mins, bias, N, K, G); return true;
     case 8: int4_small_m_block<2, 8>(out, N, a, asum, qweight, scales, mins, bias, N, K, G); return true;
