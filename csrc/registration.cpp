@@ -76,6 +76,25 @@ TORCH_LIBRARY(decodekit, m) {
       "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale, Tensor(b!)? lse=None, "
       "Tensor? k_scale=None, Tensor? v_scale=None) -> ()");
 
+  // One Llama-family decoder layer with packed INT4 / INT8 projections, the op sequence of
+  // python/decodekit/models/llama.py in one call (csrc/decoder_layer.cpp; bitwise that sequence):
+  //   if add_input: fused_add_rms_norm(hidden, residual, input_norm)
+  //   qkv = hidden @ Wqkv^T (+ qkv_bias); rotary_embedding(q, k); reshape_and_cache(k, v)
+  //   attn = paged_attention(q); hidden <- attn @ Wo^T; fused_add_rms_norm(hidden, residual, post_norm)
+  //   out = silu_and_mul(hidden @ Wgate_up^T) @ Wdown^T
+  // hidden [T, hidden] contiguous (overwritten), residual [T, hidden], out [T, hidden]; workspace
+  // [>= T * (2 q + 2 kv + 3 I)] of hidden's dtype (q = num_heads * head_dim, kv = num_kv_heads *
+  // head_dim, I = intermediate size); each weight [qweight, scales, mins] (INT4) or [qweight, scales]
+  // (INT8), int4_gemm's / int8_gemm's operands, with its group size in group_sizes (qkv, o, gate_up,
+  // down); the attention arguments are paged_attention's and reshape_and_cache's.
+  m.def(
+      "decoder_layer(Tensor(a!) out, Tensor(b!) hidden, Tensor(c!) residual, Tensor(d!) workspace, "
+      "Tensor(e!) key_cache, Tensor(f!) value_cache, Tensor[] qkv_weight, Tensor? qkv_bias, Tensor[] o_weight, "
+      "Tensor[] gate_up_weight, Tensor[] down_weight, int[] group_sizes, Tensor input_norm, Tensor post_norm, "
+      "bool add_input, float eps, Tensor positions, Tensor cos_sin_cache, bool is_neox, Tensor slot_mapping, "
+      "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, int num_heads, int num_kv_heads, "
+      "int head_dim, float scale, Tensor? k_scale=None, Tensor? v_scale=None) -> ()");
+
   // Custom AllReduce over peer-mapped buffers (include/decodekit/comm/allreduce.h; driver:
   // decodekit.distributed.custom_allreduce.CustomAllReduce). buffer_ptrs / signal_ptrs: [world_size]
   // addresses, in this process, of every rank's data buffer (buffer_bytes each, 256-byte aligned) and

@@ -7,6 +7,7 @@ in one AttentionMetadata object; nothing is kept in globals.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -97,11 +98,27 @@ class LlamaModel:
         else:
             weights.pop("lm_head.weight", None)
             self.lm_head = self.embed
+        # decoder_layer (one op call per layer) where every projection is packed INT4 / INT8, on the CPU:
+        # ~10 op calls per layer from Python cost more than a 135M model's kernels take to read the
+        # layer there. CUDA keeps the op-by-op path (its decode steps replay CUDA graphs).
+        # DECODEKIT_FUSED_LAYERS=0 turns it off (A/B measurements).
+        self.layer_operands = [self._packed_layer(L) for L in self.layers]
+        self.fused_layers = (self.device.type == "cpu" and os.environ.get("DECODEKIT_FUSED_LAYERS", "1") != "0"
+                             and all(o is not None for o in self.layer_operands))
         self.cos_sin_cache = reference.rope_cos_sin_cache(
             c.max_position_embeddings, c.head_dim, c.rope_theta, c.rope_scaling).to(self.device)
         self.scale = c.head_dim ** -0.5
         self.kv_observer = None  # calibrate_kv_scales: called with (layer, k, v) before the cache write
         self.set_kv_cache_dtype(dtype)
+
+    @staticmethod
+    def _packed_layer(L: LayerWeights):
+        """decoder_layer's operands for a layer: (qkv, o, gate_up, down, group sizes), None unless
+        all four projections are packed INT4 (not act-order) or INT8."""
+        parts = [ops.packed_operands(w) for w in (L.qkv, L.o, L.gate_up, L.down)]
+        if any(p is None for p in parts):
+            return None
+        return (*[p[0] for p in parts], [p[1] for p in parts])
 
     # KV cache: per layer a (key, value) pair of [num_blocks, num_kv_heads, block_size, head_dim].
     def set_kv_cache_dtype(self, kv_dtype: torch.dtype,
@@ -163,6 +180,28 @@ class LlamaModel:
         return [(torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
                  torch.zeros(shape, dtype=self.kv_dtype, device=self.device)) for _ in range(c.num_layers)]
 
+    def _fused_forward(self, h: torch.Tensor,           # [T, hidden]: the first layer's normed input
+                       residual: torch.Tensor,              # [T, hidden], updated in place
+                       md: AttentionMetadata, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                       layers: list[LayerWeights]) -> torch.Tensor:  # the last layer's MLP output [T, hidden]
+        """The layers through decoder_layer: the same op sequence as forward's loop, one call per layer."""
+        c = self.config
+        T = h.shape[0]
+        intermediate = self.layer_operands[0][2][0].shape[0] // 2
+        ws = torch.empty(ops.decoder_layer_workspace_numel(T, c.q_size, c.kv_size, intermediate),
+                         dtype=h.dtype, device=h.device)
+        spare = torch.empty_like(h)
+        for i, L in enumerate(layers):
+            qkv, o, gate_up, down, group_sizes = self.layer_operands[i]
+            kc, vc = kv_caches[i]
+            ks, vs = self.kv_scales[i]
+            ops.decoder_layer(spare, h, residual, ws, kc, vc, qkv, L.qkv_bias, o, gate_up, down, group_sizes,
+                              L.input_norm, L.post_norm, i > 0, c.rms_norm_eps, md.positions, self.cos_sin_cache,
+                              True, md.slot_mapping, md.block_tables, md.seq_lens, md.query_start_loc,
+                              c.num_heads, c.num_kv_heads, c.head_dim, self.scale, ks, vs)
+            h, spare = spare, h
+        return h
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor,           # [T] int64
                 md: AttentionMetadata,
@@ -189,6 +228,9 @@ class LlamaModel:
             tp.all_reduce(residual)
         h = ops.rms_norm(residual, self.layers[0].input_norm, eps)
         layers = self.layers[:num_layers]
+        if self.fused_layers and tp is None and self.kv_observer is None:
+            h = self._fused_forward(h, residual, md, kv_caches, layers)
+            layers = []  # done
         for i, L in enumerate(layers):
             if i > 0 and tp is None:  # (tensor parallel: done by the previous layer's down projection)
                 ops.fused_add_rms_norm(h, residual, L.input_norm, eps)

@@ -411,6 +411,60 @@ def _paged_attention_fake(out, query, key_cache, value_cache, block_tables, seq_
     return None
 
 
+# --- one decoder layer per call (packed INT4 / INT8 projections) -------------------------
+
+def packed_operands(weight) -> tuple[list[torch.Tensor], int] | None:
+    """decoder_layer's form of a projection weight: ([qweight, scales, mins], G) for INT4 (not
+    act-order), ([qweight, scales], G) for INT8; None for any other weight (dense, fp8, act-order)."""
+    if isinstance(weight, Int4Weight) and weight.perm is None:
+        return [weight.qweight, weight.scales, weight.mins], weight.group_size
+    if isinstance(weight, Int8Weight):
+        return [weight.qweight, weight.scales], weight.group_size
+    return None
+
+
+def decoder_layer_workspace_numel(num_tokens: int, q_size: int, kv_size: int, intermediate: int) -> int:
+    return num_tokens * (2 * q_size + 2 * kv_size + 3 * intermediate)
+
+
+def decoder_layer(out: torch.Tensor,            # [T, hidden]: the MLP's output
+                  hidden: torch.Tensor,         # [T, hidden] contiguous, overwritten
+                  residual: torch.Tensor,       # [T, hidden], updated in place
+                  workspace: torch.Tensor,      # [>= decoder_layer_workspace_numel(...)] of hidden's dtype
+                  key_cache: torch.Tensor,      # [num_blocks, Hk, block_size, D], written in place
+                  value_cache: torch.Tensor,    # [num_blocks, Hk, block_size, D], written in place
+                  qkv_weight: list[torch.Tensor], qkv_bias: torch.Tensor | None,  # packed_operands()[0]; [q + 2 kv]
+                  o_weight: list[torch.Tensor], gate_up_weight: list[torch.Tensor], down_weight: list[torch.Tensor],
+                  group_sizes: list[int],       # [4]: qkv, o, gate_up, down
+                  input_norm: torch.Tensor, post_norm: torch.Tensor, add_input: bool, eps: float,
+                  positions: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool,
+                  slot_mapping: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                  query_start_loc: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                  k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """One Llama-family decoder layer in one op call (see reference.decoder_layer; the kernel is the
+    op-by-op sequence of models/llama.py issued from C++, so its results are bitwise that sequence's)."""
+    args = (qkv_weight, qkv_bias, o_weight, gate_up_weight, down_weight, list(group_sizes), input_norm, post_norm,
+            add_input, eps, positions, cos_sin_cache, is_neox, slot_mapping, block_tables, seq_lens, query_start_loc,
+            num_heads, num_kv_heads, head_dim, scale, k_scale, v_scale)
+    if _has_kernel("decoder_layer", hidden.device):
+        _ops.decoder_layer(out, hidden, residual, workspace, key_cache, value_cache, *args)
+        return out
+    o, r, kc, vc = reference.decoder_layer(hidden, residual, key_cache, value_cache, *args)
+    out.copy_(o)
+    residual.copy_(r)
+    key_cache.copy_(kc)
+    value_cache.copy_(vc)
+    return out
+
+
+@torch.library.register_fake("decodekit::decoder_layer")
+def _decoder_layer_fake(out, hidden, residual, workspace, key_cache, value_cache, qkv_weight, qkv_bias, o_weight,
+                        gate_up_weight, down_weight, group_sizes, input_norm, post_norm, add_input, eps, positions,
+                        cos_sin_cache, is_neox, slot_mapping, block_tables, seq_lens, query_start_loc, num_heads,
+                        num_kv_heads, head_dim, scale, k_scale=None, v_scale=None):
+    return None
+
+
 # --- custom all-reduce over peer-mapped buffers ------------------------------------------
 # Kernels: include/decodekit/comm/allreduce.{h,cuh}. Driver (allocates and maps the buffers, exchanges
 # the addresses): decodekit.distributed.custom_allreduce.CustomAllReduce. buffer_ptrs / signal_ptrs:

@@ -452,3 +452,43 @@ def gemm_allreduce(a: list[torch.Tensor],        # per rank [M, K_r]
         return y.to(a[0].dtype), None
     out, new_residual = fused_add_rms_norm(y, residual.to(acc), norm_weight.to(acc), eps)
     return out.to(a[0].dtype), new_residual.to(a[0].dtype)
+
+
+# ---- decoder_layer: one Llama-family layer with packed INT4 / INT8 projections (csrc/decoder_layer.cpp)
+
+def _packed_linear(x: torch.Tensor, w: list[torch.Tensor], group_size: int,
+                   bias: torch.Tensor | None = None) -> torch.Tensor:  # w: [q, s, m] INT4 or [q, s] INT8
+    return int4_gemm(x, *w, group_size, bias) if len(w) == 3 else int8_gemm(x, *w, group_size, bias)
+
+
+def decoder_layer(hidden: torch.Tensor,          # [T, hidden]: the layer's input (normed, or to add, see add_input)
+                  residual: torch.Tensor,        # [T, hidden]
+                  key_cache: torch.Tensor,       # [num_blocks, Hk, block_size, D]
+                  value_cache: torch.Tensor,     # [num_blocks, Hk, block_size, D]
+                  qkv_weight: list[torch.Tensor], qkv_bias: torch.Tensor | None, o_weight: list[torch.Tensor],
+                  gate_up_weight: list[torch.Tensor], down_weight: list[torch.Tensor],
+                  group_sizes: list[int],        # [4]: qkv, o, gate_up, down
+                  input_norm: torch.Tensor, post_norm: torch.Tensor, add_input: bool, eps: float,
+                  positions: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool,
+                  slot_mapping: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                  query_start_loc: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                  k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None):
+    """Returns (out [T, hidden], residual, key_cache, value_cache) after one decoder layer:
+    (input add + norm), QKV projection, rotary embedding, cache write, paged attention, O projection,
+    add + norm, SwiGLU MLP. Projections: [qweight, scales, mins] INT4 or [qweight, scales] INT8."""
+    T = hidden.shape[0]
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    if add_input:
+        hidden, residual = fused_add_rms_norm(hidden, residual, input_norm, eps)
+    qkv = _packed_linear(hidden, qkv_weight, group_sizes[0], qkv_bias)
+    q, k = rotary_embedding(positions, qkv[:, :q_size], qkv[:, q_size:q_size + kv_size], cos_sin_cache,
+                            head_dim, is_neox)
+    v = qkv[:, q_size + kv_size:]
+    key_cache, value_cache = reshape_and_cache(k.view(T, num_kv_heads, head_dim), v.reshape(T, num_kv_heads, head_dim),
+                                               key_cache, value_cache, slot_mapping, k_scale, v_scale)
+    attn, _ = paged_attention(q.reshape(T, num_heads, head_dim), key_cache, value_cache, block_tables, seq_lens,
+                              query_start_loc, scale, k_scale, v_scale)
+    h = _packed_linear(attn.reshape(T, q_size), o_weight, group_sizes[1])
+    h, residual = fused_add_rms_norm(h, residual, post_norm, eps)
+    out = _packed_linear(silu_and_mul(_packed_linear(h, gate_up_weight, group_sizes[2])), down_weight, group_sizes[3])
+    return out, residual, key_cache, value_cache

@@ -1,0 +1,161 @@
+// decoder_layer: one Llama-family decoder layer (attention + SwiGLU MLP) as one op call, for packed
+// INT4 / INT8 projection weights. It is the sequence the Python model runs op by op
+// (python/decodekit/models/llama.py), issued here through the dispatcher: the same kernels on the
+// same operands, so the results are bitwise those of the unfused sequence, on the CPU and on CUDA
+// alike. What it saves is the per-op cost of the Python path (argument wrapping, dispatch from
+// Python, allocation): about ten op calls per layer become one (SmolLM2: 30 layers per token).
+// Semantics and oracle: decodekit.ops.reference.decoder_layer.
+#include <torch/library.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include "check.h"
+
+namespace {
+
+using OptTensor = std::optional<at::Tensor>;
+constexpr const char* kOp = "decodekit::decoder_layer";
+
+[[noreturn]] void fail(const char* name, const std::string& msg) { TORCH_CHECK(false, kOp, ": '", name, "' ", msg); }
+
+c10::OperatorHandle find_op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
+}
+
+// The constituent ops (typed handles found once; signatures as the kernels are registered).
+struct LayerOps {
+  c10::TypedOperatorHandle<void(at::Tensor&, at::Tensor&, const at::Tensor&, double)> add_norm =
+      find_op("decodekit::fused_add_rms_norm").typed<void(at::Tensor&, at::Tensor&, const at::Tensor&, double)>();
+  c10::TypedOperatorHandle<void(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                const at::Tensor&, int64_t, const OptTensor&)>
+      int4 = find_op("decodekit::int4_gemm")
+                 .typed<void(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                             int64_t, const OptTensor&)>();
+  c10::TypedOperatorHandle<void(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
+                                const OptTensor&)>
+      int8 = find_op("decodekit::int8_gemm")
+                 .typed<void(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
+                             const OptTensor&)>();
+  c10::TypedOperatorHandle<void(const at::Tensor&, at::Tensor&, const OptTensor&, const at::Tensor&, int64_t, bool)>
+      rope = find_op("decodekit::rotary_embedding")
+                 .typed<void(const at::Tensor&, at::Tensor&, const OptTensor&, const at::Tensor&, int64_t, bool)>();
+  c10::TypedOperatorHandle<void(const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, const at::Tensor&,
+                                const OptTensor&, const OptTensor&)>
+      cache = find_op("decodekit::reshape_and_cache")
+                  .typed<void(const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, const at::Tensor&,
+                              const OptTensor&, const OptTensor&)>();
+  c10::TypedOperatorHandle<void(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                const at::Tensor&, const at::Tensor&, const at::Tensor&, double, const OptTensor&,
+                                const OptTensor&, const OptTensor&)>
+      attn = find_op("decodekit::paged_attention")
+                 .typed<void(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                             const at::Tensor&, const at::Tensor&, double, const OptTensor&, const OptTensor&,
+                             const OptTensor&)>();
+  c10::TypedOperatorHandle<void(at::Tensor&, const at::Tensor&)> silu_mul =
+      find_op("decodekit::silu_and_mul").typed<void(at::Tensor&, const at::Tensor&)>();
+
+  static const LayerOps& get() {
+    static const LayerOps ops;
+    return ops;
+  }
+};
+
+// A packed projection: [qweight, scales, mins] (INT4) or [qweight, scales] (INT8); returns its rows N.
+int64_t packed_rows(const char* name, at::TensorList w) {
+  if (w.size() != 3 && w.size() != 2)
+    fail(name, "must hold 3 tensors (INT4: qweight, scales, mins) or 2 (INT8: qweight, "
+                          "scales), got " + std::to_string(w.size()));
+  dk::Check(kOp, name, w[0]).dim(2);
+  return w[0].size(0);
+}
+
+// out [T, N] = a [T, K] @ w^T (+ bias) through int4_gemm / int8_gemm.
+void packed_linear(const LayerOps& ops, at::Tensor& out, const at::Tensor& a, at::TensorList w, int64_t group_size,
+                   const OptTensor& bias) {
+  if (w.size() == 3)
+    ops.int4.call(out, a, w[0], w[1], w[2], group_size, bias);
+  else
+    ops.int8.call(out, a, w[0], w[1], group_size, bias);
+}
+
+void decoder_layer(at::Tensor& out,                  // [T, hidden]: the MLP's output
+                   at::Tensor& hidden,               // [T, hidden] contiguous: the layer's input (see add_input)
+                   at::Tensor& residual,             // [T, hidden], updated in place
+                   at::Tensor& workspace,            // [>= T * (2 q + 2 kv + 3 I)] of hidden's dtype
+                   at::Tensor& key_cache,            // [num_blocks, Hk, block_size, D]
+                   at::Tensor& value_cache,          // [num_blocks, Hk, block_size, D]
+                   at::TensorList qkv_weight,        // packed [q + 2 kv, hidden]
+                   const OptTensor& qkv_bias,        // [q + 2 kv]
+                   at::TensorList o_weight,          // packed [hidden, q]
+                   at::TensorList gate_up_weight,    // packed [2 I, hidden]
+                   at::TensorList down_weight,       // packed [hidden, I]
+                   at::IntArrayRef group_sizes,      // [4]: qkv, o, gate_up, down
+                   const at::Tensor& input_norm,     // [hidden]
+                   const at::Tensor& post_norm,      // [hidden]
+                   bool add_input, double eps,
+                   const at::Tensor& positions,        // [T] int64
+                   const at::Tensor& cos_sin_cache,    // [max_position, rot_dim] float32
+                   bool is_neox,
+                   const at::Tensor& slot_mapping,     // [T] int64
+                   const at::Tensor& block_tables,     // [S, max_blocks] int32
+                   const at::Tensor& seq_lens,         // [S] int32
+                   const at::Tensor& query_start_loc,  // [S + 1] int32
+                   int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double scale,
+                   const OptTensor& k_scale,           // fp8 cache: [1] or [Hk] float32
+                   const OptTensor& v_scale) {
+  const LayerOps& ops = LayerOps::get();
+  dk::Check(kOp, "hidden", hidden).dim(2).contiguous();
+  const int64_t T = hidden.size(0), H = hidden.size(1);
+  dk::check_range<int64_t>(kOp, "num_heads", num_heads, 1, 1 << 16);
+  dk::check_range<int64_t>(kOp, "num_kv_heads", num_kv_heads, 1, num_heads);
+  dk::check_range<int64_t>(kOp, "head_dim", head_dim, 1, 1 << 16);
+  if (group_sizes.size() != 4)
+    fail("group_sizes", "must hold 4 values (qkv, o, gate_up, down), got " +
+                                                  std::to_string(group_sizes.size()));
+  const int64_t q = num_heads * head_dim, kv = num_kv_heads * head_dim;
+  const int64_t qkv_rows = packed_rows("qkv_weight", qkv_weight);
+  if (qkv_rows != q + 2 * kv)
+    fail("qkv_weight", "must have (num_heads + 2 num_kv_heads) * head_dim = " +
+                                                 std::to_string(q + 2 * kv) + " rows, got " + std::to_string(qkv_rows));
+  const int64_t gate_up_rows = packed_rows("gate_up_weight", gate_up_weight);
+  if (gate_up_rows % 2 != 0)
+    fail("gate_up_weight", "must have an even number of rows (gate | up), got " +
+                                                     std::to_string(gate_up_rows));
+  const int64_t I = gate_up_rows / 2;
+  if (packed_rows("o_weight", o_weight) != H || packed_rows("down_weight", down_weight) != H)
+    fail("o_weight / down_weight", "must have hidden_size = " + std::to_string(H) + " rows");
+  dk::Check(kOp, "out", out).same_shape(hidden, "hidden").dtype_as(hidden, "hidden").contiguous();
+  dk::Check(kOp, "workspace", workspace).dtype_as(hidden, "hidden").device_as(hidden, "hidden").contiguous();
+  const int64_t need = T * (2 * q + 2 * kv + 3 * I);
+  if (workspace.numel() < need)
+    fail("workspace", "must have at least T * (2 q + 2 kv + 3 I) = " + std::to_string(need) +
+                                                " elements, got " + std::to_string(workspace.numel()));
+  if (T == 0) return;
+
+  const at::Tensor flat = workspace.view({-1});
+  at::Tensor qkv = flat.narrow(0, 0, T * (q + 2 * kv)).view({T, q + 2 * kv});
+  at::Tensor attn = flat.narrow(0, T * (q + 2 * kv), T * q).view({T, num_heads, head_dim});
+  at::Tensor gate_up = flat.narrow(0, T * (2 * q + 2 * kv), T * 2 * I).view({T, 2 * I});
+  at::Tensor act = flat.narrow(0, T * (2 * q + 2 * kv + 2 * I), T * I).view({T, I});
+
+  if (add_input) ops.add_norm.call(hidden, residual, input_norm, eps);
+  packed_linear(ops, qkv, hidden, qkv_weight, group_sizes[0], qkv_bias);
+  at::Tensor qv = qkv.narrow(1, 0, q);
+  const OptTensor kv_k = qkv.narrow(1, q, kv);
+  ops.rope.call(positions, qv, kv_k, cos_sin_cache, head_dim, is_neox);
+  const at::Tensor k = qkv.narrow(1, q, kv).view({T, num_kv_heads, head_dim});
+  const at::Tensor v = qkv.narrow(1, q + kv, kv).view({T, num_kv_heads, head_dim});
+  ops.cache.call(k, v, key_cache, value_cache, slot_mapping, k_scale, v_scale);
+  ops.attn.call(attn, qv.view({T, num_heads, head_dim}), key_cache, value_cache, block_tables, seq_lens,
+                query_start_loc, scale, std::nullopt, k_scale, v_scale);
+  packed_linear(ops, hidden, attn.view({T, q}), o_weight, group_sizes[1], std::nullopt);  // hidden <- o-proj
+  ops.add_norm.call(hidden, residual, post_norm, eps);
+  packed_linear(ops, gate_up, hidden, gate_up_weight, group_sizes[2], std::nullopt);
+  ops.silu_mul.call(act, gate_up);
+  packed_linear(ops, out, act, down_weight, group_sizes[3], std::nullopt);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(decodekit, CPU, m) { m.impl("decoder_layer", &decoder_layer); }
+TORCH_LIBRARY_IMPL(decodekit, CUDA, m) { m.impl("decoder_layer", &decoder_layer); }

@@ -1,0 +1,233 @@
+"""decoder_layer: one Llama-family layer per op call (csrc/decoder_layer.cpp).
+
+The op issues the model's op-by-op sequence (models/llama.py) from C++, so it must equal that
+sequence bit for bit (the engine's outputs may not depend on which path ran), and both must agree
+with the float64 reference (reference.decoder_layer). Outputs, workspace and unwritten cache slots
+are poisoned with NaN first."""
+import pytest
+import torch
+from torch.library import opcheck
+
+from dk_testing import DEVICES, DTYPES, cuda_only, randn
+from decodekit import ops
+from decodekit.ops import reference as ref
+from decodekit.quant import Int4Weight, Int8Weight
+from decodekit.quant.int4 import quantize_rtn
+
+HIDDEN, INTER = 128, 192
+
+# (num_q_heads, num_kv_heads, head_dim, block_size): GQA group 3 (SmolLM2), MHA, group 4
+CONFIGS = [(9, 3, 64, 16), (4, 4, 128, 32), (8, 2, 64, 16)]
+CASES = {  # name: (context lengths incl. new tokens, new tokens per sequence)
+    "decode": ([15, 16, 17, 100], [1, 1, 1, 1]),
+    "mixed": ([37, 50, 1], [13, 50, 1]),  # a prefill chunk starting mid-block, a whole prompt, a decode
+}
+# weight formats per projection (qkv, o, gate_up, down): int4 with a group size, or int8 (G = 32)
+FORMATS = {"int4-g32": ("i4/32",) * 4, "mixed": ("i4/64", "i8", "i4/32", "i8")}
+
+
+def _packed(fmt: str, n: int, k: int, gen: torch.Generator):
+    w = torch.randn(n, k, generator=gen) * k ** -0.5
+    if fmt == "i8":
+        scales = (w.view(n, k // 32, 32).abs().amax(2) / 127).clamp_min(1e-6).half()
+        q = torch.round(w.view(n, k // 32, 32) / scales.float()[:, :, None]).clamp(-127, 127).to(torch.int8)
+        return Int8Weight(q.view(n, k).contiguous(), scales.contiguous(), 32)
+    return quantize_rtn(w, int(fmt.split("/")[1]))
+
+
+def _layer(hq, hk, d, fmts, bias, dtype, device, gen):
+    q, kv = hq * d, hk * d
+    ws = [_packed(f, n, k, gen) for f, (n, k) in zip(fmts, [(q + 2 * kv, HIDDEN), (HIDDEN, q), (2 * INTER, HIDDEN),
+                                                           (HIDDEN, INTER)])]
+    ws = [w.to(device) for w in ws]
+    qkv_bias = randn((q + 2 * kv,), dtype, device, gen, 0.1) if bias else None
+    norms = [(1 + 0.1 * torch.randn(HIDDEN, generator=gen)).to(dtype).to(device) for _ in range(2)]
+    return ws, qkv_bias, norms
+
+
+def _inputs(ctx_lens, new_lens, hk, d, bs, kv_dtype, dtype, device, gen):
+    need = [(c + bs - 1) // bs for c in ctx_lens]
+    num_blocks = sum(need) + 2
+    perm = torch.randperm(num_blocks, generator=gen)
+    bt = torch.full((len(ctx_lens), max(need) + 1), -7, dtype=torch.int32)
+    used, slots, positions = 0, [], []
+    for i, (c, n) in enumerate(zip(ctx_lens, new_lens)):
+        blocks = perm[used:used + need[i]]
+        used += need[i]
+        bt[i, :need[i]] = blocks.to(torch.int32)
+        for p in range(c - n, c):
+            positions.append(p)
+            slots.append(int(blocks[p // bs]) * bs + p % bs)
+    T = sum(new_lens)
+    kc = randn((num_blocks, hk, bs, d), torch.float32, "cpu", gen).to(kv_dtype).to(device)
+    vc = randn((num_blocks, hk, bs, d), torch.float32, "cpu", gen).to(kv_dtype).to(device)
+    md = dict(positions=torch.tensor(positions, device=device), slot_mapping=torch.tensor(slots, device=device),
+              block_tables=bt.to(device), seq_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=device),
+              query_start_loc=torch.tensor([0] + torch.tensor(new_lens).cumsum(0).tolist(), dtype=torch.int32,
+                                           device=device))
+    hidden = randn((T, HIDDEN), dtype, device, gen)
+    residual = randn((T, HIDDEN), dtype, device, gen)
+    return hidden, residual, kc, vc, md
+
+
+def _unfused(hidden, residual, kc, vc, ws, qkv_bias, norms, add_input, hq, hk, d, cs, md, scale, ks, vs):
+    """models/llama.py's layer body, op by op."""
+    T = hidden.shape[0]
+    q_size, kv_size = hq * d, hk * d
+    if add_input:
+        ops.fused_add_rms_norm(hidden, residual, norms[0], 1e-5)
+    qkv = ops.linear(hidden, ws[0], qkv_bias)
+    q, k, v = qkv[:, :q_size], qkv[:, q_size:q_size + kv_size], qkv[:, q_size + kv_size:]
+    ops.rotary_embedding(md["positions"], q, k, cs, d, True)
+    ops.reshape_and_cache(k.view(T, hk, d), v.view(T, hk, d), kc, vc, md["slot_mapping"], ks, vs)
+    attn = ops.paged_attention(q.view(T, hq, d), kc, vc, md["block_tables"], md["seq_lens"], md["query_start_loc"],
+                               scale, k_scale=ks, v_scale=vs)
+    h = ops.linear(attn.view(T, q_size), ws[1])
+    ops.fused_add_rms_norm(h, residual, norms[1], 1e-5)
+    return ops.linear(ops.silu_and_mul(ops.linear(h, ws[2])), ws[3])
+
+
+def _fused(hidden, residual, kc, vc, ws, qkv_bias, norms, add_input, hq, hk, d, cs, md, scale, ks, vs):
+    T = hidden.shape[0]
+    operands = [ops.packed_operands(w) for w in ws]
+    nan = float("nan")
+    work = torch.full((ops.decoder_layer_workspace_numel(T, hq * d, hk * d, INTER) + 5,), nan, dtype=hidden.dtype,
+                      device=hidden.device)
+    out = torch.full_like(hidden, nan)
+    ops.decoder_layer(out, hidden, residual, work, kc, vc, operands[0][0], qkv_bias, operands[1][0], operands[2][0],
+                      operands[3][0], [o[1] for o in operands], norms[0], norms[1], add_input, 1e-5,
+                      md["positions"], cs, True, md["slot_mapping"], md["block_tables"], md["seq_lens"],
+                      md["query_start_loc"], hq, hk, d, scale, ks, vs)
+    return out
+
+
+def _run_both(case, config, fmt, dtype, device, gen, kv_fp8=False, bias=False, add_input=True):
+    hq, hk, d, bs = config
+    ws, qkv_bias, norms = _layer(hq, hk, d, FORMATS[fmt], bias, dtype, device, gen)
+    kv_dtype = torch.float8_e4m3fn if kv_fp8 else dtype
+    hidden, residual, kc, vc, md = _inputs(*CASES[case], hk, d, bs, kv_dtype, dtype, device, gen)
+    ks = vs = None
+    if kv_fp8:
+        ks = (0.02 + torch.rand(hk, generator=gen)).to(device)
+        vs = (0.02 + torch.rand(hk, generator=gen)).to(device)
+    cs = ref.rope_cos_sin_cache(256, d, 10000.0).to(device)
+    args = (ws, qkv_bias, norms, add_input, hq, hk, d, cs, md, d ** -0.5, ks, vs)
+    a = (hidden.clone(), residual.clone(), kc.clone(), vc.clone())
+    b = (hidden.clone(), residual.clone(), kc.clone(), vc.clone())
+    out_a = _unfused(*a, *args)
+    out_b = _fused(*b, *args)
+    return (out_a, *a[1:]), (out_b, *b[1:]), (hidden, residual, kc, vc, args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "h{}x{}-d{}-b{}".format(*c))
+@pytest.mark.parametrize("case", list(CASES))
+def test_decoder_layer_matches_op_sequence(case, config, fmt, dtype, device, gen):
+    unfused, fused, _ = _run_both(case, config, fmt, dtype, device, gen, bias=config[0] == 9,
+                                  add_input=case == "decode")
+    for name, a, b in zip(("out", "residual", "key_cache", "value_cache"), unfused, fused):
+        assert not torch.isnan(b.float()).any(), f"{name}: NaN (unwritten poison?)"
+        assert torch.equal(a, b), f"{name}: fused differs from the op sequence ({(a != b).sum()} elements)"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("config", [(9, 3, 64, 16), (8, 2, 64, 16)], ids=lambda c: "h{}x{}-d{}-b{}".format(*c))
+def test_decoder_layer_fp8_kv(config, device, gen):
+    unfused, fused, _ = _run_both("mixed", config, "int4-g32", torch.bfloat16, device, gen, kv_fp8=True)
+    for name, a, b in zip(("out", "residual", "key_cache", "value_cache"), unfused, fused):
+        assert torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
+                           b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b), name
+
+
+# Against float64: 4 packed GEMMs, attention, 2 norms and SwiGLU, each output rounded to the dtype, so
+# the error is a few of one stage's (dk_testing.TOL); measured relative to the output's largest value
+# (single elements may cancel). Largest seen over these cases: fp32 9.5e-7, fp16 9.1e-4, bf16 7.1e-3;
+# the bounds leave ~4-5x.
+REL_TOL = {torch.float32: 5e-6, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "h{}x{}-d{}-b{}".format(*c))
+@pytest.mark.parametrize("case", list(CASES))
+def test_decoder_layer_vs_float64(case, config, dtype, gen):
+    hq, hk, d, bs = config
+    _, fused, (hidden, residual, kc, vc, args) = _run_both(case, config, "mixed", dtype, "cpu", gen, bias=True)
+    ws, qkv_bias, norms, add_input, _, _, _, cs, md, scale, ks, vs = args
+    operands = [ops.packed_operands(w) for w in ws]
+    want = ref.decoder_layer(hidden.double(), residual.double(), kc.double(), vc.double(), operands[0][0],
+                             qkv_bias.double(), operands[1][0], operands[2][0], operands[3][0],
+                             [o[1] for o in operands], norms[0].double(), norms[1].double(), add_input, 1e-5,
+                             md["positions"], cs, True, md["slot_mapping"], md["block_tables"], md["seq_lens"],
+                             md["query_start_loc"], hq, hk, d, scale)
+    for name, got, exp in zip(("out", "residual", "key_cache", "value_cache"), fused, want):
+        err = (got.double() - exp).abs().max().item()
+        assert err <= REL_TOL[dtype] * exp.abs().max().item(), f"{name} [{dtype}]: max error {err}"
+
+
+def test_decoder_layer_errors(gen):
+    hq, hk, d, bs = 9, 3, 64, 16
+    ws, qkv_bias, norms = _layer(hq, hk, d, FORMATS["int4-g32"], False, torch.float32, "cpu", gen)
+    hidden, residual, kc, vc, md = _inputs([5], [5], hk, d, bs, torch.float32, torch.float32, "cpu", gen)
+    operands = [ops.packed_operands(w) for w in ws]
+    cs = ref.rope_cos_sin_cache(64, d, 10000.0)
+
+    def call(work_numel=None, heads=hq, groups=(32, 32, 32, 32), qkv=None):
+        n = ops.decoder_layer_workspace_numel(5, hq * d, hk * d, INTER) if work_numel is None else work_numel
+        ops.decoder_layer(torch.empty_like(hidden), hidden.clone(), residual.clone(), torch.empty(n), kc, vc,
+                          qkv or operands[0][0], None, operands[1][0], operands[2][0], operands[3][0], list(groups),
+                          norms[0], norms[1], True, 1e-5, md["positions"], cs, True, md["slot_mapping"],
+                          md["block_tables"], md["seq_lens"], md["query_start_loc"], heads, hk, d, 0.125)
+
+    call()
+    with pytest.raises(RuntimeError, match="'workspace' must have at least"):
+        call(work_numel=100)
+    with pytest.raises(RuntimeError, match="'qkv_weight' must have"):
+        call(heads=6)
+    with pytest.raises(RuntimeError, match="'group_sizes' must hold 4"):
+        call(groups=(32, 32, 32))
+    with pytest.raises(RuntimeError, match="'qkv_weight' must hold 3 tensors"):
+        call(qkv=[operands[0][0][0]])
+
+
+def test_decoder_layer_opcheck(gen):
+    _, _, (hidden, residual, kc, vc, args) = _run_both("mixed", (9, 3, 64, 16), "mixed", torch.float32, "cpu", gen)
+    ws, qkv_bias, norms, add_input, hq, hk, d, cs, md, scale, ks, vs = args
+    operands = [ops.packed_operands(w) for w in ws]
+    T = hidden.shape[0]
+    work = torch.empty(ops.decoder_layer_workspace_numel(T, hq * d, hk * d, INTER))
+    opcheck(torch.ops.decodekit.decoder_layer.default,
+            (torch.empty_like(hidden), hidden, residual, work, kc, vc, operands[0][0], None, operands[1][0],
+             operands[2][0], operands[3][0], [o[1] for o in operands], norms[0], norms[1], True, 1e-5,
+             md["positions"], cs, True, md["slot_mapping"], md["block_tables"], md["seq_lens"],
+             md["query_start_loc"], hq, hk, d, scale))
+
+
+@pytest.mark.parametrize("quantization", ["int4-rtn", None])
+def test_model_fused_layers_equal_op_by_op(quantization, monkeypatch):
+    """The engine's outputs (tokens and logprobs) do not depend on the path: decoder_layer where every
+    projection is packed, op by op otherwise (DECODEKIT_FUSED_LAYERS=0; a float model never fuses).
+    Two fresh engines: a second run in the same one would hit the prefix cache (other GEMM shapes)."""
+    from decodekit import LLM, SamplingParams
+    sp = SamplingParams(temperature=0, max_tokens=12, logprobs=3, ignore_eos=True)
+    prompts = [[5, 9, 200, 31, 7] * 7, [11, 12], [400]]
+    results = []
+    for env in ("1", "0"):
+        monkeypatch.setenv("DECODEKIT_FUSED_LAYERS", env)
+        llm = LLM(model="random:tiny-gqa4", quantization=quantization)
+        assert llm.llm_engine.runner.model.fused_layers == (quantization is not None and env == "1")
+        results.append(llm.generate(prompts, sp))
+    for x, y in zip(*results):
+        assert x.outputs[0].token_ids == y.outputs[0].token_ids
+        assert x.outputs[0].logprobs == y.outputs[0].logprobs
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
+def test_decoder_layer_cuda_vs_cpu(device, gen):
+    """The CUDA registration runs the CUDA kernels in the same sequence: close to the CPU's result."""
+    seed = int(torch.randint(0, 2**31, (1,), generator=gen))
+    got = _run_both("mixed", (9, 3, 64, 16), "int4-g32", torch.bfloat16, device, torch.Generator().manual_seed(seed))
+    want = _run_both("mixed", (9, 3, 64, 16), "int4-g32", torch.bfloat16, "cpu", torch.Generator().manual_seed(seed))
+    for a, b in zip(got[1], want[1]):
+        torch.testing.assert_close(a.cpu().float(), b.float(), atol=5e-2, rtol=5e-2)
