@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import numbers
 import time
 from dataclasses import dataclass, field
 
@@ -307,10 +308,10 @@ class LLMEngine:
         if isinstance(prompt, (list, tuple)):
             ids = list(prompt)
             V = self.model_config.vocab_size
-            for i, t in enumerate(ids):
-                if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < V:
+            for i, t in enumerate(ids):  # Python or numpy ints (numbers.Integral has no numpy bool), never bools
+                if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < V:
                     raise ValueError(f"prompt token ids must be ints in [0, {V}); item {i} is {t!r}")
-            return None, ids
+            return None, [int(t) for t in ids]
         raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
 
     def add_request(self, request_id: str | None, prompt, params: SamplingParams | None = None) -> str:
@@ -328,6 +329,10 @@ class LLMEngine:
         text, ids = self._prompt_ids(prompt)  # lengths (empty, > max_model_len) checked by the scheduler
         parent = Request(request_id, ids, params)
         children = split_n(parent)
+        for c in children:  # n > 1 children are "<id>/<i>": they must not meet another request's sequences
+            if c.request_id in self._seq_of:
+                raise ValueError(f"request_id {request_id!r}: sequence id {c.request_id!r} is already in use "
+                                 f"(ids of the form '<id>/<i>' name the samples of an n > 1 request)")
         seeds = request_seeds(params)
         stop_ids = frozenset(params.stop_token_ids or []) | (
             frozenset() if params.ignore_eos else frozenset(self.eos_token_ids))
