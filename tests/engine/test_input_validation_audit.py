@@ -146,3 +146,8 @@ def test_request_id_of_a_finished_sample_cannot_be_reused_while_its_siblings_run
     assert list(outs) == ["x"] and outs["x"].finished
     assert_no_leaks(llm)
 
+
+def test_kv_cache_memory_beyond_the_machine_is_refused():
+    """Was: the process was OOM-killed (SIGKILL) allocating the pool, no error at all."""
+    with pytest.raises(ValueError, match=r"kv_cache_memory \(.* GiB\) exceeds this machine's memory"):
+        embedded_llm(kv_cache_memory="1000000GiB")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import numbers
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -73,6 +74,14 @@ def _quantize_projections(weights: dict, method: str) -> None:
     for name, w in list(weights.items()):
         if name.endswith("_proj.weight") and isinstance(w, torch.Tensor) and w.dim() == 2 and w.shape[1] % 32 == 0:
             weights[name] = quantize(w)
+
+
+def _physical_memory_bytes() -> int | None:
+    """This machine's RAM (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 class LLMEngine:
@@ -203,6 +212,10 @@ class LLMEngine:
             budget = self._profile_gpu_budget()
         else:
             budget = parse_bytes(self.args.kv_cache_memory)
+            ram = _physical_memory_bytes()
+            if ram is not None and budget > ram:  # would be OOM-killed zeroing the pool, not refused
+                raise ValueError(f"kv_cache_memory ({budget / 2**30:.1f} GiB) exceeds this machine's memory "
+                                 f"({ram / 2**30:.1f} GiB): it must be > 0 and fit in RAM beside the weights")
         n = budget // per_block
         if self.tp is not None:
             log.info("KV cache per rank: %d blocks of %d tokens, %.1f MiB (%d of %d KV heads)", n,
