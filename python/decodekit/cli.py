@@ -178,13 +178,17 @@ def _chat(args) -> int:
         if line.strip() == "/reset":
             messages = messages[:1] if args.system else []
             continue
-        messages.append({"role": "user", "content": line})
         reply = []
-        for delta in llm.stream({"prompt_token_ids": llm.apply_chat_template(messages)}, params):
-            print(delta, end="", flush=True)
-            reply.append(delta)
+        try:
+            for delta in llm.stream({"prompt_token_ids": llm.apply_chat_template(
+                    messages + [{"role": "user", "content": line}])}, params):
+                print(delta, end="", flush=True)
+                reply.append(delta)
+        except ValueError as e:  # this message is refused (not valid text, conversation too long): the session goes on
+            print(f"decodekit: error: {e}", file=sys.stderr)
+            continue
         print()
-        messages.append({"role": "assistant", "content": "".join(reply)})
+        messages += [{"role": "user", "content": line}, {"role": "assistant", "content": "".join(reply)}]
 
 
 def _quantize(a) -> int:

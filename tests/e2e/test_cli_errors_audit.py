@@ -33,3 +33,15 @@ def test_options_checked_after_the_model_loads_name_the_option_too():
     r = _run("generate", "hi", "--max-num-seqs", "0", "--kv-cache-memory", "64MiB")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "argument --max-num-seqs: SchedulerConfig.max_num_seqs must be an int >= 1, got 0" in r.stderr, r.stderr
+
+
+def test_chat_session_survives_a_refused_message():
+    """Was: a line that is not valid UTF-8 (or a conversation grown past max_model_len) ended the whole chat
+    session with exit code 2; now that message is refused with one error line and the chat goes on."""
+    r = subprocess.run([sys.executable, "-m", "decodekit.cli", "chat", "--max-tokens", "4", "--temperature", "0",
+                        "--kv-cache-memory", "64MiB"], input=b"Say hi\xff\nSay bye\n\n", capture_output=True,
+                       timeout=300)
+    err = r.stderr.decode(errors="replace")
+    assert r.returncode == 0, err
+    assert "decodekit: error: prompt: not valid Unicode text" in err and "Traceback" not in err
+    assert r.stdout.decode().count("> ") == 3 and r.stdout.decode().split("> ")[2].strip()  # the next turn answered
