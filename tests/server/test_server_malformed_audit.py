@@ -51,7 +51,8 @@ def test_bad_requests_name_the_field(server, path, raw, param):
 def test_server_still_serves_after_the_bad_requests(server):
     for raw in (b'{"prompt": "hi", "temperature": ' + HUGE_INT.encode() + b"}",
                 b'{"messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 2}'):
-        assert _post(server, "/v1/chat/completions" if b"messages" in raw else "/v1/completions", raw).status_code == 400
+        path = "/v1/chat/completions" if b"messages" in raw else "/v1/completions"
+        assert _post(server, path, raw).status_code == 400
     r = _post(server, "/v1/completions", _body(prompt="The capital of France is", max_tokens=4, temperature=0))
     assert r.status_code == 200 and "Paris" in r.json()["choices"][0]["text"], r.text
     assert httpx.get(server.url + "/health").status_code == 200

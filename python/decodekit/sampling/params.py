@@ -182,7 +182,8 @@ class SamplingParams:
         _check_int("min_tokens", self.min_tokens, 0, None, ">= 0")
         if self.min_tokens > self.max_tokens:
             raise SamplingParamsError(
-                "min_tokens", f"must be an int in [0, max_tokens={_show(self.max_tokens)}], got {_show(self.min_tokens)}")
+                "min_tokens",
+                f"must be an int in [0, max_tokens={_show(self.max_tokens)}], got {_show(self.min_tokens)}")
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, max_logprobs, f"in [0, {max_logprobs}] or None")
         _check_bool("include_stop_str_in_output", self.include_stop_str_in_output)
