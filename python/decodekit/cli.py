@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 
@@ -177,13 +178,17 @@ def _chat(args) -> int:
         if line.strip() == "/reset":
             messages = messages[:1] if args.system else []
             continue
-        messages.append({"role": "user", "content": line})
         reply = []
-        for delta in llm.stream({"prompt_token_ids": llm.apply_chat_template(messages)}, params):
-            print(delta, end="", flush=True)
-            reply.append(delta)
+        try:
+            for delta in llm.stream({"prompt_token_ids": llm.apply_chat_template(
+                    messages + [{"role": "user", "content": line}])}, params):
+                print(delta, end="", flush=True)
+                reply.append(delta)
+        except ValueError as e:  # this message is refused (not valid text, conversation too long): the session goes on
+            print(f"decodekit: error: {e}", file=sys.stderr)
+            continue
         print()
-        messages.append({"role": "assistant", "content": "".join(reply)})
+        messages += [{"role": "user", "content": line}, {"role": "assistant", "content": "".join(reply)}]
 
 
 def _quantize(a) -> int:
@@ -267,15 +272,40 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_PARAM_DESTS = {"seed": "sample_seed"}   # SamplingParams field -> its option's dest where the names differ
+
+
+def _option_named(parser: argparse.ArgumentParser, args, e: Exception) -> str:
+    """The error text, led by "argument --opt: " when it is about one option's value (argparse's style): a
+    SamplingParamsError names its field, EngineArgs / SchedulerConfig messages start with theirs, and
+    --sample-seed (seed) or --spec-k (num_speculative_tokens) are not spelled like the field."""
+    from decodekit.sampling.params import SamplingParamsError
+    sub = next((a.choices.get(getattr(args, "cmd", None)) for a in parser._actions
+                if isinstance(a, argparse._SubParsersAction)), None)
+    if sub is None:
+        return str(e)
+    opts = {a.dest: "/".join(a.option_strings) for a in sub._actions if a.option_strings}
+    if isinstance(e, SamplingParamsError):
+        dest, text = _PARAM_DESTS.get(e.field, e.field), str(e).removeprefix(f"SamplingParams.{e.field}: ")
+        if dest in opts:
+            return f"argument {opts[dest]} ({e.field}): {text}"
+        return str(e)
+    m = re.match(r"(?:SchedulerConfig\.)?(\w+) ", str(e))
+    if m and m.group(1) in opts:
+        return f"argument {opts[m.group(1)]}: {e}"
+    return str(e)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if getattr(args, "tokens", 1) < 1:
         print("decodekit: --tokens must be >= 1", file=sys.stderr)
         return 2
     try:
         return args.fn(args)
     except (ValueError, FileNotFoundError) as e:  # bad input: one clear line, no traceback
-        print(f"decodekit: error: {e}", file=sys.stderr)
+        print(f"decodekit: error: {_option_named(parser, args, e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

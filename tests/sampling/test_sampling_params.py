@@ -109,3 +109,34 @@ def test_helpers():
     assert SamplingParams(presence_penalty=0.1).has_penalties
     assert SamplingParams(stop_token_ids=[4]).all_stop_token_ids([2]) == [4, 2]
     assert SamplingParams(stop_token_ids=[4], ignore_eos=True).all_stop_token_ids([2]) == [4]
+
+
+HUGE = 10 ** 400          # a JSON integer literal parses to this; float(HUGE) overflows
+HUGER = 10 ** 5000        # past sys.get_int_max_str_digits(): repr() raises
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                                   "repetition_penalty"])
+@pytest.mark.parametrize("value", [HUGE, -HUGE, HUGER], ids=["1e400", "-1e400", "1e5000"])
+def test_numbers_beyond_float_range_are_rejected_naming_field(field, value):
+    """Was: OverflowError (int too large to convert to float) out of SamplingParams(), a 500 from the server."""
+    with pytest.raises(SamplingParamsError) as ei:
+        SamplingParams(**{field: value})
+    assert ei.value.field == field and "must be a number in" in str(ei.value)
+
+
+@pytest.mark.parametrize("field", ["n", "top_k", "min_tokens", "seed", "logprobs"])
+def test_ints_too_long_to_print_give_a_short_message(field):
+    """Was: ValueError 'Exceeds the limit (4300 digits) for integer string conversion' (naming no field)."""
+    with pytest.raises(SamplingParamsError) as ei:
+        SamplingParams(**{field: HUGER}).validate(vocab_size=100)
+    assert ei.value.field == field and "bits>" in str(ei.value) and len(str(ei.value)) < 200
+    with pytest.raises(SamplingParamsError) as ei:
+        SamplingParams(stop_token_ids=[HUGER]).validate(vocab_size=100)
+    assert ei.value.field == "stop_token_ids" and len(str(ei.value)) < 200
+
+
+def test_long_values_are_shortened_in_messages():
+    with pytest.raises(SamplingParamsError) as ei:
+        SamplingParams(stop=["x" * 10000, ""])
+    assert ei.value.field == "stop" and len(str(ei.value)) < 200

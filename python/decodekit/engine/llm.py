@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+import numbers
+from collections import deque
 from typing import Iterator, Sequence
 
 from decodekit.sampling import SamplingParams
@@ -17,10 +19,22 @@ from .llm_engine import LLMEngine
 from .outputs import RequestOutput
 
 
+class _Pending:
+    """Outputs of one request this LLM added, until its caller takes them."""
+    __slots__ = ("last", "deltas")
+
+    def __init__(self, stream: bool):
+        self.last: RequestOutput | None = None              # the latest output (finished: the final one)
+        self.deltas: deque[str] | None = deque() if stream else None   # stream(): text deltas not yet yielded
+
+
 class LLM:
     def __init__(self, model: str | None = None, **engine_args):
         self.engine = LLMEngine(EngineArgs(model=model, **engine_args))
         self.tokenizer = self.engine.tokenizer
+        # Every generate() / stream() steps the same engine, so one step's outputs can belong to a stream
+        # paused in another generator: they wait here for their own caller instead of being dropped.
+        self._pending: dict[str, _Pending] = {}
 
     @property
     def llm_engine(self) -> LLMEngine:  # vLLM's name
@@ -30,33 +44,64 @@ class LLM:
         """Stops tensor-parallel workers now (they also stop when the LLM is collected or at exit)."""
         self.engine.shutdown()
 
+    def _add(self, prompt, params, stream: bool = False) -> str:
+        rid = self.engine.add_request(None, prompt, params)
+        self._pending[rid] = _Pending(stream)
+        return rid
+
+    def _forget(self, ids) -> None:
+        """Drop the requests' buffers, aborting those not finished (their caller went away or failed)."""
+        for rid in ids:
+            p = self._pending.pop(rid, None)
+            if p is not None and not (p.last is not None and p.last.finished):
+                self.engine.abort_request(rid)
+
+    def _step(self) -> None:
+        """One engine step; its outputs go to their requests' buffers."""
+        if not self.engine.has_unfinished_requests():  # never spin on an engine with nothing to do
+            raise RuntimeError("the engine has no unfinished requests but an LLM request has not finished: "
+                               "its outputs were taken by a direct LLMEngine.step() call")
+        for out in self.engine.step():
+            p = self._pending.get(out.request_id)
+            if p is not None:
+                p.last = out
+                if p.deltas is not None and out.outputs[0].delta_text:
+                    p.deltas.append(out.outputs[0].delta_text)
+
     def _run(self, prompts: Sequence, params) -> list[RequestOutput]:
         if isinstance(params, SamplingParams) or params is None:
             params = [params or SamplingParams()] * len(prompts)
+        elif not isinstance(params, (list, tuple)):
+            raise ValueError(f"params must be a SamplingParams or a list of them (one per prompt), "
+                             f"got {type(params).__name__}")
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
         ids = []
         try:
             for p, sp in zip(prompts, params):
-                ids.append(self.engine.add_request(None, p, sp))
-        except Exception:
-            for rid in ids:
-                self.engine.abort_request(rid)
-            while self.engine.has_unfinished_requests():
-                self.engine.step()
+                ids.append(self._add(p, sp))
+        except Exception:  # a bad prompt or params: none of this call's requests runs
+            self._forget(ids)
+            if ids:
+                self._step()  # the engine hands out (and so forgets) the aborted requests
             raise
-        done: dict[str, RequestOutput] = {}
-        while self.engine.has_unfinished_requests():
-            for out in self.engine.step():
-                if out.finished:
-                    done[out.request_id] = out
-        return [done[i] for i in ids]
+        try:
+            pend = [self._pending[rid] for rid in ids]
+            while not all(p.last is not None and p.last.finished for p in pend):
+                self._step()
+            return [p.last for p in pend]
+        finally:
+            self._forget(ids)
 
     def generate(self, prompts, params: SamplingParams | Sequence[SamplingParams] | None = None
                  ) -> list[RequestOutput]:
         """prompts: a string, a list of strings, or token-id lists ({"prompt_token_ids": [...]})."""
-        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts
+                                                and isinstance(prompts[0], numbers.Integral)):
             prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)):
+            raise ValueError(f"prompts must be a string, a list of token ids, a {{'prompt_token_ids': [...]}} "
+                             f"dict or a list of those, got {type(prompts).__name__}")
         return self._run(list(prompts), params)
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
@@ -66,20 +111,23 @@ class LLM:
     def chat(self, messages, params: SamplingParams | Sequence[SamplingParams] | None = None
              ) -> list[RequestOutput]:
         """messages: one conversation (list of {role, content}) or a list of conversations."""
+        if not isinstance(messages, (list, tuple)):
+            raise ValueError(f"messages must be a list of {{'role': str, 'content': str}} dicts (or a list of such "
+                             f"conversations), got {type(messages).__name__}")
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         return self._run([self.apply_chat_template(c) for c in convs], params)
 
     def stream(self, prompt, params: SamplingParams | None = None) -> Iterator[str]:
-        """Yields text deltas of one request as they are generated (other queued requests advance too)."""
-        rid = self.engine.add_request(None, prompt, params or SamplingParams())
+        """Yields text deltas of one request as they are generated (other queued requests advance too;
+        their outputs wait for their own callers)."""
+        rid = self._add(prompt, params or SamplingParams(), stream=True)
+        p = self._pending[rid]
         try:
-            finished = False
-            while not finished:
-                for out in self.engine.step():
-                    if out.request_id == rid:
-                        if out.outputs[0].delta_text:
-                            yield out.outputs[0].delta_text
-                        finished = out.finished
+            while True:
+                while p.deltas:
+                    yield p.deltas.popleft()
+                if p.last is not None and p.last.finished:
+                    return
+                self._step()
         finally:
-            if not finished:
-                self.engine.abort_request(rid)
+            self._forget([rid])

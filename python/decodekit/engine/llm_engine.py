@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import numbers
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -72,6 +74,14 @@ def _quantize_projections(weights: dict, method: str) -> None:
     for name, w in list(weights.items()):
         if name.endswith("_proj.weight") and isinstance(w, torch.Tensor) and w.dim() == 2 and w.shape[1] % 32 == 0:
             weights[name] = quantize(w)
+
+
+def _physical_memory_bytes() -> int | None:
+    """This machine's RAM (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 class LLMEngine:
@@ -202,6 +212,10 @@ class LLMEngine:
             budget = self._profile_gpu_budget()
         else:
             budget = parse_bytes(self.args.kv_cache_memory)
+            ram = _physical_memory_bytes()
+            if ram is not None and budget > ram:  # would be OOM-killed zeroing the pool, not refused
+                raise ValueError(f"kv_cache_memory ({budget / 2**30:.1f} GiB) exceeds this machine's memory "
+                                 f"({ram / 2**30:.1f} GiB): it must be > 0 and fit in RAM beside the weights")
         n = budget // per_block
         if self.tp is not None:
             log.info("KV cache per rank: %d blocks of %d tokens, %.1f MiB (%d of %d KV heads)", n,
@@ -307,10 +321,10 @@ class LLMEngine:
         if isinstance(prompt, (list, tuple)):
             ids = list(prompt)
             V = self.model_config.vocab_size
-            for i, t in enumerate(ids):
-                if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < V:
+            for i, t in enumerate(ids):  # Python or numpy ints (numbers.Integral has no numpy bool), never bools
+                if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < V:
                     raise ValueError(f"prompt token ids must be ints in [0, {V}); item {i} is {t!r}")
-            return None, ids
+            return None, [int(t) for t in ids]
         raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
 
     def add_request(self, request_id: str | None, prompt, params: SamplingParams | None = None) -> str:
@@ -328,6 +342,10 @@ class LLMEngine:
         text, ids = self._prompt_ids(prompt)  # lengths (empty, > max_model_len) checked by the scheduler
         parent = Request(request_id, ids, params)
         children = split_n(parent)
+        for c in children:  # n > 1 children are "<id>/<i>": they must not meet another request's sequences
+            if c.request_id in self._seq_of:
+                raise ValueError(f"request_id {request_id!r}: sequence id {c.request_id!r} is already in use "
+                                 f"(ids of the form '<id>/<i>' name the samples of an n > 1 request)")
         seeds = request_seeds(params)
         stop_ids = frozenset(params.stop_token_ids or []) | (
             frozenset() if params.ignore_eos else frozenset(self.eos_token_ids))

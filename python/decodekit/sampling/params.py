@@ -62,22 +62,35 @@ def _is_number(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
+def _show(v, limit: int = 60) -> str:
+    """repr(v) for an error message, at most `limit` characters (a huge int has no repr past
+    sys.get_int_max_str_digits(): its size instead)."""
+    try:
+        r = repr(v)
+    except ValueError:  # int with too many digits to print
+        return f"<an int of {v.bit_length()} bits>"
+    return r if len(r) <= limit else r[:limit - 3] + "..."
+
+
 def _check_int(name: str, v, lo: int | None, hi: int | None, what: str) -> None:
     if not _is_int(v):
-        raise SamplingParamsError(name, f"must be an int {what}, got {v!r} ({type(v).__name__})")
+        raise SamplingParamsError(name, f"must be an int {what}, got {_show(v)} ({type(v).__name__})")
     if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise SamplingParamsError(name, f"must be an int {what}, got {v!r}")
+        raise SamplingParamsError(name, f"must be an int {what}, got {_show(v)}")
 
 
 def _check_number(name: str, v, lo: float, hi: float, lo_open: bool, hi_open: bool) -> None:
     rng = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
     if not _is_number(v):
-        raise SamplingParamsError(name, f"must be a number in {rng}, got {v!r} ({type(v).__name__})")
-    f = float(v)
+        raise SamplingParamsError(name, f"must be a number in {rng}, got {_show(v)} ({type(v).__name__})")
+    try:
+        f = float(v)
+    except OverflowError:  # an int (or Fraction) beyond float's range: out of range, not a crash
+        raise SamplingParamsError(name, f"must be a number in {rng}, got {_show(v)}") from None
     if math.isnan(f) or math.isinf(f):
-        raise SamplingParamsError(name, f"must be a finite number in {rng}, got {v!r}")
+        raise SamplingParamsError(name, f"must be a finite number in {rng}, got {_show(v)}")
     if f < lo or f > hi or (lo_open and f == lo) or (hi_open and f == hi):
-        raise SamplingParamsError(name, f"must be a number in {rng}, got {v!r}")
+        raise SamplingParamsError(name, f"must be a number in {rng}, got {_show(v)}")
 
 
 def _check_bool(name: str, v) -> None:
@@ -156,20 +169,21 @@ class SamplingParams:
         if self.seed is not None:
             _check_int("seed", self.seed, 0, SEED_LIMIT - 1, "in [0, 2**63) or None")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
-            raise SamplingParamsError("stop", f"must be a str or a list of non-empty str, got {self.stop!r}")
+            raise SamplingParamsError("stop", f"must be a str or a list of non-empty str, got {_show(self.stop)}")
         if not isinstance(self.stop_token_ids, list):
-            raise SamplingParamsError("stop_token_ids", f"must be a list of int, got {self.stop_token_ids!r}")
+            raise SamplingParamsError("stop_token_ids", f"must be a list of int, got {_show(self.stop_token_ids)}")
         hi = None if vocab_size is None else vocab_size - 1
         what = "in [0, vocab_size" + (f"={vocab_size})" if vocab_size is not None else ")")
         for t in self.stop_token_ids:
             if not _is_int(t) or t < 0 or (hi is not None and t > hi):
-                raise SamplingParamsError("stop_token_ids", f"must be a list of int {what}, got {t!r}")
+                raise SamplingParamsError("stop_token_ids", f"must be a list of int {what}, got {_show(t)}")
         _check_bool("ignore_eos", self.ignore_eos)
         _check_int("max_tokens", self.max_tokens, 1, None, ">= 1")
         _check_int("min_tokens", self.min_tokens, 0, None, ">= 0")
         if self.min_tokens > self.max_tokens:
             raise SamplingParamsError(
-                "min_tokens", f"must be an int in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
+                "min_tokens",
+                f"must be an int in [0, max_tokens={_show(self.max_tokens)}], got {_show(self.min_tokens)}")
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, max_logprobs, f"in [0, {max_logprobs}] or None")
         _check_bool("include_stop_str_in_output", self.include_stop_str_in_output)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 import time
 from dataclasses import dataclass
 
@@ -91,7 +92,9 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             for s in streams:
                 s.abort()
             msg = str(e)
-            param = "max_tokens" if "max_tokens" in msg else ("prompt" if "prompt" in msg else None)
+            named = re.match(r"SamplingParams\.(\w+):", msg)  # SamplingParamsError: its field
+            param = named.group(1) if named else \
+                "max_tokens" if "max_tokens" in msg else ("prompt" if "prompt" in msg else None)
             raise P.APIError(400, msg, param) from None
         except EngineDeadError as e:
             raise P.APIError(503, str(e), type="server_error") from None
@@ -196,7 +199,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         best_of = P.field(body, "best_of", "int", None, 1)
         lp = P.field(body, "logprobs", "int", None, 0, P.MAX_LOGPROBS)
         prompts = P.completion_prompts(body, vocab)
-        params = P.sampling_params(body, P.field(body, "max_tokens", "int", 16, 1), lp)
+        params = P.sampling_params(body, P.field(body, "max_tokens", "int", 16, 1), lp, vocab)
         if best_of is not None and best_of != params.n:
             raise P.APIError(400, "'best_of' different from 'n' is not supported", "best_of")
         rid = P.new_id("cmpl")
@@ -262,13 +265,19 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             text = tok.apply_chat_template(messages, add_generation_prompt=True)
         except Exception as e:  # noqa: BLE001 -- the template rejected the conversation
             raise P.APIError(400, f"the chat template cannot render these messages: {e}", "messages") from None
-        ids = tok.encode(text, add_special_tokens=False)
+        try:
+            ids = tok.encode(text, add_special_tokens=False)
+        except ValueError as e:  # e.g. a lone surrogate (a JSON "\ud800" escape) in a role or content
+            raise P.APIError(400, f"'messages' must be valid Unicode text: {e}", "messages") from None
         if not ids:
             raise P.APIError(400, "the rendered conversation is empty", "messages")
+        if len(ids) >= eng.max_model_len:
+            raise P.APIError(400, f"'messages' render to {len(ids)} tokens: at most max_model_len - 1 = "
+                                  f"{eng.max_model_len - 1} fit (one token of output at least)", "messages")
         mt = P.field(body, "max_tokens", "int", P.field(body, "max_completion_tokens", "int", None, 1), 1)
         if mt is None:
-            mt = max(1, eng.max_model_len - len(ids))
-        params = P.sampling_params(body, mt, (top or 0) if want_lp else None)
+            mt = eng.max_model_len - len(ids)
+        params = P.sampling_params(body, mt, (top or 0) if want_lp else None, vocab)
         rid = P.new_id("chatcmpl")
         streams = await start([{"prompt_token_ids": ids}], params, rid)
         created = P.now()

@@ -84,9 +84,10 @@ def _stop(body: dict) -> list[str]:
     return s
 
 
-def sampling_params(body: dict, max_tokens: int, logprobs: int | None) -> SamplingParams:
+def sampling_params(body: dict, max_tokens: int, logprobs: int | None, vocab_size: int | None = None) -> SamplingParams:
     """The SamplingParams of a request body (OpenAI fields plus top_k, min_p, repetition_penalty,
-    ignore_eos, min_tokens, stop_token_ids, skip_special_tokens)."""
+    ignore_eos, min_tokens, stop_token_ids, skip_special_tokens); `vocab_size` (when given) bounds top_k
+    and stop_token_ids here, so those errors name their field too."""
     kw = dict(
         n=field(body, "n", "int", 1, 1), temperature=field(body, "temperature", "number", 1.0, 0, 2),
         top_p=field(body, "top_p", "number", 1.0, 0, 1), top_k=field(body, "top_k", "int", -1, -1),
@@ -107,7 +108,7 @@ def sampling_params(body: dict, max_tokens: int, logprobs: int | None) -> Sampli
     if kw["seed"] is not None and not 0 <= kw["seed"] < 2 ** 63:
         raise APIError(400, f"'seed' must be in [0, 2^63), got {kw['seed']}", "seed")
     try:
-        return SamplingParams(**kw)
+        return SamplingParams(**kw).validate(vocab_size=vocab_size, max_logprobs=MAX_LOGPROBS)
     except SamplingParamsError as e:
         raise APIError(400, str(e), e.field) from None
     except ValueError as e:

@@ -1,0 +1,47 @@
+"""Bad option values on the command line (input-robustness audit): one argparse-style line naming the option the
+user typed (and the field, where it is spelled differently) with the allowed range, exit code 2, no traceback."""
+import subprocess
+import sys
+
+import pytest
+
+
+def _run(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "decodekit.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("args, expect", [
+    # were "SamplingParams.seed: ..." (easily read as --seed) and "num_speculative_tokens must be ..." (no such option)
+    (["--sample-seed", "-1"], "argument --sample-seed (seed): must be an int in [0, 2**63)"),
+    (["--spec-k", "0"], "argument --spec-k: num_speculative_tokens must be an int in [1, 32], got 0"),
+    (["--tp", "0"], "argument --tensor-parallel-size/--tp: tensor_parallel_size must be an int in [1, 64]"),
+    (["--top-p", "0"], "argument --top-p (top_p): must be a number in (0, 1], got 0.0"),
+    (["--temperature", "nan"], "argument --temperature (temperature): must be a finite number in [0, 100]"),
+    (["--logprobs", "99"], "argument --logprobs (logprobs): must be an int in [0, 20]"),
+    (["--block-size", "7"], "argument --block-size: block_size must be one of 8, 16, 32, 64, 128; got 7"),
+    (["--seed", "-1"], "argument --seed: seed must be an int in [0, 2^63)"),
+])
+def test_bad_option_values_name_the_option(args, expect):
+    r = _run("generate", "hi", *args)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("decodekit: error: ") and expect in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+def test_options_checked_after_the_model_loads_name_the_option_too():
+    r = _run("generate", "hi", "--max-num-seqs", "0", "--kv-cache-memory", "64MiB")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "argument --max-num-seqs: SchedulerConfig.max_num_seqs must be an int >= 1, got 0" in r.stderr, r.stderr
+
+
+def test_chat_session_survives_a_refused_message():
+    """Was: a line that is not valid UTF-8 (or a conversation grown past max_model_len) ended the whole chat
+    session with exit code 2; now that message is refused with one error line and the chat goes on."""
+    r = subprocess.run([sys.executable, "-m", "decodekit.cli", "chat", "--max-tokens", "4", "--temperature", "0",
+                        "--kv-cache-memory", "64MiB"], input=b"Say hi\xff\nSay bye\n\n", capture_output=True,
+                       timeout=300)
+    err = r.stderr.decode(errors="replace")
+    assert r.returncode == 0, err
+    assert "decodekit: error: prompt: not valid Unicode text" in err and "Traceback" not in err
+    assert r.stdout.decode().count("> ") == 3 and r.stdout.decode().split("> ")[2].strip()  # the next turn answered
