@@ -14,7 +14,8 @@ top_p                       finite number in (0, 1]; 1 = off
 min_p                       finite number in [0, 1]; 0 = off
 presence_penalty            finite number in [-2, 2]; 0 = off
 frequency_penalty           finite number in [-2, 2]; 0 = off
-repetition_penalty          finite number in (0, 2]; 1 = off
+repetition_penalty          finite number in (0, 2] and >= 1e-6 (``MIN_REPETITION_PENALTY``: a
+                            smaller one overflows the float32 logits it divides to inf); 1 = off
 seed                        None or int in [0, 2**63)
 stop                        str or list of non-empty str (a single str becomes a 1-list)
 stop_token_ids              list of int in [0, vocab_size)
@@ -41,6 +42,7 @@ MAX_TEMPERATURE = 100.0
 GREEDY_TEMPERATURE = 1e-5      # temperature < this is sampled greedily
 PENALTY_RANGE = 2.0            # presence / frequency in [-2, 2]
 MAX_REPETITION_PENALTY = 2.0   # repetition in (0, 2]
+MIN_REPETITION_PENALTY = 1e-6  # and >= this: the sampler divides float32 logits by it (1e-300 is 0 in float32)
 SEED_LIMIT = 1 << 63           # seed in [0, 2**63)
 DEFAULT_MAX_LOGPROBS = 20
 
@@ -166,6 +168,11 @@ class SamplingParams:
                       -PENALTY_RANGE, PENALTY_RANGE, False, False)
         _check_number("repetition_penalty", self.repetition_penalty,
                       0.0, MAX_REPETITION_PENALTY, True, False)
+        if self.repetition_penalty < MIN_REPETITION_PENALTY:
+            raise SamplingParamsError(
+                "repetition_penalty",
+                f"must be a number in (0, {MAX_REPETITION_PENALTY:g}] and >= {MIN_REPETITION_PENALTY:g} (the sampler "
+                f"divides float32 logits by it: a smaller one makes them infinite), got {_show(self.repetition_penalty)}")
         if self.seed is not None:
             _check_int("seed", self.seed, 0, SEED_LIMIT - 1, "in [0, 2**63) or None")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
