@@ -45,3 +45,33 @@ def test_other_float_params_stay_finite_in_float32(kw):
     logits = torch.linspace(-40.0, 40.0, V)[None, :]
     probs = _probs(SamplingParams(**kw), logits)
     assert torch.isfinite(probs).all() and abs(probs.sum().item() - 1) < 1e-5
+
+
+def test_stop_ids_covering_the_vocabulary_with_min_tokens_are_rejected():
+    """Was accepted: during min_tokens every token was masked to -inf and token 0 came out anyway."""
+    every = list(range(V))
+    with pytest.raises(SamplingParamsError) as ei:
+        SamplingParams(stop_token_ids=every, min_tokens=2).validate(vocab_size=V)
+    assert ei.value.field == "stop_token_ids" and "min_tokens=2" in str(ei.value) and f"({V} tokens)" in str(ei.value)
+    # with the EOS ids (not ignored) they cover it too
+    with pytest.raises(SamplingParamsError, match=r"stop_token_ids: .*\(with the EOS token ids\) cover the whole"):
+        SamplingParams(stop_token_ids=every[1:], min_tokens=1).validate(vocab_size=V, eos_token_ids=[0])
+    # fine: no min_tokens, one token left, or EOS ignored
+    SamplingParams(stop_token_ids=every).validate(vocab_size=V)
+    SamplingParams(stop_token_ids=every[1:], min_tokens=1).validate(vocab_size=V)
+    SamplingParams(stop_token_ids=every[1:], min_tokens=1, ignore_eos=True).validate(vocab_size=V, eos_token_ids=[0])
+
+
+def test_engine_refuses_stop_ids_plus_eos_covering_the_vocabulary():
+    from decodekit.engine.llm_engine import LLMEngine
+    from decodekit.engine.args import EngineArgs
+    eng = LLMEngine(EngineArgs(model="random:tiny", kv_cache_memory="16MiB", max_model_len=128))
+    vocab = eng.model_config.vocab_size
+    others = [t for t in range(vocab) if t not in eng.eos_token_ids]
+    with pytest.raises(SamplingParamsError, match="min_tokens=3") as ei:
+        eng.add_request("r", "hi", SamplingParams(stop_token_ids=others, min_tokens=3, max_tokens=4))
+    assert ei.value.field == "stop_token_ids" and not eng.has_unfinished_requests()
+    eng.add_request("ok", "hi", SamplingParams(stop_token_ids=others[1:], min_tokens=3, max_tokens=4, temperature=0))
+    while eng.has_unfinished_requests():
+        (out,) = eng.step()
+    assert out.outputs[0].token_ids[:3] == [others[0]] * 3          # the only token left during min_tokens

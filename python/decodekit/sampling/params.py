@@ -27,6 +27,9 @@ include_stop_str_in_output  bool
 skip_special_tokens         bool
 ==========================  ================================================================
 
+``stop_token_ids`` (plus the EOS ids unless ``ignore_eos``) must leave a token to sample while
+``min_tokens`` holds them back: when they cover the whole vocabulary, ``min_tokens`` must be 0.
+
 "int" never accepts a bool (``True`` is rejected where an int is expected) nor a float
 (``top_k=5.0`` is rejected); "number" accepts int or float (not bool, not str) and rejects
 NaN and +-inf. Numpy scalars are accepted and converted to Python ``int``/``float``.
@@ -146,11 +149,12 @@ class SamplingParams:
         self.stop_token_ids = [int(t) for t in self.stop_token_ids]
 
     # ------------------------------------------------------------------ validation
-    def validate(self, vocab_size: int | None = None,
-                 max_logprobs: int = DEFAULT_MAX_LOGPROBS) -> "SamplingParams":
+    def validate(self, vocab_size: int | None = None, max_logprobs: int = DEFAULT_MAX_LOGPROBS,
+                 eos_token_ids=()) -> "SamplingParams":
         """Raise :class:`SamplingParamsError` for the first invalid field; returns self.
 
-        ``vocab_size`` (when known) bounds ``top_k`` and ``stop_token_ids``.
+        ``vocab_size`` (when known) bounds ``top_k`` and ``stop_token_ids``, and with the model's
+        ``eos_token_ids`` refuses stop ids that leave ``min_tokens`` nothing to sample.
         """
         if vocab_size is not None and (not _is_int(vocab_size) or vocab_size < 1):
             raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
@@ -191,6 +195,14 @@ class SamplingParams:
             raise SamplingParamsError(
                 "min_tokens",
                 f"must be an int in [0, max_tokens={_show(self.max_tokens)}], got {_show(self.min_tokens)}")
+        if vocab_size is not None and self.min_tokens > 0:
+            held = {t for t in self.all_stop_token_ids(eos_token_ids) if 0 <= t < vocab_size}
+            if len(held) == vocab_size:
+                eos = "" if self.ignore_eos or not eos_token_ids else " (with the EOS token ids)"
+                raise SamplingParamsError(
+                    "stop_token_ids",
+                    f"must leave a token to sample while min_tokens={self.min_tokens} holds them back, but they"
+                    f"{eos} cover the whole vocabulary ({vocab_size} tokens): leave one out or set min_tokens to 0")
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, max_logprobs, f"in [0, {max_logprobs}] or None")
         _check_bool("include_stop_str_in_output", self.include_stop_str_in_output)
