@@ -75,3 +75,17 @@ def test_engine_refuses_stop_ids_plus_eos_covering_the_vocabulary():
     while eng.has_unfinished_requests():
         (out,) = eng.step()
     assert out.outputs[0].token_ids[:3] == [others[0]] * 3          # the only token left during min_tokens
+
+
+def test_assignment_after_construction_normalises_like_the_constructor():
+    """Was: sp.stop = "abc" then failed validation with "must be a str or a list of non-empty str, got 'abc'"."""
+    sp = SamplingParams()
+    sp.stop = "abc"
+    assert sp.stop == ["abc"] and sp.validate() is sp
+    sp.stop, sp.stop_token_ids = ("a", "b"), (4, 5)
+    assert sp.stop == ["a", "b"] and sp.stop_token_ids == [4, 5]
+    sp.stop, sp.stop_token_ids = None, None
+    assert sp.stop == [] and sp.stop_token_ids == [] and sp.validate() is sp
+    sp.stop = ["ok", ""]                                               # still checked by validate / add_request
+    with pytest.raises(SamplingParamsError, match="stop"):
+        sp.validate()

@@ -33,6 +33,10 @@ skip_special_tokens         bool
 "int" never accepts a bool (``True`` is rejected where an int is expected) nor a float
 (``top_k=5.0`` is rejected); "number" accepts int or float (not bool, not str) and rejects
 NaN and +-inf. Numpy scalars are accepted and converted to Python ``int``/``float``.
+
+Values are checked when a SamplingParams is built and again by the engine's ``add_request``
+(``validate``). Assigning a field later normalises ``stop`` / ``stop_token_ids`` as the constructor
+does (a str becomes a 1-list, a tuple a list, None an empty list) but checks nothing else until then.
 """
 from __future__ import annotations
 
@@ -124,17 +128,15 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
 
+    def __setattr__(self, name, value):
+        # the constructor's shorthands hold for assignments too (sp.stop = "###")
+        if name == "stop" and isinstance(value, str):
+            value = [value]
+        if name in ("stop", "stop_token_ids"):
+            value = [] if value is None else list(value) if isinstance(value, tuple) else value
+        object.__setattr__(self, name, value)
+
     def __post_init__(self):
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        elif isinstance(self.stop, tuple):
-            self.stop = list(self.stop)
-        if self.stop is None:
-            self.stop = []
-        if isinstance(self.stop_token_ids, tuple):
-            self.stop_token_ids = list(self.stop_token_ids)
-        if self.stop_token_ids is None:
-            self.stop_token_ids = []
         self.validate()
         # Normalise numpy scalars to Python numbers (validated above).
         for name in ("n", "top_k", "max_tokens", "min_tokens"):
