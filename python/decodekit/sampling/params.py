@@ -177,8 +177,9 @@ class SamplingParams:
         if self.repetition_penalty < MIN_REPETITION_PENALTY:
             raise SamplingParamsError(
                 "repetition_penalty",
-                f"must be a number in (0, {MAX_REPETITION_PENALTY:g}] and >= {MIN_REPETITION_PENALTY:g} (the sampler "
-                f"divides float32 logits by it: a smaller one makes them infinite), got {_show(self.repetition_penalty)}")
+                f"must be a number in (0, {MAX_REPETITION_PENALTY:g}] and >= {MIN_REPETITION_PENALTY:g} (the "
+                f"sampler divides float32 logits by it: a smaller one makes them infinite), "
+                f"got {_show(self.repetition_penalty)}")
         if self.seed is not None:
             _check_int("seed", self.seed, 0, SEED_LIMIT - 1, "in [0, 2**63) or None")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
