@@ -48,3 +48,16 @@ def test_a_temporarily_full_queue_is_still_a_503(aeng, monkeypatch):
         assert _post(s, "/v1/completions", BODY).status_code == 200
     finally:
         s.stop()
+
+
+def test_completion_prompt_over_max_model_len_names_prompt(server):
+    """Was: param "max_tokens" (even when the client sent none): the prompt alone does not fit."""
+    for body in ({"prompt": [100] * 1100, "max_tokens": 1}, {"prompt": "hi " * 2000}, {"prompt": [100] * 1024}):
+        r = _post(server, "/v1/completions", body)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "prompt" and "max_model_len (1024)" in err["message"] and "1023" in err["message"], err
+    # a prompt that fits, with too many max_tokens, still names max_tokens
+    r = _post(server, "/v1/completions", {"prompt": [100] * 1000, "max_tokens": 100})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
+    assert wait_idle(server.aeng)
