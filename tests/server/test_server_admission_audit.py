@@ -4,8 +4,12 @@ is cancelled before the engine's verdict (a client gone while waiting) is aborte
 with the engine in a thread (--engine-in-thread) or in its own process."""
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 
+from decodekit.sampling import SamplingParams
 from server_harness import LiveServer, wait_idle
 
 httpx = pytest.importorskip("httpx")
@@ -61,3 +65,82 @@ def test_completion_prompt_over_max_model_len_names_prompt(server):
     r = _post(server, "/v1/completions", {"prompt": [100] * 1000, "max_tokens": 100})
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
     assert wait_idle(server.aeng)
+
+
+# ------------------------------------------------------------------ cancelled admission
+def _args():
+    from decodekit.engine.args import EngineArgs
+    return EngineArgs(model="random:tiny", kv_cache_memory="16MiB", max_model_len=2048, seed=0)
+
+
+@pytest.fixture(params=["thread", "process"])
+def own_aeng(request):
+    if request.param == "thread":
+        from decodekit.engine.llm_engine import LLMEngine
+        from decodekit.server.async_engine import AsyncEngine
+        a = AsyncEngine(LLMEngine(_args()))
+    else:
+        from decodekit.server.engine_proc import EngineProcess
+        a = EngineProcess(_args())
+    a.start()
+    yield a
+    a.shutdown()
+
+
+LONG = SamplingParams(max_tokens=2000, ignore_eos=True, temperature=0)
+
+
+def _spy_aborts(a) -> list:
+    """The request ids the engine is told to abort (thread: abort_request; process: the abort message)."""
+    seen = []
+    if hasattr(a, "_send"):
+        send = a._send
+        a._send = lambda msg: (seen.append(msg[1]) if msg[0] == "abort" else None, send(msg))[1]
+    else:
+        abort = a.engine.abort_request
+        a.engine.abort_request = lambda rid: (seen.append(rid), abort(rid))[1]
+    return seen
+
+
+def _generated(a) -> int:
+    if hasattr(a, "refresh_stats"):
+        assert a.refresh_stats()
+    return a.engine.stats["generation_tokens"]
+
+
+def test_add_cancelled_before_the_verdict_leaves_the_engine_up(own_aeng):
+    """Was: the engine loop (thread) or the reader (process) set the verdict on the future the cancellation had
+    cancelled: InvalidStateError, the engine marked dead (process mode: the child killed), every request lost."""
+    a = own_aeng
+
+    async def main():
+        t = asyncio.ensure_future(a.add("gone", "hello", LONG))
+        await asyncio.sleep(0)            # the add is queued and awaits its verdict
+        t.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await t
+        await asyncio.sleep(0.5)
+        assert a.alive and a.dead is None
+        out = await (await a.add("next", "hello", SamplingParams(max_tokens=3, temperature=0))).final()
+        assert out.finished and len(out.outputs[0].token_ids) == 3
+    asyncio.run(main())
+    assert wait_idle(a, 10) and a.num_pending == 0
+    assert _generated(a) < 1000                              # "gone" never ran its 2000 tokens
+
+
+def test_add_cancelled_after_the_verdict_is_aborted(own_aeng):
+    """Was (thread mode): the engine had already added the request, nobody aborted it, it ran all its tokens."""
+    a = own_aeng
+    aborted = _spy_aborts(a)
+
+    async def main():
+        t = asyncio.ensure_future(a.add("gone", "hello", LONG))
+        await asyncio.sleep(0)
+        time.sleep(0.05)                  # blocks the event loop: the engine takes the request meanwhile
+        t.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await t
+        await asyncio.sleep(0.5)          # (outputs of a step begun before the abort still find an open loop)
+    asyncio.run(main())
+    assert wait_idle(a, 10) and a.alive and a.num_pending == 0
+    assert aborted == ["gone"] and _generated(a) < 1000
