@@ -110,7 +110,9 @@ def _sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
     g.add_argument("--sample-seed", type=int, default=None, help="per-request seed: same seed, same tokens")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--n", type=int, default=1, help="samples per prompt (generate only)")
-    g.add_argument("--logprobs", type=int, default=None, help="print the top-N logprobs of each token")
+    g.add_argument("--logprobs", type=int, default=None,
+                   help="print the top-N logprobs of each token (generate only; printed with the finished text, so "
+                        "it implies --no-stream)")
 
 
 def _params(args):
@@ -135,7 +137,7 @@ def _generate(args) -> int:
     if args.chat_template:
         prompts = [{"prompt_token_ids": llm.apply_chat_template([{"role": "user", "content": p}])} for p in prompts]
     t0 = time.perf_counter()
-    if len(prompts) == 1 and params.n == 1 and not args.no_stream:
+    if len(prompts) == 1 and params.n == 1 and params.logprobs is None and not args.no_stream:
         for delta in llm.stream(prompts[0], params):
             print(delta, end="", flush=True)
         print()
@@ -161,6 +163,8 @@ def _generate(args) -> int:
 
 
 def _chat(args) -> int:
+    if args.logprobs is not None:  # a chat streams its replies: no place for logprobs
+        raise ValueError("argument --logprobs: not supported by chat (use decodekit generate --logprobs)")
     params = _params(args)
     llm = _engine(args)
     messages = []
@@ -217,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Complete prompts with the engine (continuous batching over a paged KV cache).")
     g.add_argument("prompt", nargs="*", help="prompt text(s); several are batched together")
     g.add_argument("--chat-template", action="store_true", help="wrap each prompt as a user chat message")
-    g.add_argument("--no-stream", action="store_true", help="print when done instead of streaming")
+    g.add_argument("--no-stream", action="store_true",
+                   help="print when done instead of streaming (implied by several prompts, --n > 1 or --logprobs)")
     EngineArgs.add_cli_args(g)
     _sampling_args(g, temperature=0.0)
     g.set_defaults(fn=_generate)

@@ -45,3 +45,24 @@ def test_chat_session_survives_a_refused_message():
     assert r.returncode == 0, err
     assert "decodekit: error: prompt: not valid Unicode text" in err and "Traceback" not in err
     assert r.stdout.decode().count("> ") == 3 and r.stdout.decode().split("> ")[2].strip()  # the next turn answered
+
+
+def test_generate_logprobs_are_printed_not_dropped_by_streaming():
+    """Was: one prompt streamed its text and silently ignored --logprobs; now --logprobs prints when done."""
+    r = _run("generate", "hello", "--model", "random:tiny", "--max-tokens", "3", "--logprobs", "2",
+             "--kv-cache-memory", "16MiB")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("--- prompt 0 sample 0 (length) ---"), r.stdout
+    per_token = [ln for ln in lines if ln.startswith("  ")]
+    assert len(per_token) == 3 and all(ln.count(":") >= 3 for ln in per_token), r.stdout  # "  id: 'tok':lp, ..."
+    h = " ".join(_run("generate", "--help").stdout.split())
+    assert "it implies --no-" in h and "--n > 1 or --logprobs)" in h, h        # argparse may wrap at a hyphen
+
+
+def test_chat_refuses_logprobs():
+    """Was: silently ignored (chat streams its replies)."""
+    r = _run("chat", "--logprobs", "2")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip() == "decodekit: error: argument --logprobs: not supported by chat (use decodekit generate " \
+                               "--logprobs)", r.stderr

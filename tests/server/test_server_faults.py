@@ -139,8 +139,15 @@ def test_api_key_and_queue_limit(aeng):
         assert httpx.get(s.url + "/health").status_code == 200          # health needs no key
         ok = {"authorization": "Bearer sekret"}
         assert _post(s, "/v1/completions", body, headers=ok).status_code == 200
-        full = _post(s, "/v1/completions", {**body, "n": 3}, headers=ok)  # 3 sequences > max_queue 2
+        never = _post(s, "/v1/completions", {**body, "n": 3}, headers=ok)  # 3 sequences > max_queue 2: never fits
+        assert never.status_code == 400 and "retry-after" not in never.headers and never.json()["error"]["param"] == "n"
+        aeng.num_waiting = lambda: 1                                     # the queue holds 1 of 2: 2 more wait
+        try:
+            full = _post(s, "/v1/completions", {**body, "n": 2}, headers=ok)
+        finally:
+            del aeng.num_waiting
         assert full.status_code == 503 and full.headers["retry-after"] and full.json()["error"]["code"] == "queue_full"
+        assert _post(s, "/v1/completions", {**body, "n": 2}, headers=ok).status_code == 200
     finally:
         s.stop()
 

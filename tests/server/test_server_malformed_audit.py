@@ -58,3 +58,16 @@ def test_server_still_serves_after_the_bad_requests(server):
     assert httpx.get(server.url + "/health").status_code == 200
     assert httpx.get(server.url + "/metrics").status_code == 200
     assert wait_idle(server.aeng)
+
+
+def test_stop_ids_that_leave_min_tokens_nothing_to_sample(server):
+    """Was: accepted; every token was masked during min_tokens and token 0 came out. The stop ids plus the model's
+    EOS ids cover the vocabulary: the engine refuses it, and the 400 names stop_token_ids."""
+    eng = server.aeng.engine
+    eos = set(eng.model_config.eos_token_ids) | set(eng.tokenizer.eos_token_ids or [])
+    ids = [t for t in range(eng.model_config.vocab_size) if t not in eos]
+    r = _post(server, "/v1/completions", _body(prompt="hi", max_tokens=4, min_tokens=2, stop_token_ids=ids))
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "stop_token_ids" and "min_tokens=2" in err["message"], err
+    assert len(err["message"]) < 400 and wait_idle(server.aeng)

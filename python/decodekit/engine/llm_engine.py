@@ -333,7 +333,7 @@ class LLMEngine:
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
-        params.validate(vocab_size=self.model_config.vocab_size)
+        params.validate(vocab_size=self.model_config.vocab_size, eos_token_ids=self.eos_token_ids)
         request_id = str(next(self._ids)) if request_id is None else request_id
         if not isinstance(request_id, str) or not request_id:
             raise ValueError("request_id must be a non-empty string")

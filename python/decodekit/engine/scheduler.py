@@ -162,6 +162,10 @@ class Scheduler:
         if mt is None and p >= cfg.max_model_len:
             raise ValueError(f"request {rid!r}: prompt ({p} tokens) leaves no room for output "
                              f"within max_model_len ({cfg.max_model_len})")
+        if mt is not None and p >= cfg.max_model_len:  # the prompt alone is too long, whatever max_tokens
+            raise ValueError(f"request {rid!r}: prompt ({p} tokens) exceeds max_model_len ({cfg.max_model_len}) - 1 "
+                             f"= {cfg.max_model_len - 1} tokens, the most a prompt may hold (one token of output "
+                             f"at least)")
         if mt is not None and p + mt > cfg.max_model_len:
             raise ValueError(f"request {rid!r}: prompt ({p} tokens) + max_tokens ({mt}) = "
                              f"{p + mt} exceeds max_model_len ({cfg.max_model_len})")

@@ -14,7 +14,8 @@ top_p                       finite number in (0, 1]; 1 = off
 min_p                       finite number in [0, 1]; 0 = off
 presence_penalty            finite number in [-2, 2]; 0 = off
 frequency_penalty           finite number in [-2, 2]; 0 = off
-repetition_penalty          finite number in (0, 2]; 1 = off
+repetition_penalty          finite number in (0, 2] and >= 1e-6 (``MIN_REPETITION_PENALTY``: a
+                            smaller one overflows the float32 logits it divides to inf); 1 = off
 seed                        None or int in [0, 2**63)
 stop                        str or list of non-empty str (a single str becomes a 1-list)
 stop_token_ids              list of int in [0, vocab_size)
@@ -26,9 +27,16 @@ include_stop_str_in_output  bool
 skip_special_tokens         bool
 ==========================  ================================================================
 
+``stop_token_ids`` (plus the EOS ids unless ``ignore_eos``) must leave a token to sample while
+``min_tokens`` holds them back: when they cover the whole vocabulary, ``min_tokens`` must be 0.
+
 "int" never accepts a bool (``True`` is rejected where an int is expected) nor a float
 (``top_k=5.0`` is rejected); "number" accepts int or float (not bool, not str) and rejects
 NaN and +-inf. Numpy scalars are accepted and converted to Python ``int``/``float``.
+
+Values are checked when a SamplingParams is built and again by the engine's ``add_request``
+(``validate``). Assigning a field later normalises ``stop`` / ``stop_token_ids`` as the constructor
+does (a str becomes a 1-list, a tuple a list, None an empty list) but checks nothing else until then.
 """
 from __future__ import annotations
 
@@ -41,6 +49,7 @@ MAX_TEMPERATURE = 100.0
 GREEDY_TEMPERATURE = 1e-5      # temperature < this is sampled greedily
 PENALTY_RANGE = 2.0            # presence / frequency in [-2, 2]
 MAX_REPETITION_PENALTY = 2.0   # repetition in (0, 2]
+MIN_REPETITION_PENALTY = 1e-6  # and >= this: the sampler divides float32 logits by it (1e-300 is 0 in float32)
 SEED_LIMIT = 1 << 63           # seed in [0, 2**63)
 DEFAULT_MAX_LOGPROBS = 20
 
@@ -119,17 +128,15 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
 
+    def __setattr__(self, name, value):
+        # the constructor's shorthands hold for assignments too (sp.stop = "###")
+        if name == "stop" and isinstance(value, str):
+            value = [value]
+        if name in ("stop", "stop_token_ids"):
+            value = [] if value is None else list(value) if isinstance(value, tuple) else value
+        object.__setattr__(self, name, value)
+
     def __post_init__(self):
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        elif isinstance(self.stop, tuple):
-            self.stop = list(self.stop)
-        if self.stop is None:
-            self.stop = []
-        if isinstance(self.stop_token_ids, tuple):
-            self.stop_token_ids = list(self.stop_token_ids)
-        if self.stop_token_ids is None:
-            self.stop_token_ids = []
         self.validate()
         # Normalise numpy scalars to Python numbers (validated above).
         for name in ("n", "top_k", "max_tokens", "min_tokens"):
@@ -144,11 +151,12 @@ class SamplingParams:
         self.stop_token_ids = [int(t) for t in self.stop_token_ids]
 
     # ------------------------------------------------------------------ validation
-    def validate(self, vocab_size: int | None = None,
-                 max_logprobs: int = DEFAULT_MAX_LOGPROBS) -> "SamplingParams":
+    def validate(self, vocab_size: int | None = None, max_logprobs: int = DEFAULT_MAX_LOGPROBS,
+                 eos_token_ids=()) -> "SamplingParams":
         """Raise :class:`SamplingParamsError` for the first invalid field; returns self.
 
-        ``vocab_size`` (when known) bounds ``top_k`` and ``stop_token_ids``.
+        ``vocab_size`` (when known) bounds ``top_k`` and ``stop_token_ids``, and with the model's
+        ``eos_token_ids`` refuses stop ids that leave ``min_tokens`` nothing to sample.
         """
         if vocab_size is not None and (not _is_int(vocab_size) or vocab_size < 1):
             raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
@@ -166,6 +174,12 @@ class SamplingParams:
                       -PENALTY_RANGE, PENALTY_RANGE, False, False)
         _check_number("repetition_penalty", self.repetition_penalty,
                       0.0, MAX_REPETITION_PENALTY, True, False)
+        if self.repetition_penalty < MIN_REPETITION_PENALTY:
+            raise SamplingParamsError(
+                "repetition_penalty",
+                f"must be a number in (0, {MAX_REPETITION_PENALTY:g}] and >= {MIN_REPETITION_PENALTY:g} (the "
+                f"sampler divides float32 logits by it: a smaller one makes them infinite), "
+                f"got {_show(self.repetition_penalty)}")
         if self.seed is not None:
             _check_int("seed", self.seed, 0, SEED_LIMIT - 1, "in [0, 2**63) or None")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
@@ -184,6 +198,14 @@ class SamplingParams:
             raise SamplingParamsError(
                 "min_tokens",
                 f"must be an int in [0, max_tokens={_show(self.max_tokens)}], got {_show(self.min_tokens)}")
+        if vocab_size is not None and self.min_tokens > 0:
+            held = {t for t in self.all_stop_token_ids(eos_token_ids) if 0 <= t < vocab_size}
+            if len(held) == vocab_size:
+                eos = "" if self.ignore_eos or not eos_token_ids else " (with the EOS token ids)"
+                raise SamplingParamsError(
+                    "stop_token_ids",
+                    f"must leave a token to sample while min_tokens={self.min_tokens} holds them back, but they"
+                    f"{eos} cover the whole vocabulary ({vocab_size} tokens): leave one out or set min_tokens to 0")
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, max_logprobs, f"in [0, {max_logprobs}] or None")
         _check_bool("include_stop_str_in_output", self.include_stop_str_in_output)

@@ -20,7 +20,8 @@ def add_args(p) -> None:
     g.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY on every endpoint but /health")
     g.add_argument("--served-model-name", default=None, help="the model id clients send (default: the model's name)")
     g.add_argument("--max-queue", type=int, default=1024,
-                   help="waiting sequences at most; beyond, new requests get 503 + Retry-After (default 1024)")
+                   help="waiting sequences at most; beyond, new requests get 503 + Retry-After (a request of more "
+                        "sequences than this, n x prompts, can never fit: 400) (default 1024)")
     g.add_argument("--max-body-bytes", type=int, default=4 << 20, help="largest request body (default 4 MiB)")
     g.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds in-flight requests may take to finish on SIGTERM (default 10)")

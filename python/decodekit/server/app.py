@@ -4,7 +4,8 @@ server-sent events ending in `data: [DONE]`), /v1/models, /health, /metrics.
 Requests go to the engine (engine_proc.EngineProcess: its own process; or async_engine.AsyncEngine:
 a thread); a client that disconnects has its requests aborted
 (streaming: the response generator is cancelled; non-streaming: the handler polls the connection).
-Invalid input gets a 4xx OpenAI error body naming the field; a full queue 503 with Retry-After.
+Invalid input gets a 4xx OpenAI error body naming the field; a full queue 503 with Retry-After (a request
+of more sequences than max_queue, which could never be admitted, a 400 naming `n` or `prompt`).
 """
 from __future__ import annotations
 
@@ -75,7 +76,14 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                              "model", code="model_not_found")
         return body
 
-    def admit(num_seqs: int) -> None:
+    def admit(num_prompts: int, n: int) -> None:
+        num_seqs = num_prompts * n
+        if num_seqs > cfg.max_queue:  # never fits, even on an idle server: not worth a retry
+            what = (f"'prompt' holds {num_prompts} prompts" if n == 1 else
+                    f"'n'={n}" + (f" x {num_prompts} prompts" if num_prompts > 1 else ""))
+            raise P.APIError(400, f"this request needs {num_seqs} sequences ({what}) but at most max_queue="
+                                  f"{cfg.max_queue} can wait at once: it can never be admitted",
+                             "n" if n > 1 else "prompt")
         if not aeng.alive:
             raise P.APIError(503, "the engine is not running", type="server_error", headers={"Retry-After": "5"})
         if aeng.num_waiting() + num_seqs > cfg.max_queue:
@@ -83,7 +91,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                              type="server_error", code="queue_full", headers={"Retry-After": "1"})
 
     async def start(prompts: list, params, prefix: str) -> list:
-        admit(len(prompts) * params.n)
+        admit(len(prompts), params.n)
         streams = []
         try:
             for i, p in enumerate(prompts):

@@ -67,6 +67,18 @@ def _deliver(items) -> None:
         q.put_nowait(item)
 
 
+def _settle(fut: concurrent.futures.Future, error: BaseException | None = None) -> bool:
+    """Give an add's caller its verdict; False (nothing set) if the caller was cancelled first: its
+    awaiting cancels the future, and setting a cancelled future raises (which killed the loop)."""
+    if not fut.set_running_or_notify_cancel():
+        return False
+    if error is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(error)
+    return True
+
+
 class AsyncEngine:
     def __init__(self, engine: LLMEngine):
         self.engine = engine
@@ -115,7 +127,11 @@ class AsyncEngine:
         with self._lock:
             self.num_pending += 1
         self._cmds.put(("add", request_id, prompt, params, sink, added))
-        await asyncio.wrap_future(added)
+        try:
+            await asyncio.wrap_future(added)
+        except asyncio.CancelledError:  # the caller went away before the verdict: free the request
+            self.abort(request_id)      # queued after the add, so the loop adds it first, then aborts it
+            raise
         return RequestStream(self, request_id, q)
 
     def abort(self, request_id: str) -> None:
@@ -127,13 +143,15 @@ class AsyncEngine:
             _, rid, prompt, params, sink, added = cmd
             with self._lock:
                 self.num_pending -= 1
+            if not added.set_running_or_notify_cancel():
+                return  # the caller went away before the loop took the request: never added
             try:
                 self.engine.add_request(rid, prompt, params)
             except Exception as e:  # noqa: BLE001 -- a bad request fails alone
                 added.set_exception(e if isinstance(e, ValueError) else ValueError(str(e)))
                 return
             self._sinks[rid] = sink
-            added.set_result(None)
+            added.set_result(None)  # a cancellation from now on is followed by an abort (see add)
         elif cmd[0] == "abort":
             if self._sinks.pop(cmd[1], None) is not None:
                 self.engine.abort_request(cmd[1])
@@ -180,7 +198,7 @@ class AsyncEngine:
                 if cmd[0] == "add":
                     with self._lock:
                         self.num_pending -= 1
-                    cmd[5].set_exception(EngineDeadError("the server is shutting down"))
+                    _settle(cmd[5], EngineDeadError("the server is shutting down"))
             for rid, sink in list(self._sinks.items()):
                 eng.abort_request(rid)
                 sink(EngineDeadError("the server is shutting down"))

@@ -34,7 +34,7 @@ import threading
 import time
 from multiprocessing.connection import Connection, Pipe
 
-from .async_engine import EngineDeadError, RequestStream, _deliver
+from .async_engine import EngineDeadError, RequestStream, _deliver, _settle
 
 log = logging.getLogger("decodekit.server")
 
@@ -340,7 +340,7 @@ class EngineProcess:
             self.num_pending = 0
         for fut in pending.values():
             if not fut.done():
-                fut.set_exception(err)
+                _settle(fut, err)
         for loop, q in sinks.values():
             try:
                 loop.call_soon_threadsafe(q.put_nowait, err)
@@ -380,12 +380,8 @@ class EngineProcess:
                         fut = self._pending.pop(rid, None)
                         if err is not None:
                             self._sinks.pop(rid, None)
-                    if fut is not None:
-                        if err is None:
-                            fut.set_result(None)
-                        else:
-                            fut.set_exception(ValueError(err))
-                    elif err is None:  # nobody waits any more (cannot happen today): free it
+                    told = fut is not None and _settle(fut, None if err is None else ValueError(err))
+                    if not told and err is None:  # nobody waits any more (its add was cancelled): free it
                         self.abort(rid)
                 elif kind == "stats":
                     self._set_snap(msg[1])
