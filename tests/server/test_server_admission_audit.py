@@ -144,3 +144,24 @@ def test_add_cancelled_after_the_verdict_is_aborted(own_aeng):
     asyncio.run(main())
     assert wait_idle(a, 10) and a.alive and a.num_pending == 0
     assert aborted == ["gone"] and _generated(a) < 1000
+
+
+def test_a_closed_event_loop_does_not_take_the_engine_down(own_aeng):
+    """A request whose caller's event loop closed while it ran (asyncio.run returned): delivering its next
+    outputs raised 'Event loop is closed' in the engine thread / reader thread and killed the engine. Now
+    the request is aborted (nobody can read it) and the engine serves the next one."""
+    a = own_aeng
+    aborted = _spy_aborts(a)
+
+    async def start():
+        await a.add("orphan", "hello", LONG)   # added; this loop closes while it generates
+    asyncio.run(start())
+    time.sleep(0.5)                            # steps try to deliver to the closed loop
+    assert a.alive and a.dead is None
+
+    async def main():
+        out = await (await a.add("next", "hello", SamplingParams(max_tokens=3, temperature=0))).final()
+        assert out.finished and len(out.outputs[0].token_ids) == 3
+    asyncio.run(main())
+    assert wait_idle(a, 10) and a.num_pending == 0
+    assert aborted == ["orphan"] and _generated(a) < 1000

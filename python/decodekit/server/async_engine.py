@@ -67,6 +67,16 @@ def _deliver(items) -> None:
         q.put_nowait(item)
 
 
+def _post(loop: asyncio.AbstractEventLoop, fn, *args) -> bool:
+    """loop.call_soon_threadsafe(fn, *args); False when the loop is closed (whoever listened there is gone:
+    a caller that ran its own event loop and left it; uvicorn's lives as long as the server)."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+        return True
+    except RuntimeError:
+        return False
+
+
 def _settle(fut: concurrent.futures.Future, error: BaseException | None = None) -> bool:
     """Give an add's caller its verdict; False (nothing set) if the caller was cancelled first: its
     awaiting cancels the future, and setting a cancelled future raises (which killed the loop)."""
@@ -120,7 +130,7 @@ class AsyncEngine:
         added: concurrent.futures.Future = concurrent.futures.Future()
 
         def sink(item) -> None:
-            loop.call_soon_threadsafe(q.put_nowait, item)
+            _post(loop, q.put_nowait, item)
 
         sink.loop, sink.queue = loop, q  # a step's outputs go to their loops in one batch (_deliver)
 
@@ -179,7 +189,10 @@ class AsyncEngine:
                             if out.finished:
                                 del self._sinks[out.request_id]
                     for loop, items in batch.items():  # one wake-up of each event loop per step
-                        loop.call_soon_threadsafe(_deliver, items)
+                        if not _post(loop, _deliver, items):  # its loop is closed: nobody reads these
+                            for _, out in items:
+                                if self._sinks.pop(out.request_id, None) is not None:
+                                    eng.abort_request(out.request_id)
                     self.heartbeat = time.monotonic()
         except BaseException as e:  # noqa: BLE001 -- fatal: tell everyone, health goes red
             log.exception("engine loop died")

@@ -34,7 +34,7 @@ import threading
 import time
 from multiprocessing.connection import Connection, Pipe
 
-from .async_engine import EngineDeadError, RequestStream, _deliver, _settle
+from .async_engine import EngineDeadError, RequestStream, _deliver, _post, _settle
 
 log = logging.getLogger("decodekit.server")
 
@@ -342,10 +342,7 @@ class EngineProcess:
             if not fut.done():
                 _settle(fut, err)
         for loop, q in sinks.values():
-            try:
-                loop.call_soon_threadsafe(q.put_nowait, err)
-            except RuntimeError:  # the loop is closed
-                pass
+            _post(loop, q.put_nowait, err)
 
     def _set_snap(self, snap: dict) -> None:
         self._snap = snap
@@ -371,7 +368,9 @@ class EngineProcess:
                                     del self._sinks[out.request_id]
                     self._set_snap(msg[2])
                     for loop, items in batch.items():  # one wake-up of each event loop per step
-                        loop.call_soon_threadsafe(_deliver, items)
+                        if not _post(loop, _deliver, items):  # its loop is closed: nobody reads these
+                            for _, out in items:
+                                self.abort(out.request_id)  # (a no-op for the finished ones)
                 elif kind == "added":
                     _, rid, err, snap = msg
                     self._set_snap(snap)
