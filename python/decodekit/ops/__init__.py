@@ -442,7 +442,14 @@ def decoder_layer(out: torch.Tensor,            # [T, hidden]: the MLP's output
                   query_start_loc: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                   k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """One Llama-family decoder layer in one op call (see reference.decoder_layer; the kernel is the
-    op-by-op sequence of models/llama.py issued from C++, so its results are bitwise that sequence's)."""
+    op-by-op sequence of models/llama.py issued from C++, so its results are bitwise that sequence's).
+    CUDA: only where the quantized GEMM kernels take every projection (up to 8 rows; beyond, INT4 with
+    fp16 / bf16 activations), else a ValueError; ops.linear's dense fallback is not part of the op."""
+    if hidden.device.type == "cuda" and hidden.shape[0] > _CUDA_QUANT_GEMV_MAX_M and (
+            hidden.dtype not in (torch.float16, torch.bfloat16)
+            or any(len(w) != 3 for w in (qkv_weight, o_weight, gate_up_weight, down_weight))):
+        raise ValueError(f"decoder_layer on CUDA: {hidden.shape[0]} tokens (> {_CUDA_QUANT_GEMV_MAX_M}) need INT4 "
+                         f"weights and fp16 / bf16 activations (got {hidden.dtype}); run the layer op by op")
     args = (qkv_weight, qkv_bias, o_weight, gate_up_weight, down_weight, list(group_sizes), input_norm, post_norm,
             add_input, eps, positions, cos_sin_cache, is_neox, slot_mapping, block_tables, seq_lens, query_start_loc,
             num_heads, num_kv_heads, head_dim, scale, k_scale, v_scale)
