@@ -30,7 +30,7 @@ void rejection_sample_cpu(at::Tensor& out,                         // [B, k+1] i
   int64_t* o = out.data_ptr<int64_t>();
   int32_t* ne = num_emitted.data_ptr<int32_t>();
   const int64_t k = a.k, V = a.V;
-  DK_OMP_PARALLEL_FOR_IF(a.B * (k + 1) * V >= dk::kParallelGrain)
+  DK_OMP_PARALLEL_FOR_IF(a.B > 1 && a.B * (k + 1) * V >= dk::kParallelGrain)  // (one request: no team to wake)
   for (int64_t b = 0; b < a.B; ++b) {
     const float* pb = p + b * (k + 1) * V;
     const float* qb = q ? q + b * k * V : nullptr;

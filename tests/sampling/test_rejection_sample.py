@@ -55,6 +55,28 @@ def test_kernel_equals_reference(with_q, greedy):
     assert torch.equal(o1[0], out[5]) and n1[0] == n[5]
 
 
+@pytest.mark.parametrize("with_q", [True, False])
+@pytest.mark.parametrize("shape", ["peaked", "ties"])
+def test_kernel_equals_reference_peaked_and_tied(with_q, shape):
+    """The kernel's Gumbel-max skips tokens that cannot beat the largest weight's key (rejection.h):
+    on peaked distributions (most tokens skipped) and exact ties it must still pick the reference's token
+    (every key drawn, the lowest index on ties)."""
+    gen = torch.Generator().manual_seed(11)
+    B, k, V = 48, 4, 3001
+    draft, p, q = _case(B, k, V, gen, with_q, sharp=9.0 if shape == "peaked" else 1.0)
+    if shape == "ties":  # equal weights on a few tokens, zero elsewhere (p rows; q rows where present)
+        p = torch.zeros_like(p)
+        p[..., 7] = p[..., 1000] = p[..., 2999] = 1 / 3
+        p[:, :, 5] = torch.where(torch.rand(B, k + 1, generator=gen) < 0.5, 0.0, 1 / 3)
+        p = p / p.sum(-1, keepdim=True)
+    nd = torch.randint(0, k + 1, (B,), generator=gen, dtype=torch.int32)
+    seeds = torch.randint(0, 2 ** 62, (B,), generator=gen)
+    pos = torch.randint(0, 2 ** 40, (B,), generator=gen)
+    out, n = ops.rejection_sample(draft, nd, q, p, seeds, pos, False)
+    ro, rn = ref.rejection_sample(draft, nd, q, p, seeds, pos, False)
+    assert torch.equal(n, rn) and torch.equal(out, ro)
+
+
 def _chi2(counts, probs):
     keep = probs * counts.sum() > 0
     c, e = counts[keep].double(), probs[keep].double() * counts.sum()

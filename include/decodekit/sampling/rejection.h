@@ -42,16 +42,35 @@ DK_HD float spec_gumbel(uint64_t seed, uint64_t pos, uint32_t v) {
   return -logf(-logf(u));
 }
 
-// Gumbel-max over weights w(v) for v < V (w: a callable, weights >= 0); -1 if all are zero.
+// A Gumbel key's largest value: -log(-log(u)) for u <= 1 - 2^-24 is 16.6355; the bound leaves room
+// for the float rounding of log(w) + g.
+inline constexpr float kSpecGumbelBound = 17.f;
+
+// Gumbel-max over weights w(v) for v < V (w: a callable, weights >= 0); -1 if all are zero. Ties ->
+// the lowest v. The largest weight's key is drawn first; a token with w < exp(that key - bound)
+// has log(w) + g < that key whatever its draw, so it cannot win and its Philox draw is skipped:
+// the result is exactly that of drawing every key, at ~2 compares per token for a peaked
+// distribution instead of a Philox block and two logs (V = 49152: ~0.9 ms -> tens of us).
 template <class W>
 DK_HD int64_t spec_sample(W w, int64_t V, uint64_t seed, uint64_t pos) {
-  int64_t best = -1;
-  float bk = -INFINITY;
+  int64_t first = -1;
+  float wmax = 0.f;
   for (int64_t v = 0; v < V; ++v) {
     const float x = w(v);
-    if (!(x > 0.f)) continue;
+    if (x > wmax) {
+      wmax = x;
+      first = v;
+    }
+  }
+  if (first < 0) return -1;
+  float bk = logf(wmax) + spec_gumbel(seed, pos, uint32_t(first));
+  int64_t best = first;
+  const float skip_below = expf(bk - kSpecGumbelBound);
+  for (int64_t v = 0; v < V; ++v) {
+    const float x = w(v);
+    if (!(x > 0.f) || x < skip_below || v == first) continue;
     const float key = logf(x) + spec_gumbel(seed, pos, uint32_t(v));
-    if (key > bk) {
+    if (key > bk || (key == bk && v < best)) {
       bk = key;
       best = v;
     }
