@@ -125,6 +125,10 @@ def _run_both(case, config, fmt, dtype, device, gen, kv_fp8=False, bias=False, a
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "h{}x{}-d{}-b{}".format(*c))
 @pytest.mark.parametrize("case", list(CASES))
 def test_decoder_layer_matches_op_sequence(case, config, fmt, dtype, device, gen):
+    if device == "cuda" and case == "mixed" and (dtype == torch.float32 or fmt != "int4-g32"):
+        with pytest.raises(ValueError, match="decoder_layer on CUDA"):  # past the CUDA GEMV rows: INT4 + fp16/bf16
+            _run_both(case, config, fmt, dtype, device, gen)
+        return
     unfused, fused, _ = _run_both(case, config, fmt, dtype, device, gen, bias=config[0] == 9,
                                   add_input=case == "decode")
     for name, a, b in zip(("out", "residual", "key_cache", "value_cache"), unfused, fused):
