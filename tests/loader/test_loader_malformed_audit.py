@@ -231,6 +231,15 @@ def test_hf_bad_tokenizer_files(tmp_path, tiny):
         load_model(d, progress=False)
 
 
+def test_hf_chat_template_syntax_error_names_chat_template(tmp_path, tiny):
+    d = _hf(tmp_path / "m", *tiny)
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump({"chat_template": "{% for m in messages %}\n{{ m['content'] }"}, f)
+    tok = load_model(d, progress=False).tokenizer  # plain completions still work
+    with pytest.raises(ValueError, match=r"chat_template is not valid Jinja \(line 2: unexpected '}'\)"):
+        tok.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
 def test_hf_unusual_but_valid(tmp_path, tiny):
     cfg, weights = tiny
     w64 = {k: v.double() for k, v in weights.items()}
