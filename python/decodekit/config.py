@@ -2,7 +2,45 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from dataclasses import dataclass, field
+
+# The model keeps a [max_position_embeddings, head_dim] rope table: a corrupt context length (2**40) would
+# be an out-of-memory kill, not an error. 2**24 is 16x the longest Llama-family context in use (1M).
+MAX_POSITION_EMBEDDINGS = 1 << 24
+ROPE_SCALING_TYPES = ("default", "linear", "llama3")
+
+
+def _number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_rope_scaling(scaling) -> None:
+    """Raises ValueError naming the rope_scaling field that the model's rope table cannot use
+    (decodekit.ops.reference.rope_inv_freq: default, linear {factor}, llama3 {factor,
+    original_max_position_embeddings, low_freq_factor < high_freq_factor})."""
+    if scaling is None:
+        return
+    if not isinstance(scaling, dict):
+        raise ValueError(f"rope_scaling must be a dict such as {{'rope_type': 'linear', 'factor': 2.0}} or null, "
+                         f"got {scaling!r}")
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind not in ROPE_SCALING_TYPES:
+        raise ValueError(f"rope_scaling rope_type {kind!r} is not supported (supported: "
+                         f"{', '.join(ROPE_SCALING_TYPES)})")
+    if kind == "default":
+        return
+    need = {"linear": ("factor",), "llama3": ("factor", "original_max_position_embeddings")}[kind]
+    for key in need:
+        if key not in scaling:
+            raise ValueError(f"rope_scaling ({kind}) lacks {key!r} (needs {', '.join(need)})")
+    for key in ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"):
+        if key in scaling and (not _number(scaling[key]) or scaling[key] <= 0):
+            raise ValueError(f"rope_scaling.{key} must be a number > 0, got {scaling[key]!r}")
+    if kind == "llama3" and float(scaling.get("low_freq_factor", 1.0)) >= float(scaling.get("high_freq_factor", 4.0)):
+        raise ValueError(f"rope_scaling.low_freq_factor ({scaling.get('low_freq_factor', 1.0)}) must be below "
+                         f"high_freq_factor ({scaling.get('high_freq_factor', 4.0)})")
 
 
 @dataclass
@@ -32,6 +70,14 @@ class ModelConfig:
             v = getattr(self, f)
             if not isinstance(v, int) or v <= 0:
                 raise ValueError(f"ModelConfig.{f} must be a positive int, got {v!r}")
+        if self.max_position_embeddings > MAX_POSITION_EMBEDDINGS:
+            raise ValueError(f"ModelConfig.max_position_embeddings must be in [1, {MAX_POSITION_EMBEDDINGS}], "
+                             f"got {self.max_position_embeddings}")
+        if not _number(self.rope_theta) or self.rope_theta <= 0:
+            raise ValueError(f"ModelConfig.rope_theta must be a finite number > 0, got {self.rope_theta!r}")
+        if not _number(self.rms_norm_eps) or self.rms_norm_eps < 0:
+            raise ValueError(f"ModelConfig.rms_norm_eps must be a finite number >= 0, got {self.rms_norm_eps!r}")
+        check_rope_scaling(self.rope_scaling)
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of "
                              f"num_kv_heads ({self.num_kv_heads})")

@@ -130,3 +130,11 @@ def make_gguf(tmp_path):
         os.makedirs(tmp_path / name.replace(".gguf", ""), exist_ok=True)
         return write_gguf(str(tmp_path / name.replace(".gguf", "") / name), **kw)
     return make
+
+
+@pytest.fixture(scope="session")
+def gguf_helpers():
+    """gguf_name and synthetic_tokenizer_meta for test modules (a conftest is not importable by name here:
+    tests/conftest.py has the same module name)."""
+    import types
+    return types.SimpleNamespace(gguf_name=gguf_name, synthetic_tokenizer_meta=synthetic_tokenizer_meta)

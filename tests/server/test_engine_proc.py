@@ -106,6 +106,15 @@ def test_startup_failure_is_clear(tmp_path):
                        capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 2 and "decodekit: error:" in p.stderr and "/no/such.gguf" in p.stderr
     assert "Traceback" not in p.stderr
+    # a file the loader refuses (ModelLoadError, a ValueError subclass) was a RuntimeError traceback
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 60)
+    with pytest.raises(ValueError, match="bad.gguf: not a readable GGUF file"):
+        EngineProcess(_args(model=str(bad)))
+    p = subprocess.run([sys.executable, "-m", "decodekit.cli", "serve", "--model", str(bad), "--port", "0"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 2 and "decodekit: error:" in p.stderr and "bad.gguf" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
 
 
 def test_add_rejected_by_the_child(server, aeng):

@@ -92,15 +92,15 @@ def load_config(model: str | os.PathLike | None = None) -> ModelConfig:
         from .random import preset_config
         return preset_config(where)
     if kind == "hf":
-        import json
-
+        from ._common import read_json_object
         from .hf import config_from_hf
-        with open(os.path.join(where, "config.json"), encoding="utf-8") as f:
-            return config_from_hf(json.load(f), name=os.path.basename(os.path.abspath(where)))
+        cfg_path = os.path.join(where, "config.json")
+        return config_from_hf(read_json_object(cfg_path), name=os.path.basename(os.path.abspath(where)),
+                              source=cfg_path)
     from .gguf import config_from_gguf, open_reader, read_gguf_metadata, read_gguf_tensors
     reader = open_reader(where)
     meta = read_gguf_metadata(reader)
-    return config_from_gguf(meta, list(read_gguf_tensors(reader, meta)))
+    return config_from_gguf(meta, list(read_gguf_tensors(reader, meta)), source=where)
 
 
 def load_model(model: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32,

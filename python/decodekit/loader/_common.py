@@ -3,6 +3,9 @@ ModelConfig implies, a progress bar, and the embedded default model's location."
 from __future__ import annotations
 
 import importlib.util
+import json
+import math
+import numbers
 import os
 import sys
 import time
@@ -20,6 +23,52 @@ EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 class ModelLoadError(ValueError):
     """A model could not be loaded: bad path, unsupported format or architecture, inconsistent files."""
+
+
+def read_json_object(path: str) -> dict:
+    """A JSON file that must hold an object (config.json, tokenizer_config.json, an index ...);
+    ModelLoadError naming the file otherwise."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise ModelLoadError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def config_int(value, what: str, minimum: int = 1, maximum: int | None = None) -> int:
+    """An integer hyperparameter (`what` names the file and key) in [minimum, maximum]: integral
+    floats such as 64.0 are taken, strings, bools, 64.5 and out-of-range values are a ModelLoadError."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    rng = f"[{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ModelLoadError(f"{what} must be an integer {rng}, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        raise ModelLoadError(f"{what} must be an integer {rng}, got {value}")
+    return int(value)
+
+
+def token_ids(value, what: str) -> list[int]:
+    """A token id or a list of them (eos_token_id may be either; null: none); negative ids, which some
+    configs write for "none" (pad_token_id: -1), are dropped. ModelLoadError naming `what` otherwise."""
+    if value is None:
+        return []
+    values = value if isinstance(value, list) else [value]
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise ModelLoadError(f"{what} must be a token id (an integer >= 0) or a list of them, got {value!r:.80}")
+    return [int(v) for v in values if v >= 0]
+
+
+def config_float(value, what: str, positive: bool = True) -> float:
+    """A finite float hyperparameter, > 0 (positive) or >= 0; ModelLoadError naming `what` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
+            or value < 0 or (positive and value == 0):
+        raise ModelLoadError(f"{what} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
+    return float(value)
 
 
 def embedded_model_path() -> str:
@@ -86,6 +135,18 @@ def check_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor], source: st
         if tuple(weights[n].shape) != shape:
             raise ModelLoadError(f"{source}: weight {n} has shape {tuple(weights[n].shape)}, "
                                  f"the configuration implies {shape}")
+
+
+def check_tokenizer_fits(tokenizer, cfg: ModelConfig, source: str) -> None:
+    """Every id the tokenizer can produce must have a row in the embedding (a prompt with a token past
+    it would fail inside the model, mid-step); ModelLoadError naming both sizes otherwise."""
+    vocab = tokenizer.get_vocab()
+    top = max(vocab.values(), default=-1)
+    if top >= cfg.vocab_size:
+        token = next(t for t, i in vocab.items() if i == top)
+        raise ModelLoadError(f"{source}: the tokenizer has token ids up to {top} ({token!r}) but the model's "
+                             f"embedding has {cfg.vocab_size} rows (vocab_size); the tokenizer does not belong "
+                             f"to these weights")
 
 
 def progress(items: Iterable[T], total: int, desc: str, enabled: bool) -> Iterator[T]:

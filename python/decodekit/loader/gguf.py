@@ -23,8 +23,9 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from ..config import ModelConfig
-from ._common import ModelLoadError, check_weights, progress
+from ..config import MAX_POSITION_EMBEDDINGS, ModelConfig
+from ._common import (ModelLoadError, check_tokenizer_fits, check_weights, config_float, config_int,
+                      expected_weight_shapes, progress)
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 # tensor types this loader is tested on; others that gguf.quants can dequantize also load
@@ -197,8 +198,10 @@ def read_gguf_tensors(source, meta: dict[str, Any] | None = None) -> Iterator[GG
     if meta is None:
         meta = read_gguf_metadata(reader)
     arch = meta.get("general.architecture", "")
-    n_head = meta.get(f"{arch}.attention.head_count")
-    n_kv = meta.get(f"{arch}.attention.head_count_kv", n_head)
+    def count(v):  # a bad value is config_from_gguf's error to report; here it only means "no permutation"
+        return int(v) if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+    n_head = count(meta.get(f"{arch}.attention.head_count"))
+    n_kv = count(meta.get(f"{arch}.attention.head_count_kv", n_head))
     for t in reader.tensors:
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists ne0 (innermost) first
         heads = None
@@ -255,51 +258,74 @@ def _rope_scaling(meta: dict, arch: str, freqs: np.ndarray | None, theta: float,
     raise ModelLoadError(f"unsupported GGUF rope scaling type {kind!r}")
 
 
-def config_from_gguf(meta: dict[str, Any], infos: list[GGUFTensorInfo]) -> ModelConfig:
-    """The ModelConfig of a GGUF file from its metadata and tensor list."""
+def config_from_gguf(meta: dict[str, Any], infos: list[GGUFTensorInfo], source: str = "GGUF file") -> ModelConfig:
+    """The ModelConfig of a GGUF file from its metadata and tensor list (source: the file, named in
+    errors, which name the metadata key and the values allowed)."""
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelLoadError(f"GGUF architecture {arch!r} is not supported (supported: "
+        raise ModelLoadError(f"{source}: GGUF architecture {arch!r} is not supported (supported: "
                              f"{', '.join(SUPPORTED_ARCHITECTURES)})")
 
     def get(key: str, default: Any = None, required: bool = False) -> Any:
         v = meta.get(f"{arch}.{key}", default)
         if v is None and required:
-            raise ModelLoadError(f"GGUF metadata lacks {arch}.{key}")
+            raise ModelLoadError(f"{source}: GGUF metadata lacks {arch}.{key}")
         return v
 
+    def integer(key: str, value: Any, maximum: int | None = None) -> int:
+        return config_int(value, f"{source}: GGUF metadata {arch}.{key}", maximum=maximum)
+
     by_name = {i.name: i for i in infos}
-    hidden = int(get("embedding_length", required=True))
-    heads = int(get("attention.head_count", required=True))
-    head_dim = int(get("attention.key_length") or get("rope.dimension_count") or hidden // heads)
+    hidden = integer("embedding_length", get("embedding_length", required=True))
+    heads = integer("attention.head_count", get("attention.head_count", required=True))
+    kv_heads = integer("attention.head_count_kv", get("attention.head_count_kv") or heads)
+    if heads % kv_heads:
+        raise ModelLoadError(f"{source}: GGUF metadata {arch}.attention.head_count ({heads}) must be a multiple "
+                             f"of {arch}.attention.head_count_kv ({kv_heads})")
+    head_key = "attention.key_length" if get("attention.key_length") else "rope.dimension_count"
+    if not get(head_key) and hidden % heads:
+        raise ModelLoadError(f"{source}: GGUF metadata {arch}.embedding_length ({hidden}) must be a multiple of "
+                             f"{arch}.attention.head_count ({heads})")
+    head_dim = integer(head_key, get(head_key) or hidden // heads)
     rope_dim = get("rope.dimension_count")
-    if rope_dim is not None and int(rope_dim) != head_dim:
-        raise ModelLoadError(f"partial rotary embeddings (rope.dimension_count {rope_dim} < head_dim "
+    if rope_dim is not None and rope_dim != head_dim:
+        raise ModelLoadError(f"{source}: partial rotary embeddings (rope.dimension_count {rope_dim} < head_dim "
                              f"{head_dim}) are not supported")
     embd = by_name.get("token_embd.weight")
     if embd is None:
-        raise ModelLoadError("GGUF file has no token_embd.weight")
-    vocab = int(get("vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ()) or embd.shape[0])
-    theta = float(get("rope.freq_base", 10000.0))
+        raise ModelLoadError(f"{source}: GGUF file has no token_embd.weight")
+    vocab = integer("vocab_size", get("vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ()) or embd.shape[0])
+    theta = config_float(get("rope.freq_base", 10000.0), f"{source}: GGUF metadata {arch}.rope.freq_base")
+    eps = config_float(get("attention.layer_norm_rms_epsilon", 1e-5),
+                       f"{source}: GGUF metadata {arch}.attention.layer_norm_rms_epsilon", positive=False)
     freqs = by_name["rope_freqs.weight"].dequantize().numpy() if "rope_freqs.weight" in by_name else None
+    try:
+        scaling = _rope_scaling(meta, arch, freqs, theta, head_dim)
+    except (TypeError, ValueError) as e:  # ModelLoadError too: name the file
+        raise ModelLoadError(f"{source}: GGUF rope scaling ({arch}.rope.scaling.*, rope_freqs.weight): {e}") from e
     name = str(meta.get("general.name", ""))
     label = arch
     if arch == "llama":
         text = (name + " " + str(meta.get("general.basename", ""))).lower()
         label = "mistral" if "mistral" in text else "smollm2" if "smollm" in text else "llama"
     eos = meta.get("tokenizer.ggml.eos_token_id")
-    return ModelConfig(
-        vocab_size=vocab, hidden_size=hidden,
-        intermediate_size=int(get("feed_forward_length", required=True)),
-        num_layers=int(get("block_count", required=True)),
-        num_heads=heads, num_kv_heads=int(get("attention.head_count_kv") or heads), head_dim=head_dim,
-        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=theta, rope_scaling=_rope_scaling(meta, arch, freqs, theta, head_dim),
-        max_position_embeddings=int(get("context_length", 4096)),
-        tie_word_embeddings="output.weight" not in by_name,
-        attention_bias=any(n.endswith(".attn_q.bias") for n in by_name),
-        architecture=label, bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-        eos_token_ids=[int(eos)] if eos is not None else [], name=name)
+    try:
+        return ModelConfig(
+            vocab_size=vocab, hidden_size=hidden,
+            intermediate_size=integer("feed_forward_length", get("feed_forward_length", required=True)),
+            num_layers=integer("block_count", get("block_count", required=True)),
+            num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, rms_norm_eps=eps,
+            rope_theta=theta, rope_scaling=scaling,
+            max_position_embeddings=integer("context_length", get("context_length", 4096),
+                                            maximum=MAX_POSITION_EMBEDDINGS),
+            tie_word_embeddings="output.weight" not in by_name,
+            attention_bias=any(n.endswith(".attn_q.bias") for n in by_name),
+            architecture=label, bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+            eos_token_ids=[int(eos)] if isinstance(eos, int) else [], name=name)
+    except ValueError as e:
+        if isinstance(e, ModelLoadError):
+            raise
+        raise ModelLoadError(f"{source}: {e}") from e
 
 
 # Linear-layer weights that may stay packed (keep_quantized): the projections, not the embedding.
@@ -344,8 +370,15 @@ def load_gguf(path: str, dtype: torch.dtype = torch.float32, device: str | torch
     reader = open_reader(path)
     meta = read_gguf_metadata(reader)
     infos = list(read_gguf_tensors(reader, meta))
-    cfg = config_from_gguf(meta, infos)
-    tokenizer = Tokenizer.from_gguf_metadata(meta, name=os.path.basename(path))
+    cfg = config_from_gguf(meta, infos, source=path)
+    expected = expected_weight_shapes(cfg)
+    for info in infos:  # before any row permutation is undone (it needs the configured head counts)
+        want = expected.get(info.hf_name)
+        if want is not None and info.shape != want:
+            raise ModelLoadError(f"{path}: tensor {info.name} ({info.hf_name}) has shape {info.shape}, the "
+                                 f"configuration implies {want}")
+    tokenizer = Tokenizer.from_gguf_metadata(meta, name=os.path.basename(path), source=path)
+    check_tokenizer_fits(tokenizer, cfg, path)
     cfg.eos_token_ids = list(tokenizer.eos_token_ids)
     cfg.bos_token_id = tokenizer.bos_token_id
     weights: dict[str, torch.Tensor] = {}

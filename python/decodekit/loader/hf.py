@@ -11,15 +11,16 @@ keep_quantized, else dequantized to the model dtype.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
-import json
 import os
 from typing import Any
 
 import torch
 
-from ..config import ModelConfig
-from ._common import ModelLoadError, check_weights, expected_weight_shapes, progress, to_target
+from ..config import MAX_POSITION_EMBEDDINGS, ModelConfig
+from ._common import (ModelLoadError, check_tokenizer_fits, check_weights, config_float, config_int, expected_weight_shapes, progress,
+                      read_json_object, to_target, token_ids)
 
 SUPPORTED = {
     "LlamaForCausalLM": "llama",
@@ -43,12 +44,14 @@ def refuse_pickle(path: str) -> None:
         f"model.save_pretrained(dir, safe_serialization=True)) or use a .gguf file.")
 
 
-def _rope(cfg: dict[str, Any], defaults: dict) -> tuple[float, dict | None]:
+def _rope(cfg: dict[str, Any], defaults: dict, src: str = "config.json") -> tuple[float, dict | None]:
     """(rope_theta, rope_scaling) from a transformers 4.x config (rope_theta + rope_scaling) or a
     5.x one (rope_parameters: {"rope_theta", "rope_type", ...})."""
     params = cfg.get("rope_parameters")
     scaling = cfg.get("rope_scaling")
     theta = cfg.get("rope_theta")
+    if params is not None and not isinstance(params, dict):
+        raise ModelLoadError(f"{src}: rope_parameters must be an object, got {params!r}")
     if isinstance(params, dict):
         if theta is None:
             theta = params.get("rope_theta")
@@ -56,6 +59,9 @@ def _rope(cfg: dict[str, Any], defaults: dict) -> tuple[float, dict | None]:
             scaling = {k: v for k, v in params.items() if k != "rope_theta"}
     if theta is None:
         theta = defaults["rope_theta"]
+    if scaling is not None and not isinstance(scaling, dict):
+        raise ModelLoadError(f"{src}: rope_scaling must be an object such as {{\"rope_type\": \"linear\", "
+                             f"\"factor\": 2.0}} or null, got {scaling!r}")
     if scaling:
         scaling = dict(scaling)
         if "type" in scaling and "rope_type" not in scaling:
@@ -64,66 +70,111 @@ def _rope(cfg: dict[str, Any], defaults: dict) -> tuple[float, dict | None]:
         scaling.pop("rope_theta", None)
         if scaling.get("rope_type", "default") == "default":
             scaling = None
-    return float(theta), scaling or None
+    return config_float(theta, f"{src}: rope_theta"), scaling or None
 
 
-def config_from_hf(cfg: dict[str, Any], name: str = "") -> ModelConfig:
-    """ModelConfig from a config.json dict (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)."""
+def config_from_hf(cfg: dict[str, Any], name: str = "", source: str = "config.json") -> ModelConfig:
+    """ModelConfig from a config.json dict (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM).
+    source: the file, named in the errors (each names the key and the values allowed)."""
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"{source}: expected a JSON object, got {type(cfg).__name__}")
     archs = cfg.get("architectures") or []
-    arch = next((SUPPORTED[a] for a in archs if a in SUPPORTED), None)
+    if isinstance(archs, str):
+        archs = [archs]
+    if not isinstance(archs, list):
+        raise ModelLoadError(f"{source}: architectures must be a list of class names, got {archs!r}")
+    arch = next((SUPPORTED[a] for a in archs if isinstance(a, str) and a in SUPPORTED), None)
     if arch is None and not archs:
-        arch = _MODEL_TYPES.get(cfg.get("model_type", ""))
+        model_type = cfg.get("model_type")
+        arch = _MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
     if arch is None:
-        raise ModelLoadError(f"unsupported architecture {archs or cfg.get('model_type')!r} "
+        raise ModelLoadError(f"{source}: unsupported architecture {archs or cfg.get('model_type')!r} "
                              f"(supported: {', '.join(SUPPORTED)})")
     d = _DEFAULTS[arch]
-    try:
-        hidden = int(cfg["hidden_size"])
-        heads = int(cfg["num_attention_heads"])
-        kw = dict(vocab_size=int(cfg["vocab_size"]), hidden_size=hidden,
-                  intermediate_size=int(cfg["intermediate_size"]), num_layers=int(cfg["num_hidden_layers"]),
-                  num_heads=heads)
-    except KeyError as e:
-        raise ModelLoadError(f"config.json lacks {e.args[0]!r}") from e
+
+    def integer(key: str, default: int | None = None, maximum: int | None = None) -> int:
+        v = cfg.get(key)
+        if default is not None and (v is None or v == 0):  # absent / null / 0: the default (as transformers)
+            v = default
+        elif key not in cfg:
+            raise ModelLoadError(f"{source}: lacks {key!r}")
+        return config_int(v, f"{source}: {key}", maximum=maximum)
+
+    hidden = integer("hidden_size")
+    heads = integer("num_attention_heads")
+    kv_heads = integer("num_key_value_heads", heads)
+    if heads % kv_heads:
+        raise ModelLoadError(f"{source}: num_attention_heads ({heads}) must be a multiple of "
+                             f"num_key_value_heads ({kv_heads})")
+    if not cfg.get("head_dim") and hidden % heads:
+        raise ModelLoadError(f"{source}: hidden_size ({hidden}) must be a multiple of num_attention_heads "
+                             f"({heads}) when there is no head_dim")
+    kw = dict(vocab_size=integer("vocab_size"), hidden_size=hidden,
+              intermediate_size=integer("intermediate_size"), num_layers=integer("num_hidden_layers"),
+              num_heads=heads, num_kv_heads=kv_heads, head_dim=integer("head_dim", max(hidden // heads, 1)),
+              max_position_embeddings=integer("max_position_embeddings", d["max_position_embeddings"],
+                                              maximum=MAX_POSITION_EMBEDDINGS))
     if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
-        raise ModelLoadError(f"unsupported hidden_act {cfg.get('hidden_act')!r} (only silu)")
+        raise ModelLoadError(f"{source}: unsupported hidden_act {cfg.get('hidden_act')!r} (only silu)")
     if cfg.get("mlp_bias"):
-        raise ModelLoadError("mlp_bias=True is not supported")
-    theta, scaling = _rope(cfg, d)
-    eos = cfg.get("eos_token_id")
-    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    return ModelConfig(
-        **kw, num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or hidden // heads),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", d["rms_norm_eps"])),
-        rope_theta=theta, rope_scaling=scaling,
-        max_position_embeddings=int(cfg.get("max_position_embeddings") or d["max_position_embeddings"]),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        attention_bias=True if arch == "qwen2" else bool(cfg.get("attention_bias", False)),
-        architecture=arch, bos_token_id=cfg.get("bos_token_id"), eos_token_ids=eos,
-        name=name or str(cfg.get("_name_or_path", "")))
+        raise ModelLoadError(f"{source}: mlp_bias=True is not supported")
+    theta, scaling = _rope(cfg, d, source)
+    eps = config_float(cfg.get("rms_norm_eps", d["rms_norm_eps"]), f"{source}: rms_norm_eps", positive=False)
+    eos = token_ids(cfg.get("eos_token_id"), f"{source}: eos_token_id")
+    bos = cfg.get("bos_token_id")
+    try:
+        return ModelConfig(
+            **kw, rms_norm_eps=eps, rope_theta=theta, rope_scaling=scaling,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=True if arch == "qwen2" else bool(cfg.get("attention_bias", False)),
+            architecture=arch, bos_token_id=bos if isinstance(bos, int) and not isinstance(bos, bool) else None,
+            eos_token_ids=eos, name=name or str(cfg.get("_name_or_path", "")))
+    except ValueError as e:  # rope_scaling fields (ModelConfig checks them)
+        raise ModelLoadError(f"{source}: {e}") from e
+
+
+def _shard_path(path: str, index: str, name: Any) -> str:
+    """A shard named by model.safetensors.index.json: a file inside the model directory."""
+    full = os.path.realpath(os.path.join(path, name)) if isinstance(name, str) and name else ""
+    if not full.startswith(os.path.join(os.path.realpath(path), "")):
+        raise ModelLoadError(f"{index}: weight_map names {name!r}; shards must be files inside {path}")
+    return full
+
+
+@contextlib.contextmanager
+def open_safetensors(fn: str):
+    """safetensors.safe_open, with a truncated or corrupt file a ModelLoadError naming it."""
+    from safetensors import safe_open
+    try:
+        f = safe_open(fn, framework="pt")
+    except Exception as e:  # SafetensorError: header too large / incomplete / invalid JSON ...
+        raise ModelLoadError(f"{fn}: not a readable safetensors file ({e})") from e
+    with f:
+        yield f
 
 
 def safetensors_files(path: str) -> dict[str, str]:
     """{tensor name: file} for a directory's safetensors checkpoint (single or sharded)."""
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index):
-        with open(index, encoding="utf-8") as f:
-            weight_map = json.load(f).get("weight_map", {})
-        missing = sorted({f for f in weight_map.values() if not os.path.isfile(os.path.join(path, f))})
+        weight_map = read_json_object(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ModelLoadError(f"{index}: needs a non-empty \"weight_map\" object "
+                                 f"{{tensor name: shard file}}, got {weight_map!r:.80}")
+        shards = {k: _shard_path(path, index, f) for k, f in weight_map.items()}
+        missing = sorted({weight_map[k] for k, f in shards.items() if not os.path.isfile(f)})
         if missing:
             raise ModelLoadError(f"{path}: shards named in model.safetensors.index.json are missing: {missing}")
-        return {k: os.path.join(path, f) for k, f in weight_map.items()}
+        return shards
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         pickled = [f for f in os.listdir(path) if f.endswith(PICKLE_SUFFIXES)]
         if pickled:
             refuse_pickle(os.path.join(path, pickled[0]))
         raise ModelLoadError(f"{path}: no *.safetensors weights found")
-    from safetensors import safe_open
     out: dict[str, str] = {}
     for fn in files:
-        with safe_open(fn, framework="pt") as f:
+        with open_safetensors(fn) as f:
             for k in f.keys():
                 out[k] = fn
     return out
@@ -141,19 +192,21 @@ def quant_config(raw: dict[str, Any], path: str) -> dict[str, Any] | None:
     quantization_config (or quantize_config.json); None for an unquantized checkpoint."""
     q = raw.get("quantization_config")
     qpath = os.path.join(path, "quantize_config.json")
+    where = f"{path}: quantization_config"
     if q is None and os.path.isfile(qpath):
-        with open(qpath, encoding="utf-8") as f:
-            q = json.load(f)
+        q, where = read_json_object(qpath), qpath
     if not q:
         return None
+    if not isinstance(q, dict):
+        raise ModelLoadError(f"{where} must be an object with quant_method, bits, group_size, got {q!r}")
     method = str(q.get("quant_method", "gptq")).lower()
     if method not in ("gptq", "awq", "decodekit-int4"):
         raise ModelLoadError(f"{path}: quantization_config.quant_method {method!r} is not supported "
                              f"(supported: 'gptq', 'awq' and 'decodekit-int4', 4-bit)")
-    bits = int(q.get("bits", q.get("w_bit", 4)))
+    bits = config_int(q.get("bits", q.get("w_bit", 4)), f"{where}.bits")
     if bits != 4:
         raise ModelLoadError(f"{path}: quantization_config.bits = {bits}; only 4-bit {method.upper()} is supported")
-    group = int(q.get("group_size", q.get("q_group_size", 128)))
+    group = config_int(q.get("group_size", q.get("q_group_size", 128)), f"{where}.group_size", minimum=-1)
     if group != -1 and (group <= 0 or group % 32):
         raise ModelLoadError(f"{path}: quantization_config.group_size = {group}; supported: -1 or a multiple of 32")
     if method == "decodekit-int4" and group not in (32, 64, 128):
@@ -195,19 +248,17 @@ def load_hf_dir(path: str, dtype: torch.dtype = torch.float32, device: str | tor
     """(config, weights, tokenizer) of a Hugging Face model directory (GPTQ / AWQ projections:
     packed Int4Weight with keep_quantized, else dequantized to dtype). shard: see load_model (float
     tensors are read as this rank's slice; quantized layers are converted whole, then cut)."""
-    from safetensors import safe_open
-
     from ..tokenizer import Tokenizer
 
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
         raise ModelLoadError(f"{path}: not a Hugging Face model directory (no config.json)")
-    with open(cfg_path, encoding="utf-8") as f:
-        raw = json.load(f)
-    cfg = config_from_hf(raw, name=os.path.basename(os.path.abspath(path)))
+    raw = read_json_object(cfg_path)
+    cfg = config_from_hf(raw, name=os.path.basename(os.path.abspath(path)), source=cfg_path)
     qc = quant_config(raw, path)
     files = safetensors_files(path)
     tokenizer = Tokenizer.from_pretrained_dir(path)
+    check_tokenizer_fits(tokenizer, cfg, path)
     if tokenizer.eos_token_ids:
         cfg.eos_token_ids = list(dict.fromkeys(list(tokenizer.eos_token_ids) + cfg.eos_token_ids))
     if cfg.bos_token_id is None:
@@ -242,8 +293,12 @@ def load_hf_dir(path: str, dtype: torch.dtype = torch.float32, device: str | tor
 
     def items():
         for fn, keys in by_file.items():
-            with safe_open(fn, framework="pt") as f:
+            with open_safetensors(fn) as f:
+                held = set(f.keys())
                 for k in keys:
+                    if k not in held:
+                        raise ModelLoadError(f"{path}: model.safetensors.index.json puts {k!r} in "
+                                             f"{os.path.basename(fn)}, which does not hold it")
                     yield k, f, fn
 
     for k, f, fn in progress(items(), len(names), f"loading {os.path.basename(os.path.abspath(path))}",
@@ -271,7 +326,12 @@ def load_hf_dir(path: str, dtype: torch.dtype = torch.float32, device: str | tor
                 continue
             raise ModelLoadError(f"{fn}: unexpected tensor {k!r}; the checkpoint does not look like a "
                                  f"{cfg.architecture} model decodekit supports")
-        weights[k] = to_target(read(f, k), dtype, device)
+        t = read(f, k)
+        if not t.dtype.is_floating_point:
+            raise ModelLoadError(f"{fn}: tensor {k!r} has dtype {t.dtype}; weights must be floating point "
+                                 f"(float32, float16, bfloat16 or float64; 4-bit GPTQ/AWQ checkpoints say so in "
+                                 f"config.json's quantization_config)")
+        weights[k] = to_target(t, dtype, device)
     if pending:
         name, parts = next(iter(pending.items()))
         raise ModelLoadError(f"{path}: quantized layer {name!r} lacks {sorted(_required_parts(qc) - set(parts))}")

@@ -69,7 +69,10 @@ def child_main(fd: int) -> int:
         from decodekit.engine.llm_engine import LLMEngine
         eng = LLMEngine(args)
     except BaseException as e:  # noqa: BLE001 -- the parent raises it with this text
-        conn.send(("error", type(e).__name__, str(e) or repr(e)))
+        # subclasses (the loader's ModelLoadError) travel as their base: the parent re-raises the kinds
+        # the CLI reports as one line, anything else is a RuntimeError
+        kind = next((k.__name__ for k in (FileNotFoundError, ValueError) if isinstance(e, k)), type(e).__name__)
+        conn.send(("error", kind, str(e) or repr(e)))
         return 1
     conn.send(("ready", {"tokenizer": eng.tokenizer, "model_config": eng.model_config,
                          "model_source": eng.model_source, "max_model_len": eng.max_model_len,

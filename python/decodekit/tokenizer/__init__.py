@@ -8,7 +8,6 @@ Three ways to build one:
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Iterable, Mapping
 
@@ -28,19 +27,15 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _ids(value: Any) -> list[int]:
-    if value is None:
-        return []
-    if isinstance(value, int):
-        return [value]
-    return [int(v) for v in value]
+def _ids(value: Any, what: str = "token id") -> list[int]:
+    from ..loader._common import token_ids
+    return token_ids(value, what)
 
 
 def _read_json(path: str) -> dict:
-    if not os.path.isfile(path):
-        return {}
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    """An optional JSON object file ({} when absent); ModelLoadError naming it when it is not one."""
+    from ..loader._common import read_json_object
+    return read_json_object(path) if os.path.isfile(path) else {}
 
 
 class Tokenizer:
@@ -81,8 +76,20 @@ class Tokenizer:
     # -- construction -------------------------------------------------------------------------
 
     @classmethod
-    def from_gguf_metadata(cls, meta: Mapping[str, Any], name: str = "") -> "Tokenizer":
-        """From the metadata of a GGUF file as a {key: python value} mapping."""
+    def from_gguf_metadata(cls, meta: Mapping[str, Any], name: str = "", source: str = "") -> "Tokenizer":
+        """From the metadata of a GGUF file as a {key: python value} mapping. A missing or inconsistent
+        tokenizer.ggml.* entry is a ModelLoadError naming `source` (the file) and the key."""
+        from ..loader._common import ModelLoadError
+        try:
+            return cls._from_gguf_metadata(meta, name)
+        except ModelLoadError:
+            raise
+        except Exception as e:  # NotImplementedError, and the bare Exception `tokenizers` raises on a bad vocabulary
+            raise ModelLoadError(f"{source or name or 'GGUF file'}: cannot build the tokenizer from its "
+                                 f"tokenizer.ggml.* metadata: {e}") from e
+
+    @classmethod
+    def _from_gguf_metadata(cls, meta: Mapping[str, Any], name: str = "") -> "Tokenizer":
         backend = builders.backend_from_gguf(meta)
         tokens = meta["tokenizer.ggml.tokens"]
         types = list(meta.get("tokenizer.ggml.token_type") or ())
@@ -105,7 +112,7 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, path: str) -> "Tokenizer":
         from ..loader.gguf import read_gguf_metadata
-        return cls.from_gguf_metadata(read_gguf_metadata(path), name=os.path.basename(path))
+        return cls.from_gguf_metadata(read_gguf_metadata(path), name=os.path.basename(path), source=path)
 
     @classmethod
     def from_pretrained_dir(cls, path: str) -> "Tokenizer":
@@ -118,19 +125,31 @@ class Tokenizer:
                 f"{path}: no tokenizer.json (decodekit reads the fast-tokenizer file; a "
                 f"SentencePiece tokenizer.model alone can be converted by saving the tokenizer with "
                 f"transformers' AutoTokenizer.save_pretrained)")
-        backend = _Backend.from_file(tj)
-        tcfg = _read_json(os.path.join(path, "tokenizer_config.json"))
-        gcfg = _read_json(os.path.join(path, "generation_config.json"))
+        from ..loader._common import ModelLoadError
+        try:
+            backend = _Backend.from_file(tj)
+        except Exception as e:  # `tokenizers` raises a bare Exception for a file it cannot parse
+            raise ModelLoadError(f"{tj}: not a readable tokenizer.json ({e})") from e
+        tcfg_path = os.path.join(path, "tokenizer_config.json")
+        tcfg = _read_json(tcfg_path)
+        gcfg_path = os.path.join(path, "generation_config.json")
+        gcfg = _read_json(gcfg_path)
         mcfg = _read_json(os.path.join(path, "config.json"))
         template = tcfg.get("chat_template")
         if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
             named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
             template = named.get("default") or next(iter(named.values()), None)
+        if template is not None and not isinstance(template, str):
+            raise ModelLoadError(f"{tcfg_path}: chat_template must be a string (a Jinja template) or a list of "
+                                 f"{{\"name\", \"template\"}} objects, got {template!r:.80}")
         if not template and os.path.isfile(os.path.join(path, "chat_template.jinja")):
             with open(os.path.join(path, "chat_template.jinja"), encoding="utf-8") as f:
                 template = f.read()
         if not template:
             template = _read_json(os.path.join(path, "chat_template.json")).get("chat_template")
+            if template is not None and not isinstance(template, str):
+                raise ModelLoadError(f"{os.path.join(path, 'chat_template.json')}: chat_template must be a string "
+                                     f"(a Jinja template), got {template!r:.80}")
 
         def tid(key: str) -> int | None:
             text = _token_text(tcfg.get(key))
@@ -138,8 +157,10 @@ class Tokenizer:
 
         bos = tid("bos_token")
         if bos is None:
-            bos = next(iter(_ids(gcfg.get("bos_token_id")) + _ids(mcfg.get("bos_token_id"))), None)
-        eos = [tid("eos_token")] + _ids(gcfg.get("eos_token_id")) + _ids(mcfg.get("eos_token_id"))
+            bos = next(iter(_ids(gcfg.get("bos_token_id"), f"{gcfg_path}: bos_token_id")
+                            + _ids(mcfg.get("bos_token_id"), f"{path}/config.json: bos_token_id")), None)
+        eos = ([tid("eos_token")] + _ids(gcfg.get("eos_token_id"), f"{gcfg_path}: eos_token_id")
+               + _ids(mcfg.get("eos_token_id"), f"{path}/config.json: eos_token_id"))
         # chat end tokens the template writes (e.g. <|im_end|>) end a reply as well
         if template:
             for t in builders.END_OF_GENERATION_TOKENS:
@@ -147,7 +168,8 @@ class Tokenizer:
                     eos.append(backend.token_to_id(t))
         pad = tid("pad_token")
         if pad is None:
-            pad = next(iter(_ids(gcfg.get("pad_token_id")) + _ids(mcfg.get("pad_token_id"))), None)
+            pad = next(iter(_ids(gcfg.get("pad_token_id"), f"{gcfg_path}: pad_token_id")
+                            + _ids(mcfg.get("pad_token_id"), f"{path}/config.json: pad_token_id")), None)
         explicit = "add_bos_token" in tcfg or "add_eos_token" in tcfg
         return cls(backend, bos_token_id=bos, eos_token_ids=[i for i in eos if i is not None],
                    pad_token_id=pad, unk_token_id=tid("unk_token"), chat_template=template,

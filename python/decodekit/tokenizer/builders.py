@@ -97,6 +97,17 @@ def _special_added_tokens(tk: Tokenizer, tokens: list[str], types: list[int] | N
         tk.add_tokens(user)
 
 
+def _gguf_merges(meta: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """tokenizer.ggml.merges as (left, right) pairs: each entry is "left right"."""
+    merges = []
+    for i, m in enumerate(meta["tokenizer.ggml.merges"]):
+        pair = tuple(m.split(" ", 1)) if isinstance(m, str) else ()
+        if len(pair) != 2:
+            raise ValueError(f"tokenizer.ggml.merges[{i}] = {m!r} is not two tokens separated by a space")
+        merges.append(pair)
+    return merges
+
+
 def byte_level_from_gguf(meta: Mapping[str, Any]) -> Tokenizer:
     spelling = bytes_to_unicode()
     alphabet = set(spelling.values())
@@ -105,7 +116,7 @@ def byte_level_from_gguf(meta: Mapping[str, Any]) -> Tokenizer:
              for i, t in enumerate(tokens)}
     if "tokenizer.ggml.merges" not in meta:
         raise NotImplementedError("GGUF byte-level BPE vocabulary without tokenizer.ggml.merges")
-    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+    merges = _gguf_merges(meta)
     pre = meta.get("tokenizer.ggml.pre")
     tk = Tokenizer(models.BPE(vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="",
                               end_of_word_suffix="", fuse_unk=False, ignore_merges=pre in IGNORE_MERGES_PRE))
@@ -135,7 +146,7 @@ def sentencepiece_from_gguf(meta: Mapping[str, Any]) -> Tokenizer:
     tokens = list(meta["tokenizer.ggml.tokens"])
     vocab = {t: i for i, t in enumerate(tokens)}
     if "tokenizer.ggml.merges" in meta:
-        merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+        merges = _gguf_merges(meta)
     else:
         if "tokenizer.ggml.scores" not in meta:
             raise NotImplementedError("GGUF SentencePiece vocabulary with neither merges nor scores")

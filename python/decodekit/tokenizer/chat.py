@@ -124,5 +124,8 @@ def render_chat_template(template: str, messages: list[dict], *, add_generation_
         compiled = compile_template(template)
         return compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                                  **variables)
+    except jinja2.exceptions.TemplateSyntaxError as e:
+        raise ValueError(f"chat template error: the chat_template is not valid Jinja (line {e.lineno}: "
+                         f"{e.message})") from e
     except jinja2.exceptions.TemplateError as e:
         raise ValueError(f"chat template error: {e}") from e
