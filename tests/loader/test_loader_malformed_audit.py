@@ -105,11 +105,18 @@ def test_gguf_bad_tokenizer_metadata(tmp_path, tiny):
     path = _gguf(tmp_path / "dup.gguf", cfg, weights, tok=dup)
     with pytest.raises(ModelLoadError, match=r"dup\.gguf: cannot build the tokenizer"):
         load_model(path, progress=False)  # was tokenizers' bare Exception
-    # one token more than the embedding has rows: was an IndexError inside the model at the first such prompt
+    # one token more than the embedding has rows: was an IndexError inside the model at the first such prompt;
+    # now a warning at load, and a prompt that encodes to it is refused alone (the others run)
     big = dict(tok, tokens=tok["tokens"] + ["<|extra|>"], types=tok["types"] + [3])
     path = _gguf(tmp_path / "big.gguf", cfg, weights, tok=big)
-    with pytest.raises(ModelLoadError, match=r"token ids up to 512 \('<\|extra\|>'\) but the model's embedding has 512"):
+    with pytest.warns(UserWarning, match=r"token ids up to 512 \('<\|extra\|>'\) but the model's embedding has 512"):
         load_model(path, progress=False)
+    from decodekit import LLM, SamplingParams
+    with pytest.warns(UserWarning):
+        llm = LLM(model=str(path))
+    with pytest.raises(ValueError, match=r"prompt: encodes to token id 512, past the model's embedding"):
+        llm.generate("hi <|extra|>", SamplingParams(max_tokens=2))
+    assert len(llm.generate("hi", SamplingParams(max_tokens=2, ignore_eos=True))[0].outputs[0].token_ids) == 2
 
 
 def test_cli_bad_gguf_is_one_line(tmp_path, tiny, capsys):
@@ -227,7 +234,7 @@ def test_hf_bad_tokenizer_files(tmp_path, tiny):
         with pytest.raises(ModelLoadError, match=match):
             load_model(d, progress=False)
     d = _hf(tmp_path / "big", cfg, weights, tok_vocab=cfg.vocab_size + 8)
-    with pytest.raises(ModelLoadError, match=r"token ids up to 519 .* embedding has 512 rows"):
+    with pytest.warns(UserWarning, match=r"token ids up to 519 .* embedding has 512 rows"):
         load_model(d, progress=False)
 
 

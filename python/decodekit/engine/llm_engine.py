@@ -315,7 +315,13 @@ class LLMEngine:
     # ------------------------------------------------------------------ requests
     def _prompt_ids(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
+            ids = self.tokenizer.encode(prompt, add_special_tokens=True)
+            V = self.model_config.vocab_size
+            bad = next((t for t in ids if not 0 <= t < V), None)
+            if bad is not None:  # a tokenizer with more ids than the embedding has rows (loader warned)
+                raise ValueError(f"prompt: encodes to token id {bad}, past the model's embedding (ids must be in "
+                                 f"[0, {V})): the tokenizer has tokens the weights do not")
+            return prompt, ids
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             prompt = prompt["prompt_token_ids"]
         if isinstance(prompt, (list, tuple)):

@@ -9,6 +9,7 @@ import numbers
 import os
 import sys
 import time
+import warnings
 from typing import Iterable, Iterator, TypeVar
 
 import torch
@@ -138,15 +139,16 @@ def check_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor], source: st
 
 
 def check_tokenizer_fits(tokenizer, cfg: ModelConfig, source: str) -> None:
-    """Every id the tokenizer can produce must have a row in the embedding (a prompt with a token past
-    it would fail inside the model, mid-step); ModelLoadError naming both sizes otherwise."""
+    """Token ids past the embedding (a tokenizer with added tokens the weights were not resized for):
+    a warning naming both sizes. The model still loads (transformers loads it too); a prompt that
+    encodes to such an id is refused alone by the engine (LLMEngine.add_request), never mid-step."""
     vocab = tokenizer.get_vocab()
     top = max(vocab.values(), default=-1)
     if top >= cfg.vocab_size:
         token = next(t for t, i in vocab.items() if i == top)
-        raise ModelLoadError(f"{source}: the tokenizer has token ids up to {top} ({token!r}) but the model's "
-                             f"embedding has {cfg.vocab_size} rows (vocab_size); the tokenizer does not belong "
-                             f"to these weights")
+        warnings.warn(f"{source}: the tokenizer has token ids up to {top} ({token!r}) but the model's embedding "
+                      f"has {cfg.vocab_size} rows (vocab_size); prompts containing those tokens will be refused",
+                      stacklevel=2)
 
 
 def progress(items: Iterable[T], total: int, desc: str, enabled: bool) -> Iterator[T]:
