@@ -26,6 +26,19 @@ def _case(B, k, V, gen, with_q=True, sharp=1.0):
     return draft, p, q
 
 
+def _kernel_vs_reference(draft, p, q, greedy, gen):
+    """Random draft counts, seeds and positions; the kernel's tokens must be the reference's exactly.
+    Returns (out, n, (num_draft, seeds, positions))."""
+    B, k = draft.shape
+    nd = torch.randint(0, k + 1, (B,), generator=gen, dtype=torch.int32)
+    seeds = torch.randint(0, 2 ** 62, (B,), generator=gen)
+    pos = torch.randint(0, 2 ** 40, (B,), generator=gen)
+    out, n = ops.rejection_sample(draft, nd, q, p, seeds, pos, greedy)
+    ro, rn = ref.rejection_sample(draft, nd, q, p, seeds, pos, greedy)
+    assert torch.equal(n, rn) and torch.equal(out, ro)
+    return out, n, (nd, seeds, pos)
+
+
 @pytest.mark.parametrize("with_q", [True, False])
 @pytest.mark.parametrize("greedy", [False, True])
 def test_kernel_equals_reference(with_q, greedy):
@@ -34,12 +47,7 @@ def test_kernel_equals_reference(with_q, greedy):
     draft, p, q = _case(B, k, V, gen, with_q)
     if greedy:  # some drafts equal the target argmax, so acceptance runs are long
         draft[::2] = p[::2, :k].argmax(-1)
-    nd = torch.randint(0, k + 1, (B,), generator=gen, dtype=torch.int32)
-    seeds = torch.randint(0, 2 ** 62, (B,), generator=gen)
-    pos = torch.randint(0, 2 ** 40, (B,), generator=gen)
-    out, n = ops.rejection_sample(draft, nd, q, p, seeds, pos, greedy)
-    ro, rn = ref.rejection_sample(draft, nd, q, p, seeds, pos, greedy)
-    assert torch.equal(n, rn) and torch.equal(out, ro)
+    out, n, (nd, seeds, pos) = _kernel_vs_reference(draft, p, q, greedy, gen)
     assert ((n >= 1) & (n <= nd + 1)).all()
     for b in range(B):  # -1 after the emitted tokens; accepted drafts are the drafts
         assert (out[b, n[b]:] == -1).all() and (out[b, :n[b]] >= 0).all()
@@ -69,12 +77,7 @@ def test_kernel_equals_reference_peaked_and_tied(with_q, shape):
         p[..., 7] = p[..., 1000] = p[..., 2999] = 1 / 3
         p[:, :, 5] = torch.where(torch.rand(B, k + 1, generator=gen) < 0.5, 0.0, 1 / 3)
         p = p / p.sum(-1, keepdim=True)
-    nd = torch.randint(0, k + 1, (B,), generator=gen, dtype=torch.int32)
-    seeds = torch.randint(0, 2 ** 62, (B,), generator=gen)
-    pos = torch.randint(0, 2 ** 40, (B,), generator=gen)
-    out, n = ops.rejection_sample(draft, nd, q, p, seeds, pos, False)
-    ro, rn = ref.rejection_sample(draft, nd, q, p, seeds, pos, False)
-    assert torch.equal(n, rn) and torch.equal(out, ro)
+    _kernel_vs_reference(draft, p, q, False, gen)
 
 
 def _chi2(counts, probs):
