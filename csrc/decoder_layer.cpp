@@ -18,41 +18,31 @@ constexpr const char* kOp = "decodekit::decoder_layer";
 
 [[noreturn]] void fail(const char* name, const std::string& msg) { TORCH_CHECK(false, kOp, ": '", name, "' ", msg); }
 
-c10::OperatorHandle find_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
-}
+// A decodekit op's typed handle, F its kernels' signature (found by name once).
+template <class F>
+struct Op {
+  c10::TypedOperatorHandle<F> handle;
+  explicit Op(const char* name)
+      : handle(c10::Dispatcher::singleton().findSchemaOrThrow(name, "").template typed<F>()) {}
+  template <class... A>
+  void call(A&&... args) const {
+    handle.call(std::forward<A>(args)...);
+  }
+};
 
-// The constituent ops (typed handles found once; signatures as the kernels are registered).
+using T_ = at::Tensor;
+using CT = const at::Tensor&;
+using CO = const OptTensor&;
+
+// The constituent ops.
 struct LayerOps {
-  c10::TypedOperatorHandle<void(at::Tensor&, at::Tensor&, const at::Tensor&, double)> add_norm =
-      find_op("decodekit::fused_add_rms_norm").typed<void(at::Tensor&, at::Tensor&, const at::Tensor&, double)>();
-  c10::TypedOperatorHandle<void(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                const at::Tensor&, int64_t, const OptTensor&)>
-      int4 = find_op("decodekit::int4_gemm")
-                 .typed<void(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                             int64_t, const OptTensor&)>();
-  c10::TypedOperatorHandle<void(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
-                                const OptTensor&)>
-      int8 = find_op("decodekit::int8_gemm")
-                 .typed<void(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
-                             const OptTensor&)>();
-  c10::TypedOperatorHandle<void(const at::Tensor&, at::Tensor&, const OptTensor&, const at::Tensor&, int64_t, bool)>
-      rope = find_op("decodekit::rotary_embedding")
-                 .typed<void(const at::Tensor&, at::Tensor&, const OptTensor&, const at::Tensor&, int64_t, bool)>();
-  c10::TypedOperatorHandle<void(const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, const at::Tensor&,
-                                const OptTensor&, const OptTensor&)>
-      cache = find_op("decodekit::reshape_and_cache")
-                  .typed<void(const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, const at::Tensor&,
-                              const OptTensor&, const OptTensor&)>();
-  c10::TypedOperatorHandle<void(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                const at::Tensor&, const at::Tensor&, const at::Tensor&, double, const OptTensor&,
-                                const OptTensor&, const OptTensor&)>
-      attn = find_op("decodekit::paged_attention")
-                 .typed<void(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                             const at::Tensor&, const at::Tensor&, double, const OptTensor&, const OptTensor&,
-                             const OptTensor&)>();
-  c10::TypedOperatorHandle<void(at::Tensor&, const at::Tensor&)> silu_mul =
-      find_op("decodekit::silu_and_mul").typed<void(at::Tensor&, const at::Tensor&)>();
+  Op<void(T_&, T_&, CT, double)> add_norm{"decodekit::fused_add_rms_norm"};
+  Op<void(T_&, CT, CT, CT, CT, int64_t, CO)> int4{"decodekit::int4_gemm"};
+  Op<void(T_&, CT, CT, CT, int64_t, CO)> int8{"decodekit::int8_gemm"};
+  Op<void(CT, T_&, CO, CT, int64_t, bool)> rope{"decodekit::rotary_embedding"};
+  Op<void(CT, CT, T_&, T_&, CT, CO, CO)> cache{"decodekit::reshape_and_cache"};
+  Op<void(T_&, CT, CT, CT, CT, CT, CT, double, CO, CO, CO)> attn{"decodekit::paged_attention"};
+  Op<void(T_&, CT)> silu_mul{"decodekit::silu_and_mul"};
 
   static const LayerOps& get() {
     static const LayerOps ops;
@@ -141,11 +131,10 @@ void decoder_layer(at::Tensor& out,                  // [T, hidden]: the MLP's o
   if (add_input) ops.add_norm.call(hidden, residual, input_norm, eps);
   packed_linear(ops, qkv, hidden, qkv_weight, group_sizes[0], qkv_bias);
   at::Tensor qv = qkv.narrow(1, 0, q);
-  const OptTensor kv_k = qkv.narrow(1, q, kv);
-  ops.rope.call(positions, qv, kv_k, cos_sin_cache, head_dim, is_neox);
-  const at::Tensor k = qkv.narrow(1, q, kv).view({T, num_kv_heads, head_dim});
-  const at::Tensor v = qkv.narrow(1, q + kv, kv).view({T, num_kv_heads, head_dim});
-  ops.cache.call(k, v, key_cache, value_cache, slot_mapping, k_scale, v_scale);
+  const OptTensor k = qkv.narrow(1, q, kv);  // [T, kv]: rope in place, then cached
+  ops.rope.call(positions, qv, k, cos_sin_cache, head_dim, is_neox);
+  ops.cache.call(k->view({T, num_kv_heads, head_dim}), qkv.narrow(1, q + kv, kv).view({T, num_kv_heads, head_dim}),
+                 key_cache, value_cache, slot_mapping, k_scale, v_scale);
   ops.attn.call(attn, qv.view({T, num_heads, head_dim}), key_cache, value_cache, block_tables, seq_lens,
                 query_start_loc, scale, std::nullopt, k_scale, v_scale);
   packed_linear(ops, hidden, attn.view({T, q}), o_weight, group_sizes[1], std::nullopt);  // hidden <- o-proj

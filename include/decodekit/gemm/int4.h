@@ -89,14 +89,6 @@ inline void int4_rows_avx512(const uint8_t* qrow, const float* sc, const float* 
 // row, more independent accumulator chains; 16 no longer fits the 32 vector registers),
 // bench/results/20261202-*_cpu_gemv.md.
 inline constexpr int kGemvRows = 12;
-// The same row one block ahead (the block's rows are contiguous, so kGemvRows rows on), one prefetch per
-// 64 bytes of a row (gb: the group's byte offset in the row / 16): the hardware prefetcher follows the
-// kGemvRows interleaved streams poorly. 2 Xeon cores (AVX-512), SmolLM2's projections from DRAM: 1.6-1.9x
-// (e.g. 3072 x 576: 104-110 -> 62-65 us); cache-resident: unchanged. Past the weight's end a no-op.
-#define DK_GEMV_PREFETCH(p, gb)                                                       \
-  do {                                                                                \
-    if (((gb) & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); \
-  } while (0)
 template <class T, class GroupStep, class RowExtra>
 void gemv_rows_g32_avx512(T* out, const float* a, const half_t* scales, const T* bias, int64_t N, int64_t K,
                           GroupStep step, RowExtra extra) {
@@ -140,7 +132,7 @@ void int4_gemv_g32_avx512(T* out, const float* a, const float* asum, const uint8
   gemv_rows_g32_avx512(out, a, scales, bias, N, K,
                    [&](int64_t n, int64_t g, __m512 alo, __m512 ahi, float d, __m512 acc) {
                      const uint8_t* q = qweight + n * half + g * 16;
-                     DK_GEMV_PREFETCH(q + kGemvRows * half, g);
+                     prefetch_row_ahead(q + kGemvRows * half, g * 16);  // the row one block ahead
                      const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
                      const __m512 t = _mm512_mul_ps(codes, _mm512_set1_ps(d));
                      acc = _mm512_fmadd_ps(_mm512_permutexvar_ps(b, t), alo, acc);
@@ -155,7 +147,7 @@ void int8_gemv_g32_avx512(T* out, const float* a, const int8_t* qweight, const h
   gemv_rows_g32_avx512(out, a, scales, bias, N, K,
                    [&](int64_t n, int64_t g, __m512 a0, __m512 a1, float d, __m512 acc) {  // fma(dot, d, acc)
                      const int8_t* q = qweight + n * K + g * 32;
-                     DK_GEMV_PREFETCH(q + kGemvRows * K, 2 * g);
+                     prefetch_row_ahead(q + kGemvRows * K, g * 32);
                      const __m512 t = _mm512_mul_ps(
                          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))),
                          a0);

@@ -50,7 +50,7 @@ inline constexpr float kSpecGumbelBound = 17.f;
 // the lowest v. The largest weight's key is drawn first; a token with w < exp(that key - bound)
 // has log(w) + g < that key whatever its draw, so it cannot win and its Philox draw is skipped:
 // the result is exactly that of drawing every key, at ~2 compares per token for a peaked
-// distribution instead of a Philox block and two logs (V = 49152: ~0.9 ms -> tens of us).
+// distribution instead of a Philox block and two logs ([1, 5, 49152], peaked: 0.91 -> 0.12 ms).
 template <class W>
 DK_HD int64_t spec_sample(W w, int64_t V, uint64_t seed, uint64_t pos) {
   int64_t first = -1;

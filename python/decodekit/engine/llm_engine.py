@@ -317,10 +317,9 @@ class LLMEngine:
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt, add_special_tokens=True)
             V = self.model_config.vocab_size
-            bad = next((t for t in ids if not 0 <= t < V), None)
-            if bad is not None:  # a tokenizer with more ids than the embedding has rows (loader warned)
-                raise ValueError(f"prompt: encodes to token id {bad}, past the model's embedding (ids must be in "
-                                 f"[0, {V})): the tokenizer has tokens the weights do not")
+            if ids and max(ids) >= V:  # a tokenizer with more ids than the embedding has rows (loader warned)
+                raise ValueError(f"prompt: encodes to token id {max(ids)}, past the model's embedding (ids must be "
+                                 f"in [0, {V})): the tokenizer has tokens the weights do not")
             return prompt, ids
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             prompt = prompt["prompt_token_ids"]

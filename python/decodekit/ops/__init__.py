@@ -142,8 +142,11 @@ def _cuda_quant_kernel(a, weight) -> bool:
     """Whether a CUDA kernel takes a @ w^T: the GEMV kernels up to 8 rows; INT4 with fp16 / bf16
     activations at any M (the Marlin-style kernel to 64 rows, int4_marlin.cuh, then the mma.sync and CUTLASS
     GEMMs: csrc/cuda/gemm_launch.cpp); the rest decodes chunks (dense)."""
-    return a.shape[0] <= _CUDA_QUANT_GEMV_MAX_M or (isinstance(weight, Int4Weight) and
-                                                   a.dtype in (torch.float16, torch.bfloat16))
+    return _cuda_quant_rows_ok(a.shape[0], a.dtype, isinstance(weight, Int4Weight))
+
+
+def _cuda_quant_rows_ok(rows: int, dtype: torch.dtype, int4: bool) -> bool:
+    return rows <= _CUDA_QUANT_GEMV_MAX_M or (int4 and dtype in (torch.float16, torch.bfloat16))
 
 
 def _packed_dense(x, weight, bias, out):
@@ -445,9 +448,8 @@ def decoder_layer(out: torch.Tensor,            # [T, hidden]: the MLP's output
     op-by-op sequence of models/llama.py issued from C++, so its results are bitwise that sequence's).
     CUDA: only where the quantized GEMM kernels take every projection (up to 8 rows; beyond, INT4 with
     fp16 / bf16 activations), else a ValueError; ops.linear's dense fallback is not part of the op."""
-    if hidden.device.type == "cuda" and hidden.shape[0] > _CUDA_QUANT_GEMV_MAX_M and (
-            hidden.dtype not in (torch.float16, torch.bfloat16)
-            or any(len(w) != 3 for w in (qkv_weight, o_weight, gate_up_weight, down_weight))):
+    if hidden.device.type == "cuda" and not _cuda_quant_rows_ok(
+            hidden.shape[0], hidden.dtype, all(len(w) == 3 for w in (qkv_weight, o_weight, gate_up_weight, down_weight))):
         raise ValueError(f"decoder_layer on CUDA: {hidden.shape[0]} tokens (> {_CUDA_QUANT_GEMV_MAX_M}) need INT4 "
                          f"weights and fp16 / bf16 activations (got {hidden.dtype}); run the layer op by op")
     args = (qkv_weight, qkv_bias, o_weight, gate_up_weight, down_weight, list(group_sizes), input_norm, post_norm,
