@@ -197,6 +197,21 @@ def test_spec_options_rejected_with_the_field_named():
         _llm(speculative="layerskip", spec_layers=30)
 
 
+def test_spec_defaults_per_drafter():
+    """Unset k and n-gram minimum resolve per drafter (args.SPEC_DEFAULT_K, SPEC_NGRAM_MIN); a user's
+    --spec-ngram-max below the default minimum lowers the minimum instead of failing; explicit
+    values are kept."""
+    from decodekit.engine.args import SPEC_DEFAULT_K, SPEC_NGRAM_MIN, EngineArgs
+    a = EngineArgs(speculative="ngram")
+    assert (a.num_speculative_tokens, a.spec_ngram_min, a.spec_ngram_max) == (SPEC_DEFAULT_K["ngram"], SPEC_NGRAM_MIN, 4)
+    assert EngineArgs(speculative="layerskip").num_speculative_tokens == SPEC_DEFAULT_K["layerskip"]
+    assert EngineArgs(speculative="ngram", spec_ngram_max=1).spec_ngram_min == 1
+    b = EngineArgs(speculative="ngram", num_speculative_tokens=3, spec_ngram_min=1, spec_ngram_max=2)
+    assert (b.num_speculative_tokens, b.spec_ngram_min, b.spec_ngram_max) == (3, 1, 2)
+    with pytest.raises(ValueError, match="spec_ngram_max"):
+        EngineArgs(speculative="ngram", spec_ngram_max=0)
+
+
 def test_cli_generate_with_spec():
     r = subprocess.run([sys.executable, "-m", "decodekit.cli", "generate", "Repeat exactly: alpha beta gamma delta "
                         "epsilon zeta. Repeat exactly: alpha beta gamma", "--max-tokens", "16", "--no-stream",

@@ -253,7 +253,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-len", type=int, default=128, help="prompt tokens per request (default 128)")
     p.add_argument("--output-len", type=int, default=64, help="generated tokens per request (default 64)")
     p.add_argument("--num-prompts", type=int, default=32, help="requests for throughput (default 32)")
-    p.add_argument("--iters", type=int, default=3, help="latency runs, median reported (default 3)")
+    p.add_argument("--iters", type=int, default=3, help="latency runs, median reported (default 3); with --spec: runs per prompt and "
+                        "mode, fastest reported")
     p.add_argument("--dataset", default=None, help="ShareGPT-format JSON or a JSON list of strings (default: random)")
     p.add_argument("--peer", default="hf", choices=["none", "hf", "all"], help="peers to run in the same process")
     p.add_argument("--threads", type=int, default=None, help="torch/OpenMP threads (default: all cores)")

@@ -27,6 +27,14 @@ def parse_bytes(value) -> int:
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 WEIGHT_FORMATS = ("auto", "packed", "dequantized")
 QUANTIZATIONS = (None, "int4-rtn", "int4-gptq", "fp8")
+# Default k per drafter. n-gram drafts cost nothing to make, so its cap is higher: k + 1 = 7 rows
+# still run in the CPU's multi-row INT4 kernels (8 at most; a 9-row step falls to the tiled GEMM
+# at ~1.5x the cost), and the adaptive k backs off where drafts miss. Model drafters pay a
+# forward per draft token. Measured on the embedded model (bench/results/20261202-*_spec_*).
+SPEC_DEFAULT_K = {"ngram": 6, "layerskip": 4, "draft": 4}
+# Shortest n-gram matched by default: single-token matches ("the", ",") mostly propose the wrong
+# continuation, and each rejected draft still costs a verification row (same results as above).
+SPEC_NGRAM_MIN = 2
 
 
 @dataclass
@@ -49,13 +57,14 @@ class EngineArgs:
     decode_graphs: str = "auto"           # auto: "cuda" on CUDA (graph per batch bucket), "off" on CPU
     progress: bool = False                # loader progress bar
     speculative: str | None = None        # "ngram" | "layerskip" | "draft": speculative decoding (exact)
-    num_speculative_tokens: int = 4       # k: draft tokens verified per step at most
+    num_speculative_tokens: int | None = None  # k: draft tokens verified per step at most (None: the
+                                          # drafter's default, SPEC_DEFAULT_K)
     spec_adaptive: bool = True            # pick k per request from its acceptance rate and measured costs
     spec_draft_model: str | None = None   # speculative="draft": the draft model (same tokenizer)
     spec_layers: int | None = None        # speculative="layerskip": target layers the drafter runs
                                           # (default num_layers // 4)
-    spec_ngram_min: int = 1               # speculative="ngram": n-gram lengths tried, longest first
-    spec_ngram_max: int = 4
+    spec_ngram_min: int | None = None     # speculative="ngram": n-gram lengths tried, longest first
+    spec_ngram_max: int = 4               # (min None: SPEC_NGRAM_MIN, or spec_ngram_max if smaller)
     tensor_parallel_size: int = 1         # ranks the model is split over (decodekit.distributed)
     tp_allreduce: str = "auto"            # auto: decodekit's own AllReduce where built, else torch.distributed
                                           # (gloo on CPU, NCCL on CUDA); "torch" forces the latter; "custom"
@@ -105,7 +114,11 @@ class EngineArgs:
         from decodekit.engine.spec_decode import SPEC_METHODS
         if self.speculative not in (None, *SPEC_METHODS):
             raise ValueError(f"speculative must be one of {', '.join(SPEC_METHODS)} or None; got {self.speculative!r}")
-        for name, lo, hi in (("num_speculative_tokens", 1, 32), ("spec_ngram_min", 1, 64), ("spec_ngram_max", 1, 64)):
+        if self.num_speculative_tokens is None:
+            self.num_speculative_tokens = SPEC_DEFAULT_K.get(self.speculative, 4)
+        for name, lo, hi in (("num_speculative_tokens", 1, 32), ("spec_ngram_max", 1, 64), ("spec_ngram_min", 1, 64)):
+            if name == "spec_ngram_min" and self.spec_ngram_min is None:   # the max is valid by now
+                self.spec_ngram_min = min(SPEC_NGRAM_MIN, self.spec_ngram_max)
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
                 raise ValueError(f"{name} must be an int in [{lo}, {hi}], got {v!r}")
@@ -184,14 +197,15 @@ class EngineArgs:
         s.add_argument("--spec", dest="speculative", default=None, choices=["ngram", "layerskip", "draft"],
                        help="drafter: ngram (prompt lookup), layerskip (the target's first --spec-layers layers), "
                             "draft (--spec-draft-model)")
-        s.add_argument("--spec-k", dest="num_speculative_tokens", type=int, default=4,
-                       help="draft tokens per step at most (default 4)")
+        s.add_argument("--spec-k", dest="num_speculative_tokens", type=int, default=None,
+                       help="draft tokens per step at most (default 6 for ngram, 4 for the model drafters)")
         s.add_argument("--spec-fixed-k", dest="spec_adaptive", action="store_false",
                        help="always draft k tokens (default: adapt k to each request's acceptance rate)")
         s.add_argument("--spec-draft-model", default=None, help="draft model for --spec draft (same tokenizer)")
         s.add_argument("--spec-layers", type=int, default=None,
                        help="layers of the target the layerskip drafter runs (default num_layers // 4)")
-        s.add_argument("--spec-ngram-min", type=int, default=1, help="shortest n-gram matched (default 1)")
+        s.add_argument("--spec-ngram-min", type=int, default=None,
+                       help="shortest n-gram matched (default 2, or --spec-ngram-max if smaller)")
         s.add_argument("--spec-ngram-max", type=int, default=4, help="longest n-gram matched (default 4)")
 
         t = p.add_argument_group("tensor parallelism")
