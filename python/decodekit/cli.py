@@ -165,6 +165,9 @@ def _generate(args) -> int:
 def _chat(args) -> int:
     if args.logprobs is not None:  # a chat streams its replies: no place for logprobs
         raise ValueError("argument --logprobs: not supported by chat (use decodekit generate --logprobs)")
+    if args.n != 1:  # one reply per turn: the conversation goes on from it
+        raise ValueError(f"argument --n: chat answers each message once, so --n must be 1 (got {args.n}; "
+                         "use decodekit generate --n N for several samples)")
     params = _params(args)
     llm = _engine(args)
     messages = []

@@ -66,3 +66,11 @@ def test_chat_refuses_logprobs():
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.strip() == "decodekit: error: argument --logprobs: not supported by chat (use decodekit generate " \
                                "--logprobs)", r.stderr
+
+
+def test_chat_refuses_n_other_than_one():
+    """Was: silently ignored (a chat turn has one reply, which the conversation continues from)."""
+    r = _run("chat", "--n", "3")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().startswith("decodekit: error: argument --n: chat answers each message once, so --n must "
+                                       "be 1 (got 3;"), r.stderr
