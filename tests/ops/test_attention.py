@@ -60,6 +60,23 @@ def test_paged_attention(case, config, dtype, device, gen):
     assert_close(lse, want_lse, torch.float32, f"lse {case}")
 
 
+@pytest.mark.parametrize("new", [7, 5, 33])
+@pytest.mark.parametrize("config", [(9, 3, 64, 16), (32, 8, 128, 16)], ids=lambda c: "h{}x{}-d{}-b{}".format(*c))
+def test_multi_token_rows_equal_one_token_steps_bitwise(new, config, gen):
+    """A speculative verification attends k+1 new tokens at once; plain decoding attends each alone
+    with the context up to it. The CPU kernel gives each row the same arithmetic however its work is
+    tiled (query tiles shrink when there are few work items) or grouped, so greedy speculation can
+    reproduce plain decoding token for token: the rows are bitwise equal."""
+    hq, hk, d, bs = config
+    ctx = 301
+    q, kc, vc, bt, lens, qsl = _batch([ctx], [new], hq, hk, d, bs, torch.float32, "cpu", gen)
+    out = ops.paged_attention(q, kc, vc, bt, lens, qsl, d ** -0.5)
+    for t in range(new):
+        one = ops.paged_attention(q[t:t + 1].contiguous(), kc, vc, bt, torch.tensor([ctx - new + 1 + t], dtype=torch.int32),
+                                  torch.tensor([0, 1], dtype=torch.int32), d ** -0.5)
+        assert torch.equal(one[0], out[t]), (t, (one[0] - out[t]).abs().max())
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_reshape_and_cache(dtype, device, gen):
