@@ -183,3 +183,33 @@ def test_cuda_equals_cpu(device, greedy):
         go, gn = ops.rejection_sample(*(t.to(device) for t in (draft, nd)), None if qq is None else qq.to(device),
                                       *(t.to(device) for t in (p, seeds, pos)), greedy)
         assert torch.equal(go.cpu(), co) and torch.equal(gn.cpu(), cn)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_engine_greedy_accept_equals_the_op(seed):
+    """The engine verifies all-greedy batches in Python (spec_decode.greedy_accept on the rows' argmax);
+    it must emit exactly what rejection_sample(greedy=True) does on one-hot target rows: ragged draft
+    counts (0 included), drafts that match the argmax often, ties in the logits (argmax takes the first)."""
+    from decodekit.engine.spec_decode import greedy_accept
+    g = torch.Generator().manual_seed(seed)
+    B, V = 9, 6
+    ks = torch.randint(0, 5, (B,), generator=g).tolist()
+    kmax = max(ks)
+    logits = torch.randint(0, 3, (sum(k + 1 for k in ks), V), generator=g).float()  # many ties
+    top = logits.argmax(-1)
+    drafts, i = [], 0
+    for k in ks:  # each draft the argmax with probability 0.7, else a random token
+        row = top[i:i + k]
+        rnd = torch.randint(0, V, (k,), generator=g)
+        drafts.append(torch.where(torch.rand(k, generator=g) < 0.7, row, rnd).tolist())
+        i += k + 1
+    target = torch.zeros(B, kmax + 1, V)
+    i = 0
+    for b, k in enumerate(ks):
+        target[b, :k + 1].scatter_(1, top[i:i + k + 1, None], 1.0)
+        i += k + 1
+    draft_t = torch.tensor([d + [0] * (kmax - len(d)) for d in drafts], dtype=torch.int64).reshape(B, kmax)
+    out, n = ops.rejection_sample(draft_t, torch.tensor(ks, dtype=torch.int32), None, target,
+                                  torch.zeros(B, dtype=torch.int64), torch.zeros(B, dtype=torch.int64), greedy=True)
+    want = [row[:m] for row, m in zip(out.tolist(), n.tolist())]
+    assert greedy_accept(drafts, top.tolist()) == want

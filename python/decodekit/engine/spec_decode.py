@@ -10,8 +10,9 @@ One step, for a request that is decoding (KV covers all but its last token):
   3. the target computes logits at the last token and at every draft (one forward pass).
   4. verify: each row's sampling distribution is built exactly as the plain sampler would
      (penalties see the drafts before it as generated tokens; min_tokens counts them), then
-     rejection_sample keeps the accepted prefix plus one token of the target's own. The
-     scheduler rolls num_computed_tokens back over rejected drafts.
+     rejection_sample keeps the accepted prefix plus one token of the target's own (a batch of
+     greedy requests only: the same rule on the rows' argmax, greedy_accept, without building
+     one-hot rows). The scheduler rolls num_computed_tokens back over rejected drafts.
 Requests with and without drafts share the batch (the ones without go through the plain sampler).
 """
 from __future__ import annotations
@@ -94,8 +95,11 @@ class SpecDecoder:
                 steps.append(r.num_output_tokens + j)
         dev = logits.device
         md = SamplingMetadata.build(params, outs, prompts, sds, steps, eos_token_ids, dev, vocab_size)
-        probs = sampler.probs(logits, md)                                    # [R, V]
         B, ks = len(reqs), [len(d) for d in drafts]
+        if md.all_greedy:  # rejection_sample's greedy rule on the rows' argmax, without one-hot rows
+            tokens = greedy_accept(drafts, sampler.greedy_tokens(logits, md).tolist())
+            return (tokens, *self._logprobs(logits, md, ks, tokens))
+        probs = sampler.probs(logits, md)                                    # [R, V]
         kmax = max(ks)
         if all(k == kmax for k in ks):
             target = probs.view(B, kmax + 1, vocab_size)
@@ -117,10 +121,18 @@ class SpecDecoder:
             draft_t, torch.tensor(ks, dtype=torch.int32, device=dev), draft_probs, target,
             torch.tensor(seeds, dtype=torch.int64, device=dev),
             torch.tensor([r.num_output_tokens for r in reqs], dtype=torch.int64, device=dev),
-            greedy=md.all_greedy)
+            greedy=False)   # all-greedy batches returned above; greedy rows here are one-hot
         rows = torch.cat([out, n[:, None].to(out.dtype)], 1).tolist()   # one host sync
         tokens = [row[:row[-1]] for row in rows]
-        lp_out, lp_index = None, [[] for _ in reqs]
+        return (tokens, *self._logprobs(logits, md, ks, tokens))
+
+    @staticmethod
+    def _logprobs(logits: torch.Tensor, md: SamplingMetadata, ks: list[int],
+                  tokens: list[list[int]]) -> tuple[SamplerOutput | None, list[list[int]]]:
+        """The logprob output of the emitted tokens' rows (None unless a request wants logprobs)
+        and per request the indices into it."""
+        dev = logits.device
+        lp_out, lp_index = None, [[] for _ in tokens]
         if md.max_num_logprobs is not None:
             starts = [0]
             for k in ks:
@@ -133,7 +145,7 @@ class SpecDecoder:
             for b, t in enumerate(tokens):
                 lp_index[b] = list(range(i, i + len(t)))
                 i += len(t)
-        return tokens, lp_out, lp_index
+        return lp_out, lp_index
 
     # ------------------------------------------------------------------ statistics
     def record(self, so, sampled: dict[str, list[int]], step_seconds: float) -> dict[str, tuple[int, int]]:
@@ -172,3 +184,18 @@ def spec_metrics(drafts: int, accepted: int, steps: int) -> dict:
     return {"spec_draft_tokens": drafts, "spec_accepted_tokens": accepted, "spec_verify_steps": steps,
             "spec_acceptance_rate": accepted / drafts if drafts else 0.0,
             "spec_mean_accepted_length": (accepted + steps) / steps if steps else 0.0}
+
+
+def greedy_accept(drafts: list[list[int]], top: list[int]) -> list[list[int]]:
+    """Temperature 0 verification (decodekit.ops.rejection_sample's greedy rule): per request the
+    drafts that equal the target's argmax at their position, then the argmax at the first mismatch,
+    or the bonus argmax after the last draft. top: the argmax of each request's 1 + len(drafts) rows,
+    requests in order."""
+    tokens, i = [], 0
+    for d in drafts:
+        n = 0
+        while n < len(d) and d[n] == top[i + n]:
+            n += 1
+        tokens.append(list(d[:n]) + [top[i + n]])
+        i += len(d) + 1
+    return tokens

@@ -294,6 +294,11 @@ class Sampler:
         tok = (xs + gumbel_from_uniform(token_uniforms(md.seeds, md.positions, md.vocab_size, stream))).argmax(dim=-1)
         return (torch.where(md.greedy, top, tok) if md.any_greedy else tok), p
 
+    def greedy_tokens(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """[B] int64: each row's argmax after penalties and the min_tokens mask -- the token a
+        greedy row takes, and the one-hot point of ``probs`` on greedy rows."""
+        return self._processed(logits if logits.dtype == torch.float32 else logits.float(), md).argmax(dim=-1)
+
     def _distribution(self, logits: torch.Tensor, md: SamplingMetadata):
         """(xs, p, top): the scaled, filtered logits (None when every row is greedy), the rows'
         distributions (one-hot at the argmax on greedy rows) and the processed argmax (None
