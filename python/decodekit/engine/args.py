@@ -30,7 +30,7 @@ QUANTIZATIONS = (None, "int4-rtn", "int4-gptq", "fp8")
 # Default k per drafter. n-gram drafts cost nothing to make, so its cap is higher: k + 1 = 7 rows
 # still run in the CPU's multi-row INT4 kernels (8 at most; a 9-row step falls to the tiled GEMM:
 # 1.6x a 7-row step), and the adaptive k backs off where drafts miss. Model drafters pay a
-# forward per draft token. Measured on the embedded model (bench/results/20261202-1530_cpu_epyc_spec_ngram.md).
+# forward per draft token. Measured on the embedded model (bench/results/20261202-1440_cpu_epyc_spec_ngram.md).
 SPEC_DEFAULT_K = {"ngram": 6, "layerskip": 4, "draft": 4}
 # Shortest n-gram matched by default: single-token matches ("the", ",") mostly propose the wrong
 # continuation, and each rejected draft still costs a verification row (same results as above).
