@@ -50,6 +50,12 @@ DK_FORCE_INLINE void prefetch_row_ahead(const Q* ahead, int64_t offset) {
   if ((offset & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
 }
 
+// A register tile's shape as a type: NB weight rows x MM activation rows.
+template <int NB, int MM>
+struct Tile {
+  static constexpr int first = NB, second = MM;
+};
+
 // The block's weight rows (past N: row N - 1 again, not written) and zeroed accumulators.
 template <int NB, int MM>
 DK_FORCE_INLINE void small_m_begin(int64_t nb, int64_t N, int64_t (&rows)[NB], __m512 (&acc)[NB][MM]) {
@@ -159,22 +165,32 @@ void int8_small_m_block(T* out, int64_t out_stride, const float* a, const int8_t
 }
 
 // Row counts 1 .. 8 (compile-time so the accumulators stay in registers). INT4: 4 weight rows per
-// block up to 5 activation rows, 2 beyond (swept 2..12 on one Xeon core, cache-resident SmolLM2 shapes:
-// M = 5 is 1.14x faster at 4 than at 2, M = 6..8 1.1-1.2x slower at 3 or 4). INT8: 4 up to 4, 2 beyond
-// (at most 16 accumulators). Returns false for other M / G.
+// block up to 5 activation rows (swept 2..12 on one Xeon core, cache-resident SmolLM2 shapes: M = 5 is
+// 1.14x faster at 4 than at 2); 6 .. 8 rows as two passes over the weights, 3 + 3, 4 + 3, 4 + 4 (SmolLM2's
+// 30 layers from DRAM on 2 EPYC cores, mean of 6 alternations: M = 6 8.27 -> 7.78 ms, 7 9.81 -> 8.29,
+// 8 12.60 -> 9.10 against one pass at 2 weight rows per block: the 4-row blocks keep the activation
+// chunks in registers, which the one-pass 2 x 7 tile cannot, and the second weight read is mostly from
+// L3). Each row's arithmetic is the GEMV's either way. INT8: 4 up to 4, 2 beyond (at most 16
+// accumulators; two passes gained <= 5% there). Returns false for other M / G.
 template <class T>
 bool int4_gemm_small_m(T* out, const float* a, const float* asum, const uint8_t* qweight, const half_t* scales,
                        const half_t* mins, const T* bias, int64_t M, int64_t N, int64_t K, int G) {
   if (G % 32 != 0) return false;
+  const int64_t ng = K / G;
+  // rows [r0, r0 + MM) of a / asum / out
+  auto rows = [&](auto nb_mm, int64_t r0) {
+    constexpr int NB = decltype(nb_mm)::first, MM = decltype(nb_mm)::second;
+    int4_small_m_block<NB, MM>(out + r0 * N, N, a + r0 * K, asum + r0 * ng, qweight, scales, mins, bias, N, K, G);
+  };
   switch (M) {
-    case 1: int4_small_m_block<4, 1>(out, N, a, asum, qweight, scales, mins, bias, N, K, G); return true;
-    case 2: int4_small_m_block<4, 2>(out, N, a, asum, qweight, scales, mins, bias, N, K, G); return true;
-    case 3: int4_small_m_block<4, 3>(out, N, a, asum, qweight, scales, mins, bias, N, K, G); return true;
-    case 4: int4_small_m_block<4, 4>(out, N, a, asum, qweight, scales, mins, bias, N, K, G); return true;
-    case 5: int4_small_m_block<4, 5>(out, N, a, asum, qweight, scales, mins, bias, N, K, G); return true;
-    case 6: int4_small_m_block<2, 6>(out, N, a, asum, qweight, scales, mins, bias, N, K, G); return true;
-    case 7: int4_small_m_block<2, 7>(out, N, a, asum, qweight, scales, mins, bias, N, K, G); return true;
-    case 8: int4_small_m_block<2, 8>(out, N, a, asum, qweight, scales, mins, bias, N, K, G); return true;
+    case 1: rows(Tile<4, 1>{}, 0); return true;
+    case 2: rows(Tile<4, 2>{}, 0); return true;
+    case 3: rows(Tile<4, 3>{}, 0); return true;
+    case 4: rows(Tile<4, 4>{}, 0); return true;
+    case 5: rows(Tile<4, 5>{}, 0); return true;
+    case 6: rows(Tile<4, 3>{}, 0); rows(Tile<4, 3>{}, 3); return true;
+    case 7: rows(Tile<4, 4>{}, 0); rows(Tile<4, 3>{}, 4); return true;
+    case 8: rows(Tile<4, 4>{}, 0); rows(Tile<4, 4>{}, 4); return true;
     default: return false;
   }
 }
