@@ -266,3 +266,35 @@ def test_hf_unusual_but_valid(tmp_path, tiny):
 def test_unknown_random_preset_lists_presets():
     with pytest.raises(ModelLoadError, match=r"unknown random model 'random:nope'; presets: random:tiny, "):
         load_model("random:nope", progress=False)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_weight_refused(tmp_path, tiny, bad):
+    """Was: loaded, and every request's logits came out NaN (greedy picked token 0 forever). Now one error
+    naming the weight and the count, from HF safetensors (bf16 too) and GGUF alike."""
+    cfg, weights = tiny
+    w = dict(weights)
+    t = w["model.layers.1.self_attn.o_proj.weight"].clone()
+    t[3, 5] = bad
+    t[7, 1] = bad
+    w["model.layers.1.self_attn.o_proj.weight"] = t
+    pat = r"weight model\.layers\.1\.self_attn\.o_proj\.weight holds 2 NaN / inf value\(s\) of \d+"
+    with pytest.raises(ModelLoadError, match=pat):
+        load_model(_hf(tmp_path / "hf", cfg, w), progress=False)
+    with pytest.raises(ModelLoadError, match=pat):
+        load_model(_hf(tmp_path / "hf16", cfg, {k: v.bfloat16() for k, v in w.items()}), progress=False)
+    p = tmp_path / "m.gguf"
+    _gguf(p, cfg, w)
+    with pytest.raises(ModelLoadError, match=pat):
+        load_model(str(p), progress=False)
+
+
+def test_packed_weight_with_non_finite_scale_refused():
+    from decodekit.loader._common import check_finite
+    from decodekit.quant import quantize_rtn
+    q = quantize_rtn(torch.randn(8, 64))
+    check_finite("w", q, "src")  # finite: passes
+    q.scales[2, 1] = float("inf")
+    with pytest.raises(ModelLoadError, match=r"src: weight w \(its scales\) holds 1 NaN / inf value\(s\) of 16"):
+        check_finite("w", q, "src")
+    check_finite("big", torch.full((4,), 3e38), "src")  # the fp32 sum overflows; every value is finite
