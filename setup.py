@@ -9,6 +9,7 @@ MAX_JOBS sets the ninja parallelism (default: all cores).
 import glob
 import os
 import sys
+import sysconfig
 import time
 
 from setuptools import find_packages, setup
@@ -81,6 +82,17 @@ else:
 
 
 class TimedBuild(BuildExtension):
+    def finalize_options(self):
+        super().finalize_options()
+        # pip's editable install builds in place from a throwaway temp dir outside the checkout; use
+        # the checkout's own build/temp.* instead, the one `setup.py build_ext --inplace` (make install)
+        # uses, so the first `make test` after `make demo` finds every object built (was: a full
+        # rebuild, ~50 s). A --build-temp inside the checkout is kept.
+        here = os.path.dirname(os.path.abspath(__file__))
+        if self.inplace and not os.path.abspath(self.build_temp).startswith(here + os.sep):
+            tag = f"temp.{sysconfig.get_platform()}-{sys.implementation.cache_tag}"
+            self.build_temp = os.path.join(here, "build", tag)
+
     def run(self):
         t0 = time.time()
         print(f"decodekit: building {'CPU + CUDA' if WITH_CUDA else 'CPU-only'} "
