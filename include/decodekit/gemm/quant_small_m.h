@@ -50,10 +50,10 @@ DK_FORCE_INLINE void prefetch_row_ahead(const Q* ahead, int64_t offset) {
   if ((offset & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
 }
 
-// A register tile's shape as a type: NB weight rows x MM activation rows.
+// A register tile's shape as a type (to pass to a generic lambda): NB weight rows x MM activation rows.
 template <int NB, int MM>
 struct Tile {
-  static constexpr int first = NB, second = MM;
+  static constexpr int nb = NB, mm = MM;
 };
 
 // The block's weight rows (past N: row N - 1 again, not written) and zeroed accumulators.
@@ -178,9 +178,9 @@ bool int4_gemm_small_m(T* out, const float* a, const float* asum, const uint8_t*
   if (G % 32 != 0) return false;
   const int64_t ng = K / G;
   // rows [r0, r0 + MM) of a / asum / out
-  auto rows = [&](auto nb_mm, int64_t r0) {
-    constexpr int NB = decltype(nb_mm)::first, MM = decltype(nb_mm)::second;
-    int4_small_m_block<NB, MM>(out + r0 * N, N, a + r0 * K, asum + r0 * ng, qweight, scales, mins, bias, N, K, G);
+  auto rows = [&](auto tile, int64_t r0) {
+    using Shape = decltype(tile);
+    int4_small_m_block<Shape::nb, Shape::mm>(out + r0 * N, N, a + r0 * K, asum + r0 * ng, qweight, scales, mins, bias, N, K, G);
   };
   switch (M) {
     case 1: rows(Tile<4, 1>{}, 0); return true;

@@ -295,9 +295,11 @@ class Sampler:
         return (torch.where(md.greedy, top, tok) if md.any_greedy else tok), p
 
     def greedy_tokens(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-        """[B] int64: each row's argmax after penalties and the min_tokens mask -- the token a
-        greedy row takes, and the one-hot point of ``probs`` on greedy rows."""
-        return self._processed(logits if logits.dtype == torch.float32 else logits.float(), md).argmax(dim=-1)
+        """[B] int64 for an all-greedy batch: the tokens ``forward`` takes (each row's argmax after
+        penalties and the min_tokens mask; the one-hot points of ``probs``), without logprobs."""
+        if not md.all_greedy:
+            raise ValueError("greedy_tokens needs a batch of greedy rows (temperature 0)")
+        return self._sample(logits if logits.dtype == torch.float32 else logits.float(), md)
 
     def _distribution(self, logits: torch.Tensor, md: SamplingMetadata):
         """(xs, p, top): the scaled, filtered logits (None when every row is greedy), the rows'
