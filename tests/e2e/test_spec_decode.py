@@ -131,21 +131,31 @@ def test_preemption_with_speculation(prompts):
     assert_no_leaks(spec)
 
 
-@pytest.mark.parametrize("method", ["ngram", "layerskip"])
-def test_seeded_sampling_reproducible_and_distribution_matches_plain(method):
+@pytest.mark.parametrize("method", ["ngram", "layerskip", "layerskip-unseeded"])
+def test_seeded_sampling_reproducible_and_distribution_matches_plain(method, monkeypatch):
     """temperature > 0: the same seed gives the same tokens; and the first three
     tokens' distribution under speculation matches plain sampling (two-sample chi-square on the
     joint outcomes of 400 samples each; the verification is exact, so this only fails with probability ~1e-4).
-    ngram: one-hot drafts; layerskip: drafts drawn from the drafter's own distribution (draft_probs)."""
+    ngram: one-hot drafts; layerskip: seeded drafts coupled to the target's draws; unseeded: drafts drawn
+    from the drafter's own distribution q and verified by the rejection_sample op (min(1, p/q))."""
     from scipy.stats import chi2_contingency
+    from decodekit import ops
+    calls = []
+    real = ops.rejection_sample
+    monkeypatch.setattr(ops, "rejection_sample", lambda *a, **k: calls.append(1) or real(*a, **k))
     text = "one two three four five six seven eight nine ten one two three four five six seven eight nine ten one"
-    kw = {"spec_layers": 20, "spec_adaptive": False} if method == "layerskip" else {}
-    base, spec = _llm(), _llm(speculative=method, num_speculative_tokens=3, **kw)
-    ps = [SamplingParams(temperature=0.9, top_k=4, max_tokens=3, ignore_eos=True, seed=11 + i, n=100) for i in range(4)]
+    kw = {"spec_layers": 20, "spec_adaptive": False} if method.startswith("layerskip") else {}
+    base, spec = _llm(), _llm(speculative=method.split("-")[0], num_speculative_tokens=3, **kw)
+    seeded = method != "layerskip-unseeded"
+    ps = [SamplingParams(temperature=0.9, top_k=4, max_tokens=3, ignore_eos=True, seed=11 + i if seeded else None,
+                         n=100) for i in range(4)]
 
     def outs(llm, params):
         return [o.token_ids for r in llm.generate([text] * len(params), params) for o in r.outputs]
     a, b = outs(base, ps), outs(spec, ps)
+    assert bool(calls) == (not seeded)   # the op verifies exactly the drafts drawn from q
+    if seeded:  # coupled verification: the seeded plain samples themselves
+        assert a == b
     small = [SamplingParams(temperature=0.9, max_tokens=6, ignore_eos=True, seed=5, n=4)]
     assert outs(spec, small) == outs(spec, small)
     assert spec.engine.spec.stats["spec_verify_steps"] > 0
@@ -162,17 +172,18 @@ def test_seeded_sampling_reproducible_and_distribution_matches_plain(method):
 
 
 def test_sampled_requests_draw_drafts_from_the_drafter_distribution(tmp_path):
-    """A model drafter samples a sampled request's drafts from its own distribution q and the
-    verifier accepts with min(1, p/q): the target drafting for itself (q = p up to its weight
-    format) then has nearly every draft accepted, where argmax drafts (the verifier told nothing
-    of q) are accepted only with probability p(argmax) (measured: 1.00 vs 0.43 at temperature 0.9).
-    Outputs stay reproducible for a seed."""
+    """A model drafter samples a sampled request's drafts from its own distribution q: seeded ones
+    coupled to the target's own draw (accepted when equal), unseeded ones verified with min(1, p/q).
+    The target drafting for itself (q = p up to its weight format) then has nearly every draft
+    accepted either way, where argmax drafts (one-hot to the verifier) are accepted only with
+    probability p(argmax) (measured: 1.00 vs 0.43 at temperature 0.9). Seeded outputs are reproducible."""
     llm = _llm(speculative="draft", spec_draft_model=_draft_dir(tmp_path, None), spec_adaptive=False)
     ids = [_chat_ids(llm, p) for p in open_prompts()[:3]]
-    params = [SamplingParams(temperature=0.9, max_tokens=24, seed=3 + j, ignore_eos=True) for j in range(3)]
     reqs = [{"prompt_token_ids": i} for i in ids]
 
-    def run():
+    def run(seeded=True):
+        params = [SamplingParams(temperature=0.9, max_tokens=24, seed=3 + j if seeded else None, ignore_eos=True)
+                  for j in range(3)]
         st = llm.engine.spec.stats
         for k in st:
             st[k] = 0
@@ -180,9 +191,10 @@ def test_sampled_requests_draw_drafts_from_the_drafter_distribution(tmp_path):
         return toks, llm.engine.spec.summary()["spec_acceptance_rate"]
     toks, sampled = run()
     assert run()[0] == toks
+    _, unseeded = run(seeded=False)
     llm.engine.spec.sampling = None    # argmax drafts, one-hot to the verifier
     _, argmax = run()
-    assert sampled > 0.95 and argmax < sampled - 0.2, (sampled, argmax)
+    assert sampled > 0.95 and unseeded > 0.95 and argmax < sampled - 0.2, (sampled, unseeded, argmax)
     assert_no_leaks(llm)
 
 

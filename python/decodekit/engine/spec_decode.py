@@ -1,5 +1,5 @@
 """Speculative decoding inside the engine: proposing drafts before a step is scheduled, filling
-them once it is, verifying them with the exact rejection_sample op, and the statistics.
+them once it is, verifying them exactly, and the statistics.
 
 One step, for a request that is decoding (KV covers all but its last token):
   1. propose: the request's AdaptiveK picks k (capped so the step can never emit past
@@ -9,10 +9,14 @@ One step, for a request that is decoding (KV covers all but its last token):
   2. draft: model drafters fill the placeholders (runs on the step's block tables).
   3. the target computes logits at the last token and at every draft (one forward pass).
   4. verify: each row's sampling distribution is built exactly as the plain sampler would
-     (penalties see the drafts before it as generated tokens; min_tokens counts them), then
-     rejection_sample keeps the accepted prefix plus one token of the target's own (a batch of
-     greedy requests only: the same rule on the rows' argmax, greedy_accept, without building
-     one-hot rows). The scheduler rolls num_computed_tokens back over rejected drafts.
+     (penalties see the drafts before it as generated tokens; min_tokens counts them) and each
+     row draws the token plain sampling would draw there (argmax, or Gumbel-max on the sampling
+     stream at the row's (seed, output position)); the drafts equal to their row's token are
+     accepted, then the first row's token that differs (or the bonus row's) is emitted
+     (greedy_accept). The emitted tokens are plain decoding's, for any k, drafts or batch. Drafts
+     a model drafter drew from its own distribution q (unseeded sampled requests) go through
+     rejection_sample instead (acceptance sum min(p, q)). The scheduler rolls num_computed_tokens
+     back over rejected drafts.
 Requests with and without drafts share the batch (the ones without go through the plain sampler).
 """
 from __future__ import annotations
@@ -95,35 +99,40 @@ class SpecDecoder:
                 steps.append(r.num_output_tokens + j)
         dev = logits.device
         md = SamplingMetadata.build(params, outs, prompts, sds, steps, eos_token_ids, dev, vocab_size)
-        B, ks = len(reqs), [len(d) for d in drafts]
-        if md.all_greedy:  # rejection_sample's greedy rule on the rows' argmax, without one-hot rows
-            tokens = greedy_accept(drafts, sampler.greedy_tokens(logits, md).tolist())
-            return (tokens, *self._logprobs(logits, md, ks, tokens))
-        probs = sampler.probs(logits, md)                                    # [R, V]
-        kmax = max(ks)
-        if all(k == kmax for k in ks):
-            target = probs.view(B, kmax + 1, vocab_size)
-        else:
-            target = probs.new_zeros(B, kmax + 1, vocab_size)
-            b_idx = torch.tensor([b for b, k in enumerate(ks) for _ in range(k + 1)], device=dev)
-            j_idx = torch.tensor([j for k in ks for j in range(k + 1)], device=dev)
+        ks = [len(d) for d in drafts]
+        # Coupled verification: each row's token is the one the plain sampler draws there (the same
+        # distribution, Philox noise at the same (seed, position)); a draft is accepted when it equals
+        # it. The emitted tokens are then exactly plain sampling's whatever k, the drafts and the batch
+        # were (seeded requests stay reproducible under the adaptive, timing-driven k), and a one-hot
+        # draft is accepted with probability p(draft), as rejection sampling would accept it.
+        tokens = greedy_accept(drafts, sampler.tokens(logits, md).tolist())
+        # Drafts drawn from a distribution q (unseeded sampled requests of a model drafter): rejection
+        # sampling, which accepts sum_v min(p_v, q_v) on average, the most any exact verifier can.
+        qs = [self.drafter.draft_probs(r.request_id, k) if k else None for r, k in zip(reqs, ks)]
+        sel = [b for b, q in enumerate(qs) if q is not None]
+        if sel:
+            starts = [0]
+            for k in ks:
+                starts.append(starts[-1] + k + 1)
+            ri = [starts[b] + j for b in sel for j in range(ks[b] + 1)]
+            sub = SamplingMetadata.build([params[i] for i in ri], [outs[i] for i in ri], [prompts[i] for i in ri],
+                                         [sds[i] for i in ri], [steps[i] for i in ri], eos_token_ids, dev, vocab_size)
+            probs = sampler.probs(logits.index_select(0, torch.tensor(ri, device=dev)), sub)   # [len(ri), V]
+            kmax = max(ks[b] for b in sel)
+            target = probs.new_zeros(len(sel), kmax + 1, vocab_size)
+            b_idx = torch.tensor([i for i, b in enumerate(sel) for _ in range(ks[b] + 1)], device=dev)
+            j_idx = torch.tensor([j for b in sel for j in range(ks[b] + 1)], device=dev)
             target[b_idx, j_idx] = probs
-        draft_t = torch.tensor([d + [0] * (kmax - len(d)) for d in drafts], dtype=torch.int64, device=dev)
-        qs = [self.drafter.draft_probs(r.request_id, len(d)) for r, d in zip(reqs, drafts)]
-        draft_probs = None
-        if any(q is not None for q in qs):  # sampled drafts: their q; the others one-hot at the draft
-            draft_probs = torch.zeros(B, kmax, vocab_size, dtype=torch.float32, device=dev)
-            draft_probs.scatter_(2, draft_t[:, :, None], 1.0)
-            for b, q in enumerate(qs):
-                if q is not None:
-                    draft_probs[b, :q.shape[0]] = q
-        out, n = ops.rejection_sample(
-            draft_t, torch.tensor(ks, dtype=torch.int32, device=dev), draft_probs, target,
-            torch.tensor(seeds, dtype=torch.int64, device=dev),
-            torch.tensor([r.num_output_tokens for r in reqs], dtype=torch.int64, device=dev),
-            greedy=False)   # all-greedy batches returned above; greedy rows here are one-hot
-        rows = torch.cat([out, n[:, None].to(out.dtype)], 1).tolist()   # one host sync
-        tokens = [row[:row[-1]] for row in rows]
+            draft_t = torch.tensor([drafts[b] + [0] * (kmax - ks[b]) for b in sel], dtype=torch.int64, device=dev)
+            draft_probs = torch.zeros(len(sel), kmax, vocab_size, dtype=torch.float32, device=dev)
+            for i, b in enumerate(sel):
+                draft_probs[i, :ks[b]] = qs[b]
+            out, n = ops.rejection_sample(
+                draft_t, torch.tensor([ks[b] for b in sel], dtype=torch.int32, device=dev), draft_probs, target,
+                torch.tensor([seeds[b] for b in sel], dtype=torch.int64, device=dev),
+                torch.tensor([reqs[b].num_output_tokens for b in sel], dtype=torch.int64, device=dev), greedy=False)
+            for b, row in zip(sel, torch.cat([out, n[:, None].to(out.dtype)], 1).tolist()):  # one host sync
+                tokens[b] = row[:row[-1]]
         return (tokens, *self._logprobs(logits, md, ks, tokens))
 
     @staticmethod
@@ -187,10 +196,10 @@ def spec_metrics(drafts: int, accepted: int, steps: int) -> dict:
 
 
 def greedy_accept(drafts: list[list[int]], top: list[int]) -> list[list[int]]:
-    """Temperature 0 verification (decodekit.ops.rejection_sample's greedy rule): per request the
-    drafts that equal the target's argmax at their position, then the argmax at the first mismatch,
-    or the bonus argmax after the last draft. top: the argmax of each request's 1 + len(drafts) rows,
-    requests in order."""
+    """The verification rule (decodekit.ops.rejection_sample's greedy rule): per request the drafts
+    that equal the target's token at their position, then the target's token at the first mismatch,
+    or the bonus token after the last draft. top: the token the plain sampler draws at each of the
+    request's 1 + len(drafts) rows (the argmax on greedy rows), requests in order."""
     tokens, i = [], 0
     for d in drafts:
         n = 0

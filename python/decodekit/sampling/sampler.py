@@ -294,6 +294,13 @@ class Sampler:
         tok = (xs + gumbel_from_uniform(token_uniforms(md.seeds, md.positions, md.vocab_size, stream))).argmax(dim=-1)
         return (torch.where(md.greedy, top, tok) if md.any_greedy else tok), p
 
+    def tokens(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """[B] int64: the tokens ``forward`` draws (greedy rows: the processed argmax; random rows:
+        Gumbel-max on the sampling stream at ``md.positions``), without logprobs. Speculative
+        decoding verifies drafts against them: a draft is accepted when it is the token plain
+        sampling draws at its position, so the emitted tokens are plain sampling's."""
+        return self._sample(logits if logits.dtype == torch.float32 else logits.float(), md)
+
     def greedy_tokens(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         """[B] int64 for an all-greedy batch: the tokens ``forward`` takes (each row's argmax after
         penalties and the min_tokens mask; the one-hot points of ``probs``), without logprobs."""

@@ -4,18 +4,21 @@ Each step the engine asks `num_drafts(request, k)` for every running request tha
 (its KV covers all but its last token); before scheduling, so the scheduler counts the drafts in
 the step's token budget and allocates their KV slots. Then `draft(scheduled, runner)` fills
 `request.spec_token_ids` for the scheduled ones (the scheduler may have dropped trailing drafts).
-The verifier (decodekit.ops.rejection_sample) makes the output exact whatever the drafts are;
-a drafter only decides the speed.
+The verifier (engine/spec_decode.py: coupled acceptance, or decodekit.ops.rejection_sample) makes
+the output exact whatever the drafts are; a drafter only decides the speed.
 
 - NgramDrafter: prompt lookup (spec.ngram.NgramProposer per request); knows its tokens before
   scheduling, may propose fewer than k or none.
-- ModelDrafter: a model run autoregressively k times. Greedy requests draft its argmax (one-hot
-  drafts); sampled ones (given a DraftSampling) draw each draft from the drafter's own
-  distribution q, processed as the target's is (penalties over the drafts before it, min_tokens,
-  temperature, top-k / top-p / min-p), with the request's seed on Philox stream STREAM_SPEC_DRAFT
-  at the draft's output position, and keep q for the verifier: acceptance min(1, p/q) is then
-  sum_v min(p_v, q_v) instead of the p(argmax q) of a one-hot draft. Either way the output
-  distribution is the target's exactly (the draft noise is a stream the verifier never reads).
+- ModelDrafter: a model run autoregressively k times. Greedy requests draft the processed argmax;
+  sampled requests with a seed draw each draft from the drafter's own distribution q, processed as
+  the target's is (penalties over the drafts before it, min_tokens, temperature, top-k / top-p /
+  min-p), by Gumbel-max with the very noise the target's token at that position is drawn with (the
+  request's seed, the plain sampler's Philox stream, the draft's output position): the verifier
+  accepts such a coupled draft when it equals the target's own draw there, so the emitted tokens
+  are the seeded plain samples exactly, whatever k was (a drafter close to the target agrees with
+  it nearly always). Unseeded sampled requests draw from q on Philox stream STREAM_SPEC_DRAFT and
+  keep q for rejection sampling (acceptance min(1, p/q), i.e. sum_v min(p_v, q_v), the most any
+  verifier can accept). Either way the output distribution is the target's exactly.
   * layer-skip self-drafting: the target's first L layers + its final norm and LM head, writing
     those layers' KV into the target's own cache at the draft positions (the verification pass
     rewrites the same slots for every layer), so it needs no state at all;
@@ -91,7 +94,7 @@ class ModelDrafter:
         self.kind, self.model, self.num_layers, self.kv_caches = kind, model, num_layers, kv_caches
         self.max_chunk = max_chunk
         self._computed: dict[str, int] = {}   # draft model: KV valid for positions < computed
-        self._probs: dict[str, list] = {}     # this step's q rows per sampled request ([V] each)
+        self._probs: dict[str, list] = {}     # this step's q rows per unseeded sampled request ([V] each)
 
     def num_drafts(self, req, k: int) -> int:
         req.spec_token_ids = [_PLACEHOLDER] * k   # filled by draft() once scheduled
@@ -109,7 +112,7 @@ class ModelDrafter:
 
     def draft_probs(self, request_id: str, n: int) -> torch.Tensor | None:
         """[n, V] float32: the distributions this step's first n drafts of the request were drawn
-        from; None for one-hot (greedy) drafts."""
+        from (unseeded sampled requests, verified by rejection sampling); None for coupled drafts."""
         rows = self._probs.get(request_id)
         return None if rows is None else torch.stack(rows[:n])
 
@@ -119,7 +122,7 @@ class ModelDrafter:
         kv = self.kv_caches if self.kind == "draft" else runner.kv_caches
         logits = self.model.forward(ids, md, kv, num_layers=self.num_layers)
         params = [r.sampling_params for r in reqs]
-        if sampling is None or all(p.is_greedy for p in params):
+        if sampling is None:
             return logits.argmax(dim=-1).tolist()
         outs = [r.output_token_ids + r.spec_token_ids[:index] if index and p.has_penalties else r.output_token_ids
                 for r, p in zip(reqs, params)]
@@ -127,10 +130,21 @@ class ModelDrafter:
                                      [sampling.seed_of(r.request_id) for r in reqs],
                                      [r.num_output_tokens + index for r in reqs], sampling.eos_token_ids,
                                      logits.device, sampling.vocab_size)
-        tok, q = sampling.sampler.sample_with_probs(logits, smd, STREAM_SPEC_DRAFT)
-        for j, (r, p) in enumerate(zip(reqs, params)):
-            if not p.is_greedy:
-                self._probs.setdefault(r.request_id, []).append(q[j])
+        # coupled drafts: drawn as the target's token at this position is (see the module docstring;
+        # greedy rows: the argmax after penalties and the min_tokens mask, as the target's)
+        tok = sampling.sampler.tokens(logits, smd)
+        free = [j for j, p in enumerate(params) if not p.is_greedy and p.seed is None]
+        if free:  # unseeded sampled requests: drawn from q on the drafter's own stream, q kept
+            idx = torch.tensor(free, device=logits.device)
+            fmd = SamplingMetadata.build([params[j] for j in free], [outs[j] for j in free],
+                                         [reqs[j].prompt_token_ids for j in free],
+                                         [sampling.seed_of(reqs[j].request_id) for j in free],
+                                         [reqs[j].num_output_tokens + index for j in free], sampling.eos_token_ids,
+                                         logits.device, sampling.vocab_size)
+            ftok, q = sampling.sampler.sample_with_probs(logits.index_select(0, idx), fmd, STREAM_SPEC_DRAFT)
+            tok = tok.index_copy(0, idx, ftok.to(tok.dtype))
+            for i, j in enumerate(free):
+                self._probs.setdefault(reqs[j].request_id, []).append(q[i])
         return tok.tolist()
 
     @torch.inference_mode()
