@@ -71,15 +71,24 @@ class Check {
 
   // Views the tensor as [rows, last] with a single row stride; the leading dims must
   // collapse (e.g. a slice x[:, :h] of a wider tensor is fine, a transposed one is not).
+  // Size-1 leading dims carry no addressing (their strides are arbitrary) and are skipped:
+  // the row stride is the stride of the innermost leading dim with more than one element
+  // (x[:, None, :h] has row stride x.stride(0), not h).
   int64_t row_stride() {
     last_dim_contiguous();
     const int64_t nd = t_.dim();
     if (nd <= 1) return t_.dim() == 1 ? t_.size(0) : 1;
-    for (int64_t i = 0; i + 2 < nd; ++i)
-      if (t_.size(i) > 1 && t_.stride(i) != t_.stride(i + 1) * t_.size(i + 1))
+    if (t_.numel() == 0) return t_.size(-1);  // no rows are addressed
+    int64_t rs = -1, next = 0;  // row stride; the stride the next outer dim must have
+    for (int64_t i = nd - 2; i >= 0; --i) {
+      if (t_.size(i) == 1) continue;
+      if (rs >= 0 && t_.stride(i) != next)
         fail("has strides that do not collapse to [rows, " + std::to_string(t_.size(-1)) + "] (shape " +
-             shape_str() + ")");
-    return t_.size(-2) > 1 ? t_.stride(-2) : t_.size(-1);
+             shape_str() + ", strides " + strides_str() + ")");
+      if (rs < 0) rs = t_.stride(i);
+      next = t_.stride(i) * t_.size(i);
+    }
+    return rs < 0 ? t_.size(-1) : rs;
   }
 
   [[noreturn]] Check& fail(const std::string& msg) {
@@ -91,6 +100,11 @@ class Check {
     if (cond) fail(msg);
   }
   std::string shape_str() const { return shape_of(t_); }
+  std::string strides_str() const {
+    std::ostringstream os;
+    os << t_.strides();
+    return os.str();
+  }
   static std::string shape_of(const at::Tensor& t) {
     std::ostringstream os;
     os << t.sizes();

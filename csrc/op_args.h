@@ -3,6 +3,7 @@
 // kernel needs. Device-specific launchers add only what is device-specific.
 #pragma once
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include "check.h"
@@ -11,6 +12,15 @@
 namespace dk {
 
 inline constexpr std::initializer_list<at::ScalarType> kFloatTypes = {at::kFloat, at::kHalf, at::kBFloat16};
+
+// A tensor the op writes in place, viewed as `rows` rows of `cols` elements `row_stride` apart,
+// must not have rows that overlap (an expanded x.expand(n, -1) has row stride 0): the kernels
+// would write each element several times and read back their own results.
+inline void check_rows_disjoint(const char* op, const char* name, int64_t rows, int64_t cols, int64_t row_stride) {
+  TORCH_CHECK(rows <= 1 || cols == 0 || std::abs(row_stride) >= cols, op, ": '", name,
+              "' is written in place but its rows overlap in memory (row stride ", row_stride, " < ", cols,
+              " elements per row); pass a tensor that owns its elements (e.g. .contiguous())");
+}
 
 struct NormArgs {
   int64_t rows, hidden;
@@ -46,6 +56,10 @@ inline NormArgs fused_add_rms_norm_args(const at::Tensor& input,     // [..., hi
   a.rows = rows_of(input);
   a.r_stride = Check(op, "residual", residual).same_shape(input, "input").dtype_as(input, "input")
                    .device_as(input, "input").row_stride();
+  check_rows_disjoint(op, "input", a.rows, a.hidden, a.x_stride);
+  check_rows_disjoint(op, "residual", a.rows, a.hidden, a.r_stride);
+  TORCH_CHECK(a.rows == 0 || a.hidden == 0 || input.data_ptr() != residual.data_ptr(), op,
+              ": 'input' and 'residual' are the same memory, but each receives a different result");
   Check(op, "weight", weight).dim(1).size(0, a.hidden, "hidden_size").dtype_as(input, "input")
       .device_as(input, "input").contiguous();
   check_range(op, "epsilon", epsilon, 0.0, 1.0);
@@ -89,13 +103,20 @@ inline void rope_layout(const char* op, const char* name, const at::Tensor& t, i
     TORCH_CHECK(t.size(1) % head_size == 0, op, ": '", name, "' last dim ", t.size(1),
                 " is not a multiple of head_size ", head_size);
     heads = int(t.size(1) / head_size);
-    token_stride = t.stride(0);
+    token_stride = t.size(0) > 1 ? t.stride(0) : t.size(1);
     head_stride = head_size;
+    check_rows_disjoint(op, name, t.size(0), t.size(1), token_stride);
   } else if (t.dim() == 3) {
     c.size(0, num_tokens, "num_tokens").size(2, head_size, "head_size");
     heads = int(t.size(1));
     token_stride = t.stride(0);
-    head_stride = t.stride(1);
+    head_stride = t.size(1) > 1 ? t.stride(1) : head_size;
+    // Rotated in place: heads, and tokens, must not share elements (an expanded tensor would).
+    TORCH_CHECK(heads <= 1 || std::abs(head_stride) >= head_size, op, ": '", name,
+                "' is written in place but its heads overlap in memory (head stride ", head_stride, " < head_size ",
+                head_size, ")");
+    TORCH_CHECK(t.size(0) <= 1 || heads == 0 || token_stride != 0, op, ": '", name,
+                "' is written in place but all its tokens share memory (token stride 0)");
   } else {
     c.fail("must be [num_tokens, num_heads * head_size] or [num_tokens, num_heads, head_size]");
   }
@@ -117,6 +138,8 @@ inline RopeArgs rotary_embedding_args(const at::Tensor& positions,              
   if (key.has_value()) {
     Check(op, "key", *key).dtype_as(query, "query").device_as(query, "query");
     rope_layout(op, "key", *key, a.num_tokens, head_size, a.num_kv_heads, a.k_token_stride, a.k_head_stride);
+    TORCH_CHECK(query.numel() == 0 || key->numel() == 0 || query.data_ptr() != key->data_ptr(), op,
+                ": 'query' and 'key' are the same memory (it would be rotated twice)");
   }
   Check(op, "cos_sin_cache", cos_sin_cache).dim(2).dtype({at::kFloat}).device_as(query, "query").contiguous();
   a.rot_dim = int(cos_sin_cache.size(1));
@@ -288,14 +311,19 @@ inline void kv_cache_shape(const char* op, const at::Tensor& key_cache, const at
   num_kv_heads = int(key_cache.size(1));
   block_size = int(key_cache.size(2));
   head_dim = int(key_cache.size(3));
+  // Zero KV heads / block size would divide by zero in the kernels (GQA group, block of a slot);
+  // int fields: the sizes must fit.
+  check_range<int64_t>(op, "key_cache.size(1) (num_kv_heads)", key_cache.size(1), 1, INT32_MAX);
+  check_range<int64_t>(op, "key_cache.size(2) (block_size)", key_cache.size(2), 1, INT32_MAX);
+  check_range<int64_t>(op, "key_cache.size(3) (head_dim)", key_cache.size(3), 1, INT32_MAX);
   Check(op, "value_cache", value_cache).same_shape(key_cache, "key_cache").dtype_as(key_cache, "key_cache")
       .device_as(key_cache, "key_cache").contiguous();
 }
 
 // The KV cache's element type against the activations' (key/value or query, dtype `act`):
 // the same dtype, or fp8 e4m3 (then k_scale / v_scale: float32 [1] (per tensor) or
-// [num_kv_heads] (per KV head), on the cache's device; absent = 1.0). Returns the scales'
-// stride over KV heads (0: one scale), or -1 when the cache is not fp8 (no scales allowed).
+// [num_kv_heads] (per KV head), each independently, on the cache's device; absent = 1.0).
+// Returns 0 for an fp8 cache, or -1 when the cache is not fp8 (no scales allowed).
 inline int kv_cache_scales(const char* op, const at::Tensor& key_cache, at::ScalarType act, const char* act_name,
                            const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
                            int num_kv_heads) {
@@ -308,28 +336,28 @@ inline int kv_cache_scales(const char* op, const at::Tensor& key_cache, at::Scal
                 " cache");
     return -1;
   }
-  int stride = -2;
   for (auto [t, name] : {std::pair{&k_scale, "k_scale"}, std::pair{&v_scale, "v_scale"}}) {
     if (!t->has_value()) continue;
     const at::Tensor& sc = **t;
     Check(op, name, sc).dim(1).dtype({at::kFloat}).device_as(key_cache, "key_cache").contiguous();
     TORCH_CHECK(sc.size(0) == 1 || sc.size(0) == num_kv_heads, op, ": '", name, "' must have 1 or num_kv_heads = ",
                 num_kv_heads, " elements (per tensor or per KV head), got ", sc.size(0));
-    const int st = sc.size(0) == 1 ? 0 : 1;
-    TORCH_CHECK(stride == -2 || stride == st, op, ": 'k_scale' and 'v_scale' must have the same number of elements");
-    stride = st;
   }
-  return stride == -2 ? 0 : stride;
+  return 0;
 }
 
-inline KVScales kv_scales_of(const std::optional<at::Tensor>& k, const std::optional<at::Tensor>& v, int stride) {
-  return {k ? k->data_ptr<float>() : nullptr, v ? v->data_ptr<float>() : nullptr, stride < 0 ? 0 : stride};
+// The fp8 scales' pointers for the kernels (null: 1), each with its own stride over KV heads
+// (0: one scale for the tensor, 1: one per KV head).
+inline KVScales kv_scales_of(const std::optional<at::Tensor>& k, const std::optional<at::Tensor>& v, int is_fp8) {
+  if (is_fp8 < 0) return {};
+  auto stride_of = [](const std::optional<at::Tensor>& t) { return t && t->size(0) > 1 ? 1 : 0; };
+  return {k ? k->data_ptr<float>() : nullptr, v ? v->data_ptr<float>() : nullptr, stride_of(k), stride_of(v)};
 }
 
 struct CacheArgs {
   int64_t num_tokens, k_stride, v_stride, num_blocks;
   int num_kv_heads, block_size, head_dim;
-  int scale_stride;  // fp8 cache: scales' stride over KV heads (0 or 1); -1: not fp8
+  int scale_stride;  // 0: fp8 cache (scales in kv); -1: not fp8
   KVScales kv;       // the fp8 scales' pointers (null: 1) for the kernels
 };
 
@@ -405,7 +433,7 @@ inline BlockCopyArgs swap_blocks_args(const at::Tensor& src, const at::Tensor& d
 struct AttnArgs {
   int64_t num_tokens, q_stride, num_blocks;
   int num_seqs, num_q_heads, num_kv_heads, block_size, head_dim, max_blocks;
-  int scale_stride;  // fp8 cache: scales' stride over KV heads (0 or 1); -1: not fp8
+  int scale_stride;  // 0: fp8 cache (scales in kv); -1: not fp8
   KVScales kv;       // the fp8 scales' pointers (null: 1) for the kernels
 };
 
@@ -525,6 +553,7 @@ inline GemmAllReduceArgs allreduce_epilogue_args(const char* op, const GemmArgs&
   if (r.norm) {
     r.r_stride = Check(op, "residual", *residual).same_shape(out, "out").dtype_as(out, "out").device_as(out, "out")
                      .row_stride();
+    check_rows_disjoint(op, "residual", g.M, g.N, r.r_stride);
     Check(op, "norm_weight", *norm_weight).dim(1).size(0, g.N, "N").dtype_as(out, "out").device_as(out, "out")
         .contiguous();
     check_range(op, "eps", eps, 0.0, 1.0);

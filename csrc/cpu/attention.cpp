@@ -3,7 +3,11 @@
 // (block ids, lengths) that the CUDA launchers must trust.
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "../op_args.h"
 #include "dispatch.h"
@@ -70,6 +74,7 @@ void paged_attention_cpu(at::Tensor& out,                    // [T, Hq, D]
                   " is outside [0, num_blocks = ", a.num_blocks, ")");
     }
   }
+  if (a.num_tokens == 0 || a.num_q_heads == 0) return;  // nothing to write (the kernel's tiles need a row)
   dk::cpu::PagedAttentionParams P{a.num_tokens, a.num_seqs, a.num_q_heads, a.max_blocks, a.q_stride, float(scale),
                                   dk::PagedLayout{a.num_kv_heads, a.block_size, a.head_dim}};
   float* lse_ptr = lse.has_value() ? lse->data_ptr<float>() : nullptr;
@@ -92,10 +97,36 @@ void copy_blocks_cpu(at::TensorList key_caches,     // per layer [num_blocks, ..
   for (int64_t i = 0; i < 2 * a.num_pairs; ++i)
     TORCH_CHECK(m[i] >= 0 && m[i] < a.num_blocks, "decodekit::copy_blocks: 'block_mapping'[", i / 2, ", ", i % 2,
                 "] = ", m[i], " is outside [0, num_blocks = ", a.num_blocks, ")");
-  for (size_t l = 0; l < key_caches.size(); ++l) {
-    dk::cpu::copy_blocks(static_cast<char*>(key_caches[l].data_ptr()), a.block_bytes, m, a.num_pairs);
-    dk::cpu::copy_blocks(static_cast<char*>(value_caches[l].data_ptr()), a.block_bytes, m, a.num_pairs);
+  // Every pair reads the blocks' contents from before the call (the reference's semantics). The
+  // kernel copies pairs in parallel, which is that only when no destination is also a source; a
+  // destination given two different sources has no meaning. O(N log N) in the pairs.
+  std::vector<std::pair<int64_t, int64_t>> by_dst(size_t(a.num_pairs));  // (dst, src)
+  for (int64_t i = 0; i < a.num_pairs; ++i) by_dst[size_t(i)] = {m[2 * i + 1], m[2 * i]};
+  std::sort(by_dst.begin(), by_dst.end());
+  for (size_t i = 1; i < by_dst.size(); ++i)
+    TORCH_CHECK(by_dst[i].first != by_dst[i - 1].first || by_dst[i].second == by_dst[i - 1].second,
+                "decodekit::copy_blocks: 'block_mapping' copies blocks ", by_dst[i - 1].second, " and ",
+                by_dst[i].second, " onto the same destination block ", by_dst[i].first,
+                " (each destination must have one source)");
+  bool chained = false;  // some destination is also a source (read after being written)
+  for (int64_t i = 0; i < a.num_pairs && !chained; ++i) {
+    const int64_t src = m[2 * i];
+    auto it = std::lower_bound(by_dst.begin(), by_dst.end(), std::pair<int64_t, int64_t>{src, INT64_MIN});
+    chained = it != by_dst.end() && it->first == src && it->second != src;
   }
+  std::vector<char> staged(chained ? size_t(a.num_pairs * a.block_bytes) : 0);
+  for (size_t l = 0; l < key_caches.size(); ++l)
+    for (const at::Tensor* t : {&key_caches[l], &value_caches[l]}) {
+      char* cache = static_cast<char*>(t->data_ptr());
+      if (!chained) {
+        dk::cpu::copy_blocks(cache, a.block_bytes, m, a.num_pairs);
+        continue;
+      }
+      for (int64_t i = 0; i < a.num_pairs; ++i)  // all sources first, then all destinations
+        std::memcpy(staged.data() + i * a.block_bytes, cache + m[2 * i] * a.block_bytes, size_t(a.block_bytes));
+      for (int64_t i = 0; i < a.num_pairs; ++i)
+        std::memcpy(cache + m[2 * i + 1] * a.block_bytes, staged.data() + i * a.block_bytes, size_t(a.block_bytes));
+    }
 }
 
 void swap_blocks_cpu(const at::Tensor& src,            // [num_src_blocks, ...]

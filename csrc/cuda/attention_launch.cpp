@@ -100,7 +100,7 @@ void paged_attention_cuda(at::Tensor& out,                    // [T, Hq, D]
                 "' data must be 16-byte aligned on CUDA (it is read with 16-byte loads)");
   TORCH_CHECK(a.num_tokens <= INT32_MAX, op, ": too many tokens (", a.num_tokens, ")");
   TORCH_CHECK(a.num_kv_heads <= 65535, op, ": too many KV heads (", a.num_kv_heads, ")");
-  if (a.num_tokens == 0) return;
+  if (a.num_tokens == 0 || a.num_q_heads == 0) return;  // nothing to write
   c10::cuda::OptionalCUDAGuard guard(query.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const dk::PagedLayout L{a.num_kv_heads, a.block_size, a.head_dim};

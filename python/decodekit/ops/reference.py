@@ -240,8 +240,14 @@ def copy_blocks(key_caches: list[torch.Tensor],    # per layer [num_blocks, ...]
                 block_mapping: torch.Tensor,       # [N, 2] int64 (src, dst)
                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Copies of the caches with block src copied onto block dst for every pair (all pairs read
-    the original contents)."""
+    the original contents, so a destination may also be a source). A destination given two
+    different sources is a ValueError."""
     src, dst = block_mapping[:, 0].long().cpu(), block_mapping[:, 1].long().cpu()
+    pairs = {}
+    for s_, d_ in zip(src.tolist(), dst.tolist()):
+        if pairs.setdefault(d_, s_) != s_:
+            raise ValueError(f"copy_blocks: 'block_mapping' copies blocks {pairs[d_]} and {s_} onto the same "
+                             f"destination block {d_} (each destination must have one source)")
     outs = ([], [])
     for caches, out in ((key_caches, outs[0]), (value_caches, outs[1])):
         for c in caches:
@@ -313,7 +319,8 @@ def quantize_fp8(x: torch.Tensor                     # [M, K]
     """Per-row (token) dynamic quantization: scale = max|x| / 448, codes = fp8(x / scale) (fp32
     division, saturated, round to nearest even)."""
     xf = x.float()
-    amax = xf.abs().amax(dim=1)
+    # K = 0: no element, amax 0 (amax over an empty dim raises in torch)
+    amax = xf.abs().amax(dim=1) if xf.shape[1] > 0 else xf.new_zeros(xf.shape[0])
     amax = torch.where(xf.isnan().any(dim=1), torch.full_like(amax, float("nan")), amax)
     scale = fp8_dynamic_scale(amax)
     return _to_fp8(xf, scale[:, None]), scale
