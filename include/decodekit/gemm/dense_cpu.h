@@ -16,6 +16,13 @@ namespace dk::cpu {
 
 // Largest M handled here; above it the caller uses a blocked GEMM library (oneDNN/MKL).
 constexpr int64_t kDenseGemvMaxM = 64;
+// How a dense bf16 projection is routed on the CPU (ops.linear and decoder_layer, which must agree
+// bit for bit): dense_gemm up to kDenseRouteMaxM rows; from kBf16UpcastMinM rows (prefill) an fp32
+// GEMM on upcast operands (torch's bf16 CPU matmul without AMX is slower: 1.45x at M=256, 1.8x at
+// M=2048); in between torch's bf16 matmul. python/decodekit/ops/__init__.py holds the same two
+// numbers (_DENSE_ROUTE_MAX_M, _BF16_UPCAST_MIN_M); tests/ops/test_decoder_layer.py checks they agree.
+constexpr int64_t kDenseRouteMaxM = 32;
+constexpr int64_t kBf16UpcastMinM = 128;
 
 template <class T>
 inline void dense_row_generic(float* acc,            // [mt]
