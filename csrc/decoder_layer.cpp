@@ -64,17 +64,18 @@ int64_t proj_rows(const char* name, at::TensorList w) {
 }
 
 // out [T, N] = a [T, K] @ w^T (+ bias), routed as ops.linear routes it (python/decodekit/ops/__init__.py),
-// so the result is bitwise the op-by-op path's: int4_gemm / int8_gemm for packed weights; dense bf16 on
-// the CPU: dense_gemm up to kDenseRouteMaxM rows, an fp32 GEMM on upcast operands from
-// kBf16UpcastMinM rows; everything else at::linear.
+// so the result is bitwise the op-by-op path's: int4_gemm / int8_gemm for packed weights; dense bf16 /
+// fp16 on the CPU: dense_gemm up to kDenseRouteMaxM rows, beyond an fp32 GEMM on upcast operands (bf16:
+// from kBf16UpcastMinM rows); everything else at::linear.
 void project(const LayerOps& ops, at::Tensor& out, const at::Tensor& a, at::TensorList w, int64_t group_size,
             const OptTensor& bias) {
   if (w.size() == 3) return ops.int4.call(out, a, w[0], w[1], w[2], group_size, bias);
   if (w.size() == 2) return ops.int8.call(out, a, w[0], w[1], group_size, bias);
   const int64_t M = a.size(0);
-  if (a.is_cpu() && a.scalar_type() == at::kBFloat16) {
+  const bool bf16 = a.scalar_type() == at::kBFloat16, fp16 = a.scalar_type() == at::kHalf;
+  if (a.is_cpu() && (bf16 || fp16)) {
     if (M <= dk::cpu::kDenseRouteMaxM) return ops.dense.call(out, a, w[0], bias);
-    if (M >= dk::cpu::kBf16UpcastMinM) {
+    if (fp16 || M >= dk::cpu::kBf16UpcastMinM) {
       const OptTensor b = bias ? OptTensor(bias->to(at::kFloat)) : std::nullopt;
       out.copy_(at::linear(a.to(at::kFloat), w[0].to(at::kFloat), b));
       return;

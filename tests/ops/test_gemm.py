@@ -30,7 +30,7 @@ def test_dense_gemm(M, N, K, dtype, bias, strided, gen):
     # fp32 accumulation over K terms of size ~1/sqrt(K): error ~ sqrt(K) * 2^-24, far below
     # the output rounding; the bound is the dtype's half-ulp rounding (TOL).
     torch.testing.assert_close(out.double(), want, **TOL[dtype])
-    if dtype == torch.bfloat16 and M <= 32:  # ops.linear routes here
+    if dtype in (torch.bfloat16, torch.float16) and M <= 32:  # ops.linear routes here
         assert torch.equal(ops.linear(a, w, b), out)
 
 
@@ -51,11 +51,12 @@ def test_opcheck(dtype, gen):
     opcheck(torch.ops.decodekit.dense_gemm.default, (torch.empty(3, 7, dtype=dtype), a, w, None))
 
 
-@pytest.mark.parametrize("M", [1, 8, 9, 127, 128, 300])
-def test_linear_routes_agree(M, gen):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("M", [1, 8, 9, 32, 33, 127, 128, 300])
+def test_linear_routes_agree(M, dtype, gen):
     # every CPU route of ops.linear (dense_gemm, torch bf16, fp32 upcast) computes x @ w^T + b
-    x = randn((M, 96), torch.bfloat16, "cpu", gen)
-    w = randn((40, 96), torch.bfloat16, "cpu", gen, scale=0.1)
-    b = randn((40,), torch.bfloat16, "cpu", gen)
+    x = randn((M, 96), dtype, "cpu", gen)
+    w = randn((40, 96), dtype, "cpu", gen, scale=0.1)
+    b = randn((40,), dtype, "cpu", gen)
     torch.testing.assert_close(ops.linear(x, w, b).double(), ref.dense_gemm(x.double(), w.double(), b.double()),
-                               **TOL[torch.bfloat16])
+                               **TOL[dtype])
