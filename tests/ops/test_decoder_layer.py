@@ -243,7 +243,7 @@ def test_decoder_layer_opcheck(gen):
 
 
 @pytest.mark.parametrize("quantization,dtype", [("int4-rtn", "auto"), (None, "auto"), (None, "bfloat16"),
-                                                ("fp8", "auto")])
+                                                (None, "float16"), ("fp8", "auto")])
 def test_model_fused_layers_equal_op_by_op(quantization, dtype, monkeypatch):
     """The engine's outputs (tokens and logprobs) do not depend on the path: decoder_layer where every
     projection is packed or dense, op by op otherwise (DECODEKIT_FUSED_LAYERS=0; fp8 never fuses).

@@ -1,7 +1,7 @@
 // Dense weight GEMM for small M on the CPU (decode): out[m, n] = sum_k a[m, k] w[n, k] + bias[n].
 // Memory-bound at small M: each weight row is streamed once and dotted with all M rows of
-// `a` (kept in L1). bf16 and fp16 widen weights to fp32 in registers and use fp32 FMAs (AVX-512)
-// when the compiler targets them; every other case uses a plain loop it vectorizes.
+// `a` (kept in L1). With AVX-512, bf16 and fp16 weights are widened to fp32 in registers (fp32 loaded
+// as is) for fp32 FMAs in a register tile; without it a plain loop the compiler vectorizes.
 #pragma once
 #include <algorithm>
 
@@ -52,6 +52,8 @@ inline __m512 dk_widen16(const bf16_t* p) {
   return _mm512_castsi512_ps(
       _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
 }
+inline __m512 dk_widen16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 dk_widen16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 dk_widen16(const half_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
 inline __m512 dk_widen16(const half_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -169,7 +171,7 @@ void dense_gemm(T* out,            // [M, N] contiguous
                 int64_t M, int64_t N, int64_t K) {
 #if defined(DK_DENSE_WIDEN_AVX512)
   constexpr bool kBf16 = std::is_same_v<T, bf16_t>;
-  constexpr bool kWiden = kBf16 || std::is_same_v<T, half_t>;
+  constexpr bool kWiden = kBf16 || std::is_same_v<T, half_t> || std::is_same_v<T, float>;
 #else
   constexpr bool kBf16 = false, kWiden = false;
 #endif
