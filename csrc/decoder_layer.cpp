@@ -10,8 +10,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/linear.h>
 
-#include "check.h"
-#include "decodekit/gemm/dense_cpu.h"
+#include "op_args.h"
 
 namespace {
 
@@ -64,18 +63,19 @@ int64_t proj_rows(const char* name, at::TensorList w) {
 }
 
 // out [T, N] = a [T, K] @ w^T (+ bias), routed as ops.linear routes it (python/decodekit/ops/__init__.py),
-// so the result is bitwise the op-by-op path's: int4_gemm / int8_gemm for packed weights; dense bf16 /
-// fp16 on the CPU: dense_gemm up to kDenseRouteMaxM rows, beyond an fp32 GEMM on upcast operands (bf16:
-// from kBf16UpcastMinM rows); everything else at::linear.
+// so the result is bitwise the op-by-op path's: int4_gemm / int8_gemm for packed weights; dense fp32 /
+// bf16 / fp16 on the CPU by dk::cpu::dense_route (dense_gemm, an fp32 GEMM on upcast operands, or torch's);
+// everything else at::linear.
 void project(const LayerOps& ops, at::Tensor& out, const at::Tensor& a, at::TensorList w, int64_t group_size,
-            const OptTensor& bias) {
+             const OptTensor& bias) {
   if (w.size() == 3) return ops.int4.call(out, a, w[0], w[1], w[2], group_size, bias);
   if (w.size() == 2) return ops.int8.call(out, a, w[0], w[1], group_size, bias);
   const int64_t M = a.size(0);
-  const bool bf16 = a.scalar_type() == at::kBFloat16, fp16 = a.scalar_type() == at::kHalf;
-  if (a.is_cpu() && (bf16 || fp16)) {
-    if (M <= dk::cpu::kDenseRouteMaxM) return ops.dense.call(out, a, w[0], bias);
-    if (fp16 || M >= dk::cpu::kBf16UpcastMinM) {
+  const at::ScalarType st = a.scalar_type();
+  if (a.is_cpu() && (st == at::kFloat || st == at::kBFloat16 || st == at::kHalf)) {
+    const dk::cpu::DenseRoute r = dk::cpu::dense_route(dk::dense_dtype(st));
+    if (M >= r.dense_min_m && M <= r.dense_max_m) return ops.dense.call(out, a, w[0], bias);
+    if (M >= r.upcast_min_m) {
       const OptTensor b = bias ? OptTensor(bias->to(at::kFloat)) : std::nullopt;
       out.copy_(at::linear(a.to(at::kFloat), w[0].to(at::kFloat), b));
       return;

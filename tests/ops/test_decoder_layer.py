@@ -177,11 +177,11 @@ def test_decoder_layer_vs_float64(case, config, dtype, fmt, gen):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows", [1, 7, 32, 33, 127, 128, 131])
+@pytest.mark.parametrize("rows", [1, 2, 7, 32, 33, 127, 128, 131])
 def test_decoder_layer_dense_routes(rows, dtype, gen):
-    """Dense projections go where ops.linear sends them (bf16 on the CPU: dense_gemm up to 32 rows, torch's
-    bf16 matmul up to 127, an fp32 GEMM on upcast operands from 128): bitwise equal on both sides of each
-    boundary, which the routes' different summation orders would break if the two sides disagreed."""
+    """Dense projections go where ops.linear sends them (on the CPU: ops.dense_route's dense_gemm,
+    torch or fp32-upcast GEMM by rows; the rows here straddle every route's boundaries): bitwise equal,
+    which the routes' different summation orders would break if the two sides disagreed."""
     CASES[f"rows{rows}"] = ([rows + 5], [rows])
     try:
         unfused, fused, _ = _run_both(f"rows{rows}", (9, 3, 64, 16), "dense", dtype, "cpu", gen, bias=True)
@@ -192,14 +192,24 @@ def test_decoder_layer_dense_routes(rows, dtype, gen):
         assert torch.equal(a, b), f"{name}: fused differs from the op sequence ({(a != b).sum()} elements)"
 
 
-def test_dense_route_limits_agree_with_the_kernel_header():
-    """ops.linear's bf16 routing numbers are the ones decoder_layer reads from dense_cpu.h."""
-    import pathlib
-    import re
-    header = (pathlib.Path(__file__).parents[2] / "include/decodekit/gemm/dense_cpu.h").read_text()
-    got = {n: int(v) for n, v in re.findall(r"constexpr int64_t (\w+) = (\d+);", header)}
-    assert got["kDenseRouteMaxM"] == ops._DENSE_ROUTE_MAX_M
-    assert got["kBf16UpcastMinM"] == ops._BF16_UPCAST_MIN_M
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dense_route_is_a_partition_and_linear_follows_it(dtype, gen, monkeypatch):
+    """dense_route's (dense_min_m, dense_max_m, upcast_min_m) splits the rows into dense_gemm, torch and the
+    fp32 upcast; ops.linear sends each M where the route says (dense_gemm calls counted)."""
+    lo, hi, upcast = ops.dense_route(dtype)
+    assert 1 <= lo and hi < upcast and (hi < lo or hi <= 64)   # dense_gemm takes at most 64 rows
+    with pytest.raises(RuntimeError, match="'dtype' must be float32, bfloat16 or float16"):
+        torch.ops.decodekit.dense_route(torch.float64)
+    calls = []
+    real = ops.dense_gemm
+    monkeypatch.setattr(ops, "dense_gemm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    w = randn((24, 40), dtype, "cpu", gen, 0.1)
+    for M in sorted({1, 2, lo, hi, hi + 1, 33, 129}):
+        if M < 1:
+            continue
+        calls.clear()
+        ops.linear(randn((M, 40), dtype, "cpu", gen), w)
+        assert bool(calls) == (lo <= M <= hi), (M, (lo, hi, upcast))
 
 
 def test_decoder_layer_errors(gen):

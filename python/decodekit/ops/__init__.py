@@ -77,14 +77,14 @@ def _silu_and_mul_fake(out, input):
 
 
 # --- dense linear layers -----------------------------------------------------------------
-# The bf16 / fp16 CPU route below is also decoder_layer's (csrc/decoder_layer.cpp): these two numbers are
-# include/decodekit/gemm/dense_cpu.h's kDenseRouteMaxM / kBf16UpcastMinM (a test checks they agree).
-# dense_gemm beats torch's bf16 CPU matmul up to about this many rows (measured here on
-# 576-wide SmolLM2 shapes: 1.6-2.2x at M=1, 1.2-1.7x at M=8, 1.0-1.3x at M=32, 0.9x at M=64).
-_DENSE_ROUTE_MAX_M = 32
-# Above this many rows (prefill) torch's bf16 CPU matmul (no AMX here) is slower than
-# upcasting both operands and running MKL's fp32 GEMM: 1.45x at M=256, 1.8x at M=2048.
-_BF16_UPCAST_MIN_M = 128
+
+@functools.lru_cache(maxsize=None)
+def dense_route(dtype: torch.dtype) -> tuple[int, int, int]:
+    """The CPU route of a dense fp32 / bf16 / fp16 projection (include/decodekit/gemm/dense_cpu.h, where the
+    measurements behind it are): (dense_min_m, dense_max_m, upcast_min_m): dense_gemm for M rows in
+    [dense_min_m, dense_max_m], an fp32 GEMM on upcast operands from upcast_min_m, torch's own GEMM
+    otherwise. decoder_layer routes by the same function, so both paths give the same bits."""
+    return tuple(_ops.dense_route(dtype))
 
 
 def dense_gemm(a: torch.Tensor,                 # [M, K], M <= 64
@@ -286,10 +286,9 @@ def linear(x: torch.Tensor,                      # [M, K]
     """x @ weight^T + bias. Packed INT4 / INT8 weights: int4_gemm / int8_gemm (CPU: any M; CUDA: GEMV
     up to 8 rows, INT4 on tensor cores beyond for fp16/bf16, else decoded a chunk at a time and the
     dense path); act-order INT4 gathers x's columns first; fp8 weights: W8A8 (quantize_fp8 +
-    fp8_gemm). On the CPU in bf16 / fp16: decode batches (up to 32 rows) use dense_gemm
-    (weights widened to fp32 in registers, near memory bandwidth), prefill-sized ones (bf16: 128+ rows;
-    fp16: 33+) an fp32 GEMM on upcast operands; everything else goes to torch (oneDNN/MKL, cuBLAS on
-    CUDA)."""
+    fp8_gemm). On the CPU in fp32 / bf16 / fp16 the rows decide (dense_route, per CPU): dense_gemm (weights
+    widened to fp32 in registers, near memory bandwidth), an fp32 GEMM on upcast operands, or torch's;
+    everything else goes to torch (oneDNN/MKL, cuBLAS on CUDA)."""
     if isinstance(weight, Fp8Weight):  # W8A8: activations quantized per token, fp8 GEMM
         q, sc = quantize_fp8(x)
         return fp8_gemm(q, sc, weight, bias, x.dtype)
@@ -298,10 +297,11 @@ def linear(x: torch.Tensor,                      # [M, K]
         weight = weight.stored()
     if isinstance(weight, (Int4Weight, Int8Weight)):
         return _quant_gemm(x, weight, bias, None)  # CUDA past its kernels' rows: _packed_dense
-    if x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16) and x.dim() == 2:
-        if x.shape[0] <= _DENSE_ROUTE_MAX_M:
+    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16, torch.float16) and x.dim() == 2:
+        lo, hi, upcast = dense_route(x.dtype)
+        if lo <= x.shape[0] <= hi:
             return dense_gemm(x, weight, bias)
-        if x.dtype == torch.float16 or x.shape[0] >= _BF16_UPCAST_MIN_M:
+        if x.shape[0] >= upcast:
             b = None if bias is None else bias.float()
             return torch.nn.functional.linear(x.float(), weight.float(), b).to(x.dtype)
     return torch.nn.functional.linear(x, weight, bias)
