@@ -1,5 +1,5 @@
 // decoder_layer: one Llama-family decoder layer (attention + SwiGLU MLP) as one op call, for packed
-// INT4 / INT8 projection weights. It is the sequence the Python model runs op by op
+// INT4 / INT8 or dense projection weights. It is the sequence the Python model runs op by op
 // (python/decodekit/models/llama.py), issued here through the dispatcher: the same kernels on the
 // same operands, so the results are bitwise those of the unfused sequence, on the CPU and on CUDA
 // alike. What it saves is the per-op cost of the Python path (argument wrapping, dispatch from
@@ -8,8 +8,9 @@
 #include <torch/library.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/linear.h>
 
-#include "check.h"
+#include "op_args.h"
 
 namespace {
 
@@ -39,6 +40,7 @@ struct LayerOps {
   Op<void(T_&, T_&, CT, double)> add_norm{"decodekit::fused_add_rms_norm"};
   Op<void(T_&, CT, CT, CT, CT, int64_t, CO)> int4{"decodekit::int4_gemm"};
   Op<void(T_&, CT, CT, CT, int64_t, CO)> int8{"decodekit::int8_gemm"};
+  Op<void(T_&, CT, CT, CO)> dense{"decodekit::dense_gemm"};
   Op<void(CT, T_&, CO, CT, int64_t, bool)> rope{"decodekit::rotary_embedding"};
   Op<void(CT, CT, T_&, T_&, CT, CO, CO)> cache{"decodekit::reshape_and_cache"};
   Op<void(T_&, CT, CT, CT, CT, CT, CT, double, CO, CO, CO)> attn{"decodekit::paged_attention"};
@@ -50,22 +52,36 @@ struct LayerOps {
   }
 };
 
-// A packed projection: [qweight, scales, mins] (INT4) or [qweight, scales] (INT8); returns its rows N.
-int64_t packed_rows(const char* name, at::TensorList w) {
-  if (w.size() != 3 && w.size() != 2)
-    fail(name, "must hold 3 tensors (INT4: qweight, scales, mins) or 2 (INT8: qweight, "
-                          "scales), got " + std::to_string(w.size()));
+// A projection: [qweight, scales, mins] (INT4), [qweight, scales] (INT8) or [weight] (dense, the
+// activations' dtype); returns its rows N.
+int64_t proj_rows(const char* name, at::TensorList w) {
+  if (w.empty() || w.size() > 3)
+    fail(name, "must hold 3 tensors (INT4: qweight, scales, mins), 2 (INT8: qweight, scales) or 1 (a dense "
+               "weight), got " + std::to_string(w.size()));
   dk::Check(kOp, name, w[0]).dim(2);
   return w[0].size(0);
 }
 
-// out [T, N] = a [T, K] @ w^T (+ bias) through int4_gemm / int8_gemm.
-void packed_linear(const LayerOps& ops, at::Tensor& out, const at::Tensor& a, at::TensorList w, int64_t group_size,
-                   const OptTensor& bias) {
-  if (w.size() == 3)
-    ops.int4.call(out, a, w[0], w[1], w[2], group_size, bias);
-  else
-    ops.int8.call(out, a, w[0], w[1], group_size, bias);
+// out [T, N] = a [T, K] @ w^T (+ bias), routed as ops.linear routes it (python/decodekit/ops/__init__.py),
+// so the result is bitwise the op-by-op path's: int4_gemm / int8_gemm for packed weights; dense fp32 /
+// bf16 / fp16 on the CPU by dk::cpu::dense_route (dense_gemm, an fp32 GEMM on upcast operands, or torch's);
+// everything else at::linear.
+void project(const LayerOps& ops, at::Tensor& out, const at::Tensor& a, at::TensorList w, int64_t group_size,
+             const OptTensor& bias) {
+  if (w.size() == 3) return ops.int4.call(out, a, w[0], w[1], w[2], group_size, bias);
+  if (w.size() == 2) return ops.int8.call(out, a, w[0], w[1], group_size, bias);
+  const int64_t M = a.size(0);
+  const at::ScalarType st = a.scalar_type();
+  if (a.is_cpu() && (st == at::kFloat || st == at::kBFloat16 || st == at::kHalf)) {
+    const dk::cpu::DenseRoute r = dk::cpu::dense_route(dk::dense_dtype(st));
+    if (M >= r.dense_min_m && M <= r.dense_max_m) return ops.dense.call(out, a, w[0], bias);
+    if (M >= r.upcast_min_m) {
+      const OptTensor b = bias ? OptTensor(bias->to(at::kFloat)) : std::nullopt;
+      out.copy_(at::linear(a.to(at::kFloat), w[0].to(at::kFloat), b));
+      return;
+    }
+  }
+  out.copy_(at::linear(a, w[0], bias));
 }
 
 void decoder_layer(at::Tensor& out,                  // [T, hidden]: the MLP's output
@@ -74,11 +90,11 @@ void decoder_layer(at::Tensor& out,                  // [T, hidden]: the MLP's o
                    at::Tensor& workspace,            // [>= T * (2 q + 2 kv + 3 I)] of hidden's dtype
                    at::Tensor& key_cache,            // [num_blocks, Hk, block_size, D]
                    at::Tensor& value_cache,          // [num_blocks, Hk, block_size, D]
-                   at::TensorList qkv_weight,        // packed [q + 2 kv, hidden]
+                   at::TensorList qkv_weight,        // packed or dense [q + 2 kv, hidden] (see proj_rows)
                    const OptTensor& qkv_bias,        // [q + 2 kv]
-                   at::TensorList o_weight,          // packed [hidden, q]
-                   at::TensorList gate_up_weight,    // packed [2 I, hidden]
-                   at::TensorList down_weight,       // packed [hidden, I]
+                   at::TensorList o_weight,          // packed or dense [hidden, q]
+                   at::TensorList gate_up_weight,    // packed or dense [2 I, hidden]
+                   at::TensorList down_weight,       // packed or dense [hidden, I]
                    at::IntArrayRef group_sizes,      // [4]: qkv, o, gate_up, down
                    const at::Tensor& input_norm,     // [hidden]
                    const at::Tensor& post_norm,      // [hidden]
@@ -103,16 +119,16 @@ void decoder_layer(at::Tensor& out,                  // [T, hidden]: the MLP's o
     fail("group_sizes", "must hold 4 values (qkv, o, gate_up, down), got " +
                                                   std::to_string(group_sizes.size()));
   const int64_t q = num_heads * head_dim, kv = num_kv_heads * head_dim;
-  const int64_t qkv_rows = packed_rows("qkv_weight", qkv_weight);
+  const int64_t qkv_rows = proj_rows("qkv_weight", qkv_weight);
   if (qkv_rows != q + 2 * kv)
     fail("qkv_weight", "must have (num_heads + 2 num_kv_heads) * head_dim = " +
                                                  std::to_string(q + 2 * kv) + " rows, got " + std::to_string(qkv_rows));
-  const int64_t gate_up_rows = packed_rows("gate_up_weight", gate_up_weight);
+  const int64_t gate_up_rows = proj_rows("gate_up_weight", gate_up_weight);
   if (gate_up_rows % 2 != 0)
     fail("gate_up_weight", "must have an even number of rows (gate | up), got " +
                                                      std::to_string(gate_up_rows));
   const int64_t I = gate_up_rows / 2;
-  if (packed_rows("o_weight", o_weight) != H || packed_rows("down_weight", down_weight) != H)
+  if (proj_rows("o_weight", o_weight) != H || proj_rows("down_weight", down_weight) != H)
     fail("o_weight / down_weight", "must have hidden_size = " + std::to_string(H) + " rows");
   dk::Check(kOp, "out", out).same_shape(hidden, "hidden").dtype_as(hidden, "hidden").contiguous();
   dk::Check(kOp, "workspace", workspace).dtype_as(hidden, "hidden").device_as(hidden, "hidden").contiguous();
@@ -129,7 +145,7 @@ void decoder_layer(at::Tensor& out,                  // [T, hidden]: the MLP's o
   at::Tensor act = flat.narrow(0, T * (2 * q + 2 * kv + 2 * I), T * I).view({T, I});
 
   if (add_input) ops.add_norm.call(hidden, residual, input_norm, eps);
-  packed_linear(ops, qkv, hidden, qkv_weight, group_sizes[0], qkv_bias);
+  project(ops, qkv, hidden, qkv_weight, group_sizes[0], qkv_bias);
   at::Tensor qv = qkv.narrow(1, 0, q);
   const OptTensor k = qkv.narrow(1, q, kv);  // [T, kv]: rope in place, then cached
   ops.rope.call(positions, qv, k, cos_sin_cache, head_dim, is_neox);
@@ -137,11 +153,11 @@ void decoder_layer(at::Tensor& out,                  // [T, hidden]: the MLP's o
                  key_cache, value_cache, slot_mapping, k_scale, v_scale);
   ops.attn.call(attn, qv.view({T, num_heads, head_dim}), key_cache, value_cache, block_tables, seq_lens,
                 query_start_loc, scale, std::nullopt, k_scale, v_scale);
-  packed_linear(ops, hidden, attn.view({T, q}), o_weight, group_sizes[1], std::nullopt);  // hidden <- o-proj
+  project(ops, hidden, attn.view({T, q}), o_weight, group_sizes[1], std::nullopt);  // hidden <- o-proj
   ops.add_norm.call(hidden, residual, post_norm, eps);
-  packed_linear(ops, gate_up, hidden, gate_up_weight, group_sizes[2], std::nullopt);
+  project(ops, gate_up, hidden, gate_up_weight, group_sizes[2], std::nullopt);
   ops.silu_mul.call(act, gate_up);
-  packed_linear(ops, out, act, down_weight, group_sizes[3], std::nullopt);
+  project(ops, out, act, down_weight, group_sizes[3], std::nullopt);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include "check.h"
 #include "decodekit/attention/common.h"  // KVScales
+#include "decodekit/gemm/dense_cpu.h"      // DenseDtype
 
 namespace dk {
 
@@ -597,6 +598,12 @@ inline GemmAllReduceArgs gemm_allreduce_fp8_args(const at::Tensor& out, const at
   const char* op = "decodekit::gemm_allreduce_fp8";
   const Fp8Args f = fp8_gemm_args(out, a, a_scale, weight, w_scale, bias, op);
   return allreduce_epilogue_args(op, GemmArgs{f.M, f.N, f.K, f.K}, out, residual, norm_weight, eps, P);
+}
+
+// dense_route's dtype (include/decodekit/gemm/dense_cpu.h) of a float tensor's scalar type.
+inline cpu::DenseDtype dense_dtype(at::ScalarType t) {
+  return t == at::kHalf ? cpu::DenseDtype::kFloat16
+                        : t == at::kBFloat16 ? cpu::DenseDtype::kBFloat16 : cpu::DenseDtype::kFloat32;
 }
 
 }  // namespace dk

@@ -25,6 +25,10 @@ TORCH_LIBRARY(decodekit, m) {
   // Dense weight GEMM for small M (decode) on the CPU: out = a @ weight^T (+ bias).
   // out: [M, N]; a: [M, K] (row stride free); weight: [N, K]; bias: [N]; M <= 64.
   m.def("dense_gemm(Tensor(a!) out, Tensor a, Tensor weight, Tensor? bias) -> ()");
+  // The CPU route of a dense projection in dtype (bf16 / fp16; include/decodekit/gemm/dense_cpu.h):
+  // [dense_min_m, dense_max_m, upcast_min_m]: dense_gemm for M in [min, max], an fp32 GEMM on
+  // upcast operands from upcast_min_m rows (INT64_MAX: never), torch's own otherwise.
+  m.def("dense_route(ScalarType dtype) -> int[]");
 
   // INT4 weight-only GEMM: out [M, N] = a [M, K] @ w^T (+ bias [N]) with w decoded from
   // qweight [N, K/2] uint8 (group-split nibbles), scales / mins [N, K/G] float16:

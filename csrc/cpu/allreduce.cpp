@@ -42,11 +42,7 @@ void custom_all_reduce_cpu(at::Tensor& out,              // [...] contiguous (ma
   });
 }
 
-// = decodekit.ops._DENSE_ROUTE_MAX_M: dense_gemm beats torch's CPU GEMM up to about this many rows.
-constexpr int64_t kDenseRouteMaxM = 32;
-// = decodekit.ops._BF16_UPCAST_MIN_M: from this many rows bf16 GEMMs run in fp32 on upcast operands.
-constexpr int64_t kBf16UpcastMinM = 128;
-static_assert(kDenseRouteMaxM <= dk::cpu::kDenseGemvMaxM, "dense_gemm row limit");
+static_assert(dk::cpu::kDenseRouteMaxM <= dk::cpu::kDenseGemvMaxM, "dense_gemm row limit");
 
 // Column tile of the CPU gemm_allreduce: wide enough that dense_gemm parallelises inside it.
 int64_t cpu_tile_n(int64_t N) {
@@ -94,16 +90,16 @@ void gemm_allreduce_cpu(at::Tensor& out,                               // [M, N]
   DK_CPU_DISPATCH_FLOATING(a.scalar_type(), op, [&] {
     using T = scalar_t;
     // dst [M, nc] row-major = round_T(a @ weight[n0 : n0 + nc]^T (+ bias on rank 0)), routed exactly as
-    // decodekit.ops.linear, so fused == ops.linear then all-reduce, bit for bit: bf16 up to
-    // kDenseRouteMaxM rows dense_gemm, tile by tile (its per-element arithmetic does not depend on the
-    // tile); everything else torch's GEMM (bf16 from kBf16UpcastMinM rows in fp32 on upcast operands),
-    // run once over all N columns -- its blocking may depend on N -- with the tiles published from it.
-    constexpr bool kBf16 = std::is_same_v<T, dk::bf16_t>;  // DK_CPU_DISPATCH_FLOATING's bf16 type
-    const bool tiled = kBf16 && M <= kDenseRouteMaxM;
+    // decodekit.ops.linear (dk::cpu::dense_route), so fused == ops.linear then all-reduce, bit for bit:
+    // dense_gemm tile by tile (its per-element arithmetic does not depend on the tile); everything else
+    // torch's GEMM (or the fp32 GEMM on upcast operands), run once over all N columns -- its blocking may
+    // depend on N -- with the tiles published from it.
+    const dk::cpu::DenseRoute route = dk::cpu::dense_route(dk::dense_dtype(a.scalar_type()));
+    const bool tiled = M >= route.dense_min_m && M <= route.dense_max_m;
     at::Tensor whole;  // [M, N] the torch-routed product
     if (!tiled) {
       const std::optional<at::Tensor> b = add_bias ? bias : std::nullopt;
-      if (kBf16 && M >= kBf16UpcastMinM) {
+      if (M >= route.upcast_min_m) {
         const std::optional<at::Tensor> bf = b ? std::optional<at::Tensor>(b->to(at::kFloat)) : std::nullopt;
         whole = at::linear(a.to(at::kFloat), weight.to(at::kFloat), bf).to(a.scalar_type());
       } else {

@@ -21,6 +21,13 @@ void dense_gemm_cpu(at::Tensor& out,                       // [M, N]
   });
 }
 
+std::vector<int64_t> dense_route(at::ScalarType dtype) {
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf, "decodekit::dense_route: "
+              "'dtype' must be float32, bfloat16 or float16, got ", dtype);
+  const dk::cpu::DenseRoute r = dk::cpu::dense_route(dk::dense_dtype(dtype));
+  return {r.dense_min_m, r.dense_max_m, r.upcast_min_m};
+}
+
 void int4_gemm_cpu(at::Tensor& out,                        // [M, N]
                    const at::Tensor& a,                    // [M, K]
                    const at::Tensor& qweight,              // [N, K / 2] uint8
@@ -120,3 +127,6 @@ TORCH_LIBRARY_IMPL(decodekit, CPU, m) {
   m.impl("quantize_fp8", &quantize_fp8_cpu);
   m.impl("fp8_gemm", &fp8_gemm_cpu);
 }
+
+// No tensor arguments.
+TORCH_LIBRARY_IMPL(decodekit, CompositeExplicitAutograd, m) { m.impl("dense_route", &dense_route); }

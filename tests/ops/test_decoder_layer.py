@@ -22,12 +22,15 @@ CASES = {  # name: (context lengths incl. new tokens, new tokens per sequence)
     "decode": ([15, 16, 17, 100], [1, 1, 1, 1]),
     "mixed": ([37, 50, 1], [13, 50, 1]),  # a prefill chunk starting mid-block, a whole prompt, a decode
 }
-# weight formats per projection (qkv, o, gate_up, down): int4 with a group size, or int8 (G = 32)
-FORMATS = {"int4-g32": ("i4/32",) * 4, "mixed": ("i4/64", "i8", "i4/32", "i8")}
+# weight formats per projection (qkv, o, gate_up, down): int4 with a group size, int8 (G = 32), or dense
+FORMATS = {"int4-g32": ("i4/32",) * 4, "mixed": ("i4/64", "i8", "i4/32", "i8"), "dense": ("dense",) * 4,
+           "dense-mixed": ("dense", "i4/32", "i8", "dense")}
 
 
-def _packed(fmt: str, n: int, k: int, gen: torch.Generator):
+def _packed(fmt: str, n: int, k: int, gen: torch.Generator, dtype=torch.float32):
     w = torch.randn(n, k, generator=gen) * k ** -0.5
+    if fmt == "dense":
+        return w.to(dtype)
     if fmt == "i8":
         scales = (w.view(n, k // 32, 32).abs().amax(2) / 127).clamp_min(1e-6).half()
         q = torch.round(w.view(n, k // 32, 32) / scales.float()[:, :, None]).clamp(-127, 127).to(torch.int8)
@@ -37,8 +40,8 @@ def _packed(fmt: str, n: int, k: int, gen: torch.Generator):
 
 def _layer(hq, hk, d, fmts, bias, dtype, device, gen):
     q, kv = hq * d, hk * d
-    ws = [_packed(f, n, k, gen) for f, (n, k) in zip(fmts, [(q + 2 * kv, HIDDEN), (HIDDEN, q), (2 * INTER, HIDDEN),
-                                                           (HIDDEN, INTER)])]
+    ws = [_packed(f, n, k, gen, dtype) for f, (n, k) in zip(fmts, [(q + 2 * kv, HIDDEN), (HIDDEN, q),
+                                                                  (2 * INTER, HIDDEN), (HIDDEN, INTER)])]
     ws = [w.to(device) for w in ws]
     qkv_bias = randn((q + 2 * kv,), dtype, device, gen, 0.1) if bias else None
     norms = [(1 + 0.1 * torch.randn(HIDDEN, generator=gen)).to(dtype).to(device) for _ in range(2)]
@@ -89,7 +92,7 @@ def _unfused(hidden, residual, kc, vc, ws, qkv_bias, norms, add_input, hq, hk, d
 
 def _fused(hidden, residual, kc, vc, ws, qkv_bias, norms, add_input, hq, hk, d, cs, md, scale, ks, vs):
     T = hidden.shape[0]
-    operands = [ops.packed_operands(w) for w in ws]
+    operands = [ops.projection_operands(w) for w in ws]
     nan = float("nan")
     work = torch.full((ops.decoder_layer_workspace_numel(T, hq * d, hk * d, INTER) + 5,), nan, dtype=hidden.dtype,
                       device=hidden.device)
@@ -125,7 +128,9 @@ def _run_both(case, config, fmt, dtype, device, gen, kv_fp8=False, bias=False, a
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "h{}x{}-d{}-b{}".format(*c))
 @pytest.mark.parametrize("case", list(CASES))
 def test_decoder_layer_matches_op_sequence(case, config, fmt, dtype, device, gen):
-    if device == "cuda" and case == "mixed" and (dtype == torch.float32 or fmt != "int4-g32"):
+    fmts = FORMATS[fmt]
+    cuda_rejects = "i8" in fmts or (dtype == torch.float32 and any(f.startswith("i4") for f in fmts))
+    if device == "cuda" and case == "mixed" and cuda_rejects:
         with pytest.raises(ValueError, match="decoder_layer on CUDA"):  # past the CUDA GEMV rows: INT4 + fp16/bf16
             _run_both(case, config, fmt, dtype, device, gen)
         return
@@ -152,14 +157,15 @@ def test_decoder_layer_fp8_kv(config, device, gen):
 REL_TOL = {torch.float32: 5e-6, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
+@pytest.mark.parametrize("fmt", ["mixed", "dense-mixed"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "h{}x{}-d{}-b{}".format(*c))
 @pytest.mark.parametrize("case", list(CASES))
-def test_decoder_layer_vs_float64(case, config, dtype, gen):
+def test_decoder_layer_vs_float64(case, config, dtype, fmt, gen):
     hq, hk, d, bs = config
-    _, fused, (hidden, residual, kc, vc, args) = _run_both(case, config, "mixed", dtype, "cpu", gen, bias=True)
+    _, fused, (hidden, residual, kc, vc, args) = _run_both(case, config, fmt, dtype, "cpu", gen, bias=True)
     ws, qkv_bias, norms, add_input, _, _, _, cs, md, scale, ks, vs = args
-    operands = [ops.packed_operands(w) for w in ws]
+    operands = [ops.projection_operands(w) for w in ws]
     want = ref.decoder_layer(hidden.double(), residual.double(), kc.double(), vc.double(), operands[0][0],
                              qkv_bias.double(), operands[1][0], operands[2][0], operands[3][0],
                              [o[1] for o in operands], norms[0].double(), norms[1].double(), add_input, 1e-5,
@@ -170,17 +176,53 @@ def test_decoder_layer_vs_float64(case, config, dtype, gen):
         assert err <= REL_TOL[dtype] * exp.abs().max().item(), f"{name} [{dtype}]: max error {err}"
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 2, 7, 32, 33, 127, 128, 131])
+def test_decoder_layer_dense_routes(rows, dtype, gen):
+    """Dense projections go where ops.linear sends them (on the CPU: ops.dense_route's dense_gemm,
+    torch or fp32-upcast GEMM by rows; the rows here straddle every route's boundaries): bitwise equal,
+    which the routes' different summation orders would break if the two sides disagreed."""
+    CASES[f"rows{rows}"] = ([rows + 5], [rows])
+    try:
+        unfused, fused, _ = _run_both(f"rows{rows}", (9, 3, 64, 16), "dense", dtype, "cpu", gen, bias=True)
+    finally:
+        del CASES[f"rows{rows}"]
+    for name, a, b in zip(("out", "residual", "key_cache", "value_cache"), unfused, fused):
+        assert not torch.isnan(b.float()).any(), f"{name}: NaN (unwritten poison?)"
+        assert torch.equal(a, b), f"{name}: fused differs from the op sequence ({(a != b).sum()} elements)"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dense_route_is_a_partition_and_linear_follows_it(dtype, gen, monkeypatch):
+    """dense_route's (dense_min_m, dense_max_m, upcast_min_m) splits the rows into dense_gemm, torch and the
+    fp32 upcast; ops.linear sends each M where the route says (dense_gemm calls counted)."""
+    lo, hi, upcast = ops.dense_route(dtype)
+    assert 1 <= lo and hi < upcast and (hi < lo or hi <= 64)   # dense_gemm takes at most 64 rows
+    with pytest.raises(RuntimeError, match="'dtype' must be float32, bfloat16 or float16"):
+        torch.ops.decodekit.dense_route(torch.float64)
+    calls = []
+    real = ops.dense_gemm
+    monkeypatch.setattr(ops, "dense_gemm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    w = randn((24, 40), dtype, "cpu", gen, 0.1)
+    for M in sorted({1, 2, lo, hi, hi + 1, 33, 129}):
+        if M < 1:
+            continue
+        calls.clear()
+        ops.linear(randn((M, 40), dtype, "cpu", gen), w)
+        assert bool(calls) == (lo <= M <= hi), (M, (lo, hi, upcast))
+
+
 def test_decoder_layer_errors(gen):
     hq, hk, d, bs = 9, 3, 64, 16
     ws, qkv_bias, norms = _layer(hq, hk, d, FORMATS["int4-g32"], False, torch.float32, "cpu", gen)
     hidden, residual, kc, vc, md = _inputs([5], [5], hk, d, bs, torch.float32, torch.float32, "cpu", gen)
-    operands = [ops.packed_operands(w) for w in ws]
+    operands = [ops.projection_operands(w) for w in ws]
     cs = ref.rope_cos_sin_cache(64, d, 10000.0)
 
     def call(work_numel=None, heads=hq, groups=(32, 32, 32, 32), qkv=None):
         n = ops.decoder_layer_workspace_numel(5, hq * d, hk * d, INTER) if work_numel is None else work_numel
         ops.decoder_layer(torch.empty_like(hidden), hidden.clone(), residual.clone(), torch.empty(n), kc, vc,
-                          qkv or operands[0][0], None, operands[1][0], operands[2][0], operands[3][0], list(groups),
+                          operands[0][0] if qkv is None else qkv, None, operands[1][0], operands[2][0], operands[3][0], list(groups),
                           norms[0], norms[1], True, 1e-5, md["positions"], cs, True, md["slot_mapping"],
                           md["block_tables"], md["seq_lens"], md["query_start_loc"], heads, hk, d, 0.125)
 
@@ -192,13 +234,15 @@ def test_decoder_layer_errors(gen):
     with pytest.raises(RuntimeError, match="'group_sizes' must hold 4"):
         call(groups=(32, 32, 32))
     with pytest.raises(RuntimeError, match="'qkv_weight' must hold 3 tensors"):
-        call(qkv=[operands[0][0][0]])
+        call(qkv=[])
+    with pytest.raises(RuntimeError, match="'qkv_weight' must hold 3 tensors"):
+        call(qkv=operands[0][0] + [operands[0][0][0]])
 
 
 def test_decoder_layer_opcheck(gen):
     _, _, (hidden, residual, kc, vc, args) = _run_both("mixed", (9, 3, 64, 16), "mixed", torch.float32, "cpu", gen)
     ws, qkv_bias, norms, add_input, hq, hk, d, cs, md, scale, ks, vs = args
-    operands = [ops.packed_operands(w) for w in ws]
+    operands = [ops.projection_operands(w) for w in ws]
     T = hidden.shape[0]
     work = torch.empty(ops.decoder_layer_workspace_numel(T, hq * d, hk * d, INTER))
     opcheck(torch.ops.decodekit.decoder_layer.default,
@@ -208,10 +252,11 @@ def test_decoder_layer_opcheck(gen):
              md["query_start_loc"], hq, hk, d, scale))
 
 
-@pytest.mark.parametrize("quantization", ["int4-rtn", None])
-def test_model_fused_layers_equal_op_by_op(quantization, monkeypatch):
+@pytest.mark.parametrize("quantization,dtype", [("int4-rtn", "auto"), (None, "auto"), (None, "bfloat16"),
+                                                (None, "float16"), ("fp8", "auto")])
+def test_model_fused_layers_equal_op_by_op(quantization, dtype, monkeypatch):
     """The engine's outputs (tokens and logprobs) do not depend on the path: decoder_layer where every
-    projection is packed, op by op otherwise (DECODEKIT_FUSED_LAYERS=0; a float model never fuses).
+    projection is packed or dense, op by op otherwise (DECODEKIT_FUSED_LAYERS=0; fp8 never fuses).
     Two fresh engines: a second run in the same one would hit the prefix cache (other GEMM shapes)."""
     from decodekit import LLM, SamplingParams
     sp = SamplingParams(temperature=0, max_tokens=12, logprobs=3, ignore_eos=True)
@@ -219,8 +264,8 @@ def test_model_fused_layers_equal_op_by_op(quantization, monkeypatch):
     results = []
     for env in ("1", "0"):
         monkeypatch.setenv("DECODEKIT_FUSED_LAYERS", env)
-        llm = LLM(model="random:tiny-gqa4", quantization=quantization)
-        assert llm.llm_engine.runner.model.fused_layers == (quantization is not None and env == "1")
+        llm = LLM(model="random:tiny-gqa4", quantization=quantization, dtype=dtype)
+        assert llm.llm_engine.runner.model.fused_layers == (quantization != "fp8" and env == "1")
         results.append(llm.generate(prompts, sp))
     for x, y in zip(*results):
         assert x.outputs[0].token_ids == y.outputs[0].token_ids

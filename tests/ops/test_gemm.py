@@ -30,8 +30,10 @@ def test_dense_gemm(M, N, K, dtype, bias, strided, gen):
     # fp32 accumulation over K terms of size ~1/sqrt(K): error ~ sqrt(K) * 2^-24, far below
     # the output rounding; the bound is the dtype's half-ulp rounding (TOL).
     torch.testing.assert_close(out.double(), want, **TOL[dtype])
-    if dtype == torch.bfloat16 and M <= 32:  # ops.linear routes here
-        assert torch.equal(ops.linear(a, w, b), out)
+    if dtype in (torch.bfloat16, torch.float16):
+        lo, hi, _ = ops.dense_route(dtype)
+        if lo <= M <= hi:  # ops.linear routes here
+            assert torch.equal(ops.linear(a, w, b), out)
 
 
 def test_dense_gemm_errors():
@@ -51,11 +53,24 @@ def test_opcheck(dtype, gen):
     opcheck(torch.ops.decodekit.dense_gemm.default, (torch.empty(3, 7, dtype=dtype), a, w, None))
 
 
-@pytest.mark.parametrize("M", [1, 8, 9, 127, 128, 300])
-def test_linear_routes_agree(M, gen):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("M", [1, 8, 9, 32, 33, 127, 128, 300])
+def test_linear_routes_agree(M, dtype, gen):
     # every CPU route of ops.linear (dense_gemm, torch bf16, fp32 upcast) computes x @ w^T + b
-    x = randn((M, 96), torch.bfloat16, "cpu", gen)
-    w = randn((40, 96), torch.bfloat16, "cpu", gen, scale=0.1)
-    b = randn((40,), torch.bfloat16, "cpu", gen)
+    x = randn((M, 96), dtype, "cpu", gen)
+    w = randn((40, 96), dtype, "cpu", gen, scale=0.1)
+    b = randn((40,), dtype, "cpu", gen)
     torch.testing.assert_close(ops.linear(x, w, b).double(), ref.dense_gemm(x.double(), w.double(), b.double()),
-                               **TOL[torch.bfloat16])
+                               **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dense_gemm_rows_alone(dtype, gen):
+    """Each row's result does not depend on the rows that come with it (1 .. 64): one register-tile
+    path for every M, so a speculative verification's rows are plain decoding's bits."""
+    a = randn((64, 200), dtype, "cpu", gen)
+    w = randn((70, 200), dtype, "cpu", gen, scale=0.07)
+    b = randn((70,), dtype, "cpu", gen)
+    alone = torch.cat([ops.dense_gemm(a[i:i + 1], w, b) for i in range(64)])
+    for M in (2, 3, 5, 8, 17, 64):
+        assert torch.equal(ops.dense_gemm(a[:M], w, b), alone[:M]), M

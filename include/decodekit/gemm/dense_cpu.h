@@ -1,9 +1,10 @@
 // Dense weight GEMM for small M on the CPU (decode): out[m, n] = sum_k a[m, k] w[n, k] + bias[n].
 // Memory-bound at small M: each weight row is streamed once and dotted with all M rows of
-// `a` (kept in L1). bf16 widens weights to fp32 in registers and uses fp32 FMAs (AVX-512)
-// when the compiler targets them; every other case uses a plain loop it vectorizes.
+// `a` (kept in L1). With AVX-512, bf16 and fp16 weights are widened to fp32 in registers (fp32 loaded
+// as is) for fp32 FMAs in a register tile; without it a plain loop the compiler vectorizes.
 #pragma once
 #include <algorithm>
+#include <cstdint>
 
 #include "decodekit/common/dtype.h"
 #include <type_traits>
@@ -16,6 +17,60 @@ namespace dk::cpu {
 
 // Largest M handled here; above it the caller uses a blocked GEMM library (oneDNN/MKL).
 constexpr int64_t kDenseGemvMaxM = 64;
+
+// The CPU route of a dense fp32 / bf16 / fp16 projection of M rows (ops.linear and decoder_layer both take
+// it from here, through the dense_route op, so the two agree bit for bit): dense_gemm for M in
+// [dense_min_m, dense_max_m], an fp32 GEMM on upcast operands from upcast_min_m rows, torch's own
+// GEMM (oneDNN / MKL) otherwise. Measured on 2 cores, SmolLM2's 1536x576 / 576x1536 weights from DRAM,
+// dense_gemm with its software prefetch (us, dense_gemm vs torch's GEMM vs the fp32 upcast):
+//  - bf16, CPUs with AVX512-BF16 (Zen 5 EPYC), where oneDNN's bf16 GEMM runs on vdpbf16ps: M = 1 71 vs
+//    119 (68 vs 138), M = 8 101 vs 126 (121 vs 152), M = 16 237 vs 146 (157 vs 112); the upcast never wins
+//    (M = 64: 841 vs 233): {1, kBf16DotDenseMaxM, never}.
+//  - bf16 elsewhere (earlier sessions' machines): dense_gemm 1.0-2.2x torch's bf16 up to 32 rows, the
+//    upcast 1.45x (M = 256) - 1.8x (M = 2048) from 128: {1, kDenseRouteMaxM, kBf16UpcastMinM}.
+//  - fp16: torch's fp16 GEMM is slow past one row: dense_gemm (fp16 widened in registers, AVX-512 builds)
+//    ties it at M = 1 (39 vs 44, 48 vs 42), is 1.7-5.9x it and 1.6-3.5x the upcast at 2-16 rows, ties the
+//    upcast at 32 (492 vs 471, 428 vs 523): {1, kDenseRouteMaxM, kDenseRouteMaxM + 1}; without AVX-512,
+//    torch's GEMV for one row and the upcast from two.
+//  - fp32 (AVX-512 builds): dense_gemm 1.9-4.2x torch's (MKL) at 1-16 rows (1536x576, M = 1: 129 vs 244;
+//    the 49152x576 LM head 3400 vs 8610), 1.1-2x at 32: {1, kDenseRouteMaxM, never}; elsewhere torch's.
+constexpr int64_t kDenseRouteMaxM = 32;
+constexpr int64_t kBf16UpcastMinM = 128;
+constexpr int64_t kBf16DotDenseMaxM = 8;
+
+struct DenseRoute {
+  int64_t dense_min_m, dense_max_m;  // dense_gemm for M in [dense_min_m, dense_max_m]
+  int64_t upcast_min_m;              // fp32 GEMM on upcast operands from here (INT64_MAX: never)
+};
+
+inline bool cpu_has_avx512_bf16() {  // what oneDNN's bf16 GEMM runs on (runtime CPUID)
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has;
+#else
+  return false;
+#endif
+}
+
+enum class DenseDtype { kFloat32, kBFloat16, kFloat16 };
+
+inline DenseRoute dense_route(DenseDtype dtype) {
+  constexpr int64_t kNever = INT64_MAX;
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__F16C__)
+  constexpr bool kWidenBuilt = true;  // dense_tile_widen below
+#else
+  constexpr bool kWidenBuilt = false;
+#endif
+  switch (dtype) {
+    case DenseDtype::kFloat32:
+      return kWidenBuilt ? DenseRoute{1, kDenseRouteMaxM, kNever} : DenseRoute{1, 0, kNever};
+    case DenseDtype::kFloat16:
+      return kWidenBuilt ? DenseRoute{1, kDenseRouteMaxM, kDenseRouteMaxM + 1} : DenseRoute{2, 1, 2};
+    default:
+      if (cpu_has_avx512_bf16()) return DenseRoute{1, kBf16DotDenseMaxM, kNever};
+      return DenseRoute{1, kDenseRouteMaxM, kBf16UpcastMinM};
+  }
+}
 
 template <class T>
 inline void dense_row_generic(float* acc,            // [mt]
@@ -30,26 +85,49 @@ inline void dense_row_generic(float* acc,            // [mt]
   }
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-#define DK_DENSE_BF16_AVX512 1
-// bf16 weights, fp32 activations: each 16-wide chunk of a weight row is widened to fp32 in
-// registers (zero-extend + shift: exact) and fed to fp32 FMAs. On this class of CPU that
-// beats vdpbf16ps (measured 99 vs 82 GMAC/s at M=32) and keeps the activations exact.
-// MT rows of a (<= 4) times NT weight rows (<= 4): per chunk NT widenings + MT loads feed
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__F16C__)
+#define DK_DENSE_WIDEN_AVX512 1
+// bf16 / fp16 weights, fp32 activations: each 16-wide chunk of a weight row is widened to fp32 in
+// registers (bf16: zero-extend + shift; fp16: vcvtph2ps; both exact) and fed to fp32 FMAs. On this
+// class of CPU that beats vdpbf16ps (measured 99 vs 82 GMAC/s at M=32; at M=1 10-30% with the
+// prefetch) and keeps the activations exact. MT rows of a (<= 4) times NT weight rows (<= 4): per chunk NT widenings + MT loads feed
 // MT * NT FMAs.
-inline __m512 dk_widen_bf16(__m256i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)); }
+// The weight bytes the next tile (the NT rows after this one) reads at this offset, once per 64 bytes
+// of the row (byte_offset: this chunk's offset in the row): the hardware prefetcher follows a tile's
+// interleaved row streams poorly (as in gemm/quant_small_m.h's prefetch_row_ahead). Past the weight's
+// end it is a no-op (prefetches never fault).
+template <class W>
+inline void dense_prefetch_ahead(const W* ahead, int64_t byte_offset) {
+  if ((byte_offset & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
+}
 
-template <int MT, int NT>
-inline void dense_tile_bf16(float* acc,  // [MT][NT]
-                            const float* a, int64_t K, const bf16_t* w) {
+inline __m512 dk_widen16(const bf16_t* p, __mmask16 m) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+inline __m512 dk_widen16(const bf16_t* p) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+inline __m512 dk_widen16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 dk_widen16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 dk_widen16(const half_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+inline __m512 dk_widen16(const half_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+template <int MT, int NT, class W>
+inline void dense_tile_widen(float* acc,  // [MT][NT]
+                             const float* a, int64_t K, const W* w) {
   __m512 s[MT][NT];
   for (int m = 0; m < MT; ++m)
     for (int j = 0; j < NT; ++j) s[m][j] = _mm512_setzero_ps();
-  const uint16_t* wb = reinterpret_cast<const uint16_t*>(w);
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
     __m512 wv[NT];
-    for (int j = 0; j < NT; ++j) wv[j] = dk_widen_bf16(_mm256_loadu_si256((const __m256i*)(wb + j * K + k)));
+    for (int j = 0; j < NT; ++j) {
+      dense_prefetch_ahead(w + (j + NT) * K + k, k * int64_t(sizeof(W)));
+      wv[j] = dk_widen16(w + j * K + k);
+    }
     for (int m = 0; m < MT; ++m) {
       const __m512 av = _mm512_loadu_ps(a + m * K + k);
       for (int j = 0; j < NT; ++j) s[m][j] = _mm512_fmadd_ps(av, wv[j], s[m][j]);
@@ -58,7 +136,7 @@ inline void dense_tile_bf16(float* acc,  // [MT][NT]
   if (k < K) {
     const __mmask16 mask = (__mmask16)((1u << (K - k)) - 1);
     __m512 wv[NT];
-    for (int j = 0; j < NT; ++j) wv[j] = dk_widen_bf16(_mm256_maskz_loadu_epi16(mask, wb + j * K + k));
+    for (int j = 0; j < NT; ++j) wv[j] = dk_widen16(w + j * K + k, mask);
     for (int m = 0; m < MT; ++m) {
       const __m512 av = _mm512_maskz_loadu_ps(mask, a + m * K + k);
       for (int j = 0; j < NT; ++j) s[m][j] = _mm512_fmadd_ps(av, wv[j], s[m][j]);
@@ -68,69 +146,27 @@ inline void dense_tile_bf16(float* acc,  // [MT][NT]
     for (int j = 0; j < NT; ++j) acc[m * NT + j] = _mm512_reduce_add_ps(s[m][j]);
 }
 
-template <int NT>
-inline void dense_tile_bf16_m(float* acc, int mt, const float* a, int64_t K, const bf16_t* w) {
+template <int NT, class W>
+inline void dense_tile_widen_m(float* acc, int mt, const float* a, int64_t K, const W* w) {
   switch (mt) {
-    case 4: return dense_tile_bf16<4, NT>(acc, a, K, w);
-    case 3: return dense_tile_bf16<3, NT>(acc, a, K, w);
-    case 2: return dense_tile_bf16<2, NT>(acc, a, K, w);
-    default: return dense_tile_bf16<1, NT>(acc, a, K, w);
+    case 4: return dense_tile_widen<4, NT>(acc, a, K, w);
+    case 3: return dense_tile_widen<3, NT>(acc, a, K, w);
+    case 2: return dense_tile_widen<2, NT>(acc, a, K, w);
+    default: return dense_tile_widen<1, NT>(acc, a, K, w);
   }
 }
 
-inline void dense_tile_bf16_any(float* acc, int mt, const float* a, int64_t K, const bf16_t* w, int nt) {
+template <class W>
+inline void dense_tile_widen_any(float* acc, int mt, const float* a, int64_t K, const W* w, int nt) {
   switch (nt) {
-    case 4: return dense_tile_bf16_m<4>(acc, mt, a, K, w);
-    case 3: return dense_tile_bf16_m<3>(acc, mt, a, K, w);
-    case 2: return dense_tile_bf16_m<2>(acc, mt, a, K, w);
-    default: return dense_tile_bf16_m<1>(acc, mt, a, K, w);
+    case 4: return dense_tile_widen_m<4>(acc, mt, a, K, w);
+    case 3: return dense_tile_widen_m<3>(acc, mt, a, K, w);
+    case 2: return dense_tile_widen_m<2>(acc, mt, a, K, w);
+    default: return dense_tile_widen_m<1>(acc, mt, a, K, w);
   }
 }
 #endif
 
-#if defined(__AVX512BF16__) && defined(DK_DENSE_BF16_AVX512)
-#define DK_DENSE_DPBF16 1
-// For M = 1 (memory-bound decode) the bf16 dot-product instruction is cheaper per weight
-// byte than widening: MT rows of a (<= 4) against NT weight rows (<= 2), per 32-wide k chunk
-// NT + MT loads feed NT * MT vdpbf16ps (fp32 accumulate; products of bf16 are exact).
-template <int MT, int NT>
-inline void dense_tile_dpbf16(float* acc,  // [MT][NT]
-                            const bf16_t* a, int64_t a_stride, const bf16_t* w, int64_t K) {
-  __m512 s[MT][NT];
-  for (int m = 0; m < MT; ++m)
-    for (int j = 0; j < NT; ++j) s[m][j] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 32 <= K; k += 32) {
-    __m512bh wv[NT];
-    for (int j = 0; j < NT; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(w + j * K + k);
-    for (int m = 0; m < MT; ++m) {
-      const __m512bh av = (__m512bh)_mm512_loadu_si512(a + m * a_stride + k);
-      for (int j = 0; j < NT; ++j) s[m][j] = _mm512_dpbf16_ps(s[m][j], av, wv[j]);
-    }
-  }
-  if (k < K) {
-    const __mmask32 mask = (__mmask32)((1ull << (K - k)) - 1);
-    __m512bh wv[NT];
-    for (int j = 0; j < NT; ++j) wv[j] = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + j * K + k);
-    for (int m = 0; m < MT; ++m) {
-      const __m512bh av = (__m512bh)_mm512_maskz_loadu_epi16(mask, a + m * a_stride + k);
-      for (int j = 0; j < NT; ++j) s[m][j] = _mm512_dpbf16_ps(s[m][j], av, wv[j]);
-    }
-  }
-  for (int m = 0; m < MT; ++m)
-    for (int j = 0; j < NT; ++j) acc[m * NT + j] = _mm512_reduce_add_ps(s[m][j]);
-}
-
-template <int NT>
-inline void dense_tile_dpbf16_m(float* acc, int mt, const bf16_t* a, int64_t a_stride, const bf16_t* w, int64_t K) {
-  switch (mt) {
-    case 4: return dense_tile_dpbf16<4, NT>(acc, a, a_stride, w, K);
-    case 3: return dense_tile_dpbf16<3, NT>(acc, a, a_stride, w, K);
-    case 2: return dense_tile_dpbf16<2, NT>(acc, a, a_stride, w, K);
-    default: return dense_tile_dpbf16<1, NT>(acc, a, a_stride, w, K);
-  }
-}
-#endif
 
 // acc[m * nt + j] = dot(a row m, weight row j) for mt <= 4 rows of a and nt <= 4 weight rows.
 template <class T>
@@ -149,26 +185,29 @@ void dense_gemm(T* out,            // [M, N] contiguous
                 const T* w,        // [N, K] contiguous
                 const T* bias,     // [N] or null
                 int64_t M, int64_t N, int64_t K) {
-#if defined(DK_DENSE_BF16_AVX512)
-  constexpr bool kBf16 = std::is_same_v<T, bf16_t>;
+#if defined(DK_DENSE_WIDEN_AVX512)
+  constexpr bool kWiden = std::is_same_v<T, bf16_t> || std::is_same_v<T, half_t> || std::is_same_v<T, float>;
 #else
-  constexpr bool kBf16 = false;
+  constexpr bool kWiden = false;
 #endif
-#if defined(DK_DENSE_DPBF16)
-  const bool dot = kBf16 && M == 1;  // measured: dot wins at M=1, widening from M=2
-#else
-  const bool dot = false;
-#endif
-  const bool widen = kBf16 && !dot;
-  // widen: the activations are widened to fp32 once ([M, K], small), the weights per chunk.
+  // The activations are widened to fp32 once ([M, K], small), the weights per chunk. One path for every
+  // M gives each row the same bits whatever M is, as the INT4 kernels do (bf16 at one row: widening
+  // measured 10-30% ahead of vdpbf16ps once the tiles prefetch).
   // Reused across calls (no allocation per layer per step). thread_local is the calling
   // thread's buffer: the parallel region below must use the pointer, not the name.
   thread_local std::vector<float> af_buf;
-  if (widen) af_buf.resize(size_t(M * K));
+  if (kWiden) af_buf.resize(size_t(M * K));
   float* const af = af_buf.data();
-  if (widen)
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t k = 0; k < K; ++k) af[m * K + k] = to_float(a[m * a_stride + k]);
+  if (kWiden) {
+    for (int64_t m = 0; m < M; ++m) {
+      int64_t k = 0;
+#if defined(DK_DENSE_WIDEN_AVX512)
+      if constexpr (kWiden)
+        for (; k + 16 <= K; k += 16) _mm512_storeu_ps(af + m * K + k, dk_widen16(a + m * a_stride + k));
+#endif
+      for (; k < K; ++k) af[m * K + k] = to_float(a[m * a_stride + k]);
+    }
+  }
   // Parallel over blocks of 16 output columns; the block's weight rows (16 x K) stay in L1/L2
   // while all M rows of a pass over them, so each weight byte comes from DRAM once.
   DK_OMP_PARALLEL_FOR_IF(N * K >= kParallelGrain)
@@ -179,22 +218,10 @@ void dense_gemm(T* out,            // [M, N] contiguous
       for (int64_t n = n0; n < n1; n += 4) {
         const int nt = int(std::min<int64_t>(4, n1 - n));
         float acc[16];
-#if defined(DK_DENSE_BF16_AVX512)
-        if constexpr (kBf16) {
-#if defined(DK_DENSE_DPBF16)
-          if (dot) {
-            for (int j0 = 0; j0 < nt; j0 += 2) {  // dot-product tiles are 2 weight rows wide
-              const int jn = std::min(2, nt - j0);
-              float part[8];
-              if (jn == 2) dense_tile_dpbf16_m<2>(part, mt, a + m0 * a_stride, a_stride, w + (n + j0) * K, K);
-              else dense_tile_dpbf16_m<1>(part, mt, a + m0 * a_stride, a_stride, w + (n + j0) * K, K);
-              for (int m = 0; m < mt; ++m)
-                for (int j = 0; j < jn; ++j) acc[m * nt + j0 + j] = part[m * jn + j];
-            }
-          } else
-#endif
-            dense_tile_bf16_any(acc, mt, af + m0 * K, K, reinterpret_cast<const bf16_t*>(w) + n * K, nt);
-        } else
+#if defined(DK_DENSE_WIDEN_AVX512)
+        if constexpr (kWiden)
+          dense_tile_widen_any(acc, mt, af + m0 * K, K, w + n * K, nt);
+        else
 #endif
           dense_tile(acc, a + m0 * a_stride, a_stride, mt, w + n * K, nt, K);
         for (int j = 0; j < nt; ++j) {

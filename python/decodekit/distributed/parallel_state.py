@@ -170,11 +170,15 @@ class TPGroup:
 
 def _column_chunks_exact(x: torch.Tensor, weight) -> bool:
     """Whether ops.linear on 32-aligned column chunks gives each element exactly as unchunked: our own
-    kernels (packed INT4 / INT8 / fp8, and CPU bf16 up to 32 rows: dense_gemm) compute every output
-    independently of the others; torch's GEMMs may block by N, so those run whole."""
+    kernels (packed INT4 / INT8 / fp8, and on the CPU dense_gemm, where ops.dense_route sends the rows)
+    compute every output independently of the others; torch's GEMMs may block by N, so those run whole."""
     if not isinstance(weight, torch.Tensor):
         return True
-    return x.device.type == "cpu" and x.dtype == torch.bfloat16 and x.shape[0] <= 32
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return False
+    from decodekit import ops
+    lo, hi, _ = ops.dense_route(x.dtype)
+    return lo <= x.shape[0] <= hi
 
 
 def _free_port() -> int:

@@ -98,24 +98,30 @@ class LlamaModel:
         else:
             weights.pop("lm_head.weight", None)
             self.lm_head = self.embed
-        # decoder_layer (one op call per layer) where every projection is packed INT4 / INT8, on the CPU:
-        # ~10 op calls per layer from Python cost more than a 135M model's kernels take to read the
-        # layer there. CUDA keeps the op-by-op path (its decode steps replay CUDA graphs).
+        # decoder_layer (one op call per layer) where every projection is packed INT4 / INT8 or dense, on
+        # the CPU: ~10 op calls per layer from Python cost more than a 135M model's kernels take to read
+        # the layer there (fp8 and act-order INT4 projections keep the op-by-op path). CUDA keeps the op-by-op path (its decode steps replay CUDA graphs).
         # DECODEKIT_FUSED_LAYERS=0 turns it off (A/B measurements).
-        self.layer_operands = [self._packed_layer(L) for L in self.layers]
-        self.fused_layers = (self.device.type == "cpu" and os.environ.get("DECODEKIT_FUSED_LAYERS", "1") != "0"
-                             and all(o is not None for o in self.layer_operands))
+        self.op_by_op = False  # True: forward issues every op from Python (callers that hook ops.linear)
+        self.refresh_fused_layers()
         self.cos_sin_cache = reference.rope_cos_sin_cache(
             c.max_position_embeddings, c.head_dim, c.rope_theta, c.rope_scaling).to(self.device)
         self.scale = c.head_dim ** -0.5
         self.kv_observer = None  # calibrate_kv_scales: called with (layer, k, v) before the cache write
         self.set_kv_cache_dtype(dtype)
 
+    def refresh_fused_layers(self) -> None:
+        """(Re)reads decoder_layer's operands from self.layers: after construction and whenever a
+        caller replaces a layer's weights (the GPTQ quantizer)."""
+        self.layer_operands = [self._layer_operands(L) for L in self.layers]
+        self.fused_layers = (self.device.type == "cpu" and os.environ.get("DECODEKIT_FUSED_LAYERS", "1") != "0"
+                             and all(o is not None for o in self.layer_operands))
+
     @staticmethod
-    def _packed_layer(L: LayerWeights):
+    def _layer_operands(L: LayerWeights):
         """decoder_layer's operands for a layer: (qkv, o, gate_up, down, group sizes), None unless
-        all four projections are packed INT4 (not act-order) or INT8."""
-        parts = [ops.packed_operands(w) for w in (L.qkv, L.o, L.gate_up, L.down)]
+        all four projections are packed INT4 (not act-order), INT8 or dense."""
+        parts = [ops.projection_operands(w) for w in (L.qkv, L.o, L.gate_up, L.down)]
         if any(p is None for p in parts):
             return None
         return (*[p[0] for p in parts], [p[1] for p in parts])
@@ -228,7 +234,7 @@ class LlamaModel:
             tp.all_reduce(residual)
         h = ops.rms_norm(residual, self.layers[0].input_norm, eps)
         layers = self.layers[:num_layers]
-        if self.fused_layers and tp is None and self.kv_observer is None:
+        if self.fused_layers and tp is None and self.kv_observer is None and not self.op_by_op:
             h = self._fused_forward(h, residual, md, kv_caches, layers)
             layers = []  # done
         for i, L in enumerate(layers):

@@ -77,12 +77,14 @@ def _silu_and_mul_fake(out, input):
 
 
 # --- dense linear layers -----------------------------------------------------------------
-# dense_gemm beats torch's bf16 CPU matmul up to about this many rows (measured here on
-# 576-wide SmolLM2 shapes: 1.6-2.2x at M=1, 1.2-1.7x at M=8, 1.0-1.3x at M=32, 0.9x at M=64).
-_DENSE_ROUTE_MAX_M = 32
-# Above this many rows (prefill) torch's bf16 CPU matmul (no AMX here) is slower than
-# upcasting both operands and running MKL's fp32 GEMM: 1.45x at M=256, 1.8x at M=2048.
-_BF16_UPCAST_MIN_M = 128
+
+@functools.lru_cache(maxsize=None)
+def dense_route(dtype: torch.dtype) -> tuple[int, int, int]:
+    """The CPU route of a dense fp32 / bf16 / fp16 projection (include/decodekit/gemm/dense_cpu.h, where the
+    measurements behind it are): (dense_min_m, dense_max_m, upcast_min_m): dense_gemm for M rows in
+    [dense_min_m, dense_max_m], an fp32 GEMM on upcast operands from upcast_min_m, torch's own GEMM
+    otherwise. decoder_layer routes by the same function, so both paths give the same bits."""
+    return tuple(_ops.dense_route(dtype))
 
 
 def dense_gemm(a: torch.Tensor,                 # [M, K], M <= 64
@@ -284,9 +286,9 @@ def linear(x: torch.Tensor,                      # [M, K]
     """x @ weight^T + bias. Packed INT4 / INT8 weights: int4_gemm / int8_gemm (CPU: any M; CUDA: GEMV
     up to 8 rows, INT4 on tensor cores beyond for fp16/bf16, else decoded a chunk at a time and the
     dense path); act-order INT4 gathers x's columns first; fp8 weights: W8A8 (quantize_fp8 +
-    fp8_gemm). On the CPU in bf16: decode batches (up to 32 rows) use dense_gemm
-    (weights widened to fp32 in registers, near memory bandwidth), prefill-sized ones (128+ rows) an fp32
-    GEMM on upcast operands; everything else goes to torch (oneDNN/MKL, cuBLAS on CUDA)."""
+    fp8_gemm). On the CPU in fp32 / bf16 / fp16 the rows decide (dense_route, per CPU): dense_gemm (weights
+    widened to fp32 in registers, near memory bandwidth), an fp32 GEMM on upcast operands, or torch's;
+    everything else goes to torch (oneDNN/MKL, cuBLAS on CUDA)."""
     if isinstance(weight, Fp8Weight):  # W8A8: activations quantized per token, fp8 GEMM
         q, sc = quantize_fp8(x)
         return fp8_gemm(q, sc, weight, bias, x.dtype)
@@ -295,12 +297,13 @@ def linear(x: torch.Tensor,                      # [M, K]
         weight = weight.stored()
     if isinstance(weight, (Int4Weight, Int8Weight)):
         return _quant_gemm(x, weight, bias, None)  # CUDA past its kernels' rows: _packed_dense
-    if x.device.type == "cpu" and x.dtype == torch.bfloat16 and x.dim() == 2:
-        if x.shape[0] <= _DENSE_ROUTE_MAX_M:
+    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16, torch.float16) and x.dim() == 2:
+        lo, hi, upcast = dense_route(x.dtype)
+        if lo <= x.shape[0] <= hi:
             return dense_gemm(x, weight, bias)
-        if x.shape[0] >= _BF16_UPCAST_MIN_M:
+        if x.shape[0] >= upcast:
             b = None if bias is None else bias.float()
-            return torch.nn.functional.linear(x.float(), weight.float(), b).to(torch.bfloat16)
+            return torch.nn.functional.linear(x.float(), weight.float(), b).to(x.dtype)
     return torch.nn.functional.linear(x, weight, bias)
 
 
@@ -416,13 +419,16 @@ def _paged_attention_fake(out, query, key_cache, value_cache, block_tables, seq_
 
 # --- one decoder layer per call (packed INT4 / INT8 projections) -------------------------
 
-def packed_operands(weight) -> tuple[list[torch.Tensor], int] | None:
+def projection_operands(weight) -> tuple[list[torch.Tensor], int] | None:
     """decoder_layer's form of a projection weight: ([qweight, scales, mins], G) for INT4 (not
-    act-order), ([qweight, scales], G) for INT8; None for any other weight (dense, fp8, act-order)."""
+    act-order), ([qweight, scales], G) for INT8, ([weight], 0) for a dense tensor; None for any
+    other (fp8, act-order INT4)."""
     if isinstance(weight, Int4Weight) and weight.perm is None:
         return [weight.qweight, weight.scales, weight.mins], weight.group_size
     if isinstance(weight, Int8Weight):
         return [weight.qweight, weight.scales], weight.group_size
+    if isinstance(weight, torch.Tensor) and weight.dim() == 2:
+        return [weight], 0
     return None
 
 
@@ -436,7 +442,7 @@ def decoder_layer(out: torch.Tensor,            # [T, hidden]: the MLP's output
                   workspace: torch.Tensor,      # [>= decoder_layer_workspace_numel(...)] of hidden's dtype
                   key_cache: torch.Tensor,      # [num_blocks, Hk, block_size, D], written in place
                   value_cache: torch.Tensor,    # [num_blocks, Hk, block_size, D], written in place
-                  qkv_weight: list[torch.Tensor], qkv_bias: torch.Tensor | None,  # packed_operands()[0]; [q + 2 kv]
+                  qkv_weight: list[torch.Tensor], qkv_bias: torch.Tensor | None,  # projection_operands()[0]; [q + 2 kv]
                   o_weight: list[torch.Tensor], gate_up_weight: list[torch.Tensor], down_weight: list[torch.Tensor],
                   group_sizes: list[int],       # [4]: qkv, o, gate_up, down
                   input_norm: torch.Tensor, post_norm: torch.Tensor, add_input: bool, eps: float,
@@ -446,10 +452,13 @@ def decoder_layer(out: torch.Tensor,            # [T, hidden]: the MLP's output
                   k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """One Llama-family decoder layer in one op call (see reference.decoder_layer; the kernel is the
     op-by-op sequence of models/llama.py issued from C++, so its results are bitwise that sequence's).
-    CUDA: only where the quantized GEMM kernels take every projection (up to 8 rows; beyond, INT4 with
-    fp16 / bf16 activations), else a ValueError; ops.linear's dense fallback is not part of the op."""
-    if hidden.device.type == "cuda" and not _cuda_quant_rows_ok(
-            hidden.shape[0], hidden.dtype, all(len(w) == 3 for w in (qkv_weight, o_weight, gate_up_weight, down_weight))):
+    Projections are packed INT4 / INT8 or dense tensors (projection_operands), each routed as ops.linear
+    routes it. CUDA: only where the quantized GEMM kernels take every packed projection (up to 8 rows;
+    beyond, INT4 with fp16 / bf16 activations), else a ValueError; ops.linear's decode-to-dense
+    fallback for packed weights is not part of the op."""
+    if hidden.device.type == "cuda" and not all(
+            len(w) == 1 or _cuda_quant_rows_ok(hidden.shape[0], hidden.dtype, len(w) == 3)
+            for w in (qkv_weight, o_weight, gate_up_weight, down_weight)):
         raise ValueError(f"decoder_layer on CUDA: {hidden.shape[0]} tokens (> {_CUDA_QUANT_GEMV_MAX_M}) need INT4 "
                          f"weights and fp16 / bf16 activations (got {hidden.dtype}); run the layer op by op")
     args = (qkv_weight, qkv_bias, o_weight, gate_up_weight, down_weight, list(group_sizes), input_norm, post_norm,

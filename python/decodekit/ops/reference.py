@@ -464,7 +464,9 @@ def gemm_allreduce(a: list[torch.Tensor],        # per rank [M, K_r]
 # ---- decoder_layer: one Llama-family layer with packed INT4 / INT8 projections (csrc/decoder_layer.cpp)
 
 def _packed_linear(x: torch.Tensor, w: list[torch.Tensor], group_size: int,
-                   bias: torch.Tensor | None = None) -> torch.Tensor:  # w: [q, s, m] INT4 or [q, s] INT8
+                   bias: torch.Tensor | None = None) -> torch.Tensor:  # w: [q, s, m] INT4, [q, s] INT8, [w] dense
+    if len(w) == 1:
+        return torch.nn.functional.linear(x, w[0].to(x.dtype), None if bias is None else bias.to(x.dtype))
     return int4_gemm(x, *w, group_size, bias) if len(w) == 3 else int8_gemm(x, *w, group_size, bias)
 
 
@@ -482,7 +484,8 @@ def decoder_layer(hidden: torch.Tensor,          # [T, hidden]: the layer's inpu
                   k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None):
     """Returns (out [T, hidden], residual, key_cache, value_cache) after one decoder layer:
     (input add + norm), QKV projection, rotary embedding, cache write, paged attention, O projection,
-    add + norm, SwiGLU MLP. Projections: [qweight, scales, mins] INT4 or [qweight, scales] INT8."""
+    add + norm, SwiGLU MLP. Projections: [qweight, scales, mins] INT4, [qweight, scales] INT8 or
+    [weight] dense."""
     T = hidden.shape[0]
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
     if add_input:

@@ -118,6 +118,15 @@ def gptq_quantize_model(model, run_calibration: Callable[[], None], group_size: 
     by layer. run_calibration: runs the model forward over the calibration tokens (e.g. a prefill
     probe); it is called once per layer. Returns the number of weights quantized (projections
     whose K is not a multiple of group_size stay float)."""
+    op_by_op, model.op_by_op = model.op_by_op, True   # the capture hooks ops.linear: no fused layers
+    try:
+        return _gptq_layers(model, run_calibration, group_size, act_order, damp)
+    finally:
+        model.op_by_op = op_by_op
+        model.refresh_fused_layers()   # the layers' weights changed
+
+
+def _gptq_layers(model, run_calibration, group_size: int, act_order: bool, damp: float) -> int:
     done = 0
     for li, L in enumerate(model.layers):
         names = [n for n in ("qkv", "o", "gate_up", "down") if isinstance(getattr(L, n), torch.Tensor)
