@@ -87,11 +87,6 @@ inline void dense_row_generic(float* acc,            // [mt]
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__F16C__)
 #define DK_DENSE_WIDEN_AVX512 1
-// bf16 / fp16 weights, fp32 activations: each 16-wide chunk of a weight row is widened to fp32 in
-// registers (bf16: zero-extend + shift; fp16: vcvtph2ps; both exact) and fed to fp32 FMAs. On this
-// class of CPU that beats vdpbf16ps (measured 99 vs 82 GMAC/s at M=32; at M=1 10-30% with the
-// prefetch) and keeps the activations exact. MT rows of a (<= 4) times NT weight rows (<= 4): per chunk NT widenings + MT loads feed
-// MT * NT FMAs.
 // The weight bytes the next tile (the NT rows after this one) reads at this offset, once per 64 bytes
 // of the row (byte_offset: this chunk's offset in the row): the hardware prefetcher follows a tile's
 // interleaved row streams poorly (as in gemm/quant_small_m.h's prefetch_row_ahead). Past the weight's
@@ -115,6 +110,11 @@ inline __m512 dk_widen16(const half_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
+// fp32 / bf16 / fp16 weights, fp32 activations: each 16-wide chunk of a weight row is widened to fp32
+// in registers (bf16: zero-extend + shift; fp16: vcvtph2ps; both exact) and fed to fp32 FMAs. On this
+// class of CPU that beats vdpbf16ps (measured 99 vs 82 GMAC/s at M=32; at M=1 10-30% once the tiles
+// prefetch) and keeps the activations exact. MT rows of a (<= 4) times NT weight rows (<= 4): per chunk
+// NT widenings + MT loads feed MT * NT FMAs.
 template <int MT, int NT, class W>
 inline void dense_tile_widen(float* acc,  // [MT][NT]
                              const float* a, int64_t K, const W* w) {
