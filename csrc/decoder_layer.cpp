@@ -8,7 +8,6 @@
 #include <torch/library.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/ops/linear.h>
 
 #include "op_args.h"
 
@@ -75,11 +74,8 @@ void project(const LayerOps& ops, at::Tensor& out, const at::Tensor& a, at::Tens
   if (a.is_cpu() && (st == at::kFloat || st == at::kBFloat16 || st == at::kHalf)) {
     const dk::cpu::DenseRoute r = dk::cpu::dense_route(dk::dense_dtype(st));
     if (M >= r.dense_min_m && M <= r.dense_max_m) return ops.dense.call(out, a, w[0], bias);
-    if (M >= r.upcast_min_m) {
-      const OptTensor b = bias ? OptTensor(bias->to(at::kFloat)) : std::nullopt;
-      out.copy_(at::linear(a.to(at::kFloat), w[0].to(at::kFloat), b));
-      return;
-    }
+    out.copy_(dk::dense_linear_torch(a, w[0], bias, r));
+    return;
   }
   out.copy_(at::linear(a, w[0], bias));
 }

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <limits>
 
+#include <ATen/ops/linear.h>
+
 #include "check.h"
 #include "decodekit/attention/common.h"  // KVScales
 #include "decodekit/gemm/dense_cpu.h"      // DenseDtype
@@ -324,10 +326,10 @@ inline void kv_cache_shape(const char* op, const at::Tensor& key_cache, const at
 // The KV cache's element type against the activations' (key/value or query, dtype `act`):
 // the same dtype, or fp8 e4m3 (then k_scale / v_scale: float32 [1] (per tensor) or
 // [num_kv_heads] (per KV head), each independently, on the cache's device; absent = 1.0).
-// Returns 0 for an fp8 cache, or -1 when the cache is not fp8 (no scales allowed).
-inline int kv_cache_scales(const char* op, const at::Tensor& key_cache, at::ScalarType act, const char* act_name,
-                           const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-                           int num_kv_heads) {
+// Returns whether the cache is fp8 (no scales allowed otherwise).
+inline bool kv_cache_scales(const char* op, const at::Tensor& key_cache, at::ScalarType act, const char* act_name,
+                            const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                            int num_kv_heads) {
   const bool fp8 = key_cache.scalar_type() == at::kFloat8_e4m3fn;
   if (!fp8) {
     TORCH_CHECK(key_cache.scalar_type() == act, op, ": 'key_cache' is ", key_cache.scalar_type(), " but '", act_name,
@@ -335,7 +337,7 @@ inline int kv_cache_scales(const char* op, const at::Tensor& key_cache, at::Scal
     TORCH_CHECK(!k_scale.has_value() && !v_scale.has_value(), op,
                 ": 'k_scale'/'v_scale' are only for an fp8 (Float8_e4m3fn) KV cache, got a ", key_cache.scalar_type(),
                 " cache");
-    return -1;
+    return false;
   }
   for (auto [t, name] : {std::pair{&k_scale, "k_scale"}, std::pair{&v_scale, "v_scale"}}) {
     if (!t->has_value()) continue;
@@ -344,13 +346,13 @@ inline int kv_cache_scales(const char* op, const at::Tensor& key_cache, at::Scal
     TORCH_CHECK(sc.size(0) == 1 || sc.size(0) == num_kv_heads, op, ": '", name, "' must have 1 or num_kv_heads = ",
                 num_kv_heads, " elements (per tensor or per KV head), got ", sc.size(0));
   }
-  return 0;
+  return true;
 }
 
 // The fp8 scales' pointers for the kernels (null: 1), each with its own stride over KV heads
 // (0: one scale for the tensor, 1: one per KV head).
-inline KVScales kv_scales_of(const std::optional<at::Tensor>& k, const std::optional<at::Tensor>& v, int is_fp8) {
-  if (is_fp8 < 0) return {};
+inline KVScales kv_scales_of(const std::optional<at::Tensor>& k, const std::optional<at::Tensor>& v, bool fp8) {
+  if (!fp8) return {};
   auto stride_of = [](const std::optional<at::Tensor>& t) { return t && t->size(0) > 1 ? 1 : 0; };
   return {k ? k->data_ptr<float>() : nullptr, v ? v->data_ptr<float>() : nullptr, stride_of(k), stride_of(v)};
 }
@@ -358,7 +360,7 @@ inline KVScales kv_scales_of(const std::optional<at::Tensor>& k, const std::opti
 struct CacheArgs {
   int64_t num_tokens, k_stride, v_stride, num_blocks;
   int num_kv_heads, block_size, head_dim;
-  int scale_stride;  // 0: fp8 cache (scales in kv); -1: not fp8
+  bool fp8;          // an fp8 KV cache (its scales in kv)
   KVScales kv;       // the fp8 scales' pointers (null: 1) for the kernels
 };
 
@@ -380,8 +382,8 @@ inline CacheArgs reshape_and_cache_args(const at::Tensor& key, const at::Tensor&
   }
   a.k_stride = key.stride(0);
   a.v_stride = value.stride(0);
-  a.scale_stride = kv_cache_scales(op, key_cache, key.scalar_type(), "key", k_scale, v_scale, a.num_kv_heads);
-  a.kv = kv_scales_of(k_scale, v_scale, a.scale_stride);
+  a.fp8 = kv_cache_scales(op, key_cache, key.scalar_type(), "key", k_scale, v_scale, a.num_kv_heads);
+  a.kv = kv_scales_of(k_scale, v_scale, a.fp8);
   return a;
 }
 
@@ -434,7 +436,7 @@ inline BlockCopyArgs swap_blocks_args(const at::Tensor& src, const at::Tensor& d
 struct AttnArgs {
   int64_t num_tokens, q_stride, num_blocks;
   int num_seqs, num_q_heads, num_kv_heads, block_size, head_dim, max_blocks;
-  int scale_stride;  // 0: fp8 cache (scales in kv); -1: not fp8
+  bool fp8;          // an fp8 KV cache (its scales in kv)
   KVScales kv;       // the fp8 scales' pointers (null: 1) for the kernels
 };
 
@@ -467,8 +469,8 @@ inline AttnArgs paged_attention_args(const at::Tensor& out, const at::Tensor& qu
     Check(op, "lse", *lse).dim(2).size(0, a.num_tokens, "num_tokens").size(1, a.num_q_heads, "num_q_heads")
         .dtype({at::kFloat}).device_as(query, "query").contiguous();
   TORCH_CHECK(std::isfinite(scale) && scale > 0, op, ": 'scale' must be a positive finite number, got ", scale);
-  a.scale_stride = kv_cache_scales(op, key_cache, query.scalar_type(), "query", k_scale, v_scale, a.num_kv_heads);
-  a.kv = kv_scales_of(k_scale, v_scale, a.scale_stride);
+  a.fp8 = kv_cache_scales(op, key_cache, query.scalar_type(), "query", k_scale, v_scale, a.num_kv_heads);
+  a.kv = kv_scales_of(k_scale, v_scale, a.fp8);
   return a;
 }
 
@@ -604,6 +606,16 @@ inline GemmAllReduceArgs gemm_allreduce_fp8_args(const at::Tensor& out, const at
 inline cpu::DenseDtype dense_dtype(at::ScalarType t) {
   return t == at::kHalf ? cpu::DenseDtype::kFloat16
                         : t == at::kBFloat16 ? cpu::DenseDtype::kBFloat16 : cpu::DenseDtype::kFloat32;
+}
+
+// a [M, K] @ weight [N, K]^T (+ bias) on torch's GEMM, for the rows dense_route does not give dense_gemm
+// (decodekit.ops.linear's other two routes): in fp32 on upcast operands when M reaches the route's
+// upcast_min_m, else in a's dtype. [M, N] in a's dtype.
+inline at::Tensor dense_linear_torch(const at::Tensor& a, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                                     const cpu::DenseRoute& route) {
+  if (a.size(0) < route.upcast_min_m) return at::linear(a, weight, bias);
+  const std::optional<at::Tensor> b = bias ? std::optional<at::Tensor>(bias->to(at::kFloat)) : std::nullopt;
+  return at::linear(a.to(at::kFloat), weight.to(at::kFloat), b).to(a.scalar_type());
 }
 
 }  // namespace dk

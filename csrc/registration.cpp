@@ -25,7 +25,7 @@ TORCH_LIBRARY(decodekit, m) {
   // Dense weight GEMM for small M (decode) on the CPU: out = a @ weight^T (+ bias).
   // out: [M, N]; a: [M, K] (row stride free); weight: [N, K]; bias: [N]; M <= 64.
   m.def("dense_gemm(Tensor(a!) out, Tensor a, Tensor weight, Tensor? bias) -> ()");
-  // The CPU route of a dense projection in dtype (bf16 / fp16; include/decodekit/gemm/dense_cpu.h):
+  // The CPU route of a dense projection in dtype (fp32 / bf16 / fp16; include/decodekit/gemm/dense_cpu.h):
   // [dense_min_m, dense_max_m, upcast_min_m]: dense_gemm for M in [min, max], an fp32 GEMM on
   // upcast operands from upcast_min_m rows (INT64_MAX: never), torch's own otherwise.
   m.def("dense_route(ScalarType dtype) -> int[]");

@@ -6,7 +6,6 @@
 #include <type_traits>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/from_blob.h>
-#include <ATen/ops/linear.h>
 #include <ATen/ops/mm.h>
 #include <torch/library.h>
 
@@ -97,15 +96,7 @@ void gemm_allreduce_cpu(at::Tensor& out,                               // [M, N]
     const dk::cpu::DenseRoute route = dk::cpu::dense_route(dk::dense_dtype(a.scalar_type()));
     const bool tiled = M >= route.dense_min_m && M <= route.dense_max_m;
     at::Tensor whole;  // [M, N] the torch-routed product
-    if (!tiled) {
-      const std::optional<at::Tensor> b = add_bias ? bias : std::nullopt;
-      if (M >= route.upcast_min_m) {
-        const std::optional<at::Tensor> bf = b ? std::optional<at::Tensor>(b->to(at::kFloat)) : std::nullopt;
-        whole = at::linear(a.to(at::kFloat), weight.to(at::kFloat), bf).to(a.scalar_type());
-      } else {
-        whole = at::linear(a, weight, b).contiguous();
-      }
-    }
+    if (!tiled) whole = dk::dense_linear_torch(a, weight, add_bias ? bias : std::nullopt, route).contiguous();
     auto gemm_tile = [&](T* dst, int64_t n0, int64_t nc) {
       if (tiled) {
         dk::cpu::dense_gemm<T>(dst, dk_ptr<T>(a), r.g.a_stride, dk_ptr<T>(weight) + n0 * K,

@@ -31,7 +31,7 @@ void reshape_and_cache_cpu(const at::Tensor& key,        // [T, Hk, D]
                 " is outside the cache (num_blocks * block_size = ", num_slots, ")");
   const dk::PagedLayout L{a.num_kv_heads, a.block_size, a.head_dim};
   DK_CPU_DISPATCH_FLOATING(key.scalar_type(), "decodekit::reshape_and_cache", [&] {
-    if (a.scale_stride >= 0)
+    if (a.fp8)
       dk::cpu::reshape_and_cache<scalar_t, dk::fp8_e4m3_t>(
           dk_ptr<scalar_t>(key), dk_ptr<scalar_t>(value), a.k_stride, a.v_stride, dk_ptr<dk::fp8_e4m3_t>(key_cache),
           dk_ptr<dk::fp8_e4m3_t>(value_cache), slots, a.num_tokens, L, a.kv);
@@ -79,7 +79,7 @@ void paged_attention_cpu(at::Tensor& out,                    // [T, Hq, D]
                                   dk::PagedLayout{a.num_kv_heads, a.block_size, a.head_dim}};
   float* lse_ptr = lse.has_value() ? lse->data_ptr<float>() : nullptr;
   DK_CPU_DISPATCH_FLOATING(query.scalar_type(), op, [&] {
-    if (a.scale_stride >= 0)
+    if (a.fp8)
       dk::cpu::paged_attention<scalar_t, dk::fp8_e4m3_t>(
           dk_ptr<scalar_t>(out), lse_ptr, dk_ptr<scalar_t>(query), dk_ptr<dk::fp8_e4m3_t>(key_cache),
           dk_ptr<dk::fp8_e4m3_t>(value_cache), bt, lens, qsl, P, a.kv);

@@ -53,7 +53,7 @@ void reshape_and_cache_cuda(const at::Tensor& key,        // [T, Hk, D]
                                slot_mapping.data_ptr<int64_t>(), a.num_tokens, a.num_blocks * a.block_size, L, sc,
                                stream));
     };
-    if (a.scale_stride >= 0) launch(static_cast<dk::fp8_e4m3_t*>(nullptr));
+    if (a.fp8) launch(static_cast<dk::fp8_e4m3_t*>(nullptr));
     else launch(static_cast<scalar_t*>(nullptr));
   });
 }
@@ -129,7 +129,7 @@ void paged_attention_cuda(at::Tensor& out,                    // [T, Hq, D]
                                query_start_loc.data_ptr<int32_t>(), a.num_seqs, a.num_tokens, a.num_q_heads,
                                a.num_blocks, L, float(scale), sc, splits, ws, stream));
     };
-    if (a.scale_stride >= 0) launch(static_cast<dk::fp8_e4m3_t*>(nullptr));
+    if (a.fp8) launch(static_cast<dk::fp8_e4m3_t*>(nullptr));
     else launch(static_cast<scalar_t*>(nullptr));
   });
 }

@@ -78,7 +78,7 @@ void run_case(Rng& rng, const Case& cs) {
   std::vector<float> lse(size_t(NT) * Hq, NAN);
   const float scale = float(1.0 / std::sqrt(double(D)));
   dk::cpu::PagedAttentionParams P{NT, S, Hq, max_blocks, int64_t(Hq) * D, scale, L};
-  const dk::KVScales kvs = dk::kIsFp8<C> ? dk::KVScales{ks.data(), vs.data(), 1} : dk::KVScales{};
+  const dk::KVScales kvs = dk::kIsFp8<C> ? dk::KVScales{ks.data(), vs.data(), 1, 1} : dk::KVScales{};
   dk::cpu::paged_attention<T, C>(out.data(), lse.data(), q.data(), kc.data(), vc.data(), tables.data(), seq_lens.data(),
                                  qstart.data(), P, kvs);
   std::vector<double> sc, acc(static_cast<size_t>(D));

@@ -80,7 +80,7 @@ template <class T, class KV> void run_attention_impl(const Case& c) {
     kc = randn<T>(cache_n);
     vc = randn<T>(cache_n);
   }
-  const KVScales kvs = FP8 ? KVScales{ksc.data(), vsc.data(), c.fp8 == 2 ? 0 : 1} : KVScales{};
+  const KVScales kvs = FP8 ? KVScales{ksc.data(), vsc.data(), c.fp8 == 2 ? 0 : 1, c.fp8 == 2 ? 0 : 1} : KVScales{};
   // the value the kernels read for cache element i of KV head h
   auto kval = [&](const std::vector<KV>& cache, const std::vector<float>& sc, int64_t i, int h) -> double {
     if constexpr (FP8) return double(fp8_e4m3_to_float(cache[i].bits)) * sc[c.fp8 == 2 ? 0 : h];

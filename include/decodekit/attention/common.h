@@ -25,17 +25,16 @@ struct PagedLayout {
   }
 };
 
-// Scales of an fp8 KV cache: KV head h's key scale = k[h * stride] (stride 0: one scale for
-// the tensor), its value scale v[h * v_stride] (v_stride < 0: the key's stride, so k_scale
-// [num_kv_heads] with v_scale [1] is {k, v, 1, 0}); a null pointer means 1 (and is what non-fp8
-// caches pass).
+// Scales of an fp8 KV cache: KV head h's key scale = k[h * k_stride], its value scale v[h * v_stride]
+// (stride 0: one scale for the tensor, 1: one per KV head; each independently); a null pointer means
+// 1 (and is what non-fp8 caches pass).
 struct KVScales {
   const float* k = nullptr;
   const float* v = nullptr;
-  int stride = 0;
-  int v_stride = -1;
-  DK_HD float key(int h) const { return k ? k[h * stride] : 1.f; }
-  DK_HD float value(int h) const { return v ? v[h * (v_stride < 0 ? stride : v_stride)] : 1.f; }
+  int k_stride = 0;
+  int v_stride = 0;
+  DK_HD float key(int h) const { return k ? k[h * k_stride] : 1.f; }
+  DK_HD float value(int h) const { return v ? v[h * v_stride] : 1.f; }
 };
 
 // Causal window: a sequence with `ctx` tokens of context (incl. the `n` new ones) puts

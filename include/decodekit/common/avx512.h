@@ -1,6 +1,7 @@
 // Small AVX-512 helpers shared by the CPU kernels (host only; compiled where __AVX512F__ is set):
 //  - exp_nonpos16: exp(x) for x <= 0 on 16 lanes (the range reduction and polynomial of
 //    attention/cpu.h's scalar exp_nonpos, with FMAs),
+//  - prefetch_row_ahead: software prefetch of the weight rows a GEMV / GEMM tile reads next,
 //  - load16 / store16 (with AVX-512 BW + VL and F16C: DK_AVX512_LOAD_STORE16): the lanes of a mask
 //    (lanes_mask(n): the first n) of float / bf16_t / half_t as fp32 and back, bit for bit the scalar
 //    Conv<T> conversions (round to nearest even; NaN: bf16 quieted, fp16 sign | 0x7e00).
@@ -11,8 +12,19 @@
 #include <cstdint>
 
 #include "decodekit/common/dtype.h"
+#include "decodekit/common/macros.h"
 
 namespace dk::cpu {
+
+// The same bytes of a weight row one block ahead (a block's rows are contiguous, so NB rows on; the GEMV
+// of int4.h: kGemvRows; dense_cpu.h's tiles: NT rows), once per 64 bytes of the row (offset: the group's byte offset in the row); a
+// no-op past the weight's end. The hardware prefetcher follows the block's interleaved row streams
+// poorly: on 2 Xeon cores SmolLM2's projections from DRAM ran 1.6-1.9x faster with it (3072 x 576 GEMV:
+// 104-110 -> 62-65 us); cache-resident, unchanged.
+template <class Q>
+DK_FORCE_INLINE void prefetch_row_ahead(const Q* ahead, int64_t offset) {
+  if ((offset & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
+}
 
 // exp(x) for x <= 0 on 16 lanes (inputs below -87 give ~1.6e-38).
 inline __m512 exp_nonpos16(__m512 x) {

@@ -6,12 +6,9 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "decodekit/common/avx512.h"  // load16, prefetch_row_ahead
 #include "decodekit/common/dtype.h"
-#include <type_traits>
 #include <vector>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 namespace dk::cpu {
 
@@ -56,7 +53,7 @@ enum class DenseDtype { kFloat32, kBFloat16, kFloat16 };
 
 inline DenseRoute dense_route(DenseDtype dtype) {
   constexpr int64_t kNever = INT64_MAX;
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__F16C__)
+#if defined(DK_AVX512_LOAD_STORE16)
   constexpr bool kWidenBuilt = true;  // dense_tile_widen below
 #else
   constexpr bool kWidenBuilt = false;
@@ -85,62 +82,46 @@ inline void dense_row_generic(float* acc,            // [mt]
   }
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__F16C__)
+#if defined(DK_AVX512_LOAD_STORE16)
 #define DK_DENSE_WIDEN_AVX512 1
-// The weight bytes the next tile (the NT rows after this one) reads at this offset, once per 64 bytes
-// of the row (byte_offset: this chunk's offset in the row): the hardware prefetcher follows a tile's
-// interleaved row streams poorly (as in gemm/quant_small_m.h's prefetch_row_ahead). Past the weight's
-// end it is a no-op (prefetches never fault).
-template <class W>
-inline void dense_prefetch_ahead(const W* ahead, int64_t byte_offset) {
-  if ((byte_offset & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
-}
-
-inline __m512 dk_widen16(const bf16_t* p, __mmask16 m) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
-}
-inline __m512 dk_widen16(const bf16_t* p) {
+// load16 without a mask: 16 whole lanes as fp32 (the tiles' main loop).
+inline __m512 widen16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 widen16(const bf16_t* p) {
   return _mm512_castsi512_ps(
       _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
 }
-inline __m512 dk_widen16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-inline __m512 dk_widen16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 dk_widen16(const half_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
-inline __m512 dk_widen16(const half_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
+inline __m512 widen16(const half_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 
 // fp32 / bf16 / fp16 weights, fp32 activations: each 16-wide chunk of a weight row is widened to fp32
-// in registers (bf16: zero-extend + shift; fp16: vcvtph2ps; both exact) and fed to fp32 FMAs. On this
-// class of CPU that beats vdpbf16ps (measured 99 vs 82 GMAC/s at M=32; at M=1 10-30% once the tiles
+// in registers (load16: bf16 zero-extend + shift, fp16 vcvtph2ps; both exact) and fed to fp32 FMAs. On
+// this class of CPU that beats vdpbf16ps (measured 99 vs 82 GMAC/s at M=32; at M=1 10-30% once the tiles
 // prefetch) and keeps the activations exact. MT rows of a (<= 4) times NT weight rows (<= 4): per chunk
-// NT widenings + MT loads feed MT * NT FMAs.
+// NT widenings + MT loads feed MT * NT FMAs. The next tile's weight rows are prefetched (the hardware
+// prefetcher follows the tile's interleaved row streams poorly: bf16 1536x576 at two rows 111-118 -> 51 us).
 template <int MT, int NT, class W>
 inline void dense_tile_widen(float* acc,  // [MT][NT]
                              const float* a, int64_t K, const W* w) {
   __m512 s[MT][NT];
   for (int m = 0; m < MT; ++m)
     for (int j = 0; j < NT; ++j) s[m][j] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
+  // 16 columns of the NT weight rows against the MT activation rows: plain loads in the main loop
+  // (masked ones there measured up to 1.4x slower at four rows), load16's masked lanes in the tail
+  auto chunk = [&](int64_t k, auto load) __attribute__((always_inline)) {
     __m512 wv[NT];
     for (int j = 0; j < NT; ++j) {
-      dense_prefetch_ahead(w + (j + NT) * K + k, k * int64_t(sizeof(W)));
-      wv[j] = dk_widen16(w + j * K + k);
+      prefetch_row_ahead(w + (j + NT) * K + k, k * int64_t(sizeof(W)));  // the next tile's rows (NT on)
+      wv[j] = load(w + j * K + k);
     }
     for (int m = 0; m < MT; ++m) {
-      const __m512 av = _mm512_loadu_ps(a + m * K + k);
+      const __m512 av = load(a + m * K + k);
       for (int j = 0; j < NT; ++j) s[m][j] = _mm512_fmadd_ps(av, wv[j], s[m][j]);
     }
-  }
-  if (k < K) {
-    const __mmask16 mask = (__mmask16)((1u << (K - k)) - 1);
-    __m512 wv[NT];
-    for (int j = 0; j < NT; ++j) wv[j] = dk_widen16(w + j * K + k, mask);
-    for (int m = 0; m < MT; ++m) {
-      const __m512 av = _mm512_maskz_loadu_ps(mask, a + m * K + k);
-      for (int j = 0; j < NT; ++j) s[m][j] = _mm512_fmadd_ps(av, wv[j], s[m][j]);
-    }
+  };
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) chunk(k, [](const auto* p) { return widen16(p); });
+  if (k < K) {  // the tail's zero lanes add nothing
+    const __mmask16 mask = lanes_mask(K - k);
+    chunk(k, [mask](const auto* p) { return load16(p, mask); });
   }
   for (int m = 0; m < MT; ++m)
     for (int j = 0; j < NT; ++j) acc[m * NT + j] = _mm512_reduce_add_ps(s[m][j]);
@@ -167,7 +148,6 @@ inline void dense_tile_widen_any(float* acc, int mt, const float* a, int64_t K, 
 }
 #endif
 
-
 // acc[m * nt + j] = dot(a row m, weight row j) for mt <= 4 rows of a and nt <= 4 weight rows.
 template <class T>
 inline void dense_tile(float* acc, const T* a, int64_t a_stride, int mt, const T* w, int nt, int64_t K) {
@@ -186,28 +166,20 @@ void dense_gemm(T* out,            // [M, N] contiguous
                 const T* bias,     // [N] or null
                 int64_t M, int64_t N, int64_t K) {
 #if defined(DK_DENSE_WIDEN_AVX512)
-  constexpr bool kWiden = std::is_same_v<T, bf16_t> || std::is_same_v<T, half_t> || std::is_same_v<T, float>;
-#else
-  constexpr bool kWiden = false;
-#endif
   // The activations are widened to fp32 once ([M, K], small), the weights per chunk. One path for every
   // M gives each row the same bits whatever M is, as the INT4 kernels do (bf16 at one row: widening
-  // measured 10-30% ahead of vdpbf16ps once the tiles prefetch).
-  // Reused across calls (no allocation per layer per step). thread_local is the calling
-  // thread's buffer: the parallel region below must use the pointer, not the name.
+  // measured 10-30% ahead of vdpbf16ps once the tiles prefetch). Reused across calls (no allocation
+  // per layer per step); thread_local is the calling thread's buffer: the parallel region below must
+  // use the pointer, not the name.
   thread_local std::vector<float> af_buf;
-  if (kWiden) af_buf.resize(size_t(M * K));
+  af_buf.resize(size_t(M * K));
   float* const af = af_buf.data();
-  if (kWiden) {
-    for (int64_t m = 0; m < M; ++m) {
-      int64_t k = 0;
-#if defined(DK_DENSE_WIDEN_AVX512)
-      if constexpr (kWiden)
-        for (; k + 16 <= K; k += 16) _mm512_storeu_ps(af + m * K + k, dk_widen16(a + m * a_stride + k));
-#endif
-      for (; k < K; ++k) af[m * K + k] = to_float(a[m * a_stride + k]);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; k += 16) {
+      const __mmask16 mask = lanes_mask(K - k);
+      store16(af + m * K + k, load16(a + m * a_stride + k, mask), mask);
     }
-  }
+#endif
   // Parallel over blocks of 16 output columns; the block's weight rows (16 x K) stay in L1/L2
   // while all M rows of a pass over them, so each weight byte comes from DRAM once.
   DK_OMP_PARALLEL_FOR_IF(N * K >= kParallelGrain)
@@ -219,11 +191,10 @@ void dense_gemm(T* out,            // [M, N] contiguous
         const int nt = int(std::min<int64_t>(4, n1 - n));
         float acc[16];
 #if defined(DK_DENSE_WIDEN_AVX512)
-        if constexpr (kWiden)
-          dense_tile_widen_any(acc, mt, af + m0 * K, K, w + n * K, nt);
-        else
+        dense_tile_widen_any(acc, mt, af + m0 * K, K, w + n * K, nt);
+#else
+        dense_tile(acc, a + m0 * a_stride, a_stride, mt, w + n * K, nt, K);
 #endif
-          dense_tile(acc, a + m0 * a_stride, a_stride, mt, w + n * K, nt, K);
         for (int j = 0; j < nt; ++j) {
           const float b = bias ? to_float(bias[n + j]) : 0.f;
           for (int m = 0; m < mt; ++m) out[(m0 + m) * N + n + j] = from_float<T>(acc[m * nt + j] + b);

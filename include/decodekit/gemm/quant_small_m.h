@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "decodekit/common/avx512.h"  // prefetch_row_ahead
 #include "decodekit/common/dtype.h"
 #include "decodekit/common/macros.h"
 #if defined(__AVX512F__) && defined(__F16C__)
@@ -38,16 +39,6 @@ inline float half_dot(const half_t* w, const float* x, int64_t n) {
 // float(q) for the INT4 codes q = 0..15 (lane q), the table the INT4 kernels scale per group.
 DK_FORCE_INLINE __m512 int4_codes_ps() {
   return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-}
-
-// The same bytes of a weight row one block ahead (a block's rows are contiguous, so NB rows on; the GEMV
-// of int4.h: kGemvRows), once per 64 bytes of the row (offset: the group's byte offset in the row); a
-// no-op past the weight's end. The hardware prefetcher follows the block's interleaved row streams
-// poorly: on 2 Xeon cores SmolLM2's projections from DRAM ran 1.6-1.9x faster with it (3072 x 576 GEMV:
-// 104-110 -> 62-65 us); cache-resident, unchanged.
-template <class Q>
-DK_FORCE_INLINE void prefetch_row_ahead(const Q* ahead, int64_t offset) {
-  if ((offset & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
 }
 
 // A register tile's shape as a type (to pass to a generic lambda): NB weight rows x MM activation rows.

@@ -174,11 +174,8 @@ def _column_chunks_exact(x: torch.Tensor, weight) -> bool:
     compute every output independently of the others; torch's GEMMs may block by N, so those run whole."""
     if not isinstance(weight, torch.Tensor):
         return True
-    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        return False
     from decodekit import ops
-    lo, hi, _ = ops.dense_route(x.dtype)
-    return lo <= x.shape[0] <= hi
+    return ops.dense_gemm_takes(x)
 
 
 def _free_port() -> int:

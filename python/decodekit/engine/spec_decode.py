@@ -98,25 +98,42 @@ class SpecDecoder:
                 sds.append(seed)
                 steps.append(r.num_output_tokens + j)
         dev = logits.device
-        md = SamplingMetadata.build(params, outs, prompts, sds, steps, eos_token_ids, dev, vocab_size)
         ks = [len(d) for d in drafts]
-        # Coupled verification: each row's token is the one the plain sampler draws there (the same
-        # distribution, Philox noise at the same (seed, position)); a draft is accepted when it equals
-        # it. The emitted tokens are then exactly plain sampling's whatever k, the drafts and the batch
-        # were (seeded requests stay reproducible under the adaptive, timing-driven k), and a one-hot
-        # draft is accepted with probability p(draft), as rejection sampling would accept it.
-        tokens = greedy_accept(drafts, sampler.tokens(logits, md).tolist())
-        # Drafts drawn from a distribution q (unseeded sampled requests of a model drafter): rejection
-        # sampling, which accepts sum_v min(p_v, q_v) on average, the most any exact verifier can.
+        starts = [0]                       # each request's first row
+        for k in ks:
+            starts.append(starts[-1] + k + 1)
+
+        def rows_of(bs: list[int]) -> list[int]:
+            return [starts[b] + j for b in bs for j in range(ks[b] + 1)]
+
+        def metadata(ri: list[int]) -> SamplingMetadata:
+            return SamplingMetadata.build([params[i] for i in ri], [outs[i] for i in ri], [prompts[i] for i in ri],
+                                          [sds[i] for i in ri], [steps[i] for i in ri], eos_token_ids, dev, vocab_size)
+
+        # Drafts drawn from a distribution q (unseeded sampled requests of a model drafter) go through
+        # rejection sampling, which accepts sum_v min(p_v, q_v) on average, the most any exact verifier
+        # can; every other request through coupled verification: each row's token is the one the plain
+        # sampler draws there (the same distribution, Philox noise at the same (seed, position)) and a
+        # draft is accepted when it equals it. The emitted tokens are then exactly plain sampling's
+        # whatever k, the drafts and the batch were (seeded requests stay reproducible under the
+        # adaptive, timing-driven k), and a one-hot draft is accepted with probability p(draft), as
+        # rejection sampling would accept it.
         qs = [self.drafter.draft_probs(r.request_id, k) if k else None for r, k in zip(reqs, ks)]
         sel = [b for b, q in enumerate(qs) if q is not None]
+        rest = [b for b, q in enumerate(qs) if q is None]
+        tokens: list[list[int]] = [[] for _ in reqs]
+        max_lp = []                        # each part's max_num_logprobs
+        if rest:
+            ri = rows_of(rest)
+            md = metadata(ri)
+            x = logits if not sel else logits.index_select(0, torch.tensor(ri, device=dev))  # (all rows: as is)
+            for b, t in zip(rest, greedy_accept([drafts[b] for b in rest], sampler.tokens(x, md).tolist())):
+                tokens[b] = t
+            max_lp.append(md.max_num_logprobs)
         if sel:
-            starts = [0]
-            for k in ks:
-                starts.append(starts[-1] + k + 1)
-            ri = [starts[b] + j for b in sel for j in range(ks[b] + 1)]
-            sub = SamplingMetadata.build([params[i] for i in ri], [outs[i] for i in ri], [prompts[i] for i in ri],
-                                         [sds[i] for i in ri], [steps[i] for i in ri], eos_token_ids, dev, vocab_size)
+            ri = rows_of(sel)
+            sub = metadata(ri)
+            max_lp.append(sub.max_num_logprobs)
             probs = sampler.probs(logits.index_select(0, torch.tensor(ri, device=dev)), sub)   # [len(ri), V]
             kmax = max(ks[b] for b in sel)
             target = probs.new_zeros(len(sel), kmax + 1, vocab_size)
@@ -133,23 +150,21 @@ class SpecDecoder:
                 torch.tensor([reqs[b].num_output_tokens for b in sel], dtype=torch.int64, device=dev), greedy=False)
             for b, row in zip(sel, torch.cat([out, n[:, None].to(out.dtype)], 1).tolist()):  # one host sync
                 tokens[b] = row[:row[-1]]
-        return (tokens, *self._logprobs(logits, md, ks, tokens))
+        wanted = [m for m in max_lp if m is not None]
+        return (tokens, *self._logprobs(logits, max(wanted) if wanted else None, starts, tokens))
 
     @staticmethod
-    def _logprobs(logits: torch.Tensor, md: SamplingMetadata, ks: list[int],
+    def _logprobs(logits: torch.Tensor, max_num_logprobs: int | None, starts: list[int],
                   tokens: list[list[int]]) -> tuple[SamplerOutput | None, list[list[int]]]:
-        """The logprob output of the emitted tokens' rows (None unless a request wants logprobs)
-        and per request the indices into it."""
+        """The logprob output of the emitted tokens' rows (None unless a request wants logprobs:
+        max_num_logprobs) and per request the indices into it (starts: each request's first row)."""
         dev = logits.device
         lp_out, lp_index = None, [[] for _ in tokens]
-        if md.max_num_logprobs is not None:
-            starts = [0]
-            for k in ks:
-                starts.append(starts[-1] + k + 1)
+        if max_num_logprobs is not None:
             sel = [starts[b] + j for b, t in enumerate(tokens) for j in range(len(t))]
             lp_out = SamplerOutput(token_ids=torch.tensor([x for t in tokens for x in t], device=dev))
             Sampler._logprobs(logits.index_select(0, torch.tensor(sel, device=dev)).float(), lp_out.token_ids,
-                              md.max_num_logprobs, lp_out)
+                              max_num_logprobs, lp_out)
             i = 0
             for b, t in enumerate(tokens):
                 lp_index[b] = list(range(i, i + len(t)))

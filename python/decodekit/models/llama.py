@@ -100,7 +100,8 @@ class LlamaModel:
             self.lm_head = self.embed
         # decoder_layer (one op call per layer) where every projection is packed INT4 / INT8 or dense, on
         # the CPU: ~10 op calls per layer from Python cost more than a 135M model's kernels take to read
-        # the layer there (fp8 and act-order INT4 projections keep the op-by-op path). CUDA keeps the op-by-op path (its decode steps replay CUDA graphs).
+        # the layer there. fp8 and act-order INT4 projections keep the op-by-op path, and so does CUDA
+        # (its decode steps replay CUDA graphs).
         # DECODEKIT_FUSED_LAYERS=0 turns it off (A/B measurements).
         self.op_by_op = False  # True: forward issues every op from Python (callers that hook ops.linear)
         self.refresh_fused_layers()

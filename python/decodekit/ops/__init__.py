@@ -87,6 +87,17 @@ def dense_route(dtype: torch.dtype) -> tuple[int, int, int]:
     return tuple(_ops.dense_route(dtype))
 
 
+_DENSE_ROUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def dense_gemm_takes(x: torch.Tensor) -> bool:   # x: [M, K] activations
+    """Whether ops.linear sends x times a dense weight to dense_gemm (CPU, dense_route's rows)."""
+    if x.device.type != "cpu" or x.dtype not in _DENSE_ROUTE_DTYPES or x.dim() != 2:
+        return False
+    lo, hi, _ = dense_route(x.dtype)
+    return lo <= x.shape[0] <= hi
+
+
 def dense_gemm(a: torch.Tensor,                 # [M, K], M <= 64
                weight: torch.Tensor,            # [N, K]
                bias: torch.Tensor | None = None,  # [N]
@@ -297,13 +308,12 @@ def linear(x: torch.Tensor,                      # [M, K]
         weight = weight.stored()
     if isinstance(weight, (Int4Weight, Int8Weight)):
         return _quant_gemm(x, weight, bias, None)  # CUDA past its kernels' rows: _packed_dense
-    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16, torch.float16) and x.dim() == 2:
-        lo, hi, upcast = dense_route(x.dtype)
-        if lo <= x.shape[0] <= hi:
-            return dense_gemm(x, weight, bias)
-        if x.shape[0] >= upcast:
-            b = None if bias is None else bias.float()
-            return torch.nn.functional.linear(x.float(), weight.float(), b).to(x.dtype)
+    if dense_gemm_takes(x):
+        return dense_gemm(x, weight, bias)
+    if (x.device.type == "cpu" and x.dtype in _DENSE_ROUTE_DTYPES and x.dim() == 2
+            and x.shape[0] >= dense_route(x.dtype)[2]):  # prefill-sized rows: fp32 on upcast operands
+        b = None if bias is None else bias.float()
+        return torch.nn.functional.linear(x.float(), weight.float(), b).to(x.dtype)
     return torch.nn.functional.linear(x, weight, bias)
 
 

@@ -358,13 +358,6 @@ class Sampler:
         sampling draws at its position, so the emitted tokens are plain sampling's."""
         return self._sample(logits if logits.dtype == torch.float32 else logits.float(), md)
 
-    def greedy_tokens(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-        """[B] int64 for an all-greedy batch: the tokens ``forward`` takes (each row's argmax after
-        penalties and the min_tokens mask; the one-hot points of ``probs``), without logprobs."""
-        if not md.all_greedy:
-            raise ValueError("greedy_tokens needs a batch of greedy rows (temperature 0)")
-        return self._sample(logits if logits.dtype == torch.float32 else logits.float(), md)
-
     def _distribution(self, logits: torch.Tensor, md: SamplingMetadata):
         """(xs, p, top): the scaled, filtered logits (None when every row is greedy), the rows'
         distributions (one-hot at the argmax on greedy rows) and the processed argmax (None

@@ -126,26 +126,33 @@ class ModelDrafter:
             return logits.argmax(dim=-1).tolist()
         outs = [r.output_token_ids + r.spec_token_ids[:index] if index and p.has_penalties else r.output_token_ids
                 for r, p in zip(reqs, params)]
-        smd = SamplingMetadata.build(params, outs, [r.prompt_token_ids for r in reqs],
-                                     [sampling.seed_of(r.request_id) for r in reqs],
-                                     [r.num_output_tokens + index for r in reqs], sampling.eos_token_ids,
-                                     logits.device, sampling.vocab_size)
-        # coupled drafts: drawn as the target's token at this position is (see the module docstring;
-        # greedy rows: the argmax after penalties and the min_tokens mask, as the target's)
-        tok = sampling.sampler.tokens(logits, smd)
+        dev = logits.device
+
+        def metadata(js: list[int]) -> SamplingMetadata:
+            return SamplingMetadata.build([params[j] for j in js], [outs[j] for j in js],
+                                          [reqs[j].prompt_token_ids for j in js],
+                                          [sampling.seed_of(reqs[j].request_id) for j in js],
+                                          [reqs[j].num_output_tokens + index for j in js], sampling.eos_token_ids,
+                                          dev, sampling.vocab_size)
+
+        # unseeded sampled requests: drawn from q on the drafter's own stream, q kept for rejection
+        # sampling; the others coupled: drawn as the target's token at this position is (see the module
+        # docstring; greedy rows: the argmax after penalties and the min_tokens mask, as the target's)
         free = [j for j, p in enumerate(params) if not p.is_greedy and p.seed is None]
-        if free:  # unseeded sampled requests: drawn from q on the drafter's own stream, q kept
-            idx = torch.tensor(free, device=logits.device)
-            fmd = SamplingMetadata.build([params[j] for j in free], [outs[j] for j in free],
-                                         [reqs[j].prompt_token_ids for j in free],
-                                         [sampling.seed_of(reqs[j].request_id) for j in free],
-                                         [reqs[j].num_output_tokens + index for j in free], sampling.eos_token_ids,
-                                         logits.device, sampling.vocab_size)
-            ftok, q = sampling.sampler.sample_with_probs(logits.index_select(0, idx), fmd, STREAM_SPEC_DRAFT)
-            tok = tok.index_copy(0, idx, ftok.to(tok.dtype))
-            for i, j in enumerate(free):
-                self._probs.setdefault(reqs[j].request_id, []).append(q[i])
-        return tok.tolist()
+        if not free:
+            return sampling.sampler.tokens(logits, metadata(list(range(len(reqs))))).tolist()
+        tok = [0] * len(reqs)
+        coupled = [j for j, p in enumerate(params) if p.is_greedy or p.seed is not None]
+        if coupled:
+            x = logits.index_select(0, torch.tensor(coupled, device=dev))
+            for j, t in zip(coupled, sampling.sampler.tokens(x, metadata(coupled)).tolist()):
+                tok[j] = t
+        x = logits if not coupled else logits.index_select(0, torch.tensor(free, device=dev))
+        ftok, q = sampling.sampler.sample_with_probs(x, metadata(free), STREAM_SPEC_DRAFT)
+        for i, (j, t) in enumerate(zip(free, ftok.tolist())):
+            tok[j] = t
+            self._probs.setdefault(reqs[j].request_id, []).append(q[i])
+        return tok
 
     @torch.inference_mode()
     def draft(self, scheduled, runner, sampling: DraftSampling | None = None) -> int:
