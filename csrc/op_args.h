@@ -290,6 +290,27 @@ inline SpecArgs rejection_sample_args(const at::Tensor& out, const at::Tensor& n
   return a;
 }
 
+struct GumbelArgs {
+  int64_t B, V, row_stride;
+  uint32_t stream;
+};
+
+inline GumbelArgs gumbel_argmax_args(const at::Tensor& out, const at::Tensor& scores, const at::Tensor& seeds,
+                                     const at::Tensor& positions, int64_t stream) {
+  const char* op = "decodekit::gumbel_argmax";
+  GumbelArgs a{};
+  a.row_stride = Check(op, "scores", scores).dim(2).dtype({at::kFloat}).row_stride();
+  a.B = scores.size(0);
+  a.V = scores.size(1);
+  check_range<int64_t>(op, "vocab size (scores.size(1))", a.V, 1, INT32_MAX);
+  check_range<int64_t>(op, "stream", stream, 0, UINT32_MAX);
+  a.stream = uint32_t(stream);
+  for (auto [t, name] : {std::pair{&seeds, "seeds"}, std::pair{&positions, "positions"}})
+    Check(op, name, *t).dim(1).size(0, a.B, "B").dtype({at::kLong}).device_as(scores, "scores").contiguous();
+  Check(op, "out", out).dim(1).size(0, a.B, "B").dtype({at::kLong}).device_as(scores, "scores").contiguous();
+  return a;
+}
+
 // int4_dequantize (mins given, out [N, K]) / int8_dequantize_rows (mins null, out [R, K] for
 // ids [R] int64; the ids' range is the device launcher's business).
 inline GemmArgs quant_dequantize_args(const char* op, const at::Tensor& out, const at::Tensor& qweight,

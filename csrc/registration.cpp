@@ -56,6 +56,11 @@ TORCH_LIBRARY(decodekit, m) {
   m.def("rejection_sample(Tensor(a!) out, Tensor(b!) num_emitted, Tensor draft_tokens, Tensor num_draft, "
         "Tensor? draft_probs, Tensor target_probs, Tensor seeds, Tensor positions, bool greedy) -> ()");
 
+  // Gumbel-max sampling (include/decodekit/sampling/gumbel_max.h): out [B] int64 = argmax_v of
+  // scores[b, v] + g(seeds[b], positions[b], v) for scores [B, V] float32 (row stride free; -inf:
+  // never drawn), Philox stream `stream` in [0, 2^32) (the sampler's noise: 0); ties -> the lowest v.
+  m.def("gumbel_argmax(Tensor(a!) out, Tensor scores, Tensor seeds, Tensor positions, int stream) -> ()");
+
   // Paged KV cache: [num_blocks, num_kv_heads, block_size, head_dim] per layer for K and V,
   // in the activations' dtype or fp8 e4m3 (Float8_e4m3fn: stored x / scale, saturated at
   // +-448; k_scale / v_scale float32 [1] or [num_kv_heads], absent = 1).

@@ -1,8 +1,10 @@
-// CPU launcher for rejection_sample (the rule in include/decodekit/sampling/rejection.h).
+// CPU launchers for rejection_sample and gumbel_argmax (the rules in include/decodekit/sampling/
+// rejection.h and gumbel_max.h).
 #include <torch/library.h>
 
 #include "../op_args.h"
 #include "dispatch.h"
+#include "decodekit/sampling/gumbel_max.h"
 #include "decodekit/sampling/rejection.h"
 
 namespace {
@@ -42,6 +44,24 @@ void rejection_sample_cpu(at::Tensor& out,                         // [B, k+1] i
   }
 }
 
+void gumbel_argmax_cpu(at::Tensor& out,               // [B] int64
+                       const at::Tensor& scores,      // [B, V] float32, row stride free
+                       const at::Tensor& seeds,       // [B] int64
+                       const at::Tensor& positions,   // [B] int64
+                       int64_t stream) {
+  const dk::GumbelArgs a = dk::gumbel_argmax_args(out, scores, seeds, positions, stream);
+  const float* x = scores.data_ptr<float>();
+  const int64_t* seed = seeds.data_ptr<int64_t>();
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  int64_t* o = out.data_ptr<int64_t>();
+  DK_OMP_PARALLEL_FOR_IF(a.B > 1 && a.B * a.V >= dk::kParallelGrain)
+  for (int64_t b = 0; b < a.B; ++b)
+    o[b] = dk::gumbel_argmax_row(x + b * a.row_stride, a.V, uint64_t(seed[b]), uint64_t(pos[b]), a.stream);
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(decodekit, CPU, m) { m.impl("rejection_sample", &rejection_sample_cpu); }
+TORCH_LIBRARY_IMPL(decodekit, CPU, m) {
+  m.impl("rejection_sample", &rejection_sample_cpu);
+  m.impl("gumbel_argmax", &gumbel_argmax_cpu);
+}

@@ -123,6 +123,11 @@ cudaError_t rejection_sample_launch(int64_t* out, int32_t* num_emitted, const in
                                     const float* q, const float* p, const int64_t* seeds, const int64_t* positions,
                                     int64_t B, int64_t k, int64_t V, bool greedy, cudaStream_t stream);
 
+// include/decodekit/sampling/gumbel_max.cuh (defined in sampling.cu)
+cudaError_t gumbel_argmax_launch(int64_t* out, const float* x, int64_t row_stride, const int64_t* seeds,
+                                 const int64_t* positions, int64_t B, int64_t V, uint32_t stream,
+                                 cudaStream_t cuda_stream);
+
 // Head dims paged_attention has kernels for (paged_attention_head_dim_ok in paged.cuh).
 inline constexpr int kPagedAttentionHeadDims[] = {64, 128, 256};
 

@@ -1,5 +1,6 @@
-// CUDA rejection_sample kernel (include/decodekit/sampling/rejection.cuh), torch-free; the torch
-// launcher is in sampling_launch.cpp (g++).
+// CUDA rejection_sample and gumbel_argmax kernels (include/decodekit/sampling/rejection.cuh,
+// gumbel_max.cuh), torch-free; the torch launchers are in sampling_launch.cpp (g++).
+#include "decodekit/sampling/gumbel_max.cuh"
 #include "decodekit/sampling/rejection.cuh"
 #include "launchers.h"
 
@@ -8,4 +9,10 @@ cudaError_t dk::cuda::rejection_sample_launch(int64_t* out, int32_t* num_emitted
                                               const int64_t* seeds, const int64_t* positions, int64_t B, int64_t k,
                                               int64_t V, bool greedy, cudaStream_t stream) {
   return rejection_sample(out, num_emitted, draft, num_draft, q, p, seeds, positions, B, k, V, greedy, stream);
+}
+
+cudaError_t dk::cuda::gumbel_argmax_launch(int64_t* out, const float* x, int64_t row_stride, const int64_t* seeds,
+                                           const int64_t* positions, int64_t B, int64_t V, uint32_t stream,
+                                           cudaStream_t cuda_stream) {
+  return gumbel_argmax(out, x, row_stride, seeds, positions, B, V, stream, cuda_stream);
 }

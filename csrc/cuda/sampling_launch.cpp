@@ -1,5 +1,5 @@
-// Torch launcher for rejection_sample (CUDA dispatch key); the kernel is in sampling.cu
-// (include/decodekit/sampling/rejection.cuh). num_draft is not range-checked here (that would need a
+// Torch launchers for rejection_sample and gumbel_argmax (CUDA dispatch key); the kernels are in
+// sampling.cu (include/decodekit/sampling/rejection.cuh, gumbel_max.cuh). num_draft is not range-checked here (that would need a
 // device-to-host copy): the kernel clamps it to [0, k].
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -35,6 +35,24 @@ void rejection_sample_cuda(at::Tensor& out,                         // [B, k+1] 
                            a.B, a.k, a.V, greedy, c10::cuda::getCurrentCUDAStream()));
 }
 
+void gumbel_argmax_cuda(at::Tensor& out,               // [B] int64
+                        const at::Tensor& scores,      // [B, V] float32, row stride free
+                        const at::Tensor& seeds,       // [B] int64
+                        const at::Tensor& positions,   // [B] int64
+                        int64_t stream) {
+  const char* op = "decodekit::gumbel_argmax";
+  const dk::GumbelArgs a = dk::gumbel_argmax_args(out, scores, seeds, positions, stream);
+  dk::check_cuda(op, "scores", scores);
+  if (a.B == 0) return;
+  c10::cuda::OptionalCUDAGuard guard(scores.device());
+  dk::check_launch(op, dk::cuda::gumbel_argmax_launch(out.data_ptr<int64_t>(), scores.data_ptr<float>(), a.row_stride,
+                                                      seeds.data_ptr<int64_t>(), positions.data_ptr<int64_t>(), a.B,
+                                                      a.V, a.stream, c10::cuda::getCurrentCUDAStream()));
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(decodekit, CUDA, m) { m.impl("rejection_sample", &rejection_sample_cuda); }
+TORCH_LIBRARY_IMPL(decodekit, CUDA, m) {
+  m.impl("rejection_sample", &rejection_sample_cuda);
+  m.impl("gumbel_argmax", &gumbel_argmax_cuda);
+}

@@ -2,8 +2,12 @@
 // CPU rule (dk::spec_verify of sampling/rejection.h, as csrc/cpu/sampling.cpp calls it): identical
 // tokens and counts for random requests (with and without draft probabilities, greedy, ragged
 // draft counts incl. 0, vocabularies smaller and larger than the CTA, out-of-vocabulary drafts,
-// exact-tie rows), and num_draft outside [0, k] clamped.
+// exact-tie rows), and num_draft outside [0, k] clamped. Also sampling/gumbel_max.cuh
+// (dk::cuda::gumbel_argmax) against the CPU row (dk::gumbel_argmax_row): the same token on flat,
+// peaked, masked, duplicated and special (NaN / +inf / all -inf) rows, strided rows, vocabularies
+// around the CTA and the Philox block.
 #include "shim.h"
+#include "decodekit/sampling/gumbel_max.cuh"
 #include "decodekit/sampling/rejection.cuh"
 
 #include <cmath>
@@ -63,7 +67,51 @@ static void run(int B, int k, int64_t V, bool with_q, bool greedy, bool ties) {
   }
 }
 
+static void run_gumbel(int B, int64_t V, float scale, float masked, bool dup, int64_t pad) {
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  const int64_t stride = V + pad;
+  std::vector<float> x(size_t(B * stride), NAN);  // NaN padding: a read past a row is drawn
+  for (int b = 0; b < B; ++b) {
+    float* r = &x[size_t(b * stride)];
+    for (int64_t v = 0; v < V; ++v) r[v] = (dup && v % 2) ? r[v - 1] : scale * nd(rng);
+    for (int64_t v = 0; v < V; ++v)
+      if (u(rng) < masked) r[v] = -INFINITY;
+  }
+  if (B > 3) {  // special rows
+    float* r = &x[0];
+    r[V / 2] = NAN;
+    r = &x[size_t(stride)];
+    r[V - 1] = INFINITY;
+    r = &x[size_t(2 * stride)];
+    for (int64_t v = 0; v < V; ++v) r[v] = -INFINITY;
+  }
+  std::vector<int64_t> seeds(B), pos(B), out(B, -7), want(B);
+  for (int b = 0; b < B; ++b) {
+    seeds[b] = int64_t(rng()) << 31 | int64_t(rng());
+    pos[b] = int64_t(rng() % 1000000);
+  }
+  const uint32_t stream = uint32_t(rng() % 4);
+  dk::cuda::gumbel_argmax(out.data(), x.data(), stride, seeds.data(), pos.data(), B, V, stream, nullptr);
+  for (int b = 0; b < B; ++b)
+    want[b] = dk::gumbel_argmax_row(&x[size_t(b * stride)], V, uint64_t(seeds[b]), uint64_t(pos[b]), stream);
+  ++checks;
+  if (out != want) {
+    for (int b = 0; b < B; ++b)
+      if (out[b] != want[b]) {
+        printf("FAIL gumbel B=%d V=%ld scale=%g masked=%g dup=%d: row %d token %ld, want %ld\n", B, long(V),
+               double(scale), double(masked), dup, b, long(out[b]), long(want[b]));
+        break;
+      }
+    ++fails;
+  }
+}
+
 int main() {
+  for (int64_t V : {1, 3, 4, 5, 255, 1024, 1025, 4099, 50000})
+    for (float scale : {0.f, 0.3f, 3.f, 30.f}) run_gumbel(6, V, scale, 0.f, false, V % 7);
+  run_gumbel(5, 3000, 2.f, 0.98f, false, 0);
+  run_gumbel(5, 3000, 2.f, 0.3f, true, 1);
   for (int64_t V : {7, 256, 1000})
     for (bool q : {true, false})
       for (bool g : {false, true}) run(9, 4, V, q, g, false);

@@ -32,6 +32,12 @@ DK_HD Philox4 philox4x32_10(Philox4 c, uint32_t k0, uint32_t k1) {
   return c;
 }
 
+// Word i (0..3) of a block, by selects: indexing v[i] with a run-time i puts the block in local memory on
+// the GPU.
+DK_HD uint32_t philox_word(const Philox4& w, int i) {
+  return i == 0 ? w.v[0] : i == 1 ? w.v[1] : i == 2 ? w.v[2] : w.v[3];
+}
+
 // A 32-bit word as a float32 uniform in [0, 1): its top 24 bits times 2^-24 (exact).
 DK_HD float philox_uniform(uint32_t x) { return float(x >> 8) * 5.9604644775390625e-8f; }
 

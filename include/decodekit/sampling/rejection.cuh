@@ -11,48 +11,12 @@
 #include <cstdint>
 
 #include "decodekit/common/vec.cuh"
+#include "decodekit/sampling/block_best.cuh"
 #include "decodekit/sampling/rejection.h"
 
 namespace dk::cuda {
 namespace spec_detail {
-
-constexpr int kThreads = 256;
-
-// (key, idx) pairs: a larger key wins, equal keys -> the lower idx; idx < 0 (nothing) loses.
-DK_DEVICE bool better(float k1, int64_t i1, float k2, int64_t i2) {
-  if (i2 < 0) return i1 >= 0;
-  if (i1 < 0) return false;
-  return k1 > k2 || (k1 == k2 && i1 < i2);
-}
-
-// Block-wide best (key, idx) of key(v) over v in [0, V) (key(v) = -inf or NaN-free; idx -1 when
-// no v is eligible: eligible(v) false everywhere). All threads get the result.
-template <class Key>
-DK_DEVICE int64_t block_best(Key key, int64_t V, float* ks, int64_t* is) {
-  float bk = -INFINITY;
-  int64_t bi = -1;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    bool ok;
-    const float x = key(v, ok);
-    if (ok && better(x, v, bk, bi)) {
-      bk = x;
-      bi = v;
-    }
-  }
-  ks[threadIdx.x] = bk;
-  is[threadIdx.x] = bi;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (int(threadIdx.x) < s && better(ks[threadIdx.x + s], is[threadIdx.x + s], ks[threadIdx.x], is[threadIdx.x])) {
-      ks[threadIdx.x] = ks[threadIdx.x + s];
-      is[threadIdx.x] = is[threadIdx.x + s];
-    }
-    __syncthreads();
-  }
-  const int64_t r = is[0];
-  __syncthreads();  // ks / is are reused by the next scan
-  return r;
-}
+using namespace sampling_detail;
 
 __global__ void __launch_bounds__(kThreads)
 rejection_sample_kernel(int64_t* __restrict__ out,           // [B, k+1]

@@ -22,7 +22,7 @@
 #include <cstdint>
 
 #include "decodekit/common/macros.h"
-#include "decodekit/sampling/philox.h"
+#include "decodekit/sampling/gumbel_max.h"
 
 namespace dk {
 
@@ -37,14 +37,8 @@ DK_HD float spec_accept_uniform(uint64_t seed, uint64_t pos) {
 }
 
 DK_HD float spec_gumbel(uint64_t seed, uint64_t pos, uint32_t v) {
-  float u = token_uniform(seed, pos, v, kStreamSpecResample);
-  u = u < 5.9604644775390625e-8f ? 5.9604644775390625e-8f : u;
-  return -logf(-logf(u));
+  return token_gumbel(seed, pos, v, kStreamSpecResample);
 }
-
-// A Gumbel key's largest value: -log(-log(u)) for u <= 1 - 2^-24 is 16.6355; the bound leaves room
-// for the float rounding of log(w) + g.
-inline constexpr float kSpecGumbelBound = 17.f;
 
 // Gumbel-max over weights w(v) for v < V (w: a callable, weights >= 0); -1 if all are zero. Ties ->
 // the lowest v. The largest weight's key is drawn first; a token with w < exp(that key - bound)
@@ -65,7 +59,7 @@ DK_HD int64_t spec_sample(W w, int64_t V, uint64_t seed, uint64_t pos) {
   if (first < 0) return -1;
   float bk = logf(wmax) + spec_gumbel(seed, pos, uint32_t(first));
   int64_t best = first;
-  const float skip_below = expf(bk - kSpecGumbelBound);
+  const float skip_below = expf(bk - kGumbelMax);
   for (int64_t v = 0; v < V; ++v) {
     const float x = w(v);
     if (!(x > 0.f) || x < skip_below || v == first) continue;

@@ -263,6 +263,25 @@ def _fp8_gemm_fake(out, a, a_scale, weight, w_scale, bias):
     return None
 
 
+def gumbel_argmax(scores: torch.Tensor,     # [B, V] float32 (row stride free; -inf: never drawn)
+                  seeds: torch.Tensor,      # [B] int64
+                  positions: torch.Tensor,  # [B] int64
+                  stream: int = 0) -> torch.Tensor:  # [B] int64
+    """Gumbel-max sampling: argmax_v scores[b, v] + g_v with g_v the Gumbel noise of Philox stream
+    ``stream`` at (seeds[b], positions[b], v) (decodekit.sampling.philox; ties -> the lowest v). The
+    kernels draw only the keys that can win (exactly the same token)."""
+    out = torch.empty(scores.shape[0], dtype=torch.int64, device=scores.device)
+    if _has_kernel("gumbel_argmax", scores.device):
+        _ops.gumbel_argmax(out, scores, seeds, positions, stream)
+        return out
+    return out.copy_(reference.gumbel_argmax(scores, seeds, positions, stream))
+
+
+@torch.library.register_fake("decodekit::gumbel_argmax")
+def _gumbel_argmax_fake(out, scores, seeds, positions, stream):
+    return None
+
+
 def rejection_sample(draft_tokens: torch.Tensor,        # [B, k] int64
                      num_draft: torch.Tensor,           # [B] int32 (0 .. k)
                      draft_probs: torch.Tensor | None,  # [B, k, V] float32 (None: one-hot drafts)

@@ -337,6 +337,20 @@ def fp8_gemm(a: torch.Tensor,         # [M, K] float8_e4m3fn
     return out if bias is None else out + bias.to(dtype)
 
 
+# ---- Gumbel-max sampling (include/decodekit/sampling/gumbel_max.h)
+
+def gumbel_argmax(scores: torch.Tensor,     # [B, V] float32 (-inf: never drawn)
+                  seeds: torch.Tensor,      # [B] int64
+                  positions: torch.Tensor,  # [B] int64
+                  stream: int = 0,
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor:  # [B] int64
+    """argmax_v scores[b, v] + g(seeds[b], positions[b], v) (Philox ``stream``; ties -> the lowest v),
+    the keys computed in ``dtype`` from the same uniforms (float64 for the oracle)."""
+    from decodekit.sampling.philox import UNIFORM_SCALE, token_uniforms
+    u = token_uniforms(seeds, positions, scores.shape[1], stream).to(dtype).clamp_min(UNIFORM_SCALE)
+    return (scores.to(dtype) - torch.log(-torch.log(u))).argmax(dim=-1)
+
+
 # ---- speculative-decoding verification (include/decodekit/sampling/rejection.h)
 
 def _spec_accept_uniform(seeds, positions):  # [B] float32

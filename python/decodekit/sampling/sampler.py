@@ -21,7 +21,8 @@ Processing order (each step applies only when some row needs it):
    whose probability reaches p, at least one token), then min-p (keep ``p_i >= min_p *
    p_max``); dropped tokens get -inf;
 7. Gumbel-max: ``argmax(l + g)`` with ``g = -log(-log u)``, u from Philox keyed by the
-   row's seed with counter (token id, position = tokens generated so far). The noise of a
+   row's seed with counter (token id, position = tokens generated so far); the
+   ``gumbel_argmax`` op draws only the keys that can win (the same token, exactly). The noise of a
    row depends only on (seed, position, token id): a seeded request draws the same tokens
    whatever else is in the batch and in whatever order (batch invariance).
 
@@ -38,8 +39,9 @@ from typing import Sequence
 
 import torch
 
+from .. import ops
 from .params import SamplingParams
-from .philox import derive_seed, gumbel_from_uniform, token_gumbel, token_uniforms
+from .philox import STREAM_SAMPLING, derive_seed
 
 _NEG_INF = float("-inf")
 
@@ -348,7 +350,7 @@ class Sampler:
         xs, p, top = self._distribution(logits, md)
         if xs is None:
             return top, p
-        tok = (xs + gumbel_from_uniform(token_uniforms(md.seeds, md.positions, md.vocab_size, stream))).argmax(dim=-1)
+        tok = ops.gumbel_argmax(xs, md.seeds, md.positions, stream)
         return (torch.where(md.greedy, top, tok) if md.any_greedy else tok), p
 
     def tokens(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
@@ -400,10 +402,8 @@ class Sampler:
         if md.all_greedy:
             return x.argmax(dim=-1)
         x = cls._scaled_filtered(x, md)
-        score = x + token_gumbel(md.seeds, md.positions, md.vocab_size)
-        if md.any_greedy:
-            score = torch.where(md.greedy[:, None], x, score)
-        return score.argmax(dim=-1)
+        tok = ops.gumbel_argmax(x, md.seeds, md.positions, STREAM_SAMPLING)
+        return torch.where(md.greedy, x.argmax(dim=-1), tok) if md.any_greedy else tok
 
     @staticmethod
     def _logprobs(raw: torch.Tensor, token_ids: torch.Tensor, n: int, out: SamplerOutput) -> None:

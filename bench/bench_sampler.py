@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""The sampler's draw (Sampler.tokens: temperature, top-k / top-p filters, Gumbel-max) on a decode step's
+logits, with the gumbel_argmax op (include/decodekit/sampling/gumbel_max.h: only the keys that can still
+win are drawn) against the same sampler drawing the Philox Gumbel noise of the whole vocabulary in torch
+ops (reference.gumbel_argmax, what the sampler did before the op), in the same process on the same
+logits. Both must give the same tokens (up to float32 near-ties of the keys, counted in the notes).
+
+Logits: N(0, s^2) with s = 2 (flat, like a high-entropy step) or 6 (peaked). The floor is one read of
+the [B, V] float32 logits at the measured copy bandwidth (frac_of_ceiling); on the CPU the filters and
+the temperature divide add passes of their own, so the fraction stays far below 1.
+
+    python bench/bench_sampler.py --out bench/results            # CPU (or --device cuda)
+    python bench/bench_sampler.py --e2e                           # + LLM.generate on the embedded model
+
+--e2e: the same A/B through LLM.generate on the embedded SmolLM2 GGUF (128 tokens per request, seeded,
+ignore_eos; 1 and 4 requests; T=0.8 top_p=0.95 and T=1), alternated twice, tokens compared.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+try:
+    import decodekit  # noqa: F401
+except ImportError:  # run from a checkout that is not installed
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+
+from decodekit.bench import BenchContext, Result, add_common_args
+from decodekit.ops import reference
+import decodekit.sampling.sampler as sampler_mod
+from decodekit.sampling import Sampler, SamplingMetadata, SamplingParams
+
+NAME = "sampler"
+CONFIGS = {"T=1": dict(temperature=1.0), "T=0.7 top_p=0.95": dict(temperature=0.7, top_p=0.95),
+           "top_k=50": dict(top_k=50)}
+
+
+def _torch_noise(scores, seeds, positions, stream=0):
+    return reference.gumbel_argmax(scores, seeds, positions, stream)
+
+
+def case(ctx: BenchContext, B: int, V: int, scale: float, cfg: str) -> Result:
+    g = torch.Generator().manual_seed(B * 31 + V + int(scale))
+    logits = (torch.randn(B, V, generator=g) * scale).to(ctx.device)
+    params = [SamplingParams(seed=11 + b, **CONFIGS[cfg]) for b in range(B)]
+    md = SamplingMetadata.build(params, [[1, 2]] * B, [[3]] * B, [11 + b for b in range(B)], [17] * B, None,
+                                ctx.device, V)
+    s = Sampler()
+    op = sampler_mod.ops.gumbel_argmax
+    try:
+        tok = s.tokens(logits, md)
+        t = ctx.time(lambda x: s.tokens(x, md), [(logits,)])
+        sampler_mod.ops.gumbel_argmax = _torch_noise
+        tok_peer = s.tokens(logits, md)
+        tp = ctx.time(lambda x: s.tokens(x, md), [(logits,)])
+    finally:
+        sampler_mod.ops.gumbel_argmax = op
+    differ = int((tok != tok_peer).sum())
+    if differ > max(1, B // 50):
+        raise AssertionError(f"{cfg} B={B} V={V}: {differ} of {B} tokens differ from the torch-noise sampler")
+    return Result.from_timings("sampler.tokens", f"{cfg} B={B} V={V} s={scale:g}", torch.float32, ctx.device, t,
+                               nbytes=B * V * 4, peer="same sampler, torch Philox noise over the vocabulary",
+                               peer_timing=tp, notes=f"{differ} of {B} tokens differ (near-ties)" if differ else "")
+
+
+def e2e(device: str) -> None:
+    import time
+
+    from decodekit import LLM
+    from decodekit.loader._common import embedded_model_path
+    llm = LLM(model=embedded_model_path(), device=device)
+    op = sampler_mod.ops.gumbel_argmax
+    prompts = ["Tell me a story about a dragon.", "What is the capital of France?", "Write a poem.",
+               "Explain gravity."]
+    print("LLM.generate tok/s (alternated): torch noise (before) | gumbel_argmax op (after)")
+    try:
+        for name, kw in {"T=0.8 top_p=0.95": dict(temperature=0.8, top_p=0.95), "T=1": dict(temperature=1.0)}.items():
+            for B in (1, 4):
+                res: dict[str, list] = {"torch": [], "op": []}
+                for _ in range(2):
+                    for which, fn in (("torch", _torch_noise), ("op", op)):
+                        sampler_mod.ops.gumbel_argmax = fn
+                        ps = [SamplingParams(max_tokens=128, ignore_eos=True, seed=3 + i, **kw) for i in range(B)]
+                        t = time.perf_counter()
+                        outs = llm.generate(prompts[:B], ps)
+                        dt = time.perf_counter() - t
+                        res[which].append((sum(len(o.outputs[0].token_ids) for o in outs) / dt,
+                                           [tuple(o.outputs[0].token_ids) for o in outs]))
+                same = all(r[1] == res["torch"][0][1] for v in res.values() for r in v)
+                print(f"  {name} requests={B}: " + " | ".join(", ".join(f"{r[0]:.1f}" for r in res[k])
+                                                              for k in ("torch", "op"))
+                      + f"; tokens identical: {same}", flush=True)
+    finally:
+        sampler_mod.ops.gumbel_argmax = op
+
+
+def main(argv: list[str] | None = None) -> list[Result]:
+    p = add_common_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    p.add_argument("--e2e", action="store_true", help="also LLM.generate on the embedded model (see the docstring)")
+    args, unknown = p.parse_known_args(argv)
+    if unknown:
+        print(f"bench_{NAME}: ignoring options it does not know: {' '.join(unknown)}")
+    ctx = BenchContext(args, NAME)
+    ctx.copy_ceiling()
+    batches = [1, 4] if ctx.device.type == "cpu" else [1, 8, 64]
+    for V in ([49152] if ctx.quick else [49152, 128256]):
+        for B in batches:
+            for scale in (2.0, 6.0):
+                for cfg in (["T=1"] if ctx.quick else list(CONFIGS)):
+                    ctx.add(case(ctx, B, V, scale, cfg))
+    results = ctx.finish()
+    if args.e2e:
+        e2e(str(ctx.device))
+    return results
+
+
+if __name__ == "__main__":
+    main()

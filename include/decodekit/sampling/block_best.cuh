@@ -1,0 +1,56 @@
+// CTA-wide (key, index) arg-best for the sampling kernels (rejection.cuh, gumbel_max.cuh): a larger
+// key wins, equal keys -> the lower index (as the CPU's sequential scans), index < 0 = nothing.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "decodekit/common/macros.h"
+
+namespace dk::cuda {
+namespace sampling_detail {
+
+constexpr int kThreads = 256;
+
+DK_DEVICE bool better(float k1, int64_t i1, float k2, int64_t i2) {
+  if (i2 < 0) return i1 >= 0;
+  if (i1 < 0) return false;
+  return k1 > k2 || (k1 == k2 && i1 < i2);
+}
+
+// Reduces every thread's (bk, bi) to the CTA's best index (all threads get it). ks / is: kThreads
+// shared slots each (blockDim.x == kThreads, a power of two).
+DK_DEVICE int64_t block_reduce_best(float bk, int64_t bi, float* ks, int64_t* is) {
+  ks[threadIdx.x] = bk;
+  is[threadIdx.x] = bi;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (int(threadIdx.x) < s && better(ks[threadIdx.x + s], is[threadIdx.x + s], ks[threadIdx.x], is[threadIdx.x])) {
+      ks[threadIdx.x] = ks[threadIdx.x + s];
+      is[threadIdx.x] = is[threadIdx.x + s];
+    }
+    __syncthreads();
+  }
+  const int64_t r = is[0];
+  __syncthreads();  // ks / is are reused by the next reduction
+  return r;
+}
+
+// CTA-wide best (key, idx) of key(v, ok) over v in [0, V) where ok (NaN-free keys); -1 when no v is.
+template <class Key>
+DK_DEVICE int64_t block_best(Key key, int64_t V, float* ks, int64_t* is) {
+  float bk = -INFINITY;
+  int64_t bi = -1;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    bool ok;
+    const float x = key(v, ok);
+    if (ok && better(x, v, bk, bi)) {
+      bk = x;
+      bi = v;
+    }
+  }
+  return block_reduce_best(bk, bi, ks, is);
+}
+
+}  // namespace sampling_detail
+}  // namespace dk::cuda
