@@ -35,7 +35,8 @@ from decodekit.sampling import Sampler, SamplingMetadata, SamplingParams
 
 NAME = "sampler"
 CONFIGS = {"T=1": dict(temperature=1.0), "T=0.7 top_p=0.95": dict(temperature=0.7, top_p=0.95),
-           "top_k=50": dict(top_k=50)}
+           "top_k=50": dict(top_k=50),
+           "T=0.7, top_p=0.95 on even rows": dict(temperature=0.7)}   # a batch of mixed requests
 
 
 def _torch_noise(scores, seeds, positions, stream=0):
@@ -45,7 +46,9 @@ def _torch_noise(scores, seeds, positions, stream=0):
 def case(ctx: BenchContext, B: int, V: int, scale: float, cfg: str) -> Result:
     g = torch.Generator().manual_seed(B * 31 + V + int(scale))
     logits = (torch.randn(B, V, generator=g) * scale).to(ctx.device)
-    params = [SamplingParams(seed=11 + b, **CONFIGS[cfg]) for b in range(B)]
+    mixed = cfg.endswith("even rows")
+    params = [SamplingParams(seed=11 + b, **CONFIGS[cfg], **({"top_p": 0.95} if mixed and b % 2 == 0 else {}))
+              for b in range(B)]
     md = SamplingMetadata.build(params, [[1, 2]] * B, [[3]] * B, [11 + b for b in range(B)], [17] * B, None,
                                 ctx.device, V)
     s = Sampler()

@@ -373,10 +373,10 @@ def test_sample_with_probs_draws_from_the_probs_it_returns():
     assert not torch.equal(plain[:N], tok[:N])
 
 
-@pytest.mark.parametrize("case", ["top_p", "top_k", "min_p", "mixed", "ties", "flat"])
-def test_filter_candidates_equal_full_sort(case, monkeypatch):
-    """The CPU path filters the best 1024 logits of each row when that is exact (the kept prefix
-    lies among tokens whose rank is certain) and falls back to the full sort otherwise: its output
+@pytest.mark.parametrize("case", ["top_p", "top_k", "min_p", "mixed", "ties", "flat", "medium"])
+def test_filter_candidates_equal_full_sort(case):
+    """The CPU path filters only the rows with a filter on, among the best 128, then 1024 logits of each
+    row when that is exact (the kept prefix lies among tokens whose rank is certain), else the full sort: its output
     must equal the full sort's bit for bit, on peaked, tied (values repeated across the candidate
     boundary) and flat rows, with per-row top-k / top-p / min-p including rows where a filter is off."""
     from decodekit.sampling import sampler as S
@@ -387,17 +387,26 @@ def test_filter_candidates_equal_full_sort(case, monkeypatch):
         logits = (logits * 2).round() / 2          # many exact ties, also at the 1024th value
     if case == "flat":
         logits = torch.randn(B, V, generator=g) * 0.01
+    if case == "medium":   # kept prefixes of ~100-600 tokens: past 128 candidates, within 1024
+        logits = torch.randn(B, V, generator=g)
+        for b, n in enumerate((120, 130, 300, 600, 900, 5)):
+            logits[b, torch.randperm(V, generator=g)[:n]] += 12.0
     top_k = top_p = min_p = None
     if case in ("top_k", "mixed", "ties"):
         top_k = torch.tensor([50, V, 1, 1024, 1500, V])[:B]
-    if case in ("top_p", "mixed", "ties", "flat"):
-        top_p = torch.tensor([0.9, 0.5, 1.0, 0.95, 0.99, 0.3])[:B]
+    if case in ("top_p", "mixed", "ties", "flat", "medium"):
+        top_p = torch.tensor([0.9, 0.5, 1.0 if case != "medium" else 0.97, 0.95, 0.99, 0.3])[:B]
     if case in ("min_p", "mixed"):
         min_p = torch.tensor([0.05, 0.0, 0.1, 0.2, 0.0, 0.01])[:B]
     if case == "mixed":
         logits[1] = logits[1] * 0.01              # a flat row among peaked ones
     got = S.apply_top_k_top_p_min_p(logits, top_k, top_p, min_p)
-    monkeypatch.setattr(S, "_FILTER_CANDIDATES", V)   # V > 4 * C is false: the full sort
-    want = S.apply_top_k_top_p_min_p(logits, top_k, top_p, min_p)
+    if case == "medium":
+        kept = (~torch.isinf(got)).sum(dim=1)
+        assert int(kept.max()) > 128 and int(kept.min()) < 128, kept
+        assert S._filter_candidates(logits, top_k, top_p, min_p, 128) is None
+        assert S._filter_candidates(logits, top_k, top_p, min_p, 1024) is not None
+    sorted_l, idx = torch.sort(logits, dim=-1, descending=True, stable=True)   # the full sort, every row
+    want = S._filter_sorted(logits, sorted_l, idx, top_k, top_p, min_p, None)
     assert torch.equal(torch.isinf(got), torch.isinf(want))
     assert torch.equal(got[~torch.isinf(got)], want[~torch.isinf(want)])
