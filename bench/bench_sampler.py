@@ -108,8 +108,9 @@ def main(argv: list[str] | None = None) -> list[Result]:
         print(f"bench_{NAME}: ignoring options it does not know: {' '.join(unknown)}")
     ctx = BenchContext(args, NAME)
     ctx.copy_ceiling()
-    batches = [1, 4] if ctx.device.type == "cpu" else [1, 8, 64]
-    for V in ([49152] if ctx.quick else [49152, 128256]):
+    cpu = ctx.device.type == "cpu"
+    batches = [1, 4] if cpu else [1, 64]
+    for V in ([49152] if ctx.quick else [49152, 128256] if cpu else [128256]):
         for B in batches:
             for scale in (2.0, 6.0):
                 for cfg in (["T=1"] if ctx.quick else list(CONFIGS)):

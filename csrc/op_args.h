@@ -302,6 +302,7 @@ inline GumbelArgs gumbel_argmax_args(const at::Tensor& out, const at::Tensor& sc
   a.row_stride = Check(op, "scores", scores).dim(2).dtype({at::kFloat}).row_stride();
   a.B = scores.size(0);
   a.V = scores.size(1);
+  check_range<int64_t>(op, "batch size (scores.size(0))", a.B, 0, INT32_MAX);
   check_range<int64_t>(op, "vocab size (scores.size(1))", a.V, 1, INT32_MAX);
   check_range<int64_t>(op, "stream", stream, 0, UINT32_MAX);
   a.stream = uint32_t(stream);

@@ -71,18 +71,49 @@ int main() {
     x[12] = INFINITY;
     CHECK(dk::gumbel_argmax_row(x.data(), 37, 1, 2, 0) == 11);
   }
-  // the skip tests never skip a key that reaches best: every (x, best, word) near their boundaries
-  long long skipped = 0;
-  for (int i = 0; i < 2000000; ++i) {
-    const float best = float(rng.uniform(-30.0, 30.0)) * (i % 3 == 0 ? 1e4f : 1.f);
-    const float x = best - float(rng.uniform(-1.0, 18.0));
-    uint32_t word = rng.u32();
-    if (i % 2) word |= 0xFF000000u;  // u near 1: the large keys
-    const float key = x + dk::gumbel_from_uniform(dk::philox_uniform(word));
-    const bool skip = dk::gumbel_out_of_reach(x, best) || !dk::gumbel_may_win(x, best, word);
-    skipped += skip;
-    if (skip) CHECK(key < best) << "x" << x << "best" << best << "word" << word << "key" << key;
+  // the skip tests never skip a key that reaches best. gumbel_may_win is monotone in the word (a larger
+  // u, a larger key), so bisect for the largest word it skips and check that key: the boundary itself,
+  // where the rounding slack matters, not random words that rarely land on it.
+  long long bounded = 0;
+  auto largest_skipped = [](float x, float best) -> int64_t {  // -1: no word is skipped
+    if (dk::gumbel_may_win(x, best, 1u << 8)) return -1;
+    uint32_t lo = 1, hi = (1u << 24) - 1;  // u = m 2^-24: skipped at lo
+    if (!dk::gumbel_may_win(x, best, hi << 8)) return hi;
+    while (hi - lo > 1) {
+      const uint32_t mid = lo + (hi - lo) / 2;
+      (dk::gumbel_may_win(x, best, mid << 8) ? hi : lo) = mid;
+    }
+    return lo;
+  };
+  for (int i = 0; i < 400000; ++i) {
+    static const float mags[] = {1.f, 30.f, 1e3f, 1.6e7f, 3.3e7f, 1e9f, 3e38f};
+    const float mag = mags[i % 7];
+    const float best = float(rng.uniform(-1.0, 1.0)) * mag;
+    // best - x near 0, near k ln 2 (the power-of-two bound's steps), near 16.64 / 17 (the largest key)
+    double gap = rng.uniform(-0.5, 18.0);
+    if (i % 3 == 1) gap = 0.6931471805599453 * double(1 + rng.u32() % 24) + rng.uniform(-1e-3, 1e-3);
+    if (i % 3 == 2) gap = 16.6355 + rng.uniform(-0.5, 0.5);
+    const float x = best - float(gap);
+    if (dk::gumbel_out_of_reach(x, best))  // skipped without a draw: even the largest key stays below
+      CHECK(x + dk::gumbel_from_uniform(dk::philox_uniform(0xFFFFFFFFu)) < best) << "x" << x << "best" << best;
+    const int64_t m = largest_skipped(x, best);
+    if (m < 0) continue;
+    ++bounded;
+    for (uint32_t w : {uint32_t(m) << 8, (uint32_t(m) << 8) | 0xFFu}) {
+      const float key = x + dk::gumbel_from_uniform(dk::philox_uniform(w));
+      CHECK(key < best) << "x" << x << "best" << best << "word" << w << "key" << key;
+    }
   }
-  CHECK(skipped > 500000) << "the skips should fire on most of these draws:" << skipped;
+  CHECK(bounded > 100000) << "boundary cases:" << bounded;
+  // rows at large offsets with rounded (tied) logits: the slack's size-scaled term
+  for (double offset : {1.6e7, 3.3e7, -3.3e7})
+    for (int r = 0; r < 400; ++r) {
+      const int64_t V = 64;
+      std::vector<float> x(static_cast<size_t>(V));
+      for (auto& e : x) e = float(offset + 2.0 * std::round(3.0 * rng.normal()) / 3.0);
+      const uint64_t seed = rng.next() >> 1, pos = rng.u32();
+      CHECK(dk::gumbel_argmax_row(x.data(), V, seed, pos, 0) == every_key(x, seed, pos, 0))
+          << "offset" << offset << "row" << r;
+    }
   return dk_test::finish("test_gumbel_max");
 }

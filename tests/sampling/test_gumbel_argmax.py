@@ -126,7 +126,7 @@ def test_row_stride_and_batch_invariance(device):
     assert torch.equal(ops.gumbel_argmax(x[perm].contiguous(), seeds[perm], positions[perm], 0), tok[perm])
     for b in (0, 4, 8):
         assert torch.equal(ops.gumbel_argmax(x[b:b + 1], seeds[b:b + 1], positions[b:b + 1], 0), tok[b:b + 1])
-    assert not ops.gumbel_argmax(x, seeds, positions, 1).equal(tok) or B < 3   # streams differ
+    assert not ops.gumbel_argmax(x, seeds, positions, 1).equal(tok)   # another stream, other tokens
 
 
 def test_distribution_chi_square():

@@ -410,3 +410,29 @@ def test_filter_candidates_equal_full_sort(case):
     want = S._filter_sorted(logits, sorted_l, idx, top_k, top_p, min_p, None)
     assert torch.equal(torch.isinf(got), torch.isinf(want))
     assert torch.equal(got[~torch.isinf(got)], want[~torch.isinf(want)])
+
+
+def test_filter_rows_without_a_filter_match_the_full_sort_with_nonfinite_logits():
+    """Rows whose filters are all off are left alone on the CPU, except where the full sort would still change
+    them: with min_p in the batch, a row with NaN or +inf logits (NaN softmax) keeps only its rank-0 token."""
+    from decodekit.sampling import sampler as S
+    g = torch.Generator().manual_seed(5)
+    B, V = 4, 3000
+    logits = torch.randn(B, V, generator=g) * 3
+    logits[0, 17] = float("nan")
+    logits[2, 99] = float("inf")
+    for top_k, top_p, min_p in [(None, None, torch.tensor([0.0, 0.1, 0.0, 0.0])),
+                                (torch.tensor([V, 5, V, V]), torch.tensor([1.0, 1.0, 1.0, 0.9]), None)]:
+        got = S.apply_top_k_top_p_min_p(logits, top_k, top_p, min_p)
+        sorted_l, idx = torch.sort(logits, dim=-1, descending=True, stable=True)
+        want = S._filter_sorted(logits, sorted_l, idx, top_k, top_p, min_p, None)
+        assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf())
+        fin = torch.isfinite(want)
+        assert torch.equal(got[fin], want[fin])
+
+
+def test_tokens_and_probs_check_the_logits_shape():
+    md = SamplingMetadata.build([SamplingParams(seed=1)], [[]], [[1]], [1], None, None, "cpu", 8)
+    for fn in (SAMPLER.tokens, SAMPLER.probs, lambda x, m: SAMPLER.sample_with_probs(x, m, 3)):
+        with pytest.raises(ValueError, match="logits must be"):
+            fn(torch.zeros(1, 9), md)

@@ -23,6 +23,11 @@
 #include "decodekit/common/macros.h"
 #include "decodekit/sampling/philox.h"
 
+// The skips' slack assumes logf within a few ulp: fast-math logs (__logf) are not.
+#if defined(__USE_FAST_MATH__) || defined(__FAST_MATH__)
+#error "decodekit/sampling/gumbel_max.h needs accurate logf: build without fast math"
+#endif
+
 namespace dk {
 
 inline constexpr float kUniformMin = 5.9604644775390625e-8f;  // 2^-24, the smallest non-zero uniform

@@ -269,7 +269,9 @@ def gumbel_argmax(scores: torch.Tensor,     # [B, V] float32 (row stride free; -
                   stream: int = 0) -> torch.Tensor:  # [B] int64
     """Gumbel-max sampling: argmax_v scores[b, v] + g_v with g_v the Gumbel noise of Philox stream
     ``stream`` at (seeds[b], positions[b], v) (decodekit.sampling.philox; ties -> the lowest v). The
-    kernels draw only the keys that can win (exactly the same token)."""
+    kernels draw only the keys that can win: the token of drawing every key in their float32
+    arithmetic (logf); the torch fallback's log may differ in the last ulp, which can split a key tie
+    to ~1e-7."""
     out = torch.empty(scores.shape[0], dtype=torch.int64, device=scores.device)
     if _has_kernel("gumbel_argmax", scores.device):
         _ops.gumbel_argmax(out, scores, seeds, positions, stream)

@@ -22,7 +22,9 @@ Processing order (each step applies only when some row needs it):
    p_max``); dropped tokens get -inf;
 7. Gumbel-max: ``argmax(l + g)`` with ``g = -log(-log u)``, u from Philox keyed by the
    row's seed with counter (token id, position = tokens generated so far); the
-   ``gumbel_argmax`` op draws only the keys that can win (the same token, exactly). The noise of a
+   ``gumbel_argmax`` op draws only the keys that can win (the token of drawing every key with
+   its own float arithmetic; torch's log may differ in the last ulp, which can split a key
+   tie to ~1e-7 between the op, its torch fallback and the CUDA kernel). The noise of a
    row depends only on (seed, position, token id): a seeded request draws the same tokens
    whatever else is in the batch and in whatever order (batch invariance).
 
@@ -252,6 +254,8 @@ def apply_top_k_top_p_min_p(logits: torch.Tensor, top_k: torch.Tensor | None,
         for t, off in ((top_k, lambda t: t >= V), (top_p, lambda t: t >= 1.0), (min_p, lambda t: t <= 0.0)):
             if t is not None:
                 on |= ~off(t)
+        if min_p is not None:   # min_p = 0 still drops tokens of a row whose softmax is NaN (NaN or +inf logits)
+            on |= ~(logits < float("inf")).all(dim=1)
         if not bool(on.all()):   # rows without a filter keep every logit: filter the others alone
             out = logits.clone()
             rows = on.nonzero().flatten()
@@ -259,9 +263,15 @@ def apply_top_k_top_p_min_p(logits: torch.Tensor, top_k: torch.Tensor | None,
                 sub = [None if t is None else t[rows] for t in (top_k, top_p, min_p)]
                 out[rows] = apply_top_k_top_p_min_p(logits[rows], *sub)
             return out
+        tried = 0
         for C in _FILTER_CANDIDATES:
             if V <= 4 * C:
                 break
+            if top_k is not None:   # _filter_candidates takes at least the largest top-k + 1
+                C = max(C, int(torch.where(top_k < V, top_k, torch.zeros_like(top_k)).max()) + 1)
+            if C <= tried:
+                continue
+            tried = C
             out = _filter_candidates(logits, top_k, top_p, min_p, C)
             if out is not None:
                 return out
@@ -336,11 +346,16 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         return self.forward(logits, md)
 
-    def forward(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+    @staticmethod
+    def _float_logits(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """logits [B, V] as float32, after checking the shape against md."""
         if logits.dim() != 2 or logits.shape[1] != md.vocab_size or logits.shape[0] != md.batch_size:
             raise ValueError(f"logits must be [B={md.batch_size}, V={md.vocab_size}], "
                              f"got {tuple(logits.shape)}")
-        raw = logits if logits.dtype == torch.float32 else logits.float()
+        return logits if logits.dtype == torch.float32 else logits.float()
+
+    def forward(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+        raw = self._float_logits(logits, md)
         token_ids = self._sample(raw, md)
         out = SamplerOutput(token_ids=token_ids)
         if md.max_num_logprobs is not None:
@@ -372,14 +387,13 @@ class Sampler:
         Gumbel-max on the sampling stream at ``md.positions``), without logprobs. Speculative
         decoding verifies drafts against them: a draft is accepted when it is the token plain
         sampling draws at its position, so the emitted tokens are plain sampling's."""
-        return self._sample(logits if logits.dtype == torch.float32 else logits.float(), md)
+        return self._sample(self._float_logits(logits, md), md)
 
     def _distribution(self, logits: torch.Tensor, md: SamplingMetadata):
         """(xs, p, top): the scaled, filtered logits (None when every row is greedy), the rows'
         distributions (one-hot at the argmax on greedy rows) and the processed argmax (None
         unless some row is greedy)."""
-        raw = logits if logits.dtype == torch.float32 else logits.float()
-        x = self._processed(raw, md)
+        x = self._processed(self._float_logits(logits, md), md)
         top = x.argmax(dim=-1) if md.any_greedy else None
         if md.all_greedy:
             return None, torch.zeros_like(x).scatter_(1, top[:, None], 1.0), top
