@@ -373,7 +373,7 @@ def test_sample_with_probs_draws_from_the_probs_it_returns():
     assert not torch.equal(plain[:N], tok[:N])
 
 
-@pytest.mark.parametrize("case", ["top_p", "top_k", "min_p", "mixed", "ties", "flat", "medium"])
+@pytest.mark.parametrize("case", ["top_p", "top_k", "min_p", "mixed", "ties", "flat", "medium", "ladder"])
 def test_filter_candidates_equal_full_sort(case):
     """The CPU path filters only the rows with a filter on, among the best 128, then 1024 logits of each
     row when that is exact (the kept prefix lies among tokens whose rank is certain), else the full sort: its output
@@ -387,15 +387,16 @@ def test_filter_candidates_equal_full_sort(case):
         logits = (logits * 2).round() / 2          # many exact ties, also at the 1024th value
     if case == "flat":
         logits = torch.randn(B, V, generator=g) * 0.01
-    if case == "medium":   # kept prefixes of ~100-600 tokens: past 128 candidates, within 1024
+    if case in ("medium", "ladder"):   # kept prefixes of ~n tokens: each candidate count and the full sort
         logits = torch.randn(B, V, generator=g)
-        for b, n in enumerate((120, 130, 300, 600, 900, 5)):
+        sizes = (120, 130, 300, 600, 900, 5) if case == "medium" else (5, 1000, 3000, 7000, 20000, 40)
+        for b, n in enumerate(sizes):
             logits[b, torch.randperm(V, generator=g)[:n]] += 12.0
     top_k = top_p = min_p = None
     if case in ("top_k", "mixed", "ties"):
         top_k = torch.tensor([50, V, 1, 1024, 1500, V])[:B]
-    if case in ("top_p", "mixed", "ties", "flat", "medium"):
-        top_p = torch.tensor([0.9, 0.5, 1.0 if case != "medium" else 0.97, 0.95, 0.99, 0.3])[:B]
+    if case in ("top_p", "mixed", "ties", "flat", "medium", "ladder"):
+        top_p = torch.tensor([0.9, 0.5, 1.0 if case not in ("medium", "ladder") else 0.97, 0.95, 0.99, 0.3])[:B]
     if case in ("min_p", "mixed"):
         min_p = torch.tensor([0.05, 0.0, 0.1, 0.2, 0.0, 0.01])[:B]
     if case == "mixed":
@@ -404,10 +405,14 @@ def test_filter_candidates_equal_full_sort(case):
     if case == "medium":
         kept = (~torch.isinf(got)).sum(dim=1)
         assert int(kept.max()) > 128 and int(kept.min()) < 128, kept
-        assert S._filter_candidates(logits, top_k, top_p, min_p, 128) is None
-        assert S._filter_candidates(logits, top_k, top_p, min_p, 1024) is not None
+        assert not S._filter_candidates(logits, top_k, top_p, min_p, 128)[1].all()
+        assert S._filter_candidates(logits, top_k, top_p, min_p, 1024)[1].all()
+    if case == "ladder":   # rows done at 128, at 1024 and by the full sort, in one batch
+        kept = (~torch.isinf(got)).sum(dim=1)
+        assert int((kept < 128).sum()) >= 1 and int(((kept > 128) & (kept < 1024)).sum()) >= 1
+        assert int((kept > 1024).sum()) >= 2, kept
     sorted_l, idx = torch.sort(logits, dim=-1, descending=True, stable=True)   # the full sort, every row
-    want = S._filter_sorted(logits, sorted_l, idx, top_k, top_p, min_p, None)
+    want = S._filter_sorted(logits, sorted_l, idx, top_k, top_p, min_p, None)[0]
     assert torch.equal(torch.isinf(got), torch.isinf(want))
     assert torch.equal(got[~torch.isinf(got)], want[~torch.isinf(want)])
 
@@ -425,7 +430,7 @@ def test_filter_rows_without_a_filter_match_the_full_sort_with_nonfinite_logits(
                                 (torch.tensor([V, 5, V, V]), torch.tensor([1.0, 1.0, 1.0, 0.9]), None)]:
         got = S.apply_top_k_top_p_min_p(logits, top_k, top_p, min_p)
         sorted_l, idx = torch.sort(logits, dim=-1, descending=True, stable=True)
-        want = S._filter_sorted(logits, sorted_l, idx, top_k, top_p, min_p, None)
+        want = S._filter_sorted(logits, sorted_l, idx, top_k, top_p, min_p, None)[0]
         assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf())
         fin = torch.isfinite(want)
         assert torch.equal(got[fin], want[fin])
