@@ -233,8 +233,10 @@ def apply_penalties(logits: torch.Tensor, prompt_token_ids: torch.Tensor,
 # Candidates the CPU path sorts instead of the whole vocabulary (top-k / top-p / min-p decided
 # inside them whenever that is exact, row by row, else the next count, else the full sort): a stable
 # sort of 49152 logits took ~4.3 ms on 2 cores, topk(128) ~0.1-0.2 ms, topk(1024) ~0.5. (An 8192 level
-# helped rows keeping 1-8k tokens, ~3 of 4.5 ms, but cost flatter rows ~3.5 ms: topk(8192) is slow on them.)
+# helped rows keeping 1-8k tokens, ~3 of 4.5 ms, but cost flatter rows ~3.5 ms: topk(8192) is slow on them,
+# so only rows left after 1024 whose kept count is bounded below 8192 (_kept_upper_bound) try it.)
 _FILTER_CANDIDATES = (128, 1024)
+_FILTER_WIDE = 8192
 
 
 def apply_top_k_top_p_min_p(logits: torch.Tensor, top_k: torch.Tensor | None,
@@ -262,9 +264,22 @@ def apply_top_k_top_p_min_p(logits: torch.Tensor, top_k: torch.Tensor | None,
     out = None                             # rows without a filter keep every logit
     left = on.nonzero().flatten()          # rows still to filter
     tried = 0
-    for C in (*_FILTER_CANDIDATES, V):
+    for C in (*_FILTER_CANDIDATES, _FILTER_WIDE, V):
         if left.numel() == 0:
             break
+        if C == _FILTER_WIDE:   # only the rows whose kept count is bounded below it (topk is slow on flat rows)
+            if 4 * C >= V:
+                continue
+            fits = _kept_upper_bound(logits[left], *[None if t is None else t[left] for t in (top_k, top_p, min_p)]) < C
+            if not bool(fits.any()):
+                continue
+            wide, left = left[fits], left[~fits]
+            rows = [None if t is None else t[wide] for t in (top_k, top_p, min_p)]
+            res, ok = _filter_candidates(logits[wide], *rows, max(C, tried + 1))
+            out = logits.clone() if out is None else out
+            out[wide[ok]] = res[ok]
+            left = torch.cat([left, wide[~ok]])
+            continue
         rows = [None if t is None else t[left] for t in (top_k, top_p, min_p)]
         x = logits if left.numel() == B else logits[left]
         if C < V:
@@ -290,6 +305,31 @@ def apply_top_k_top_p_min_p(logits: torch.Tensor, top_k: torch.Tensor | None,
         out[left[ok]] = res[ok]
         left = left[~ok]
     return logits.clone() if out is None else out
+
+
+def _kept_upper_bound(x, top_k, top_p, min_p):
+    """[B] float: an upper bound on the tokens each row of x [B, V] keeps (a hint for the candidate count; the
+    exactness check stays the judge). top-p from a histogram of x_max - x in bins of 1/4 (the tokens of the first
+    bins whose mass reaches p, plus the next bin against rounding; a top-k only raises the kept tokens' share, so
+    the unfiltered softmax bounds it too), min-p by counting, top-k by k."""
+    B, V = x.shape
+    nb = 96
+    bound = torch.full((B,), float(V))
+    if top_k is not None:
+        bound = torch.minimum(bound, top_k.float())
+    if top_p is None and min_p is None:
+        return bound
+    probs = torch.softmax(x, dim=-1)
+    if min_p is not None:
+        bound = torch.minimum(bound, (probs >= min_p[:, None] * probs.amax(dim=-1, keepdim=True)).sum(dim=-1).float())
+    if top_p is not None:
+        d = (x.amax(dim=-1, keepdim=True) - x).mul_(4.0).nan_to_num_(nan=nb, posinf=nb).clamp_(0, nb - 1)
+        b = d.long() + torch.arange(B)[:, None] * nb
+        mass = torch.bincount(b.flatten(), weights=probs.flatten(), minlength=B * nb).view(B, nb).cumsum(dim=-1)
+        count = torch.bincount(b.flatten(), minlength=B * nb).view(B, nb).cumsum(dim=-1)
+        j = (mass < top_p[:, None]).sum(dim=-1).clamp_(max=nb - 2) + 1   # the reaching bin, then one more
+        bound = torch.minimum(bound, count.gather(1, j[:, None]).squeeze(1).float())
+    return bound
 
 
 def _filter_sorted(logits, sorted_l, idx, top_k, top_p, min_p, exact_upto):
