@@ -11,15 +11,15 @@ import torch
 from dk_testing import DEVICES, cuda_only, strided_rows
 from decodekit import ops
 from decodekit.ops import reference
-from decodekit.sampling.philox import UNIFORM_SCALE, token_uniforms
+from decodekit.sampling.philox import gumbel_from_uniform, token_uniforms
 
 _ops = torch.ops.decodekit
 NEAR_TIE = 1e-4
 
 
 def _keys64(x, seeds, positions, stream):  # [B, V] float64 keys of the reference
-    u = token_uniforms(seeds.cpu(), positions.cpu(), x.shape[1], stream).double().clamp_min(UNIFORM_SCALE)
-    return x.cpu().double() - torch.log(-torch.log(u))
+    u = token_uniforms(seeds.cpu(), positions.cpu(), x.shape[1], stream).double()
+    return x.cpu().double() + gumbel_from_uniform(u)
 
 
 def _check(tok, x, seeds, positions, stream, what=""):

@@ -346,9 +346,9 @@ def gumbel_argmax(scores: torch.Tensor,     # [B, V] float32 (-inf: never drawn)
                   dtype: torch.dtype = torch.float32) -> torch.Tensor:  # [B] int64
     """argmax_v scores[b, v] + g(seeds[b], positions[b], v) (Philox ``stream``; ties -> the lowest v),
     the keys computed in ``dtype`` from the same uniforms (float64 for the oracle)."""
-    from decodekit.sampling.philox import UNIFORM_SCALE, token_uniforms
-    u = token_uniforms(seeds, positions, scores.shape[1], stream).to(dtype).clamp_min(UNIFORM_SCALE)
-    return (scores.to(dtype) - torch.log(-torch.log(u))).argmax(dim=-1)
+    from decodekit.sampling.philox import gumbel_from_uniform, token_uniforms
+    u = token_uniforms(seeds, positions, scores.shape[1], stream).to(dtype)
+    return (scores.to(dtype) + gumbel_from_uniform(u)).argmax(dim=-1)
 
 
 # ---- speculative-decoding verification (include/decodekit/sampling/rejection.h)

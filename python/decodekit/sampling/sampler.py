@@ -261,50 +261,49 @@ def apply_top_k_top_p_min_p(logits: torch.Tensor, top_k: torch.Tensor | None,
             on |= ~off(t)
     if min_p is not None:   # min_p = 0 still drops tokens of a row whose softmax is NaN (NaN or +inf logits)
         on |= ~(logits < float("inf")).all(dim=1)
-    out = None                             # rows without a filter keep every logit
-    left = on.nonzero().flatten()          # rows still to filter
+    pending = on.clone()                   # rows still to filter (the others keep every logit)
+    out = None
     tried = 0
-    for C in (*_FILTER_CANDIDATES, _FILTER_WIDE, V):
+    for level in (*_FILTER_CANDIDATES, _FILTER_WIDE, V):
+        left = pending.nonzero().flatten()
         if left.numel() == 0:
             break
-        if C == _FILTER_WIDE:   # only the rows whose kept count is bounded below it (topk is slow on flat rows)
-            if 4 * C >= V:
-                continue
-            fits = _kept_upper_bound(logits[left], *[None if t is None else t[left] for t in (top_k, top_p, min_p)]) < C
-            if not bool(fits.any()):
-                continue
-            wide, left = left[fits], left[~fits]
-            rows = [None if t is None else t[wide] for t in (top_k, top_p, min_p)]
-            res, ok = _filter_candidates(logits[wide], *rows, max(C, tried + 1))
-            out = logits.clone() if out is None else out
-            out[wide[ok]] = res[ok]
-            left = torch.cat([left, wide[~ok]])
+        C = level
+        if C < V and top_k is not None:   # at least the largest top-k + 1 candidates
+            kk = top_k[left]
+            C = max(C, int(torch.where(kk < V, kk, torch.zeros_like(kk)).max()) + 1)
+        if 4 * C >= V:
+            C = V
+        if C < V and C <= tried:
             continue
-        rows = [None if t is None else t[left] for t in (top_k, top_p, min_p)]
-        x = logits if left.numel() == B else logits[left]
-        if C < V:
-            if rows[0] is not None:   # at least the largest top-k + 1 candidates
-                C = max(C, int(torch.where(rows[0] < V, rows[0], torch.zeros_like(rows[0])).max()) + 1)
-            if C <= tried:
-                continue
-            if 4 * C >= V:
-                C = V
         tried = C
+        go = left
+        if level == _FILTER_WIDE and C < V:   # only rows bounded below it: topk is slow on flat rows
+            go = left[_kept_upper_bound(logits[left], *_rows(left, top_k, top_p, min_p)) < C]
+            if go.numel() == 0:
+                continue
+        x = logits if go.numel() == B else logits[go]
         if C < V:
-            res, ok = _filter_candidates(x, *rows, C)
+            res, ok = _filter_candidates(x, *_rows(go, top_k, top_p, min_p), C)
         else:
             sorted_l, idx = torch.sort(x, dim=-1, descending=True, stable=True)
-            res, ok = _filter_sorted(x, sorted_l, idx, *rows, None)
+            res, ok = _filter_sorted(x, sorted_l, idx, *_rows(go, top_k, top_p, min_p), None)
         if ok is None or bool(ok.all()):
-            if out is None and left.numel() == B:
+            if out is None and go.numel() == B:
                 return res
-            out = logits.clone() if out is None else out
-            out[left] = res
-            break
+            done = go
+        else:
+            done = go[ok]
+            res = res[ok]
         out = logits.clone() if out is None else out
-        out[left[ok]] = res[ok]
-        left = left[~ok]
+        out[done] = res
+        pending[done] = False
     return logits.clone() if out is None else out
+
+
+def _rows(rows, *params):
+    """The filter parameters ([B] tensors or None) of the given rows."""
+    return [None if t is None else t[rows] for t in params]
 
 
 def _kept_upper_bound(x, top_k, top_p, min_p):
