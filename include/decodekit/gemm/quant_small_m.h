@@ -24,16 +24,59 @@ namespace cpu {
 
 #if defined(__AVX512F__) && defined(__F16C__)
 
-// sum_g fp16 w[g] * x[g] over n groups.
-inline float half_dot(const half_t* w, const float* x, int64_t n) {
+// The first min(n, 16) fp16 values at p as fp32 lanes, zeros past them (n >= 1).
+DK_FORCE_INLINE __m512 half16_lanes(const half_t* p, int64_t n) {
+  if (n >= 16) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#if defined(DK_AVX512_LOAD_STORE16)
+  return load16(p, lanes_mask(n));
+#else
+  alignas(32) uint16_t t[16] = {};
+  for (int64_t i = 0; i < n; ++i) t[i] = p[i].bits;
+  return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(t)));
+#endif
+}
+
+// INT4's per-row minimum term sum_g min[g] * asum[g] over n groups, as 16 lanes (lane i: groups i,
+// i + 16, ..., fma in that order; lanes past n zero), added to the row's accumulator before its one
+// reduction (reduce16_rows).
+DK_FORCE_INLINE __m512 half_dot_lanes(const half_t* w, const float* x, int64_t n) {
   __m512 v = _mm512_setzero_ps();
-  int64_t g = 0;
-  for (; g + 16 <= n; g += 16)
-    v = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g))),
-                        _mm512_loadu_ps(x + g), v);
-  float t = _mm512_reduce_add_ps(v);
-  for (; g < n; ++g) t += _cvtsh_ss(w[g].bits) * x[g];
-  return t;
+  for (int64_t g = 0; g < n; g += 16) {
+    const __mmask16 m = n - g >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - g)) - 1u);
+    v = _mm512_fmadd_ps(half16_lanes(w + g, n - g), _mm512_maskz_loadu_ps(m, x + g), v);
+  }
+  return v;
+}
+
+// Lane r of the result (r < R <= 16) is the sum of v[r]'s 16 lanes, every row in one fixed tree:
+// s_i = v_i + v_{i+8} (i < 8), then s_i + s_{i+4} (i < 4), then s_i + s_{i+2} (i < 2), then s_0 + s_1
+// (the order of GCC's _mm512_reduce_add_ps). Four shuffle levels serve all R rows at once (~37 uops
+// for 12 rows instead of ~8 per row plus its scalar tail), so the GEMV's and the 2 .. 8-row kernels'
+// epilogues, which both reduce through here, give a row the same bits whatever R is. Lanes past R: 0.
+template <int R>
+DK_FORCE_INLINE __m512 reduce16_rows(const __m512 (&v)[R]) {
+  static_assert(R >= 1 && R <= 16, "reduce16_rows: 1 .. 16 rows");
+  __m512 x[16];
+  DK_UNROLL_ALL
+  for (int r = 0; r < 16; ++r) x[r] = r < R ? v[r] : _mm512_setzero_ps();
+  __m512 s1[8], s2[4], s3[2];
+  DK_UNROLL_ALL
+  for (int p = 0; p < (R + 1) / 2; ++p)  // lanes 0..7: row 2p's v_i + v_{i+8}; 8..15: row 2p + 1's
+    s1[p] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * p], x[2 * p + 1], 0x44),
+                          _mm512_shuffle_f32x4(x[2 * p], x[2 * p + 1], 0xee));
+  DK_UNROLL_ALL
+  for (int p = (R + 1) / 2; p < 8; ++p) s1[p] = _mm512_setzero_ps();
+  DK_UNROLL_ALL
+  for (int p = 0; p < 4; ++p)  // quarter k: row 4p + k's 4 partial sums
+    s2[p] = _mm512_add_ps(_mm512_shuffle_f32x4(s1[2 * p], s1[2 * p + 1], 0x88),
+                          _mm512_shuffle_f32x4(s1[2 * p], s1[2 * p + 1], 0xdd));
+  DK_UNROLL_ALL
+  for (int p = 0; p < 2; ++p)  // quarter k: lanes 0, 1 row 8p + k, lanes 2, 3 row 8p + 4 + k
+    s3[p] = _mm512_add_ps(_mm512_shuffle_ps(s2[2 * p], s2[2 * p + 1], 0x44),
+                          _mm512_shuffle_ps(s2[2 * p], s2[2 * p + 1], 0xee));
+  // lane 4k + t: row k + 4t; then rows in lane order
+  const __m512 s4 = _mm512_add_ps(_mm512_shuffle_ps(s3[0], s3[1], 0x88), _mm512_shuffle_ps(s3[0], s3[1], 0xdd));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), s4);
 }
 
 // float(q) for the INT4 codes q = 0..15 (lane q), the table the INT4 kernels scale per group.
@@ -57,16 +100,19 @@ DK_FORCE_INLINE void small_m_begin(int64_t nb, int64_t N, int64_t (&rows)[NB], _
   }
 }
 
-// out[r, n] = reduce(acc[j][r]) + extra(n, r) (+ bias[n]) for the block's real rows: the GEMV's order.
-template <int NB, int MM, class T, class RowExtra>
+// out[r, n] = reduce16(acc[j][r] + extra(n, r)) (+ bias[n]) for the block's real rows, the GEMV's
+// order (extra: INT4's half_dot_lanes; INT8 has none, kExtra false).
+template <bool kExtra, int NB, int MM, class T, class RowExtra>
 DK_FORCE_INLINE void small_m_end(T* out, int64_t out_stride, const T* bias, int64_t nb, int64_t N,
                                  const int64_t (&rows)[NB], const __m512 (&acc)[NB][MM], RowExtra extra) {
   for (int j = 0; j < NB && nb * NB + j < N; ++j) {
-    for (int r = 0; r < MM; ++r) {
-      float v = _mm512_reduce_add_ps(acc[j][r]) + extra(rows[j], r);
-      if (bias) v += to_float(bias[rows[j]]);
-      out[r * out_stride + rows[j]] = from_float<T>(v);
-    }
+    __m512 v[MM];
+    DK_UNROLL_ALL
+    for (int r = 0; r < MM; ++r) v[r] = kExtra ? _mm512_add_ps(acc[j][r], extra(rows[j], r)) : acc[j][r];
+    alignas(64) float sum[16];
+    _mm512_store_ps(sum, reduce16_rows(v));
+    const float b = bias ? to_float(bias[rows[j]]) : 0.f;
+    for (int r = 0; r < MM; ++r) out[r * out_stride + rows[j]] = from_float<T>(bias ? sum[r] + b : sum[r]);
   }
 }
 
@@ -87,7 +133,7 @@ DK_FORCE_INLINE void int4_chunk_fma(const uint8_t* q, __m512 t, const float* ag,
 // asum: fp32 [MM, K / G], each row's per-group activation sums. Per element this is exactly the
 // one-row GEMV's arithmetic (int4.h: int4_gemv_g32_avx512): per group the scaled code table
 // t = d * (0..15) (exact), then per 16-byte chunk acc = fma(t[hi], a_hi, fma(t[lo], a_lo, acc));
-// then reduce(acc) + sum_g min * asum (+ bias). So a row's result does not depend on how many rows
+// then reduce16(acc + half_dot_lanes(min, asum)) (+ bias). So a row's result does not depend on how many rows
 // come with it (1 .. 8): a speculative verification pass reproduces plain decoding bit for bit.
 // Per chunk and weight row: 4 decode uops (widen, shift, 2 lookups) shared by the MM rows, 2 FMAs per row.
 template <int NB, int MM, class T>
@@ -112,8 +158,8 @@ void int4_small_m_block(T* out, int64_t out_stride, const float* a, const float*
         for (int64_t c = 16; c < half; c += 16) int4_chunk_fma<MM>(q + c, t, a + g * G + c, K, half, acc[j]);
       }
     }
-    small_m_end(out, out_stride, bias, nb, N, rows, acc,
-                [&](int64_t n, int r) { return half_dot(mins + n * ng, asum + r * ng, ng); });
+    small_m_end<true>(out, out_stride, bias, nb, N, rows, acc,
+                      [&](int64_t n, int r) { return half_dot_lanes(mins + n * ng, asum + r * ng, ng); });
   }
 }
 
@@ -151,7 +197,7 @@ void int8_small_m_block(T* out, int64_t out_stride, const float* a, const int8_t
         for (int r = 0; r < MM; ++r) acc[j][r] = _mm512_fmadd_ps(t[r], d, acc[j][r]);
       }
     }
-    small_m_end(out, out_stride, bias, nb, N, rows, acc, [](int64_t, int) { return 0.f; });
+    small_m_end<false>(out, out_stride, bias, nb, N, rows, acc, [](int64_t, int) { return _mm512_setzero_ps(); });
   }
 }
 
