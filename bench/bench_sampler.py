@@ -12,6 +12,10 @@ the temperature divide add passes of their own, so the fraction stays far below 
     python bench/bench_sampler.py --out bench/results            # CPU (or --device cuda)
     python bench/bench_sampler.py --e2e                           # + LLM.generate on the embedded model
 
+Also sort_desc_stable (include/decodekit/sampling/sort_desc.h: the radix sort the CPU filters use for rows that
+keep more than 1024 tokens) against torch.sort(x, descending=True, stable=True), whose order it must equal bit
+for bit; the floor is reading x and writing the values and int64 indices once.
+
 --e2e: the same A/B through LLM.generate on the embedded SmolLM2 GGUF (128 tokens per request, seeded,
 ignore_eos; 1 and 4 requests; T=0.8 top_p=0.95 and T=1), alternated twice, tokens compared.
 """
@@ -29,6 +33,7 @@ except ImportError:  # run from a checkout that is not installed
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
 from decodekit.bench import BenchContext, Result, add_common_args
+from decodekit import ops
 from decodekit.ops import reference
 import decodekit.sampling.sampler as sampler_mod
 from decodekit.sampling import Sampler, SamplingMetadata, SamplingParams
@@ -67,6 +72,19 @@ def case(ctx: BenchContext, B: int, V: int, scale: float, cfg: str) -> Result:
     return Result.from_timings("sampler.tokens", f"{cfg} B={B} V={V} s={scale:g}", torch.float32, ctx.device, t,
                                nbytes=B * V * 4, peer="same sampler, torch Philox noise over the vocabulary",
                                peer_timing=tp, notes=f"{differ} of {B} tokens differ (near-ties)" if differ else "")
+
+
+def sort_case(ctx: BenchContext, B: int, V: int) -> Result:
+    g = torch.Generator().manual_seed(B * 7 + V)
+    x = (torch.randn(B, V, generator=g) * 2).to(ctx.device)
+    v, i = ops.sort_desc_stable(x)
+    rv, ri = torch.sort(x, dim=-1, descending=True, stable=True)
+    if not (torch.equal(i, ri) and torch.equal(v, rv)):
+        raise AssertionError(f"sort_desc_stable B={B} V={V}: order differs from torch.sort")
+    t = ctx.time(ops.sort_desc_stable, [(x,)])
+    tp = ctx.time(lambda y: torch.sort(y, dim=-1, descending=True, stable=True), [(x,)])
+    return Result.from_timings("sort_desc_stable", f"B={B} V={V}", torch.float32, ctx.device, t,
+                               nbytes=B * V * (4 + 4 + 8), peer="torch.sort(descending, stable)", peer_timing=tp)
 
 
 def e2e(device: str) -> None:
@@ -115,6 +133,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
             for scale in (2.0, 6.0):
                 for cfg in (["T=1"] if ctx.quick else list(CONFIGS)):
                     ctx.add(case(ctx, B, V, scale, cfg))
+            ctx.add(sort_case(ctx, B, V))
     results = ctx.finish()
     if args.e2e:
         e2e(str(ctx.device))

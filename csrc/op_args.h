@@ -312,6 +312,26 @@ inline GumbelArgs gumbel_argmax_args(const at::Tensor& out, const at::Tensor& sc
   return a;
 }
 
+struct SortArgs {
+  int64_t B, V, row_stride;
+};
+
+// sort_desc_stable: x [B, V] float32 (row stride free), values [B, V] float32 and indices [B, V] int64
+// contiguous on x's device; B * V < 2^31 (the CUDA kernel's item count).
+inline SortArgs sort_desc_stable_args(const at::Tensor& values, const at::Tensor& indices, const at::Tensor& x) {
+  const char* op = "decodekit::sort_desc_stable";
+  SortArgs a{};
+  a.row_stride = Check(op, "x", x).dim(2).dtype({at::kFloat}).row_stride();
+  a.B = x.size(0);
+  a.V = x.size(1);
+  check_range<int64_t>(op, "number of values (x.numel())", a.B * a.V, 0, INT32_MAX);
+  Check(op, "values", values).dim(2).size(0, a.B, "B").size(1, a.V, "V").dtype({at::kFloat}).device_as(x, "x")
+      .contiguous();
+  Check(op, "indices", indices).dim(2).size(0, a.B, "B").size(1, a.V, "V").dtype({at::kLong}).device_as(x, "x")
+      .contiguous();
+  return a;
+}
+
 // int4_dequantize (mins given, out [N, K]) / int8_dequantize_rows (mins null, out [R, K] for
 // ids [R] int64; the ids' range is the device launcher's business).
 inline GemmArgs quant_dequantize_args(const char* op, const at::Tensor& out, const at::Tensor& qweight,

@@ -61,6 +61,11 @@ TORCH_LIBRARY(decodekit, m) {
   // never drawn), Philox stream `stream` in [0, 2^32) (the sampler's noise: 0); ties -> the lowest v.
   m.def("gumbel_argmax(Tensor(a!) out, Tensor scores, Tensor seeds, Tensor positions, int stream) -> ()");
 
+  // Stable descending sort of rows (include/decodekit/sampling/sort_desc.h): values [B, V] float32 and
+  // indices [B, V] int64 = torch.sort(x, dim=-1, descending=True, stable=True) of x [B, V] float32 (row
+  // stride free), bit for bit: ties in index order, NaNs first, -0.0 equal to +0.0.
+  m.def("sort_desc_stable(Tensor(a!) values, Tensor(b!) indices, Tensor x) -> ()");
+
   // Paged KV cache: [num_blocks, num_kv_heads, block_size, head_dim] per layer for K and V,
   // in the activations' dtype or fp8 e4m3 (Float8_e4m3fn: stored x / scale, saturated at
   // +-448; k_scale / v_scale float32 [1] or [num_kv_heads], absent = 1).

@@ -44,7 +44,7 @@ FAMILIES=(
   "attention: attention paged reshape_and_cache fp8 copy_blocks swap_blocks"
   "quant: quant int4 int8 fp8_gemm"
   "spec: rejection_sample philox"
-  "sampler: gumbel sampler"
+  "sampler: gumbel sampler sort_desc"
   "allreduce: allreduce all_reduce gemm_allreduce"
 )
 # part: cap in seconds (the most it may take; the global budget can cut it).

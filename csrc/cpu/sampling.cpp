@@ -1,11 +1,12 @@
-// CPU launchers for rejection_sample and gumbel_argmax (the rules in include/decodekit/sampling/
-// rejection.h and gumbel_max.h).
+// CPU launchers for rejection_sample, gumbel_argmax and sort_desc_stable (the rules in
+// include/decodekit/sampling/rejection.h, gumbel_max.h and sort_desc.h).
 #include <torch/library.h>
 
 #include "../op_args.h"
 #include "dispatch.h"
 #include "decodekit/sampling/gumbel_max.h"
 #include "decodekit/sampling/rejection.h"
+#include "decodekit/sampling/sort_desc.h"
 
 namespace {
 
@@ -59,9 +60,19 @@ void gumbel_argmax_cpu(at::Tensor& out,               // [B] int64
     o[b] = dk::gumbel_argmax_row(x + b * a.row_stride, a.V, uint64_t(seed[b]), uint64_t(pos[b]), a.stream);
 }
 
+void sort_desc_stable_cpu(at::Tensor& values,     // [B, V] float32
+                          at::Tensor& indices,    // [B, V] int64
+                          const at::Tensor& x) {  // [B, V] float32, row stride free
+  const dk::SortArgs a = dk::sort_desc_stable_args(values, indices, x);
+  if (a.B == 0 || a.V == 0) return;
+  dk::cpu::sort_desc_stable(values.data_ptr<float>(), indices.data_ptr<int64_t>(), x.data_ptr<float>(), a.row_stride,
+                            a.B, a.V);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(decodekit, CPU, m) {
   m.impl("rejection_sample", &rejection_sample_cpu);
   m.impl("gumbel_argmax", &gumbel_argmax_cpu);
+  m.impl("sort_desc_stable", &sort_desc_stable_cpu);
 }

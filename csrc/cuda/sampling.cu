@@ -1,7 +1,8 @@
-// CUDA rejection_sample and gumbel_argmax kernels (include/decodekit/sampling/rejection.cuh,
-// gumbel_max.cuh), torch-free; the torch launchers are in sampling_launch.cpp (g++).
+// CUDA rejection_sample, gumbel_argmax and sort_desc_stable kernels (include/decodekit/sampling/
+// rejection.cuh, gumbel_max.cuh, sort_desc.cuh), torch-free; the torch launchers are in sampling_launch.cpp (g++).
 #include "decodekit/sampling/gumbel_max.cuh"
 #include "decodekit/sampling/rejection.cuh"
+#include "decodekit/sampling/sort_desc.cuh"
 #include "launchers.h"
 
 cudaError_t dk::cuda::rejection_sample_launch(int64_t* out, int32_t* num_emitted, const int64_t* draft,
@@ -15,4 +16,12 @@ cudaError_t dk::cuda::gumbel_argmax_launch(int64_t* out, const float* x, int64_t
                                            const int64_t* positions, int64_t B, int64_t V, uint32_t stream,
                                            cudaStream_t cuda_stream) {
   return gumbel_argmax(out, x, row_stride, seeds, positions, B, V, stream, cuda_stream);
+}
+
+size_t dk::cuda::sort_desc_stable_workspace(int64_t B, int64_t V) { return sort_desc_stable_workspace_bytes(B, V); }
+
+cudaError_t dk::cuda::sort_desc_stable_launch(float* values, int64_t* indices, const float* x, int64_t row_stride,
+                                              int64_t B, int64_t V, void* workspace, size_t workspace_bytes,
+                                              cudaStream_t stream) {
+  return sort_desc_stable(values, indices, x, row_stride, B, V, workspace, workspace_bytes, stream);
 }

@@ -1,7 +1,8 @@
-// Torch launchers for rejection_sample and gumbel_argmax (CUDA dispatch key); the kernels are in
-// sampling.cu (include/decodekit/sampling/rejection.cuh, gumbel_max.cuh). num_draft is not range-checked here (that would need a
+// Torch launchers for rejection_sample, gumbel_argmax and sort_desc_stable (CUDA dispatch key); the kernels
+// are in sampling.cu (include/decodekit/sampling/rejection.cuh, gumbel_max.cuh, sort_desc.cuh). num_draft is not range-checked here (that would need a
 // device-to-host copy): the kernel clamps it to [0, k].
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -50,9 +51,25 @@ void gumbel_argmax_cuda(at::Tensor& out,               // [B] int64
                                                       a.V, a.stream, c10::cuda::getCurrentCUDAStream()));
 }
 
+void sort_desc_stable_cuda(at::Tensor& values,     // [B, V] float32
+                           at::Tensor& indices,    // [B, V] int64
+                           const at::Tensor& x) {  // [B, V] float32, row stride free
+  const char* op = "decodekit::sort_desc_stable";
+  const dk::SortArgs a = dk::sort_desc_stable_args(values, indices, x);
+  dk::check_cuda(op, "x", x);
+  if (a.B == 0 || a.V == 0) return;
+  c10::cuda::OptionalCUDAGuard guard(x.device());
+  const size_t bytes = dk::cuda::sort_desc_stable_workspace(a.B, a.V);
+  at::Tensor ws = at::empty({int64_t(bytes)}, x.options().dtype(at::kByte));  // caching allocator: graph-safe
+  dk::check_launch(op, dk::cuda::sort_desc_stable_launch(values.data_ptr<float>(), indices.data_ptr<int64_t>(),
+                                                         x.data_ptr<float>(), a.row_stride, a.B, a.V, ws.data_ptr(),
+                                                         bytes, c10::cuda::getCurrentCUDAStream()));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(decodekit, CUDA, m) {
   m.impl("rejection_sample", &rejection_sample_cuda);
   m.impl("gumbel_argmax", &gumbel_argmax_cuda);
+  m.impl("sort_desc_stable", &sort_desc_stable_cuda);
 }

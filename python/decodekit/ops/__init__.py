@@ -284,6 +284,24 @@ def _gumbel_argmax_fake(out, scores, seeds, positions, stream):
     return None
 
 
+def sort_desc_stable(x: torch.Tensor,  # [B, V] float32 (row stride free)
+                     ) -> tuple[torch.Tensor, torch.Tensor]:  # ([B, V] float32, [B, V] int64)
+    """torch.sort(x, dim=-1, descending=True, stable=True), bit for bit (ties in position order, NaNs
+    first, -0.0 equal to +0.0), by a radix sort on order-preserving integer keys: O(V) per row. The CPU
+    sampler's top-p / min-p filters use it for rows that keep thousands of tokens."""
+    if _has_kernel("sort_desc_stable", x.device):
+        values = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+        indices = torch.empty(x.shape, dtype=torch.int64, device=x.device)
+        _ops.sort_desc_stable(values, indices, x)
+        return values, indices
+    return reference.sort_desc_stable(x)
+
+
+@torch.library.register_fake("decodekit::sort_desc_stable")
+def _sort_desc_stable_fake(values, indices, x):
+    return None
+
+
 def rejection_sample(draft_tokens: torch.Tensor,        # [B, k] int64
                      num_draft: torch.Tensor,           # [B] int32 (0 .. k)
                      draft_probs: torch.Tensor | None,  # [B, k, V] float32 (None: one-hot drafts)

@@ -337,6 +337,14 @@ def fp8_gemm(a: torch.Tensor,         # [M, K] float8_e4m3fn
     return out if bias is None else out + bias.to(dtype)
 
 
+# ---- stable descending sort (include/decodekit/sampling/sort_desc.h)
+
+def sort_desc_stable(x: torch.Tensor,  # [B, V] float32
+                     ) -> tuple[torch.Tensor, torch.Tensor]:  # ([B, V] float32, [B, V] int64)
+    """Rows in descending order with their positions: ties in position order, NaNs first, -0.0 == +0.0."""
+    return torch.sort(x, dim=-1, descending=True, stable=True)
+
+
 # ---- Gumbel-max sampling (include/decodekit/sampling/gumbel_max.h)
 
 def gumbel_argmax(scores: torch.Tensor,     # [B, V] float32 (-inf: never drawn)
