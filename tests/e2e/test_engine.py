@@ -91,6 +91,43 @@ def test_stop_string_and_max_tokens(llm):
     assert out.finish_reason == "length" and len(out.token_ids) == 3
 
 
+def test_stop_token_text_left_out_unless_asked(llm):
+    """A request ending on a stop token (stop_token_ids, EOS) returns the token's id but not its text, unless
+    include_stop_str_in_output (vLLM's rule), also with skip_special_tokens=False and under streaming."""
+    tok = llm.engine.tokenizer
+    free = llm.generate("1, 2, 3, 4, 5,", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0].outputs[0]
+    stop_id = free.token_ids[3]   # a token after a few others
+    for include in (False, True):
+        p = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, stop_token_ids=[stop_id],
+                           include_stop_str_in_output=include, skip_special_tokens=False)
+        out = llm.generate("1, 2, 3, 4, 5,", p)[0].outputs[0]
+        assert out.finish_reason == "stop" and out.stop_reason == stop_id and out.token_ids[-1] == stop_id
+        n = len(out.token_ids)
+        assert out.text == tok.decode(out.token_ids if include else out.token_ids[:-1]), (include, out.text)
+        assert "".join(llm.stream("1, 2, 3, 4, 5,", p)) == out.text
+        if not include:
+            assert n == free.token_ids.index(stop_id) + 1
+    eos = llm.engine.eos_token_ids[0]
+    out = llm.generate("Hi", SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[eos], min_tokens=0,
+                                            skip_special_tokens=False))[0].outputs[0]
+    if out.token_ids and out.token_ids[-1] == eos:
+        assert tok.decode([eos], skip_special_tokens=False) not in out.text
+
+
+def test_params_are_copied_at_add(llm):
+    """The caller's SamplingParams object may be changed after add_request: the queued request keeps its own."""
+    eng = llm.engine
+    p = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    rid = eng.add_request(None, "Hello there", p)
+    p.max_tokens = 10
+    p.temperature = float("nan")
+    outs = []
+    while eng.has_unfinished_requests():
+        outs += [o for o in eng.step() if o.finished and o.request_id == rid]
+    assert len(outs) == 1 and len(outs[0].outputs[0].token_ids) == 3
+    assert_no_leaks(llm)
+
+
 def test_streaming_equals_batch(llm):
     text = "".join(llm.stream(PROMPTS[1], GREEDY))
     assert text == llm.generate(PROMPTS[1], GREEDY)[0].outputs[0].text

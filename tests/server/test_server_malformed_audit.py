@@ -71,3 +71,56 @@ def test_stop_ids_that_leave_min_tokens_nothing_to_sample(server):
     err = r.json()["error"]
     assert err["param"] == "stop_token_ids" and "min_tokens=2" in err["message"], err
     assert len(err["message"]) < 400 and wait_idle(server.aeng)
+
+
+@pytest.mark.parametrize("path, fields, param", [
+    # were 200 with the field ignored (a client asking for constrained output got free text)
+    ("/v1/completions", dict(prompt="hi", guided_json={"type": "object"}), "guided_json"),
+    ("/v1/completions", dict(prompt="hi", guided_choice=["a", "b"]), "guided_choice"),
+    ("/v1/completions", dict(prompt="hi", prompt_logprobs=0), "prompt_logprobs"),
+    ("/v1/completions", dict(prompt="hi", use_beam_search=True), "use_beam_search"),
+    ("/v1/completions", dict(prompt="hi", allowed_token_ids=[1, 2]), "allowed_token_ids"),
+    ("/v1/chat/completions", dict(messages=CHAT, structured_outputs={"json": {}}), "structured_outputs"),
+    ("/v1/chat/completions", dict(messages=CHAT, add_generation_prompt=False), "add_generation_prompt"),
+    ("/v1/chat/completions", dict(messages=CHAT, continue_final_message=True), "continue_final_message"),
+    ("/v1/chat/completions", dict(messages=CHAT, echo=True), "echo"),
+    ("/v1/chat/completions", dict(messages=CHAT, modalities=["audio"]), "modalities"),
+    ("/v1/chat/completions", dict(messages=CHAT, bad_words=["x"]), "bad_words"),
+    # was "must be in [0, 1]", then 0 refused as "(0, 1]"
+    ("/v1/completions", dict(prompt="hi", top_p=0), "top_p"),
+])
+def test_unsupported_or_out_of_range_fields_are_refused(server, path, fields, param):
+    r = _post(server, path, _body(max_tokens=2, **fields))
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param, err
+    if param == "top_p":
+        assert "(0, 1]" in err["message"], err
+
+
+def test_no_op_values_of_unsupported_fields_are_accepted(server):
+    r = _post(server, "/v1/chat/completions", _body(messages=CHAT, max_tokens=2, add_generation_prompt=True,
+                                                    modalities=["text"], echo=False, use_beam_search=False))
+    assert r.status_code == 200, r.text
+
+
+def test_max_completion_tokens_wins_over_max_tokens(server):
+    r = _post(server, "/v1/chat/completions", _body(messages=CHAT, max_tokens=2, max_completion_tokens=5,
+                                                    temperature=0, ignore_eos=True))
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5, r.text
+
+
+def test_huge_prompts_are_refused_before_encoding(server):
+    """Was: a ~4 MB prompt took ~1.6 s to encode before its 400, stalling every other request meanwhile."""
+    import time
+    limit = server.aeng.engine.tokenizer.max_prompt_chars(server.aeng.engine.max_model_len)
+    text = "a" * (limit + 1)
+    for path, fields, param in (("/v1/completions", dict(prompt=text), "prompt"),
+                                ("/v1/chat/completions", dict(messages=[{"role": "user", "content": text}]),
+                                 "messages")):
+        t = time.perf_counter()
+        r = _post(server, path, _body(max_tokens=2, **fields))
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text[:300]
+        assert "cannot fit" in r.json()["error"]["message"]
+        assert time.perf_counter() - t < 30
+    assert wait_idle(server.aeng)

@@ -148,7 +148,7 @@ class EngineArgs:
         return dev.type == "cpu" and _has_kernel("int4_gemm", dev)
 
     def resolved_kv_cache_dtype(self) -> torch.dtype:
-        """The KV cache's element type: the model's dtype, or float8_e4m3fn (scale 1)."""
+        """The KV cache's element type: the model's dtype, or float8_e4m3fn (scales: LlamaModel.calibrate_kv_scales)."""
         if self.kv_cache_dtype == "auto":
             return self.resolved_dtype()
         return torch.float8_e4m3fn
@@ -169,8 +169,9 @@ class EngineArgs:
         g.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block (default 16)")
         g.add_argument("--kv-cache-memory", default="1GiB", help="KV-cache size on CPU, e.g. 2GiB (default 1GiB)")
         g.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
-                       help="KV-cache element type: auto (the model's dtype) or fp8 (e4m3, scale 1: half the "
-                            "bytes of bf16, so twice the tokens and faster long-context decode)")
+                       help="KV-cache element type: auto (the model's dtype) or fp8 (e4m3 with per-layer, "
+                            "per-KV-head scales calibrated by one prefill at start-up: half the bytes of a 16-bit "
+                            "cache, a quarter of fp32, so more tokens and faster long-context decode)")
         g.add_argument("--quantization", default=None, choices=["int4-rtn", "int4-gptq", "fp8"],
                        help="quantize a float checkpoint's projection weights at load: int4-rtn (round to nearest, "
                             "groups of 32, fp16 scale and min; decoded by the INT4 kernels) or int4-gptq (GPTQ "

@@ -7,6 +7,7 @@ all n CompletionOutputs and is finished when every child is.
 """
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
 import numbers
@@ -315,6 +316,10 @@ class LLMEngine:
     # ------------------------------------------------------------------ requests
     def _prompt_ids(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
+            limit = self.tokenizer.max_prompt_chars(self.max_model_len)
+            if len(prompt) > limit:  # cannot fit: refused without spending seconds encoding it
+                raise ValueError(f"prompt: {len(prompt)} characters cannot fit in max_model_len={self.max_model_len} "
+                                 f"tokens (at most {limit} characters could)")
             ids = self.tokenizer.encode(prompt, add_special_tokens=True)
             V = self.model_config.vocab_size
             if ids and max(ids) >= V:  # a tokenizer with more ids than the embedding has rows (loader warned)
@@ -338,6 +343,8 @@ class LLMEngine:
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        # the request's own copy: the caller may reuse or change its object once the request is queued
+        params = copy.deepcopy(params)
         params.validate(vocab_size=self.model_config.vocab_size, eos_token_ids=self.eos_token_ids)
         request_id = str(next(self._ids)) if request_id is None else request_id
         if not isinstance(request_id, str) or not request_id:
@@ -514,13 +521,17 @@ class LLMEngine:
                     entry[tok] = Logprob(lp, None, self.tokenizer.decode([tok], skip_special_tokens=False))
                 s.out.logprobs.append(entry)
                 s.out.cumulative_logprob += lp
-            text = s.detok.add([tok])
-            s.out.text += text
-            s.out.delta_text += text
             can_stop = len(s.out.token_ids) >= p.min_tokens
+            token_stop = can_stop and tok in s.stop_ids
+            # a stop token (EOS, stop_token_ids) ends the request without its text, unless
+            # include_stop_str_in_output (vLLM's rule); its id and logprobs are still returned
+            if not token_stop or p.include_stop_str_in_output:
+                text = s.detok.add([tok])
+                s.out.text += text
+                s.out.delta_text += text
             if p.min_tokens and len(s.out.token_ids) == p.min_tokens and p.stop:
                 s.detok.set_stop(p.stop)
-            if can_stop and tok in s.stop_ids:
+            if token_stop:
                 self._finish(s, "stop", tok if tok in (p.stop_token_ids or []) else None)
                 self.scheduler.finish_request(s.request.request_id, RequestStatus.FINISHED_STOPPED)
                 return

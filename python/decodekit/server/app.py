@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from . import protocol as P
 from .async_engine import AsyncEngine, EngineDeadError
@@ -64,11 +65,14 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         if cl is not None and cl.isdigit() and int(cl) > cfg.max_body_bytes:
             raise P.APIError(413, f"request body over {cfg.max_body_bytes} bytes")
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > cfg.max_body_bytes:
-                raise P.APIError(413, f"request body over {cfg.max_body_bytes} bytes")
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > cfg.max_body_bytes:
+                    raise P.APIError(413, f"request body over {cfg.max_body_bytes} bytes")
+                chunks.append(chunk)
+        except ClientDisconnect:  # gone while sending its body: nothing to answer, nothing to log
+            raise P.APIError(499, "client disconnected") from None
         body = P.parse_json_body(b"".join(chunks))
         m = body.get("model")
         if m is not None and m != cfg.model_name:
@@ -118,6 +122,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                     return task.result()
                 if await request.is_disconnected():
                     task.cancel()
+                    # a stream failing after the cancel would otherwise be logged as never retrieved
+                    task.add_done_callback(lambda t: t.cancelled() or t.exception())
                     for s in streams:
                         s.abort()
                     raise P.APIError(499, "client disconnected")
@@ -203,7 +209,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         stream, include_usage = P.stream_options(body)
         if P.field(body, "echo", "bool", False):
             raise P.APIError(400, "'echo' is not supported", "echo")
-        P.reject_unsupported(body, ("suffix", "logit_bias"))
+        P.reject_unsupported(body, ("suffix",) + P.UNSUPPORTED_COMMON)
         best_of = P.field(body, "best_of", "int", None, 1)
         lp = P.field(body, "logprobs", "int", None, 0, P.MAX_LOGPROBS)
         prompts = P.completion_prompts(body, vocab)
@@ -262,27 +268,35 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         auth(request)
         body = await body_of(request)
         stream, include_usage = P.stream_options(body)
-        P.reject_unsupported(body, ("logit_bias", "tools", "tool_choice", "functions", "function_call",
-                                    "response_format"))
+        P.reject_unsupported(body, P.UNSUPPORTED_COMMON + P.UNSUPPORTED_CHAT)
         messages = P.chat_messages(body)
         want_lp = P.field(body, "logprobs", "bool", False)
         top = P.field(body, "top_logprobs", "int", None, 0, P.MAX_LOGPROBS)
         if top is not None and not want_lp:
             raise P.APIError(400, "'top_logprobs' needs logprobs=true", "top_logprobs")
-        try:
-            text = tok.apply_chat_template(messages, add_generation_prompt=True)
-        except Exception as e:  # noqa: BLE001 -- the template rejected the conversation
-            raise P.APIError(400, f"the chat template cannot render these messages: {e}", "messages") from None
-        try:
-            ids = tok.encode(text, add_special_tokens=False)
-        except ValueError as e:  # e.g. a lone surrogate (a JSON "\ud800" escape) in a role or content
-            raise P.APIError(400, f"'messages' must be valid Unicode text: {e}", "messages") from None
+        chars = sum(len(str(m.get("content") or "")) + len(str(m.get("role") or "")) for m in messages)
+        limit = tok.max_prompt_chars(eng.max_model_len)
+        if chars > limit:  # cannot fit: refused before rendering and encoding megabytes on the event loop
+            raise P.APIError(400, f"'messages' hold {chars} characters: they cannot fit in max_model_len="
+                                  f"{eng.max_model_len} tokens (at most {limit} characters could)", "messages")
+
+        def render() -> list[int]:
+            try:
+                text = tok.apply_chat_template(messages, add_generation_prompt=True)
+            except Exception as e:  # noqa: BLE001 -- the template rejected the conversation
+                raise P.APIError(400, f"the chat template cannot render these messages: {e}", "messages") from None
+            try:
+                return tok.encode(text, add_special_tokens=False)
+            except ValueError as e:  # e.g. a lone surrogate (a JSON "\ud800" escape) in a role or content
+                raise P.APIError(400, f"'messages' must be valid Unicode text: {e}", "messages") from None
+        ids = await asyncio.to_thread(render)  # off the event loop: other requests keep streaming
         if not ids:
             raise P.APIError(400, "the rendered conversation is empty", "messages")
         if len(ids) >= eng.max_model_len:
             raise P.APIError(400, f"'messages' render to {len(ids)} tokens: at most max_model_len - 1 = "
                                   f"{eng.max_model_len - 1} fit (one token of output at least)", "messages")
-        mt = P.field(body, "max_tokens", "int", P.field(body, "max_completion_tokens", "int", None, 1), 1)
+        # max_completion_tokens (OpenAI's current name) first, then the deprecated max_tokens, as vLLM / SGLang
+        mt = P.field(body, "max_completion_tokens", "int", P.field(body, "max_tokens", "int", None, 1), 1)
         if mt is None:
             mt = eng.max_model_len - len(ids)
         params = P.sampling_params(body, mt, (top or 0) if want_lp else None, vocab)

@@ -52,12 +52,14 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def field(body: dict, name: str, kind: str, default=None, lo=None, hi=None):
-    """body[name] checked: kind int / number / bool / str; None (or absent) gives the default."""
+def field(body: dict, name: str, kind: str, default=None, lo=None, hi=None, lo_open: bool = False):
+    """body[name] checked: kind int / number / bool / str, in [lo, hi] ((lo, hi] with lo_open); None (or
+    absent) gives the default."""
     v = body.get(name)
     if v is None:
         return default
-    rng = "" if lo is None and hi is None else f" in [{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
+    rng = "" if lo is None and hi is None else \
+        f" in {'(' if lo_open else '['}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
     ok = {"int": _is_int(v), "number": (_is_int(v) or isinstance(v, float)), "bool": isinstance(v, bool),
           "str": isinstance(v, str)}[kind]
     if not ok:
@@ -66,7 +68,7 @@ def field(body: dict, name: str, kind: str, default=None, lo=None, hi=None):
     if kind in ("int", "number"):
         if isinstance(v, float) and not math.isfinite(v):
             raise APIError(400, f"'{name}' must be finite", name)
-        if (lo is not None and v < lo) or (hi is not None and v > hi):
+        if (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi):
             raise APIError(400, f"'{name}' must be{rng}, got {v}", name)
     return v
 
@@ -90,7 +92,7 @@ def sampling_params(body: dict, max_tokens: int, logprobs: int | None, vocab_siz
     and stop_token_ids here, so those errors name their field too."""
     kw = dict(
         n=field(body, "n", "int", 1, 1), temperature=field(body, "temperature", "number", 1.0, 0, 2),
-        top_p=field(body, "top_p", "number", 1.0, 0, 1), top_k=field(body, "top_k", "int", -1, -1),
+        top_p=field(body, "top_p", "number", 1.0, 0, 1, lo_open=True), top_k=field(body, "top_k", "int", -1, -1, vocab_size),
         min_p=field(body, "min_p", "number", 0.0, 0, 1),
         presence_penalty=field(body, "presence_penalty", "number", 0.0, -2, 2),
         frequency_penalty=field(body, "frequency_penalty", "number", 0.0, -2, 2),
@@ -152,13 +154,25 @@ def completion_prompts(body: dict, vocab_size: int) -> list:
     return [one(p)]
 
 
+# vLLM / OpenAI request fields this server does not implement: asked for (not null / false / empty / a no-op
+# value), they get a 400 naming them rather than being ignored (a client asking for constrained JSON must not
+# get free text back as if it were).
+UNSUPPORTED_COMMON = ("logit_bias", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                      "structured_outputs", "prompt_logprobs", "use_beam_search", "bad_words", "allowed_token_ids",
+                      "logits_processors", "response_format")
+UNSUPPORTED_CHAT = ("tools", "tool_choice", "functions", "function_call", "echo", "continue_final_message",
+                    "add_generation_prompt", "modalities", "prediction", "audio")
+
+
 def reject_unsupported(body: dict, names: tuple[str, ...]) -> None:
     """A 400 naming the field for OpenAI features this server does not implement, when the request
     asks for them (present and not null / empty / the no-op value), instead of silently ignoring them."""
-    noop = {"response_format": ({"type": "text"},), "tool_choice": ("none",), "suffix": ("",)}
+    noop = {"response_format": ({"type": "text"},), "tool_choice": ("none",), "suffix": ("",),
+            "add_generation_prompt": (True,), "modalities": (["text"],)}
     for name in names:
         v = body.get(name)
-        if v is None or v == {} or v == [] or v in noop.get(name, ()):
+        off = v is False and name != "add_generation_prompt"   # false asks for nothing, except there
+        if v is None or off or v == {} or v == [] or v in noop.get(name, ()):
             continue
         raise APIError(400, f"'{name}' is not supported by this server", name)
 

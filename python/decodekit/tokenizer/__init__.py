@@ -201,6 +201,15 @@ class Tokenizer:
     def get_vocab(self) -> dict[str, int]:
         return self._tk.get_vocab(with_added_tokens=True)
 
+    def max_prompt_chars(self, max_tokens: int) -> int:
+        """An upper bound on the characters of a text that encodes to at most max_tokens tokens: 4 x the
+        longest vocabulary string x max_tokens (a token's text has no more characters than its vocabulary
+        string, byte-level or SentencePiece; the 4 covers normalizers that merge characters). Longer texts are
+        refused before encoding them, which would hold the caller for seconds on megabytes of text."""
+        if getattr(self, "_max_token_chars", None) is None:
+            self._max_token_chars = max((len(t) for t in self.get_vocab()), default=1)
+        return 4 * max(self._max_token_chars, 1) * max(int(max_tokens), 1)
+
     def token_to_id(self, token: str) -> int | None:
         return self._tk.token_to_id(token)
 
