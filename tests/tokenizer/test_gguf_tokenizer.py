@@ -105,3 +105,31 @@ def test_lone_surrogate_is_a_clear_error(tok):
     with pytest.raises(ValueError, match="at character 0"):
         tok.encode_batch(["fine", "\ud800"])
     assert tok.encode("ok \u00e9 fine") == tok.encode_batch(["ok \u00e9 fine"])[0]
+
+
+def test_long_texts_encode_without_holding_the_gil(tok):
+    """Texts past _GIL_FREE_CHARS go through the batch call: the same ids, and other Python threads (the server's
+    event loop) keep running meanwhile (the single call held the GIL: ~1 tick of the other thread per encode)."""
+    import threading
+    import time
+
+    import decodekit.tokenizer as T
+    text = "Hello world, this is some text. <|im_start|>user\n" * 20000   # ~1 MB, special tokens inside
+    ids = tok.encode(text)
+    assert ids == tok._tk.encode(text, add_special_tokens=True).ids
+    short = text[: T._GIL_FREE_CHARS + 7]
+    assert tok.encode(short, add_special_tokens=False) == tok._tk.encode(short, add_special_tokens=False).ids
+    ticks = []
+    th = threading.Thread(target=tok.encode, args=(text,))
+    th.start()
+    while th.is_alive():
+        time.sleep(0.001)
+        ticks.append(time.perf_counter())
+    assert len(ticks) >= 20, f"the main thread ran {len(ticks)} times while a 1 MB text was encoded"
+
+
+def test_max_prompt_chars_bounds_the_characters_of_max_tokens(tok):
+    vocab = tok.get_vocab()
+    longest = max(len(t) for t in vocab)
+    assert tok.max_prompt_chars(100) == 4 * longest * 100
+    assert len(tok.decode(tok.encode("word " * 50)[:100])) <= tok.max_prompt_chars(100)

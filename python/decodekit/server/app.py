@@ -94,6 +94,24 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             raise P.APIError(503, f"server busy: {aeng.num_waiting()} sequences waiting (max_queue={cfg.max_queue})",
                              type="server_error", code="queue_full", headers={"Retry-After": "1"})
 
+    async def encoded(prompt):
+        """A text prompt as token ids, encoded in a worker thread (the tokenizer releases the GIL on long texts),
+        so neither this event loop nor the engine's step loop waits on a long prompt; ids pass through."""
+        if not isinstance(prompt, str):
+            return prompt
+        limit = tok.max_prompt_chars(eng.max_model_len)
+        if len(prompt) > limit:
+            raise P.APIError(400, f"'prompt': {len(prompt)} characters cannot fit in max_model_len="
+                                  f"{eng.max_model_len} tokens (at most {limit} characters could)", "prompt")
+        try:
+            ids = await asyncio.to_thread(tok.encode, prompt, True)
+        except ValueError as e:  # e.g. a lone surrogate
+            raise P.APIError(400, f"'prompt' must be valid Unicode text: {e}", "prompt") from None
+        if ids and max(ids) >= vocab:
+            raise P.APIError(400, f"'prompt' encodes to token id {max(ids)}, past the model's embedding (ids must be "
+                                  f"in [0, {vocab}))", "prompt")
+        return {"prompt_token_ids": ids}
+
     async def start(prompts: list, params, prefix: str) -> list:
         admit(len(prompts), params.n)
         streams = []
@@ -214,6 +232,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         lp = P.field(body, "logprobs", "int", None, 0, P.MAX_LOGPROBS)
         prompts = P.completion_prompts(body, vocab)
         params = P.sampling_params(body, P.field(body, "max_tokens", "int", 16, 1), lp, vocab)
+        prompts = [await encoded(p) for p in prompts]
         if best_of is not None and best_of != params.n:
             raise P.APIError(400, "'best_of' different from 'n' is not supported", "best_of")
         rid = P.new_id("cmpl")
