@@ -26,6 +26,9 @@ DK_FORCE_INLINE void prefetch_row_ahead(const Q* ahead, int64_t offset) {
   if ((offset & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
 }
 
+// The first min(n, 16) lanes (n >= 0).
+inline __mmask16 lanes_mask(int64_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1u); }
+
 // exp(x) for x <= 0 on 16 lanes (inputs below -87 give ~1.6e-38).
 inline __m512 exp_nonpos16(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
@@ -45,8 +48,6 @@ inline __m512 exp_nonpos16(__m512 x) {
 
 #if defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__F16C__)
 #define DK_AVX512_LOAD_STORE16 1
-
-inline __mmask16 lanes_mask(int64_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1u); }
 
 inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 inline __m512 load16(const bf16_t* p, __mmask16 m) {

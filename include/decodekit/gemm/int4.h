@@ -40,19 +40,12 @@ struct Int4GemmParams {
 
 // n fp16 values as fp32 (hardware conversion where available; exact either way).
 inline void half_row_to_float(const half_t* src, float* dst, int64_t n) {
-  int64_t i = 0;
 #if defined(__AVX512F__) && defined(__F16C__)
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
-#if defined(DK_AVX512_LOAD_STORE16)
-  if (i < n) {  // the tail in one masked conversion (the scalar one is a software fp16 decode)
-    const __mmask16 m = lanes_mask(n - i);
-    _mm512_mask_storeu_ps(dst + i, m, load16(src + i, m));
-    return;
-  }
+  for (int64_t i = 0; i < n; i += 16)  // the tail too in one masked convert (not a software fp16 decode)
+    _mm512_mask_storeu_ps(dst + i, lanes_mask(n - i), half16_lanes(src + i, n - i));
+#else
+  for (int64_t i = 0; i < n; ++i) dst[i] = half_to_float(src[i].bits);
 #endif
-#endif
-  for (; i < n; ++i) dst[i] = half_to_float(src[i].bits);
 }
 
 #if defined(__AVX512F__)

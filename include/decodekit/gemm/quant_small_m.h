@@ -42,8 +42,7 @@ DK_FORCE_INLINE __m512 half16_lanes(const half_t* p, int64_t n) {
 DK_FORCE_INLINE __m512 half_dot_lanes(const half_t* w, const float* x, int64_t n) {
   __m512 v = _mm512_setzero_ps();
   for (int64_t g = 0; g < n; g += 16) {
-    const __mmask16 m = n - g >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - g)) - 1u);
-    v = _mm512_fmadd_ps(half16_lanes(w + g, n - g), _mm512_maskz_loadu_ps(m, x + g), v);
+    v = _mm512_fmadd_ps(half16_lanes(w + g, n - g), _mm512_maskz_loadu_ps(lanes_mask(n - g), x + g), v);
   }
   return v;
 }

@@ -34,12 +34,11 @@ inline constexpr int kSortDigitBits[3] = {11, 11, 10};  // LSD passes over the 3
 
 // One row: values[r] / indices[r] = the r-th value of x in descending order and its position (ties in
 // position order). keys / tmp_keys / ids / tmp_ids: scratch of V each (the caller's, reused across rows).
-template <class Index>
-void sort_desc_row(float* values,         // [V]
-                   Index* indices,        // [V]
-                   const float* x,        // [V]
-                   int64_t V, std::vector<uint32_t>& keys, std::vector<uint32_t>& tmp_keys,
-                   std::vector<uint32_t>& ids, std::vector<uint32_t>& tmp_ids) {
+inline void sort_desc_row(float* values,         // [V]
+                          int64_t* indices,      // [V]
+                          const float* x,        // [V]
+                          int64_t V, std::vector<uint32_t>& keys, std::vector<uint32_t>& tmp_keys,
+                          std::vector<uint32_t>& ids, std::vector<uint32_t>& tmp_ids) {
   keys.resize(size_t(V));
   tmp_keys.resize(size_t(V));
   ids.resize(size_t(V));
@@ -89,7 +88,7 @@ void sort_desc_row(float* values,         // [V]
   for (int64_t r = 0; r < V; ++r) {
     const uint32_t i = src_i[r];
     values[r] = x[i];
-    indices[r] = Index(i);
+    indices[r] = int64_t(i);
   }
 }
 

@@ -85,6 +85,22 @@ def _physical_memory_bytes() -> int | None:
         return None
 
 
+def encode_prompt(tokenizer, prompt: str, max_model_len: int, vocab_size: int) -> list[int]:
+    """A text prompt's token ids; ValueError (message "prompt: ...") for text that cannot fit in
+    max_model_len (refused by its length alone, without spending seconds encoding megabytes), invalid
+    Unicode, or ids past the embedding. Thread-safe: the server calls it off its event loop (also with an
+    engine in another process, whose tokenizer it holds)."""
+    limit = tokenizer.max_prompt_chars(max_model_len)
+    if len(prompt) > limit:
+        raise ValueError(f"prompt: {len(prompt)} characters cannot fit in max_model_len={max_model_len} "
+                         f"tokens (at most {limit} characters could)")
+    ids = tokenizer.encode(prompt, add_special_tokens=True)
+    if ids and max(ids) >= vocab_size:  # a tokenizer with more ids than the embedding has rows (loader warned)
+        raise ValueError(f"prompt: encodes to token id {max(ids)}, past the model's embedding (ids must be "
+                         f"in [0, {vocab_size})): the tokenizer has tokens the weights do not")
+    return ids
+
+
 class LLMEngine:
     def __init__(self, args: EngineArgs | None = None, **kwargs):
         self.args = args = args or EngineArgs(**kwargs)
@@ -314,18 +330,13 @@ class LLMEngine:
         return max(budget, 0)
 
     # ------------------------------------------------------------------ requests
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """A text prompt's token ids (encode_prompt below, with this engine's tokenizer and limits)."""
+        return encode_prompt(self.tokenizer, prompt, self.max_model_len, self.model_config.vocab_size)
+
     def _prompt_ids(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
-            limit = self.tokenizer.max_prompt_chars(self.max_model_len)
-            if len(prompt) > limit:  # cannot fit: refused without spending seconds encoding it
-                raise ValueError(f"prompt: {len(prompt)} characters cannot fit in max_model_len={self.max_model_len} "
-                                 f"tokens (at most {limit} characters could)")
-            ids = self.tokenizer.encode(prompt, add_special_tokens=True)
-            V = self.model_config.vocab_size
-            if ids and max(ids) >= V:  # a tokenizer with more ids than the embedding has rows (loader warned)
-                raise ValueError(f"prompt: encodes to token id {max(ids)}, past the model's embedding (ids must be "
-                                 f"in [0, {V})): the tokenizer has tokens the weights do not")
-            return prompt, ids
+            return prompt, self.encode_prompt(prompt)
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             prompt = prompt["prompt_token_ids"]
         if isinstance(prompt, (list, tuple)):

@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
+from ..engine.llm_engine import encode_prompt
 from . import protocol as P
 from .async_engine import AsyncEngine, EngineDeadError
 from .metrics import ServerMetrics
@@ -95,22 +96,14 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                              type="server_error", code="queue_full", headers={"Retry-After": "1"})
 
     async def encoded(prompt):
-        """A text prompt as token ids, encoded in a worker thread (the tokenizer releases the GIL on long texts),
-        so neither this event loop nor the engine's step loop waits on a long prompt; ids pass through."""
+        """A text prompt as token ids (engine.llm_engine.encode_prompt) in a worker thread (the tokenizer releases the GIL
+        on long texts), so neither this event loop nor the engine's step loop waits on a long prompt."""
         if not isinstance(prompt, str):
             return prompt
-        limit = tok.max_prompt_chars(eng.max_model_len)
-        if len(prompt) > limit:
-            raise P.APIError(400, f"'prompt': {len(prompt)} characters cannot fit in max_model_len="
-                                  f"{eng.max_model_len} tokens (at most {limit} characters could)", "prompt")
         try:
-            ids = await asyncio.to_thread(tok.encode, prompt, True)
-        except ValueError as e:  # e.g. a lone surrogate
-            raise P.APIError(400, f"'prompt' must be valid Unicode text: {e}", "prompt") from None
-        if ids and max(ids) >= vocab:
-            raise P.APIError(400, f"'prompt' encodes to token id {max(ids)}, past the model's embedding (ids must be "
-                                  f"in [0, {vocab}))", "prompt")
-        return {"prompt_token_ids": ids}
+            return {"prompt_token_ids": await asyncio.to_thread(encode_prompt, tok, prompt, eng.max_model_len, vocab)}
+        except ValueError as e:
+            raise P.APIError(400, str(e), "prompt") from None
 
     async def start(prompts: list, params, prefix: str) -> list:
         admit(len(prompts), params.n)
