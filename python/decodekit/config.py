@@ -63,6 +63,10 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     name: str = ""
+    # sliding-window attention of some layers (Mistral v0.1, Qwen2 with use_sliding_window): each query sees
+    # its last sliding_window positions. decodekit attends over the whole context, which is the same thing
+    # while a sequence is at most this long, so the engine keeps max_model_len <= sliding_window. None: none.
+    sliding_window: int | None = None
 
     def __post_init__(self):
         for f in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -70,6 +74,9 @@ class ModelConfig:
             v = getattr(self, f)
             if not isinstance(v, int) or v <= 0:
                 raise ValueError(f"ModelConfig.{f} must be a positive int, got {v!r}")
+        if self.sliding_window is not None and (not isinstance(self.sliding_window, int)
+                                                or isinstance(self.sliding_window, bool) or self.sliding_window <= 0):
+            raise ValueError(f"ModelConfig.sliding_window must be a positive int or None, got {self.sliding_window!r}")
         if self.max_position_embeddings > MAX_POSITION_EMBEDDINGS:
             raise ValueError(f"ModelConfig.max_position_embeddings must be in [1, {MAX_POSITION_EMBEDDINGS}], "
                              f"got {self.max_position_embeddings}")

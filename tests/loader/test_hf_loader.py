@@ -199,3 +199,56 @@ def test_truncated_download_is_named_with_its_size(tmp_path, gguf_path):
         p.write_bytes(data[:cut])
         with pytest.raises(ModelLoadError, match=rf"cut{cut}.gguf: truncated or corrupt GGUF file \({cut} bytes"):
             load_model(str(p))
+
+
+def test_sliding_window_read_as_transformers():
+    """sliding_window as transformers applies it: Mistral's (absent: MistralConfig's 4096; null: none), Qwen2's
+    only with use_sliding_window and a layer at or past max_window_layers (or named in layer_types)."""
+    from decodekit.loader.hf import config_from_hf
+    base = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=100, max_position_embeddings=8192)
+
+    def window(arch, **kw):
+        return config_from_hf({**base, "architectures": [arch], **kw}).sliding_window
+
+    assert window("MistralForCausalLM") == 4096 == transformers.MistralConfig().sliding_window
+    assert window("MistralForCausalLM", sliding_window=None) is None
+    assert window("MistralForCausalLM", sliding_window=1000) == 1000
+    assert window("LlamaForCausalLM", sliding_window=1000) is None
+    assert window("Qwen2ForCausalLM", sliding_window=1000) is None
+    assert window("Qwen2ForCausalLM", use_sliding_window=True, sliding_window=1000, max_window_layers=4) is None
+    assert window("Qwen2ForCausalLM", use_sliding_window=True, sliding_window=1000, max_window_layers=3) == 1000
+    assert window("Qwen2ForCausalLM", use_sliding_window=True, sliding_window=1000, max_window_layers=0,
+                  layer_types=["full_attention"] * 4) is None
+    for kw in ({"max_window_layers": 3}, {"max_window_layers": 4}, {"max_window_layers": 0}):
+        hf = transformers.Qwen2Config(**base, use_sliding_window=True, sliding_window=1000, **kw)
+        assert (window("Qwen2ForCausalLM", use_sliding_window=True, sliding_window=1000, **kw) is not None) == \
+            ("sliding_attention" in hf.layer_types), kw
+    with pytest.raises(ModelLoadError, match="sliding_window must be an integer >= 1, got 0"):
+        window("MistralForCausalLM", sliding_window=0)
+    with pytest.raises(ModelLoadError, match="max_window_layers"):
+        window("Qwen2ForCausalLM", use_sliding_window=True, max_window_layers="all")
+
+
+def test_sliding_window_bounds_max_model_len(tmp_path, hf_tok, caplog):
+    """The engine attends over the whole context, which equals a sliding window only up to its length:
+    max_model_len defaults to the window (warned) and a longer one is refused; within it greedy tokens equal
+    transformers' (which applies the window)."""
+    from decodekit import LLM, SamplingParams
+    model = _tiny("MistralForCausalLM", sliding_window=24, tie_word_embeddings=False)
+    d = _save(tmp_path, "mistral_sw", model, hf_tok)
+    with pytest.raises(ValueError, match=r"max_model_len 25 exceeds the model's sliding_window .*: 24"):
+        LLM(model=d, max_model_len=25)
+    with caplog.at_level("WARNING", logger="decodekit"):
+        llm = LLM(model=d)
+    assert llm.llm_engine.max_model_len == 24 and "sliding_window 24" in caplog.text
+    prompt = [5, 17, 923, 4410, 88, 301, 7, 64, 12000, 45, 3]
+    out = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=13,
+                                                                      ignore_eos=True))[0]
+    got = out.outputs[0].token_ids
+    with torch.no_grad():
+        ref = model.generate(torch.tensor([prompt]), max_new_tokens=13, do_sample=False,
+                             eos_token_id=None)[0, len(prompt):].tolist()
+    assert got == ref
+    with pytest.raises(ValueError, match="max_model_len"):
+        llm.generate([{"prompt_token_ids": prompt * 3}], SamplingParams(max_tokens=2))

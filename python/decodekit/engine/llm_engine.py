@@ -85,6 +85,24 @@ def _physical_memory_bytes() -> int | None:
         return None
 
 
+def resolve_max_model_len(requested: int | None, cfg) -> int:
+    """The engine's context length: `requested` (EngineArgs.max_model_len), else the model's. Never past
+    max_position_embeddings, nor past a sliding window (cfg.sliding_window): the attention ops see the
+    whole context, equal to the model's windowed attention only up to the window (vLLM's
+    disable_sliding_window); the default is lowered to it with a warning, a larger request refused."""
+    limit, why = cfg.max_position_embeddings, "the model's context length"
+    if cfg.sliding_window is not None and cfg.sliding_window < limit:
+        limit, why = cfg.sliding_window, ("the model's sliding_window (its attention window; decodekit attends over "
+                                          "the whole context, the same only up to the window)")
+    if requested is not None and requested > limit:
+        raise ValueError(f"max_model_len {requested} exceeds {why}: {limit}; use max_model_len <= {limit}")
+    if requested is None and limit < cfg.max_position_embeddings:
+        log.warning("max_model_len set to the model's sliding_window %d (max_position_embeddings %d): attention "
+                    "over the whole context equals the model's windowed attention only up to the window",
+                    limit, cfg.max_position_embeddings)
+    return requested or limit
+
+
 def encode_prompt(tokenizer, prompt: str, max_model_len: int, vocab_size: int) -> list[int]:
     """A text prompt's token ids; ValueError (message "prompt: ...") for text that cannot fit in
     max_model_len (refused by its length alone, without spending seconds encoding megabytes), invalid
@@ -127,10 +145,7 @@ class LLMEngine:
         self.draft_model = self._load_draft_model() if args.speculative == "draft" else None
         kv_dtype = args.resolved_kv_cache_dtype()
         self.model.set_kv_cache_dtype(kv_dtype, self._calibrate_kv_scales() if kv_dtype != self.dtype else None)
-        self.max_model_len = min(args.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
-        if args.max_model_len and args.max_model_len > cfg.max_position_embeddings:
-            raise ValueError(f"max_model_len {args.max_model_len} exceeds the model's context length "
-                             f"{cfg.max_position_embeddings}")
+        self.max_model_len = resolve_max_model_len(args.max_model_len, cfg)
         num_blocks = self._num_kv_blocks()
         self.kv_manager = KVCacheManager(num_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(
