@@ -43,7 +43,11 @@ def _post(server, path, body=None, raw=None, headers=None):
     ({"prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options"),
     ({"prompt": "hi", "model": "gpt-9"}, "model"),
     ({"prompt": "hi", "suffix": "tail"}, "suffix"),          # not implemented: refused, not ignored
-    ({"prompt": "hi", "logit_bias": {"5": 100}}, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"5": 101}}, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"-5": 1}}, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"99999999": 1}}, "logit_bias"),
+    ({"prompt": "hi", "allowed_token_ids": []}, "allowed_token_ids"),
+    ({"prompt": "hi", "bad_words": "word"}, "bad_words"),
 ])
 def test_bad_completion_requests(server, body, param):
     r = _post(server, "/v1/completions", body)
@@ -64,7 +68,9 @@ def test_bad_completion_requests(server, body, param):
     ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]},
      "tools"),
     ({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}, "response_format"),
-    ({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 1}}, "logit_bias"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"x": 1}}, "logit_bias"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": "1"}}, "logit_bias"),
+    ({"messages": [{"role": "user", "content": "hi"}], "bad_words": [" "]}, "bad_words"),
 ])
 def test_bad_chat_requests(server, body, param):
     r = _post(server, "/v1/chat/completions", body)

@@ -79,13 +79,13 @@ def test_stop_ids_that_leave_min_tokens_nothing_to_sample(server):
     ("/v1/completions", dict(prompt="hi", guided_choice=["a", "b"]), "guided_choice"),
     ("/v1/completions", dict(prompt="hi", prompt_logprobs=0), "prompt_logprobs"),
     ("/v1/completions", dict(prompt="hi", use_beam_search=True), "use_beam_search"),
-    ("/v1/completions", dict(prompt="hi", allowed_token_ids=[1, 2]), "allowed_token_ids"),
+    ("/v1/completions", dict(prompt="hi", allowed_token_ids=[1, 99999999]), "allowed_token_ids"),
     ("/v1/chat/completions", dict(messages=CHAT, structured_outputs={"json": {}}), "structured_outputs"),
     ("/v1/chat/completions", dict(messages=CHAT, add_generation_prompt=False), "add_generation_prompt"),
     ("/v1/chat/completions", dict(messages=CHAT, continue_final_message=True), "continue_final_message"),
     ("/v1/chat/completions", dict(messages=CHAT, echo=True), "echo"),
     ("/v1/chat/completions", dict(messages=CHAT, modalities=["audio"]), "modalities"),
-    ("/v1/chat/completions", dict(messages=CHAT, bad_words=["x"]), "bad_words"),
+    ("/v1/chat/completions", dict(messages=CHAT, bad_words=[""]), "bad_words"),
     # was "must be in [0, 1]", then 0 refused as "(0, 1]"
     ("/v1/completions", dict(prompt="hi", top_p=0), "top_p"),
 ])

@@ -90,7 +90,7 @@ class SpecDecoder:
         drafts = [list(r.spec_token_ids[:sr.num_spec]) for sr, r in zip(rows, reqs)]
         params, outs, prompts, sds, steps = [], [], [], [], []
         for r, d, seed in zip(reqs, drafts, seeds):
-            pen = r.sampling_params.has_penalties   # only penalties read the generated tokens
+            pen = r.sampling_params.reads_output_tokens   # penalties, bad words: read the generated tokens
             for j in range(len(d) + 1):
                 params.append(r.sampling_params)
                 outs.append(r.output_token_ids + d[:j] if j and pen else r.output_token_ids)

@@ -25,7 +25,19 @@ min_tokens                  int in [0, max_tokens]
 logprobs                    None or int in [0, max_logprobs] (0: only the sampled token's)
 include_stop_str_in_output  bool
 skip_special_tokens         bool
+logit_bias                  None or dict {token id in [0, vocab_size): finite number in [-100, 100]},
+                            at most vocab_size entries; added to the logits (OpenAI / vLLM)
+allowed_token_ids           None or a non-empty list of int in [0, vocab_size): every other token
+                            is masked
+bad_words                   None or a list of at most 1024 str, each with a non-space character
+                            and at most 1024 characters: word token sequences that are never completed
 ==========================  ================================================================
+
+``bad_words`` as vLLM: each word is encoded without special tokens twice, as written (leading
+spaces stripped) and with one leading space (kept when that gives a different first token and the
+same length); a sequence of one token is never sampled, a longer one's last token is masked when
+the generated tokens end with the rest of it (``bad_words_token_ids``, set by the engine's
+``add_request`` from the model's tokenizer).
 
 ``stop_token_ids`` (plus the EOS ids unless ``ignore_eos``) must leave a token to sample while
 ``min_tokens`` holds them back: when they cover the whole vocabulary, ``min_tokens`` must be 0.
@@ -52,6 +64,9 @@ MAX_REPETITION_PENALTY = 2.0   # repetition in (0, 2]
 MIN_REPETITION_PENALTY = 1e-6  # and >= this: the sampler divides float32 logits by it (1e-300 is 0 in float32)
 SEED_LIMIT = 1 << 63           # seed in [0, 2**63)
 DEFAULT_MAX_LOGPROBS = 20
+LOGIT_BIAS_RANGE = 100.0       # logit_bias values in [-100, 100] (OpenAI)
+MAX_BAD_WORDS = 1024           # bad_words: at most this many words
+MAX_BAD_WORD_CHARS = 1024      # of at most this many characters each
 
 
 class SamplingParamsError(ValueError):
@@ -127,6 +142,9 @@ class SamplingParams:
     logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
 
     def __setattr__(self, name, value):
         # the constructor's shorthands hold for assignments too (sp.stop = "###")
@@ -149,6 +167,12 @@ class SamplingParams:
         if self.logprobs is not None:
             self.logprobs = int(self.logprobs)
         self.stop_token_ids = [int(t) for t in self.stop_token_ids]
+        if self.logit_bias is not None:
+            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = [int(t) for t in self.allowed_token_ids]
+        if self.bad_words is not None:
+            self.bad_words = list(self.bad_words)
 
     # ------------------------------------------------------------------ validation
     def validate(self, vocab_size: int | None = None, max_logprobs: int = DEFAULT_MAX_LOGPROBS,
@@ -206,11 +230,81 @@ class SamplingParams:
                     "stop_token_ids",
                     f"must leave a token to sample while min_tokens={self.min_tokens} holds them back, but they"
                     f"{eos} cover the whole vocabulary ({vocab_size} tokens): leave one out or set min_tokens to 0")
+        self._validate_token_controls(vocab_size)
+        if vocab_size is not None and self.min_tokens > 0 and self.allowed_token_ids is not None:
+            held = set(self.all_stop_token_ids(eos_token_ids))
+            if held.issuperset(self.allowed_token_ids):
+                raise SamplingParamsError(
+                    "allowed_token_ids", f"must hold a token that min_tokens={self.min_tokens} does not hold back, "
+                                         f"but all are stop_token_ids{'' if self.ignore_eos else ' or EOS'}")
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, max_logprobs, f"in [0, {max_logprobs}] or None")
         _check_bool("include_stop_str_in_output", self.include_stop_str_in_output)
         _check_bool("skip_special_tokens", self.skip_special_tokens)
         return self
+
+    def _validate_token_controls(self, vocab_size: int | None) -> None:
+        """logit_bias, allowed_token_ids, bad_words (see the module docstring for the ranges)."""
+        ids = "in [0, vocab_size" + (f"={vocab_size})" if vocab_size is not None else ")")
+
+        def token_id(name: str, t) -> None:
+            if not _is_int(t) or t < 0 or (vocab_size is not None and t >= vocab_size):
+                raise SamplingParamsError(name, f"token ids must be ints {ids}, got {_show(t)}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise SamplingParamsError("logit_bias", f"must be a dict {{token id: bias}} or None, "
+                                                        f"got {_show(self.logit_bias)}")
+            if vocab_size is not None and len(self.logit_bias) > vocab_size:
+                raise SamplingParamsError("logit_bias", f"holds {len(self.logit_bias)} entries, more than the "
+                                                        f"vocabulary ({vocab_size} tokens)")
+            for k, v in self.logit_bias.items():
+                token_id("logit_bias", k)
+                if not _is_number(v) or not -LOGIT_BIAS_RANGE <= v <= LOGIT_BIAS_RANGE:  # NaN fails too
+                    raise SamplingParamsError("logit_bias", f"biases must be numbers in [-{LOGIT_BIAS_RANGE:g}, "
+                                                            f"{LOGIT_BIAS_RANGE:g}], got {_show(v)} for token {k}")
+        if self.allowed_token_ids is not None:
+            if not isinstance(self.allowed_token_ids, (list, tuple)) or not self.allowed_token_ids:
+                raise SamplingParamsError("allowed_token_ids", f"must be a non-empty list of token ids {ids} or "
+                                                               f"None, got {_show(self.allowed_token_ids)}")
+            for t in self.allowed_token_ids:
+                token_id("allowed_token_ids", t)
+        if self.bad_words is not None:
+            words = self.bad_words
+            if not isinstance(words, (list, tuple)) or len(words) > MAX_BAD_WORDS:
+                raise SamplingParamsError("bad_words", f"must be a list of at most {MAX_BAD_WORDS} str or None, "
+                                                       f"got {_show(words)}")
+            for w in words:
+                if not isinstance(w, str) or not w.strip() or len(w) > MAX_BAD_WORD_CHARS:
+                    raise SamplingParamsError(
+                        "bad_words", f"each word must be a str with a non-space character and at most "
+                                     f"{MAX_BAD_WORD_CHARS} characters, got {_show(w)}")
+
+    def set_bad_words_token_ids(self, tokenizer, vocab_size: int) -> None:
+        """bad_words as token sequences (vLLM's rule, module docstring), with `tokenizer` (encode(text,
+        add_special_tokens=False)); raises SamplingParamsError when a word encodes to nothing or past the
+        vocabulary."""
+        seqs: list[list[int]] = []
+        for word in self.bad_words or []:
+            plain = list(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+            spaced = list(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+            if not plain:
+                raise SamplingParamsError("bad_words", f"{_show(word)} encodes to no tokens")
+            seqs.append(plain)
+            if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
+                seqs.append(spaced)
+        bad = next((t for q in seqs for t in q if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise SamplingParamsError("bad_words", f"encode to token id {bad}, outside the model's vocabulary "
+                                                   f"[0, {vocab_size})")
+        if self.allowed_token_ids is not None and {q[0] for q in seqs if len(q) == 1}.issuperset(
+                self.allowed_token_ids):
+            raise SamplingParamsError("bad_words", "mask every one of allowed_token_ids: nothing is left to sample")
+        object.__setattr__(self, "_bad_words_token_ids", seqs)
+
+    @property
+    def bad_words_token_ids(self) -> list[list[int]]:
+        """bad_words as token sequences (empty until set_bad_words_token_ids; always empty without bad_words)."""
+        return getattr(self, "_bad_words_token_ids", []) if self.bad_words else []
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -221,6 +315,17 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                 or self.repetition_penalty != 1.0)
+
+    @property
+    def reads_output_tokens(self) -> bool:
+        """Whether the processed logits depend on the tokens generated so far (penalties, bad words of
+        more than one token): speculative verification then hands each position its drafted prefix."""
+        return self.has_penalties or any(len(q) > 1 for q in self.bad_words_token_ids)
+
+    @property
+    def masks_logits(self) -> bool:
+        """Whether logit_bias, allowed_token_ids or bad_words change the logits."""
+        return bool(self.logit_bias) or self.allowed_token_ids is not None or bool(self.bad_words)
 
     def all_stop_token_ids(self, eos_token_ids) -> list[int]:
         """Token ids that end the request: ``stop_token_ids`` plus EOS unless ``ignore_eos``."""

@@ -9,6 +9,9 @@ padded widths in the metadata).
 
 Processing order (each step applies only when some row needs it):
 
+0. token controls, in vLLM's order: ``allowed_token_ids`` (every other token -inf), ``bad_words``
+   (a one-token word's token -inf; a longer word's last token -inf when the generated tokens end
+   with the rest of it), ``logit_bias`` added;
 1. repetition penalty (HF/vLLM): for every token in prompt + output,
    ``l = l / r if l > 0 else l * r``;
 2. presence / frequency (OpenAI/vLLM), output tokens only: ``l -= f * count + p * (count > 0)``;
@@ -93,11 +96,21 @@ class SamplingMetadata:
     frequency_penalty: torch.Tensor | None = None   # [B] float32
     min_tokens_rows: torch.Tensor | None = None     # [M] int64 row of each (row, token) to mask
     min_tokens_ids: torch.Tensor | None = None      # [M] int64 token id to mask
+    allowed_mask: torch.Tensor | None = None        # [B, V] bool, False: masked (True on rows without a list)
+    bad_rows: torch.Tensor | None = None            # [Nb] int64 row of each (row, token) a bad word masks
+    bad_ids: torch.Tensor | None = None             # [Nb] int64 token id it masks
+    bias_rows: torch.Tensor | None = None           # [Nl] int64 row of each logit_bias entry
+    bias_ids: torch.Tensor | None = None            # [Nl] int64 its token id
+    bias_vals: torch.Tensor | None = None           # [Nl] float32 its bias
     max_num_logprobs: int | None = None  # None: no row wants logprobs
 
     @property
     def no_penalties(self) -> bool:
         return self.repetition_penalty is None
+
+    @property
+    def no_token_controls(self) -> bool:
+        return self.allowed_mask is None and self.bad_rows is None and self.bias_rows is None
 
     @property
     def need_filter(self) -> bool:
@@ -194,9 +207,53 @@ class SamplingMetadata:
         if rows:
             md.min_tokens_rows, md.min_tokens_ids = i64(rows), i64(cols)
 
+        if any(p.masks_logits for p in params_list):
+            _token_controls(md, params_list, output_token_ids_list, B, V, device)
+
         lp = [p.logprobs for p in params_list if p.logprobs is not None]
         md.max_num_logprobs = max(lp) if lp else None
         return md
+
+
+def _token_controls(md: SamplingMetadata, params_list, output_token_ids_list, B: int, V: int, device) -> None:
+    """md's allowed_mask / bad_* / bias_* from the rows' allowed_token_ids, bad_words_token_ids (matched
+    against each row's generated tokens) and logit_bias."""
+    if any(p.allowed_token_ids is not None for p in params_list):
+        mask = torch.ones(B, V, dtype=torch.bool)
+        for b, p in enumerate(params_list):
+            if p.allowed_token_ids is not None:
+                mask[b] = False
+                mask[b, torch.tensor(p.allowed_token_ids, dtype=torch.int64)] = True
+        md.allowed_mask = mask.to(device)
+    rows, cols = [], []
+    for b, (p, out) in enumerate(zip(params_list, output_token_ids_list)):
+        words = p.bad_words_token_ids
+        if not words:
+            continue
+        tail = None
+        for w in words:
+            k = len(w) - 1
+            if k:
+                if tail is None:  # the generated tokens' last few, as a list (out may be a tensor)
+                    m = max(len(q) for q in words) - 1
+                    tail = [int(t) for t in out[max(len(out) - m, 0):]]
+                if k > len(tail) or tail[len(tail) - k:] != w[:k]:
+                    continue
+            rows.append(b)
+            cols.append(w[-1])
+    if rows:
+        md.bad_rows = torch.tensor(rows, dtype=torch.int64, device=device)
+        md.bad_ids = torch.tensor(cols, dtype=torch.int64, device=device)
+    rows, cols, vals = [], [], []
+    for b, p in enumerate(params_list):
+        for t, v in (p.logit_bias or {}).items():
+            rows.append(b)
+            cols.append(t)
+            vals.append(v)
+    if rows:
+        md.bias_rows = torch.tensor(rows, dtype=torch.int64, device=device)
+        md.bias_ids = torch.tensor(cols, dtype=torch.int64, device=device)
+        md.bias_vals = torch.tensor(vals, dtype=torch.float32, device=device)
 
 
 @dataclass
@@ -418,8 +475,14 @@ class Sampler:
 
     @staticmethod
     def _processed(raw: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-        """Penalties and the min_tokens mask (steps 1-3)."""
+        """Token controls, penalties and the min_tokens mask (steps 0-3)."""
         x = raw
+        if md.allowed_mask is not None:
+            x = x.masked_fill(~md.allowed_mask, _NEG_INF)
+        if md.bad_rows is not None:
+            x = x.index_put((md.bad_rows, md.bad_ids), x.new_full((), _NEG_INF))
+        if md.bias_rows is not None:
+            x = x.index_put((md.bias_rows, md.bias_ids), md.bias_vals, accumulate=True)
         if not md.no_penalties:
             x = apply_penalties(x, md.prompt_token_ids, md.output_token_ids,
                                 md.repetition_penalty, md.presence_penalty, md.frequency_penalty)
@@ -437,7 +500,7 @@ class Sampler:
 
     @classmethod
     def _sample(cls, raw: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-        if md.all_greedy and md.no_penalties and md.min_tokens_rows is None:
+        if md.all_greedy and md.no_penalties and md.min_tokens_rows is None and md.no_token_controls:
             return raw.argmax(dim=-1)                      # the common fast path
         x = cls._processed(raw, md)
         if md.all_greedy:

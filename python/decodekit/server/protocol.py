@@ -86,9 +86,42 @@ def _stop(body: dict) -> list[str]:
     return s
 
 
+def _token_controls(body: dict) -> dict:
+    """logit_bias ({"token id": bias}, OpenAI's JSON form), allowed_token_ids and bad_words (vLLM's), in
+    SamplingParams' types; their ranges are checked by SamplingParams (errors name the field)."""
+    kw = {}
+    lb = body.get("logit_bias")
+    if lb is not None:
+        if not isinstance(lb, dict):
+            raise APIError(400, "'logit_bias' must be an object mapping token ids to biases in [-100, 100]",
+                           "logit_bias")
+        bias = {}
+        for k, v in lb.items():
+            if not (k.isascii() and k.isdigit() and len(k) <= 12):
+                raise APIError(400, f"'logit_bias' keys must be token ids (decimal strings), got {json.dumps(k)[:40]}",
+                               "logit_bias")
+            if not (_is_int(v) or isinstance(v, float)):
+                raise APIError(400, f"'logit_bias' values must be numbers in [-100, 100], got {json.dumps(v)[:40]}",
+                               "logit_bias")
+            bias[int(k)] = v
+        kw["logit_bias"] = bias
+    ids = body.get("allowed_token_ids")
+    if ids is not None:
+        if not isinstance(ids, list) or not all(_is_int(t) for t in ids):
+            raise APIError(400, "'allowed_token_ids' must be a list of ints", "allowed_token_ids")
+        kw["allowed_token_ids"] = ids
+    words = body.get("bad_words")
+    if words is not None:
+        if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+            raise APIError(400, "'bad_words' must be a list of strings", "bad_words")
+        kw["bad_words"] = words
+    return kw
+
+
 def sampling_params(body: dict, max_tokens: int, logprobs: int | None, vocab_size: int | None = None) -> SamplingParams:
-    """The SamplingParams of a request body (OpenAI fields plus top_k, min_p, repetition_penalty,
-    ignore_eos, min_tokens, stop_token_ids, skip_special_tokens); `vocab_size` (when given) bounds top_k
+    """The SamplingParams of a request body (OpenAI fields incl. logit_bias, plus vLLM's top_k, min_p,
+    repetition_penalty, ignore_eos, min_tokens, stop_token_ids, skip_special_tokens, allowed_token_ids,
+    bad_words); `vocab_size` (when given) bounds top_k
     and stop_token_ids here, so those errors name their field too."""
     kw = dict(
         n=field(body, "n", "int", 1, 1), temperature=field(body, "temperature", "number", 1.0, 0, 2),
@@ -107,6 +140,7 @@ def sampling_params(body: dict, max_tokens: int, logprobs: int | None, vocab_siz
         if not isinstance(ids, list) or not all(_is_int(t) for t in ids):
             raise APIError(400, "'stop_token_ids' must be a list of ints", "stop_token_ids")
         kw["stop_token_ids"] = ids
+    kw.update(_token_controls(body))
     if kw["seed"] is not None and not 0 <= kw["seed"] < 2 ** 63:
         raise APIError(400, f"'seed' must be in [0, 2^63), got {kw['seed']}", "seed")
     try:
@@ -157,8 +191,8 @@ def completion_prompts(body: dict, vocab_size: int) -> list:
 # vLLM / OpenAI request fields this server does not implement: asked for (not null / false / empty / a no-op
 # value), they get a 400 naming them rather than being ignored (a client asking for constrained JSON must not
 # get free text back as if it were).
-UNSUPPORTED_COMMON = ("logit_bias", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                      "structured_outputs", "prompt_logprobs", "use_beam_search", "bad_words", "allowed_token_ids",
+UNSUPPORTED_COMMON = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                      "structured_outputs", "prompt_logprobs", "use_beam_search",
                       "logits_processors", "response_format")
 UNSUPPORTED_CHAT = ("tools", "tool_choice", "functions", "function_call", "echo", "continue_final_message",
                     "add_generation_prompt", "modalities", "prediction", "audio")

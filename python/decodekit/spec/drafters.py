@@ -124,7 +124,7 @@ class ModelDrafter:
         params = [r.sampling_params for r in reqs]
         if sampling is None:
             return logits.argmax(dim=-1).tolist()
-        outs = [r.output_token_ids + r.spec_token_ids[:index] if index and p.has_penalties else r.output_token_ids
+        outs = [r.output_token_ids + r.spec_token_ids[:index] if index and p.reads_output_tokens else r.output_token_ids
                 for r, p in zip(reqs, params)]
         dev = logits.device
 
