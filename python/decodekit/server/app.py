@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP API (FastAPI): /v1/completions, /v1/chat/completions (streaming with
-server-sent events ending in `data: [DONE]`), /v1/models, /health, /metrics.
+server-sent events ending in `data: [DONE]`), /v1/models, /health, /metrics, and vLLM's /tokenize,
+/detokenize and /version.
 
 Requests go to the engine (engine_proc.EngineProcess: its own process; or async_engine.AsyncEngine:
 a thread); a client that disconnects has its requests aborted
@@ -105,6 +106,27 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         except ValueError as e:
             raise P.APIError(400, str(e), "prompt") from None
 
+    async def render_chat(messages: list[dict], add_generation_prompt: bool = True,
+                          add_special_tokens: bool = False) -> list[int]:
+        """The conversation through the chat template, as token ids, in a worker thread (other requests keep
+        streaming); refused before rendering when its characters alone cannot fit in max_model_len."""
+        chars = sum(len(str(m.get("content") or "")) + len(str(m.get("role") or "")) for m in messages)
+        limit = tok.max_prompt_chars(eng.max_model_len)
+        if chars > limit:
+            raise P.APIError(400, f"'messages' hold {chars} characters: they cannot fit in max_model_len="
+                                  f"{eng.max_model_len} tokens (at most {limit} characters could)", "messages")
+
+        def render() -> list[int]:
+            try:
+                text = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+            except Exception as e:  # noqa: BLE001 -- the template rejected the conversation
+                raise P.APIError(400, f"the chat template cannot render these messages: {e}", "messages") from None
+            try:
+                return tok.encode(text, add_special_tokens=add_special_tokens)
+            except ValueError as e:  # e.g. a lone surrogate (a JSON "\ud800" escape) in a role or content
+                raise P.APIError(400, f"'messages' must be valid Unicode text: {e}", "messages") from None
+        return await asyncio.to_thread(render)
+
     async def start(prompts: list, params, prefix: str) -> list:
         admit(len(prompts), params.n)
         streams = []
@@ -207,6 +229,50 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         return {"object": "list", "data": [{"id": cfg.model_name, "object": "model", "created": P.now(),
                                             "owned_by": "decodekit", "max_model_len": eng.max_model_len}]}
 
+    @app.get("/version")
+    async def version():
+        from .. import __version__
+        return {"version": __version__}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        """vLLM's: {"prompt": str, "add_special_tokens": true} or {"messages": [...], "add_generation_prompt":
+        true, "add_special_tokens": false} -> {"count", "max_model_len", "tokens"[, "token_strs"]}."""
+        auth(request)
+        body = await body_of(request)
+        strs = P.field(body, "return_token_strs", "bool", False)
+        if body.get("messages") is not None:
+            if body.get("prompt") is not None:
+                raise P.APIError(400, "give either 'prompt' or 'messages', not both", "prompt")
+            ids = await render_chat(P.chat_messages(body), P.field(body, "add_generation_prompt", "bool", True),
+                                    P.field(body, "add_special_tokens", "bool", False))
+        else:
+            prompt = body.get("prompt")
+            if not isinstance(prompt, str):
+                raise P.APIError(400, "'prompt' (a string) or 'messages' is required", "prompt")
+            special = P.field(body, "add_special_tokens", "bool", True)
+            try:
+                ids = await asyncio.to_thread(tok.encode, prompt, special)
+            except ValueError as e:  # a lone surrogate
+                raise P.APIError(400, f"'prompt' must be valid Unicode text: {e}", "prompt") from None
+        out = {"count": len(ids), "max_model_len": eng.max_model_len, "tokens": ids}
+        if strs:
+            out["token_strs"] = [tok.decode([t], skip_special_tokens=False) for t in ids]
+        return out
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        """vLLM's: {"tokens": [ids]} -> {"prompt": text} (special tokens kept)."""
+        auth(request)
+        body = await body_of(request)
+        ids = body.get("tokens")
+        if not isinstance(ids, list) or not all(P.is_int(t) for t in ids):
+            raise P.APIError(400, "'tokens' must be a list of token ids", "tokens")
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise P.APIError(400, f"'tokens' must be token ids in [0, {vocab}), got {bad}", "tokens")
+        return {"prompt": await asyncio.to_thread(tok.decode, ids, False)}
+
     @app.get("/metrics")
     async def prom(request: Request):
         auth(request)
@@ -286,22 +352,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         top = P.field(body, "top_logprobs", "int", None, 0, P.MAX_LOGPROBS)
         if top is not None and not want_lp:
             raise P.APIError(400, "'top_logprobs' needs logprobs=true", "top_logprobs")
-        chars = sum(len(str(m.get("content") or "")) + len(str(m.get("role") or "")) for m in messages)
-        limit = tok.max_prompt_chars(eng.max_model_len)
-        if chars > limit:  # cannot fit: refused before rendering and encoding megabytes on the event loop
-            raise P.APIError(400, f"'messages' hold {chars} characters: they cannot fit in max_model_len="
-                                  f"{eng.max_model_len} tokens (at most {limit} characters could)", "messages")
-
-        def render() -> list[int]:
-            try:
-                text = tok.apply_chat_template(messages, add_generation_prompt=True)
-            except Exception as e:  # noqa: BLE001 -- the template rejected the conversation
-                raise P.APIError(400, f"the chat template cannot render these messages: {e}", "messages") from None
-            try:
-                return tok.encode(text, add_special_tokens=False)
-            except ValueError as e:  # e.g. a lone surrogate (a JSON "\ud800" escape) in a role or content
-                raise P.APIError(400, f"'messages' must be valid Unicode text: {e}", "messages") from None
-        ids = await asyncio.to_thread(render)  # off the event loop: other requests keep streaming
+        ids = await render_chat(messages)
         if not ids:
             raise P.APIError(400, "the rendered conversation is empty", "messages")
         if len(ids) >= eng.max_model_len:

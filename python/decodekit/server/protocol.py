@@ -52,6 +52,9 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+is_int = _is_int
+
+
 def field(body: dict, name: str, kind: str, default=None, lo=None, hi=None, lo_open: bool = False):
     """body[name] checked: kind int / number / bool / str, in [lo, hi] ((lo, hi] with lo_open); None (or
     absent) gives the default."""

@@ -1,0 +1,69 @@
+"""vLLM's /tokenize, /detokenize and /version: ids as transformers' tokenizer gives them, chat prompts
+as /v1/chat/completions counts them, round trips, and errors naming the field."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+
+
+def _post(server, path, body=None, raw=None):
+    return httpx.post(server.url + path, content=raw if raw is not None else json.dumps(body).encode(),
+                      headers={"content-type": "application/json"}, timeout=60)
+
+
+@pytest.mark.parametrize("text", ["Hello world", "  Café 🙂 <|im_start|>user\nhi", "def f():\n\treturn 1", ""])
+def test_tokenize_matches_transformers_and_round_trips(server, hf_tok, text):
+    r = _post(server, "/tokenize", {"prompt": text, "return_token_strs": True})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["tokens"] == hf_tok.encode(text) and out["count"] == len(out["tokens"])
+    assert out["max_model_len"] == 1024 and len(out["token_strs"]) == out["count"]
+    plain = _post(server, "/tokenize", {"prompt": text, "add_special_tokens": False}).json()
+    assert plain["tokens"] == hf_tok.encode(text, add_special_tokens=False) and "token_strs" not in plain
+    back = _post(server, "/detokenize", {"tokens": out["tokens"]})
+    assert back.status_code == 200 and back.json()["prompt"] == hf_tok.decode(out["tokens"]), back.text
+
+
+def test_tokenize_chat_counts_what_chat_completions_prefills(server, hf_tok):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
+    r = _post(server, "/tokenize", {"messages": messages})
+    assert r.status_code == 200, r.text
+    ids = r.json()["tokens"]
+    text = hf_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert ids == hf_tok.encode(text, add_special_tokens=False)
+    c = _post(server, "/v1/chat/completions", {"messages": messages, "max_tokens": 1})
+    assert c.status_code == 200 and c.json()["usage"]["prompt_tokens"] == len(ids), c.text
+    no_gen = _post(server, "/tokenize", {"messages": messages, "add_generation_prompt": False}).json()["tokens"]
+    assert len(no_gen) < len(ids) and ids[:len(no_gen)] == no_gen
+
+
+def test_version(server):
+    import decodekit
+    r = httpx.get(server.url + "/version", timeout=10)
+    assert r.status_code == 200 and r.json() == {"version": decodekit.__version__}
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/tokenize", {}, "prompt"),
+    ("/tokenize", {"prompt": 5}, "prompt"),
+    ("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "prompt"),
+    ("/tokenize", {"messages": []}, "messages"),
+    ("/tokenize", {"prompt": "a", "add_special_tokens": "yes"}, "add_special_tokens"),
+    ("/tokenize", {"prompt": "a", "model": "other"}, "model"),
+    ("/detokenize", {"tokens": [1, -1]}, "tokens"),
+    ("/detokenize", {"tokens": [49152]}, "tokens"),
+    ("/detokenize", {"tokens": "1 2"}, "tokens"),
+    ("/detokenize", {"tokens": [1.5]}, "tokens"),
+])
+def test_bad_requests(server, path, body, param):
+    r = _post(server, path, body)
+    assert 400 <= r.status_code < 500, r.text
+    assert r.json()["error"]["param"] == param, r.text
+
+
+def test_lone_surrogate_is_a_400(server):
+    r = _post(server, "/tokenize", raw=b'{"prompt": "a\\ud800b"}')
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
