@@ -7,6 +7,7 @@ import torch
 
 from decodekit.loader import embedded_model_path
 from decodekit.sampling import SamplingParams
+from dk_testing import assert_no_leaks
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
@@ -113,3 +114,35 @@ def test_fp8_kv_cache_stays_close_to_hf(llm, hf_model):
     top1 = sum(o.outputs[0].token_ids[0] == w for o, w in zip(outs, want)) / len(want)
     top5 = sum(w in o.outputs[0].logprobs[0] for o, w in zip(outs, want)) / len(want)
     assert top1 >= 0.85 and top5 == 1.0, f"fp8 KV, teacher-forced on HF's greedy tokens: top-1 {top1:.3f}, top-5 {top5:.3f}"
+
+
+def test_prompt_logprobs_match_hf(llm, hf_model):
+    """prompt_logprobs: per prompt position after the first, the token's logprob, rank and the top-3 from
+    transformers' full forward (float64 log-softmax; the same 1e-3 as the generated tokens' logprobs); a
+    prompt longer than PROMPT_LOGPROBS_CHUNK, chunked, and a second request over the same prompt, which
+    must not take a prefix-cache hit for them."""
+    from decodekit.engine.scheduler import PROMPT_LOGPROBS_CHUNK
+    text = "The history of the Roman Empire spans many centuries. " * 60
+    ids = llm.tokenizer.encode(text)[:PROMPT_LOGPROBS_CHUNK + 77]
+    with torch.no_grad():
+        ref = torch.log_softmax(hf_model(torch.tensor([ids])).logits[0].double(), -1)
+    llm.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=1))  # cached: the next ones must recompute
+    outs = llm.generate([{"prompt_token_ids": ids}] * 2, SamplingParams(temperature=0, max_tokens=2, n=2,
+                                                                         prompt_logprobs=3))
+    for out in outs:
+        pl = out.prompt_logprobs
+        assert pl is not None and len(pl) == len(ids) and pl[0] is None
+        worst = 0.0
+        for pos in range(1, len(ids)):
+            entry, r = pl[pos], ref[pos - 1]
+            tok = ids[pos]
+            assert tok in entry and len(entry) in (3, 4), (pos, entry)
+            worst = max(worst, abs(entry[tok].logprob - r[tok].item()))
+            want_rank = int((r > r[tok]).sum()) + 1
+            assert abs(entry[tok].rank - want_rank) <= max(2, want_rank // 1000), (pos, entry[tok].rank, want_rank)
+            mine = sorted((v.logprob for v in entry.values() if v.rank <= 3), reverse=True)
+            assert len(mine) == 3 and max(abs(a - b) for a, b in zip(mine, torch.topk(r, 3).values.tolist())) < 1e-3
+            assert entry[tok].decoded_token == llm.tokenizer.decode([tok], skip_special_tokens=False)
+        assert worst < 1e-3, worst
+    assert outs[0].prompt_logprobs == outs[1].prompt_logprobs
+    assert_no_leaks(llm)

@@ -107,7 +107,8 @@ _VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 5), st.floats(allo
                                                                                   max_size=2))
 _FIELDS = ["prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "n", "stop", "seed", "logprobs",
            "top_logprobs", "stream", "presence_penalty", "frequency_penalty", "min_p", "repetition_penalty",
-           "ignore_eos", "min_tokens", "stream_options", "model", "best_of", "echo"]
+           "ignore_eos", "min_tokens", "stream_options", "model", "best_of", "echo", "prompt_logprobs", "logit_bias",
+           "bad_words", "allowed_token_ids"]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))

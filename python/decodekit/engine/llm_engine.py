@@ -26,6 +26,7 @@ from decodekit.tokenizer.detokenizer import IncrementalDetokenizer
 from .args import EngineArgs, parse_bytes
 from .kv_cache import KVCacheManager
 from .model_runner import ModelRunner
+from .prompt_logprobs import split_prompt_rows
 from .outputs import CompletionOutput, Logprob, RequestOutput
 from .request import Request, RequestStatus, split_n
 from .scheduler import ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOutput
@@ -58,6 +59,8 @@ class _Group:
     first_scheduled: float | None = None
     finished_at: float | None = None
     dirty: bool = True
+    prompt_logprobs: list | None = None   # prompt_logprobs: None, then {token id: Logprob} per prompt position
+    prompt_logprobs_sent: bool = False
 
     @property
     def finished(self) -> bool:
@@ -160,6 +163,7 @@ class LLMEngine:
         self.spec = self._build_spec() if args.speculative else None
         self._groups: dict[str, _Group] = {}
         self._seq_of: dict[str, _Seq] = {}
+        self._prompt_lp_tables: dict[str, list] = {}   # sequence id -> its group's prompt_logprobs list
         self._ids = itertools.count()
         self.stats = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0, "last_step_tokens": 0}
 
@@ -408,6 +412,10 @@ class LLMEngine:
                 self.scheduler.abort_request(s.request.request_id)
             raise
         g = _Group(request_id, text, ids, params, seqs, time.monotonic())
+        if params.prompt_logprobs is not None:  # the first sample computes them (the others may hit its cache)
+            g.prompt_logprobs = [None] * len(ids)
+            seqs[0].request.prompt_logprobs_pending = len(ids) > 1
+            self._prompt_lp_tables[seqs[0].request.request_id] = g.prompt_logprobs
         self._groups[request_id] = g
         for s in seqs:
             self._seq_of[s.request.request_id] = s
@@ -452,6 +460,8 @@ class LLMEngine:
         t0 = time.perf_counter()
         if so.scheduled:
             logits = self.runner.execute(so)
+            if any(sr.num_prompt_logits for sr in so.scheduled):
+                logits = split_prompt_rows(so.scheduled, logits, self._prompt_lp_tables, self._decode_one)
             rows = [sr for sr in so.scheduled if sr.will_sample]
             if rows:
                 self._sample(rows, logits, sampled, info)
@@ -568,6 +578,9 @@ class LLMEngine:
                 self.scheduler.finish_request(s.request.request_id, RequestStatus.FINISHED_STOPPED)
                 return
 
+    def _decode_one(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
     def _finish(self, s: _Seq, reason: str, stop_reason, flush: bool = True) -> None:
         if flush and not s.detok.stopped:
             tail = s.detok.flush()
@@ -591,9 +604,13 @@ class LLMEngine:
                        "finished": g.finished_at, "prompt_tokens": len(g.prompt_token_ids)}
             if self.spec is not None:
                 metrics.update(spec_metrics(*(sum(s.spec[i] for s in g.seqs) for i in range(3))))
+            plp = None   # in the first output after the prompt is computed and in the final one
+            if g.prompt_logprobs is not None and not g.seqs[0].request.prompt_logprobs_pending and \
+                    (done or not g.prompt_logprobs_sent):
+                plp, g.prompt_logprobs_sent = g.prompt_logprobs, True
             ro = RequestOutput(rid, g.prompt, g.prompt_token_ids,
                                [CompletionOutput(**{**s.out.__dict__, "token_ids": list(s.out.token_ids)})
-                                for s in g.seqs], done, cached, metrics)
+                                for s in g.seqs], done, cached, metrics, plp)
             for s in g.seqs:
                 s.out.delta_text, s.out.delta_token_ids = "", []
             outs.append(ro)
@@ -601,4 +618,5 @@ class LLMEngine:
                 del self._groups[rid]
                 for s in g.seqs:
                     self._seq_of.pop(s.request.request_id, None)
+                    self._prompt_lp_tables.pop(s.request.request_id, None)
         return outs

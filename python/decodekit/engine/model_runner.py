@@ -149,15 +149,16 @@ class ModelRunner:
 
     def prepare(self, so: SchedulerOutput) -> tuple[torch.Tensor, AttentionMetadata]:
         """input_ids [T] and the step's metadata from the scheduled requests."""
-        return self.prepare_seqs(*self._seqs_of(so))
+        return self.prepare_seqs(*self._seqs_of(so), num_first=[sr.num_prompt_logits for sr in so.scheduled])
 
     def prepare_seqs(self, token_lists: list[list[int]], starts: list[int], tables: list[list[int]],
-                     num_logits: list[int]) -> tuple[torch.Tensor, AttentionMetadata]:
+                     num_logits: list[int], num_first: list[int] | None = None
+                     ) -> tuple[torch.Tensor, AttentionMetadata]:
         """input_ids [T] and metadata for sequences given directly (drafters use this): sequence i
         computes token_lists[i] at positions starts[i].. with block table tables[i] and needs the
-        logits of its last num_logits[i] tokens."""
+        logits of its first num_first[i] tokens (prompt logprobs) and of its last num_logits[i]."""
         ids, positions, slots, bt, seq_lens, qsl, sample_rows = self._host_inputs(token_lists, starts, tables,
-                                                                                  num_logits)
+                                                                                  num_logits, num_first)
         host = AttentionMetadata(positions=positions, slot_mapping=slots, block_tables=bt, seq_lens=seq_lens,
                                  query_start_loc=qsl.to(torch.int32),
                                  logits_indices=torch.tensor(sample_rows, dtype=torch.int64))
@@ -178,9 +179,10 @@ class ModelRunner:
         return ([sr.token_ids for sr in sc], [sr.start_pos for sr in sc], [sr.block_ids for sr in sc],
                 [1 + sr.num_spec if sr.will_sample else 0 for sr in sc])
 
-    def _host_inputs(self, token_lists, starts, tables, num_logits):
+    def _host_inputs(self, token_lists, starts, tables, num_logits, num_first=None):
         """Host tensors: ids [T], positions [T], slots [T], block tables [S, maxb] int32,
-        seq_lens [S] int32, query_start_loc [S + 1] int64, rows whose logits are needed."""
+        seq_lens [S] int32, query_start_loc [S + 1] int64, rows whose logits are needed (per sequence
+        its first num_first, then its last num_logits tokens; the two never overlap)."""
         bs = self.block_size
         ids: list[int] = [t for toks in token_lists for t in toks]
         counts = [len(toks) for toks in token_lists]
@@ -198,14 +200,19 @@ class ModelRunner:
         positions = starts_t[seq_of_tok] + (torch.arange(T) - qsl[:-1][seq_of_tok])
         slots = bt[seq_of_tok, positions // bs].long() * bs + positions % bs
         sample_rows, end = [], 0
-        for c, n in zip(counts, num_logits):   # the last n tokens of each sequence
+        for i, (c, n) in enumerate(zip(counts, num_logits)):   # the first m and the last n tokens of each sequence
+            m = num_first[i] if num_first else 0
+            if m + n > c:
+                raise ValueError(f"sequence {i}: {m} first and {n} last logits rows overlap in {c} tokens")
+            sample_rows.extend(range(end, end + m))
             end += c
             sample_rows.extend(range(end - n, end))
         seq_lens = (starts_t + counts_t).to(torch.int32)
         return torch.tensor(ids, dtype=torch.int64), positions, slots, bt, seq_lens, qsl, sample_rows
 
     def _bucket_for(self, so: SchedulerOutput) -> DecodeBucket | None:
-        if not self.buckets or not all(sr.num_new_tokens == 1 and sr.will_sample for sr in so.scheduled):
+        if not self.buckets or not all(sr.num_new_tokens == 1 and sr.will_sample and not sr.num_prompt_logits
+                                       for sr in so.scheduled):
             return None
         B = len(so.scheduled)
         return next((b for b in self.buckets if b.size >= B), None)
@@ -215,8 +222,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> torch.Tensor:
-        """Logits [num sampling rows, vocab] float32, in scheduling order: one row per sampling
-        request, 1 + num_spec rows (last token, then each draft) for a verifying one."""
+        """Logits [rows, vocab] float32, in scheduling order: per request its num_prompt_logits prompt rows,
+        then one row if it samples, 1 + num_spec rows (last token, then each draft) if it verifies."""
         self.copy_blocks(so.blocks_to_copy)
         bucket = self._bucket_for(so)
         if bucket is not None:

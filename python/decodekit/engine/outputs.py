@@ -38,3 +38,7 @@ class RequestOutput:
     num_cached_tokens: int = 0          # prompt tokens served from the prefix cache
     metrics: dict = field(default_factory=dict)  # arrival, first_scheduled, first_token, finished (monotonic s),
                                                  # prompt_tokens; spec_* with speculative decoding
+    # SamplingParams.prompt_logprobs: None for the first prompt token, then per token {id: Logprob} (its own and
+    # the top-N), in the first output after the whole prompt is computed and in the final one (None in the
+    # others, and without prompt_logprobs)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

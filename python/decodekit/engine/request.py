@@ -55,12 +55,14 @@ class Request:
       num_preemptions    how many times this request was preempted (recompute-style)
       spec_token_ids     this step's draft tokens (speculative decoding: set before scheduling,
                          verified in the step, cleared by update_from_output / preemption)
+    and one the engine owns: prompt_logprobs_pending (see __init__).
     """
 
     __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "arrival_time",
                  "output_token_ids", "_num_computed_tokens", "status", "block_ids",
                  "block_hashes", "num_cached_tokens", "num_preemptions", "spec_token_ids",
-                 "extra_key", "parent_id", "child_index", "stop_reason", "_all_token_ids")
+                 "extra_key", "parent_id", "child_index", "stop_reason", "_all_token_ids",
+                 "prompt_logprobs_pending")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: Any,
                  arrival_time: float | None = None, *, extra_key: Hashable = None,
@@ -92,6 +94,9 @@ class Request:
         self.parent_id = parent_id          # set on the children of an n > 1 request
         self.child_index = child_index
         self.stop_reason: str | int | None = None
+        # the engine still wants the logits of prompt positions (prompt_logprobs): computed from position 0,
+        # without prefix-cache hits, in chunks of at most PROMPT_LOGPROBS_CHUNK tokens; cleared once they are in
+        self.prompt_logprobs_pending = False
 
     # ---------------------------------------------------------------- token accounting
     @property

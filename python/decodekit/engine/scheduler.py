@@ -44,6 +44,11 @@ from .kv_cache import KVCacheManager
 from .request import Request, RequestStatus
 
 
+# a request with prompt_logprobs computes at most this many prompt tokens a step: its logits rows (fp32,
+# vocabulary wide: 256 MB at Llama-3's 128k) are all materialised
+PROMPT_LOGPROBS_CHUNK = 512
+
+
 def _check_int(name: str, value, lo: int, hi: int | None = None) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < lo or (hi is not None and value > hi):
         rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
@@ -83,6 +88,7 @@ class ScheduledRequest:
     will_sample: bool       # the chunk reaches num_tokens: sample the next token
     is_new: bool            # first step since admission/resumption: its block table is fresh
     num_spec: int = 0       # draft tokens among the new tokens (the last ones): verify them
+    num_prompt_logits: int = 0  # the first new tokens whose logits give prompt logprobs (positions <= prompt - 2)
 
     @property
     def request_id(self) -> str:
@@ -241,6 +247,8 @@ class Scheduler:
             req = self.running[i]
             num_new = min(req.num_tokens_with_spec - req.num_computed_tokens, budget,
                           cfg.max_model_len - req.num_computed_tokens)
+            if req.prompt_logprobs_pending and cfg.chunked_prefill:
+                num_new = min(num_new, PROMPT_LOGPROBS_CHUNK)
             if num_new <= 0:        # waiting for its sampled token (no update since last step)
                 i += 1
                 continue
@@ -270,11 +278,13 @@ class Scheduler:
             while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
                 req = self.waiting[0]
                 req.spec_token_ids = []     # drafts only for running requests
-                hit_blocks, num_hit = kv.get_computed_blocks(req)
+                # prompt logprobs need every prompt position's logits: no prefix-cache hit
+                hit_blocks, num_hit = kv.get_computed_blocks(req) if not req.prompt_logprobs_pending else ([], 0)
                 num_new = req.num_tokens_with_spec - num_hit
                 if not cfg.chunked_prefill and num_new > budget:
                     break
-                num_new = min(num_new, budget)
+                num_new = min(num_new, budget, PROMPT_LOGPROBS_CHUNK if req.prompt_logprobs_pending and
+                              cfg.chunked_prefill else num_new)
                 if not kv.allocate_slots(req, num_new, hit_blocks, num_hit):
                     if not self.running:    # the whole cache is free and it still does not fit
                         self.waiting.popleft()
@@ -296,8 +306,10 @@ class Scheduler:
             start = req.num_computed_tokens
             req.num_computed_tokens = start + num_new
             will_sample = start + num_new >= req.num_tokens_with_spec
+            num_lp = max(0, min(start + num_new, req.num_prompt_tokens - 1) - start) \
+                if req.prompt_logprobs_pending else 0
             out.scheduled.append(ScheduledRequest(req, num_new, start, will_sample, is_new,
-                                                  len(req.spec_token_ids) if will_sample else 0))
+                                                  len(req.spec_token_ids) if will_sample else 0, num_lp))
             out.num_scheduled_tokens += num_new
         out.finished_req_ids, self._finished_ids = self._finished_ids, []
         self.num_steps += 1

@@ -23,6 +23,8 @@ ignore_eos                  bool
 max_tokens                  int >= 1
 min_tokens                  int in [0, max_tokens]
 logprobs                    None or int in [0, max_logprobs] (0: only the sampled token's)
+prompt_logprobs             None or int in [0, max_logprobs]: per prompt token (after the first) its
+                            logprob given the tokens before it, plus the top-N (vLLM's)
 include_stop_str_in_output  bool
 skip_special_tokens         bool
 logit_bias                  None or dict {token id in [0, vocab_size): finite number in [-100, 100]},
@@ -140,6 +142,7 @@ class SamplingParams:
     max_tokens: int = 16
     min_tokens: int = 0
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] | None = None
@@ -166,6 +169,8 @@ class SamplingParams:
             self.seed = int(self.seed)
         if self.logprobs is not None:
             self.logprobs = int(self.logprobs)
+        if self.prompt_logprobs is not None:
+            self.prompt_logprobs = int(self.prompt_logprobs)
         self.stop_token_ids = [int(t) for t in self.stop_token_ids]
         if self.logit_bias is not None:
             self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
@@ -239,6 +244,8 @@ class SamplingParams:
                                          f"but all are stop_token_ids{'' if self.ignore_eos else ' or EOS'}")
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, max_logprobs, f"in [0, {max_logprobs}] or None")
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs, 0, max_logprobs, f"in [0, {max_logprobs}] or None")
         _check_bool("include_stop_str_in_output", self.include_stop_str_in_output)
         _check_bool("skip_special_tokens", self.skip_special_tokens)
         return self

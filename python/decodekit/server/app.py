@@ -284,31 +284,59 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         auth(request)
         body = await body_of(request)
         stream, include_usage = P.stream_options(body)
-        if P.field(body, "echo", "bool", False):
-            raise P.APIError(400, "'echo' is not supported", "echo")
+        echo = P.field(body, "echo", "bool", False)
         P.reject_unsupported(body, ("suffix",) + P.UNSUPPORTED_COMMON)
         best_of = P.field(body, "best_of", "int", None, 1)
         lp = P.field(body, "logprobs", "int", None, 0, P.MAX_LOGPROBS)
+        plp = P.field(body, "prompt_logprobs", "int", None, 0, P.MAX_LOGPROBS)
+        if plp is not None and stream:
+            raise P.APIError(400, "'prompt_logprobs' is not supported with stream=true", "prompt_logprobs")
         prompts = P.completion_prompts(body, vocab)
-        params = P.sampling_params(body, P.field(body, "max_tokens", "int", 16, 1), lp, vocab)
+        # echo with max_tokens=0 (lm-eval's loglikelihood requests): the prompt (and its logprobs) only
+        max_tokens = P.field(body, "max_tokens", "int", 16, 0 if echo else 1)
+        params = P.sampling_params(body, max(max_tokens, 1), lp, vocab)
+        want_plp = max(plp if plp is not None else -1, lp if echo and lp is not None else -1)
+        params.prompt_logprobs = want_plp if want_plp >= 0 else None
+        texts = [p if isinstance(p, str) else None for p in prompts]
         prompts = [await encoded(p) for p in prompts]
         if best_of is not None and best_of != params.n:
             raise P.APIError(400, "'best_of' different from 'n' is not supported", "best_of")
         rid = P.new_id("cmpl")
         streams = await start(prompts, params, rid)
         created, n = P.now(), params.n
+        gen_tokens = max_tokens > 0
+
+        def echoed(i: int, out) -> tuple[str, dict | None]:
+            """The prompt's text and (with logprobs) its legacy logprobs, for echo."""
+            text = texts[i] if texts[i] is not None else tok.decode(out.prompt_token_ids, skip_special_tokens=False)
+            lps = P.echo_logprobs(tok, out.prompt_token_ids, out.prompt_logprobs, lp) if lp is not None else None
+            return text, lps
+
         if not stream:
             outs = await finals(request, streams)
             choices, ptoks, ctoks = [], 0, 0
             for i, out in enumerate(outs):
                 observe(out)
                 ptoks += len(out.prompt_token_ids)
+                head, head_lp = echoed(i, out) if echo else ("", None)
                 for c in out.outputs:
-                    ctoks += len(c.token_ids)
-                    choices.append({"index": i * n + c.index, "text": c.text, "finish_reason": c.finish_reason,
-                                    "logprobs": P.completion_logprobs(tok, c)})
+                    text, lps = (c.text, P.completion_logprobs(tok, c, 0, len(head))) if gen_tokens else ("", None)
+                    ctoks += len(c.token_ids) if gen_tokens else 0
+                    choice = {"index": i * n + c.index, "text": head + text,
+                              "finish_reason": c.finish_reason if gen_tokens else "length",
+                              "logprobs": P.join_logprobs(head_lp, lps) if echo and lp is not None else lps}
+                    if plp is not None:
+                        choice["prompt_logprobs"] = P.prompt_logprobs_json(
+                            [None if e is None else {t: v for t, v in e.items() if v.rank <= plp or t == tid}
+                             for e, tid in zip(out.prompt_logprobs or [], out.prompt_token_ids)]
+                            if out.prompt_logprobs is not None else None)
+                    choices.append(choice)
             return {"id": rid, "object": "text_completion", "created": created, "model": cfg.model_name,
                     "choices": choices, "usage": P.usage(ptoks, ctoks)}
+
+        def chunk(choices, **extra):
+            return sse({"id": rid, "object": "text_completion", "created": created, "model": cfg.model_name,
+                        "choices": choices, **extra})
 
         async def gen():
             ptoks, ctoks, done = {}, {}, set()
@@ -319,7 +347,17 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                     ptoks[i] = len(out.prompt_token_ids)
                     for c in out.outputs:
                         idx = i * n + c.index
+                        if echo and idx not in offsets and (lp is None or out.prompt_logprobs is not None):
+                            # the prompt first (its logprobs come with the first output after the prompt ran)
+                            head, head_lp = echoed(i, out)
+                            offsets[idx] = len(head)
+                            yield chunk([{"index": idx, "text": head, "logprobs": head_lp, "finish_reason": None}])
                         if idx in done or (not c.delta_token_ids and not c.delta_text and not c.finish_reason):
+                            continue
+                        if not gen_tokens:                # echo only: the generated token is not shown
+                            if c.finish_reason:
+                                done.add(idx)
+                                yield chunk([{"index": idx, "text": "", "logprobs": None, "finish_reason": "length"}])
                             continue
                         start_tok = len(c.token_ids) - len(c.delta_token_ids)
                         lps = P.completion_logprobs(tok, c, start_tok, offsets.get(idx, 0))
@@ -328,14 +366,12 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                         itl(last, idx, c)
                         if c.finish_reason:
                             done.add(idx)
-                        yield sse({"id": rid, "object": "text_completion", "created": created, "model": cfg.model_name,
-                                   "choices": [{"index": idx, "text": c.delta_text, "logprobs": lps,
-                                                "finish_reason": c.finish_reason}]})
+                        yield chunk([{"index": idx, "text": c.delta_text, "logprobs": lps,
+                                      "finish_reason": c.finish_reason}])
                     if out.finished:
                         observe(out)
                 if include_usage:
-                    yield sse({"id": rid, "object": "text_completion", "created": created, "model": cfg.model_name,
-                               "choices": [], "usage": P.usage(sum(ptoks.values()), sum(ctoks.values()))})
+                    yield chunk([], usage=P.usage(sum(ptoks.values()), sum(ctoks.values())))
             except EngineDeadError as e:
                 yield sse(P.APIError(503, str(e), type="server_error").body())
             yield "data: [DONE]\n\n"
@@ -352,6 +388,9 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         top = P.field(body, "top_logprobs", "int", None, 0, P.MAX_LOGPROBS)
         if top is not None and not want_lp:
             raise P.APIError(400, "'top_logprobs' needs logprobs=true", "top_logprobs")
+        plp = P.field(body, "prompt_logprobs", "int", None, 0, P.MAX_LOGPROBS)
+        if plp is not None and stream:
+            raise P.APIError(400, "'prompt_logprobs' is not supported with stream=true", "prompt_logprobs")
         ids = await render_chat(messages)
         if not ids:
             raise P.APIError(400, "the rendered conversation is empty", "messages")
@@ -363,6 +402,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         if mt is None:
             mt = eng.max_model_len - len(ids)
         params = P.sampling_params(body, mt, (top or 0) if want_lp else None, vocab)
+        params.prompt_logprobs = plp
         rid = P.new_id("chatcmpl")
         streams = await start([{"prompt_token_ids": ids}], params, rid)
         created = P.now()
@@ -372,9 +412,12 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
                         "logprobs": P.chat_logprobs(c, 0, top or 0) if want_lp else None,
                         "finish_reason": c.finish_reason} for c in out.outputs]
-            return {"id": rid, "object": "chat.completion", "created": created, "model": cfg.model_name,
+            resp = {"id": rid, "object": "chat.completion", "created": created, "model": cfg.model_name,
                     "choices": choices,
                     "usage": P.usage(len(ids), sum(len(c.token_ids) for c in out.outputs))}
+            if plp is not None:
+                resp["prompt_logprobs"] = P.prompt_logprobs_json(out.prompt_logprobs)
+            return resp
 
         def chunk(choices, **extra):
             return sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": cfg.model_name,

@@ -195,7 +195,7 @@ def completion_prompts(body: dict, vocab_size: int) -> list:
 # value), they get a 400 naming them rather than being ignored (a client asking for constrained JSON must not
 # get free text back as if it were).
 UNSUPPORTED_COMMON = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                      "structured_outputs", "prompt_logprobs", "use_beam_search",
+                      "structured_outputs", "use_beam_search",
                       "logits_processors", "response_format")
 UNSUPPORTED_CHAT = ("tools", "tool_choice", "functions", "function_call", "echo", "continue_final_message",
                     "add_generation_prompt", "modalities", "prediction", "audio")
@@ -264,6 +264,37 @@ def completion_logprobs(tokenizer, out, start: int = 0, offset0: int = 0) -> dic
         offs.append(off)
         off += len(s)
     return {"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs}
+
+
+def prompt_logprobs_json(table) -> list | None:
+    """RequestOutput.prompt_logprobs as vLLM serialises it: None for the first token, then per token
+    {"<id>": {"logprob", "rank", "decoded_token"}}."""
+    if table is None:
+        return None
+    return [None if e is None else {str(t): {"logprob": v.logprob, "rank": v.rank, "decoded_token": v.decoded_token}
+                                    for t, v in e.items()} for e in table]
+
+
+def echo_logprobs(tokenizer, prompt_ids: list[int], table, n: int) -> dict:
+    """Legacy completions logprobs of the prompt tokens (echo with logprobs): the first token has none;
+    top_logprobs keeps the n best of each position (table: RequestOutput.prompt_logprobs)."""
+    toks, lps, tops, offs, off = [], [], [], [], 0
+    for i, tid in enumerate(prompt_ids):
+        s = tokenizer.decode([tid], skip_special_tokens=False)
+        e = table[i] if table is not None else None
+        toks.append(s)
+        lps.append(e[tid].logprob if e is not None and tid in e else None)
+        tops.append(None if e is None else {(v.decoded_token or ""): v.logprob for t, v in e.items()
+                                            if v.rank is not None and v.rank <= n or t == tid})
+        offs.append(off)
+        off += len(s)
+    return {"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs}
+
+
+def join_logprobs(a: dict | None, b: dict | None) -> dict | None:
+    if a is None or b is None:
+        return a or b
+    return {k: a[k] + b[k] for k in a}
 
 
 def chat_logprobs(out, start: int, top: int) -> dict | None:

@@ -1,0 +1,102 @@
+"""/v1/completions echo (with max_tokens=0 too: lm-eval's loglikelihood requests), legacy logprobs over the
+prompt, and vLLM's prompt_logprobs on completions and chat."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from server_harness import wait_idle
+
+httpx = pytest.importorskip("httpx")
+PROMPT = "The capital of France is Paris, and the capital of Italy is"
+
+
+def _post(server, path, body):
+    return httpx.post(server.url + path, content=json.dumps(body).encode(),
+                      headers={"content-type": "application/json"}, timeout=120)
+
+
+def _ok(server, body, path="/v1/completions"):
+    r = _post(server, path, body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_echo_only_scores_the_prompt(server, hf_tok):
+    """echo + max_tokens=0 + logprobs: the prompt's text, None for its first token, then each token's logprob
+    (the same numbers prompt_logprobs gives), no completion tokens."""
+    out = _ok(server, {"prompt": PROMPT, "echo": True, "max_tokens": 0, "logprobs": 1})
+    c = out["choices"][0]
+    ids = hf_tok.encode(PROMPT)
+    lps = c["logprobs"]
+    assert c["text"] == PROMPT and c["finish_reason"] == "length"
+    assert out["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 0, "total_tokens": len(ids)}
+    assert lps["tokens"] == [hf_tok.decode([t]) for t in ids] and lps["token_logprobs"][0] is None
+    assert lps["top_logprobs"][0] is None and lps["text_offset"][0] == 0
+    assert all(isinstance(v, float) and v <= 0 for v in lps["token_logprobs"][1:])
+    assert lps["text_offset"] == [sum(len(t) for t in lps["tokens"][:i]) for i in range(len(ids))]
+    for tops, tokstr, v in zip(lps["top_logprobs"][1:], lps["tokens"][1:], lps["token_logprobs"][1:]):
+        assert tokstr in tops and tops[tokstr] == v and 1 <= len(tops) <= 2
+    plp = _ok(server, {"prompt": PROMPT, "max_tokens": 1, "prompt_logprobs": 0})["choices"][0]["prompt_logprobs"]
+    assert plp[0] is None and len(plp) == len(ids)
+    for i in range(1, len(ids)):
+        e = plp[i][str(ids[i])]
+        assert math.isclose(e["logprob"], lps["token_logprobs"][i], abs_tol=1e-5) and e["rank"] >= 1
+        assert e["decoded_token"] == hf_tok.decode([ids[i]])
+    # " Rome" is what the model expects: a high logprob for the continuation, a low one for nonsense
+    good = _ok(server, {"prompt": PROMPT + " Rome", "echo": True, "max_tokens": 0, "logprobs": 0})
+    bad = _ok(server, {"prompt": PROMPT + " banana", "echo": True, "max_tokens": 0, "logprobs": 0})
+    assert good["choices"][0]["logprobs"]["token_logprobs"][-1] > bad["choices"][0]["logprobs"]["token_logprobs"][-1] + 3
+    assert wait_idle(server.aeng)
+
+
+def test_echo_with_generation_stream_and_ids(server, hf_tok):
+    body = {"prompt": PROMPT, "echo": True, "max_tokens": 4, "logprobs": 2, "temperature": 0, "ignore_eos": True}
+    full = _ok(server, body)["choices"][0]
+    plain = _ok(server, {**body, "echo": False})["choices"][0]
+    assert full["text"] == PROMPT + plain["text"]
+    n_prompt = len(hf_tok.encode(PROMPT))
+    lps = full["logprobs"]
+    assert lps["tokens"][n_prompt:] == plain["logprobs"]["tokens"]
+    assert lps["token_logprobs"][n_prompt:] == pytest.approx(plain["logprobs"]["token_logprobs"], abs=1e-4)
+    assert lps["text_offset"][n_prompt:] == [o + len(PROMPT) for o in plain["logprobs"]["text_offset"]]
+    r = httpx.post(server.url + "/v1/completions", json={**body, "stream": True}, timeout=120)
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    assert "".join(ch["choices"][0]["text"] for ch in chunks) == full["text"]
+    toks = [t for ch in chunks for t in ch["choices"][0]["logprobs"]["tokens"]]
+    assert toks == lps["tokens"]
+    ids = hf_tok.encode(PROMPT)
+    by_ids = _ok(server, {**body, "prompt": ids})["choices"][0]
+    assert by_ids["text"] == hf_tok.decode(ids) + plain["text"]
+    two = _ok(server, {**body, "n": 2, "temperature": 0.8, "seed": 1})["choices"]
+    assert len(two) == 2 and all(c["text"].startswith(PROMPT) for c in two)
+    only = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPT, "echo": True, "max_tokens": 0,
+                                                           "stream": True}, timeout=120)
+    chunks = [json.loads(line[6:]) for line in only.text.splitlines() if line.startswith("data: {")]
+    assert "".join(ch["choices"][0]["text"] for ch in chunks) == PROMPT
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_chat_prompt_logprobs(server):
+    out = _ok(server, {"messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 2, "prompt_logprobs": 1},
+              "/v1/chat/completions")
+    plp = out["prompt_logprobs"]
+    assert len(plp) == out["usage"]["prompt_tokens"] and plp[0] is None
+    assert all(1 <= len(e) <= 2 for e in plp[1:])
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+    ("/v1/completions", {"prompt": "hi", "prompt_logprobs": -1}, "prompt_logprobs"),
+    ("/v1/completions", {"prompt": "hi", "echo": "yes"}, "echo"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 1, "stream": True},
+     "prompt_logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 99},
+     "prompt_logprobs"),
+])
+def test_bad_values(server, path, body, param):
+    r = _post(server, path, body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
