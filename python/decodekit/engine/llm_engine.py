@@ -26,8 +26,8 @@ from decodekit.tokenizer.detokenizer import IncrementalDetokenizer
 from .args import EngineArgs, parse_bytes
 from .kv_cache import KVCacheManager
 from .model_runner import ModelRunner
-from .prompt_logprobs import split_prompt_rows
 from .outputs import CompletionOutput, Logprob, RequestOutput
+from .prompt_logprobs import split_prompt_rows
 from .request import Request, RequestStatus, split_n
 from .scheduler import ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOutput
 from .spec_decode import spec_metrics
