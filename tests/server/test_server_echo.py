@@ -100,3 +100,32 @@ def test_chat_prompt_logprobs(server):
 def test_bad_values(server, path, body, param):
     r = _post(server, path, body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_lm_eval_loglikelihood_payload(server, hf_tok):
+    """lm-eval's local-completions loglikelihood request: a batch of token-id prompts (context +
+    continuation), echo, max_tokens=1, logprobs=1, temperature 0; it reads token_logprobs[ctxlen:-1] and
+    checks greediness against top_logprobs. The continuation's summed logprob must equal the prompt
+    logprobs the engine reports for it, choices indexed per prompt."""
+    pairs = [("The capital of France is", " Paris"), ("2 + 2 =", " 4"), ("The sky is", " green and purple")]
+    prompts, ctxlens = [], []
+    for ctx, cont in pairs:
+        c = hf_tok.encode(ctx)
+        prompts.append(c + hf_tok.encode(cont, add_special_tokens=False))
+        ctxlens.append(len(c))
+    out = _ok(server, {"prompt": prompts, "echo": True, "max_tokens": 1, "logprobs": 1, "temperature": 0,
+                       "seed": 1234})
+    choices = sorted(out["choices"], key=lambda c: c["index"])
+    assert [c["index"] for c in choices] == [0, 1, 2]
+    for ids, ctxlen, ch in zip(prompts, ctxlens, choices):
+        lps = ch["logprobs"]
+        assert len(lps["token_logprobs"]) == len(ids) + 1          # the prompt, then the generated token
+        cont = lps["token_logprobs"][ctxlen:-1]
+        ref = _ok(server, {"prompt": ids, "max_tokens": 1, "prompt_logprobs": 0})["choices"][0]["prompt_logprobs"]
+        want = [ref[i][str(ids[i])]["logprob"] for i in range(ctxlen, len(ids))]
+        assert cont == pytest.approx(want, abs=1e-4)
+        for tok, top in zip(lps["tokens"][ctxlen:-1], lps["top_logprobs"][ctxlen:-1]):
+            assert tok in top and max(top.values()) >= top[tok]
+    paris, green = sum(choices[0]["logprobs"]["token_logprobs"][ctxlens[0]:-1]), \
+        sum(choices[2]["logprobs"]["token_logprobs"][ctxlens[2]:-1])
+    assert paris > green
