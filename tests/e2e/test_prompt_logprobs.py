@@ -49,7 +49,8 @@ def test_shape_and_first_token(ref):
 
 
 @pytest.mark.parametrize("kw", [dict(max_num_batched_tokens=40), dict(kv_cache_memory="9MiB", max_model_len=128, max_num_batched_tokens=32),
-                                dict(speculative="ngram", num_speculative_tokens=3)])
+                                dict(speculative="ngram", num_speculative_tokens=3),
+                                dict(speculative="layerskip", num_speculative_tokens=2, max_num_batched_tokens=48)])
 def test_same_under_chunking_batching_preemption_and_spec(ref, kw):
     _, want = ref
     llm = embedded_llm(**{"kv_cache_memory": "256MiB", "seed": 1, **kw})
