@@ -129,3 +129,23 @@ def test_lm_eval_loglikelihood_payload(server, hf_tok):
     paris, green = sum(choices[0]["logprobs"]["token_logprobs"][ctxlens[0]:-1]), \
         sum(choices[2]["logprobs"]["token_logprobs"][ctxlens[2]:-1])
     assert paris > green
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "Once upon a time"}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Count to five."}]}),
+])
+def test_continuous_usage_stats(server, path, body):
+    """vLLM's stream_options.continuous_usage_stats: every content chunk carries the usage so far, the last
+    chunk the total; without include_usage it is ignored."""
+    req = {**body, "max_tokens": 5, "temperature": 0, "ignore_eos": True, "stream": True,
+           "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    r = httpx.post(server.url + path, json=req, timeout=120)
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    counted = [ch["usage"]["completion_tokens"] for ch in chunks if ch["choices"] and "usage" in ch]
+    assert counted == sorted(counted) and counted[-1] == 5 and len(counted) >= 5, chunks
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
+    req["stream_options"] = {"continuous_usage_stats": True}
+    r = httpx.post(server.url + path, json=req, timeout=120)
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    assert not any("usage" in ch for ch in chunks)

@@ -283,7 +283,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
     async def completions(request: Request):
         auth(request)
         body = await body_of(request)
-        stream, include_usage = P.stream_options(body)
+        stream, include_usage, each_usage = P.stream_options(body)
         echo = P.field(body, "echo", "bool", False)
         P.reject_unsupported(body, ("suffix",) + P.UNSUPPORTED_COMMON)
         best_of = P.field(body, "best_of", "int", None, 1)
@@ -367,7 +367,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                         if c.finish_reason:
                             done.add(idx)
                         yield chunk([{"index": idx, "text": c.delta_text, "logprobs": lps,
-                                      "finish_reason": c.finish_reason}])
+                                      "finish_reason": c.finish_reason}],
+                                    **({"usage": P.usage(ptoks[i], len(c.token_ids))} if each_usage else {}))
                     if out.finished:
                         observe(out)
                 if include_usage:
@@ -381,7 +382,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
     async def chat(request: Request):
         auth(request)
         body = await body_of(request)
-        stream, include_usage = P.stream_options(body)
+        stream, include_usage, each_usage = P.stream_options(body)
         P.reject_unsupported(body, P.UNSUPPORTED_COMMON + P.UNSUPPORTED_CHAT)
         messages = P.chat_messages(body)
         want_lp = P.field(body, "logprobs", "bool", False)
@@ -441,7 +442,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                             done.add(c.index)
                         yield chunk([{"index": c.index, "delta": delta,
                                       "logprobs": P.chat_logprobs(c, start_tok, top or 0) if want_lp else None,
-                                      "finish_reason": c.finish_reason}])
+                                      "finish_reason": c.finish_reason}],
+                                    **({"usage": P.usage(len(ids), len(c.token_ids))} if each_usage else {}))
                     if out.finished:
                         observe(out)
                 if include_usage:

@@ -154,16 +154,19 @@ def sampling_params(body: dict, max_tokens: int, logprobs: int | None, vocab_siz
         raise APIError(400, str(e)) from None
 
 
-def stream_options(body: dict) -> tuple[bool, bool]:
+def stream_options(body: dict) -> tuple[bool, bool, bool]:
+    """(stream, include_usage: a last chunk with the usage, continuous: usage on every chunk as well, vLLM's
+    continuous_usage_stats, which needs include_usage)."""
     stream = field(body, "stream", "bool", False)
     so = body.get("stream_options")
     if so is None:
-        return stream, False
+        return stream, False, False
     if not isinstance(so, dict):
         raise APIError(400, "'stream_options' must be an object", "stream_options")
     if not stream:
         raise APIError(400, "'stream_options' is only allowed with stream=true", "stream_options")
-    return stream, field(so, "include_usage", "bool", False)
+    usage = field(so, "include_usage", "bool", False)
+    return stream, usage, usage and field(so, "continuous_usage_stats", "bool", False)
 
 
 def completion_prompts(body: dict, vocab_size: int) -> list:
