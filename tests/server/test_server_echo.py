@@ -149,3 +149,29 @@ def test_continuous_usage_stats(server, path, body):
     r = httpx.post(server.url + path, json=req, timeout=120)
     chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
     assert not any("usage" in ch for ch in chunks)
+
+
+def test_streamed_echo_with_n_over_a_long_prompt(server, hf_tok):
+    """Only the first of n samples computes a prompt's logprobs (in 512-token chunks); the others may stream
+    tokens before they exist: each choice must still start with the prompt and match the non-streamed one.
+    echo-only with n > 1: one sequence computes them, every choice gets the prompt and then 'length'."""
+    ids = (hf_tok.encode("The history of the Roman Empire spans many centuries. ") * 80)[:1000]
+    body = {"prompt": ids, "max_tokens": 3, "n": 2, "echo": True, "logprobs": 1, "temperature": 0, "ignore_eos": True}
+    whole = {c["index"]: c for c in _ok(server, body)["choices"]}
+    r = httpx.post(server.url + "/v1/completions", json={**body, "stream": True}, timeout=300)
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    for idx in (0, 1):
+        mine = [ch["choices"][0] for ch in chunks if ch["choices"] and ch["choices"][0]["index"] == idx]
+        assert "".join(m["text"] for m in mine) == whole[idx]["text"]
+        assert [t for m in mine for t in m["logprobs"]["tokens"]] == whole[idx]["logprobs"]["tokens"]
+        assert [o for m in mine for o in m["logprobs"]["text_offset"]] == whole[idx]["logprobs"]["text_offset"]
+        assert mine[-1]["finish_reason"] == "length" and all(m["finish_reason"] is None for m in mine[:-1])
+    only = {**body, "max_tokens": 0, "n": 3, "stream": True}
+    r = httpx.post(server.url + "/v1/completions", json=only, timeout=300)
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    for idx in range(3):
+        mine = [ch["choices"][0] for ch in chunks if ch["choices"] and ch["choices"][0]["index"] == idx]
+        assert [m["finish_reason"] for m in mine] == [None, "length"]
+        assert mine[0]["text"] == hf_tok.decode(ids) and mine[0]["logprobs"]["token_logprobs"][0] is None
+    r = _post(server, "/v1/completions", {"prompt": "hi", "echo": True, "max_tokens": 0, "min_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens"

@@ -295,6 +295,12 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         # echo with max_tokens=0 (lm-eval's loglikelihood requests): the prompt (and its logprobs) only
         max_tokens = P.field(body, "max_tokens", "int", 16, 0 if echo else 1)
         params = P.sampling_params(body, max(max_tokens, 1), lp, vocab)
+        if max_tokens == 0 and params.min_tokens:
+            raise P.APIError(400, f"'min_tokens' must be in [0, max_tokens=0], got {params.min_tokens}", "min_tokens")
+        n = params.n
+        gen_tokens = max_tokens > 0
+        if not gen_tokens:  # the n choices of an echo-only request are the same: one sequence computes them
+            params.n = 1
         want_plp = max(plp if plp is not None else -1, lp if echo and lp is not None else -1)
         params.prompt_logprobs = want_plp if want_plp >= 0 else None
         texts = [p if isinstance(p, str) else None for p in prompts]
@@ -303,8 +309,10 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             raise P.APIError(400, "'best_of' different from 'n' is not supported", "best_of")
         rid = P.new_id("cmpl")
         streams = await start(prompts, params, rid)
-        created, n = P.now(), params.n
-        gen_tokens = max_tokens > 0
+        created = P.now()
+
+        def indices(i: int, c) -> range:  # the choice indices an output sequence answers
+            return range(i * n + c.index, i * n + c.index + 1) if gen_tokens else range(i * n, i * n + n)
 
         def echoed(i: int, out) -> tuple[str, dict | None]:
             """The prompt's text and (with logprobs) its legacy logprobs, for echo."""
@@ -322,15 +330,16 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                 for c in out.outputs:
                     text, lps = (c.text, P.completion_logprobs(tok, c, 0, len(head))) if gen_tokens else ("", None)
                     ctoks += len(c.token_ids) if gen_tokens else 0
-                    choice = {"index": i * n + c.index, "text": head + text,
-                              "finish_reason": c.finish_reason if gen_tokens else "length",
-                              "logprobs": P.join_logprobs(head_lp, lps) if echo and lp is not None else lps}
-                    if plp is not None:
-                        choice["prompt_logprobs"] = P.prompt_logprobs_json(
-                            [None if e is None else {t: v for t, v in e.items() if v.rank <= plp or t == tid}
-                             for e, tid in zip(out.prompt_logprobs or [], out.prompt_token_ids)]
-                            if out.prompt_logprobs is not None else None)
-                    choices.append(choice)
+                    for idx in indices(i, c):
+                        choice = {"index": idx, "text": head + text,
+                                  "finish_reason": c.finish_reason if gen_tokens else "length",
+                                  "logprobs": P.join_logprobs(head_lp, lps) if echo and lp is not None else lps}
+                        if plp is not None:
+                            choice["prompt_logprobs"] = P.prompt_logprobs_json(
+                                [None if e is None else {t: v for t, v in e.items() if v.rank <= plp or t == tid}
+                                 for e, tid in zip(out.prompt_logprobs or [], out.prompt_token_ids)]
+                                if out.prompt_logprobs is not None else None)
+                        choices.append(choice)
             return {"id": rid, "object": "text_completion", "created": created, "model": cfg.model_name,
                     "choices": choices, "usage": P.usage(ptoks, ctoks)}
 
@@ -340,35 +349,42 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
 
         async def gen():
             ptoks, ctoks, done = {}, {}, set()
-            offsets: dict[int, int] = {}
+            heads: dict[int, int] = {}            # echo: the prompt's length in characters, once sent
+            sent: dict[int, tuple[int, int]] = {}  # tokens and characters of the completion sent so far
             last: dict[int, float] = {}
             try:
                 async for i, out in merged(streams):
                     ptoks[i] = len(out.prompt_token_ids)
                     for c in out.outputs:
-                        idx = i * n + c.index
-                        if echo and idx not in offsets and (lp is None or out.prompt_logprobs is not None):
-                            # the prompt first (its logprobs come with the first output after the prompt ran)
-                            head, head_lp = echoed(i, out)
-                            offsets[idx] = len(head)
-                            yield chunk([{"index": idx, "text": head, "logprobs": head_lp, "finish_reason": None}])
-                        if idx in done or (not c.delta_token_ids and not c.delta_text and not c.finish_reason):
-                            continue
-                        if not gen_tokens:                # echo only: the generated token is not shown
+                        for idx in indices(i, c):
+                            if idx in done:
+                                continue
+                            if echo and idx not in heads:
+                                # the prompt first; its logprobs come with the first output after the whole
+                                # prompt ran (with n > 1 another sample may have tokens before: they follow)
+                                if lp is not None and out.prompt_logprobs is None:
+                                    continue
+                                head, head_lp = echoed(i, out)
+                                heads[idx] = len(head)
+                                yield chunk([{"index": idx, "text": head, "logprobs": head_lp, "finish_reason": None}])
+                            if not gen_tokens:            # echo only: the computed token is not shown
+                                if c.finish_reason:
+                                    done.add(idx)
+                                    yield chunk([{"index": idx, "text": "", "logprobs": None,
+                                                  "finish_reason": "length"}])
+                                continue
+                            ntok, nchr = sent.get(idx, (0, 0))
+                            text = c.text[nchr:]
+                            if len(c.token_ids) == ntok and not text and not c.finish_reason:
+                                continue
+                            lps = P.completion_logprobs(tok, c, ntok, heads.get(idx, 0) + nchr)
+                            sent[idx] = (len(c.token_ids), len(c.text))
+                            ctoks[idx] = len(c.token_ids)
+                            itl(last, idx, c)
                             if c.finish_reason:
                                 done.add(idx)
-                                yield chunk([{"index": idx, "text": "", "logprobs": None, "finish_reason": "length"}])
-                            continue
-                        start_tok = len(c.token_ids) - len(c.delta_token_ids)
-                        lps = P.completion_logprobs(tok, c, start_tok, offsets.get(idx, 0))
-                        offsets[idx] = offsets.get(idx, 0) + len(c.delta_text)
-                        ctoks[idx] = len(c.token_ids)
-                        itl(last, idx, c)
-                        if c.finish_reason:
-                            done.add(idx)
-                        yield chunk([{"index": idx, "text": c.delta_text, "logprobs": lps,
-                                      "finish_reason": c.finish_reason}],
-                                    **({"usage": P.usage(ptoks[i], len(c.token_ids))} if each_usage else {}))
+                            yield chunk([{"index": idx, "text": text, "logprobs": lps, "finish_reason": c.finish_reason}],
+                                        **({"usage": P.usage(ptoks[i], len(c.token_ids))} if each_usage else {}))
                     if out.finished:
                         observe(out)
                 if include_usage:
