@@ -96,3 +96,21 @@ def test_speculative_bad_word_across_drafts(llm):
         assert words[0] not in got.outputs[0].text and got.metrics["spec_accepted_tokens"] > 0
     assert spec.engine.spec is not None
     assert_no_leaks(spec)
+
+
+def test_conflicting_controls(llm):
+    """Found by the audit: masks that leave no allowed token drew token 0 (<|endoftext|>). Now: conflicts
+    known up front are refused naming bad_words; a bad word that masks the only allowed token partway is
+    lifted for that step (allowed_token_ids holds)."""
+    from decodekit.sampling.params import SamplingParamsError
+    with pytest.raises(SamplingParamsError) as e:   # ':' (42) is a bad word, EOS (2) held by min_tokens
+        llm.generate("Hi", SamplingParams(temperature=0, max_tokens=6, min_tokens=3, allowed_token_ids=[42, 2],
+                                          bad_words=[":"]))
+    assert e.value.field == "bad_words"
+    out = llm.generate("Hi", SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, allowed_token_ids=[260],
+                                            bad_words=["the the"]))[0].outputs[0]
+    assert out.token_ids == [260] * 5
+    with pytest.raises(SamplingParamsError) as e:
+        llm.generate("Hi", SamplingParams(max_tokens=2, bad_words=["a\ud800"]))
+    assert e.value.field == "bad_words"
+    assert_no_leaks(llm)

@@ -198,3 +198,64 @@ def test_vocab_bounds_and_min_tokens():
     assert e.value.field == "allowed_token_ids"
     SamplingParams(allowed_token_ids=[0, 3], stop_token_ids=[3], min_tokens=2, max_tokens=4,
                    ignore_eos=True).validate(vocab_size=10, eos_token_ids=[0])
+
+
+def test_allowed_tokens_always_hold_when_masks_leave_nothing():
+    """Masks that would leave none of allowed_token_ids: the min_tokens hold is lifted first, then the bad
+    words' masks; the drawn token is always an allowed one (it was token 0 before)."""
+    V = 97
+    raw = torch.randn(1, V, generator=torch.Generator().manual_seed(4))
+    # allowed {1, 2}: the bad word "ab" ([1, 2]) masks 2 after a 1; min_tokens holds 1 (a stop token)
+    p = SamplingParams(temperature=0, allowed_token_ids=[1, 2], bad_words=["ab"], stop_token_ids=[1], min_tokens=3,
+                       max_tokens=5)
+    p.set_bad_words_token_ids(_Tok(), V)
+    md = SamplingMetadata.build([p], [[1]], [[0]], [1], None, None, "cpu", V)
+    assert md.min_tokens_rows is None and md.bad_ids.tolist() == [2]   # hold lifted, bad word kept
+    assert SAMPLER(raw, md).token_ids.tolist() == [1]
+    # allowed {1}: "aa" ([1, 1]) masks 1 after a 1: lifted
+    q = SamplingParams(temperature=0.8, allowed_token_ids=[1], bad_words=["aa"])
+    q.set_bad_words_token_ids(_Tok(), V)
+    md = SamplingMetadata.build([q, q], [[1], [3]], [[0], [0]], [1, 2], None, None, "cpu", V)
+    assert md.bad_rows is None and SAMPLER(raw.repeat(2, 1), md).token_ids.tolist() == [1, 1]
+    # a row that still has a token keeps every mask
+    md = SamplingMetadata.build([p], [[3]], [[0]], [1], None, None, "cpu", V)
+    assert md.min_tokens_ids.tolist() == [1] and md.bad_rows is None
+    assert SAMPLER(raw, md).token_ids.tolist() == [2]
+
+
+def test_static_conflicts_and_bad_unicode_are_refused():
+    with pytest.raises(SamplingParamsError, match="min_tokens=3") as e:
+        SamplingParams(allowed_token_ids=[1, 5], bad_words=["a"], min_tokens=3, max_tokens=4).set_bad_words_token_ids(
+            _Tok(), 97, eos_token_ids=[5])
+    assert e.value.field == "bad_words"
+    SamplingParams(allowed_token_ids=[1, 5], bad_words=["a"], max_tokens=4).set_bad_words_token_ids(
+        _Tok(), 97, eos_token_ids=[5])                                   # no min_tokens: EOS can be drawn
+    class Strict(_Tok):
+        def encode(self, text, add_special_tokens=False):
+            text.encode("utf-8")
+            return super().encode(text)
+    with pytest.raises(SamplingParamsError, match="not valid Unicode") as e:
+        SamplingParams(bad_words=["a\ud800"]).set_bad_words_token_ids(Strict(), 97)
+    assert e.value.field == "bad_words"
+
+
+def test_controls_are_built_once_per_request():
+    """32 rows of one request with a full-vocabulary logit_bias and allowed list: each step's metadata reuses
+    the request's tensors (they were rebuilt per row and step: ~0.3 s a step at 32 rows), and a new
+    logit_bias dict is picked up."""
+    V = 49152
+    p = SamplingParams(temperature=1.0, logit_bias={t: 0.5 for t in range(V)}, allowed_token_ids=list(range(V)))
+
+    def build():
+        return SamplingMetadata.build([p] * 32, [[]] * 32, [[0]] * 32, list(range(32)), None, None, "cpu", V)
+    first = build()
+    cached = (p.__dict__["_dk_bias"][1], p.__dict__["_dk_allowed"][1])
+    md = build()
+    assert p.__dict__["_dk_bias"][1] is cached[0] and p.__dict__["_dk_allowed"][1] is cached[1]
+    assert torch.equal(md.bias_vals, first.bias_vals) and md.bias_ids.shape == (32 * V,)
+    assert bool(md.allowed_mask.all())
+    p2 = SamplingParams(temperature=1.0, logit_bias={3: 1.0})
+    SamplingMetadata.build([p2], [[]], [[0]], [0], None, None, "cpu", V)
+    p2.logit_bias = {4: -1.0}
+    md = SamplingMetadata.build([p2], [[]], [[0]], [0], None, None, "cpu", V)
+    assert md.bias_ids.tolist() == [4] and md.bias_vals.tolist() == [-1.0]

@@ -20,7 +20,7 @@ def test_tokenize_matches_transformers_and_round_trips(server, hf_tok, text):
     assert r.status_code == 200, r.text
     out = r.json()
     assert out["tokens"] == hf_tok.encode(text) and out["count"] == len(out["tokens"])
-    assert out["max_model_len"] == 1024 and len(out["token_strs"]) == out["count"]
+    assert out["max_model_len"] == 1024 and out["token_strs"] == hf_tok.convert_ids_to_tokens(out["tokens"])
     plain = _post(server, "/tokenize", {"prompt": text, "add_special_tokens": False}).json()
     assert plain["tokens"] == hf_tok.encode(text, add_special_tokens=False) and "token_strs" not in plain
     back = _post(server, "/detokenize", {"tokens": out["tokens"]})
@@ -53,6 +53,10 @@ def test_version(server):
     ("/tokenize", {"messages": []}, "messages"),
     ("/tokenize", {"prompt": "a", "add_special_tokens": "yes"}, "add_special_tokens"),
     ("/tokenize", {"prompt": "a", "model": "other"}, "model"),
+    ("/tokenize", {"messages": [{"role": "user", "content": "b"}], "continue_final_message": True},
+     "continue_final_message"),
+    ("/tokenize", {"messages": [{"role": "user", "content": "b"}], "tools": [{"type": "function"}]}, "tools"),
+    ("/tokenize", {"messages": [{"role": "user", "content": "b"}], "chat_template": "{{ 1 }}"}, "chat_template"),
     ("/detokenize", {"tokens": [1, -1]}, "tokens"),
     ("/detokenize", {"tokens": [49152]}, "tokens"),
     ("/detokenize", {"tokens": "1 2"}, "tokens"),
@@ -67,3 +71,26 @@ def test_bad_requests(server, path, body, param):
 def test_lone_surrogate_is_a_400(server):
     r = _post(server, "/tokenize", raw=b'{"prompt": "a\\ud800b"}')
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    assert r.json()["error"]["message"].count("prompt") == 1, r.text
+
+
+def test_long_prompt_does_not_hold_the_event_loop(server):
+    """A 4 MB prompt with token strings: encoding and the JSON run in a worker thread, so /health answers
+    meanwhile (it took up to 1.3 s when they ran on the event loop)."""
+    import threading
+    import time
+    res = {}
+
+    def big():
+        res["r"] = _post(server, "/tokenize", {"prompt": "hello world " * 330000, "return_token_strs": True})
+    t = threading.Thread(target=big)
+    t.start()
+    worst = 0.0
+    while t.is_alive():
+        t0 = time.monotonic()
+        assert httpx.get(server.url + "/health", timeout=30).status_code == 200
+        worst = max(worst, time.monotonic() - t0)
+        time.sleep(0.02)
+    t.join()
+    assert res["r"].status_code == 200 and res["r"].json()["count"] > 600000
+    assert worst < 0.5, worst

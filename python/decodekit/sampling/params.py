@@ -39,7 +39,9 @@ bad_words                   None or a list of at most 1024 str, each with a non-
 spaces stripped) and with one leading space (kept when that gives a different first token and the
 same length); a sequence of one token is never sampled, a longer one's last token is masked when
 the generated tokens end with the rest of it (``bad_words_token_ids``, set by the engine's
-``add_request`` from the model's tokenizer).
+``add_request`` from the model's tokenizer). ``allowed_token_ids`` always holds: combinations that
+would mask all of them at every step are refused; when a step's masks would (a multi-token bad word,
+the min_tokens hold on stop tokens), the min_tokens hold is lifted for that step, then the bad words'.
 
 ``stop_token_ids`` (plus the EOS ids unless ``ignore_eos``) must leave a token to sample while
 ``min_tokens`` holds them back: when they cover the whole vocabulary, ``min_tokens`` must be 0.
@@ -286,14 +288,18 @@ class SamplingParams:
                         "bad_words", f"each word must be a str with a non-space character and at most "
                                      f"{MAX_BAD_WORD_CHARS} characters, got {_show(w)}")
 
-    def set_bad_words_token_ids(self, tokenizer, vocab_size: int) -> None:
+    def set_bad_words_token_ids(self, tokenizer, vocab_size: int, eos_token_ids=()) -> None:
         """bad_words as token sequences (vLLM's rule, module docstring), with `tokenizer` (encode(text,
-        add_special_tokens=False)); raises SamplingParamsError when a word encodes to nothing or past the
-        vocabulary."""
+        add_special_tokens=False)); raises SamplingParamsError when a word is not valid Unicode, encodes to
+        nothing or past the vocabulary, or when with allowed_token_ids nothing would ever be left to sample
+        (every allowed token a one-token bad word, or one held back by min_tokens)."""
         seqs: list[list[int]] = []
         for word in self.bad_words or []:
-            plain = list(tokenizer.encode(word.lstrip(), add_special_tokens=False))
-            spaced = list(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+            try:
+                plain = list(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+                spaced = list(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+            except ValueError:  # a lone surrogate
+                raise SamplingParamsError("bad_words", f"{_show(word)} is not valid Unicode text") from None
             if not plain:
                 raise SamplingParamsError("bad_words", f"{_show(word)} encodes to no tokens")
             seqs.append(plain)
@@ -303,9 +309,13 @@ class SamplingParams:
         if bad is not None:
             raise SamplingParamsError("bad_words", f"encode to token id {bad}, outside the model's vocabulary "
                                                    f"[0, {vocab_size})")
-        if self.allowed_token_ids is not None and {q[0] for q in seqs if len(q) == 1}.issuperset(
-                self.allowed_token_ids):
-            raise SamplingParamsError("bad_words", "mask every one of allowed_token_ids: nothing is left to sample")
+        if self.allowed_token_ids is not None:
+            banned = {q[0] for q in seqs if len(q) == 1}
+            held = set(self.all_stop_token_ids(eos_token_ids)) if self.min_tokens else set()
+            if (banned | held).issuperset(self.allowed_token_ids):
+                what = "" if not held else f" (with the stop tokens min_tokens={self.min_tokens} holds back)"
+                raise SamplingParamsError("bad_words", f"mask every one of allowed_token_ids{what}: nothing is "
+                                                       f"left to sample")
         object.__setattr__(self, "_bad_words_token_ids", seqs)
 
     @property

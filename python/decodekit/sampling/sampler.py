@@ -204,28 +204,54 @@ class SamplingMetadata:
                     if 0 <= t < V:
                         rows.append(b)
                         cols.append(t)
+        if any(p.masks_logits for p in params_list):
+            rows, cols = _token_controls(md, params_list, output_token_ids_list, B, V, device, rows, cols)
         if rows:
             md.min_tokens_rows, md.min_tokens_ids = i64(rows), i64(cols)
-
-        if any(p.masks_logits for p in params_list):
-            _token_controls(md, params_list, output_token_ids_list, B, V, device)
 
         lp = [p.logprobs for p in params_list if p.logprobs is not None]
         md.max_num_logprobs = max(lp) if lp else None
         return md
 
 
-def _token_controls(md: SamplingMetadata, params_list, output_token_ids_list, B: int, V: int, device) -> None:
+def _cached(p, name: str, key, make):
+    """make() stored on the SamplingParams object under `name` while `key` holds (the n samples of a
+    request share one object, which the engine never changes once queued): token-control tensors are
+    built once per request, not once per step (a full-vocabulary logit_bias took ~10 ms a row)."""
+    hit = p.__dict__.get(name)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    val = make()
+    object.__setattr__(p, name, (key, val))
+    return val
+
+
+def _allowed_of(p, V: int):
+    """(frozenset of allowed ids, [V] bool mask) of p.allowed_token_ids."""
+    ids = p.allowed_token_ids
+
+    def make():
+        mask = torch.zeros(V, dtype=torch.bool)
+        mask[torch.tensor(ids, dtype=torch.int64)] = True
+        return frozenset(ids), mask
+    return _cached(p, "_dk_allowed", (id(ids), len(ids), V), make)
+
+
+def _bias_of(p):
+    """([n] int64 ids, [n] float32 biases) of p.logit_bias."""
+    lb = p.logit_bias
+    return _cached(p, "_dk_bias", (id(lb), len(lb)), lambda: (torch.tensor(list(lb.keys()), dtype=torch.int64),
+                                                              torch.tensor(list(lb.values()), dtype=torch.float32)))
+
+
+def _token_controls(md: SamplingMetadata, params_list, output_token_ids_list, B: int, V: int, device,
+                    min_rows: list[int], min_cols: list[int]) -> tuple[list[int], list[int]]:
     """md's allowed_mask / bad_* / bias_* from the rows' allowed_token_ids, bad_words_token_ids (matched
-    against each row's generated tokens) and logit_bias."""
-    if any(p.allowed_token_ids is not None for p in params_list):
-        mask = torch.ones(B, V, dtype=torch.bool)
-        for b, p in enumerate(params_list):
-            if p.allowed_token_ids is not None:
-                mask[b] = False
-                mask[b, torch.tensor(p.allowed_token_ids, dtype=torch.int64)] = True
-        md.allowed_mask = mask.to(device)
-    rows, cols = [], []
+    against each row's generated tokens) and logit_bias. A row whose allowed tokens the bad words and the
+    min_tokens mask (min_rows / min_cols) would all hide gets the min_tokens mask lifted, then, if still
+    empty, the bad words': allowed_token_ids always holds, and a token outside it is never drawn.
+    Returns the min_tokens (rows, cols) left."""
+    bad_rows, bad_cols = [], []
     for b, (p, out) in enumerate(zip(params_list, output_token_ids_list)):
         words = p.bad_words_token_ids
         if not words:
@@ -239,21 +265,36 @@ def _token_controls(md: SamplingMetadata, params_list, output_token_ids_list, B:
                     tail = [int(t) for t in out[max(len(out) - m, 0):]]
                 if k > len(tail) or tail[len(tail) - k:] != w[:k]:
                     continue
-            rows.append(b)
-            cols.append(w[-1])
-    if rows:
-        md.bad_rows = torch.tensor(rows, dtype=torch.int64, device=device)
-        md.bad_ids = torch.tensor(cols, dtype=torch.int64, device=device)
-    rows, cols, vals = [], [], []
-    for b, p in enumerate(params_list):
-        for t, v in (p.logit_bias or {}).items():
-            rows.append(b)
-            cols.append(t)
-            vals.append(v)
-    if rows:
-        md.bias_rows = torch.tensor(rows, dtype=torch.int64, device=device)
-        md.bias_ids = torch.tensor(cols, dtype=torch.int64, device=device)
-        md.bias_vals = torch.tensor(vals, dtype=torch.float32, device=device)
+            bad_rows.append(b)
+            bad_cols.append(w[-1])
+    if any(p.allowed_token_ids is not None for p in params_list):
+        rows_mask = []
+        for b, p in enumerate(params_list):
+            if p.allowed_token_ids is None:
+                rows_mask.append(None)
+                continue
+            allowed, mask = _allowed_of(p, V)
+            rows_mask.append(mask)
+            bad = {c for r, c in zip(bad_rows, bad_cols) if r == b}
+            held = {c for r, c in zip(min_rows, min_cols) if r == b}
+            if len(bad) + len(held) >= len(allowed) and allowed <= bad | held:   # nothing left: relieve
+                min_rows, min_cols = ([r for r, c in zip(min_rows, min_cols) if r != b],
+                                      [c for r, c in zip(min_rows, min_cols) if r != b])
+                if allowed <= bad:
+                    bad_rows, bad_cols = ([r for r, c in zip(bad_rows, bad_cols) if r != b],
+                                          [c for r, c in zip(bad_rows, bad_cols) if r != b])
+        ones = torch.ones(V, dtype=torch.bool)
+        md.allowed_mask = torch.stack([ones if m is None else m for m in rows_mask]).to(device)
+    if bad_rows:
+        md.bad_rows = torch.tensor(bad_rows, dtype=torch.int64, device=device)
+        md.bad_ids = torch.tensor(bad_cols, dtype=torch.int64, device=device)
+    biased = [(b, _bias_of(p)) for b, p in enumerate(params_list) if p.logit_bias]
+    if biased:
+        md.bias_rows = torch.repeat_interleave(torch.tensor([b for b, _ in biased], dtype=torch.int64),
+                                               torch.tensor([len(t[0]) for _, t in biased])).to(device)
+        md.bias_ids = torch.cat([t[0] for _, t in biased]).to(device)
+        md.bias_vals = torch.cat([t[1] for _, t in biased]).to(device)
+    return min_rows, min_cols
 
 
 @dataclass

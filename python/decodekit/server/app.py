@@ -237,13 +237,17 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
     @app.post("/tokenize")
     async def tokenize(request: Request):
         """vLLM's: {"prompt": str, "add_special_tokens": true} or {"messages": [...], "add_generation_prompt":
-        true, "add_special_tokens": false} -> {"count", "max_model_len", "tokens"[, "token_strs"]}."""
+        true, "add_special_tokens": false} -> {"count", "max_model_len", "tokens"[, "token_strs"]}; token_strs
+        are the vocabulary's token strings (convert_ids_to_tokens). Encoding and the JSON run in a worker
+        thread: a 4 MB prompt does not hold up other requests."""
         auth(request)
         body = await body_of(request)
         strs = P.field(body, "return_token_strs", "bool", False)
         if body.get("messages") is not None:
             if body.get("prompt") is not None:
                 raise P.APIError(400, "give either 'prompt' or 'messages', not both", "prompt")
+            P.reject_unsupported(body, ("tools", "tool_choice", "continue_final_message", "chat_template",
+                                        "chat_template_kwargs", "documents"))
             ids = await render_chat(P.chat_messages(body), P.field(body, "add_generation_prompt", "bool", True),
                                     P.field(body, "add_special_tokens", "bool", False))
         else:
@@ -253,12 +257,16 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             special = P.field(body, "add_special_tokens", "bool", True)
             try:
                 ids = await asyncio.to_thread(tok.encode, prompt, special)
-            except ValueError as e:  # a lone surrogate
-                raise P.APIError(400, f"'prompt' must be valid Unicode text: {e}", "prompt") from None
-        out = {"count": len(ids), "max_model_len": eng.max_model_len, "tokens": ids}
-        if strs:
-            out["token_strs"] = [tok.decode([t], skip_special_tokens=False) for t in ids]
-        return out
+            except ValueError:  # a lone surrogate
+                raise P.APIError(400, "'prompt' must be valid Unicode text (it holds a lone surrogate)",
+                                 "prompt") from None
+
+        def answer() -> bytes:
+            out = {"count": len(ids), "max_model_len": eng.max_model_len, "tokens": ids}
+            if strs:
+                out["token_strs"] = tok.convert_ids_to_tokens(ids)
+            return json.dumps(out, ensure_ascii=False).encode()
+        return Response(await asyncio.to_thread(answer), media_type="application/json")
 
     @app.post("/detokenize")
     async def detokenize(request: Request):
