@@ -99,6 +99,17 @@ def _demo(args) -> int:
     return 0
 
 
+def _logit_bias(text: str) -> tuple[int, float]:
+    """--logit-bias ID=BIAS"""
+    tid, sep, bias = text.partition("=")
+    try:
+        if not sep:
+            raise ValueError
+        return int(tid), float(bias)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected TOKEN_ID=BIAS (e.g. 1000=-100), got {text!r}") from None
+
+
 def _sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
     g = p.add_argument_group("sampling")
     g.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
@@ -112,6 +123,10 @@ def _sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
     g.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI frequency penalty (default 0)")
     g.add_argument("--sample-seed", type=int, default=None, help="per-request seed: same seed, same tokens")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--bad-word", action="append", default=None, dest="bad_words",
+                   help="a word never to generate (repeatable; vLLM's bad_words)")
+    g.add_argument("--logit-bias", action="append", default=None, type=_logit_bias, metavar="ID=BIAS",
+                   help="add BIAS (in [-100, 100]) to token ID's logit (repeatable)")
     g.add_argument("--n", type=int, default=1, help="samples per prompt (generate only)")
     g.add_argument("--logprobs", type=int, default=None,
                    help="print the top-N logprobs of each token (generate only; printed with the finished text, so "
@@ -124,7 +139,8 @@ def _params(args):
                           min_p=args.min_p, repetition_penalty=args.repetition_penalty,
                           presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
                           seed=args.sample_seed, stop=args.stop, max_tokens=args.max_tokens,
-                          logprobs=args.logprobs)
+                          logprobs=args.logprobs, bad_words=args.bad_words,
+                          logit_bias=dict(args.logit_bias) if args.logit_bias else None)
 
 
 def _engine(args):

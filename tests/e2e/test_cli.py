@@ -23,11 +23,23 @@ def test_generate_greedy_on_embedded_model():
     (["--max-tokens", "0"], "max_tokens"),
     (["--kv-cache-memory", "lots"], "kv_cache_memory"),
     (["--block-size", "7"], "block_size"),
+    (["--logit-bias", "1000"], "logit-bias"),
+    (["--logit-bias", "1000=500"], "logit_bias"),
+    (["--bad-word", " "], "bad_words"),
 ])
 def test_bad_arguments_give_one_clear_line(args, field):
     r = _run("generate", "hi", *args)
     assert r.returncode == 2
     assert field in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bad_word_and_logit_bias():
+    base = ("generate", "The capital of France is", "--max-tokens", "8", "--no-stream", "--temperature", "0",
+            "--kv-cache-memory", "128MiB")
+    r = _run(*base, "--bad-word", "Paris")
+    assert r.returncode == 0 and "Paris" not in r.stdout, r.stderr
+    r = _run(*base, "--logit-bias", "1000=100")
+    assert r.returncode == 0 and r.stdout.count("()") == 8, (r.stdout, r.stderr)   # token 1000 is "()"
 
 
 def test_help_explains_options():
