@@ -93,9 +93,26 @@ class LLM:
         finally:
             self._forget(ids)
 
-    def generate(self, prompts, params: SamplingParams | Sequence[SamplingParams] | None = None
-                 ) -> list[RequestOutput]:
-        """prompts: a string, a list of strings, or token-id lists ({"prompt_token_ids": [...]})."""
+    def get_tokenizer(self):  # vLLM's name
+        return self.tokenizer
+
+    @staticmethod
+    def _params_arg(params, sampling_params, use_tqdm):
+        """vLLM's keyword `sampling_params` is the same as `params` (give one); use_tqdm is accepted (no bar)."""
+        if sampling_params is not None:
+            if params is not None:
+                raise ValueError("give the sampling parameters once: params or sampling_params")
+            params = sampling_params
+        if not isinstance(use_tqdm, bool) and not callable(use_tqdm):
+            raise ValueError(f"use_tqdm must be a bool, got {use_tqdm!r}")
+        return params
+
+    def generate(self, prompts, params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """prompts: a string, a list of strings, or token-id lists ({"prompt_token_ids": [...]}; also vLLM's
+        {"prompt": str}). params (or vLLM's keyword sampling_params): one SamplingParams or one per prompt."""
+        params = self._params_arg(params, sampling_params, use_tqdm)
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts
                                                 and isinstance(prompts[0], numbers.Integral)):
             prompts = [prompts]
@@ -108,18 +125,22 @@ class LLM:
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def chat(self, messages, params: SamplingParams | Sequence[SamplingParams] | None = None
-             ) -> list[RequestOutput]:
+    def chat(self, messages, params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = False) -> list[RequestOutput]:
         """messages: one conversation (list of {role, content}) or a list of conversations."""
+        params = self._params_arg(params, sampling_params, use_tqdm)
         if not isinstance(messages, (list, tuple)):
             raise ValueError(f"messages must be a list of {{'role': str, 'content': str}} dicts (or a list of such "
                              f"conversations), got {type(messages).__name__}")
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         return self._run([self.apply_chat_template(c) for c in convs], params)
 
-    def stream(self, prompt, params: SamplingParams | None = None) -> Iterator[str]:
+    def stream(self, prompt, params: SamplingParams | None = None, *,
+               sampling_params: SamplingParams | None = None) -> Iterator[str]:
         """Yields text deltas of one request as they are generated (other queued requests advance too;
         their outputs wait for their own callers)."""
+        params = self._params_arg(params, sampling_params, False)
         rid = self._add(prompt, params or SamplingParams(), stream=True)
         p = self._pending[rid]
         try:

@@ -356,8 +356,16 @@ class LLMEngine:
     def _prompt_ids(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             return prompt, self.encode_prompt(prompt)
-        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-            prompt = prompt["prompt_token_ids"]
+        if isinstance(prompt, dict):  # vLLM's TokensPrompt {"prompt_token_ids": [...]} / TextPrompt {"prompt": str}
+            extra = set(prompt) - {"prompt_token_ids", "prompt"}
+            if extra:
+                raise ValueError(f"prompt dicts take 'prompt_token_ids' or 'prompt' only, not {sorted(extra)}")
+            if "prompt_token_ids" in prompt:
+                prompt = prompt["prompt_token_ids"]
+            elif isinstance(prompt.get("prompt"), str):
+                return self._prompt_ids(prompt["prompt"])
+            else:
+                raise ValueError("a prompt dict needs 'prompt_token_ids' (a list of token ids) or 'prompt' (a string)")
         if isinstance(prompt, (list, tuple)):
             ids = list(prompt)
             V = self.model_config.vocab_size
