@@ -37,3 +37,15 @@ def test_mistakes_are_named(llm, call, match):
     with pytest.raises(ValueError, match=match):
         call(llm, SamplingParams(max_tokens=2))
     assert_no_leaks(llm)
+
+
+def test_chat_continue_final_message(llm):
+    conv = [{"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "My favourite fruit is"}]
+    sp = SamplingParams(temperature=0, max_tokens=5)
+    out = llm.chat(conv, sampling_params=sp, add_generation_prompt=False, continue_final_message=True)[0]
+    ids = llm.get_tokenizer().encode(llm.get_tokenizer().apply_chat_template(
+        conv, add_generation_prompt=False, continue_final_message=True), add_special_tokens=False)
+    assert out.prompt_token_ids == ids and llm.get_tokenizer().decode(ids).endswith("My favourite fruit is")
+    with pytest.raises(ValueError, match="cannot both be true"):
+        llm.chat(conv, sp, continue_final_message=True)
+    assert_no_leaks(llm)

@@ -53,8 +53,8 @@ def test_version(server):
     ("/tokenize", {"messages": []}, "messages"),
     ("/tokenize", {"prompt": "a", "add_special_tokens": "yes"}, "add_special_tokens"),
     ("/tokenize", {"prompt": "a", "model": "other"}, "model"),
-    ("/tokenize", {"messages": [{"role": "user", "content": "b"}], "continue_final_message": True},
-     "continue_final_message"),
+    ("/tokenize", {"messages": [{"role": "user", "content": "b"}], "continue_final_message": True,
+                   "add_generation_prompt": True}, "continue_final_message"),
     ("/tokenize", {"messages": [{"role": "user", "content": "b"}], "tools": [{"type": "function"}]}, "tools"),
     ("/tokenize", {"messages": [{"role": "user", "content": "b"}], "chat_template": "{{ 1 }}"}, "chat_template"),
     ("/detokenize", {"tokens": [1, -1]}, "tokens"),
@@ -94,3 +94,20 @@ def test_long_prompt_does_not_hold_the_event_loop(server):
     t.join()
     assert res["r"].status_code == 200 and res["r"].json()["count"] > 600000
     assert worst < 0.5, worst
+
+
+def test_continue_final_message(server, hf_tok):
+    """vLLM's continue_final_message: the prompt ends with the last message's content (no end of turn), as
+    transformers renders it; the chat reply goes on from there."""
+    messages = [{"role": "user", "content": "Give me a JSON object with a name."},
+                {"role": "assistant", "content": '{"name": "'}]
+    r = _post(server, "/tokenize", {"messages": messages, "continue_final_message": True,
+                                    "add_generation_prompt": False})
+    assert r.status_code == 200, r.text
+    want = hf_tok.apply_chat_template(messages, tokenize=False, continue_final_message=True)
+    assert r.json()["tokens"] == hf_tok.encode(want, add_special_tokens=False)
+    c = _post(server, "/v1/chat/completions", {"messages": messages, "continue_final_message": True,
+                                               "add_generation_prompt": False, "max_tokens": 6, "temperature": 0})
+    assert c.status_code == 200 and c.json()["usage"]["prompt_tokens"] == r.json()["count"], c.text
+    plain = _post(server, "/tokenize", {"messages": messages, "add_generation_prompt": False}).json()["tokens"]
+    assert len(plain) > r.json()["count"]          # the end-of-turn is gone

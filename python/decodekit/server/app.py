@@ -107,7 +107,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             raise P.APIError(400, str(e), "prompt") from None
 
     async def render_chat(messages: list[dict], add_generation_prompt: bool = True,
-                          add_special_tokens: bool = False) -> list[int]:
+                          add_special_tokens: bool = False, continue_final_message: bool = False) -> list[int]:
         """The conversation through the chat template, as token ids, in a worker thread (other requests keep
         streaming); refused before rendering when its characters alone cannot fit in max_model_len."""
         chars = sum(len(str(m.get("content") or "")) + len(str(m.get("role") or "")) for m in messages)
@@ -118,7 +118,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
 
         def render() -> list[int]:
             try:
-                text = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+                text = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                               continue_final_message=continue_final_message)
             except Exception as e:  # noqa: BLE001 -- the template rejected the conversation
                 raise P.APIError(400, f"the chat template cannot render these messages: {e}", "messages") from None
             try:
@@ -246,10 +247,10 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         if body.get("messages") is not None:
             if body.get("prompt") is not None:
                 raise P.APIError(400, "give either 'prompt' or 'messages', not both", "prompt")
-            P.reject_unsupported(body, ("tools", "tool_choice", "continue_final_message", "chat_template",
-                                        "chat_template_kwargs", "documents"))
-            ids = await render_chat(P.chat_messages(body), P.field(body, "add_generation_prompt", "bool", True),
-                                    P.field(body, "add_special_tokens", "bool", False))
+            P.reject_unsupported(body, ("tools", "tool_choice", "chat_template", "chat_template_kwargs", "documents"))
+            messages = P.chat_messages(body)
+            agp, cont = P.chat_render_options(body, messages)
+            ids = await render_chat(messages, agp, P.field(body, "add_special_tokens", "bool", False), cont)
         else:
             prompt = body.get("prompt")
             if not isinstance(prompt, str):
@@ -416,7 +417,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         plp = P.field(body, "prompt_logprobs", "int", None, 0, P.MAX_LOGPROBS)
         if plp is not None and stream:
             raise P.APIError(400, "'prompt_logprobs' is not supported with stream=true", "prompt_logprobs")
-        ids = await render_chat(messages)
+        agp, cont = P.chat_render_options(body, messages)
+        ids = await render_chat(messages, agp, False, cont)
         if not ids:
             raise P.APIError(400, "the rendered conversation is empty", "messages")
         if len(ids) >= eng.max_model_len:

@@ -200,21 +200,38 @@ def completion_prompts(body: dict, vocab_size: int) -> list:
 UNSUPPORTED_COMMON = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
                       "structured_outputs", "use_beam_search",
                       "logits_processors", "response_format")
-UNSUPPORTED_CHAT = ("tools", "tool_choice", "functions", "function_call", "echo", "continue_final_message",
-                    "add_generation_prompt", "modalities", "prediction", "audio")
+UNSUPPORTED_CHAT = ("tools", "tool_choice", "functions", "function_call", "echo", "modalities", "prediction",
+                    "audio")
 
 
 def reject_unsupported(body: dict, names: tuple[str, ...]) -> None:
     """A 400 naming the field for OpenAI features this server does not implement, when the request
     asks for them (present and not null / empty / the no-op value), instead of silently ignoring them."""
     noop = {"response_format": ({"type": "text"},), "tool_choice": ("none",), "suffix": ("",),
-            "add_generation_prompt": (True,), "modalities": (["text"],)}
+            "modalities": (["text"],)}
     for name in names:
         v = body.get(name)
-        off = v is False and name != "add_generation_prompt"   # false asks for nothing, except there
+        off = v is False                                        # false asks for nothing
         if v is None or off or v == {} or v == [] or v in noop.get(name, ()):
             continue
         raise APIError(400, f"'{name}' is not supported by this server", name)
+
+
+def chat_render_options(body: dict, messages: list[dict]) -> tuple[bool, bool]:
+    """(add_generation_prompt, continue_final_message), vLLM's: the second needs the first false and a last
+    message with text content."""
+    agp = field(body, "add_generation_prompt", "bool", None)
+    cont = field(body, "continue_final_message", "bool", False)
+    if cont:
+        if agp:
+            raise APIError(400, "'continue_final_message' needs add_generation_prompt=false",
+                           "continue_final_message")
+        last = messages[-1].get("content")
+        if not isinstance(last, str) or not last.strip():
+            raise APIError(400, "'continue_final_message' needs a last message with text content",
+                           "continue_final_message")
+        return False, True
+    return (True if agp is None else agp), False
 
 
 def chat_messages(body: dict) -> list[dict]:

@@ -280,13 +280,34 @@ class Tokenizer:
         return bool(self._chat_template)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            chat_template: str | None = None, **kwargs) -> str:
+                            chat_template: str | None = None, continue_final_message: bool = False,
+                            **kwargs) -> str:
         """Renders a conversation (a list of {"role": str, "content": str} dicts) to the prompt
-        text, in a sandboxed Jinja2 environment; keyword arguments reach the template."""
+        text, in a sandboxed Jinja2 environment; keyword arguments reach the template.
+        continue_final_message (transformers' / vLLM's): the text ends right after the last message's
+        content, without its end-of-turn, so the model goes on with it (e.g. an assistant reply begun
+        with "{"); needs add_generation_prompt False and a non-empty last message whose content the
+        template writes verbatim; ValueError otherwise."""
         msgs = validate_messages(messages)
-        return render_chat_template(chat_template or self.chat_template, msgs,
+        tag = ""
+        if continue_final_message:  # as transformers: a marker after the content, the text cut there
+            if add_generation_prompt:
+                raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
+            last = msgs[-1].get("content") if msgs else None
+            if not isinstance(last, str) or not last.strip():
+                raise ValueError("continue_final_message needs a last message with text content")
+            tag = "\x00dk-continue\x00"
+            msgs = msgs[:-1] + [{**msgs[-1], "content": last + tag}]
+        text = render_chat_template(chat_template or self.chat_template, msgs,
                                     add_generation_prompt=add_generation_prompt,
                                     special_tokens=self.special_tokens_map, **kwargs)
+        if not continue_final_message:
+            return text
+        at = text.rfind(tag)
+        if at < 0 or text.find(msgs[-1]["content"]) < 0:
+            raise ValueError("continue_final_message: the chat template does not write the last message's "
+                             "content verbatim")
+        return text[:at]
 
     def __repr__(self) -> str:
         return (f"Tokenizer({self.name!r}, vocab_size={self.vocab_size}, bos={self.bos_token_id}, "
