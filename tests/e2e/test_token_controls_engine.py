@@ -114,3 +114,26 @@ def test_conflicting_controls(llm):
         llm.generate("Hi", SamplingParams(max_tokens=2, bad_words=["a\ud800"]))
     assert e.value.field == "bad_words"
     assert_no_leaks(llm)
+
+
+def test_guided_choice(llm):
+    """guided_choice on the embedded model: greedy and sampled outputs (20 seeds, n=3) are exactly one of the
+    choices and end with EOS (finish 'stop'); speculative decoding (n-gram) emits the same tokens."""
+    conv = [{"role": "user", "content": "Is this review positive or negative? 'The food was cold.'"}]
+    choices = ["Positive", "Negative", "Neutral", "Negative, clearly"]
+    ids = llm.apply_chat_template(conv)
+    greedy = llm.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=12,
+                                                                    guided_choice=choices))[0].outputs[0]
+    assert greedy.text in choices and greedy.finish_reason == "stop"
+    outs = llm.generate([{"prompt_token_ids": ids}] * 20,
+                        [SamplingParams(temperature=1.3, seed=s, n=3, max_tokens=12, guided_choice=choices)
+                         for s in range(20)])
+    texts = [c.text for o in outs for c in o.outputs]
+    assert set(texts) <= set(choices) and len(set(texts)) >= 2, texts
+    assert all(c.finish_reason == "stop" for o in outs for c in o.outputs)
+    spec = embedded_llm(kv_cache_memory="256MiB", seed=1, speculative="ngram", num_speculative_tokens=3)
+    params = [SamplingParams(temperature=t, seed=3, max_tokens=12, guided_choice=choices) for t in (0, 1.0)]
+    want = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": ids}] * 2, params)]
+    assert [o.outputs[0].token_ids for o in spec.generate([{"prompt_token_ids": ids}] * 2, params)] == want
+    assert_no_leaks(llm)
+    assert_no_leaks(spec)

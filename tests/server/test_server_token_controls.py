@@ -76,3 +76,19 @@ def test_bad_word_that_is_not_unicode_is_refused(server):
                    headers={"content-type": "application/json"}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "bad_words", r.text
     assert wait_idle(server.aeng)
+
+
+def test_guided_choice_both_spellings(server):
+    msgs = [{"role": "user", "content": "Pick a colour."}]
+    for extra in ({"guided_choice": ["red", "green", "blue"]}, {"structured_outputs": {"choice": ["red", "green", "blue"]}}):
+        r = _post(server, "/v1/chat/completions", {"messages": msgs, "max_tokens": 8, "temperature": 1.0, "n": 4,
+                                                   "seed": 5, **extra})
+        assert r.status_code == 200, r.text
+        assert all(c["message"]["content"] in ("red", "green", "blue") and c["finish_reason"] == "stop"
+                   for c in r.json()["choices"]), r.text
+    for bad, param in (({"structured_outputs": {"json": {}}}, "structured_outputs"),
+                       ({"guided_choice": ["a"], "structured_outputs": {"choice": ["b"]}}, "structured_outputs"),
+                       ({"guided_choice": "red"}, "guided_choice"), ({"guided_choice": []}, "guided_choice"),
+                       ({"guided_choice": ["a"], "ignore_eos": True}, "guided_choice")):
+        r = _post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2, **bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

@@ -93,3 +93,14 @@ def test_sentencepiece_streaming(sp_pair, text):
     d = IncrementalDetokenizer(tok, [])
     ids = tok.encode(text, add_special_tokens=False)
     assert "".join(d.add([i]) for i in ids) + d.flush() == tok.decode(ids)
+
+
+def test_sentencepiece_token_bytes(sp_pair):
+    """Token bytes (guided_choice matches on them): '\u2581' is a space, <0xNN> its byte; the bytes of a text's
+    tokens spell the text as decoded after a prompt (the Metaspace prefix space included)."""
+    tok, _ = sp_pair
+    tb, index = tok.token_bytes()
+    for text in ("the café ☃", "hello world"):
+        ids = tok.encode(text, add_special_tokens=False)
+        assert b"".join(tb[i] for i in ids).decode() == " " + text
+    assert all(tb[i] is None for i in tok.all_special_ids)

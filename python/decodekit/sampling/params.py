@@ -33,6 +33,9 @@ allowed_token_ids           None or a non-empty list of int in [0, vocab_size): 
                             is masked
 bad_words                   None or a list of at most 1024 str, each with a non-space character
                             and at most 1024 characters: word token sequences that are never completed
+guided_choice               None or a list of 1 to 256 non-empty str of at most 1024 characters:
+                            the output is one of them, then EOS (vLLM's guided_choice); not with
+                            ignore_eos nor allowed_token_ids
 ==========================  ================================================================
 
 ``bad_words`` as vLLM: each word is encoded without special tokens twice, as written (leading
@@ -71,6 +74,7 @@ DEFAULT_MAX_LOGPROBS = 20
 LOGIT_BIAS_RANGE = 100.0       # logit_bias values in [-100, 100] (OpenAI)
 MAX_BAD_WORDS = 1024           # bad_words: at most this many words
 MAX_BAD_WORD_CHARS = 1024      # of at most this many characters each
+MAX_GUIDED_CHOICES = 256       # guided_choice: at most this many choices (of MAX_BAD_WORD_CHARS characters)
 
 
 class SamplingParamsError(ValueError):
@@ -150,6 +154,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    guided_choice: list[str] | None = None
 
     def __setattr__(self, name, value):
         # the constructor's shorthands hold for assignments too (sp.stop = "###")
@@ -180,6 +185,8 @@ class SamplingParams:
             self.allowed_token_ids = [int(t) for t in self.allowed_token_ids]
         if self.bad_words is not None:
             self.bad_words = list(self.bad_words)
+        if self.guided_choice is not None:
+            self.guided_choice = list(self.guided_choice)
 
     # ------------------------------------------------------------------ validation
     def validate(self, vocab_size: int | None = None, max_logprobs: int = DEFAULT_MAX_LOGPROBS,
@@ -238,6 +245,7 @@ class SamplingParams:
                     f"must leave a token to sample while min_tokens={self.min_tokens} holds them back, but they"
                     f"{eos} cover the whole vocabulary ({vocab_size} tokens): leave one out or set min_tokens to 0")
         self._validate_token_controls(vocab_size)
+        self._validate_guided()
         if vocab_size is not None and self.min_tokens > 0 and self.allowed_token_ids is not None:
             held = set(self.all_stop_token_ids(eos_token_ids))
             if held.issuperset(self.allowed_token_ids):
@@ -288,6 +296,47 @@ class SamplingParams:
                         "bad_words", f"each word must be a str with a non-space character and at most "
                                      f"{MAX_BAD_WORD_CHARS} characters, got {_show(w)}")
 
+    def _validate_guided(self) -> None:
+        g = self.guided_choice
+        if g is None:
+            return
+        if not isinstance(g, (list, tuple)) or not 1 <= len(g) <= MAX_GUIDED_CHOICES or not all(
+                isinstance(c, str) and 0 < len(c) <= MAX_BAD_WORD_CHARS for c in g):
+            raise SamplingParamsError("guided_choice", f"must be a list of 1 to {MAX_GUIDED_CHOICES} non-empty str of "
+                                                       f"at most {MAX_BAD_WORD_CHARS} characters, got {_show(g)}")
+        if self.ignore_eos:
+            raise SamplingParamsError("guided_choice", "ends each output with EOS: it cannot go with ignore_eos")
+        if self.allowed_token_ids is not None:
+            raise SamplingParamsError("guided_choice", "cannot go with allowed_token_ids (it sets the allowed tokens)")
+
+    def set_guided(self, tokenizer, eos_token_ids) -> None:
+        """guided_choice against `tokenizer`'s token bytes (Tokenizer.token_bytes) and the model's EOS ids."""
+        eos = sorted({int(e) for e in eos_token_ids})
+        if not eos:
+            raise SamplingParamsError("guided_choice", "needs a model with an EOS token")
+        try:
+            choices = [c.encode("utf-8") for c in self.guided_choice]
+        except UnicodeEncodeError:
+            raise SamplingParamsError("guided_choice", "choices must be valid Unicode text") from None
+        tb, index = tokenizer.token_bytes()
+        object.__setattr__(self, "_guided", (choices, tb, index, eos))
+
+    def guided_allowed(self, output_token_ids) -> list[int]:
+        """The tokens guided_choice allows after `output_token_ids`: those whose bytes extend the output
+        towards a choice, EOS once it equals one (EOS alone when nothing else fits)."""
+        choices, tb, index, eos = self.__dict__["_guided"]
+        out = b"".join(tb[int(t)] or b"" for t in output_token_ids)
+        allowed: set[int] = set()
+        for c in choices:
+            if not c.startswith(out):
+                continue
+            rest = c[len(out):]
+            if not rest:
+                allowed.update(eos)
+            for k in range(1, len(rest) + 1):
+                allowed.update(index.get(rest[:k], ()))
+        return sorted(allowed) if allowed else list(eos)
+
     def set_bad_words_token_ids(self, tokenizer, vocab_size: int, eos_token_ids=()) -> None:
         """bad_words as token sequences (vLLM's rule, module docstring), with `tokenizer` (encode(text,
         add_special_tokens=False)); raises SamplingParamsError when a word is not valid Unicode, encodes to
@@ -336,13 +385,16 @@ class SamplingParams:
     @property
     def reads_output_tokens(self) -> bool:
         """Whether the processed logits depend on the tokens generated so far (penalties, bad words of
-        more than one token): speculative verification then hands each position its drafted prefix."""
-        return self.has_penalties or any(len(q) > 1 for q in self.bad_words_token_ids)
+        more than one token, guided_choice): speculative verification then hands each position its drafted
+        prefix."""
+        return (self.has_penalties or self.guided_choice is not None
+                or any(len(q) > 1 for q in self.bad_words_token_ids))
 
     @property
     def masks_logits(self) -> bool:
-        """Whether logit_bias, allowed_token_ids or bad_words change the logits."""
-        return bool(self.logit_bias) or self.allowed_token_ids is not None or bool(self.bad_words)
+        """Whether logit_bias, allowed_token_ids, bad_words or guided_choice change the logits."""
+        return (bool(self.logit_bias) or self.allowed_token_ids is not None or bool(self.bad_words)
+                or self.guided_choice is not None)
 
     def all_stop_token_ids(self, eos_token_ids) -> list[int]:
         """Token ids that end the request: ``stop_token_ids`` plus EOS unless ``ignore_eos``."""

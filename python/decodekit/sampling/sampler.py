@@ -9,7 +9,8 @@ padded widths in the metadata).
 
 Processing order (each step applies only when some row needs it):
 
-0. token controls, in vLLM's order: ``allowed_token_ids`` (every other token -inf), ``bad_words``
+0. token controls, in vLLM's order: ``allowed_token_ids`` or ``guided_choice``'s tokens (every
+   other token -inf), ``bad_words``
    (a one-token word's token -inf; a longer word's last token -inf when the generated tokens end
    with the rest of it), ``logit_bias`` added;
 1. repetition penalty (HF/vLLM): for every token in prompt + output,
@@ -267,13 +268,21 @@ def _token_controls(md: SamplingMetadata, params_list, output_token_ids_list, B:
                     continue
             bad_rows.append(b)
             bad_cols.append(w[-1])
-    if any(p.allowed_token_ids is not None for p in params_list):
+    if any(p.allowed_token_ids is not None or p.guided_choice is not None for p in params_list):
         rows_mask = []
         for b, p in enumerate(params_list):
-            if p.allowed_token_ids is None:
+            if p.guided_choice is not None:   # this step's tokens towards a choice (or EOS)
+                if "_guided" not in p.__dict__:
+                    raise ValueError("SamplingParams.guided_choice: call set_guided(tokenizer, eos_token_ids) first "
+                                     "(the engine's add_request does)")
+                ids = p.guided_allowed(output_token_ids_list[b])
+                allowed, mask = frozenset(ids), torch.zeros(V, dtype=torch.bool)
+                mask[torch.tensor(ids, dtype=torch.int64)] = True
+            elif p.allowed_token_ids is None:
                 rows_mask.append(None)
                 continue
-            allowed, mask = _allowed_of(p, V)
+            else:
+                allowed, mask = _allowed_of(p, V)
             rows_mask.append(mask)
             bad = {c for r, c in zip(bad_rows, bad_cols) if r == b}
             held = {c for r, c in zip(min_rows, min_cols) if r == b}

@@ -90,8 +90,9 @@ def _stop(body: dict) -> list[str]:
 
 
 def _token_controls(body: dict) -> dict:
-    """logit_bias ({"token id": bias}, OpenAI's JSON form), allowed_token_ids and bad_words (vLLM's), in
-    SamplingParams' types; their ranges are checked by SamplingParams (errors name the field)."""
+    """logit_bias ({"token id": bias}, OpenAI's JSON form), allowed_token_ids, bad_words and guided_choice /
+    structured_outputs {"choice": [...]} (vLLM's), in SamplingParams' types; their ranges are checked by
+    SamplingParams (errors name the field)."""
     kw = {}
     lb = body.get("logit_bias")
     if lb is not None:
@@ -113,6 +114,19 @@ def _token_controls(body: dict) -> dict:
         if not isinstance(ids, list) or not all(_is_int(t) for t in ids):
             raise APIError(400, "'allowed_token_ids' must be a list of ints", "allowed_token_ids")
         kw["allowed_token_ids"] = ids
+    choice = body.get("guided_choice")
+    so = body.get("structured_outputs")
+    if so is not None and so != {}:
+        if not isinstance(so, dict) or set(so) - {"choice"}:
+            raise APIError(400, "'structured_outputs' supports only {\"choice\": [...]} here (json, regex, grammar "
+                                "and the rest are not implemented)", "structured_outputs")
+        if choice is not None:
+            raise APIError(400, "give 'guided_choice' or 'structured_outputs', not both", "structured_outputs")
+        choice = so.get("choice")
+    if choice is not None:
+        if not isinstance(choice, list) or not all(isinstance(c, str) for c in choice):
+            raise APIError(400, "'guided_choice' must be a list of strings", "guided_choice")
+        kw["guided_choice"] = choice
     words = body.get("bad_words")
     if words is not None:
         if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
@@ -197,8 +211,7 @@ def completion_prompts(body: dict, vocab_size: int) -> list:
 # vLLM / OpenAI request fields this server does not implement: asked for (not null / false / empty / a no-op
 # value), they get a 400 naming them rather than being ignored (a client asking for constrained JSON must not
 # get free text back as if it were).
-UNSUPPORTED_COMMON = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                      "structured_outputs", "use_beam_search",
+UNSUPPORTED_COMMON = ("guided_json", "guided_regex", "guided_grammar", "use_beam_search",
                       "logits_processors", "response_format")
 UNSUPPORTED_CHAT = ("tools", "tool_choice", "functions", "function_call", "echo", "modalities", "prediction",
                     "audio")

@@ -208,6 +208,35 @@ class Tokenizer:
     def get_vocab(self) -> dict[str, int]:
         return self._tk.get_vocab(with_added_tokens=True)
 
+    def token_bytes(self) -> tuple[list[bytes | None], dict[bytes, list[int]]]:
+        """(the bytes each id stands for in generated text, None for special / added tokens; bytes -> ids),
+        built once: byte-level vocabularies (GPT-2's byte-to-unicode map) are mapped back to bytes,
+        SentencePiece ones read '▁' as a space and <0xNN> as that byte. Guided choice matches on them."""
+        cached = getattr(self, "_token_bytes", None)
+        if cached is not None:
+            return cached
+        inv = {c: b for b, c in _bytes_to_unicode().items()}
+        byte_level = "ByteLevel" in repr(self._tk.decoder)
+        special = set(self.all_special_ids) | set(self._tk.get_added_tokens_decoder())
+        out: list[bytes | None] = []
+        index: dict[bytes, list[int]] = {}
+        for i in range(self.vocab_size):
+            s = self._tk.id_to_token(i)
+            if s is None or i in special:
+                out.append(None)
+                continue
+            if byte_level and all(c in inv for c in s):
+                b = bytes(inv[c] for c in s)
+            elif len(s) == 6 and s.startswith("<0x") and s.endswith(">"):
+                b = bytes([int(s[3:5], 16)])
+            else:
+                b = s.replace("\u2581", " ").encode("utf-8")
+            out.append(b)
+            if b:
+                index.setdefault(b, []).append(i)
+        self._token_bytes = (out, index)
+        return self._token_bytes
+
     def max_prompt_chars(self, max_tokens: int) -> int:
         """An upper bound on the characters of a text that encodes to at most max_tokens tokens: 4 x the
         longest vocabulary string x max_tokens (a token's text has no more characters than its vocabulary
@@ -315,6 +344,19 @@ class Tokenizer:
 
 
 from .detokenizer import IncrementalDetokenizer  # noqa: E402
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map of byte-level BPE vocabularies."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
+        list(range(ord("\xae"), ord("\xff") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
 
 
 def _check_unicode(text: str) -> None:
