@@ -51,6 +51,19 @@ def test_allowed_tokens_match_the_rule(seed):
             out.append(rng.choice(allowed) if rng.random() < 0.8 else rng.randrange(len(pieces)))
 
 
+def test_long_choices_look_up_only_token_lengths():
+    """Choices of ~1 KB: each step looks up at most the longest token's bytes of each distinct remainder
+    (it walked every remainder to its end: seconds a step)."""
+    pieces = [None] + [bytes([c]) for c in b"ab"] + [b"ab", b"ba", b"aab"]
+    p = SamplingParams(guided_choice=["a" * 1000 + f"{i:03d}" for i in range(3)] + ["b" * 1000])
+    p.set_guided(_Vocab(pieces + [bytes([c]) for c in b"0123456789"]), [0])
+    assert p.__dict__["_guided"][4] == 3
+    choices = p.__dict__["_guided"][0]
+    all_pieces = p.__dict__["_guided"][1]
+    assert p.guided_allowed([]) == _brute(all_pieces, choices, [], [0])
+    assert p.guided_allowed([1] * 999) == _brute(all_pieces, choices, [1] * 999, [0])
+
+
 def test_sampler_draws_only_allowed_and_finishes_with_eos():
     pieces = [None, b"Yes", b"No", b"Y", b"es", b"N", b"o", b"Maybe", b" "]
     p = SamplingParams(temperature=1.5, guided_choice=["Yes", "No"])
@@ -87,6 +100,7 @@ def test_token_bytes_of_the_embedded_vocabulary(hf_tok):
     (dict(guided_choice=["a"] * 257), "1 to 256"),
     (dict(guided_choice=["a"], ignore_eos=True), "ignore_eos"),
     (dict(guided_choice=["a"], allowed_token_ids=[1]), "allowed_token_ids"),
+    (dict(guided_choice=["a"], min_tokens=2, max_tokens=4), "min_tokens"),
 ])
 def test_invalid(kw, text):
     with pytest.raises(SamplingParamsError) as e:

@@ -87,6 +87,8 @@ def test_guided_choice_both_spellings(server):
         assert all(c["message"]["content"] in ("red", "green", "blue") and c["finish_reason"] == "stop"
                    for c in r.json()["choices"]), r.text
     for bad, param in (({"structured_outputs": {"json": {}}}, "structured_outputs"),
+                       ({"structured_outputs": {"choice": None}}, "structured_outputs"),
+                       ({"guided_choice": ["a"], "min_tokens": 2}, "guided_choice"),
                        ({"guided_choice": ["a"], "structured_outputs": {"choice": ["b"]}}, "structured_outputs"),
                        ({"guided_choice": "red"}, "guided_choice"), ({"guided_choice": []}, "guided_choice"),
                        ({"guided_choice": ["a"], "ignore_eos": True}, "guided_choice")):

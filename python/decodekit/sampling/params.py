@@ -35,7 +35,8 @@ bad_words                   None or a list of at most 1024 str, each with a non-
                             and at most 1024 characters: word token sequences that are never completed
 guided_choice               None or a list of 1 to 256 non-empty str of at most 1024 characters:
                             the output is one of them, then EOS (vLLM's guided_choice); not with
-                            ignore_eos nor allowed_token_ids
+                            ignore_eos, allowed_token_ids nor min_tokens (stop strings still apply,
+                            as in vLLM: one inside a choice cuts the output there)
 ==========================  ================================================================
 
 ``bad_words`` as vLLM: each word is encoded without special tokens twice, as written (leading
@@ -308,6 +309,9 @@ class SamplingParams:
             raise SamplingParamsError("guided_choice", "ends each output with EOS: it cannot go with ignore_eos")
         if self.allowed_token_ids is not None:
             raise SamplingParamsError("guided_choice", "cannot go with allowed_token_ids (it sets the allowed tokens)")
+        if self.min_tokens:
+            raise SamplingParamsError("guided_choice", f"ends the output with EOS once it is a choice: min_tokens must "
+                                                       f"be 0, got {self.min_tokens}")
 
     def set_guided(self, tokenizer, eos_token_ids) -> None:
         """guided_choice against `tokenizer`'s token bytes (Tokenizer.token_bytes) and the model's EOS ids."""
@@ -319,20 +323,25 @@ class SamplingParams:
         except UnicodeEncodeError:
             raise SamplingParamsError("guided_choice", "choices must be valid Unicode text") from None
         tb, index = tokenizer.token_bytes()
-        object.__setattr__(self, "_guided", (choices, tb, index, eos))
+        longest = max((len(b) for b in index), default=0)   # no token spans more bytes: the lookups stop there
+        object.__setattr__(self, "_guided", (choices, tb, index, eos, longest))
 
     def guided_allowed(self, output_token_ids) -> list[int]:
         """The tokens guided_choice allows after `output_token_ids`: those whose bytes extend the output
         towards a choice, EOS once it equals one (EOS alone when nothing else fits)."""
-        choices, tb, index, eos = self.__dict__["_guided"]
+        choices, tb, index, eos, longest = self.__dict__["_guided"]
         out = b"".join(tb[int(t)] or b"" for t in output_token_ids)
         allowed: set[int] = set()
+        seen: set[bytes] = set()     # remainders' heads already looked up (choices sharing a prefix)
         for c in choices:
             if not c.startswith(out):
                 continue
-            rest = c[len(out):]
+            rest = c[len(out):len(out) + longest]
             if not rest:
                 allowed.update(eos)
+            if rest in seen:
+                continue
+            seen.add(rest)
             for k in range(1, len(rest) + 1):
                 allowed.update(index.get(rest[:k], ()))
         return sorted(allowed) if allowed else list(eos)

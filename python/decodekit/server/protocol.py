@@ -123,6 +123,8 @@ def _token_controls(body: dict) -> dict:
         if choice is not None:
             raise APIError(400, "give 'guided_choice' or 'structured_outputs', not both", "structured_outputs")
         choice = so.get("choice")
+        if choice is None:
+            raise APIError(400, "'structured_outputs.choice' must be a list of strings", "structured_outputs")
     if choice is not None:
         if not isinstance(choice, list) or not all(isinstance(c, str) for c in choice):
             raise APIError(400, "'guided_choice' must be a list of strings", "guided_choice")
@@ -239,8 +241,7 @@ def chat_render_options(body: dict, messages: list[dict]) -> tuple[bool, bool]:
         if agp:
             raise APIError(400, "'continue_final_message' needs add_generation_prompt=false",
                            "continue_final_message")
-        last = messages[-1].get("content")
-        if not isinstance(last, str) or not last.strip():
+        if not isinstance(messages[-1].get("content"), str):
             raise APIError(400, "'continue_final_message' needs a last message with text content",
                            "continue_final_message")
         return False, True

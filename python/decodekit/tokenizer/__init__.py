@@ -315,15 +315,15 @@ class Tokenizer:
         text, in a sandboxed Jinja2 environment; keyword arguments reach the template.
         continue_final_message (transformers' / vLLM's): the text ends right after the last message's
         content, without its end-of-turn, so the model goes on with it (e.g. an assistant reply begun
-        with "{"); needs add_generation_prompt False and a non-empty last message whose content the
-        template writes verbatim; ValueError otherwise."""
+        with "{"); needs add_generation_prompt False (say so: it defaults to True) and a last message whose
+        (string) content the template writes verbatim; ValueError otherwise."""
         msgs = validate_messages(messages)
         tag = ""
         if continue_final_message:  # as transformers: a marker after the content, the text cut there
             if add_generation_prompt:
                 raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
             last = msgs[-1].get("content") if msgs else None
-            if not isinstance(last, str) or not last.strip():
+            if not isinstance(last, str):
                 raise ValueError("continue_final_message needs a last message with text content")
             tag = "\x00dk-continue\x00"
             msgs = msgs[:-1] + [{**msgs[-1], "content": last + tag}]
