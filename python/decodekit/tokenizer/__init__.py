@@ -215,7 +215,7 @@ class Tokenizer:
         cached = getattr(self, "_token_bytes", None)
         if cached is not None:
             return cached
-        inv = {c: b for b, c in _bytes_to_unicode().items()}
+        inv = {c: b for b, c in builders.bytes_to_unicode().items()}
         byte_level = "ByteLevel" in repr(self._tk.decoder)
         special = set(self.all_special_ids) | set(self._tk.get_added_tokens_decoder())
         out: list[bytes | None] = []
@@ -318,25 +318,24 @@ class Tokenizer:
         with "{"); needs add_generation_prompt False (say so: it defaults to True) and a last message whose
         (string) content the template writes verbatim; ValueError otherwise."""
         msgs = validate_messages(messages)
-        tag = ""
+        tag = "\x00dk-continue\x00"
         if continue_final_message:  # as transformers: a marker after the content, the text cut there
             if add_generation_prompt:
                 raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
             last = msgs[-1].get("content") if msgs else None
             if not isinstance(last, str):
                 raise ValueError("continue_final_message needs a last message with text content")
-            tag = "\x00dk-continue\x00"
             msgs = msgs[:-1] + [{**msgs[-1], "content": last + tag}]
         text = render_chat_template(chat_template or self.chat_template, msgs,
                                     add_generation_prompt=add_generation_prompt,
                                     special_tokens=self.special_tokens_map, **kwargs)
         if not continue_final_message:
             return text
-        at = text.rfind(tag)
-        if at < 0 or text.find(msgs[-1]["content"]) < 0:
+        at = text.rfind(msgs[-1]["content"])   # the content with the marker right after it
+        if at < 0:
             raise ValueError("continue_final_message: the chat template does not write the last message's "
                              "content verbatim")
-        return text[:at]
+        return text[:at + len(msgs[-1]["content"]) - len(tag)]
 
     def __repr__(self) -> str:
         return (f"Tokenizer({self.name!r}, vocab_size={self.vocab_size}, bos={self.bos_token_id}, "
@@ -344,19 +343,6 @@ class Tokenizer:
 
 
 from .detokenizer import IncrementalDetokenizer  # noqa: E402
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character map of byte-level BPE vocabularies."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
-        list(range(ord("\xae"), ord("\xff") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
 
 
 def _check_unicode(text: str) -> None:
