@@ -274,8 +274,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         """vLLM's: {"tokens": [ids]} -> {"prompt": text} (special tokens kept)."""
         auth(request)
         body = await body_of(request)
-        ids = body.get("tokens")
-        if not isinstance(ids, list) or not all(P.is_int(t) for t in ids):
+        ids = P.int_list(body, "tokens", "token ids")
+        if ids is None:
             raise P.APIError(400, "'tokens' must be a list of token ids", "tokens")
         bad = next((t for t in ids if not 0 <= t < vocab), None)
         if bad is not None:
@@ -297,9 +297,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         P.reject_unsupported(body, ("suffix",) + P.UNSUPPORTED_COMMON)
         best_of = P.field(body, "best_of", "int", None, 1)
         lp = P.field(body, "logprobs", "int", None, 0, P.MAX_LOGPROBS)
-        plp = P.field(body, "prompt_logprobs", "int", None, 0, P.MAX_LOGPROBS)
-        if plp is not None and stream:
-            raise P.APIError(400, "'prompt_logprobs' is not supported with stream=true", "prompt_logprobs")
+        plp = P.prompt_logprobs_field(body, stream)
         prompts = P.completion_prompts(body, vocab)
         # echo with max_tokens=0 (lm-eval's loglikelihood requests): the prompt (and its logprobs) only
         max_tokens = P.field(body, "max_tokens", "int", 16, 0 if echo else 1)
@@ -336,6 +334,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                 observe(out)
                 ptoks += len(out.prompt_token_ids)
                 head, head_lp = echoed(i, out) if echo else ("", None)
+                plp_json = P.prompt_logprobs_json(out.prompt_logprobs, out.prompt_token_ids, plp) \
+                    if plp is not None else None
                 for c in out.outputs:
                     text, lps = (c.text, P.completion_logprobs(tok, c, 0, len(head))) if gen_tokens else ("", None)
                     ctoks += len(c.token_ids) if gen_tokens else 0
@@ -344,10 +344,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                                   "finish_reason": c.finish_reason if gen_tokens else "length",
                                   "logprobs": P.join_logprobs(head_lp, lps) if echo and lp is not None else lps}
                         if plp is not None:
-                            choice["prompt_logprobs"] = P.prompt_logprobs_json(
-                                [None if e is None else {t: v for t, v in e.items() if v.rank <= plp or t == tid}
-                                 for e, tid in zip(out.prompt_logprobs or [], out.prompt_token_ids)]
-                                if out.prompt_logprobs is not None else None)
+                            choice["prompt_logprobs"] = plp_json
                         choices.append(choice)
             return {"id": rid, "object": "text_completion", "created": created, "model": cfg.model_name,
                     "choices": choices, "usage": P.usage(ptoks, ctoks)}
@@ -414,9 +411,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         top = P.field(body, "top_logprobs", "int", None, 0, P.MAX_LOGPROBS)
         if top is not None and not want_lp:
             raise P.APIError(400, "'top_logprobs' needs logprobs=true", "top_logprobs")
-        plp = P.field(body, "prompt_logprobs", "int", None, 0, P.MAX_LOGPROBS)
-        if plp is not None and stream:
-            raise P.APIError(400, "'prompt_logprobs' is not supported with stream=true", "prompt_logprobs")
+        plp = P.prompt_logprobs_field(body, stream)
         agp, cont = P.chat_render_options(body, messages)
         ids = await render_chat(messages, agp, False, cont)
         if not ids:
@@ -443,7 +438,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                     "choices": choices,
                     "usage": P.usage(len(ids), sum(len(c.token_ids) for c in out.outputs))}
             if plp is not None:
-                resp["prompt_logprobs"] = P.prompt_logprobs_json(out.prompt_logprobs)
+                resp["prompt_logprobs"] = P.prompt_logprobs_json(out.prompt_logprobs, out.prompt_token_ids, plp)
             return resp
 
         def chunk(choices, **extra):

@@ -52,7 +52,19 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-is_int = _is_int
+def int_list(body: dict, name: str, what: str = "ints") -> list[int] | None:
+    """body[name] as a list of ints (None when absent); a 400 naming it otherwise."""
+    v = body.get(name)
+    if v is not None and (not isinstance(v, list) or not all(_is_int(t) for t in v)):
+        raise APIError(400, f"'{name}' must be a list of {what}", name)
+    return v
+
+
+def str_list(v, name: str, param: str | None = None) -> list[str] | None:
+    """v (a request value named `name`) as a list of strings (None stays None); a 400 naming `param` otherwise."""
+    if v is not None and (not isinstance(v, list) or not all(isinstance(x, str) for x in v)):
+        raise APIError(400, f"'{name}' must be a list of strings", param or name)
+    return v
 
 
 def field(body: dict, name: str, kind: str, default=None, lo=None, hi=None, lo_open: bool = False):
@@ -109,12 +121,8 @@ def _token_controls(body: dict) -> dict:
                                "logit_bias")
             bias[int(k)] = v
         kw["logit_bias"] = bias
-    ids = body.get("allowed_token_ids")
-    if ids is not None:
-        if not isinstance(ids, list) or not all(_is_int(t) for t in ids):
-            raise APIError(400, "'allowed_token_ids' must be a list of ints", "allowed_token_ids")
-        kw["allowed_token_ids"] = ids
-    choice = body.get("guided_choice")
+    kw["allowed_token_ids"] = int_list(body, "allowed_token_ids")
+    choice = str_list(body.get("guided_choice"), "guided_choice")
     so = body.get("structured_outputs")
     if so is not None and so != {}:
         if not isinstance(so, dict) or set(so) - {"choice"}:
@@ -122,18 +130,11 @@ def _token_controls(body: dict) -> dict:
                                 "and the rest are not implemented)", "structured_outputs")
         if choice is not None:
             raise APIError(400, "give 'guided_choice' or 'structured_outputs', not both", "structured_outputs")
-        choice = so.get("choice")
+        choice = str_list(so.get("choice"), "structured_outputs.choice", "structured_outputs")
         if choice is None:
             raise APIError(400, "'structured_outputs.choice' must be a list of strings", "structured_outputs")
-    if choice is not None:
-        if not isinstance(choice, list) or not all(isinstance(c, str) for c in choice):
-            raise APIError(400, "'guided_choice' must be a list of strings", "guided_choice")
-        kw["guided_choice"] = choice
-    words = body.get("bad_words")
-    if words is not None:
-        if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
-            raise APIError(400, "'bad_words' must be a list of strings", "bad_words")
-        kw["bad_words"] = words
+    kw["guided_choice"] = choice
+    kw["bad_words"] = str_list(body.get("bad_words"), "bad_words")
     return kw
 
 
@@ -154,11 +155,7 @@ def sampling_params(body: dict, max_tokens: int, logprobs: int | None, vocab_siz
         skip_special_tokens=field(body, "skip_special_tokens", "bool", True),
         include_stop_str_in_output=field(body, "include_stop_str_in_output", "bool", False),
         max_tokens=max_tokens, logprobs=logprobs)
-    ids = body.get("stop_token_ids")
-    if ids is not None:
-        if not isinstance(ids, list) or not all(_is_int(t) for t in ids):
-            raise APIError(400, "'stop_token_ids' must be a list of ints", "stop_token_ids")
-        kw["stop_token_ids"] = ids
+    kw["stop_token_ids"] = int_list(body, "stop_token_ids")
     kw.update(_token_controls(body))
     if kw["seed"] is not None and not 0 <= kw["seed"] < 2 ** 63:
         raise APIError(400, f"'seed' must be in [0, 2^63), got {kw['seed']}", "seed")
@@ -283,46 +280,53 @@ def now() -> int:
     return int(time.time())
 
 
-def completion_logprobs(tokenizer, out, start: int = 0, offset0: int = 0) -> dict | None:
-    """Legacy completions logprobs of out.token_ids[start:] (tokens, token_logprobs, top_logprobs,
-    text_offset)."""
-    if out.logprobs is None:
-        return None
+def _legacy_logprobs(tokenizer, ids, entries, offset0: int = 0, n: int | None = None) -> dict:
+    """Legacy completions logprobs (tokens, token_logprobs, top_logprobs, text_offset) of token ids and their
+    {id: Logprob} entries (None: no logprob, as a prompt's first token); n: keep the top-n ranks (and the
+    token itself) of entries that hold more."""
     toks, lps, tops, offs = [], [], [], []
     off = offset0
-    for tid, entry in zip(out.token_ids[start:], out.logprobs[start:]):
+    for tid, entry in zip(ids, entries):
         s = tokenizer.decode([tid], skip_special_tokens=False)
         toks.append(s)
-        lps.append(entry[tid].logprob if tid in entry else None)
-        tops.append({(e.decoded_token or ""): e.logprob for t, e in entry.items()})
+        lps.append(entry[tid].logprob if entry is not None and tid in entry else None)
+        tops.append(None if entry is None else {(e.decoded_token or ""): e.logprob for t, e in entry.items()
+                                                if n is None or t == tid or (e.rank is not None and e.rank <= n)})
         offs.append(off)
         off += len(s)
     return {"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs}
 
 
-def prompt_logprobs_json(table) -> list | None:
+def completion_logprobs(tokenizer, out, start: int = 0, offset0: int = 0) -> dict | None:
+    """Legacy completions logprobs of out.token_ids[start:]."""
+    if out.logprobs is None:
+        return None
+    return _legacy_logprobs(tokenizer, out.token_ids[start:], out.logprobs[start:], offset0)
+
+
+def prompt_logprobs_json(table, ids: list[int], n: int) -> list | None:
     """RequestOutput.prompt_logprobs as vLLM serialises it: None for the first token, then per token
-    {"<id>": {"logprob", "rank", "decoded_token"}}."""
+    {"<id>": {"logprob", "rank", "decoded_token"}} of the top-n ranks and the token itself (the table may
+    hold more when echo asked for more)."""
     if table is None:
         return None
     return [None if e is None else {str(t): {"logprob": v.logprob, "rank": v.rank, "decoded_token": v.decoded_token}
-                                    for t, v in e.items()} for e in table]
+                                    for t, v in e.items() if t == tid or v.rank <= n}
+            for e, tid in zip(table, ids)]
 
 
 def echo_logprobs(tokenizer, prompt_ids: list[int], table, n: int) -> dict:
     """Legacy completions logprobs of the prompt tokens (echo with logprobs): the first token has none;
     top_logprobs keeps the n best of each position (table: RequestOutput.prompt_logprobs)."""
-    toks, lps, tops, offs, off = [], [], [], [], 0
-    for i, tid in enumerate(prompt_ids):
-        s = tokenizer.decode([tid], skip_special_tokens=False)
-        e = table[i] if table is not None else None
-        toks.append(s)
-        lps.append(e[tid].logprob if e is not None and tid in e else None)
-        tops.append(None if e is None else {(v.decoded_token or ""): v.logprob for t, v in e.items()
-                                            if v.rank is not None and v.rank <= n or t == tid})
-        offs.append(off)
-        off += len(s)
-    return {"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs}
+    return _legacy_logprobs(tokenizer, prompt_ids, table if table is not None else [None] * len(prompt_ids), 0, n)
+
+
+def prompt_logprobs_field(body: dict, stream: bool) -> int | None:
+    """vLLM's prompt_logprobs (top-N per prompt token); not with stream=true."""
+    plp = field(body, "prompt_logprobs", "int", None, 0, MAX_LOGPROBS)
+    if plp is not None and stream:
+        raise APIError(400, "'prompt_logprobs' is not supported with stream=true", "prompt_logprobs")
+    return plp
 
 
 def join_logprobs(a: dict | None, b: dict | None) -> dict | None:
