@@ -74,7 +74,7 @@ def test_n_and_abort(ref):
     assert eng.abort_request("lp-abort")
     while eng.has_unfinished_requests():
         outs = eng.step()
-    assert not eng._prompt_lp_tables
+    assert not eng._groups and not eng._seq_of    # no request, so no prompt-logprobs table, left
     assert_no_leaks(llm)
 
 

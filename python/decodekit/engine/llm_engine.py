@@ -163,7 +163,6 @@ class LLMEngine:
         self.spec = self._build_spec() if args.speculative else None
         self._groups: dict[str, _Group] = {}
         self._seq_of: dict[str, _Seq] = {}
-        self._prompt_lp_tables: dict[str, list] = {}   # sequence id -> its group's prompt_logprobs list
         self._ids = itertools.count()
         self.stats = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0, "last_step_tokens": 0}
 
@@ -425,7 +424,6 @@ class LLMEngine:
         if params.prompt_logprobs is not None:  # the first sample computes them (the others may hit its cache)
             g.prompt_logprobs = [None] * len(ids)
             seqs[0].request.prompt_logprobs_pending = len(ids) > 1
-            self._prompt_lp_tables[seqs[0].request.request_id] = g.prompt_logprobs
         self._groups[request_id] = g
         for s in seqs:
             self._seq_of[s.request.request_id] = s
@@ -471,7 +469,7 @@ class LLMEngine:
         if so.scheduled:
             logits = self.runner.execute(so)
             if any(sr.num_prompt_logits for sr in so.scheduled):
-                logits = split_prompt_rows(so.scheduled, logits, self._prompt_lp_tables, self._decode_one)
+                logits = split_prompt_rows(so.scheduled, logits, self._prompt_logprobs_of, self._decode_one)
             rows = [sr for sr in so.scheduled if sr.will_sample]
             if rows:
                 self._sample(rows, logits, sampled, info)
@@ -563,10 +561,10 @@ class LLMEngine:
                 if extra is not None:  # top-N in descending order: rank i + 1
                     ids, lps, rank = extra
                     for i, (t, l) in enumerate(list(zip(ids, lps))[: p.logprobs]):
-                        entry[t] = Logprob(l, i + 1, self.tokenizer.decode([t], skip_special_tokens=False))
-                    entry[tok] = Logprob(lp, rank, self.tokenizer.decode([tok], skip_special_tokens=False))
+                        entry[t] = Logprob(l, i + 1, self._decode_one(t))
+                    entry[tok] = Logprob(lp, rank, self._decode_one(tok))
                 else:
-                    entry[tok] = Logprob(lp, None, self.tokenizer.decode([tok], skip_special_tokens=False))
+                    entry[tok] = Logprob(lp, None, self._decode_one(tok))
                 s.out.logprobs.append(entry)
                 s.out.cumulative_logprob += lp
             can_stop = len(s.out.token_ids) >= p.min_tokens
@@ -590,6 +588,12 @@ class LLMEngine:
 
     def _decode_one(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def _prompt_logprobs_of(self, seq_id: str) -> list | None:
+        """The prompt_logprobs list of a sequence's request (None once the request is gone)."""
+        s = self._seq_of.get(seq_id)
+        g = self._groups.get(s.request.parent_id or seq_id) if s is not None else None
+        return g.prompt_logprobs if g is not None else None
 
     def _finish(self, s: _Seq, reason: str, stop_reason, flush: bool = True) -> None:
         if flush and not s.detok.stopped:
@@ -628,5 +632,4 @@ class LLMEngine:
                 del self._groups[rid]
                 for s in g.seqs:
                     self._seq_of.pop(s.request.request_id, None)
-                    self._prompt_lp_tables.pop(s.request.request_id, None)
         return outs

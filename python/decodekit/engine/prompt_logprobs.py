@@ -12,8 +12,8 @@ from .outputs import Logprob
 
 
 def split_prompt_rows(scheduled: list, logits: torch.Tensor,      # [rows, V] float32
-                      tables: dict, decode) -> torch.Tensor:
-    """Fills tables[request_id] (a list of len(prompt): None, then one {token id: Logprob} per position)
+                      table_of, decode) -> torch.Tensor:
+    """Fills table_of(request_id) (a list of len(prompt): None, then one {token id: Logprob} per position)
     from the prompt rows of `logits`, clears the requests' prompt_logprobs_pending once their last prompt
     row is in, and returns the sampling rows ([rows - prompt rows, V], in order). decode(id) -> str."""
     keep, parts = [], []                 # sampling rows; (scheduled request, first row)
@@ -31,7 +31,7 @@ def split_prompt_rows(scheduled: list, logits: torch.Tensor,      # [rows, V] fl
     for sr, r0 in parts:
         req = sr.request
         m, start = sr.num_prompt_logits, sr.start_pos
-        table = tables.get(req.request_id)
+        table = table_of(req.request_id)
         if table is not None:
             k = req.sampling_params.prompt_logprobs or 0
             lp = torch.log_softmax(logits[r0:r0 + m].float(), dim=-1)

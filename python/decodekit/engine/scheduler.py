@@ -235,6 +235,11 @@ class Scheduler:
         self.waiting.appendleft(req)
         out.preempted_req_ids.append(req.request_id)
 
+    def _chunk_cap(self, req: Request) -> int:
+        """The most tokens req may compute in one step, the step's budget aside: PROMPT_LOGPROBS_CHUNK while
+        its prompt logprobs are pending (with chunked prefill), else no cap."""
+        return PROMPT_LOGPROBS_CHUNK if req.prompt_logprobs_pending and self.config.chunked_prefill else 1 << 62
+
     def schedule(self) -> SchedulerOutput:
         cfg, kv = self.config, self.kv
         out = SchedulerOutput()
@@ -247,8 +252,7 @@ class Scheduler:
             req = self.running[i]
             num_new = min(req.num_tokens_with_spec - req.num_computed_tokens, budget,
                           cfg.max_model_len - req.num_computed_tokens)
-            if req.prompt_logprobs_pending and cfg.chunked_prefill:
-                num_new = min(num_new, PROMPT_LOGPROBS_CHUNK)
+            num_new = min(num_new, self._chunk_cap(req))
             if num_new <= 0:        # waiting for its sampled token (no update since last step)
                 i += 1
                 continue
@@ -283,8 +287,7 @@ class Scheduler:
                 num_new = req.num_tokens_with_spec - num_hit
                 if not cfg.chunked_prefill and num_new > budget:
                     break
-                num_new = min(num_new, budget, PROMPT_LOGPROBS_CHUNK if req.prompt_logprobs_pending and
-                              cfg.chunked_prefill else num_new)
+                num_new = min(num_new, budget, self._chunk_cap(req))
                 if not kv.allocate_slots(req, num_new, hit_blocks, num_hit):
                     if not self.running:    # the whole cache is free and it still does not fit
                         self.waiting.popleft()
