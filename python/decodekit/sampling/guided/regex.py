@@ -1,0 +1,418 @@
+"""A regular-expression compiler to a byte-level NFA, for guided (structured-output) decoding.
+
+Token masks are computed over the bytes each vocabulary token stands for, so the automaton runs on the
+UTF-8 bytes of the text: a character class becomes the byte sequences that encode its code points
+(``utf8_sequences``), split so each step is one byte range.
+
+The pattern language is the subset of Python's ``re`` that a finite automaton can run, always matched
+in full (as vLLM's ``guided_regex``; a leading ``^`` and a trailing ``$`` are accepted and ignored):
+
+- literal characters (any Unicode), ``.`` (any character except ``\\n``), classes ``[...]`` / ``[^...]``
+  with ranges, escapes ``\\d \\D \\w \\W \\s \\S \\t \\n \\r \\f \\v \\0 \\xHH \\uHHHH \\UHHHHHHHH`` and escaped
+  punctuation (``\\d`` / ``\\w`` / ``\\s`` are the ASCII sets, as ``re.ASCII``);
+- groups ``(...)``, ``(?:...)``, ``(?P<name>...)``, alternation ``|``;
+- quantifiers ``* + ?`` and ``{n}`` ``{n,}`` ``{n,m}`` ``{,m}`` (a trailing ``?`` or ``+`` - lazy or
+  possessive - changes nothing for a full match over a finite automaton and is accepted).
+
+Refused with :class:`RegexError` (its message gives the position): lookarounds, backreferences, ``\\b``,
+inline flags, anchors inside the pattern, unbalanced brackets, patterns whose automaton would exceed
+``MAX_NFA_STATES`` (a large counted repetition copies its operand).
+
+The NFA (``NFA``) has epsilon edges and byte-range edges; states that cannot reach the accepting state
+are pruned (``NFA.prune``), so every non-empty set of states a DFA reaches can still complete a match.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MAX_NFA_STATES = 400_000
+MAX_REPEAT = 10_000          # the largest count in {n,m}
+MAX_CODEPOINT = 0x10FFFF
+SURROGATES = (0xD800, 0xDFFF)
+
+
+class RegexError(ValueError):
+    """An unsupported or malformed pattern; the message names the position."""
+
+
+# --------------------------------------------------------------------------- code point sets
+def _norm(ranges) -> tuple[tuple[int, int], ...]:
+    """Sorted, merged, surrogate-free code point ranges."""
+    out: list[list[int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    res = []
+    for lo, hi in out:       # UTF-8 cannot encode surrogates: drop them
+        if lo < SURROGATES[0] and hi >= SURROGATES[0]:
+            res.append((lo, SURROGATES[0] - 1))
+            lo = SURROGATES[0]
+        if lo <= SURROGATES[1] and hi >= SURROGATES[0]:
+            lo = SURROGATES[1] + 1
+        if lo <= hi:
+            res.append((lo, hi))
+    return tuple(res)
+
+
+def _negate(ranges) -> tuple[tuple[int, int], ...]:
+    out, nxt = [], 0
+    for lo, hi in _norm(ranges):
+        if lo > nxt:
+            out.append((nxt, lo - 1))
+        nxt = hi + 1
+    if nxt <= MAX_CODEPOINT:
+        out.append((nxt, MAX_CODEPOINT))
+    return _norm(out)
+
+
+DIGIT = ((0x30, 0x39),)
+WORD = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))
+SPACE = ((0x09, 0x0D), (0x20, 0x20))
+CLASS_ESCAPES = {"d": DIGIT, "w": WORD, "s": SPACE}
+CHAR_ESCAPES = {"t": 9, "n": 10, "r": 13, "f": 12, "v": 11, "a": 7, "0": 0}
+ANY_BUT_NEWLINE = _negate(((10, 10),))
+
+
+def utf8_sequences(lo: int, hi: int) -> list[list[tuple[int, int]]]:
+    """The code points [lo, hi] (surrogate-free) as sequences of byte ranges: each sequence matches
+    exactly the UTF-8 encodings of one sub-range, one byte range per byte."""
+    for edge in (0x7F, 0x7FF, 0xFFFF):              # one encoded length per sub-range
+        if lo <= edge < hi:
+            return utf8_sequences(lo, edge) + utf8_sequences(edge + 1, hi)
+    if hi < 0x80:
+        return [[(lo, hi)]]
+    for i in (1, 2, 3):                             # align to continuation-byte boundaries
+        m = (1 << (6 * i)) - 1
+        if lo & ~m != hi & ~m:
+            if lo & m:
+                return utf8_sequences(lo, lo | m) + utf8_sequences((lo | m) + 1, hi)
+            if hi & m != m:
+                return utf8_sequences(lo, (hi & ~m) - 1) + utf8_sequences(hi & ~m, hi)
+    a, b = chr(lo).encode("utf-8"), chr(hi).encode("utf-8")
+    return [list(zip(a, b))]
+
+
+# --------------------------------------------------------------------------- parser -> AST
+# AST: ("set", ranges) | ("cat", [nodes]) | ("alt", [nodes]) | ("rep", node, lo, hi | None)
+EMPTY = ("cat", [])
+
+
+class _Parser:
+    def __init__(self, pattern: str):
+        self.p = pattern
+        self.i = 0
+
+    def error(self, msg: str, at: int | None = None):
+        at = self.i if at is None else at
+        raise RegexError(f"regex error at position {at}: {msg} (pattern {self.p[:60]!r}"
+                         f"{'...' if len(self.p) > 60 else ''})")
+
+    def parse(self):
+        if self.p.startswith("^"):
+            self.i = 1
+        node = self.alt()
+        if self.i < len(self.p):
+            if self.p[self.i] == ")":
+                self.error("unbalanced ')'")
+            self.error(f"unexpected {self.p[self.i]!r}")
+        return node
+
+    def peek(self):
+        return self.p[self.i] if self.i < len(self.p) else None
+
+    def alt(self):
+        branches = [self.cat()]
+        while self.peek() == "|":
+            self.i += 1
+            branches.append(self.cat())
+        return branches[0] if len(branches) == 1 else ("alt", branches)
+
+    def cat(self):
+        items = []
+        while True:
+            c = self.peek()
+            if c is None or c in "|)":
+                break
+            if c == "$":
+                if self.i == len(self.p) - 1:   # a final anchor: the match is full anyway
+                    self.i += 1
+                    break
+                self.error("anchors ('$') are only supported at the end of the pattern")
+            if c == "^":
+                self.error("anchors ('^') are only supported at the start of the pattern")
+            atom = self.atom()
+            items.append(self.quantified(atom))
+        return items[0] if len(items) == 1 else ("cat", items)
+
+    def quantified(self, atom):
+        repeated = False
+        while True:
+            c, start = self.peek(), self.i
+            if c in ("*", "+", "?"):
+                self.i += 1
+                lo, hi = {"*": (0, None), "+": (1, None), "?": (0, 1)}[c]
+            elif c == "{" and (cnt := self._counted()) is not None:
+                lo, hi = cnt
+                self.i = self._counted_end
+            else:
+                return atom
+            if self.peek() in ("?", "+"):       # lazy / possessive: the same language
+                self.i += 1
+            if atom is None:
+                self.error("nothing to repeat", start)
+            if hi is not None and hi < lo:
+                self.error(f"bad repetition {{{lo},{hi}}}: min > max", start)
+            if max(lo, hi or 0) > MAX_REPEAT:
+                self.error(f"repetition count above {MAX_REPEAT}", start)
+            if repeated:
+                self.error("multiple repeat", start)
+            repeated = True
+            atom = ("rep", atom, lo, hi)
+
+    def _counted(self):
+        """(lo, hi) when a '{' at self.i starts {n}, {n,}, {n,m} or {,m}; else None (a literal '{')."""
+        j = self.p.find("}", self.i)
+        if j < 0:
+            return None
+        body = self.p[self.i + 1:j]
+        parts = body.split(",")
+        if len(parts) > 2 or not all(x.isdigit() or x == "" for x in parts) or parts == [""] or \
+                not all(x.isascii() for x in parts) or (len(parts) == 2 and parts == ["", ""]):
+            return None
+        self._counted_end = j + 1
+        if len(parts) == 1:
+            return int(parts[0]), int(parts[0])
+        return int(parts[0] or 0), (int(parts[1]) if parts[1] else None)
+
+    def atom(self):
+        c = self.p[self.i]
+        if c == "(":
+            start = self.i
+            self.i += 1
+            if self.p.startswith("?", self.i):
+                if self.p.startswith("?:", self.i):
+                    self.i += 2
+                elif self.p.startswith("?P<", self.i) or (self.p.startswith("?<", self.i)
+                                                         and self.p[self.i + 2:self.i + 3] not in ("=", "!")):
+                    j = self.p.find(">", self.i)
+                    if j < 0:
+                        self.error("unterminated group name")
+                    self.i = j + 1
+                elif self.p.startswith(("?=", "?!", "?<=", "?<!"), self.i):
+                    self.error("lookarounds are not supported", start)
+                else:
+                    self.error("inline flags and other (?...) extensions are not supported", start)
+            node = self.alt()
+            if self.peek() != ")":
+                self.error("missing ')'", start)
+            self.i += 1
+            return node
+        if c == "[":
+            return ("set", self.char_class())
+        if c == ".":
+            self.i += 1
+            return ("set", ANY_BUT_NEWLINE)
+        if c == "\\":
+            v = self.escape(in_class=False)
+            return ("set", v if isinstance(v, tuple) else ((v, v),))
+        if c in "*+?":
+            self.error("nothing to repeat")
+        if c == "{" and self._counted() is not None:
+            self.error("nothing to repeat")
+        self.i += 1
+        return ("set", ((ord(c), ord(c)),))
+
+    def escape(self, in_class: bool):
+        """The escape at self.i: a code point (int) or a class (ranges tuple)."""
+        start = self.i
+        self.i += 1
+        if self.i >= len(self.p):
+            self.error("bad escape (end of pattern)", start)
+        c = self.p[self.i]
+        self.i += 1
+        if c.lower() in CLASS_ESCAPES:
+            r = CLASS_ESCAPES[c.lower()]
+            return _norm(r) if c.islower() else _negate(r)
+        if c in CHAR_ESCAPES:
+            if c == "0" and self.peek() is not None and self.peek() in "01234567":
+                self.error("octal escapes are not supported", start)
+            return CHAR_ESCAPES[c]
+        if c == "b" and in_class:
+            return 8
+        n = {"x": 2, "u": 4, "U": 8}.get(c)
+        if n:
+            h = self.p[self.i:self.i + n]
+            if len(h) != n or not all(ch in "0123456789abcdefABCDEF" for ch in h):
+                self.error(f"bad \\{c} escape: needs {n} hex digits", start)
+            self.i += n
+            v = int(h, 16)
+            if v > MAX_CODEPOINT:
+                self.error(f"code point {h} out of range", start)
+            return v
+        if c.isdigit():
+            self.error("backreferences are not supported", start)
+        if c.isalnum() or c == "_":
+            self.error(f"bad or unsupported escape \\{c}", start)
+        return ord(c)
+
+    def char_class(self):
+        start = self.i
+        self.i += 1
+        neg = self.peek() == "^"
+        if neg:
+            self.i += 1
+        ranges: list[tuple[int, int]] = []
+        first = True
+        while True:
+            c = self.peek()
+            if c is None:
+                self.error("unterminated character class", start)
+            if c == "]" and not first:
+                self.i += 1
+                break
+            first = False
+            lo = self._class_item()
+            if isinstance(lo, tuple):
+                ranges.extend(lo)
+                continue
+            if self.peek() == "-" and self.p[self.i + 1:self.i + 2] not in ("]", ""):
+                self.i += 1
+                hi = self._class_item()
+                if isinstance(hi, tuple):
+                    self.error("bad character range (a class escape as its end)")
+                if hi < lo:
+                    self.error(f"bad character range {chr(lo)!r}-{chr(hi)!r}")
+                ranges.append((lo, hi))
+            else:
+                ranges.append((lo, lo))
+        return _negate(ranges) if neg else _norm(ranges)
+
+    def _class_item(self):
+        c = self.p[self.i]
+        if c == "\\":
+            return self.escape(in_class=True)
+        if c == "[" and self.p[self.i + 1:self.i + 2] in (":", "=", "."):
+            self.error("POSIX classes are not supported")
+        self.i += 1
+        return ord(c)
+
+
+def parse(pattern: str):
+    """The pattern's AST (module docstring for the syntax); RegexError when unsupported / malformed."""
+    if not isinstance(pattern, str):
+        raise RegexError(f"the pattern must be a str, got {type(pattern).__name__}")
+    return _Parser(pattern).parse()
+
+
+# --------------------------------------------------------------------------- AST -> NFA
+@dataclass
+class NFA:
+    """Thompson NFA over bytes: eps[s] = epsilon targets, edges[s] = [(lo, hi, target)] byte ranges."""
+    eps: list[list[int]] = field(default_factory=list)
+    edges: list[list[tuple[int, int, int]]] = field(default_factory=list)
+    start: int = 0
+    accept: int = 0
+
+    def new(self) -> int:
+        if len(self.eps) >= MAX_NFA_STATES:
+            raise RegexError(f"pattern too large: its automaton needs more than {MAX_NFA_STATES} states "
+                             f"(lower the counts of repetitions such as {{n,m}} or maxLength)")
+        self.eps.append([])
+        self.edges.append([])
+        return len(self.eps) - 1
+
+    def prune(self) -> "NFA":
+        """Drop the edges into states that cannot reach `accept` (a class with no code points, say)."""
+        rev: list[list[int]] = [[] for _ in self.eps]
+        for s, ts in enumerate(self.eps):
+            for t in ts:
+                rev[t].append(s)
+        for s, es in enumerate(self.edges):
+            for _, _, t in es:
+                rev[t].append(s)
+        live = {self.accept}
+        stack = [self.accept]
+        while stack:
+            for s in rev[stack.pop()]:
+                if s not in live:
+                    live.add(s)
+                    stack.append(s)
+        self.eps = [[t for t in ts if t in live] for ts in self.eps]
+        self.edges = [[e for e in es if e[2] in live] for es in self.edges]
+        self.live = live
+        return self
+
+
+def _build(nfa: NFA, node, cache: dict) -> tuple[int, int]:
+    """A fragment (entry, exit) for `node`."""
+    kind = node[0]
+    if kind == "set":
+        a, z = nfa.new(), nfa.new()
+        seqs = cache.get(node[1])
+        if seqs is None:
+            seqs = [s for lo, hi in node[1] for s in utf8_sequences(lo, hi)]
+            cache[node[1]] = seqs
+        tails: dict[tuple, int] = {}          # shared suffixes: remaining byte ranges -> their state
+
+        def tail(rest: tuple) -> int:
+            if not rest:
+                return z
+            t = tails.get(rest)
+            if t is None:
+                t = nfa.new()
+                tails[rest] = t
+                nfa.edges[t].append((rest[0][0], rest[0][1], tail(rest[1:])))
+            return t
+
+        for seq in seqs:
+            nfa.edges[a].append((seq[0][0], seq[0][1], tail(tuple(seq[1:]))))
+        return a, z
+    if kind == "cat":
+        a = nfa.new()
+        cur = a
+        for child in node[1]:
+            s, e = _build(nfa, child, cache)
+            nfa.eps[cur].append(s)
+            cur = e
+        return a, cur
+    if kind == "alt":
+        a, z = nfa.new(), nfa.new()
+        for child in node[1]:
+            s, e = _build(nfa, child, cache)
+            nfa.eps[a].append(s)
+            nfa.eps[e].append(z)
+        return a, z
+    _, child, lo, hi = node
+    a = nfa.new()
+    cur = a
+    for _ in range(lo):                      # the required copies
+        s, e = _build(nfa, child, cache)
+        nfa.eps[cur].append(s)
+        cur = e
+    z = nfa.new()
+    if hi is None:                           # then a loop
+        s, e = _build(nfa, child, cache)
+        nfa.eps[cur] += [s, z]
+        nfa.eps[e] += [s, z]
+        return a, z
+    for _ in range(hi - lo):                 # then optional copies, each one able to jump to the end
+        s, e = _build(nfa, child, cache)
+        nfa.eps[cur] += [s, z]
+        cur = e
+    nfa.eps[cur].append(z)
+    return a, z
+
+
+def compile_nfa(pattern: str) -> NFA:
+    """The pruned byte-level NFA that matches the UTF-8 encodings of the strings `pattern` fully matches."""
+    ast = parse(pattern)
+    nfa = NFA()
+    nfa.start, nfa.accept = _build(nfa, ast, {})
+    return nfa.prune()
+
+
+def escape(text: str) -> str:
+    """`text` as a pattern that matches it literally (re.escape's job, for the subset parsed here)."""
+    return "".join("\\" + c if c in ".^$*+?{}[]()|\\/-" else c for c in text)
