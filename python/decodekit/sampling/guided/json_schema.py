@@ -1,0 +1,671 @@
+"""JSON Schema -> regular expression, for structured-output ("guided_json") decoding (the job of outlines'
+``build_regex_from_schema``; own code, stdlib only).
+
+``json_schema_to_regex(schema)``: a regex whose full matches are JSON texts that are valid instances of the
+schema; ``json_object_regex()``: any JSON object. The regex uses only the subset our byte-level engine
+parses (and Python ``re.fullmatch`` agrees with): literals, escaped metacharacters, ``\\uHHHH`` and
+``\\UHHHHHHHH``, classes, ``(?:...)``, ``|``, ``* + ?``, ``{n} {n,} {n,m}``; no anchors, lookarounds or
+backreferences. An impossible branch is dropped; an impossible schema raises JSONSchemaError.
+
+Supported (draft 2020-12 / OpenAI structured-outputs subset): ``type`` (a name or a list); ``enum``,
+``const``; string ``minLength``, ``maxLength``, ``pattern``, ``format`` (date-time, date, time: RFC 3339
+with upper-case T/Z and no leap second; uuid; ipv4; email and uri simplified); integer ``minimum``,
+``maximum``, ``exclusiveMinimum``, ``exclusiveMaximum`` (numbers or draft-4 booleans; non-integer bounds
+round inward), ``multipleOf`` 1; number: the same bounds when they are integers; boolean; null; object
+``properties``, ``required``, ``additionalProperties``, ``minProperties``/``maxProperties`` (without
+``properties``; with them when implied by ``required``, or minProperties 1 or all); array ``items``,
+``prefixItems``, ``minItems``, ``maxItems``, ``uniqueItems`` false; ``anyOf``, ``oneOf``, ``allOf`` (merged
+when the parts don't conflict); ``$ref`` to "#..." JSON pointers (``$defs``, ``definitions``, "#"), recursion
+included. Annotations (title, description, default, examples, $schema, $id, $comment, deprecated, readOnly,
+writeOnly, $defs, definitions) are ignored; any other keyword raises JSONSchemaError, whose message names
+the schema's JSON-pointer path.
+
+Deliberate deviations; each narrows what matches, none lets an invalid instance through:
+  * Keys come in the declared ``properties`` order, and when ``properties`` is given no other key is
+    generated whatever ``additionalProperties`` says (as in OpenAI strict mode and outlines); likewise
+    ``prefixItems`` without ``items`` allows nothing after the tuple.
+  * Whitespace: the ``whitespace`` regex (default ``[ ]?``, which keeps models from looping on spaces) goes
+    after ``{ [ , :`` and before ``} ] , :``; never around the top-level value, inside strings or numbers.
+  * Where a string is constrained by ``pattern``, ``format`` or ``enum``, its characters are written the way
+    a JSON encoder writes them (raw, or ``\\" \\\\ \\n``... for quote, backslash and controls);
+    ``minLength``/``maxLength`` count an escape as one character.
+  * ``pattern`` must match the whole string (like outlines; JSON Schema would search), a leading ``^`` and
+    trailing ``$`` are dropped, ``\\d \\w \\s`` have their ECMA-262 meaning (ASCII digits and word
+    characters); lookarounds, backreferences, ``\\b``, inline flags and inner anchors are refused, as are
+    ``pattern`` or ``format`` together with lengths (regexes can't be intersected here).
+  * Integers never match "-0"; bounded numbers have no exponent and no negative zero.
+  * A schema without ``type`` but with type-specific keywords means the types those keywords constrain.
+  * Other ``format`` values are annotations (ignored). ``oneOf`` is ``anyOf`` (exclusivity not enforced).
+  * Schema-free values ({}, true, objects without properties, arrays without items) nest at most
+    ``max_depth`` containers from the top-level value (scalars are always allowed); a recursive ``$ref``
+    expands at most ``max_depth`` times, deeper branches can't match.
+  * Counted repetition copies a sub-automaton: bounds needing over MAX_COPIES copies are refused.
+Size of ``json_object_regex()`` with the default whitespace: 1.8 KB at max_depth 2, 7.4 KB at 3, 30 KB at 4,
+119 KB at 5 (x4 per level; ``{}``, any value, is twice that), hence DEFAULT_MAX_DEPTH = 4.
+"""
+import contextlib
+import json
+import math
+import re
+
+__all__ = ["JSONSchemaError", "DEFAULT_WHITESPACE", "DEFAULT_MAX_DEPTH", "MAX_COPIES", "json_schema_to_regex",
+           "json_object_regex", "int_range_regex", "decimal_range_regex"]
+
+
+class JSONSchemaError(ValueError):
+    """Unsupported or invalid schema; the message names the JSON-pointer path of the schema holding the
+    offending keyword, e.g. "schema at /properties/age: 'minimum' 1.5 on type number is not supported"."""
+
+
+DEFAULT_WHITESPACE = r"[ ]?"
+DEFAULT_MAX_DEPTH = 4
+MAX_COPIES = 4096
+NEVER = r"[^\x00-\U0010FFFF]"
+
+_CHAR = r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
+_STRING = f'"{_CHAR}*"'
+_NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
+_SCALARS = f"{_STRING}|{_NUMBER}|true|false|null"
+_YEAR = r"(?:[0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)"        # 0001-9999
+_LEAP = r"(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
+_DATE = (rf"(?:{_YEAR}-(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])|(?:0[13-9]|1[0-2])-(?:29|30)|"
+         rf"(?:0[13578]|1[02])-31)|{_LEAP}-02-29)")
+_H, _M = r"(?:[01][0-9]|2[0-3])", r"[0-5][0-9]"
+_TIME = rf"{_H}:{_M}:{_M}(?:\.[0-9]+)?(?:Z|[+\-]{_H}:{_M})"
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9\-]*[A-Za-z0-9])?"
+_ATOM = r"[A-Za-z0-9!#$%&'*+/=?\^_`{|}~\-]+"
+_URIC = r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/?]|%[0-9A-Fa-f]{2})"
+FORMATS = {
+    "date": _DATE, "time": _TIME, "date-time": f"{_DATE}T{_TIME}",
+    "uuid": "-".join(f"[0-9a-fA-F]{{{n}}}" for n in (8, 4, 4, 4, 12)),
+    "ipv4": rf"{_OCTET}(?:\.{_OCTET}){{3}}",
+    "email": rf"{_ATOM}(?:\.{_ATOM})*@{_LABEL}(?:\.{_LABEL})+",
+    "uri": rf"[A-Za-z][A-Za-z0-9+.\-]*:{_URIC}+(?:#{_URIC}*)?",
+}
+_ANNOTATIONS = {"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
+                "readOnly", "writeOnly", "$defs", "definitions"}
+_BY_TYPE = {
+    "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties"},
+    "array": {"items", "prefixItems", "minItems", "maxItems", "uniqueItems"},
+    "string": {"minLength", "maxLength", "pattern", "format"},
+    "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
+}
+_KNOWN = set().union(*_BY_TYPE.values(), {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref"})
+_TYPES = ("string", "integer", "number", "boolean", "null", "object", "array")
+_UNSAFE = set(range(0x20)) | {0x22, 0x5C}      # code points a JSON string must escape
+
+
+# ---------------------------------------------------------------- regex text
+def _u(cp):
+    return f"\\u{cp:04x}" if cp < 0x10000 else f"\\U{cp:08x}"
+
+
+def _esc(text):
+    """Regex matching ``text`` literally."""
+    return "".join("\\" + c if c in ".^$*+?{}[]\\|()" else c if c.isprintable() else _u(ord(c)) for c in text)
+
+
+def _alt(parts):
+    """Alternation of the parts that aren't None, grouped when needed; None when there are none."""
+    out = list(dict.fromkeys(p for p in parts if p is not None))
+    if len(out) <= 1:
+        return out[0] if out else None
+    body = [p for p in out if p]
+    return "(?:" + "|".join(body) + (")?" if len(body) < len(out) else ")")
+
+
+def _rep(atom, lo, hi):
+    """The single regex atom ``atom`` repeated lo..hi times (hi None: unbounded)."""
+    if hi is None:
+        return atom + ("*" if lo == 0 else "+" if lo == 1 else f"{{{lo},}}")
+    if lo == hi:
+        return "" if lo == 0 else atom if lo == 1 else f"{atom}{{{lo}}}"
+    return atom + "?" if (lo, hi) == (0, 1) else f"{atom}{{{lo},{hi}}}"
+
+
+def _copies(rx):
+    """Sub-automaton copies made by the counted repetitions of an unnested regex (integer ranges)."""
+    return sum(int(m[2] or int(m[0]) + 1) if m[1] else int(m[0]) for m in re.findall(r"\{(\d+)(,?)(\d*)\}", rx))
+
+
+def _complement(ranges):
+    """Code-point ranges [(lo, hi)] not covered by ``ranges`` (sorted, merged)."""
+    out, nxt = [], 0
+    for lo, hi in sorted(ranges):
+        if lo > nxt:
+            out.append((nxt, lo - 1))
+        nxt = max(nxt, hi + 1)
+    return out + [(nxt, 0x10FFFF)] * (nxt <= 0x10FFFF)
+
+
+def _char_set(ranges):
+    """One character of a JSON string's content out of the code-point ``ranges``: safe characters raw,
+    quote, backslash and controls as the escapes a JSON encoder writes."""
+    unsafe = [c for c in sorted(_UNSAFE) if any(lo <= c <= hi for lo, hi in ranges)]
+    safe = _complement(_complement(ranges) + [(c, c) for c in _UNSAFE])
+    def cc(cp):
+        return chr(cp) if chr(cp).isascii() and chr(cp).isalnum() else _u(cp)
+    parts = [_esc(chr(safe[0][0])) if len(safe) == 1 and safe[0][0] == safe[0][1] else
+             "[" + "".join(cc(lo) if lo == hi else f"{cc(lo)}-{cc(hi)}" for lo, hi in safe) + "]"] if safe else []
+    parts += [r'\\"'] * (0x22 in unsafe) + [r"\\\\"] * (0x5C in unsafe)
+    short = "".join(ch for cp, ch in ((8, "b"), (9, "t"), (10, "n"), (12, "f"), (13, "r")) if cp in unsafe)
+    parts += [r"\\" + (short if len(short) == 1 else f"[{short}]")] if short else []
+    for nib in (0, 1):
+        lows = "".join(f"{c & 15:x}" + f"{c & 15:X}" * (c & 15 > 9) for c in unsafe if c >> 4 == nib)
+        parts += [rf"\\u00{nib}" + (lows if len(lows) == 1 else f"[{lows}]")] if lows else []
+    return _alt(parts) or NEVER
+
+
+# ---------------------------------------------------------------- integer and decimal ranges
+def _same_len(x, y):
+    """Digit strings from x to y (same length, x <= y)."""
+    if x == y:
+        return x
+    i = next(k for k in range(len(x)) if x[k] != y[k])
+    pre, x, y = x[:i], x[i:], y[i:]
+    n, a, b, alts, last = len(x) - 1, int(x[0]), int(y[0]), [], None
+    if x[1:] != "0" * n:
+        alts.append(x[0] + _same_len(x[1:], "9" * n))
+        a += 1
+    if y[1:] != "9" * n:
+        last, b = y[0] + _same_len("0" * n, y[1:]), b - 1
+    if a <= b:
+        alts.append((str(a) if a == b else f"[{a}-{b}]") + _rep("[0-9]", n, n))
+    return pre + _alt(alts + [last])
+
+
+def _pos_range(a, b):
+    """Decimal integers from a >= 1 to b (None: unbounded)."""
+    la, alts, full = len(str(a)), [], []
+    for n in range(la, (la if b is None else len(str(b))) + 1):
+        lo, hi = max(a, 10 ** (n - 1)), 10 ** n - 1 if b is None else min(b, 10 ** n - 1)
+        if (lo, hi) == (10 ** (n - 1), 10 ** n - 1):
+            full.append(n)                  # all n-digit numbers: merged into one [1-9][0-9]{..} below
+        else:
+            alts.append(_same_len(str(lo), str(hi)))
+    if b is None:
+        alts.append("[1-9]" + _rep("[0-9]", (full[0] if full else la + 1) - 1, None))
+    elif full:
+        alts.append("[1-9]" + _rep("[0-9]", full[0] - 1, full[-1] - 1))
+    return _alt(alts)
+
+
+def int_range_regex(lo, hi):
+    """Regex for the JSON integers n with lo <= n <= hi (ints; None: unbounded), canonical form only (no "-0",
+    no leading zeros); None when the range is empty."""
+    if lo is None and hi is None:
+        return "(?:0|-?[1-9][0-9]*)"
+    alts = []
+    if lo is None or lo < 0:
+        a, b = (1 if hi is None or hi >= -1 else -hi), (None if lo is None else -lo)
+        alts.append("-" + _pos_range(a, b) if b is None or a <= b else None)
+    alts.append("0" if (lo is None or lo <= 0) and (hi is None or hi >= 0) else None)
+    a = 1 if lo is None or lo <= 1 else lo
+    alts.append(_pos_range(a, hi) if hi is None or a <= hi else None)
+    return _alt(alts)
+
+
+def _nonneg_decimal(lo, lox, hi, hix):
+    """Numbers I(.F)? from lo >= 0 to hi (ints; hi None: unbounded; lox/hix: exclusive)."""
+    ilo, ihi = lo + lox, None if hi is None else hi - 1       # integer parts that allow any fraction
+    return _alt([
+        int_range_regex(ilo, ihi) + r"(?:\.[0-9]+)?" if ihi is None or ilo <= ihi else None,
+        str(lo) + r"\.[0-9]*[1-9][0-9]*" if lox and (hi is None or lo < hi) else None,
+        str(hi) + r"(?:\.0+)?" if hi is not None and not hix and (hi > lo or hi == lo and not lox) else None])
+
+
+def decimal_range_regex(lo, lox, hi, hix):
+    """Regex for JSON numbers without exponent or negative zero between the integer bounds lo and hi
+    (None: unbounded; lox/hix: the bound is exclusive); None when there are none."""
+    alts = []
+    if hi is None or hi > 0 or hi == 0 and not hix:
+        alts.append(_nonneg_decimal(0, False, hi, hix) if lo is None or lo < 0 else _nonneg_decimal(lo, lox, hi, hix))
+    if lo is None or lo < 0:              # -u with u > 0 and u >= -hi (> when hix), u <= -lo (< when lox)
+        neg = _nonneg_decimal(*((0, True) if hi is None or hi >= 0 else (-hi, hix)), None if lo is None else -lo, lox)
+        alts.append(None if neg is None else "-" + neg)
+    return _alt(alts)
+
+
+# ---------------------------------------------------------------- pattern: value regex -> content regex
+_SETS = {"d": [(48, 57)], "w": [(48, 57), (65, 90), (95, 95), (97, 122)],
+         "s": [(9, 13), (32, 32), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A), (0x2028, 0x2029),
+               (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF)]}
+_SETS.update({k.upper(): _complement(v) for k, v in list(_SETS.items())})
+_CTRL = {"t": 9, "n": 10, "r": 13, "f": 12, "v": 11, "a": 7}
+
+
+class _Pattern:
+    """Translate a regex over a string's value (ECMA-262 / Python syntax) into one over its JSON content.
+    Raises ValueError for what can't be translated."""
+
+    def __init__(self, p):
+        self.p, self.i, self.copies = p, 0, 0      # copies: made by the counted repetitions
+
+    def peek(self, k=0):
+        return self.p[self.i + k] if self.i + k < len(self.p) else ""
+
+    def take(self, n=1):
+        self.i += n
+        return self.p[self.i - n:self.i]
+
+    def translate(self):
+        alts = []
+        while True:
+            self.i += self.peek() == "^"
+            alts.append(self.seq(top=True))
+            if not self.take():
+                return _alt(alts)
+
+    def seq(self, top):
+        out = []
+        while self.peek() not in ("", "|", ")"):
+            if self.peek() == "$" and top and self.peek(1) in ("", "|"):
+                self.i += 1
+                continue
+            if self.peek() in "^$":
+                raise ValueError(f"anchor {self.peek()!r} inside the pattern")
+            before = self.copies
+            text, atomic = self.atom()
+            q, k = self.quantifier()
+            inner = self.copies - before
+            self.copies += k * (1 + inner) - inner if k else 0
+            out.append((text if atomic else f"(?:{text})") + q if q and text else text)
+        return "".join(out)
+
+    def atom(self):
+        c = self.take()
+        if c == "(":
+            if self.p.startswith(("?:", "?P<"), self.i) or self.p.startswith("?<", self.i) and self.peek(2) not in "=!":
+                self.i = self.i + 2 if self.peek(1) == ":" else self.p.index(">", self.i) + 1
+            elif self.peek() == "?":
+                raise ValueError("lookarounds, inline flags and other '(?...)' groups")
+            alts = [self.seq(top=False)]
+            while self.take() == "|":
+                alts.append(self.seq(top=False))
+            return _alt(alts), False
+        if c == "[":
+            neg = self.peek() == "^"
+            self.i += neg
+            ranges, first = [], True
+            while first or self.peek() != "]":
+                first = False
+                if self.peek() == "\\" and self.peek(1) in _SETS:
+                    ranges += _SETS[self.take(2)[1]]
+                    continue
+                lo = hi = self.class_char()
+                if self.peek() == "-" and self.peek(1) not in ("]", ""):
+                    self.i += 1
+                    hi = self.class_char()
+                ranges.append((lo, hi))
+            self.i += 1
+            return _char_set(_complement(ranges) if neg else ranges), True
+        if c == ".":
+            return _char_set([(0, 9), (11, 0x10FFFF)]), True
+        if c == "\\" and self.peek() in _SETS:
+            return _char_set(_SETS[self.take()]), True
+        cp = self.escaped(self.take()) if c == "\\" else ord(c)
+        return _char_set([(cp, cp)]), cp not in _UNSAFE
+
+    def escaped(self, e):
+        if e in ("x", "u", "U"):
+            return int(self.take({"x": 2, "u": 4, "U": 8}[e]), 16)
+        if e in _CTRL:
+            return _CTRL[e]
+        if e.isalnum() or not e:
+            raise ValueError(f"escape '\\{e}' (word boundary, backreference, ...)")
+        return ord(e)
+
+    def class_char(self):
+        c = self.take()
+        if c != "\\":
+            return ord(c)
+        return 8 if self.peek() == "b" and self.take() else self.escaped(self.take())   # [\b]: backspace
+
+    def quantifier(self):
+        c, k = self.peek(), 0
+        if c and c in "*+?":
+            q = self.take()
+        elif c == "{" and (m := re.match(r"\{(\d*)(,(\d*))?\}", self.p[self.i:])) and (m.group(1) or m.group(3)):
+            self.i += m.end()
+            lo = int(m.group(1) or 0)
+            q = f"{{{lo}" + (f",{m.group(3)}}}" if m.group(2) else "}")
+            k = int(m.group(3) or lo + 1) if m.group(2) else lo
+        else:
+            return "", 0
+        if self.peek() == "+":
+            raise ValueError("possessive quantifiers")
+        self.i += self.peek() == "?"             # lazy: the same language under a full match
+        return q, k
+
+
+# ---------------------------------------------------------------- the translator
+def _key(name):
+    return _esc(json.dumps(name, ensure_ascii=False))
+
+
+def _type_ok(v, types):
+    if isinstance(v, bool):
+        return "boolean" in types
+    if isinstance(v, (int, float)):
+        return "number" in types or "integer" in types and (isinstance(v, int) or v.is_integer())
+    return {str: "string", type(None): "null", list: "array", dict: "object"}.get(type(v)) in types
+
+
+class _Translator:
+    def __init__(self, root, ws, max_depth):
+        self.root, self.ws, self.max_depth = root, ws, max_depth
+        self.refs, self.mult, self.copies, self.any_cache = [], 1, 0, {}
+
+    def err(self, path, msg):
+        raise JSONSchemaError(f"schema at {path or '/'}: {msg}")
+
+    @contextlib.contextmanager
+    def times(self, k):                     # what is generated inside gets copied k times
+        old, self.mult = self.mult, self.mult * max(k, 1)
+        try:
+            yield
+        finally:
+            self.mult = old
+
+    def charge(self, n, path):
+        self.copies += self.mult * n
+        if self.copies > MAX_COPIES:
+            self.err(path, f"the length/item/value bounds need {self.copies} automaton copies, more than {MAX_COPIES}")
+
+    def rep(self, atom, lo, hi, path):
+        text = _rep(atom, lo, hi)
+        if text.endswith("}"):
+            self.charge(hi if hi is not None else lo + 1, path)
+        return text
+
+    def count(self, s, key, path, default=None):
+        v = s.get(key, default)
+        if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 and (
+                isinstance(v, int) or v.is_integer())):
+            self.err(path, f"{key!r} must be a non-negative integer, not {v!r}")
+        return None if v is None else int(v)
+
+    def any(self, level):
+        d = max(self.max_depth - level, 0)
+        if d not in self.any_cache:
+            ws, alts = self.ws, _SCALARS
+            if d > 0:
+                v = self.any(level + 1)
+                m = f"{_STRING}{ws}:{ws}{v}"
+                alts += rf"|\{{{ws}(?:{m}(?:{ws},{ws}{m})*{ws})?\}}|\[{ws}(?:{v}(?:{ws},{ws}{v})*{ws})?\]"
+            self.any_cache[d] = f"(?:{alts})"
+        return self.any_cache[d]
+
+    def gen(self, s, path, level):
+        """Regex for the schema ``s`` at JSON nesting ``level``; None when nothing can match."""
+        if s is True or s == {}:
+            return self.any(level)
+        if s is False:
+            return None
+        if not isinstance(s, dict):
+            self.err(path, f"expected a schema object or boolean, got {s!r}")
+        keys = set(s) - _ANNOTATIONS
+        for k in sorted(keys - _KNOWN):
+            self.err(path, f"keyword {k!r} is not supported")
+        if "allOf" in s:
+            if not isinstance(s["allOf"], list) or not s["allOf"]:
+                self.err(path, "'allOf' must be a non-empty array")
+            merged = {k: v for k, v in s.items() if k != "allOf"}
+            for i, part in enumerate(s["allOf"]):
+                merged = self.merge(merged, part, f"{path}/allOf/{i}")
+            return None if merged is False else self.gen(merged, path, level)
+        if "$ref" in s:
+            if keys - {"$ref"}:
+                self.err(path, f"'$ref' next to {sorted(keys - {'$ref'})} is not supported")
+            return self.ref(s["$ref"], path, level)
+        for kw in ("anyOf", "oneOf"):
+            if kw in s:                     # siblings apply to every branch
+                if not isinstance(s[kw], list) or not s[kw]:
+                    self.err(path, f"{kw!r} must be a non-empty array")
+                rest = {k: v for k, v in s.items() if k != kw}
+                return _alt([self.gen(self.merge(rest, sub, f"{path}/{kw}/{i}"), f"{path}/{kw}/{i}", level)
+                             for i, sub in enumerate(s[kw])])
+        types = self.types(s, path)
+        if "enum" in s or "const" in s:
+            if keys - {"enum", "const", "type"}:
+                self.err(path, f"'enum'/'const' next to {sorted(keys - {'enum', 'const', 'type'})} is not supported")
+            vals = s["enum"] if "enum" in s else [s["const"]]
+            if not isinstance(vals, list):
+                self.err(path, "'enum' must be an array")
+            if "const" in s:                # both: the enum values equal to the const (1 == 1.0, True != 1)
+                vals = [v for v in vals if v == s["const"] and (type(v) is type(s["const"]) or not (
+                    {type(v), type(s["const"])} - {int, float}))]
+            return _alt([self.literal(v, path) for v in vals if "type" not in s or _type_ok(v, types)])
+        if not keys:
+            return self.any(level)
+        if "multipleOf" in s and ("integer" in types or "number" in types) and (
+                "number" in types or s["multipleOf"] != 1):
+            self.err(path, f"'multipleOf' {s['multipleOf']!r} is not supported (only 1, on integers)")
+        out = []
+        for t in types:
+            if t in ("null", "boolean"):
+                out.append("null" if t == "null" else "(?:true|false)")
+            elif t == "integer" and "number" not in types or t == "number":
+                out.append(self.number(s, path, t == "integer"))
+            elif t != "integer":
+                out.append(getattr(self, t)(s, path, level))
+        return _alt(out)
+
+    def merge(self, a, b, path):
+        """A schema for the instances valid under both ``a`` and ``b`` (False: none), if the parts don't conflict."""
+        if b is True or a is False or b is False:
+            return False if b is False else a
+        if not isinstance(b, dict):
+            self.err(path, f"expected a schema object or boolean, got {b!r}")
+        out = dict(a)
+        for k, v in b.items():
+            if k not in out or k in _ANNOTATIONS or out[k] == v:
+                out.setdefault(k, v)
+            elif k == "type":               # intersection; a number may be an integer
+                ta, tb = ([t] if isinstance(t, str) else list(t) for t in (out[k], v))
+                ta, tb = (t + ["integer"] * ("number" in t) for t in (ta, tb))
+                out[k] = list(dict.fromkeys(x for x in ta if x in tb))
+                if not out[k]:
+                    return False
+            elif k == "required":
+                out[k] = list(out[k]) + [r for r in v if r not in out[k]]
+            elif k == "properties" and not set(out[k]) & set(v) and "additionalProperties" not in {**out, **b}:
+                out[k] = {**out[k], **v}
+            else:
+                self.err(path, f"merging two different {k!r} (allOf, or anyOf/oneOf with siblings) is not supported")
+        return out
+
+    def ref(self, ref, path, level):
+        if not isinstance(ref, str) or not ref.startswith("#") or ref[1:2] not in ("", "/"):
+            self.err(path, f"'$ref' {ref!r}: only local JSON-pointer references ('#', '#/...') are supported")
+        target, pointer = self.root, ref[1:]
+        for tok in pointer.split("/")[1:]:
+            tok = tok.replace("~1", "/").replace("~0", "~")
+            try:
+                target = target[int(tok) if isinstance(target, list) else tok]
+            except (KeyError, ValueError, IndexError, TypeError):
+                self.err(path, f"'$ref' {ref!r} does not resolve")
+        if self.refs.count(pointer) >= self.max_depth:
+            return None                     # recursion deeper than max_depth: this branch can't match
+        self.refs.append(pointer)
+        try:
+            return self.gen(target, pointer, level)
+        finally:
+            self.refs.pop()
+
+    def types(self, s, path):
+        t = s.get("type")
+        if t is None:
+            return [k for k, kws in _BY_TYPE.items() if kws & set(s)] or list(_TYPES)
+        t = [t] if isinstance(t, str) else t
+        if not isinstance(t, list) or not t or any(x not in _TYPES for x in t):
+            self.err(path, f"'type' {s['type']!r} is not a type name or a list of them")
+        return list(dict.fromkeys(t))
+
+    def literal(self, v, path):
+        ws = self.ws
+        if isinstance(v, dict):
+            inner = f"{ws},{ws}".join(f"{_key(k)}{ws}:{ws}{self.literal(x, path)}" for k, x in v.items())
+            return rf"\{{{ws}{inner}{ws}\}}" if v else rf"\{{{ws}\}}"
+        if isinstance(v, list):
+            inner = f"{ws},{ws}".join(self.literal(x, path) for x in v)
+            return rf"\[{ws}{inner}{ws}\]" if v else rf"\[{ws}\]"
+        if isinstance(v, float) and not math.isfinite(v):
+            self.err(path, f"{v!r} is not a JSON value")
+        return _esc(json.dumps(v, ensure_ascii=False))
+
+    def string(self, s, path, level):
+        lo, hi = self.count(s, "minLength", path, 0), self.count(s, "maxLength", path)
+        if hi is not None and lo > hi:
+            self.err(path, f"'minLength' {lo} is greater than 'maxLength' {hi}")
+        fmt = FORMATS.get(s["format"]) if isinstance(s.get("format"), str) else None
+        if "pattern" in s and fmt:
+            self.err(path, "'pattern' together with 'format' is not supported")
+        if ("pattern" in s or fmt) and (lo or hi is not None):
+            self.err(path, f"'minLength'/'maxLength' with {'format' if fmt else 'pattern'} is not supported")
+        if "pattern" not in s:
+            return f'"{fmt if fmt else self.rep(_CHAR, lo, hi, path)}"'
+        try:
+            re.compile(s["pattern"])
+            pat = _Pattern(s["pattern"])
+            body = pat.translate()
+        except (re.error, TypeError, ValueError) as e:
+            self.err(path, f"'pattern' {s['pattern']!r} is not supported: {e}")
+        self.charge(pat.copies, path)
+        return f'"{body}"'
+
+    def bound(self, s, path, kw, ex, tighter):
+        v, e = s.get(kw), s.get(ex)
+        for k, x in ((kw, v), (ex, e)):
+            if x is not None and (not isinstance(x, (int, float)) or isinstance(x, bool) and k == kw
+                                  or not math.isfinite(x)):
+                self.err(path, f"{k!r} must be a number, not {x!r}")
+        if isinstance(e, bool):             # draft 4: a flag on minimum / maximum
+            if e and v is None:
+                self.err(path, f"{ex!r} true without {kw!r}")
+            return v, e, kw
+        return (e, True, ex) if e is not None and (v is None or tighter(e, v)) else (v, False, kw)
+
+    def number(self, s, path, integer):
+        lo, lox, lok = self.bound(s, path, "minimum", "exclusiveMinimum", lambda e, v: e >= v)
+        hi, hix, hik = self.bound(s, path, "maximum", "exclusiveMaximum", lambda e, v: e <= v)
+        if lo is None and hi is None:
+            return int_range_regex(None, None) if integer else _NUMBER
+        if integer:                         # round inward
+            ilo = None if lo is None else math.floor(lo) + 1 if lox else math.ceil(lo)
+            ihi = None if hi is None else math.ceil(hi) - 1 if hix else math.floor(hi)
+            rx = int_range_regex(ilo, ihi)
+        else:
+            for k, v in ((lok, lo), (hik, hi)):
+                if v is not None and v != int(v):
+                    self.err(path, f"{k!r} {v} on type number is not supported (only integer bounds)")
+            rx = decimal_range_regex(None if lo is None else int(lo), lox, None if hi is None else int(hi), hix)
+        if rx is None:
+            self.err(path, f"{lok!r} {lo} and {hik!r} {hi} leave no {'integer' if integer else 'number'}")
+        self.charge(_copies(rx), path)
+        return rx
+
+    def object(self, s, path, level):
+        ws, req, props = self.ws, s.get("required", []), s.get("properties")
+        lo, hi = self.count(s, "minProperties", path, 0), self.count(s, "maxProperties", path)
+        if hi is not None and lo > hi:
+            self.err(path, f"'minProperties' {lo} is greater than 'maxProperties' {hi}")
+        if not isinstance(props, (dict, type(None))) or not isinstance(req, list) or any(
+                r not in (props or {}) for r in req):
+            self.err(path, f"'required' {req!r} must list names in 'properties' (an object)")
+        if props is None:                   # any keys, values per additionalProperties
+            with self.times(hi if hi is not None else max(lo, 1)):
+                v = None if hi == 0 else self.gen(s.get("additionalProperties", True), f"{path}/additionalProperties",
+                                                  level + 1)
+            if v is None:
+                return rf"\{{{ws}\}}" if lo == 0 else None
+            m = f"{_STRING}{ws}:{ws}{v}"
+            body = m + self.rep(f"(?:{ws},{ws}{m})", max(lo - 1, 0), None if hi is None else hi - 1, path)
+            return rf"\{{{ws}{body}{ws}\}}" if lo else rf"\{{{ws}(?:{body}{ws})?\}}"
+        members = []                        # [member regex, required], in the declared order
+        for name, sub in props.items():
+            ptr = str(name).replace("~", "~0").replace("/", "~1")
+            v = self.gen(sub, f"{path}/properties/{ptr}", level + 1)
+            if v is None and name in req:
+                return None
+            members += [[f"{_key(name)}{ws}:{ws}{v}", name in req]] if v is not None else []
+        nreq = sum(r for _, r in members)
+        if hi is not None and hi < nreq or lo > len(members):
+            return None
+        if lo == len(members):
+            members = [[m, True] for m, _ in members]
+        elif lo > max(nreq, 1) or hi is not None and hi < len(members):     # minProperties 1: non-empty
+            self.err(path, "'minProperties'/'maxProperties' that don't follow from 'required' are not supported")
+        sep, alts = f"{ws},{ws}", []
+        for i, (m, required) in enumerate(members):     # i: the first member present
+            alts.append(m + "".join(f"{sep}{mj}" if rj else f"(?:{sep}{mj})?" for mj, rj in members[i + 1:]))
+            if required:
+                break
+        if not alts:
+            return rf"\{{{ws}\}}"
+        return rf"\{{{ws}{_alt(alts)}{ws}\}}" if nreq or lo else rf"\{{{ws}(?:{_alt(alts)}{ws})?\}}"
+
+    def array(self, s, path, level):
+        ws, items, prefix = self.ws, s.get("items"), s.get("prefixItems", [])
+        if s.get("uniqueItems") not in (None, False):
+            self.err(path, "'uniqueItems' true is not supported (not expressible as a regular expression)")
+        if not isinstance(prefix, list) or isinstance(items, list):
+            self.err(path, "'prefixItems' must be an array and 'items' a schema (tuples: use prefixItems)")
+        lo, hi = self.count(s, "minItems", path, 0), self.count(s, "maxItems", path)
+        if hi is not None and lo > hi:
+            self.err(path, f"'minItems' {lo} is greater than 'maxItems' {hi}")
+        k, sep, x, need = len(prefix), f"{ws},{ws}", None, max(lo, 1)   # need: for the non-empty body
+        p = [self.gen(sub, f"{path}/prefixItems/{i}", level + 1) for i, sub in enumerate(prefix[:hi])]
+        if items is not False and not (prefix and items is None) and (hi is None or hi > k):
+            with self.times(hi - k if hi is not None else max(lo - k, 1)):
+                x = self.gen(True if items is None else items, f"{path}/items", level + 1)
+
+        def seq(i):                         # the elements from index i on; None: impossible
+            if hi is not None and i >= hi:
+                return ""
+            if i < k:
+                nxt = None if p[i] is None else seq(i + 1)
+                rest = None if nxt is None else (sep if i else "") + p[i] + nxt
+                return rest if i < need else "" if rest is None else f"(?:{rest})?"
+            if x is None:
+                return "" if i >= need else None
+            more = None if hi is None else hi - i
+            if i == 0:
+                return x + self.rep(f"(?:{sep}{x})", need - 1, None if more is None else more - 1, path)
+            return self.rep(f"(?:{sep}{x})", max(need - i, 0), more, path)
+
+        body = None if hi == 0 else seq(0)
+        if body is None:
+            return rf"\[{ws}\]" if lo == 0 else None
+        return rf"\[{ws}{body}{ws}\]" if lo else rf"\[{ws}(?:{body}{ws})?\]"
+
+
+def json_schema_to_regex(schema, whitespace: str | None = None, max_depth: int = DEFAULT_MAX_DEPTH) -> str:
+    """schema: dict | bool | JSON text of one -> regex (str) whose full matches are valid instances.
+    whitespace: the regex put where JSON allows whitespace (None: DEFAULT_WHITESPACE); max_depth: the nesting
+    bound of schema-free values and recursive $refs. Raises JSONSchemaError (a ValueError)."""
+    if isinstance(schema, (str, bytes)):
+        try:
+            schema = json.loads(schema)
+        except ValueError as e:
+            raise JSONSchemaError(f"schema at /: not valid JSON: {e}") from None
+    if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0:
+        raise ValueError(f"max_depth must be a non-negative integer, not {max_depth!r}")
+    ws = DEFAULT_WHITESPACE if whitespace is None else whitespace
+    try:
+        re.compile(ws)
+    except (re.error, TypeError) as e:
+        raise ValueError(f"whitespace {ws!r} is not a regular expression: {e}") from None
+    if ws and not re.fullmatch(r"(?:\[[^\]]*\]|\\?[^\\()|\[\]])[?*+]?", ws):
+        ws = f"(?:{ws})"
+    rx = _Translator(schema, ws, max_depth).gen(schema, "", 0)
+    if rx is None:
+        raise JSONSchemaError(f"schema at /: no JSON value satisfies the schema (recursion limited to "
+                              f"max_depth={max_depth})")
+    return rx
+
+
+def json_object_regex(whitespace: str | None = None, max_depth: int = DEFAULT_MAX_DEPTH) -> str:
+    """-> regex (str) for any JSON object nesting at most max_depth containers (response_format json_object)."""
+    return json_schema_to_regex({"type": "object"}, whitespace, max_depth)
