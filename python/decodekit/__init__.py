@@ -26,4 +26,7 @@ def __getattr__(name):  # lazy: the engine pulls in the loader/tokenizer stack
     if name == "SamplingParams":
         from .sampling import SamplingParams
         return SamplingParams
+    if name in ("StructuredOutputsParams", "GuidedDecodingParams"):
+        from .sampling import guided
+        return getattr(guided, name)
     raise AttributeError(name)

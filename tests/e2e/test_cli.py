@@ -26,6 +26,10 @@ def test_generate_greedy_on_embedded_model():
     (["--logit-bias", "1000"], "logit-bias"),
     (["--logit-bias", "1000=500"], "logit_bias"),
     (["--bad-word", " "], "bad_words"),
+    (["--guided-regex", "(?<=x)"], "guided_regex"),
+    (["--guided-json", '{"type": "object", "patternProperties": {}}'], "guided_json"),
+    (["--guided-json", "@/nonexistent/schema.json"], "guided-json"),
+    (["--guided-regex", "a", "--json-object"], "guided_json_object"),
 ])
 def test_bad_arguments_give_one_clear_line(args, field):
     r = _run("generate", "hi", *args)
@@ -40,6 +44,24 @@ def test_bad_word_and_logit_bias():
     assert r.returncode == 0 and "Paris" not in r.stdout, r.stderr
     r = _run(*base, "--logit-bias", "1000=100")
     assert r.returncode == 0 and r.stdout.count("()") == 8, (r.stdout, r.stderr)   # token 1000 is "()"
+
+
+def test_guided_regex_json_and_choice(tmp_path):
+    import json
+    import re
+    base = ("generate", "Describe a cat:", "--max-tokens", "60", "--no-stream", "--temperature", "0",
+            "--kv-cache-memory", "128MiB")
+    r = _run(*base, "--guided-regex", r"[A-Z][a-z]+ is a (?:small|big) cat\.")
+    assert r.returncode == 0 and re.search(r"[A-Z][a-z]+ is a (?:small|big) cat\.", r.stdout), (r.stdout, r.stderr)
+    schema = tmp_path / "cat.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}},
+                                  "required": ["name"]}))
+    r = _run(*base, "--guided-json", f"@{schema}")
+    assert r.returncode == 0, r.stderr
+    obj = json.loads(r.stdout[r.stdout.index("{"):r.stdout.rindex("}") + 1])
+    assert list(obj) == ["name"] and len(obj["name"]) <= 12
+    r = _run(*base, "--guided-choice", "tabby", "--guided-choice", "siamese")
+    assert r.returncode == 0 and ("tabby" in r.stdout or "siamese" in r.stdout), r.stdout
 
 
 def test_help_explains_options():

@@ -75,12 +75,14 @@ def test_stop_ids_that_leave_min_tokens_nothing_to_sample(server):
 
 @pytest.mark.parametrize("path, fields, param", [
     # were 200 with the field ignored (a client asking for constrained output got free text)
-    ("/v1/completions", dict(prompt="hi", guided_json={"type": "object"}), "guided_json"),
+    ("/v1/completions", dict(prompt="hi", guided_json={"type": "object", "patternProperties": {}}), "guided_json"),
+    ("/v1/completions", dict(prompt="hi", guided_regex="(?<=a)b"), "guided_regex"),
+    ("/v1/completions", dict(prompt="hi", guided_regex="a", guided_choice=["a"]), "guided_regex"),
     ("/v1/completions", dict(prompt="hi", guided_choice=[]), "guided_choice"),
     ("/v1/completions", dict(prompt="hi", prompt_logprobs=21), "prompt_logprobs"),
     ("/v1/completions", dict(prompt="hi", use_beam_search=True), "use_beam_search"),
     ("/v1/completions", dict(prompt="hi", allowed_token_ids=[1, 99999999]), "allowed_token_ids"),
-    ("/v1/chat/completions", dict(messages=CHAT, structured_outputs={"json": {}}), "structured_outputs"),
+    ("/v1/chat/completions", dict(messages=CHAT, structured_outputs={"grammar": "root ::= x"}), "structured_outputs"),
     ("/v1/chat/completions", dict(messages=CHAT, add_generation_prompt="no"), "add_generation_prompt"),
     ("/v1/chat/completions", dict(messages=CHAT, continue_final_message=True, add_generation_prompt=True),
      "continue_final_message"),

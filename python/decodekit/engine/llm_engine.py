@@ -385,7 +385,7 @@ class LLMEngine:
         params.validate(vocab_size=self.model_config.vocab_size, eos_token_ids=self.eos_token_ids)
         if params.bad_words:
             params.set_bad_words_token_ids(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
-        if params.guided_choice is not None:
+        if params.guided_kind is not None:
             params.set_guided(self.tokenizer, self.eos_token_ids)
         request_id = str(next(self._ids)) if request_id is None else request_id
         if not isinstance(request_id, str) or not request_id:

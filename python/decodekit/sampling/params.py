@@ -37,7 +37,22 @@ guided_choice               None or a list of 1 to 256 non-empty str of at most 
                             the output is one of them, then EOS (vLLM's guided_choice); not with
                             ignore_eos, allowed_token_ids nor min_tokens (stop strings still apply,
                             as in vLLM: one inside a choice cuts the output there)
+guided_regex                None or a str of at most 200000 characters: the output (its UTF-8 bytes)
+                            fully matches this regular expression, then EOS (the pattern subset:
+                            sampling/guided/regex.py; errors give the position)
+guided_json                 None, a JSON schema (dict, JSON text, or True for any value): the output is
+                            a JSON text valid under it (supported keywords: guided/json_schema.py)
+guided_json_object          bool: the output is a JSON object (OpenAI's response_format json_object)
+guided_whitespace_pattern   None or a regular expression: where JSON allows whitespace (default one
+                            optional space); only with guided_json / guided_json_object
+structured_outputs          None or a StructuredOutputsParams / dict with one of json, regex, choice,
+(or guided_decoding)        json_object (vLLM's): spread into the guided_* fields above
 ==========================  ================================================================
+
+At most one of guided_choice, guided_regex, guided_json and guided_json_object; none of them goes with
+ignore_eos or allowed_token_ids (they set the allowed tokens and end the output with EOS). The guided
+masks allow exactly the tokens whose bytes keep the output a prefix of some match, and EOS where it is a
+match (EOS alone if the vocabulary cannot go on); min_tokens holds EOS back as long as another token fits.
 
 ``bad_words`` as vLLM: each word is encoded without special tokens twice, as written (leading
 spaces stripped) and with one leading space (kept when that gives a different first token and the
@@ -63,6 +78,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 MAX_N = 128
 MAX_TEMPERATURE = 100.0
@@ -76,6 +92,8 @@ LOGIT_BIAS_RANGE = 100.0       # logit_bias values in [-100, 100] (OpenAI)
 MAX_BAD_WORDS = 1024           # bad_words: at most this many words
 MAX_BAD_WORD_CHARS = 1024      # of at most this many characters each
 MAX_GUIDED_CHOICES = 256       # guided_choice: at most this many choices (of MAX_BAD_WORD_CHARS characters)
+MAX_GUIDED_PATTERN = 200_000   # guided_regex / guided_whitespace_pattern: at most this many characters
+GUIDED_FIELDS = ("guided_choice", "guided_regex", "guided_json", "guided_json_object")
 
 
 class SamplingParamsError(ValueError):
@@ -156,6 +174,12 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     guided_choice: list[str] | None = None
+    guided_regex: str | None = None
+    guided_json: Any = None
+    guided_json_object: bool = False
+    guided_whitespace_pattern: str | None = None
+    structured_outputs: Any = None
+    guided_decoding: Any = None
 
     def __setattr__(self, name, value):
         # the constructor's shorthands hold for assignments too (sp.stop = "###")
@@ -166,6 +190,7 @@ class SamplingParams:
         object.__setattr__(self, name, value)
 
     def __post_init__(self):
+        self._spread_structured_outputs()
         self.validate()
         # Normalise numpy scalars to Python numbers (validated above).
         for name in ("n", "top_k", "max_tokens", "min_tokens"):
@@ -297,27 +322,124 @@ class SamplingParams:
                         "bad_words", f"each word must be a str with a non-space character and at most "
                                      f"{MAX_BAD_WORD_CHARS} characters, got {_show(w)}")
 
+    def _spread_structured_outputs(self) -> None:
+        """structured_outputs / guided_decoding (vLLM's StructuredOutputsParams, or a dict of its fields)
+        into the guided_* fields."""
+        for name in ("structured_outputs", "guided_decoding"):
+            so = getattr(self, name)
+            if so is None:
+                continue
+            d = dict(so) if isinstance(so, dict) else getattr(so, "__dict__", None)
+            if not isinstance(d, dict):
+                raise SamplingParamsError(name, f"must be a StructuredOutputsParams or a dict, got {_show(so)}")
+            known = {"json", "regex", "choice", "grammar", "json_object", "whitespace_pattern", "backend",
+                     "disable_any_whitespace", "disable_fallback", "disable_additional_properties",
+                     "structural_tag", "_backend", "_backend_was_auto"}
+            unknown = sorted(set(d) - known)
+            if unknown:
+                raise SamplingParamsError(name, f"unknown field {unknown[0]!r} (known: json, regex, choice, "
+                                                f"json_object, whitespace_pattern)")
+            if d.get("grammar") is not None or d.get("structural_tag") is not None:
+                raise SamplingParamsError(name, "grammar / structural_tag guides are not supported (json, regex, "
+                                                "choice and json_object are)")
+            if any(getattr(self, f) not in (None, False) for f in GUIDED_FIELDS):
+                raise SamplingParamsError(name, "give it or the guided_* fields, not both")
+            self.guided_choice = d.get("choice")
+            self.guided_regex = d.get("regex")
+            self.guided_json = d.get("json")
+            self.guided_json_object = bool(d.get("json_object") or False)
+            if d.get("whitespace_pattern") is not None:
+                self.guided_whitespace_pattern = d["whitespace_pattern"]
+            elif d.get("disable_any_whitespace"):
+                self.guided_whitespace_pattern = ""
+            setattr(self, name, None)
+
+    @property
+    def guided_kind(self) -> str | None:
+        """Which guided_* field is set (None: none)."""
+        for f in GUIDED_FIELDS:
+            v = getattr(self, f)
+            if v is not None and v is not False:
+                return f
+        return None
+
     def _validate_guided(self) -> None:
-        g = self.guided_choice
-        if g is None:
+        if self.structured_outputs is not None or self.guided_decoding is not None:
+            self._spread_structured_outputs()
+        given = [f for f in GUIDED_FIELDS if getattr(self, f) is not None and getattr(self, f) is not False]
+        if len(given) > 1:
+            raise SamplingParamsError(given[1], f"give one guide at most, got {' and '.join(given)}")
+        _check_bool("guided_json_object", self.guided_json_object)
+        ws = self.guided_whitespace_pattern
+        if ws is not None:
+            if not isinstance(ws, str) or len(ws) > MAX_GUIDED_PATTERN:
+                raise SamplingParamsError("guided_whitespace_pattern", f"must be a regular expression (str) of at most "
+                                                                       f"{MAX_GUIDED_PATTERN} characters, got {_show(ws)}")
+            if self.guided_kind not in ("guided_json", "guided_json_object"):
+                raise SamplingParamsError("guided_whitespace_pattern", "only goes with guided_json or guided_json_object")
+        if not given:
             return
-        if not isinstance(g, (list, tuple)) or not 1 <= len(g) <= MAX_GUIDED_CHOICES or not all(
-                isinstance(c, str) and 0 < len(c) <= MAX_BAD_WORD_CHARS for c in g):
-            raise SamplingParamsError("guided_choice", f"must be a list of 1 to {MAX_GUIDED_CHOICES} non-empty str of "
-                                                       f"at most {MAX_BAD_WORD_CHARS} characters, got {_show(g)}")
+        kind = given[0]
         if self.ignore_eos:
-            raise SamplingParamsError("guided_choice", "ends each output with EOS: it cannot go with ignore_eos")
+            raise SamplingParamsError(kind, "ends each output with EOS: it cannot go with ignore_eos")
         if self.allowed_token_ids is not None:
-            raise SamplingParamsError("guided_choice", "cannot go with allowed_token_ids (it sets the allowed tokens)")
-        if self.min_tokens:
-            raise SamplingParamsError("guided_choice", f"ends the output with EOS once it is a choice: min_tokens must "
-                                                       f"be 0, got {self.min_tokens}")
+            raise SamplingParamsError(kind, "cannot go with allowed_token_ids (it sets the allowed tokens)")
+        if kind == "guided_choice":
+            g = self.guided_choice
+            if not isinstance(g, (list, tuple)) or not 1 <= len(g) <= MAX_GUIDED_CHOICES or not all(
+                    isinstance(c, str) and 0 < len(c) <= MAX_BAD_WORD_CHARS for c in g):
+                raise SamplingParamsError("guided_choice", f"must be a list of 1 to {MAX_GUIDED_CHOICES} non-empty str "
+                                                           f"of at most {MAX_BAD_WORD_CHARS} characters, got {_show(g)}")
+            if self.min_tokens:
+                raise SamplingParamsError("guided_choice", f"ends the output with EOS once it is a choice: min_tokens "
+                                                           f"must be 0, got {self.min_tokens}")
+            return
+        self.guided_pattern()          # the pattern builds (syntax / schema errors name the field)
+
+    def guided_pattern(self) -> str | None:
+        """The regular expression guided_regex / guided_json / guided_json_object stands for (None for
+        guided_choice or no guide); SamplingParamsError naming the field when it is unsupported."""
+        from .guided import RegexError, guide_pattern, parse
+        kind, ws = self.guided_kind, self.guided_whitespace_pattern
+        try:
+            if ws is not None:
+                parse(ws)
+        except RegexError as e:
+            raise SamplingParamsError("guided_whitespace_pattern", str(e)) from None
+        if kind == "guided_regex":
+            r = self.guided_regex
+            if not isinstance(r, str) or len(r) > MAX_GUIDED_PATTERN:
+                raise SamplingParamsError("guided_regex", f"must be a str of at most {MAX_GUIDED_PATTERN} "
+                                                          f"characters, got {_show(r)}")
+        elif kind == "guided_json":
+            s = self.guided_json
+            if not isinstance(s, (dict, str)) and s is not True:
+                raise SamplingParamsError("guided_json", f"must be a JSON schema (a dict, its JSON text, or True), "
+                                                         f"got {_show(s)}")
+        elif kind != "guided_json_object":
+            return None
+        try:
+            return guide_pattern(kind[len("guided_"):], getattr(self, kind) if kind != "guided_json_object" else None,
+                                 ws)
+        except ValueError as e:        # RegexError, JSONSchemaError
+            raise SamplingParamsError(kind, str(e)) from None
 
     def set_guided(self, tokenizer, eos_token_ids) -> None:
-        """guided_choice against `tokenizer`'s token bytes (Tokenizer.token_bytes) and the model's EOS ids."""
+        """The guide against `tokenizer`'s token bytes (Tokenizer.token_bytes) and the model's EOS ids:
+        guided_choice's prefix index, or the compiled automaton of the other guides."""
+        kind = self.guided_kind
+        if kind is None:
+            return
         eos = sorted({int(e) for e in eos_token_ids})
         if not eos:
-            raise SamplingParamsError("guided_choice", "needs a model with an EOS token")
+            raise SamplingParamsError(kind, "needs a model with an EOS token")
+        if kind != "guided_choice":
+            from .guided import GuideError, RegexError, compile_guide
+            try:
+                object.__setattr__(self, "_guide", compile_guide(self.guided_pattern(), tokenizer, eos))
+            except (RegexError, GuideError) as e:
+                raise SamplingParamsError(kind, str(e)) from None
+            return
         try:
             choices = [c.encode("utf-8") for c in self.guided_choice]
         except UnicodeEncodeError:
@@ -325,6 +447,25 @@ class SamplingParams:
         tb, index = tokenizer.token_bytes()
         longest = max((len(b) for b in index), default=0)   # no token spans more bytes: the lookups stop there
         object.__setattr__(self, "_guided", (choices, tb, index, eos, longest))
+
+    def guided_mask(self, output_token_ids, vocab_size: int):
+        """(bool [vocab_size] mask of the tokens the guide allows after `output_token_ids`, how many); the
+        mask may be shared (cached per automaton state): do not modify it."""
+        import torch
+        if self.guided_kind == "guided_choice":
+            if "_guided" not in self.__dict__:
+                raise ValueError("SamplingParams.guided_choice: call set_guided(tokenizer, eos_token_ids) first "
+                                 "(the engine's add_request does)")
+            ids = [t for t in self.guided_allowed(output_token_ids) if t < vocab_size]
+            mask = torch.zeros(vocab_size, dtype=torch.bool)
+            mask[torch.tensor(ids, dtype=torch.int64)] = True
+            return mask, len(ids)
+        guide = self.__dict__.get("_guide")
+        if guide is None:
+            raise ValueError(f"SamplingParams.{self.guided_kind}: call set_guided(tokenizer, eos_token_ids) first "
+                             f"(the engine's add_request does)")
+        out = output_token_ids.tolist() if hasattr(output_token_ids, "tolist") else list(output_token_ids)
+        return guide.mask(guide.state_after(out), vocab_size)
 
     def guided_allowed(self, output_token_ids) -> list[int]:
         """The tokens guided_choice allows after `output_token_ids`: those whose bytes extend the output
@@ -396,14 +537,14 @@ class SamplingParams:
         """Whether the processed logits depend on the tokens generated so far (penalties, bad words of
         more than one token, guided_choice): speculative verification then hands each position its drafted
         prefix."""
-        return (self.has_penalties or self.guided_choice is not None
+        return (self.has_penalties or self.guided_kind is not None
                 or any(len(q) > 1 for q in self.bad_words_token_ids))
 
     @property
     def masks_logits(self) -> bool:
         """Whether logit_bias, allowed_token_ids, bad_words or guided_choice change the logits."""
         return (bool(self.logit_bias) or self.allowed_token_ids is not None or bool(self.bad_words)
-                or self.guided_choice is not None)
+                or self.guided_kind is not None)
 
     def all_stop_token_ids(self, eos_token_ids) -> list[int]:
         """Token ids that end the request: ``stop_token_ids`` plus EOS unless ``ignore_eos``."""

@@ -9,7 +9,7 @@ padded widths in the metadata).
 
 Processing order (each step applies only when some row needs it):
 
-0. token controls, in vLLM's order: ``allowed_token_ids`` or ``guided_choice``'s tokens (every
+0. token controls, in vLLM's order: ``allowed_token_ids`` or the guide's tokens (every
    other token -inf), ``bad_words``
    (a one-token word's token -inf; a longer word's last token -inf when the generated tokens end
    with the rest of it), ``logit_bias`` added;
@@ -268,30 +268,30 @@ def _token_controls(md: SamplingMetadata, params_list, output_token_ids_list, B:
                     continue
             bad_rows.append(b)
             bad_cols.append(w[-1])
-    if any(p.allowed_token_ids is not None or p.guided_choice is not None for p in params_list):
+    if any(p.allowed_token_ids is not None or p.guided_kind is not None for p in params_list):
         rows_mask = []
         for b, p in enumerate(params_list):
-            if p.guided_choice is not None:   # this step's tokens towards a choice (or EOS)
-                if "_guided" not in p.__dict__:
-                    raise ValueError("SamplingParams.guided_choice: call set_guided(tokenizer, eos_token_ids) first "
-                                     "(the engine's add_request does)")
-                ids = p.guided_allowed(output_token_ids_list[b])
-                allowed, mask = frozenset(ids), torch.zeros(V, dtype=torch.bool)
-                mask[torch.tensor(ids, dtype=torch.int64)] = True
+            if p.guided_kind is not None:    # this step's tokens towards a match of the guide (or EOS)
+                mask, count = p.guided_mask(output_token_ids_list[b], V)
+                allowed = None
             elif p.allowed_token_ids is None:
                 rows_mask.append(None)
                 continue
             else:
                 allowed, mask = _allowed_of(p, V)
+                count = len(allowed)
             rows_mask.append(mask)
             bad = {c for r, c in zip(bad_rows, bad_cols) if r == b}
             held = {c for r, c in zip(min_rows, min_cols) if r == b}
-            if len(bad) + len(held) >= len(allowed) and allowed <= bad | held:   # nothing left: relieve
-                min_rows, min_cols = ([r for r, c in zip(min_rows, min_cols) if r != b],
-                                      [c for r, c in zip(min_rows, min_cols) if r != b])
-                if allowed <= bad:
-                    bad_rows, bad_cols = ([r for r, c in zip(bad_rows, bad_cols) if r != b],
-                                          [c for r, c in zip(bad_rows, bad_cols) if r != b])
+            if len(bad) + len(held) >= count:
+                if allowed is None:
+                    allowed = frozenset(mask.nonzero().flatten().tolist())
+                if allowed <= bad | held:   # nothing left: relieve
+                    min_rows, min_cols = ([r for r, c in zip(min_rows, min_cols) if r != b],
+                                          [c for r, c in zip(min_rows, min_cols) if r != b])
+                    if allowed <= bad:
+                        bad_rows, bad_cols = ([r for r, c in zip(bad_rows, bad_cols) if r != b],
+                                              [c for r, c in zip(bad_rows, bad_cols) if r != b])
         ones = torch.ones(V, dtype=torch.bool)
         md.allowed_mask = torch.stack([ones if m is None else m for m in rows_mask]).to(device)
     if bad_rows:

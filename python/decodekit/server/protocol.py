@@ -12,7 +12,7 @@ import time
 import uuid
 
 from decodekit.sampling import SamplingParams
-from decodekit.sampling.params import SamplingParamsError
+from decodekit.sampling.params import GUIDED_FIELDS, SamplingParamsError
 
 MAX_LOGPROBS = 20
 
@@ -101,10 +101,72 @@ def _stop(body: dict) -> list[str]:
     return s
 
 
+_GUIDE_KEYS = {"choice": "guided_choice", "regex": "guided_regex", "json": "guided_json",
+               "json_object": "guided_json_object", "whitespace_pattern": "guided_whitespace_pattern"}
+
+
+def _guides(body: dict) -> dict:
+    """The guide of a request, in SamplingParams' guided_* fields, from OpenAI's response_format
+    ({"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}) or vLLM's
+    guided_choice / guided_regex / guided_json / guided_whitespace_pattern or structured_outputs {choice,
+    regex, json, json_object, whitespace_pattern}; more than one guide is a 400. "_source" names the request
+    field the guide came from (errors from SamplingParams are reported against it)."""
+    found: list[tuple[str, dict]] = []
+    flat = {k: body[k] for k in ("guided_choice", "guided_regex", "guided_json") if body.get(k) is not None}
+    if body.get("guided_choice") is not None:
+        flat["guided_choice"] = str_list(body["guided_choice"], "guided_choice")
+    for k, v in flat.items():
+        found.append((k, {k: v}))
+    so = body.get("structured_outputs")
+    if so is not None and so != {}:
+        if not isinstance(so, dict):
+            raise APIError(400, "'structured_outputs' must be an object with one of choice, regex, json, json_object",
+                           "structured_outputs")
+        unknown = sorted(set(so) - set(_GUIDE_KEYS) - {"backend", "disable_any_whitespace",
+                                                       "disable_additional_properties", "disable_fallback"})
+        if unknown:
+            raise APIError(400, f"'structured_outputs.{unknown[0]}' is not supported here (choice, regex, json, "
+                                f"json_object and whitespace_pattern are)", "structured_outputs")
+        d = {}
+        for k, v in so.items():
+            if k in _GUIDE_KEYS and v is not None and v is not False:
+                d[_GUIDE_KEYS[k]] = str_list(v, "structured_outputs.choice", "structured_outputs") \
+                    if k == "choice" else v
+        if so.get("disable_any_whitespace") and "guided_whitespace_pattern" not in d:
+            d["guided_whitespace_pattern"] = ""
+        if set(d) - {"guided_whitespace_pattern"}:
+            found.append(("structured_outputs", d))
+    rf = body.get("response_format")
+    if rf is not None and rf != {"type": "text"}:
+        t = rf.get("type") if isinstance(rf, dict) else None
+        if t == "json_object":
+            found.append(("response_format", {"guided_json_object": True}))
+        elif t == "json_schema":
+            js = rf.get("json_schema")
+            if not isinstance(js, dict) or not isinstance(js.get("schema", js.get("json_schema")), (dict, bool)):
+                raise APIError(400, "'response_format' of type json_schema needs json_schema: {\"name\": ..., "
+                                    "\"schema\": {...}} with the schema an object", "response_format")
+            schema = js.get("schema", js.get("json_schema"))
+            if schema is False:
+                raise APIError(400, "'response_format.json_schema.schema' false matches nothing", "response_format")
+            found.append(("response_format", {"guided_json": schema}))
+        elif t != "text":
+            raise APIError(400, f"'response_format.type' must be text, json_object or json_schema, got "
+                                f"{json.dumps(t)[:40]}", "response_format")
+    if len(found) > 1:
+        raise APIError(400, f"give one guide at most, got {found[0][0]} and {found[1][0]}", found[1][0])
+    ws = body.get("guided_whitespace_pattern")
+    kw = dict(found[0][1]) if found else {}
+    if ws is not None:
+        kw["guided_whitespace_pattern"] = ws
+    if found:
+        kw["_source"] = found[0][0]
+    return kw
+
+
 def _token_controls(body: dict) -> dict:
-    """logit_bias ({"token id": bias}, OpenAI's JSON form), allowed_token_ids, bad_words and guided_choice /
-    structured_outputs {"choice": [...]} (vLLM's), in SamplingParams' types; their ranges are checked by
-    SamplingParams (errors name the field)."""
+    """logit_bias ({"token id": bias}, OpenAI's JSON form), allowed_token_ids, bad_words and the guide
+    (_guides), in SamplingParams' types; their ranges are checked by SamplingParams (errors name the field)."""
     kw = {}
     lb = body.get("logit_bias")
     if lb is not None:
@@ -122,18 +184,7 @@ def _token_controls(body: dict) -> dict:
             bias[int(k)] = v
         kw["logit_bias"] = bias
     kw["allowed_token_ids"] = int_list(body, "allowed_token_ids")
-    choice = str_list(body.get("guided_choice"), "guided_choice")
-    so = body.get("structured_outputs")
-    if so is not None and so != {}:
-        if not isinstance(so, dict) or set(so) - {"choice"}:
-            raise APIError(400, "'structured_outputs' supports only {\"choice\": [...]} here (json, regex, grammar "
-                                "and the rest are not implemented)", "structured_outputs")
-        if choice is not None:
-            raise APIError(400, "give 'guided_choice' or 'structured_outputs', not both", "structured_outputs")
-        choice = str_list(so.get("choice"), "structured_outputs.choice", "structured_outputs")
-        if choice is None:
-            raise APIError(400, "'structured_outputs.choice' must be a list of strings", "structured_outputs")
-    kw["guided_choice"] = choice
+    kw.update(_guides(body))
     kw["bad_words"] = str_list(body.get("bad_words"), "bad_words")
     return kw
 
@@ -159,10 +210,11 @@ def sampling_params(body: dict, max_tokens: int, logprobs: int | None, vocab_siz
     kw.update(_token_controls(body))
     if kw["seed"] is not None and not 0 <= kw["seed"] < 2 ** 63:
         raise APIError(400, f"'seed' must be in [0, 2^63), got {kw['seed']}", "seed")
+    source = kw.pop("_source", None)
     try:
         return SamplingParams(**kw).validate(vocab_size=vocab_size, max_logprobs=MAX_LOGPROBS)
     except SamplingParamsError as e:
-        raise APIError(400, str(e), e.field) from None
+        raise APIError(400, str(e), source if source and e.field in GUIDED_FIELDS else e.field) from None
     except ValueError as e:
         raise APIError(400, str(e)) from None
 
@@ -210,8 +262,7 @@ def completion_prompts(body: dict, vocab_size: int) -> list:
 # vLLM / OpenAI request fields this server does not implement: asked for (not null / false / empty / a no-op
 # value), they get a 400 naming them rather than being ignored (a client asking for constrained JSON must not
 # get free text back as if it were).
-UNSUPPORTED_COMMON = ("guided_json", "guided_regex", "guided_grammar", "use_beam_search",
-                      "logits_processors", "response_format")
+UNSUPPORTED_COMMON = ("guided_grammar", "use_beam_search", "logits_processors")
 UNSUPPORTED_CHAT = ("tools", "tool_choice", "functions", "function_call", "echo", "modalities", "prediction",
                     "audio")
 

@@ -1,0 +1,114 @@
+"""Guided (structured-output) decoding: a regular expression, a JSON schema or "any JSON object" compiled to
+a byte-level automaton whose states give the tokens a request may sample next (vLLM's guided_regex /
+guided_json / json_object; guided_choice has its own prefix rule in SamplingParams).
+
+- ``regex.py``: the pattern subset and its compiler to a byte-level NFA (UTF-8 aware);
+- ``automaton.py``: the lazily built DFA, the vocabulary walk that turns a state into a token mask, and the
+  per-request state after the generated tokens;
+- ``json_schema.py``: JSON schema -> pattern (the supported keywords and the deliberate deviations).
+
+``compile_guide`` caches compiled guides by (pattern, tokenizer, EOS ids): requests that share a schema
+share its automaton and its per-state masks.
+"""
+from __future__ import annotations
+
+import json as _json
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from .automaton import DEAD, Guide, GuideError, LazyDFA, token_vocab
+from .regex import RegexError, compile_nfa, escape, parse
+
+MAX_PATTERN_CHARS = 200_000     # guided_regex / a schema's pattern: at most this many characters
+GUIDE_CACHE = 64                # compiled guides kept (LRU)
+
+_guides: "OrderedDict[tuple, Guide]" = OrderedDict()
+
+
+@dataclass
+class StructuredOutputsParams:
+    """vLLM's StructuredOutputsParams (GuidedDecodingParams before 0.10): give one of json (a schema: dict,
+    JSON str or True), regex, choice or json_object=True; whitespace_pattern overrides the JSON whitespace.
+    Passed to SamplingParams(structured_outputs=...) (or guided_decoding=...), which spreads it into its
+    guided_* fields. grammar is not supported (refused)."""
+    json: Any = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    whitespace_pattern: str | None = None
+    backend: str | None = None                  # accepted and ignored (one backend here)
+    disable_any_whitespace: bool = False
+    disable_fallback: bool = False
+    disable_additional_properties: bool = False
+
+
+GuidedDecodingParams = StructuredOutputsParams
+
+
+def schema_pattern(schema, whitespace: str | None = None) -> str:
+    """The pattern of a JSON schema (dict, JSON text or True); JSONSchemaError when unsupported."""
+    from .json_schema import json_schema_to_regex
+    return json_schema_to_regex(schema, whitespace=whitespace)
+
+
+def json_object_pattern(whitespace: str | None = None) -> str:
+    from .json_schema import json_object_regex
+    return json_object_regex(whitespace=whitespace)
+
+
+def compile_guide(pattern: str, tokenizer, eos_token_ids) -> Guide:
+    """The Guide of `pattern` over `tokenizer`'s token bytes (cached); RegexError / GuideError when the
+    pattern is unsupported or too large."""
+    vocab = token_vocab(tokenizer)
+    key = (pattern, id(vocab), tuple(sorted({int(e) for e in eos_token_ids})))
+    g = _guides.get(key)
+    if g is not None and g.vocab is vocab:
+        _guides.move_to_end(key)
+        return g
+    g = Guide(LazyDFA(compile_nfa(pattern)), vocab, key[2])
+    if g.dfa.start == DEAD:
+        raise GuideError("the pattern matches nothing")
+    _guides[key] = g
+    if len(_guides) > GUIDE_CACHE:
+        _guides.popitem(last=False)
+    return g
+
+
+_patterns: "OrderedDict[tuple, str]" = OrderedDict()
+
+
+def guide_pattern(kind: str, value, whitespace: str | None = None) -> str:
+    """The checked pattern (parsed once; cached) of a guide: kind "regex" (value: the pattern), "json"
+    (value: a schema) or "json_object"; RegexError / JSONSchemaError when unsupported."""
+    try:
+        text = value if isinstance(value, str) or value is None else _json.dumps(value, sort_keys=True)
+    except (TypeError, ValueError) as e:
+        from .json_schema import JSONSchemaError
+        raise JSONSchemaError(f"the schema must be JSON data (dicts, lists, str, numbers, bools, null): {e}") from None
+    key = (kind, text, whitespace)
+    hit = _patterns.get(key)
+    if hit is not None:
+        _patterns.move_to_end(key)
+        return hit
+    if whitespace is not None:
+        parse(whitespace)
+    if kind == "regex":
+        pattern = value
+    elif kind == "json":
+        pattern = schema_pattern(value, whitespace)
+    elif kind == "json_object":
+        pattern = json_object_pattern(whitespace)
+    else:
+        raise ValueError(f"unknown guide kind {kind!r}")
+    parse(pattern)
+    _patterns[key] = pattern
+    if len(_patterns) > GUIDE_CACHE:
+        _patterns.popitem(last=False)
+    return pattern
+
+
+__all__ = ["DEAD", "Guide", "GuideError", "GuidedDecodingParams", "LazyDFA", "RegexError",
+           "StructuredOutputsParams", "compile_guide", "compile_nfa", "escape", "guide_pattern", "json_object_pattern", "parse",
+           "schema_pattern", "token_vocab"]

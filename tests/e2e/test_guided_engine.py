@@ -1,0 +1,132 @@
+"""Guided decoding end to end on the embedded model (LLM API): guided_regex / guided_json /
+guided_json_object outputs that end with EOS fully match (Python's re; json + jsonschema for the
+schemas), truncated ones are prefixes of a match; sampled with seeds and n > 1; speculative decoding
+(n-gram, layer-skip) emits exactly the plain tokens; min_tokens yields to the guide; errors name the field;
+no KV block is left behind."""
+import json
+import re
+
+import pytest
+
+from decodekit.sampling import SamplingParams
+from decodekit.sampling.guided import DEAD, StructuredOutputsParams
+from decodekit.sampling.params import SamplingParamsError
+from dk_testing import assert_no_leaks, embedded_llm
+
+PROMPTS = ["The phone number of the office is", "Answer with yes or no: is the sky green?",
+           "Write a date:", "Describe a person as JSON:"]
+REGEXES = [r"\(\d{3}\) \d{3}-\d{4}", r"(?:yes|no)(?:, because [a-z ]{1,40})?\.", r"\d{4}-(?:0[1-9]|1[0-2])-\d{2}",
+           r"[A-Z][a-z]{1,12}(?: [A-Z][a-z]{1,12})?, aged (?:[1-9]\d?)"]
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 20},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "tags": {"type": "array", "items": {"type": "string", "enum": ["a", "b", "c"]}, "maxItems": 3},
+    "married": {"type": "boolean"}}, "required": ["name", "age"]}
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return embedded_llm(kv_cache_memory="256MiB", seed=1)
+
+
+def _guide_state(llm, sp, token_ids):
+    sp = SamplingParams(**{k: v for k, v in sp.to_dict().items() if k.startswith("guided_")})
+    sp.set_guided(llm.engine.tokenizer, llm.engine.eos_token_ids)
+    return sp.__dict__["_guide"].state_after(list(token_ids))
+
+
+def _check(llm, sp, outs, full):
+    """Each finished ('stop') output satisfies `full(text)`; truncated ones ('length') are live prefixes."""
+    n_stop = 0
+    for o in outs:
+        for c in o.outputs:
+            if c.finish_reason == "stop":
+                assert full(c.text), c.text
+                n_stop += 1
+            else:
+                assert c.finish_reason == "length" and _guide_state(llm, sp, c.token_ids) != DEAD, c.text
+    return n_stop
+
+
+def test_regex_outputs_match(llm):
+    stops = 0
+    for pattern in REGEXES:
+        sp = SamplingParams(guided_regex=pattern, temperature=0.9, seed=3, n=2, max_tokens=40)
+        outs = llm.generate(PROMPTS, sp)
+        stops += _check(llm, sp, outs, lambda t, p=pattern: re.fullmatch(p, t, re.ASCII))
+        greedy = llm.generate(PROMPTS[:2], SamplingParams(guided_regex=pattern, temperature=0, max_tokens=40))
+        stops += _check(llm, sp, greedy, lambda t, p=pattern: re.fullmatch(p, t, re.ASCII))
+    assert stops >= 20
+    assert_no_leaks(llm)
+
+
+def test_json_schema_and_json_object(llm):
+    jsonschema = pytest.importorskip("jsonschema")
+    for sp in (SamplingParams(guided_json=PERSON, temperature=0.7, seed=5, n=2, max_tokens=80),
+               SamplingParams(structured_outputs=StructuredOutputsParams(json=json.dumps(PERSON)), temperature=0,
+                              max_tokens=80)):
+        outs = llm.generate(PROMPTS, sp)
+
+        def valid(text):
+            jsonschema.validate(json.loads(text), PERSON)
+            return True
+        assert _check(llm, sp, outs, valid) >= 3
+    sp = SamplingParams(guided_json_object=True, temperature=0.8, seed=2, max_tokens=60)
+    outs = llm.generate(PROMPTS, sp)
+    assert _check(llm, sp, outs, lambda t: isinstance(json.loads(t), dict)) >= 1
+    assert_no_leaks(llm)
+
+
+@pytest.mark.parametrize("method", ["ngram", "layerskip"])
+def test_speculative_decoding_emits_the_plain_tokens(llm, method):
+    spec = embedded_llm(kv_cache_memory="256MiB", seed=1, speculative=method, num_speculative_tokens=3)
+    for sp in (SamplingParams(guided_regex=REGEXES[1], temperature=0, max_tokens=30),
+               SamplingParams(guided_json=PERSON, temperature=0, max_tokens=60),
+               SamplingParams(guided_regex=REGEXES[3], temperature=0.8, seed=11, max_tokens=30)):
+        want = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, sp)]
+        got = [o.outputs[0].token_ids for o in spec.generate(PROMPTS, sp)]
+        assert got == want
+    assert_no_leaks(spec)
+
+
+def test_min_tokens_yields_to_the_guide(llm):
+    sp = SamplingParams(guided_regex=r"\d{1,2}", min_tokens=6, temperature=0, max_tokens=10)
+    for o in llm.generate(PROMPTS[:2], sp):
+        c = o.outputs[0]
+        assert re.fullmatch(r"\d{1,2}", c.text) and c.finish_reason == "stop", c.text
+    assert_no_leaks(llm)
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(guided_regex="(a"), "guided_regex"), (dict(guided_regex=5), "guided_regex"),
+    (dict(guided_json={"type": "object", "properties": {"a": {"type": "nope"}}}), "guided_json"),
+    (dict(guided_json="{not json"), "guided_json"), (dict(guided_json=[1]), "guided_json"),
+    (dict(guided_regex="a", guided_json_object=True), "guided_json_object"),
+    (dict(guided_regex="a", ignore_eos=True), "guided_regex"),
+    (dict(guided_regex="a", allowed_token_ids=[1]), "guided_regex"),
+    (dict(guided_regex="a", guided_whitespace_pattern=" "), "guided_whitespace_pattern"),
+    (dict(guided_json_object=True, guided_whitespace_pattern="(?=x)"), "guided_whitespace_pattern"),
+    (dict(guided_json_object=1), "guided_json_object"),
+    (dict(structured_outputs={"grammar": "root ::= x"}), "structured_outputs"),
+    (dict(structured_outputs={"regex": "a", "nope": 1}), "structured_outputs"),
+    (dict(structured_outputs={"regex": "a"}, guided_regex="b"), "structured_outputs"),
+])
+def test_errors_name_the_field(llm, kw, field):
+    with pytest.raises(SamplingParamsError) as e:
+        llm.generate("hi", SamplingParams(max_tokens=2, **kw))
+    assert e.value.field == field, e.value
+    assert_no_leaks(llm)
+
+
+def test_bad_request_does_not_disturb_others(llm):
+    eng = llm.engine
+    eng.add_request("ok", "hi", SamplingParams(guided_regex=r"[a-z]{3}", max_tokens=8, temperature=0))
+    with pytest.raises(SamplingParamsError):
+        eng.add_request("big", "hi", SamplingParams(guided_regex=r"(?:x{9999}){9999}", max_tokens=8))
+    done = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                done[o.request_id] = o
+    assert re.fullmatch(r"[a-z]{3}", done["ok"].outputs[0].text) and "big" not in done
+    assert_no_leaks(llm)
