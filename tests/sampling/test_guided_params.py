@@ -128,3 +128,19 @@ def test_min_tokens_yields_when_the_guide_allows_eos_alone():
     logits = torch.zeros(1, V)
     logits[0, EOS] = 50.0
     assert Sampler()(logits, md).token_ids.tolist() == [99]
+
+
+def test_an_automaton_outgrowing_its_bound_ends_the_request_not_the_step(monkeypatch, caplog):
+    from decodekit.sampling.guided import automaton
+    monkeypatch.setattr(automaton, "MAX_DFA_STATES", 20)
+    sp = _sp(guided_regex=r"(?:a|b)*a(?:a|b){12}c", temperature=1.0)   # 2^13 DFA states, reached as it goes
+    free = SamplingParams(temperature=1.0)
+    out, ended = [], False
+    for step in range(40):
+        md = SamplingMetadata.build([sp, free], [out, []], [[1], [1]], [1, 2], None, [EOS], "cpu", V)
+        tok = Sampler()(torch.randn(2, V), md).token_ids.tolist()[0]
+        if tok == EOS:
+            ended = True
+            break
+        out.append(tok)
+    assert ended and "grew past 20 states" in caplog.text

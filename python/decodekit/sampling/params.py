@@ -465,7 +465,15 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.{self.guided_kind}: call set_guided(tokenizer, eos_token_ids) first "
                              f"(the engine's add_request does)")
         out = output_token_ids.tolist() if hasattr(output_token_ids, "tolist") else list(output_token_ids)
-        return guide.mask(guide.state_after(out), vocab_size)
+        from .guided import GuideError
+        try:
+            return guide.mask(guide.state_after(out), vocab_size)
+        except GuideError as e:     # the automaton outgrew its bound mid-request: end this request, not the step
+            import logging
+            logging.getLogger("decodekit").warning("%s: %s; the request ends here (EOS)", self.guided_kind, e)
+            mask = torch.zeros(vocab_size, dtype=torch.bool)
+            mask[[t for t in guide.eos if t < vocab_size]] = True
+            return mask, int(mask.sum())
 
     def guided_allowed(self, output_token_ids) -> list[int]:
         """The tokens guided_choice allows after `output_token_ids`: those whose bytes extend the output

@@ -7,12 +7,14 @@ is pruned to states that can reach its accepting state, every other state can st
 
 ``TokenVocab`` holds the vocabulary's token bytes as a [V, L] matrix sorted by length; ``Guide.mask(s)``
 walks every token's bytes from state ``s`` at once, one byte column at a time (vectorised over tokens),
-and allows the tokens that do not die; EOS is allowed where ``s`` accepts. Masks are cached per state.
+and allows the tokens that do not die; EOS is allowed where ``s`` accepts. Masks are cached per (guide,
+state) in one LRU of at most MASK_CACHE_BYTES.
 A request's state after its generated tokens is ``Guide.state_after(tokens)``, with a per-guide cache of
 recent token sequences (``GuideCursor``) so a step costs one token's bytes, not the whole output's.
 """
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 
 import numpy as np
@@ -22,8 +24,33 @@ from .regex import NFA
 
 DEAD = 0
 UNKNOWN = -1
-MAX_DFA_STATES = 200_000
-MASK_CACHE_STATES = 2048
+MAX_DFA_STATES = 100_000          # per guide: ~100 MB of transition rows at most
+MASK_CACHE_BYTES = 256 << 20      # all guides' cached masks together (a mask is vocab_size bytes)
+
+
+class _MaskCache:
+    """The masks of (guide, state) pairs, least recently used dropped past MASK_CACHE_BYTES in all."""
+
+    def __init__(self):
+        self.entries: OrderedDict[tuple[int, int, int], tuple[torch.Tensor, int]] = OrderedDict()
+        self.bytes = 0
+
+    def get(self, key):
+        hit = self.entries.get(key)
+        if hit is not None:
+            self.entries.move_to_end(key)
+        return hit
+
+    def put(self, key, value) -> None:
+        self.entries[key] = value
+        self.bytes += value[0].numel()
+        while self.bytes > MASK_CACHE_BYTES and len(self.entries) > 1:
+            _, old = self.entries.popitem(last=False)
+            self.bytes -= old[0].numel()
+
+
+_MASKS = _MaskCache()
+_serials = itertools.count()
 
 
 class GuideError(ValueError):
@@ -140,7 +167,7 @@ class Guide:
         self.dfa = dfa
         self.vocab = vocab
         self.eos = sorted({int(e) for e in eos_token_ids})
-        self._masks: OrderedDict[int, tuple[torch.Tensor, int]] = OrderedDict()
+        self._serial = next(_serials)      # the mask cache's key for this guide (ids may be reused)
         self._cursors: OrderedDict[int, GuideCursor] = OrderedDict()
 
     def __deepcopy__(self, memo):       # shared, as compile_guide's cache shares it (a request's copy of
@@ -183,9 +210,9 @@ class Guide:
     def mask(self, sid: int, vocab_size: int) -> tuple[torch.Tensor, int]:
         """(bool [vocab_size] mask of the tokens allowed in state `sid`, how many): the live tokens, plus
         EOS where `sid` accepts; EOS alone when nothing else is live (a state the vocabulary cannot leave)."""
-        hit = self._masks.get(sid)
-        if hit is not None and hit[0].numel() == vocab_size:
-            self._masks.move_to_end(sid)
+        key = (self._serial, sid, vocab_size)
+        hit = _MASKS.get(key)
+        if hit is not None:
             return hit
         ids = self.allowed_rows(sid)
         ids = ids[ids < vocab_size]
@@ -195,9 +222,7 @@ class Guide:
             eos = [e for e in self.eos if e < vocab_size]
             m[eos] = True
         out = (m, int(m.sum()))
-        self._masks[sid] = out
-        if len(self._masks) > MASK_CACHE_STATES:
-            self._masks.popitem(last=False)
+        _MASKS.put(key, out)
         return out
 
     def state_after(self, tokens: list[int]) -> int:
@@ -219,7 +244,7 @@ class Guide:
                 if best is None or k > len(best.tokens):
                     best = c
         if best is None:
-            if len(group) >= 8:
+            if len(group) >= 32:
                 best = group.pop(0)
             else:
                 best = GuideCursor(self)
