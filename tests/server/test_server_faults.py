@@ -66,6 +66,8 @@ def test_bad_completion_requests(server, body, param):
     ({"messages": [{"role": "user"}]}, "messages"),
     ({"messages": [{"role": "system", "content": None}, {"role": "user", "content": "hi"}]}, "messages"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]},
+     "tool_choice"),                                    # "auto": no tool-call parser for the model
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}], "tool_choice": "none"},
      "tools"),
     ({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "yaml"}}, "response_format"),
     ({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema"}}, "response_format"),

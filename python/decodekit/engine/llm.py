@@ -122,23 +122,26 @@ class LLM:
         return self._run(list(prompts), params)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            continue_final_message: bool = False) -> list[int]:
+                            continue_final_message: bool = False, tools: list[dict] | None = None) -> list[int]:
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                                  continue_final_message=continue_final_message)
+                                                  continue_final_message=continue_final_message,
+                                                  **({"tools": tools} if tools else {}))
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def chat(self, messages, params: SamplingParams | Sequence[SamplingParams] | None = None, *,
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = False, add_generation_prompt: bool = True,
-             continue_final_message: bool = False) -> list[RequestOutput]:
+             continue_final_message: bool = False, tools: list[dict] | None = None) -> list[RequestOutput]:
         """messages: one conversation (list of {role, content}) or a list of conversations.
-        continue_final_message: the model continues the last (assistant) message instead of answering it."""
+        continue_final_message: the model continues the last (assistant) message instead of answering it.
+        tools: OpenAI-style tool definitions handed to the chat template (as vLLM's LLM.chat; to constrain
+        the reply to a tool's parameters, give them as guided_json)."""
         params = self._params_arg(params, sampling_params, use_tqdm)
         if not isinstance(messages, (list, tuple)):
             raise ValueError(f"messages must be a list of {{'role': str, 'content': str}} dicts (or a list of such "
                              f"conversations), got {type(messages).__name__}")
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        return self._run([self.apply_chat_template(c, add_generation_prompt, continue_final_message)
+        return self._run([self.apply_chat_template(c, add_generation_prompt, continue_final_message, tools)
                           for c in convs], params)
 
     def stream(self, prompt, params: SamplingParams | None = None, *,

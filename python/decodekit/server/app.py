@@ -22,9 +22,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
 from ..engine.llm_engine import encode_prompt
+from ..sampling.params import SamplingParamsError
 from . import protocol as P
 from .async_engine import AsyncEngine, EngineDeadError
 from .metrics import ServerMetrics
+from .tools import new_call_id, parse_tools, tool_calls, tool_schema
 
 
 @dataclass
@@ -107,7 +109,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             raise P.APIError(400, str(e), "prompt") from None
 
     async def render_chat(messages: list[dict], add_generation_prompt: bool = True,
-                          add_special_tokens: bool = False, continue_final_message: bool = False) -> list[int]:
+                          add_special_tokens: bool = False, continue_final_message: bool = False,
+                          tools: list[dict] | None = None) -> list[int]:
         """The conversation through the chat template, as token ids, in a worker thread (other requests keep
         streaming); refused before rendering when its characters alone cannot fit in max_model_len."""
         chars = sum(len(str(m.get("content") or "")) + len(str(m.get("role") or "")) for m in messages)
@@ -119,7 +122,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         def render() -> list[int]:
             try:
                 text = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                               continue_final_message=continue_final_message)
+                                               continue_final_message=continue_final_message,
+                                               **({"tools": tools} if tools else {}))
             except Exception as e:  # noqa: BLE001 -- the template rejected the conversation
                 raise P.APIError(400, f"the chat template cannot render these messages: {e}", "messages") from None
             try:
@@ -247,10 +251,11 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         if body.get("messages") is not None:
             if body.get("prompt") is not None:
                 raise P.APIError(400, "give either 'prompt' or 'messages', not both", "prompt")
-            P.reject_unsupported(body, ("tools", "tool_choice", "chat_template", "chat_template_kwargs", "documents"))
+            P.reject_unsupported(body, ("chat_template", "chat_template_kwargs", "documents"))
             messages = P.chat_messages(body)
             agp, cont = P.chat_render_options(body, messages)
-            ids = await render_chat(messages, agp, P.field(body, "add_special_tokens", "bool", False), cont)
+            tools, _ = parse_tools({"tools": body.get("tools"), "tool_choice": "none"})
+            ids = await render_chat(messages, agp, P.field(body, "add_special_tokens", "bool", False), cont, tools)
         else:
             prompt = body.get("prompt")
             if not isinstance(prompt, str):
@@ -413,7 +418,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             raise P.APIError(400, "'top_logprobs' needs logprobs=true", "top_logprobs")
         plp = P.prompt_logprobs_field(body, stream)
         agp, cont = P.chat_render_options(body, messages)
-        ids = await render_chat(messages, agp, False, cont)
+        tools, tchoice = parse_tools(body)
+        ids = await render_chat(messages, agp, False, cont, tools)
         if not ids:
             raise P.APIError(400, "the rendered conversation is empty", "messages")
         if len(ids) >= eng.max_model_len:
@@ -425,15 +431,32 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             mt = eng.max_model_len - len(ids)
         params = P.sampling_params(body, mt, (top or 0) if want_lp else None, vocab)
         params.prompt_logprobs = plp
+        schema = tool_schema(tools, tchoice) if tools else None
+        if schema is not None:      # the reply is constrained to the tool(s)' schema
+            if params.guided_kind is not None:
+                raise P.APIError(400, "give tool_choice 'required' / a named function or another guide "
+                                      f"({params.guided_kind}), not both", "tool_choice")
+            params.guided_json = schema
+            try:
+                params.validate(vocab_size=vocab, max_logprobs=P.MAX_LOGPROBS)
+            except SamplingParamsError as e:
+                raise P.APIError(400, f"the tools' parameters schemas: {e}", "tools") from None
         rid = P.new_id("chatcmpl")
         streams = await start([{"prompt_token_ids": ids}], params, rid)
         created = P.now()
         if not stream:
             (out,) = await finals(request, streams)
             observe(out)
-            choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                        "logprobs": P.chat_logprobs(c, 0, top or 0) if want_lp else None,
-                        "finish_reason": c.finish_reason} for c in out.outputs]
+            choices = []
+            for c in out.outputs:
+                msg, finish = {"role": "assistant", "content": c.text}, c.finish_reason
+                if schema is not None:
+                    calls, finish = tool_calls(tchoice, c.text, c.finish_reason)
+                    if calls is not None:
+                        msg = {"role": "assistant", "content": None, "tool_calls": calls}
+                choices.append({"index": c.index, "message": msg,
+                                "logprobs": P.chat_logprobs(c, 0, top or 0) if want_lp else None,
+                                "finish_reason": finish})
             resp = {"id": rid, "object": "chat.completion", "created": created, "model": cfg.model_name,
                     "choices": choices,
                     "usage": P.usage(len(ids), sum(len(c.token_ids) for c in out.outputs))}
@@ -444,6 +467,27 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         def chunk(choices, **extra):
             return sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": cfg.model_name,
                         "choices": choices, **extra})
+
+        call_ids: dict[int, str] = {}
+
+        def tool_delta(c, delta: dict, ids: dict) -> tuple[dict | None, str | None]:
+            """A tool-calling reply's delta: a named function's arguments as they come (id and name first);
+            "required" calls whole at the end (their text when it does not parse)."""
+            if isinstance(tchoice, dict):
+                if "content" not in delta:
+                    return delta, c.finish_reason
+                call = {"index": 0, "function": {"arguments": delta["content"]}}
+                if c.index not in ids:
+                    ids[c.index] = new_call_id()
+                    call = {"index": 0, "id": ids[c.index], "type": "function",
+                            "function": {"name": tchoice["name"], "arguments": delta["content"]}}
+                return {"tool_calls": [call]}, c.finish_reason
+            if not c.finish_reason:
+                return None, None
+            calls, finish = tool_calls(tchoice, c.text, c.finish_reason)
+            if calls is None:
+                return {"content": c.text}, finish
+            return {"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]}, finish
 
         async def gen():
             ctoks, done = {}, set()
@@ -459,11 +503,16 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                         ctoks[c.index] = len(c.token_ids)
                         itl(last, c.index, c)
                         delta = {"content": c.delta_text} if c.delta_text or not c.finish_reason else {}
+                        finish = c.finish_reason
+                        if schema is not None:
+                            delta, finish = tool_delta(c, delta, call_ids)
+                            if delta is None:       # "required": the calls come whole, when they are done
+                                continue
                         if c.finish_reason:
                             done.add(c.index)
                         yield chunk([{"index": c.index, "delta": delta,
                                       "logprobs": P.chat_logprobs(c, start_tok, top or 0) if want_lp else None,
-                                      "finish_reason": c.finish_reason}],
+                                      "finish_reason": finish}],
                                     **({"usage": P.usage(len(ids), len(c.token_ids))} if each_usage else {}))
                     if out.finished:
                         observe(out)

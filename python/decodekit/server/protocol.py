@@ -263,7 +263,7 @@ def completion_prompts(body: dict, vocab_size: int) -> list:
 # value), they get a 400 naming them rather than being ignored (a client asking for constrained JSON must not
 # get free text back as if it were).
 UNSUPPORTED_COMMON = ("guided_grammar", "use_beam_search", "logits_processors")
-UNSUPPORTED_CHAT = ("tools", "tool_choice", "functions", "function_call", "echo", "modalities", "prediction",
+UNSUPPORTED_CHAT = ("functions", "function_call", "echo", "modalities", "prediction",
                     "audio")
 
 
@@ -297,6 +297,7 @@ def chat_render_options(body: dict, messages: list[dict]) -> tuple[bool, bool]:
 
 
 def chat_messages(body: dict) -> list[dict]:
+    from .tools import history_message
     m = body.get("messages")
     if not isinstance(m, list) or not m:
         raise APIError(400, "'messages' must be a non-empty list of {role, content} objects", "messages")
@@ -318,7 +319,7 @@ def chat_messages(body: dict) -> list[dict]:
             c = ""
         if not isinstance(c, str):
             raise APIError(400, f"'messages[{i}].content' must be a string or a list of text parts", "messages")
-        out.append({"role": msg["role"], "content": c})
+        out.append(history_message(i, msg, c))
     return out
 
 

@@ -1,0 +1,146 @@
+"""OpenAI tool calling on /v1/chat/completions, by guided decoding (as vLLM does without a model-specific
+tool-call parser):
+
+- ``tools``: [{"type": "function", "function": {"name", "description"?, "parameters"? (a JSON schema)}}]
+  reach the chat template (templates that know tools render them; others ignore them);
+- ``tool_choice`` {"type": "function", "function": {"name": N}}: the reply is constrained to N's parameters
+  schema and returned as one tool call whose ``arguments`` is that JSON text (finish_reason "stop", as OpenAI
+  for a forced function);
+- ``tool_choice`` "required": the reply is constrained to a JSON array of at least one
+  {"name": one of the tools, "parameters": its schema} and returned as that many tool calls (finish_reason
+  "tool_calls");
+- ``tool_choice`` "none": tools are rendered, the reply is text; "auto" (the default with tools) needs a
+  parser for the model's own tool-call syntax, which this server does not have: a 400 says to use "required"
+  or a named function (vLLM without --enable-auto-tool-choice answers the same way).
+
+Assistant messages with ``tool_calls`` (their ``arguments`` JSON text handed to the template as an object,
+as vLLM does for Jinja templates) and ``tool`` messages with ``tool_call_id`` are accepted in the history.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+from .protocol import APIError
+
+MAX_TOOLS = 128
+NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+EMPTY_PARAMETERS = {"type": "object", "properties": {}}
+
+
+def parse_tools(body: dict) -> tuple[list[dict] | None, str | dict]:
+    """(tools, tool_choice) of a chat request: tools validated (None when absent or empty), tool_choice one of
+    "none", "required" or the named tool's function dict. 400s name the field."""
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    if tools is None or tools == []:
+        if choice not in (None, "none", "auto"):
+            raise APIError(400, "'tool_choice' needs 'tools'", "tool_choice")
+        return None, "none"
+    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+        raise APIError(400, f"'tools' must be a list of at most {MAX_TOOLS} function tools", "tools")
+    out, names = [], set()
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict):
+            raise APIError(400, f"'tools[{i}]' must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}",
+                           "tools")
+        name = fn.get("name")
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise APIError(400, f"'tools[{i}].function.name' must be 1 to 64 letters, digits, '_', '.' or '-', got "
+                                f"{json.dumps(name)[:70]}", "tools")
+        if name in names:
+            raise APIError(400, f"'tools[{i}].function.name' {name!r} is given twice", "tools")
+        names.add(name)
+        params = fn.get("parameters", EMPTY_PARAMETERS)
+        if params is None:
+            params = EMPTY_PARAMETERS
+        if not isinstance(params, dict):
+            raise APIError(400, f"'tools[{i}].function.parameters' must be a JSON schema object", "tools")
+        desc = fn.get("description")
+        if desc is not None and not isinstance(desc, str):
+            raise APIError(400, f"'tools[{i}].function.description' must be a string", "tools")
+        out.append({"type": "function", "function": {**fn, "parameters": params}})
+    if choice is None or choice == "auto":
+        raise APIError(400, "tool_choice 'auto' (the default with tools) needs a parser for this model's tool-call "
+                            "syntax, which this server does not have: set tool_choice to 'required' or "
+                            "{\"type\": \"function\", \"function\": {\"name\": ...}} (the reply is then constrained "
+                            "to the tools' schemas), or 'none'", "tool_choice")
+    if choice in ("none", "required"):
+        return out, choice
+    fname = choice.get("function", {}).get("name") if isinstance(choice, dict) and isinstance(
+        choice.get("function"), dict) else None
+    if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(fname, str):
+        raise APIError(400, "'tool_choice' must be 'none', 'auto', 'required' or {\"type\": \"function\", "
+                            "\"function\": {\"name\": ...}}", "tool_choice")
+    named = next((t["function"] for t in out if t["function"]["name"] == fname), None)
+    if named is None:
+        raise APIError(400, f"'tool_choice' names {fname!r}, which is not one of 'tools'", "tool_choice")
+    return out, named
+
+
+def tool_schema(tools: list[dict], choice: str | dict) -> dict | None:
+    """The JSON schema the reply is guided by (None for "none")."""
+    if choice == "none":
+        return None
+    if isinstance(choice, dict):
+        return choice["parameters"]
+    return {"type": "array", "minItems": 1, "items": {"anyOf": [
+        {"type": "object", "properties": {"name": {"const": t["function"]["name"]},
+                                          "parameters": t["function"]["parameters"]},
+         "required": ["name", "parameters"]} for t in tools]}}
+
+
+def new_call_id() -> str:
+    return f"chatcmpl-tool-{uuid.uuid4().hex[:24]}"
+
+
+def tool_calls(choice: str | dict, text: str, finish_reason: str | None) -> tuple[list[dict] | None, str | None]:
+    """(tool_calls, finish_reason) of a finished reply: a named function's call carries the text as its
+    arguments (even when cut by the length limit); "required" replies parse to their calls, or None (the text
+    stays content) when cut short."""
+    if isinstance(choice, dict):
+        return [{"id": new_call_id(), "type": "function",
+                 "function": {"name": choice["name"], "arguments": text}}], finish_reason
+    if finish_reason != "stop":
+        return None, finish_reason
+    try:
+        items = json.loads(text)
+    except ValueError:
+        return None, finish_reason
+    return [{"id": new_call_id(), "type": "function",
+             "function": {"name": it["name"], "arguments": json.dumps(it["parameters"], ensure_ascii=False)}}
+            for it in items], "tool_calls"
+
+
+def history_message(i: int, msg: dict, content: str) -> dict:
+    """A chat message for the template, with the tool-calling fields an assistant or tool turn may carry."""
+    out = {"role": msg["role"], "content": content}
+    calls = msg.get("tool_calls")
+    if calls is not None and msg["role"] == "assistant":
+        if not isinstance(calls, list):
+            raise APIError(400, f"'messages[{i}].tool_calls' must be a list", "messages")
+        conv = []
+        for j, c in enumerate(calls):
+            fn = c.get("function") if isinstance(c, dict) else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(
+                    fn.get("arguments", "{}"), (str, dict)):
+                raise APIError(400, f"'messages[{i}].tool_calls[{j}]' must be {{\"id\", \"type\": \"function\", "
+                                    f"\"function\": {{\"name\": str, \"arguments\": JSON text}}}}", "messages")
+            args = fn.get("arguments", "{}")
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args)
+                except ValueError:
+                    pass            # the template gets the text as it is
+            conv.append({"id": str(c.get("id", "")), "type": "function",
+                         "function": {"name": fn["name"], "arguments": args}})
+        out["tool_calls"] = conv
+    for key in ("tool_call_id", "name"):
+        v = msg.get(key)
+        if v is not None:
+            if not isinstance(v, str):
+                raise APIError(400, f"'messages[{i}].{key}' must be a string", "messages")
+            out[key] = v
+    return out
