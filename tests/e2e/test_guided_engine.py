@@ -99,6 +99,7 @@ def test_min_tokens_yields_to_the_guide(llm):
 
 @pytest.mark.parametrize("kw, field", [
     (dict(guided_regex="(a"), "guided_regex"), (dict(guided_regex=5), "guided_regex"),
+    (dict(guided_regex='(?:[^"]{0,100}){100}'), "guided_regex"),      # too ambiguous: refused at add_request
     (dict(guided_json={"type": "object", "properties": {"a": {"type": "nope"}}}), "guided_json"),
     (dict(guided_json="{not json"), "guided_json"), (dict(guided_json=[1]), "guided_json"),
     (dict(guided_regex="a", guided_json_object=True), "guided_json_object"),
@@ -129,4 +130,24 @@ def test_bad_request_does_not_disturb_others(llm):
             if o.finished:
                 done[o.request_id] = o
     assert re.fullmatch(r"[a-z]{3}", done["ok"].outputs[0].text) and "big" not in done
+    assert_no_leaks(llm)
+
+
+def test_a_guide_that_gives_up_mid_request_finishes_with_error(llm, monkeypatch):
+    """A guide whose automaton outgrows its bounds mid-request (automaton.GuideError from a mask) ends that
+    request with finish_reason "error" (never "stop": its text is no match), and the batch goes on."""
+    from decodekit.sampling.guided import automaton
+    real, calls = automaton.Guide.allowed_rows, []
+
+    def failing(self, sid):
+        calls.append(sid)
+        if len(calls) > 4:
+            raise automaton.GuideError("the guide's automaton grew past its bounds (test)")
+        return real(self, sid)
+    monkeypatch.setattr(automaton.Guide, "allowed_rows", failing)
+    outs = llm.generate(PROMPTS[:2], [SamplingParams(guided_regex=r"[a-z ]{5,60}\\.", temperature=0, max_tokens=30),
+                                      SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)])
+    bad, good = outs[0].outputs[0], outs[1].outputs[0]
+    assert bad.finish_reason == "error" and "test" in bad.stop_reason, bad
+    assert good.finish_reason == "length" and len(good.token_ids) == 12
     assert_no_leaks(llm)

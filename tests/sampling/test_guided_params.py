@@ -143,4 +143,31 @@ def test_an_automaton_outgrowing_its_bound_ends_the_request_not_the_step(monkeyp
             ended = True
             break
         out.append(tok)
-    assert ended and "grew past 20 states" in caplog.text
+    assert ended and "grew past 20 states" in caplog.text and "grew past 20 states" in sp.guide_error
+
+
+def test_schema_key_order_is_kept_through_the_cache():
+    """Two schemas with the same keys in another order (pydantic models A(name, age) and B(age, name)) are
+    different guides: the generated keys follow each one's declared order."""
+    a = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+         "required": ["age", "name"]}
+    b = {"type": "object", "properties": {"age": {"type": "integer"}, "name": {"type": "string"}},
+         "required": ["age", "name"]}
+    pa, pb = SamplingParams(guided_json=a).guided_pattern(), SamplingParams(guided_json=b).guided_pattern()
+    assert re.fullmatch(pa, '{"name": "x", "age": 1}') and not re.fullmatch(pa, '{"age": 1, "name": "x"}')
+    assert re.fullmatch(pb, '{"age": 1, "name": "x"}') and not re.fullmatch(pb, '{"name": "x", "age": 1}')
+
+
+@pytest.mark.parametrize("kw", [
+    dict(guided_json='{"type": "object", "properties": {"a": ' * 1500 + "{}" + "}}" * 1500),
+    dict(guided_json='[' * 5000 + ']' * 5000),
+    dict(guided_regex="(" * 300 + "a" + ")" * 300),
+    dict(guided_json={"type": "array", "items": {"type": "array", "items": {"type": "array", "items": {
+        "type": "array", "items": {"type": "array", "items": {"type": "array", "items": {"type": "array", "items": {
+            "type": "array", "items": {"type": "array", "items": {"type": "array", "items": {"type": "array",
+                                                                                         "items": {}}}}}}}}}}}}),
+])
+def test_deep_or_huge_guides_are_refused_quickly(kw):
+    with pytest.raises(SamplingParamsError) as e:   # (these took minutes, or ran out of memory, before the bounds)
+        SamplingParams(**kw)
+    assert e.value.field in kw and len(str(e.value)) < 600

@@ -527,11 +527,16 @@ def test_draft4_boolean_exclusive_bounds():
     ({"type": "string", "pattern": "[a-z]+", "maxLength": 3}, ["/", "maxLength"]),
     ({"enum": [1, 2], "minimum": 0}, ["/", "enum"]),
     ({"type": "strin"}, ["/", "type"]),
-    ({"$defs": {"s": {"type": "string", "maxLength": 5000}}, "$ref": "#/$defs/s"}, ["/$defs/s", "4096"]),
-    ({"type": "array", "items": {"type": "string", "maxLength": 100}, "maxItems": 100}, ["/", "4096"]),
+    ({"$defs": {"s": {"type": "string", "maxLength": 7000}}, "$ref": "#/$defs/s"}, ["/$defs/s", "6000"]),
+    ({"type": "array", "items": {"type": "string", "maxLength": 100}, "maxItems": 100}, ["/", "6000"]),
+    ({"type": "object", "minProperties": 2}, ["/", "minProperties", "repeat"]),
+    ({"type": "array", "items": {"type": "array", "items": {"type": "array", "items": {"type": "array", "items": {
+        "type": "array", "items": {"type": "array", "items": {"type": "array", "items": {"type": "array", "items": {
+            "type": "array", "items": {"type": "array", "items": {"type": "array", "items": {"type": "array", "items": {
+                "type": "integer"}}}}}}}}}}}}}, ["/", "200000 characters"]),
     ({"allOf": [{"properties": {"a": {}}, "additionalProperties": False}, {"properties": {"b": {}}}]},
      ["/allOf/1", "properties"]),
-    ({"enum": []}, ["no JSON value"]),
+    ({"enum": []}, ["non-empty"]),
     (False, ["no JSON value"]),
     ({"$ref": "#"}, ["no JSON value"]),                   # only infinite recursion
     ('{"type": "object",', ["not valid JSON"]),

@@ -74,6 +74,15 @@ def test_guided_regex_completions_and_stream(server):
     ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "response_format"),
     ({"structured_outputs": {"regex": "a(", "choice": None}}, "structured_outputs"),
     ({"structured_outputs": "json"}, "structured_outputs"),
+    ({"structured_outputs": {"json": False}}, "structured_outputs"),
+    ({"structured_outputs": {"whitespace_pattern": " "}}, "structured_outputs"),
+    ({"guided_json": False}, "guided_json"),
+    ({"guided_json": '[' * 3000 + ']' * 3000}, "guided_json"),
+    ({"guided_json": {"type": "array", "items": {"type": "array", "items": {"type": "array", "items": {
+        "type": "array", "items": {"type": "array", "items": {"type": "array", "items": {"type": "array", "items": {
+            "type": "array", "items": {"type": "array", "items": {"type": "array", "items": {"type": "array",
+                                                                                         "items": {}}}}}}}}}}}}},
+     "guided_json"),
     ({"response_format": {"type": "json_object"}, "guided_whitespace_pattern": "(?!x)"}, "guided_whitespace_pattern"),
 ])
 def test_bad_guides_get_a_400(server, body, param):

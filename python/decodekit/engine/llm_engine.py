@@ -577,6 +577,10 @@ class LLMEngine:
                 s.out.delta_text += text
             if p.min_tokens and len(s.out.token_ids) == p.min_tokens and p.stop:
                 s.detok.set_stop(p.stop)
+            if token_stop and p.guide_error is not None:   # the guide gave up: not a match, say so
+                self._finish(s, "error", p.guide_error)
+                self.scheduler.finish_request(s.request.request_id, RequestStatus.FINISHED_ERROR)
+                return
             if token_stop:
                 self._finish(s, "stop", tok if tok in (p.stop_token_ids or []) else None)
                 self.scheduler.finish_request(s.request.request_id, RequestStatus.FINISHED_STOPPED)

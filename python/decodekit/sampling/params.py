@@ -355,6 +355,12 @@ class SamplingParams:
             setattr(self, name, None)
 
     @property
+    def guide_error(self) -> str | None:
+        """Why the guide gave up mid-request (its automaton outgrew its bounds; the request then ends with EOS
+        and the engine reports finish_reason "error"), or None."""
+        return self.__dict__.get("_guide_error")
+
+    @property
     def guided_kind(self) -> str | None:
         """Which guided_* field is set (None: none)."""
         for f in GUIDED_FIELDS:
@@ -468,9 +474,10 @@ class SamplingParams:
         from .guided import GuideError
         try:
             return guide.mask(guide.state_after(out), vocab_size)
-        except GuideError as e:     # the automaton outgrew its bound mid-request: end this request, not the step
-            import logging
-            logging.getLogger("decodekit").warning("%s: %s; the request ends here (EOS)", self.guided_kind, e)
+        except GuideError as e:     # the automaton outgrew its bounds mid-request: end this request (EOS, which
+            import logging          # the engine finishes with reason "error" - guide_error), not the step
+            logging.getLogger("decodekit").warning("%s: %s; the request ends here", self.guided_kind, e)
+            object.__setattr__(self, "_guide_error", f"{self.guided_kind}: {e}")
             mask = torch.zeros(vocab_size, dtype=torch.bool)
             mask[[t for t in guide.eos if t < vocab_size]] = True
             return mask, int(mask.sum())

@@ -115,6 +115,8 @@ def _guides(body: dict) -> dict:
     flat = {k: body[k] for k in ("guided_choice", "guided_regex", "guided_json") if body.get(k) is not None}
     if body.get("guided_choice") is not None:
         flat["guided_choice"] = str_list(body["guided_choice"], "guided_choice")
+    if body.get("guided_json") is False:
+        raise APIError(400, "'guided_json' false matches nothing (give a schema, or leave the field out)", "guided_json")
     for k, v in flat.items():
         found.append((k, {k: v}))
     so = body.get("structured_outputs")
@@ -127,6 +129,8 @@ def _guides(body: dict) -> dict:
         if unknown:
             raise APIError(400, f"'structured_outputs.{unknown[0]}' is not supported here (choice, regex, json, "
                                 f"json_object and whitespace_pattern are)", "structured_outputs")
+        if so.get("json") is False:
+            raise APIError(400, "'structured_outputs.json' false matches nothing", "structured_outputs")
         d = {}
         for k, v in so.items():
             if k in _GUIDE_KEYS and v is not None and v is not False:
@@ -136,6 +140,9 @@ def _guides(body: dict) -> dict:
             d["guided_whitespace_pattern"] = ""
         if set(d) - {"guided_whitespace_pattern"}:
             found.append(("structured_outputs", d))
+        elif d:
+            raise APIError(400, "'structured_outputs' has a whitespace pattern but no json / json_object guide",
+                           "structured_outputs")
     rf = body.get("response_format")
     if rf is not None and rf != {"type": "text"}:
         t = rf.get("type") if isinstance(rf, dict) else None

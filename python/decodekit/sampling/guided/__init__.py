@@ -17,11 +17,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from .automaton import DEAD, Guide, GuideError, LazyDFA, token_vocab
+from .automaton import DEAD, MAX_DFA_STATES, Guide, GuideError, LazyDFA, token_vocab
 from .regex import RegexError, compile_nfa, escape, parse
 
 MAX_PATTERN_CHARS = 200_000     # guided_regex / a schema's pattern: at most this many characters
 GUIDE_CACHE = 64                # compiled guides kept (LRU)
+GUIDE_CACHE_DFA_STATES = 200_000    # and their DFA states, all together (~200 MB of transition rows)
 
 _guides: "OrderedDict[tuple, Guide]" = OrderedDict()
 
@@ -64,14 +65,18 @@ def compile_guide(pattern: str, tokenizer, eos_token_ids) -> Guide:
     vocab = token_vocab(tokenizer)
     key = (pattern, id(vocab), tuple(sorted({int(e) for e in eos_token_ids})))
     g = _guides.get(key)
-    if g is not None and g.vocab is vocab:
+    if g is not None and g.vocab is vocab and len(g.dfa.sets) <= MAX_DFA_STATES // 2:
         _guides.move_to_end(key)
         return g
+    # a new guide (or a fresh one for a guide whose DFA grew large: requests holding it keep it)
     g = Guide(LazyDFA(compile_nfa(pattern)), vocab, key[2])
     if g.dfa.start == DEAD:
         raise GuideError("the pattern matches nothing")
+    g.allowed_rows(g.initial)       # the first mask now: a pattern too ambiguous for it is refused here
     _guides[key] = g
-    if len(_guides) > GUIDE_CACHE:
+    # at most GUIDE_CACHE guides, and the cached ones' DFAs (~1 KB a state) bounded together
+    while len(_guides) > 1 and (len(_guides) > GUIDE_CACHE or sum(
+            len(x.dfa.sets) for x in _guides.values()) > GUIDE_CACHE_DFA_STATES):
         _guides.popitem(last=False)
     return g
 
@@ -82,10 +87,12 @@ _patterns: "OrderedDict[tuple, str]" = OrderedDict()
 def guide_pattern(kind: str, value, whitespace: str | None = None) -> str:
     """The checked pattern (parsed once; cached) of a guide: kind "regex" (value: the pattern), "json"
     (value: a schema) or "json_object"; RegexError / JSONSchemaError when unsupported."""
-    try:
-        text = value if isinstance(value, str) or value is None else _json.dumps(value, sort_keys=True)
+    from .json_schema import JSONSchemaError
+    try:        # the key keeps the schema's key order: it is the generated properties' order
+        text = value if isinstance(value, str) or value is None else _json.dumps(value)
+    except RecursionError:
+        raise JSONSchemaError("schema at /: nested too deeply") from None
     except (TypeError, ValueError) as e:
-        from .json_schema import JSONSchemaError
         raise JSONSchemaError(f"the schema must be JSON data (dicts, lists, str, numbers, bools, null): {e}") from None
     key = (kind, text, whitespace)
     hit = _patterns.get(key)
@@ -102,6 +109,9 @@ def guide_pattern(kind: str, value, whitespace: str | None = None) -> str:
         pattern = json_object_pattern(whitespace)
     else:
         raise ValueError(f"unknown guide kind {kind!r}")
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise (RegexError if kind == "regex" else JSONSchemaError)(
+            f"the pattern has {len(pattern)} characters, more than {MAX_PATTERN_CHARS}")
     parse(pattern)
     _patterns[key] = pattern
     if len(_patterns) > GUIDE_CACHE:

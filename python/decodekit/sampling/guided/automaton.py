@@ -25,6 +25,9 @@ from .regex import NFA
 DEAD = 0
 UNKNOWN = -1
 MAX_DFA_STATES = 100_000          # per guide: ~100 MB of transition rows at most
+MAX_DFA_ELEMENTS = 4_000_000      # NFA states held in a guide's DFA states, all together (~300 MB)
+MASK_WORK = 500_000               # NFA states / edges one token mask may visit (~0.4 s of Python; JSON
+                                  # schemas' masks take < 10k)
 MASK_CACHE_BYTES = 256 << 20      # all guides' cached masks together (a mask is vocab_size bytes)
 
 
@@ -64,6 +67,8 @@ class LazyDFA:
         self.index: dict[frozenset, int] = {}
         self.accepting: list[bool] = []
         self.trans = np.full((64, 256), UNKNOWN, dtype=np.int32)
+        self.work = 0                                    # NFA states and edges visited (budgets)
+        self.elements = 0                                # NFA states held in all DFA states' sets
         self._add(frozenset())                           # DEAD
         self.trans[DEAD, :] = DEAD
         self.start = self._add(self._closure([nfa.start]))
@@ -77,6 +82,7 @@ class LazyDFA:
                 if t not in seen:
                     seen.add(t)
                     stack.append(t)
+        self.work += len(seen)
         # only states with byte edges (or the accepting one) tell DFA states apart
         edges, acc = self.nfa.edges, self.nfa.accept
         return frozenset(s for s in seen if edges[s] or s == acc)
@@ -86,8 +92,11 @@ class LazyDFA:
         if sid is not None:
             return sid
         sid = len(self.sets)
-        if sid >= MAX_DFA_STATES:
-            raise GuideError(f"the guide's automaton grew past {MAX_DFA_STATES} states")
+        if sid >= MAX_DFA_STATES or self.elements + len(key) > MAX_DFA_ELEMENTS:
+            raise GuideError(f"the guide's automaton grew past {MAX_DFA_STATES} states (or {MAX_DFA_ELEMENTS} "
+                             f"NFA states in them): the pattern is too ambiguous for a DFA (nested or overlapping "
+                             f"repetitions such as (?:.{{0,100}}){{100}} or .*x.{{30}})")
+        self.elements += len(key)
         if sid >= self.trans.shape[0]:
             grown = np.full((self.trans.shape[0] * 2, 256), UNKNOWN, dtype=np.int32)
             grown[:sid] = self.trans[:sid]
@@ -98,16 +107,29 @@ class LazyDFA:
         return sid
 
     def expand(self, sid: int) -> None:
-        """Compute state `sid`'s transition row (a sweep over its byte-range edges' boundaries)."""
+        """Compute state `sid`'s transition row: a sweep over its byte-range edges' boundaries, keeping the
+        targets of the ranges that cover each interval."""
         if self.trans[sid, 0] != UNKNOWN:
             return
         edges = [e for s in self.sets[sid] for e in self.nfa.edges[s]]
-        cuts = sorted({0, 256} | {lo for lo, _, _ in edges} | {hi + 1 for _, hi, _ in edges})
+        events: dict[int, list] = {}
+        for lo, hi, t in edges:
+            events.setdefault(lo, []).append((1, t))
+            events.setdefault(hi + 1, []).append((-1, t))
+        self.work += len(edges)
         row = np.zeros(256, dtype=np.int32)
-        for a, b in zip(cuts, cuts[1:]):
-            targets = [t for lo, hi, t in edges if lo <= a <= hi]
-            if targets:
-                row[a:b] = self._add(self._closure(targets))
+        active: dict[int, int] = {}
+        cuts = sorted(events)
+        for a, b in zip(cuts, cuts[1:] + [256]):
+            for d, t in events[a]:
+                k = active.get(t, 0) + d
+                if k:
+                    active[t] = k
+                else:
+                    del active[t]
+            if active and a < 256:
+                self.work += len(active)
+                row[a:b] = self._add(self._closure(list(active)))
         self.trans[sid] = row
 
     def step(self, sid: int, data: bytes) -> int:
@@ -188,6 +210,7 @@ class Guide:
         dfa, v = self.dfa, self.vocab
         if sid == DEAD:
             return np.zeros(0, dtype=np.int64)
+        work0 = dfa.work
         rows = np.arange(len(v.ids), dtype=np.int64)      # alive rows of v.mat
         cur = np.full(len(rows), sid, dtype=np.int32)
         for j in range(v.mat.shape[1]):
@@ -199,6 +222,10 @@ class Guide:
             if (t[c, 0] == UNKNOWN).any():
                 for s in np.unique(c[t[c, 0] == UNKNOWN]).tolist():
                     dfa.expand(s)
+                    if dfa.work - work0 > MASK_WORK:
+                        raise GuideError(f"a token mask of this guide needs more than {MASK_WORK} automaton "
+                                         f"steps: the pattern is too ambiguous (nested or overlapping "
+                                         f"repetitions)")
                 t = dfa.trans
             nxt = t[c, v.mat[r, j]]
             keep = nxt != DEAD

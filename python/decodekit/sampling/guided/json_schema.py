@@ -12,15 +12,17 @@ Supported (draft 2020-12 / OpenAI structured-outputs subset): ``type`` (a name o
 with upper-case T/Z and no leap second; uuid; ipv4; email and uri simplified); integer ``minimum``,
 ``maximum``, ``exclusiveMinimum``, ``exclusiveMaximum`` (numbers or draft-4 booleans; non-integer bounds
 round inward), ``multipleOf`` 1; number: the same bounds when they are integers; boolean; null; object
-``properties``, ``required``, ``additionalProperties``, ``minProperties``/``maxProperties`` (without
+``properties``, ``required``, ``additionalProperties``, ``minProperties`` (0 or 1) / ``maxProperties`` (without
 ``properties``; with them when implied by ``required``, or minProperties 1 or all); array ``items``,
 ``prefixItems``, ``minItems``, ``maxItems``, ``uniqueItems`` false; ``anyOf``, ``oneOf``, ``allOf`` (merged
 when the parts don't conflict); ``$ref`` to "#..." JSON pointers (``$defs``, ``definitions``, "#"), recursion
 included. Annotations (title, description, default, examples, $schema, $id, $comment, deprecated, readOnly,
-writeOnly, $defs, definitions) are ignored; any other keyword raises JSONSchemaError, whose message names
+writeOnly, $defs, definitions, contentEncoding, contentMediaType, contentSchema, and OpenAPI's discriminator,
+which the ``oneOf`` it goes with already expresses) are ignored; any other keyword raises JSONSchemaError, whose message names
 the schema's JSON-pointer path.
 
-Deliberate deviations; each narrows what matches, none lets an invalid instance through:
+Deliberate deviations; each narrows what matches except the two marked (*), which let through instances a
+strict validator refuses:
   * Keys come in the declared ``properties`` order, and when ``properties`` is given no other key is
     generated whatever ``additionalProperties`` says (as in OpenAI strict mode and outlines); likewise
     ``prefixItems`` without ``items`` allows nothing after the tuple.
@@ -28,18 +30,21 @@ Deliberate deviations; each narrows what matches, none lets an invalid instance 
     after ``{ [ , :`` and before ``} ] , :``; never around the top-level value, inside strings or numbers.
   * Where a string is constrained by ``pattern``, ``format`` or ``enum``, its characters are written the way
     a JSON encoder writes them (raw, or ``\\" \\\\ \\n``... for quote, backslash and controls);
-    ``minLength``/``maxLength`` count an escape as one character.
+    ``minLength``/``maxLength`` count an escape as one character (*: a surrogate pair written as two ``\\uXXXX``
+    escapes counts as two, though it decodes to one character).
   * ``pattern`` must match the whole string (like outlines; JSON Schema would search), a leading ``^`` and
     trailing ``$`` are dropped, ``\\d \\w \\s`` have their ECMA-262 meaning (ASCII digits and word
     characters); lookarounds, backreferences, ``\\b``, inline flags and inner anchors are refused, as are
     ``pattern`` or ``format`` together with lengths (regexes can't be intersected here).
   * Integers never match "-0"; bounded numbers have no exponent and no negative zero.
   * A schema without ``type`` but with type-specific keywords means the types those keywords constrain.
-  * Other ``format`` values are annotations (ignored). ``oneOf`` is ``anyOf`` (exclusivity not enforced).
+  * Other ``format`` values are annotations (ignored). ``oneOf`` is ``anyOf`` (*: exclusivity is not enforced).
   * Schema-free values ({}, true, objects without properties, arrays without items) nest at most
     ``max_depth`` containers from the top-level value (scalars are always allowed); a recursive ``$ref``
     expands at most ``max_depth`` times, deeper branches can't match.
-  * Counted repetition copies a sub-automaton: bounds needing over MAX_COPIES copies are refused.
+  * Counted repetition copies a sub-automaton: bounds needing over MAX_COPIES copies are refused, and so are
+    schemas whose regex grows past MAX_REGEX_CHARS (about ten levels of nested arrays) or that nest keywords
+    more than MAX_SCHEMA_DEPTH deep.
 Size of ``json_object_regex()`` with the default whitespace: 1.8 KB at max_depth 2, 7.4 KB at 3, 30 KB at 4,
 119 KB at 5 (x4 per level; ``{}``, any value, is twice that), hence DEFAULT_MAX_DEPTH = 4.
 """
@@ -59,7 +64,9 @@ class JSONSchemaError(ValueError):
 
 DEFAULT_WHITESPACE = r"[ ]?"
 DEFAULT_MAX_DEPTH = 4
-MAX_COPIES = 4096
+MAX_COPIES = 6000
+MAX_REGEX_CHARS = 200_000       # a schema whose regex grows past this is refused (nested containers: x4 a level)
+MAX_SCHEMA_DEPTH = 128          # keyword nesting (path components) of a schema
 NEVER = r"[^\x00-\U0010FFFF]"
 
 _CHAR = r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
@@ -84,7 +91,8 @@ FORMATS = {
     "uri": rf"[A-Za-z][A-Za-z0-9+.\-]*:{_URIC}+(?:#{_URIC}*)?",
 }
 _ANNOTATIONS = {"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
-                "readOnly", "writeOnly", "$defs", "definitions"}
+                "readOnly", "writeOnly", "$defs", "definitions", "contentEncoding", "contentMediaType",
+                "contentSchema", "discriminator"}     # discriminator (OpenAPI / pydantic): oneOf already says it
 _BY_TYPE = {
     "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties"},
     "array": {"items", "prefixItems", "minItems", "maxItems", "uniqueItems"},
@@ -399,6 +407,15 @@ class _Translator:
 
     def gen(self, s, path, level):
         """Regex for the schema ``s`` at JSON nesting ``level``; None when nothing can match."""
+        if path.count("/") > MAX_SCHEMA_DEPTH:
+            self.err(path[:200] + "...", f"the schema nests more than {MAX_SCHEMA_DEPTH} levels deep")
+        rx = self._gen(s, path, level)
+        if rx is not None and len(rx) > MAX_REGEX_CHARS:
+            self.err(path, f"the schema's regex grows past {MAX_REGEX_CHARS} characters (deeply nested arrays / "
+                           f"objects, or large enums)")
+        return rx
+
+    def _gen(self, s, path, level):
         if s is True or s == {}:
             return self.any(level)
         if s is False:
@@ -431,8 +448,8 @@ class _Translator:
             if keys - {"enum", "const", "type"}:
                 self.err(path, f"'enum'/'const' next to {sorted(keys - {'enum', 'const', 'type'})} is not supported")
             vals = s["enum"] if "enum" in s else [s["const"]]
-            if not isinstance(vals, list):
-                self.err(path, "'enum' must be an array")
+            if not isinstance(vals, list) or not vals:
+                self.err(path, "'enum' must be a non-empty array")
             if "const" in s:                # both: the enum values equal to the const (1 == 1.0, True != 1)
                 vals = [v for v in vals if v == s["const"] and (type(v) is type(s["const"]) or not (
                     {type(v), type(s["const"])} - {int, float}))]
@@ -575,6 +592,9 @@ class _Translator:
                 r not in (props or {}) for r in req):
             self.err(path, f"'required' {req!r} must list names in 'properties' (an object)")
         if props is None:                   # any keys, values per additionalProperties
+            if lo > 1:                      # a regex cannot keep the keys apart: "a" twice would count as 2
+                self.err(path, f"'minProperties' {lo} without 'properties' is not supported (the generated keys "
+                               f"could repeat; list the properties instead)")
             with self.times(hi if hi is not None else max(lo, 1)):
                 v = None if hi == 0 else self.gen(s.get("additionalProperties", True), f"{path}/additionalProperties",
                                                   level + 1)
@@ -648,6 +668,8 @@ def json_schema_to_regex(schema, whitespace: str | None = None, max_depth: int =
     if isinstance(schema, (str, bytes)):
         try:
             schema = json.loads(schema)
+        except RecursionError:
+            raise JSONSchemaError("schema at /: nested too deeply") from None
         except ValueError as e:
             raise JSONSchemaError(f"schema at /: not valid JSON: {e}") from None
     if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0:
@@ -659,7 +681,10 @@ def json_schema_to_regex(schema, whitespace: str | None = None, max_depth: int =
         raise ValueError(f"whitespace {ws!r} is not a regular expression: {e}") from None
     if ws and not re.fullmatch(r"(?:\[[^\]]*\]|\\?[^\\()|\[\]])[?*+]?", ws):
         ws = f"(?:{ws})"
-    rx = _Translator(schema, ws, max_depth).gen(schema, "", 0)
+    try:
+        rx = _Translator(schema, ws, max_depth).gen(schema, "", 0)
+    except RecursionError:
+        raise JSONSchemaError("schema at /: nested too deeply") from None
     if rx is None:
         raise JSONSchemaError(f"schema at /: no JSON value satisfies the schema (recursion limited to "
                               f"max_depth={max_depth})")

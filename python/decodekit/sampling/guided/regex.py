@@ -10,7 +10,8 @@ in full (as vLLM's ``guided_regex``; a leading ``^`` and a trailing ``$`` are ac
 - literal characters (any Unicode), ``.`` (any character except ``\\n``), classes ``[...]`` / ``[^...]``
   with ranges, escapes ``\\d \\D \\w \\W \\s \\S \\t \\n \\r \\f \\v \\0 \\xHH \\uHHHH \\UHHHHHHHH`` and escaped
   punctuation (``\\d`` / ``\\w`` / ``\\s`` are the ASCII sets, as ``re.ASCII``);
-- groups ``(...)``, ``(?:...)``, ``(?P<name>...)``, alternation ``|``;
+- groups ``(...)``, ``(?:...)``, ``(?P<name>...)`` (``(?<name>...)`` too), comments ``(?#...)``,
+  alternation ``|``;
 - quantifiers ``* + ?`` and ``{n}`` ``{n,}`` ``{n,m}`` ``{,m}`` (a trailing ``?`` or ``+`` - lazy or
   possessive - changes nothing for a full match over a finite automaton and is accepted).
 
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 
 MAX_NFA_STATES = 400_000
 MAX_REPEAT = 10_000          # the largest count in {n,m}
+MAX_GROUP_DEPTH = 200        # groups nested at most this deep
 MAX_CODEPOINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)
 
@@ -103,6 +105,7 @@ class _Parser:
     def __init__(self, pattern: str):
         self.p = pattern
         self.i = 0
+        self.depth = 0
 
     def error(self, msg: str, at: int | None = None):
         at = self.i if at is None else at
@@ -188,8 +191,17 @@ class _Parser:
 
     def atom(self):
         c = self.p[self.i]
+        if c == "(" and self.p.startswith("(?#", self.i):       # a comment
+            j = self.p.find(")", self.i)
+            if j < 0:
+                self.error("unterminated comment")
+            self.i = j + 1
+            return EMPTY
         if c == "(":
             start = self.i
+            self.depth += 1
+            if self.depth > MAX_GROUP_DEPTH:
+                self.error(f"groups nested more than {MAX_GROUP_DEPTH} deep")
             self.i += 1
             if self.p.startswith("?", self.i):
                 if self.p.startswith("?:", self.i):
@@ -208,6 +220,7 @@ class _Parser:
             if self.peek() != ")":
                 self.error("missing ')'", start)
             self.i += 1
+            self.depth -= 1
             return node
         if c == "[":
             return ("set", self.char_class())
@@ -339,8 +352,9 @@ class NFA:
                 if s not in live:
                     live.add(s)
                     stack.append(s)
-        self.eps = [[t for t in ts if t in live] for ts in self.eps]
-        self.edges = [[e for e in es if e[2] in live] for es in self.edges]
+        if len(live) < len(self.eps):       # (usually every state is live: nothing to drop)
+            self.eps = [[t for t in ts if t in live] for ts in self.eps]
+            self.edges = [[e for e in es if e[2] in live] for es in self.edges]
         self.live = live
         return self
 
@@ -387,18 +401,36 @@ def _build(nfa: NFA, node, cache: dict) -> tuple[int, int]:
     _, child, lo, hi = node
     a = nfa.new()
     cur = a
+    template = None                          # the first copy's states: later copies are offset clones
+
+    def copy() -> tuple[int, int]:
+        nonlocal template
+        if template is None:
+            first = len(nfa.eps)
+            s, e = _build(nfa, child, cache)
+            # a snapshot: the copy's exit gets edges to what follows it, which clones must not inherit
+            template = (first, s, e, [list(ts) for ts in nfa.eps[first:]], [list(es) for es in nfa.edges[first:]])
+            return s, e
+        first, s, e, eps, edges = template   # a fragment's edges stay inside it: shift them
+        off = len(nfa.eps) - first
+        if len(nfa.eps) + len(eps) > MAX_NFA_STATES:
+            nfa.new()                        # raises the "too large" error
+        nfa.eps += [[t + off for t in ts] for ts in eps]
+        nfa.edges += [[(lo_, hi_, t + off) for lo_, hi_, t in es] for es in edges]
+        return s + off, e + off
+
     for _ in range(lo):                      # the required copies
-        s, e = _build(nfa, child, cache)
+        s, e = copy()
         nfa.eps[cur].append(s)
         cur = e
     z = nfa.new()
     if hi is None:                           # then a loop
-        s, e = _build(nfa, child, cache)
+        s, e = copy()
         nfa.eps[cur] += [s, z]
         nfa.eps[e] += [s, z]
         return a, z
     for _ in range(hi - lo):                 # then optional copies, each one able to jump to the end
-        s, e = _build(nfa, child, cache)
+        s, e = copy()
         nfa.eps[cur] += [s, z]
         cur = e
     nfa.eps[cur].append(z)
