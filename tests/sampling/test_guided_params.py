@@ -59,7 +59,7 @@ def test_structured_outputs_spread_into_the_guided_fields():
     (dict(guided_regex="[a"), "guided_regex"),
     (dict(guided_json={"type": "integer", "minimum": 3, "maximum": 2}), "guided_json"),
     (dict(guided_json={"type": "object", "properties": {"a": {}}, "required": ["b"]}), "guided_json"),
-    (dict(guided_json={"type": "object", "x-unknown": 1}), "guided_json"),
+    (dict(guided_json={"type": "object", "unknownKeyword": 1}), "guided_json"),
     (dict(guided_json={"a": {1, 2}}), "guided_json"),
     (dict(guided_json=3), "guided_json"),
     (dict(guided_json_object="yes"), "guided_json_object"),

@@ -34,6 +34,14 @@ def test_named_tool_choice(server):
     assert r.status_code == 200, r.text
     c = r.json()["choices"][0]
     assert c["finish_reason"] == "stop" and c["message"]["content"] is None, c
+    lp = _post(server, {"messages": ASK, "tools": TOOLS, "max_tokens": 60, "temperature": 0, "logprobs": True,
+                        "tool_choice": "required"}).json()["choices"][0]
+    r2 = httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
+        "messages": ASK, "tools": TOOLS, "max_tokens": 60, "temperature": 0, "logprobs": True, "stream": True,
+        "tool_choice": "required"})
+    streamed = [e for line in r2.text.splitlines() if line.startswith("data: {")
+                for ch in json.loads(line[6:])["choices"] if ch.get("logprobs") for e in ch["logprobs"]["content"]]
+    assert len(streamed) == len(lp["logprobs"]["content"]) > 0     # the calls' logprobs come whole too
     (call,) = c["message"]["tool_calls"]
     assert call["type"] == "function" and call["function"]["name"] == "get_weather" and call["id"]
     jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER)
@@ -72,6 +80,43 @@ def test_required_tool_choice(server):
     assert wait_idle(server.aeng)
 
 
+def test_required_with_defs_recursion_and_parallel_off(server):
+    """Tools' own $defs and "#" references keep meaning their own schema inside the "required" wrapper
+    (pydantic / OpenAI SDK tools); parallel_tool_calls false gives one call at most."""
+    addr = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}
+    person = {"$defs": {"Addr": addr}, "type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 10}, "home": {"$ref": "#/$defs/Addr"}},
+        "required": ["name", "home"], "x-origin": "openapi"}
+    tree = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                             "child": {"$ref": "#"}}, "required": ["name"]}
+    tools = [{"type": "function", "function": {"name": "save_person", "parameters": person}},
+             {"type": "function", "function": {"name": "plant", "parameters": tree}}]
+    seen = set()
+    for seed in range(4):
+        r = _post(server, {"messages": ASK, "tools": tools, "tool_choice": "required", "max_tokens": 150,
+                           "temperature": 1.0, "seed": seed, "parallel_tool_calls": seed % 2 == 0})
+        assert r.status_code == 200, r.text
+        c = r.json()["choices"][0]
+        if c["finish_reason"] != "tool_calls":
+            assert c["finish_reason"] == "length" and c["message"]["content"], c
+            continue
+        calls = c["message"]["tool_calls"]
+        assert seed % 2 == 0 or len(calls) == 1
+        for call in calls:
+            schema = {"save_person": person, "plant": tree}[call["function"]["name"]]
+            jsonschema.validate(json.loads(call["function"]["arguments"]), schema)
+            seen.add(call["function"]["name"])
+    assert seen
+    # a reply cut by a stop string is no whole JSON value: content, not a broken call
+    r = _post(server, {"messages": ASK, "tools": TOOLS, "max_tokens": 60, "temperature": 0, "stop": ["Paris"],
+                       "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
+    c = r.json()["choices"][0]
+    if c["message"].get("tool_calls"):
+        jsonschema.validate(json.loads(c["message"]["tool_calls"][0]["function"]["arguments"]), WEATHER)
+    else:
+        assert isinstance(c["message"]["content"], str)
+
+
 def test_none_and_history_with_tool_turns(server):
     hist = ASK + [{"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "get_weather",
@@ -98,6 +143,10 @@ def test_none_and_history_with_tool_turns(server):
       "tool_choice": "required"}, "tools"),
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
     ({"tools": "get_weather", "tool_choice": "required"}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
+      "tool_choice": "required"}, "tools"),
+    ({"tools": TOOLS, "tool_choice": "required", "guided_whitespace_pattern": "(?=x)"}, "guided_whitespace_pattern"),
+    ({"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": "no"}, "parallel_tool_calls"),
 ])
 def test_bad_tool_requests_get_a_400(server, body, param):
     r = _post(server, {"messages": ASK, "max_tokens": 4, **body})
@@ -106,3 +155,7 @@ def test_bad_tool_requests_get_a_400(server, body, param):
     bad_hist = [{"role": "assistant", "content": None, "tool_calls": "x"}] + ASK
     r = _post(server, {"messages": bad_hist, "max_tokens": 2})
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+    deep = ASK + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "a", "arguments": "[" * 5000}}]}]
+    r = _post(server, {"messages": deep, "max_tokens": 2})
+    assert r.status_code in (200, 400), r.text                    # the text reaches the template as it is

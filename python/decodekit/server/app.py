@@ -22,7 +22,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
 from ..engine.llm_engine import encode_prompt
-from ..sampling.params import SamplingParamsError
 from . import protocol as P
 from .async_engine import AsyncEngine, EngineDeadError
 from .metrics import ServerMetrics
@@ -429,18 +428,21 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         mt = P.field(body, "max_completion_tokens", "int", P.field(body, "max_tokens", "int", None, 1), 1)
         if mt is None:
             mt = eng.max_model_len - len(ids)
-        params = P.sampling_params(body, mt, (top or 0) if want_lp else None, vocab)
-        params.prompt_logprobs = plp
-        schema = tool_schema(tools, tchoice) if tools else None
+        parallel = P.field(body, "parallel_tool_calls", "bool", True)
+        schema = tool_schema(tools, tchoice, parallel) if tools else None
         if schema is not None:      # the reply is constrained to the tool(s)' schema
-            if params.guided_kind is not None:
-                raise P.APIError(400, "give tool_choice 'required' / a named function or another guide "
-                                      f"({params.guided_kind}), not both", "tool_choice")
-            params.guided_json = schema
-            try:
-                params.validate(vocab_size=vocab, max_logprobs=P.MAX_LOGPROBS)
-            except SamplingParamsError as e:
-                raise P.APIError(400, f"the tools' parameters schemas: {e}", "tools") from None
+            other = P.guide_source(body)
+            if other is not None:
+                raise P.APIError(400, f"give tool_choice 'required' / a named function or another guide ({other}), "
+                                      f"not both", "tool_choice")
+            body = {**body, "guided_json": schema}
+        try:
+            params = P.sampling_params(body, mt, (top or 0) if want_lp else None, vocab)
+        except P.APIError as e:
+            if schema is None or e.param != "guided_json":
+                raise
+            raise P.APIError(400, f"the tools' parameters schemas: {e.message}", "tools") from None
+        params.prompt_logprobs = plp
         rid = P.new_id("chatcmpl")
         streams = await start([{"prompt_token_ids": ids}], params, rid)
         created = P.now()
@@ -493,7 +495,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             ctoks, done = {}, set()
             last: dict[int, float] = {}
             try:
-                yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                yield chunk([{"index": i, "delta": {"role": "assistant", "content": "" if schema is None else None},
+                              "logprobs": None,
                               "finish_reason": None} for i in range(params.n)])
                 async for _, out in merged(streams):
                     for c in out.outputs:
@@ -508,6 +511,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                             delta, finish = tool_delta(c, delta, call_ids)
                             if delta is None:       # "required": the calls come whole, when they are done
                                 continue
+                            if not isinstance(tchoice, dict):
+                                start_tok = 0       # and so do their logprobs
                         if c.finish_reason:
                             done.add(c.index)
                         yield chunk([{"index": c.index, "delta": delta,

@@ -140,9 +140,9 @@ def _guides(body: dict) -> dict:
             d["guided_whitespace_pattern"] = ""
         if set(d) - {"guided_whitespace_pattern"}:
             found.append(("structured_outputs", d))
-        elif d:
-            raise APIError(400, "'structured_outputs' has a whitespace pattern but no json / json_object guide",
-                           "structured_outputs")
+        else:
+            raise APIError(400, "'structured_outputs' needs one of choice, regex, json or json_object (a whitespace "
+                                "pattern alone guides nothing)", "structured_outputs")
     rf = body.get("response_format")
     if rf is not None and rf != {"type": "text"}:
         t = rf.get("type") if isinstance(rf, dict) else None
@@ -169,6 +169,11 @@ def _guides(body: dict) -> dict:
     if found:
         kw["_source"] = found[0][0]
     return kw
+
+
+def guide_source(body: dict) -> str | None:
+    """The request field a guide comes from (response_format, guided_*, structured_outputs), or None."""
+    return _guides(body).get("_source")
 
 
 def _token_controls(body: dict) -> dict:

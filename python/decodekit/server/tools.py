@@ -4,11 +4,13 @@ tool-call parser):
 - ``tools``: [{"type": "function", "function": {"name", "description"?, "parameters"? (a JSON schema)}}]
   reach the chat template (templates that know tools render them; others ignore them);
 - ``tool_choice`` {"type": "function", "function": {"name": N}}: the reply is constrained to N's parameters
-  schema and returned as one tool call whose ``arguments`` is that JSON text (finish_reason "stop", as OpenAI
-  for a forced function);
+  schema (an object schema; ``{}`` / absent: any object) and returned as one tool call whose ``arguments`` is
+  that JSON text (finish_reason "stop", as OpenAI for a forced function);
 - ``tool_choice`` "required": the reply is constrained to a JSON array of at least one
-  {"name": one of the tools, "parameters": its schema} and returned as that many tool calls (finish_reason
-  "tool_calls");
+  {"name": one of the tools, "parameters": its schema} (one at most with ``parallel_tool_calls`` false) and
+  returned as that many tool calls, their arguments as written (finish_reason "tool_calls");
+- a reply cut short (max_tokens, a stop string) is no whole JSON value: it comes back as content (streamed,
+  a named function's arguments go out as they come, so there they stay partial);
 - ``tool_choice`` "none": tools are rendered, the reply is text; "auto" (the default with tools) needs a
   parser for the model's own tool-call syntax, which this server does not have: a 400 says to use "required"
   or a named function (vLLM without --enable-auto-tool-choice answers the same way).
@@ -54,10 +56,11 @@ def parse_tools(body: dict) -> tuple[list[dict] | None, str | dict]:
             raise APIError(400, f"'tools[{i}].function.name' {name!r} is given twice", "tools")
         names.add(name)
         params = fn.get("parameters", EMPTY_PARAMETERS)
-        if params is None:
+        if params is None or params == {}:
             params = EMPTY_PARAMETERS
-        if not isinstance(params, dict):
-            raise APIError(400, f"'tools[{i}].function.parameters' must be a JSON schema object", "tools")
+        if not isinstance(params, dict) or params.get("type", "object") != "object":
+            raise APIError(400, f"'tools[{i}].function.parameters' must be a JSON schema of an object (arguments are "
+                                f"a JSON object)", "tools")
         desc = fn.get("description")
         if desc is not None and not isinstance(desc, str):
             raise APIError(400, f"'tools[{i}].function.description' must be a string", "tools")
@@ -80,38 +83,115 @@ def parse_tools(body: dict) -> tuple[list[dict] | None, str | dict]:
     return out, named
 
 
-def tool_schema(tools: list[dict], choice: str | dict) -> dict | None:
-    """The JSON schema the reply is guided by (None for "none")."""
+def _rebase(schema, base: str):
+    """`schema` with its local "$ref"s ("#", "#/...") pointing below `base` (a JSON pointer of where it is put
+    in a larger document); literal values (enum, const, default, examples) are left alone."""
+    if isinstance(schema, list):
+        return [_rebase(x, base) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for k, v in schema.items():
+        if k == "$ref" and isinstance(v, str) and v.startswith("#"):
+            out[k] = base + v[1:]
+        elif k in ("enum", "const", "default", "examples"):
+            out[k] = v
+        elif k == "properties" and isinstance(v, dict):     # its keys are names, its values schemas
+            out[k] = {name: _rebase(sub, base) for name, sub in v.items()}
+        else:
+            out[k] = _rebase(v, base)
+    return out
+
+
+def tool_schema(tools: list[dict], choice: str | dict, parallel: bool = True) -> dict | None:
+    """The JSON schema the reply is guided by (None for "none"). For "required", each tool's parameters sit in
+    the wrapper's $defs, their references rebased there (a tool's "#" and "#/$defs/X" stay its own)."""
     if choice == "none":
         return None
     if isinstance(choice, dict):
         return choice["parameters"]
-    return {"type": "array", "minItems": 1, "items": {"anyOf": [
-        {"type": "object", "properties": {"name": {"const": t["function"]["name"]},
-                                          "parameters": t["function"]["parameters"]},
-         "required": ["name", "parameters"]} for t in tools]}}
+    defs, branches = {}, []
+    for i, t in enumerate(tools):
+        defs[f"tool{i}"] = _rebase(t["function"]["parameters"], f"#/$defs/tool{i}")
+        branches.append({"type": "object", "properties": {"name": {"const": t["function"]["name"]},
+                                                          "parameters": {"$ref": f"#/$defs/tool{i}"}},
+                         "required": ["name", "parameters"]})
+    return {"$defs": defs, "type": "array", "minItems": 1, **({} if parallel else {"maxItems": 1}),
+            "items": {"anyOf": branches}}
 
 
 def new_call_id() -> str:
     return f"chatcmpl-tool-{uuid.uuid4().hex[:24]}"
 
 
+def _value_end(text: str, i: int) -> int:
+    """The end of the JSON value starting at text[i] (text is valid JSON)."""
+    if text[i] == '"':
+        j = i + 1
+        while text[j] != '"':
+            j += 2 if text[j] == "\\" else 1
+        return j + 1
+    if text[i] in "[{":
+        depth, j = 0, i
+        while True:
+            c = text[j]
+            if c == '"':
+                j = _value_end(text, j)
+                continue
+            if c in "[{":
+                depth += 1
+            elif c in "]}":
+                depth -= 1
+                if not depth:
+                    return j + 1
+            j += 1
+    j = i
+    while j < len(text) and text[j] not in ",]} \t\r\n":
+        j += 1
+    return j
+
+
+def _raw_parameters(text: str) -> list[str]:
+    """The "parameters" values of a "required" reply ([{"name": ..., "parameters": {...}}, ...]) as they were
+    written (a parse and re-dump could turn 1e999 into Infinity or round long numbers)."""
+    dec, out, i = json.JSONDecoder(), [], 0
+
+    def ws(k):
+        while k < len(text) and text[k] in " \t\r\n":
+            k += 1
+        return k
+    i = ws(text.index("[") + 1)
+    while text[i] == "{":
+        i = ws(i + 1)
+        while text[i] != "}":
+            key, i = dec.raw_decode(text, i)
+            i = ws(ws(i) + 1)                                 # past ':'
+            end = _value_end(text, i)
+            if key == "parameters":
+                out.append(text[i:end])
+            i = ws(end)
+            if text[i] == ",":
+                i = ws(i + 1)
+        i = ws(i + 1)
+        if text[i] == ",":
+            i = ws(i + 1)
+    return out
+
+
 def tool_calls(choice: str | dict, text: str, finish_reason: str | None) -> tuple[list[dict] | None, str | None]:
-    """(tool_calls, finish_reason) of a finished reply: a named function's call carries the text as its
-    arguments (even when cut by the length limit); "required" replies parse to their calls, or None (the text
-    stays content) when cut short."""
+    """(tool_calls, finish_reason) of a finished reply, or (None, finish_reason) when its text is not a whole
+    JSON value (cut by max_tokens or a stop string): the text is then the reply's content. A named function's
+    call carries the text as its arguments; "required" replies give their calls (finish_reason "tool_calls")."""
+    try:
+        items = json.loads(text)
+    except (ValueError, RecursionError):
+        return None, finish_reason
     if isinstance(choice, dict):
         return [{"id": new_call_id(), "type": "function",
                  "function": {"name": choice["name"], "arguments": text}}], finish_reason
-    if finish_reason != "stop":
-        return None, finish_reason
-    try:
-        items = json.loads(text)
-    except ValueError:
-        return None, finish_reason
-    return [{"id": new_call_id(), "type": "function",
-             "function": {"name": it["name"], "arguments": json.dumps(it["parameters"], ensure_ascii=False)}}
-            for it in items], "tool_calls"
+    raw = _raw_parameters(text)
+    return [{"id": new_call_id(), "type": "function", "function": {"name": it["name"], "arguments": args}}
+            for it, args in zip(items, raw)], "tool_calls"
 
 
 def history_message(i: int, msg: dict, content: str) -> dict:
@@ -132,7 +212,7 @@ def history_message(i: int, msg: dict, content: str) -> dict:
             if isinstance(args, str):
                 try:
                     args = json.loads(args)
-                except ValueError:
+                except (ValueError, RecursionError):
                     pass            # the template gets the text as it is
             conv.append({"id": str(c.get("id", "")), "type": "function",
                          "function": {"name": fn["name"], "arguments": args}})

@@ -17,8 +17,9 @@ round inward), ``multipleOf`` 1; number: the same bounds when they are integers;
 ``prefixItems``, ``minItems``, ``maxItems``, ``uniqueItems`` false; ``anyOf``, ``oneOf``, ``allOf`` (merged
 when the parts don't conflict); ``$ref`` to "#..." JSON pointers (``$defs``, ``definitions``, "#"), recursion
 included. Annotations (title, description, default, examples, $schema, $id, $comment, deprecated, readOnly,
-writeOnly, $defs, definitions, contentEncoding, contentMediaType, contentSchema, and OpenAPI's discriminator,
-which the ``oneOf`` it goes with already expresses) are ignored; any other keyword raises JSONSchemaError, whose message names
+writeOnly, $defs, definitions, contentEncoding, contentMediaType, contentSchema, ``x-*`` extensions, OpenAPI's
+discriminator (which the ``oneOf`` it goes with already expresses), example, externalDocs, xml and nullable
+(so null is never generated for it: a narrowing)) are ignored; any other keyword raises JSONSchemaError, whose message names
 the schema's JSON-pointer path.
 
 Deliberate deviations; each narrows what matches except the two marked (*), which let through instances a
@@ -92,7 +93,8 @@ FORMATS = {
 }
 _ANNOTATIONS = {"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
                 "readOnly", "writeOnly", "$defs", "definitions", "contentEncoding", "contentMediaType",
-                "contentSchema", "discriminator"}     # discriminator (OpenAPI / pydantic): oneOf already says it
+                "contentSchema", "discriminator",     # discriminator (OpenAPI / pydantic): oneOf already says it
+                "nullable", "example", "externalDocs", "xml"}   # OpenAPI 3.0 (nullable: null is never generated)
 _BY_TYPE = {
     "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties"},
     "array": {"items", "prefixItems", "minItems", "maxItems", "uniqueItems"},
@@ -422,7 +424,7 @@ class _Translator:
             return None
         if not isinstance(s, dict):
             self.err(path, f"expected a schema object or boolean, got {s!r}")
-        keys = set(s) - _ANNOTATIONS
+        keys = {k for k in s if k not in _ANNOTATIONS and not (isinstance(k, str) and k.startswith("x-"))}
         for k in sorted(keys - _KNOWN):
             self.err(path, f"keyword {k!r} is not supported")
         if "allOf" in s:
