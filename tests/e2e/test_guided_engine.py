@@ -151,3 +151,19 @@ def test_a_guide_that_gives_up_mid_request_finishes_with_error(llm, monkeypatch)
     assert bad.finish_reason == "error" and "test" in bad.stop_reason, bad
     assert good.finish_reason == "length" and len(good.token_ids) == 12
     assert_no_leaks(llm)
+
+
+def test_preemption_and_prefix_caching_keep_guided_outputs(llm):
+    """Guided requests preempted by recompute (a KV cache of 8 blocks) and served from the prefix cache give
+    the tokens they give alone; n > 1 with a seed too."""
+    sps = [SamplingParams(guided_json=PERSON, temperature=0, max_tokens=50),
+           SamplingParams(guided_regex=REGEXES[3], temperature=0.9, seed=4, n=2, max_tokens=40)]
+    prompts = [p + " Answer:" for p in PROMPTS]
+    want = [[[c.token_ids for c in o.outputs] for o in llm.generate(prompts, sp)] for sp in sps]
+    small = embedded_llm(kv_cache_memory="6MiB", max_model_len=128, seed=1)   # forces preemption
+    for sp, w in zip(sps, want):
+        assert [[c.token_ids for c in o.outputs] for o in small.generate(prompts, sp)] == w
+        assert [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, sp)] == w   # prefix-cache hits
+    assert small.engine.scheduler.num_preemptions > 0
+    assert_no_leaks(small)
+    assert_no_leaks(llm)
