@@ -159,3 +159,98 @@ def test_bad_tool_requests_get_a_400(server, body, param):
         {"id": "1", "type": "function", "function": {"name": "a", "arguments": "[" * 5000}}]}]
     r = _post(server, {"messages": deep, "max_tokens": 2})
     assert r.status_code in (200, 400), r.text                    # the text reaches the template as it is
+
+
+# --------------------------------------------------------------------------- "auto" with a tool-call parser
+@pytest.fixture(scope="module", params=["hermes", "llama3_json"])
+def auto_server(request, aeng):
+    from server_harness import LiveServer
+    s = LiveServer(aeng, tool_call_parser=request.param)
+    s.parser = request.param
+    yield s
+    s.stop()
+
+
+FORCED = {  # the model's own tool-call syntax, forced with a guided regex so the tiny model writes it
+    "hermes": r'Let me check\. <tool_call>\{"name": "get_weather", "arguments": \{"city": "[A-Z][a-z]{2,8}", '
+              r'"unit": "celsius"\}\}</tool_call>',
+    "llama3_json": r'\{"name": "get_weather", "parameters": \{"city": "[A-Z][a-z]{2,8}", "unit": "celsius"\}\}',
+}
+
+
+def test_auto_reads_the_models_tool_calls(auto_server):
+    s = auto_server
+    base = {"messages": ASK, "tools": TOOLS, "max_tokens": 200, "temperature": 0}
+    want_content = "Let me check." if s.parser == "hermes" else None
+    for stream in (False, True):
+        r = httpx.post(s.url + "/v1/chat/completions", timeout=120,
+                       json={**base, "guided_regex": FORCED[s.parser], "stream": stream})
+        assert r.status_code == 200, r.text
+        if stream:
+            chunks = [json.loads(line[6:])["choices"][0] for line in r.text.splitlines()
+                      if line.startswith("data: {") and json.loads(line[6:])["choices"]]
+            content = "".join(c["delta"].get("content") or "" for c in chunks) or None
+            calls = [t for c in chunks for t in c["delta"].get("tool_calls", [])]
+            finish = chunks[-1]["finish_reason"]
+        else:
+            c = r.json()["choices"][0]
+            content, calls, finish = c["message"]["content"], c["message"].get("tool_calls"), c["finish_reason"]
+        assert finish == "tool_calls" and content == want_content, r.text
+        (call,) = calls
+        assert call["function"]["name"] == "get_weather" and call["id"]
+        jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER)
+    # no call in the reply: plain content, streamed as it comes
+    for stream in (False, True):
+        r = httpx.post(s.url + "/v1/chat/completions", timeout=120,
+                       json={**base, "guided_regex": r"It is sunny in Paris\.", "stream": stream})
+        text = r.json()["choices"][0]["message"]["content"] if not stream else "".join(
+            json.loads(line[6:])["choices"][0]["delta"].get("content") or "" for line in r.text.splitlines()
+            if line.startswith("data: {") and json.loads(line[6:])["choices"])
+        assert text == "It is sunny in Paris.", r.text
+    assert wait_idle(s.aeng)
+
+
+def test_auto_parsers_on_text():
+    from decodekit.server.tools import AutoToolStream, parse_auto
+    tools = [{"function": {"name": "a"}}, {"function": {"name": "b"}}]
+    cases = [
+        ("hermes", 'x <tool_call>{"name": "a", "arguments": {"k": 1}}</tool_call> <tool_call>{"name": "b", '
+                   '"arguments": "{\\"z\\": [1]}"}</tool_call>', "x", ["a", "b"]),
+        ("hermes", '<tool_call>{"name": "a", "arguments": {}}', None, ["a"]),                      # unclosed at EOS
+        ("hermes", '<tool_call>{"name": "zzz", "arguments": {}}</tool_call>', "same", None),       # unknown tool
+        ("hermes", '<tool_call>{"name": "a", "arguments": [1]}</tool_call>', "same", None),        # not an object
+        ("hermes", "plain <tool text", "same", None),
+        ("llama3_json", '<|python_tag|>{"name": "a", "parameters": {"k": 1}}; {"name": "b", "parameters": {}}',
+         None, ["a", "b"]),
+        ("llama3_json", '{"name": "a", "parameters": {"k": 1}} and more', "same", None),
+        ("llama3_json", 'I think {"name": "a", "parameters": {}}', "same", None),
+    ]
+    for parser, text, content, names in cases:
+        got_content, calls = parse_auto(parser, text, tools)
+        assert got_content == (text if content == "same" else content), (parser, text)
+        assert (calls is None) == (names is None) and [c["function"]["name"] for c in calls or []] == (names or [])
+        for c in calls or []:
+            assert isinstance(json.loads(c["function"]["arguments"]), dict)
+        # streamed one character at a time: what goes out plus the end equals the parse
+        st, sent = AutoToolStream(parser), ""
+        for k in range(1, len(text) + 1):
+            sent += st.feed(text[:k])
+        tail, scalls = st.finish(text, tools)
+        assert (scalls is None) == (calls is None)
+        assert sent + (tail or "") == (text if calls is None else sent)
+        if calls is not None:
+            assert _no_call_text(sent)
+
+
+def _no_call_text(sent):
+    return "<tool_call" not in sent and "{" not in sent
+
+
+def test_auto_without_a_parser_and_flag_pairing(server):
+    r = _post(server, {"messages": ASK, "tools": TOOLS, "tool_choice": "auto", "max_tokens": 4})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-m", "decodekit.cli", "serve", "--enable-auto-tool-choice"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0 and "--tool-call-parser" in p.stderr and "Traceback" not in p.stderr, p.stderr

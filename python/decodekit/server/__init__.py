@@ -23,6 +23,12 @@ def add_args(p) -> None:
                    help="waiting sequences at most; beyond, new requests get 503 + Retry-After (a request of more "
                         "sequences than this, n x prompts, can never fit: 400) (default 1024)")
     g.add_argument("--max-body-bytes", type=int, default=4 << 20, help="largest request body (default 4 MiB)")
+    g.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="tool_choice 'auto' (the default with tools): read tool calls out of the model's own syntax "
+                        "(needs --tool-call-parser)")
+    g.add_argument("--tool-call-parser", default=None, choices=("hermes", "llama3_json"),
+                   help="the model's tool-call syntax for 'auto': hermes (Hermes, Qwen2.5: <tool_call>{...}</tool_call>)"
+                        " or llama3_json (Llama 3.1+: {\"name\": ..., \"parameters\": ...})")
     g.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds in-flight requests may take to finish on SIGTERM (default 10)")
     g.add_argument("--engine-in-thread", action="store_true",
@@ -68,6 +74,8 @@ def serve(args) -> int:
         raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    if args.enable_auto_tool_choice != (args.tool_call_parser is not None):
+        raise ValueError("--enable-auto-tool-choice and --tool-call-parser go together (as in vLLM)")
     if getattr(args, "engine_in_thread", False):
         from decodekit.engine.llm_engine import LLMEngine
 
@@ -81,7 +89,8 @@ def serve(args) -> int:
         name = args.served_model_name or args.model or os.path.splitext(os.path.basename(engine.model_source))[0]
         aeng.start()
         app = build_app(aeng, ServerConfig(model_name=name, api_key=args.api_key, max_queue=args.max_queue,
-                                           max_body_bytes=args.max_body_bytes))
+                                           max_body_bytes=args.max_body_bytes,
+                                           tool_call_parser=args.tool_call_parser))
         sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((args.host, args.port))

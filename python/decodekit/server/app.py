@@ -25,7 +25,7 @@ from ..engine.llm_engine import encode_prompt
 from . import protocol as P
 from .async_engine import AsyncEngine, EngineDeadError
 from .metrics import ServerMetrics
-from .tools import new_call_id, parse_tools, tool_calls, tool_schema
+from .tools import AutoToolStream, new_call_id, parse_auto, parse_tools, tool_calls, tool_schema
 
 
 @dataclass
@@ -35,6 +35,7 @@ class ServerConfig:
     max_queue: int = 1024            # waiting sequences before new requests get 503
     max_body_bytes: int = 4 << 20
     stuck_after_s: float = 60.0      # health fails when the loop has work but has not turned for this long
+    tool_call_parser: str | None = None  # tool_choice "auto": the model's tool-call syntax (server/tools.py)
 
 
 def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
@@ -417,7 +418,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             raise P.APIError(400, "'top_logprobs' needs logprobs=true", "top_logprobs")
         plp = P.prompt_logprobs_field(body, stream)
         agp, cont = P.chat_render_options(body, messages)
-        tools, tchoice = parse_tools(body)
+        tools, tchoice = parse_tools(body, cfg.tool_call_parser)
         ids = await render_chat(messages, agp, False, cont, tools)
         if not ids:
             raise P.APIError(400, "the rendered conversation is empty", "messages")
@@ -456,6 +457,11 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                     calls, finish = tool_calls(tchoice, c.text, c.finish_reason)
                     if calls is not None:
                         msg = {"role": "assistant", "content": None, "tool_calls": calls}
+                elif tchoice == "auto":
+                    content, calls = parse_auto(cfg.tool_call_parser, c.text, tools)
+                    if calls is not None:
+                        msg = {"role": "assistant", "content": content, "tool_calls": calls}
+                        finish = "tool_calls" if finish == "stop" else finish
                 choices.append({"index": c.index, "message": msg,
                                 "logprobs": P.chat_logprobs(c, 0, top or 0) if want_lp else None,
                                 "finish_reason": finish})
@@ -491,6 +497,22 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                 return {"content": c.text}, finish
             return {"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]}, finish
 
+        auto_streams: dict[int, AutoToolStream] = {}
+
+        def auto_delta(c) -> tuple[dict, str | None]:
+            """An "auto" reply's delta: content until a call may begin, the calls (and any content held
+            back that turned out not to be one) at the end."""
+            st = auto_streams.setdefault(c.index, AutoToolStream(cfg.tool_call_parser))
+            text = st.feed(c.text)
+            if not c.finish_reason:
+                return {"content": text}, None
+            tail, calls = st.finish(c.text, tools)
+            delta = {"content": text + (tail or "")} if text or tail else {}
+            if calls is None:
+                return delta, c.finish_reason
+            delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(calls)]
+            return delta, "tool_calls" if c.finish_reason == "stop" else c.finish_reason
+
         async def gen():
             ctoks, done = {}, set()
             last: dict[int, float] = {}
@@ -507,6 +529,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                         itl(last, c.index, c)
                         delta = {"content": c.delta_text} if c.delta_text or not c.finish_reason else {}
                         finish = c.finish_reason
+                        if tchoice == "auto":
+                            delta, finish = auto_delta(c)
                         if schema is not None:
                             delta, finish = tool_delta(c, delta, call_ids)
                             if delta is None:       # "required": the calls come whole, when they are done

@@ -11,9 +11,14 @@ tool-call parser):
   returned as that many tool calls, their arguments as written (finish_reason "tool_calls");
 - a reply cut short (max_tokens, a stop string) is no whole JSON value: it comes back as content (streamed,
   a named function's arguments go out as they come, so there they stay partial);
-- ``tool_choice`` "none": tools are rendered, the reply is text; "auto" (the default with tools) needs a
-  parser for the model's own tool-call syntax, which this server does not have: a 400 says to use "required"
-  or a named function (vLLM without --enable-auto-tool-choice answers the same way).
+- ``tool_choice`` "none": tools are rendered, the reply is text;
+- "auto" (the default with tools) reads tool calls out of the model's own syntax, with the parser the server
+  was started with (vLLM's ``--enable-auto-tool-choice --tool-call-parser NAME``): ``hermes`` (Hermes, Qwen2.5:
+  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, text around them is content) or
+  ``llama3_json`` (Llama 3.1+: a reply that is ``{"name": ..., "parameters": {...}}`` objects, ``;``-separated,
+  after an optional ``<|python_tag|>``); calls must name one of the tools and parse, else the text stays
+  content. Streamed, content goes out until a call may begin, the calls at the end. Without a parser "auto" is
+  a 400 that says to use "required" or a named function (as vLLM without the flags).
 
 Assistant messages with ``tool_calls`` (their ``arguments`` JSON text handed to the template as an object,
 as vLLM does for Jinja templates) and ``tool`` messages with ``tool_call_id`` are accepted in the history.
@@ -31,9 +36,13 @@ NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
 
-def parse_tools(body: dict) -> tuple[list[dict] | None, str | dict]:
+TOOL_CALL_PARSERS = ("hermes", "llama3_json")
+
+
+def parse_tools(body: dict, parser: str | None = None) -> tuple[list[dict] | None, str | dict]:
     """(tools, tool_choice) of a chat request: tools validated (None when absent or empty), tool_choice one of
-    "none", "required" or the named tool's function dict. 400s name the field."""
+    "none", "required", "auto" (only with a tool-call `parser`) or the named tool's function dict. 400s name
+    the field."""
     tools = body.get("tools")
     choice = body.get("tool_choice")
     if tools is None or tools == []:
@@ -65,6 +74,8 @@ def parse_tools(body: dict) -> tuple[list[dict] | None, str | dict]:
         if desc is not None and not isinstance(desc, str):
             raise APIError(400, f"'tools[{i}].function.description' must be a string", "tools")
         out.append({"type": "function", "function": {**fn, "parameters": params}})
+    if (choice is None or choice == "auto") and parser is not None:
+        return out, "auto"
     if choice is None or choice == "auto":
         raise APIError(400, "tool_choice 'auto' (the default with tools) needs a parser for this model's tool-call "
                             "syntax, which this server does not have: set tool_choice to 'required' or "
@@ -104,9 +115,10 @@ def _rebase(schema, base: str):
 
 
 def tool_schema(tools: list[dict], choice: str | dict, parallel: bool = True) -> dict | None:
-    """The JSON schema the reply is guided by (None for "none"). For "required", each tool's parameters sit in
-    the wrapper's $defs, their references rebased there (a tool's "#" and "#/$defs/X" stay its own)."""
-    if choice == "none":
+    """The JSON schema the reply is guided by (None for "none" and "auto"). For "required", each tool's
+    parameters sit in the wrapper's $defs, their references rebased there (a tool's "#" and "#/$defs/X" stay
+    its own)."""
+    if choice in ("none", "auto"):
         return None
     if isinstance(choice, dict):
         return choice["parameters"]
@@ -224,3 +236,121 @@ def history_message(i: int, msg: dict, content: str) -> dict:
                 raise APIError(400, f"'messages[{i}].{key}' must be a string", "messages")
             out[key] = v
     return out
+
+
+# --------------------------------------------------------------------------- "auto": the model's own syntax
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+PYTHON_TAG = "<|python_tag|>"
+
+
+def _call(obj, names: set[str], args_key: str) -> dict | None:
+    if not isinstance(obj, dict) or obj.get("name") not in names:
+        return None
+    args = obj.get(args_key, obj.get("arguments", obj.get("parameters", {})))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except (ValueError, RecursionError):
+            return None
+    if not isinstance(args, dict):
+        return None
+    return {"id": new_call_id(), "type": "function",
+            "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
+
+
+def parse_auto(parser: str, text: str, tools: list[dict]) -> tuple[str | None, list[dict] | None]:
+    """(content, tool_calls) of a finished "auto" reply: calls read with `parser`, or (text, None) when it
+    holds none (or one that does not parse / names no tool: the model's text is then returned as it is)."""
+    names = {t["function"]["name"] for t in tools}
+    dec = json.JSONDecoder()
+    if parser == "hermes":
+        calls, content, i = [], [], 0
+        while True:
+            j = text.find(HERMES_OPEN, i)
+            if j < 0:
+                content.append(text[i:])
+                break
+            content.append(text[i:j])
+            k = text.find(HERMES_CLOSE, j)
+            body = text[j + len(HERMES_OPEN):k if k >= 0 else len(text)].strip()
+            try:
+                call = _call(json.loads(body), names, "arguments")
+            except (ValueError, RecursionError):
+                call = None
+            if call is None:
+                return text, None
+            calls.append(call)
+            if k < 0:
+                break
+            i = k + len(HERMES_CLOSE)
+        if not calls:
+            return text, None
+        rest = "".join(content).strip()
+        return (rest or None), calls
+    body = text.strip()
+    if body.startswith(PYTHON_TAG):
+        body = body[len(PYTHON_TAG):].strip()
+    if not body.startswith("{"):
+        return text, None
+    calls, i = [], 0
+    try:
+        while i < len(body):
+            obj, i = dec.raw_decode(body, i)
+            call = _call(obj, names, "parameters")
+            if call is None:
+                return text, None
+            calls.append(call)
+            while i < len(body) and body[i] in " \t\r\n;":
+                i += 1
+    except (ValueError, RecursionError):
+        return text, None
+    return None, calls
+
+
+class AutoToolStream:
+    """Streamed "auto" replies: feed(delta) gives the content that can go out now - all of it until a tool
+    call may have begun (a tag, or for llama3_json a reply opening with '{'), never a tag's first characters
+    (they wait for the next delta); finish(text) parses the whole reply for the final delta."""
+
+    def __init__(self, parser: str):
+        self.parser = parser
+        self.sent = 0               # characters of the reply sent as content
+        self.held = False           # a call may have begun: the rest waits for the end
+
+    def feed(self, text: str) -> str:
+        if self.held:
+            return ""
+        if self.parser == "hermes":
+            j = text.find(HERMES_OPEN, self.sent)
+            if j >= 0:              # (the content around calls is stripped, as parse_auto does)
+                self.held = True
+                out = text[self.sent:j].rstrip()
+                out, self.sent = out.lstrip() if self.sent == 0 else out, j
+                return out
+            end = len(text)
+            for n in range(min(len(HERMES_OPEN) - 1, end - self.sent), 0, -1):
+                if HERMES_OPEN.startswith(text[end - n:]):
+                    end -= n
+                    break
+            while end > self.sent and text[end - 1].isspace():     # it may precede a call: wait
+                end -= 1
+            if not text[:end].strip():
+                return ""
+        else:                       # llama3_json: calls are the whole reply, so only its opening decides
+            end = len(text)
+            if self.sent == 0:
+                head = text.lstrip()
+                if head.startswith(("{", PYTHON_TAG)):
+                    self.held = True
+                    return ""
+                if not head or PYTHON_TAG.startswith(head):
+                    return ""       # too early to tell
+        out, self.sent = text[self.sent:end], max(self.sent, end)
+        return out
+
+    def finish(self, text: str, tools: list[dict]) -> tuple[str | None, list[dict] | None]:
+        """(content still to send, calls) at the end of the reply."""
+        _, calls = parse_auto(self.parser, text, tools)
+        if calls is None:
+            return text[self.sent:], None
+        return None, calls              # (hermes: the content before the first call went out already)
