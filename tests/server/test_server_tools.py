@@ -147,6 +147,9 @@ def test_none_and_history_with_tool_turns(server):
       "tool_choice": "required"}, "tools"),
     ({"tools": TOOLS, "tool_choice": "required", "guided_whitespace_pattern": "(?=x)"}, "guided_whitespace_pattern"),
     ({"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": "no"}, "parallel_tool_calls"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": json.loads('{"anyOf": [' * 300 + '{}' + ']}' * 300)}}}}],
+      "tool_choice": "required"}, "tools"),
 ])
 def test_bad_tool_requests_get_a_400(server, body, param):
     r = _post(server, {"messages": ASK, "max_tokens": 4, **body})

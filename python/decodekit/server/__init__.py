@@ -26,7 +26,8 @@ def add_args(p) -> None:
     g.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="tool_choice 'auto' (the default with tools): read tool calls out of the model's own syntax "
                         "(needs --tool-call-parser)")
-    g.add_argument("--tool-call-parser", default=None, choices=("hermes", "llama3_json"),
+    from .tools import TOOL_CALL_PARSERS
+    g.add_argument("--tool-call-parser", default=None, choices=TOOL_CALL_PARSERS,
                    help="the model's tool-call syntax for 'auto': hermes (Hermes, Qwen2.5: <tool_call>{...}</tool_call>)"
                         " or llama3_json (Llama 3.1+: {\"name\": ..., \"parameters\": ...})")
     g.add_argument("--shutdown-timeout", type=float, default=10.0,

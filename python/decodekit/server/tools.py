@@ -37,6 +37,18 @@ EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
 
 TOOL_CALL_PARSERS = ("hermes", "llama3_json")
+MAX_PARAMETERS_DEPTH = 64        # JSON nesting of a tool's parameters schema (templates and guides recurse on it)
+
+
+def _depth(value) -> int:
+    """JSON nesting depth of `value` (iterative: any depth is measured)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            stack += [(x, d + 1) for x in (v.values() if isinstance(v, dict) else v)]
+    return deepest
 
 
 def parse_tools(body: dict, parser: str | None = None) -> tuple[list[dict] | None, str | dict]:
@@ -70,6 +82,9 @@ def parse_tools(body: dict, parser: str | None = None) -> tuple[list[dict] | Non
         if not isinstance(params, dict) or params.get("type", "object") != "object":
             raise APIError(400, f"'tools[{i}].function.parameters' must be a JSON schema of an object (arguments are "
                                 f"a JSON object)", "tools")
+        if _depth(params) > MAX_PARAMETERS_DEPTH:
+            raise APIError(400, f"'tools[{i}].function.parameters' nests more than {MAX_PARAMETERS_DEPTH} levels deep",
+                           "tools")
         desc = fn.get("description")
         if desc is not None and not isinstance(desc, str):
             raise APIError(400, f"'tools[{i}].function.description' must be a string", "tools")
@@ -124,7 +139,10 @@ def tool_schema(tools: list[dict], choice: str | dict, parallel: bool = True) ->
         return choice["parameters"]
     defs, branches = {}, []
     for i, t in enumerate(tools):
-        defs[f"tool{i}"] = _rebase(t["function"]["parameters"], f"#/$defs/tool{i}")
+        try:
+            defs[f"tool{i}"] = _rebase(t["function"]["parameters"], f"#/$defs/tool{i}")
+        except RecursionError:
+            raise APIError(400, f"'tools[{i}].function.parameters' nests too deeply", "tools") from None
         branches.append({"type": "object", "properties": {"name": {"const": t["function"]["name"]},
                                                           "parameters": {"$ref": f"#/$defs/tool{i}"}},
                          "required": ["name", "parameters"]})
