@@ -154,7 +154,7 @@ def _vocab(seed: int):
 @pytest.mark.parametrize("pattern", [r'\{"a": (?:-?\d{1,3}|"[ab é日]*")\}', r"(?:ab|é日)+\.?", r"1{2,5}|2-2"])
 def test_masks_equal_brute_force_and_walks_end_in_matches(seed, pattern):
     pieces = _vocab(seed)
-    vocab = TokenVocab(pieces, len(pieces))
+    vocab = TokenVocab(pieces)
     guide = Guide(LazyDFA(compile_nfa(pattern)), vocab, [0])
     V = len(pieces) + 5                               # the model's vocabulary may be padded
     rng = random.Random(seed)
@@ -181,7 +181,7 @@ def test_masks_equal_brute_force_and_walks_end_in_matches(seed, pattern):
 
 def test_cursor_follows_diverging_sequences():
     pieces = _vocab(7)
-    guide = Guide(LazyDFA(compile_nfa(r"[ab12 .-]*")), TokenVocab(pieces, len(pieces)), [0])
+    guide = Guide(LazyDFA(compile_nfa(r"[ab12 .-]*")), TokenVocab(pieces), [0])
     rng = random.Random(0)
     ok = [t for t, b in enumerate(pieces) if b and all(c in b"ab12 .-" for c in b)]
     seqs = [[rng.choice(ok) for _ in range(rng.randrange(0, 30))] for _ in range(20)]
@@ -197,7 +197,7 @@ def test_cursor_follows_diverging_sequences():
 
 def test_dead_state_allows_eos_only():
     pieces = _vocab(1)
-    guide = Guide(LazyDFA(compile_nfa("ab")), TokenVocab(pieces, len(pieces)), [0])
+    guide = Guide(LazyDFA(compile_nfa("ab")), TokenVocab(pieces), [0])
     m, c = guide.mask(DEAD, len(pieces))
     assert c == 1 and bool(m[0])
     assert isinstance(m, torch.Tensor)

@@ -75,10 +75,15 @@ does (a str becomes a 1-list, a tuple a list, None an empty list) but checks not
 """
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+import torch
+
+from .guided import GuideError, RegexError, compile_guide, guide_pattern, parse
 
 MAX_N = 128
 MAX_TEMPERATURE = 100.0
@@ -342,12 +347,15 @@ class SamplingParams:
             if d.get("grammar") is not None or d.get("structural_tag") is not None:
                 raise SamplingParamsError(name, "grammar / structural_tag guides are not supported (json, regex, "
                                                 "choice and json_object are)")
-            if any(getattr(self, f) not in (None, False) for f in GUIDED_FIELDS):
+            if self._given_guides():
                 raise SamplingParamsError(name, "give it or the guided_* fields, not both")
             self.guided_choice = d.get("choice")
             self.guided_regex = d.get("regex")
             self.guided_json = d.get("json")
             self.guided_json_object = bool(d.get("json_object") or False)
+            if not self._given_guides():
+                raise SamplingParamsError(name, "needs one of choice, regex, json or json_object (json false matches "
+                                                "nothing; a whitespace pattern alone guides nothing)")
             if d.get("whitespace_pattern") is not None:
                 self.guided_whitespace_pattern = d["whitespace_pattern"]
             elif d.get("disable_any_whitespace"):
@@ -360,19 +368,20 @@ class SamplingParams:
         and the engine reports finish_reason "error"), or None."""
         return self.__dict__.get("_guide_error")
 
+    def _given_guides(self) -> list[str]:
+        """The guided_* fields that are set (None and False are unset)."""
+        return [f for f in GUIDED_FIELDS if getattr(self, f) is not None and getattr(self, f) is not False]
+
     @property
     def guided_kind(self) -> str | None:
         """Which guided_* field is set (None: none)."""
-        for f in GUIDED_FIELDS:
-            v = getattr(self, f)
-            if v is not None and v is not False:
-                return f
-        return None
+        given = self._given_guides()
+        return given[0] if given else None
 
     def _validate_guided(self) -> None:
         if self.structured_outputs is not None or self.guided_decoding is not None:
             self._spread_structured_outputs()
-        given = [f for f in GUIDED_FIELDS if getattr(self, f) is not None and getattr(self, f) is not False]
+        given = self._given_guides()
         if len(given) > 1:
             raise SamplingParamsError(given[1], f"give one guide at most, got {' and '.join(given)}")
         _check_bool("guided_json_object", self.guided_json_object)
@@ -405,7 +414,6 @@ class SamplingParams:
     def guided_pattern(self) -> str | None:
         """The regular expression guided_regex / guided_json / guided_json_object stands for (None for
         guided_choice or no guide); SamplingParamsError naming the field when it is unsupported."""
-        from .guided import RegexError, guide_pattern, parse
         kind, ws = self.guided_kind, self.guided_whitespace_pattern
         try:
             if ws is not None:
@@ -440,7 +448,6 @@ class SamplingParams:
         if not eos:
             raise SamplingParamsError(kind, "needs a model with an EOS token")
         if kind != "guided_choice":
-            from .guided import GuideError, RegexError, compile_guide
             try:
                 object.__setattr__(self, "_guide", compile_guide(self.guided_pattern(), tokenizer, eos))
             except (RegexError, GuideError) as e:
@@ -457,7 +464,6 @@ class SamplingParams:
     def guided_mask(self, output_token_ids, vocab_size: int):
         """(bool [vocab_size] mask of the tokens the guide allows after `output_token_ids`, how many); the
         mask may be shared (cached per automaton state): do not modify it."""
-        import torch
         if self.guided_kind == "guided_choice":
             if "_guided" not in self.__dict__:
                 raise ValueError("SamplingParams.guided_choice: call set_guided(tokenizer, eos_token_ids) first "
@@ -471,11 +477,10 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.{self.guided_kind}: call set_guided(tokenizer, eos_token_ids) first "
                              f"(the engine's add_request does)")
         out = output_token_ids.tolist() if hasattr(output_token_ids, "tolist") else list(output_token_ids)
-        from .guided import GuideError
         try:
             return guide.mask(guide.state_after(out), vocab_size)
         except GuideError as e:     # the automaton outgrew its bounds mid-request: end this request (EOS, which
-            import logging          # the engine finishes with reason "error" - guide_error), not the step
+                                    # the engine finishes with reason "error" - guide_error), not the step
             logging.getLogger("decodekit").warning("%s: %s; the request ends here", self.guided_kind, e)
             object.__setattr__(self, "_guide_error", f"{self.guided_kind}: {e}")
             mask = torch.zeros(vocab_size, dtype=torch.bool)

@@ -101,48 +101,22 @@ def _stop(body: dict) -> list[str]:
     return s
 
 
-_GUIDE_KEYS = {"choice": "guided_choice", "regex": "guided_regex", "json": "guided_json",
-               "json_object": "guided_json_object", "whitespace_pattern": "guided_whitespace_pattern"}
-
-
 def _guides(body: dict) -> dict:
-    """The guide of a request, in SamplingParams' guided_* fields, from OpenAI's response_format
-    ({"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}) or vLLM's
-    guided_choice / guided_regex / guided_json / guided_whitespace_pattern or structured_outputs {choice,
-    regex, json, json_object, whitespace_pattern}; more than one guide is a 400. "_source" names the request
-    field the guide came from (errors from SamplingParams are reported against it)."""
+    """The guide of a request, in SamplingParams' fields, from OpenAI's response_format ({"type":
+    "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}) or vLLM's guided_choice /
+    guided_regex / guided_json / guided_whitespace_pattern or structured_outputs (handed to SamplingParams,
+    which spreads and checks it); more than one guide is a 400. "_source" names the request field the guide
+    came from (errors from SamplingParams are reported against it)."""
     found: list[tuple[str, dict]] = []
-    flat = {k: body[k] for k in ("guided_choice", "guided_regex", "guided_json") if body.get(k) is not None}
-    if body.get("guided_choice") is not None:
-        flat["guided_choice"] = str_list(body["guided_choice"], "guided_choice")
     if body.get("guided_json") is False:
         raise APIError(400, "'guided_json' false matches nothing (give a schema, or leave the field out)", "guided_json")
-    for k, v in flat.items():
-        found.append((k, {k: v}))
+    for k in ("guided_choice", "guided_regex", "guided_json"):
+        v = body.get(k)
+        if v is not None:
+            found.append((k, {k: str_list(v, k) if k == "guided_choice" else v}))
     so = body.get("structured_outputs")
     if so is not None and so != {}:
-        if not isinstance(so, dict):
-            raise APIError(400, "'structured_outputs' must be an object with one of choice, regex, json, json_object",
-                           "structured_outputs")
-        unknown = sorted(set(so) - set(_GUIDE_KEYS) - {"backend", "disable_any_whitespace",
-                                                       "disable_additional_properties", "disable_fallback"})
-        if unknown:
-            raise APIError(400, f"'structured_outputs.{unknown[0]}' is not supported here (choice, regex, json, "
-                                f"json_object and whitespace_pattern are)", "structured_outputs")
-        if so.get("json") is False:
-            raise APIError(400, "'structured_outputs.json' false matches nothing", "structured_outputs")
-        d = {}
-        for k, v in so.items():
-            if k in _GUIDE_KEYS and v is not None and v is not False:
-                d[_GUIDE_KEYS[k]] = str_list(v, "structured_outputs.choice", "structured_outputs") \
-                    if k == "choice" else v
-        if so.get("disable_any_whitespace") and "guided_whitespace_pattern" not in d:
-            d["guided_whitespace_pattern"] = ""
-        if set(d) - {"guided_whitespace_pattern"}:
-            found.append(("structured_outputs", d))
-        else:
-            raise APIError(400, "'structured_outputs' needs one of choice, regex, json or json_object (a whitespace "
-                                "pattern alone guides nothing)", "structured_outputs")
+        found.append(("structured_outputs", {"structured_outputs": so}))
     rf = body.get("response_format")
     if rf is not None and rf != {"type": "text"}:
         t = rf.get("type") if isinstance(rf, dict) else None

@@ -154,37 +154,10 @@ def new_call_id() -> str:
     return f"chatcmpl-tool-{uuid.uuid4().hex[:24]}"
 
 
-def _value_end(text: str, i: int) -> int:
-    """The end of the JSON value starting at text[i] (text is valid JSON)."""
-    if text[i] == '"':
-        j = i + 1
-        while text[j] != '"':
-            j += 2 if text[j] == "\\" else 1
-        return j + 1
-    if text[i] in "[{":
-        depth, j = 0, i
-        while True:
-            c = text[j]
-            if c == '"':
-                j = _value_end(text, j)
-                continue
-            if c in "[{":
-                depth += 1
-            elif c in "]}":
-                depth -= 1
-                if not depth:
-                    return j + 1
-            j += 1
-    j = i
-    while j < len(text) and text[j] not in ",]} \t\r\n":
-        j += 1
-    return j
-
-
 def _raw_parameters(text: str) -> list[str]:
     """The "parameters" values of a "required" reply ([{"name": ..., "parameters": {...}}, ...]) as they were
     written (a parse and re-dump could turn 1e999 into Infinity or round long numbers)."""
-    dec, out, i = json.JSONDecoder(), [], 0
+    dec, out = json.JSONDecoder(), []
 
     def ws(k):
         while k < len(text) and text[k] in " \t\r\n":
@@ -196,7 +169,7 @@ def _raw_parameters(text: str) -> list[str]:
         while text[i] != "}":
             key, i = dec.raw_decode(text, i)
             i = ws(ws(i) + 1)                                 # past ':'
-            end = _value_end(text, i)
+            end = dec.raw_decode(text, i)[1]                   # (only where the value ends)
             if key == "parameters":
                 out.append(text[i:end])
             i = ws(end)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .automaton import DEAD, MAX_DFA_STATES, Guide, GuideError, LazyDFA, token_vocab
+from .json_schema import JSONSchemaError, json_object_regex, json_schema_to_regex
 from .regex import RegexError, compile_nfa, escape, parse
 
 MAX_PATTERN_CHARS = 200_000     # guided_regex / a schema's pattern: at most this many characters
@@ -48,17 +49,6 @@ class StructuredOutputsParams:
 GuidedDecodingParams = StructuredOutputsParams
 
 
-def schema_pattern(schema, whitespace: str | None = None) -> str:
-    """The pattern of a JSON schema (dict, JSON text or True); JSONSchemaError when unsupported."""
-    from .json_schema import json_schema_to_regex
-    return json_schema_to_regex(schema, whitespace=whitespace)
-
-
-def json_object_pattern(whitespace: str | None = None) -> str:
-    from .json_schema import json_object_regex
-    return json_object_regex(whitespace=whitespace)
-
-
 def compile_guide(pattern: str, tokenizer, eos_token_ids) -> Guide:
     """The Guide of `pattern` over `tokenizer`'s token bytes (cached); RegexError / GuideError when the
     pattern is unsupported or too large."""
@@ -86,8 +76,8 @@ _patterns: "OrderedDict[tuple, str]" = OrderedDict()
 
 def guide_pattern(kind: str, value, whitespace: str | None = None) -> str:
     """The checked pattern (parsed once; cached) of a guide: kind "regex" (value: the pattern), "json"
-    (value: a schema) or "json_object"; RegexError / JSONSchemaError when unsupported."""
-    from .json_schema import JSONSchemaError
+    (value: a schema) or "json_object"; RegexError / JSONSchemaError when unsupported. `whitespace` (JSON
+    guides' whitespace pattern) is the caller's to check (SamplingParams names its field)."""
     try:        # the key keeps the schema's key order: it is the generated properties' order
         text = value if isinstance(value, str) or value is None else _json.dumps(value)
     except RecursionError:
@@ -99,14 +89,12 @@ def guide_pattern(kind: str, value, whitespace: str | None = None) -> str:
     if hit is not None:
         _patterns.move_to_end(key)
         return hit
-    if whitespace is not None:
-        parse(whitespace)
     if kind == "regex":
         pattern = value
     elif kind == "json":
-        pattern = schema_pattern(value, whitespace)
+        pattern = json_schema_to_regex(value, whitespace=whitespace)
     elif kind == "json_object":
-        pattern = json_object_pattern(whitespace)
+        pattern = json_object_regex(whitespace=whitespace)
     else:
         raise ValueError(f"unknown guide kind {kind!r}")
     if len(pattern) > MAX_PATTERN_CHARS:
@@ -119,6 +107,5 @@ def guide_pattern(kind: str, value, whitespace: str | None = None) -> str:
     return pattern
 
 
-__all__ = ["DEAD", "Guide", "GuideError", "GuidedDecodingParams", "LazyDFA", "RegexError",
-           "StructuredOutputsParams", "compile_guide", "compile_nfa", "escape", "guide_pattern", "json_object_pattern", "parse",
-           "schema_pattern", "token_vocab"]
+__all__ = ["DEAD", "Guide", "GuideError", "GuidedDecodingParams", "JSONSchemaError", "LazyDFA", "RegexError",
+           "StructuredOutputsParams", "compile_guide", "compile_nfa", "escape", "guide_pattern", "parse", "token_vocab"]

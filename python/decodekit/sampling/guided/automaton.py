@@ -148,9 +148,8 @@ class TokenVocab:
     """The vocabulary's token bytes for the vectorised walk: tokens with bytes, sorted by length (longest
     first), their bytes in a [n, L] uint8 matrix, and how many are longer than j for each column j."""
 
-    def __init__(self, token_bytes: list, vocab_size: int):
-        self.vocab_size = vocab_size                    # the tokenizer's; masks pad to the model's
-        self.token_bytes = token_bytes
+    def __init__(self, token_bytes: list):
+        self.token_bytes = token_bytes                  # per id: bytes, or None (special); masks pad past it
         ids = [i for i, b in enumerate(token_bytes) if b]
         if not ids:
             raise GuideError("the tokenizer has no token bytes to guide with")
@@ -173,7 +172,7 @@ def token_vocab(tokenizer) -> TokenVocab:
     tv = getattr(tokenizer, "_dk_token_vocab", None)
     if tv is None:
         tb, _ = tokenizer.token_bytes()
-        tv = TokenVocab(tb, len(tb))
+        tv = TokenVocab(tb)
         try:
             tokenizer._dk_token_vocab = tv
         except AttributeError:
@@ -190,7 +189,7 @@ class Guide:
         self.vocab = vocab
         self.eos = sorted({int(e) for e in eos_token_ids})
         self._serial = next(_serials)      # the mask cache's key for this guide (ids may be reused)
-        self._cursors: OrderedDict[int, GuideCursor] = OrderedDict()
+        self._cursors: OrderedDict[int, list[GuideCursor]] = OrderedDict()   # first token -> cursors
 
     def __deepcopy__(self, memo):       # shared, as compile_guide's cache shares it (a request's copy of
         return self                     # its SamplingParams must not copy the automaton and its masks)
