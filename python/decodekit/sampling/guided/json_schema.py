@@ -33,10 +33,11 @@ strict validator refuses:
     a JSON encoder writes them (raw, or ``\\" \\\\ \\n``... for quote, backslash and controls);
     ``minLength``/``maxLength`` count an escape as one character (*: a surrogate pair written as two ``\\uXXXX``
     escapes counts as two, though it decodes to one character).
-  * ``pattern`` must match the whole string (like outlines; JSON Schema would search), a leading ``^`` and
-    trailing ``$`` are dropped, ``\\d \\w \\s`` have their ECMA-262 meaning (ASCII digits and word
-    characters); lookarounds, backreferences, ``\\b``, inline flags and inner anchors are refused, as are
-    ``pattern`` or ``format`` together with lengths (regexes can't be intersected here).
+  * ``pattern`` must match the whole string (like outlines; JSON Schema would search); it is parsed by
+    regex.py (its subset: lookarounds, backreferences, ``\\b``, inline flags and inner anchors are refused;
+    ``\\d \\w \\s`` are ASCII, so ECMA-262's Unicode spaces are not generated for ``\\s``) and each of its
+    character classes becomes the JSON text of those characters; ``pattern`` or ``format`` together with
+    lengths are refused (regexes can't be intersected here).
   * Integers never match "-0"; bounded numbers have no exponent and no negative zero.
   * A schema without ``type`` but with type-specific keywords means the types those keywords constrain.
   * Other ``format`` values are annotations (ignored). ``oneOf`` is ``anyOf`` (*: exclusivity is not enforced).
@@ -53,6 +54,9 @@ import contextlib
 import json
 import math
 import re
+
+from .regex import RegexError, escape, negate
+from .regex import parse as parse_regex
 
 __all__ = ["JSONSchemaError", "DEFAULT_WHITESPACE", "DEFAULT_MAX_DEPTH", "MAX_COPIES", "json_schema_to_regex",
            "json_object_regex", "int_range_regex", "decimal_range_regex"]
@@ -111,11 +115,6 @@ def _u(cp):
     return f"\\u{cp:04x}" if cp < 0x10000 else f"\\U{cp:08x}"
 
 
-def _esc(text):
-    """Regex matching ``text`` literally."""
-    return "".join("\\" + c if c in ".^$*+?{}[]\\|()" else c if c.isprintable() else _u(ord(c)) for c in text)
-
-
 def _alt(parts):
     """Alternation of the parts that aren't None, grouped when needed; None when there are none."""
     out = list(dict.fromkeys(p for p in parts if p is not None))
@@ -139,24 +138,14 @@ def _copies(rx):
     return sum(int(m[2] or int(m[0]) + 1) if m[1] else int(m[0]) for m in re.findall(r"\{(\d+)(,?)(\d*)\}", rx))
 
 
-def _complement(ranges):
-    """Code-point ranges [(lo, hi)] not covered by ``ranges`` (sorted, merged)."""
-    out, nxt = [], 0
-    for lo, hi in sorted(ranges):
-        if lo > nxt:
-            out.append((nxt, lo - 1))
-        nxt = max(nxt, hi + 1)
-    return out + [(nxt, 0x10FFFF)] * (nxt <= 0x10FFFF)
-
-
 def _char_set(ranges):
     """One character of a JSON string's content out of the code-point ``ranges``: safe characters raw,
     quote, backslash and controls as the escapes a JSON encoder writes."""
     unsafe = [c for c in sorted(_UNSAFE) if any(lo <= c <= hi for lo, hi in ranges)]
-    safe = _complement(_complement(ranges) + [(c, c) for c in _UNSAFE])
+    safe = negate(list(negate(ranges)) + [(c, c) for c in _UNSAFE])
     def cc(cp):
         return chr(cp) if chr(cp).isascii() and chr(cp).isalnum() else _u(cp)
-    parts = [_esc(chr(safe[0][0])) if len(safe) == 1 and safe[0][0] == safe[0][1] else
+    parts = [escape(chr(safe[0][0])) if len(safe) == 1 and safe[0][0] == safe[0][1] else
              "[" + "".join(cc(lo) if lo == hi else f"{cc(lo)}-{cc(hi)}" for lo, hi in safe) + "]"] if safe else []
     parts += [r'\\"'] * (0x22 in unsafe) + [r"\\\\"] * (0x5C in unsafe)
     short = "".join(ch for cp, ch in ((8, "b"), (9, "t"), (10, "n"), (12, "f"), (13, "r")) if cp in unsafe)
@@ -238,120 +227,34 @@ def decimal_range_regex(lo, lox, hi, hix):
 
 
 # ---------------------------------------------------------------- pattern: value regex -> content regex
-_SETS = {"d": [(48, 57)], "w": [(48, 57), (65, 90), (95, 95), (97, 122)],
-         "s": [(9, 13), (32, 32), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A), (0x2028, 0x2029),
-               (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF)]}
-_SETS.update({k.upper(): _complement(v) for k, v in list(_SETS.items())})
-_CTRL = {"t": 9, "n": 10, "r": 13, "f": 12, "v": 11, "a": 7}
+_PLAIN = {(0, None), (1, None), (0, 1)}     # * + ?: no copies
 
 
-class _Pattern:
-    """Translate a regex over a string's value (ECMA-262 / Python syntax) into one over its JSON content.
-    Raises ValueError for what can't be translated."""
-
-    def __init__(self, p):
-        self.p, self.i, self.copies = p, 0, 0      # copies: made by the counted repetitions
-
-    def peek(self, k=0):
-        return self.p[self.i + k] if self.i + k < len(self.p) else ""
-
-    def take(self, n=1):
-        self.i += n
-        return self.p[self.i - n:self.i]
-
-    def translate(self):
-        alts = []
-        while True:
-            self.i += self.peek() == "^"
-            alts.append(self.seq(top=True))
-            if not self.take():
-                return _alt(alts)
-
-    def seq(self, top):
-        out = []
-        while self.peek() not in ("", "|", ")"):
-            if self.peek() == "$" and top and self.peek(1) in ("", "|"):
-                self.i += 1
-                continue
-            if self.peek() in "^$":
-                raise ValueError(f"anchor {self.peek()!r} inside the pattern")
-            before = self.copies
-            text, atomic = self.atom()
-            q, k = self.quantifier()
-            inner = self.copies - before
-            self.copies += k * (1 + inner) - inner if k else 0
-            out.append((text if atomic else f"(?:{text})") + q if q and text else text)
-        return "".join(out)
-
-    def atom(self):
-        c = self.take()
-        if c == "(":
-            if self.p.startswith(("?:", "?P<"), self.i) or self.p.startswith("?<", self.i) and self.peek(2) not in "=!":
-                self.i = self.i + 2 if self.peek(1) == ":" else self.p.index(">", self.i) + 1
-            elif self.peek() == "?":
-                raise ValueError("lookarounds, inline flags and other '(?...)' groups")
-            alts = [self.seq(top=False)]
-            while self.take() == "|":
-                alts.append(self.seq(top=False))
-            return _alt(alts), False
-        if c == "[":
-            neg = self.peek() == "^"
-            self.i += neg
-            ranges, first = [], True
-            while first or self.peek() != "]":
-                first = False
-                if self.peek() == "\\" and self.peek(1) in _SETS:
-                    ranges += _SETS[self.take(2)[1]]
-                    continue
-                lo = hi = self.class_char()
-                if self.peek() == "-" and self.peek(1) not in ("]", ""):
-                    self.i += 1
-                    hi = self.class_char()
-                ranges.append((lo, hi))
-            self.i += 1
-            return _char_set(_complement(ranges) if neg else ranges), True
-        if c == ".":
-            return _char_set([(0, 9), (11, 0x10FFFF)]), True
-        if c == "\\" and self.peek() in _SETS:
-            return _char_set(_SETS[self.take()]), True
-        cp = self.escaped(self.take()) if c == "\\" else ord(c)
-        return _char_set([(cp, cp)]), cp not in _UNSAFE
-
-    def escaped(self, e):
-        if e in ("x", "u", "U"):
-            return int(self.take({"x": 2, "u": 4, "U": 8}[e]), 16)
-        if e in _CTRL:
-            return _CTRL[e]
-        if e.isalnum() or not e:
-            raise ValueError(f"escape '\\{e}' (word boundary, backreference, ...)")
-        return ord(e)
-
-    def class_char(self):
-        c = self.take()
-        if c != "\\":
-            return ord(c)
-        return 8 if self.peek() == "b" and self.take() else self.escaped(self.take())   # [\b]: backspace
-
-    def quantifier(self):
-        c, k = self.peek(), 0
-        if c and c in "*+?":
-            q = self.take()
-        elif c == "{" and (m := re.match(r"\{(\d*)(,(\d*))?\}", self.p[self.i:])) and (m.group(1) or m.group(3)):
-            self.i += m.end()
-            lo = int(m.group(1) or 0)
-            q = f"{{{lo}" + (f",{m.group(3)}}}" if m.group(2) else "}")
-            k = int(m.group(3) or lo + 1) if m.group(2) else lo
-        else:
-            return "", 0
-        if self.peek() == "+":
-            raise ValueError("possessive quantifiers")
-        self.i += self.peek() == "?"             # lazy: the same language under a full match
-        return q, k
+def _content(node):
+    """(regex over a JSON string's content, copies its counted repetitions make) of a parsed (regex.parse)
+    pattern over the string's value: each character class becomes ``_char_set`` of its code points."""
+    kind = node[0]
+    if kind == "set":
+        return _char_set(list(node[1])), 0
+    if kind in ("cat", "alt"):
+        parts = [_content(c) for c in node[1]]
+        copies = sum(k for _, k in parts)
+        if kind == "alt":
+            return _alt([t for t, _ in parts]), copies
+        texts = [t for t, _ in parts]
+        return (None if None in texts else "".join(texts)), copies
+    _, child, lo, hi = node
+    text, inner = _content(child)
+    k = 0 if (lo, hi) in _PLAIN else hi if hi is not None else lo + 1
+    copies = k * (1 + inner) - inner if k else inner
+    if text is None:
+        return ("" if lo == 0 else None), copies
+    return (_rep(text if len(text) == 1 else f"(?:{text})", lo, hi) if text else ""), copies
 
 
 # ---------------------------------------------------------------- the translator
 def _key(name):
-    return _esc(json.dumps(name, ensure_ascii=False))
+    return escape(json.dumps(name, ensure_ascii=False))
 
 
 def _type_ok(v, types):
@@ -532,7 +435,7 @@ class _Translator:
             return rf"\[{ws}{inner}{ws}\]" if v else rf"\[{ws}\]"
         if isinstance(v, float) and not math.isfinite(v):
             self.err(path, f"{v!r} is not a JSON value")
-        return _esc(json.dumps(v, ensure_ascii=False))
+        return escape(json.dumps(v, ensure_ascii=False))
 
     def string(self, s, path, level):
         lo, hi = self.count(s, "minLength", path, 0), self.count(s, "maxLength", path)
@@ -546,13 +449,11 @@ class _Translator:
         if "pattern" not in s:
             return f'"{fmt if fmt else self.rep(_CHAR, lo, hi, path)}"'
         try:
-            re.compile(s["pattern"])
-            pat = _Pattern(s["pattern"])
-            body = pat.translate()
-        except (re.error, TypeError, ValueError) as e:
+            body, copies = _content(parse_regex(s["pattern"]))
+        except RegexError as e:
             self.err(path, f"'pattern' {s['pattern']!r} is not supported: {e}")
-        self.charge(pat.copies, path)
-        return f'"{body}"'
+        self.charge(copies, path)
+        return None if body is None else f'"{body}"'
 
     def bound(self, s, path, kw, ex, tighter):
         v, e = s.get(kw), s.get(ex)
@@ -678,8 +579,8 @@ def json_schema_to_regex(schema, whitespace: str | None = None, max_depth: int =
         raise ValueError(f"max_depth must be a non-negative integer, not {max_depth!r}")
     ws = DEFAULT_WHITESPACE if whitespace is None else whitespace
     try:
-        re.compile(ws)
-    except (re.error, TypeError) as e:
+        parse_regex(ws)
+    except RegexError as e:
         raise ValueError(f"whitespace {ws!r} is not a regular expression: {e}") from None
     if ws and not re.fullmatch(r"(?:\[[^\]]*\]|\\?[^\\()|\[\]])[?*+]?", ws):
         ws = f"(?:{ws})"

@@ -5,7 +5,8 @@ UTF-8 bytes of the text: a character class becomes the byte sequences that encod
 (``utf8_sequences``), split so each step is one byte range.
 
 The pattern language is the subset of Python's ``re`` that a finite automaton can run, always matched
-in full (as vLLM's ``guided_regex``; a leading ``^`` and a trailing ``$`` are accepted and ignored):
+in full (as vLLM's ``guided_regex``; ``^`` starting and ``$`` ending the pattern or one of its top-level
+branches are accepted and ignored):
 
 - literal characters (any Unicode), ``.`` (any character except ``\\n``), classes ``[...]`` / ``[^...]``
   with ranges, escapes ``\\d \\D \\w \\W \\s \\S \\t \\n \\r \\f \\v \\0 \\xHH \\uHHHH \\UHHHHHHHH`` and escaped
@@ -58,7 +59,7 @@ def _norm(ranges) -> tuple[tuple[int, int], ...]:
     return tuple(res)
 
 
-def _negate(ranges) -> tuple[tuple[int, int], ...]:
+def negate(ranges) -> tuple[tuple[int, int], ...]:
     out, nxt = [], 0
     for lo, hi in _norm(ranges):
         if lo > nxt:
@@ -74,7 +75,7 @@ WORD = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))
 SPACE = ((0x09, 0x0D), (0x20, 0x20))
 CLASS_ESCAPES = {"d": DIGIT, "w": WORD, "s": SPACE}
 CHAR_ESCAPES = {"t": 9, "n": 10, "r": 13, "f": 12, "v": 11, "a": 7, "0": 0}
-ANY_BUT_NEWLINE = _negate(((10, 10),))
+ANY_BUT_NEWLINE = negate(((10, 10),))
 
 
 def utf8_sequences(lo: int, hi: int) -> list[list[tuple[int, int]]]:
@@ -113,8 +114,6 @@ class _Parser:
                          f"{'...' if len(self.p) > 60 else ''})")
 
     def parse(self):
-        if self.p.startswith("^"):
-            self.i = 1
         node = self.alt()
         if self.i < len(self.p):
             if self.p[self.i] == ")":
@@ -138,13 +137,17 @@ class _Parser:
             c = self.peek()
             if c is None or c in "|)":
                 break
+            # anchors where a full match has them anyway: starting / ending a top-level branch
             if c == "$":
-                if self.i == len(self.p) - 1:   # a final anchor: the match is full anyway
+                if self.depth == 0 and self.p[self.i + 1:self.i + 2] in ("", "|"):
                     self.i += 1
                     break
-                self.error("anchors ('$') are only supported at the end of the pattern")
+                self.error("anchors ('$') are only supported at the end of the pattern (or of a top-level branch)")
             if c == "^":
-                self.error("anchors ('^') are only supported at the start of the pattern")
+                if self.depth == 0 and not items:
+                    self.i += 1
+                    continue
+                self.error("anchors ('^') are only supported at the start of the pattern (or of a top-level branch)")
             atom = self.atom()
             items.append(self.quantified(atom))
         return items[0] if len(items) == 1 else ("cat", items)
@@ -247,7 +250,7 @@ class _Parser:
         self.i += 1
         if c.lower() in CLASS_ESCAPES:
             r = CLASS_ESCAPES[c.lower()]
-            return _norm(r) if c.islower() else _negate(r)
+            return _norm(r) if c.islower() else negate(r)
         if c in CHAR_ESCAPES:
             if c == "0" and self.peek() is not None and self.peek() in "01234567":
                 self.error("octal escapes are not supported", start)
@@ -300,7 +303,7 @@ class _Parser:
                 ranges.append((lo, hi))
             else:
                 ranges.append((lo, lo))
-        return _negate(ranges) if neg else _norm(ranges)
+        return negate(ranges) if neg else _norm(ranges)
 
     def _class_item(self):
         c = self.p[self.i]
@@ -446,5 +449,7 @@ def compile_nfa(pattern: str) -> NFA:
 
 
 def escape(text: str) -> str:
-    """`text` as a pattern that matches it literally (re.escape's job, for the subset parsed here)."""
-    return "".join("\\" + c if c in ".^$*+?{}[]()|\\/-" else c for c in text)
+    """`text` as a pattern that matches it literally (re.escape's job, for the subset parsed here; characters
+    that do not print are written as \\u / \\U escapes)."""
+    return "".join("\\" + c if c in ".^$*+?{}[]()|\\/-" else c if c.isprintable() else
+                   f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}" for c in text)
