@@ -29,4 +29,7 @@ def __getattr__(name):  # lazy: the engine pulls in the loader/tokenizer stack
     if name in ("StructuredOutputsParams", "GuidedDecodingParams"):
         from .sampling import guided
         return getattr(guided, name)
+    if name in ("BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence"):
+        from .sampling import beam_search
+        return getattr(beam_search, name)
     raise AttributeError(name)

@@ -168,13 +168,43 @@ def _engine(args):
     return LLM(**vars(EngineArgs.from_cli(args)))
 
 
+def _beam_params(args, params):
+    """--beam-width / --length-penalty: BeamSearchParams (None without --beam-width)."""
+    from decodekit.sampling import SamplingParamsError
+    from decodekit.sampling.beam_search import BeamSearchParams, beam_conflicts
+    if args.beam_width is None:
+        if args.length_penalty is not None:
+            raise ValueError("argument --length-penalty: needs --beam-width")
+        return None
+    bad = beam_conflicts(params) + (["n"] if params.n != 1 else [])
+    if bad:
+        raise ValueError(f"argument --beam-width: not with --{bad[0].replace('_', '-')} (beam search has no stop "
+                         f"strings, penalties, token controls, guides nor samples)")
+    try:
+        return BeamSearchParams(beam_width=args.beam_width, max_tokens=params.max_tokens, ignore_eos=params.ignore_eos,
+                                length_penalty=1.0 if args.length_penalty is None else args.length_penalty)
+    except SamplingParamsError as e:
+        raise ValueError(f"argument --{e.field.replace('_', '-')}: {e.message}") from None
+
+
 def _generate(args) -> int:
     params = _params(args)
+    beam = _beam_params(args, params)
     llm = _engine(args)
     prompts = args.prompt or ["The three laws of thermodynamics are"]
     if args.chat_template:
         prompts = [{"prompt_token_ids": llm.apply_chat_template([{"role": "user", "content": p}])} for p in prompts]
     t0 = time.perf_counter()
+    if beam is not None:
+        from decodekit.sampling.beam_search import beam_score
+        eos = set(llm.engine.eos_token_ids)
+        for i, out in enumerate(llm.beam_search(prompts, beam)):
+            for j, s in enumerate(out.sequences):
+                print(f"--- prompt {i} beam {j} ({s.finish_reason}, score {beam_score(s, eos, beam.length_penalty):.4f}, "
+                      f"cum_logprob {s.cum_logprob:.4f}) ---")
+                print(s.text)
+        print(f"[beam search, {beam.beam_width} beams: {time.perf_counter() - t0:.2f} s]", file=sys.stderr)
+        return 0
     if len(prompts) == 1 and params.n == 1 and params.logprobs is None and not args.no_stream:
         for delta in llm.stream(prompts[0], params):
             print(delta, end="", flush=True)
@@ -266,6 +296,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print when done instead of streaming (implied by several prompts, --n > 1 or --logprobs)")
     EngineArgs.add_cli_args(g)
     _sampling_args(g, temperature=0.0)
+    b = g.add_argument_group("beam search")
+    b.add_argument("--beam-width", type=int, default=None, metavar="N",
+                   help="beam search with N beams instead of sampling: prints the N best hypotheses of each prompt, "
+                        "best first, with their scores (takes --max-tokens; stop strings, "
+                        "penalties, guides and --n do not apply)")
+    b.add_argument("--length-penalty", type=float, default=None,
+                   help="beam score = cum_logprob / length ** LENGTH_PENALTY (default 1.0; needs --beam-width)")
     g.set_defaults(fn=_generate)
     c = sub.add_parser("chat", help="interactive chat (streams tokens)")
     c.add_argument("--system", default=None, help="system prompt")

@@ -30,6 +30,11 @@ def test_generate_greedy_on_embedded_model():
     (["--guided-json", '{"type": "object", "patternProperties": {}}'], "guided_json"),
     (["--guided-json", "@/nonexistent/schema.json"], "guided-json"),
     (["--guided-regex", "a", "--json-object"], "guided_json_object"),
+    (["--beam-width", "0"], "--beam-width"),
+    (["--beam-width", "2", "--stop", "."], "--stop"),
+    (["--beam-width", "2", "--presence-penalty", "1"], "--presence-penalty"),
+    (["--beam-width", "2", "--length-penalty", "nan"], "--length-penalty"),
+    (["--length-penalty", "2"], "--beam-width"),
 ])
 def test_bad_arguments_give_one_clear_line(args, field):
     r = _run("generate", "hi", *args)
@@ -62,6 +67,17 @@ def test_guided_regex_json_and_choice(tmp_path):
     assert list(obj) == ["name"] and len(obj["name"]) <= 12
     r = _run(*base, "--guided-choice", "tabby", "--guided-choice", "siamese")
     assert r.returncode == 0 and ("tabby" in r.stdout or "siamese" in r.stdout), r.stdout
+
+
+def test_beam_search():
+    r = _run("generate", "The capital of France is", "1, 2, 3,", "--beam-width", "3", "--max-tokens", "8",
+             "--kv-cache-memory", "128MiB")
+    assert r.returncode == 0, r.stderr
+    heads = [ln for ln in r.stdout.splitlines() if ln.startswith("--- prompt")]
+    assert [h.split(" (")[0] for h in heads] == [f"--- prompt {i} beam {j}" for i in range(2) for j in range(3)]
+    scores = [float(h.split("score ")[1].split(",")[0]) for h in heads]
+    assert scores[:3] == sorted(scores[:3], reverse=True) and scores[3:] == sorted(scores[3:], reverse=True)
+    assert "Paris" in r.stdout
 
 
 def test_help_explains_options():

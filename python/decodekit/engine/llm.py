@@ -13,6 +13,7 @@ from collections import deque
 from typing import Iterator, Sequence
 
 from decodekit.sampling import SamplingParams
+from decodekit.sampling.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 
 from .args import EngineArgs
 from .llm_engine import LLMEngine
@@ -120,6 +121,39 @@ class LLM:
             raise ValueError(f"prompts must be a string, a list of token ids, a {{'prompt_token_ids': [...]}} "
                              f"dict or a list of those, got {type(prompts).__name__}")
         return self._run(list(prompts), params)
+
+    def beam_search(self, prompts, params: BeamSearchParams, *, use_tqdm: bool = False,
+                    concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
+        """vLLM's beam search (sampling/beam_search.py): per prompt the params.beam_width best hypotheses,
+        best first. prompts: a string, token ids, a {"prompt" | "prompt_token_ids": ...} dict, or a list of
+        those. Each step runs every live beam of every prompt (at most concurrency_limit prompts at a time)
+        as a one-token request in one engine run."""
+        self._params_arg(None, None, use_tqdm)
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+        params.validate()
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts
+                                                and isinstance(prompts[0], numbers.Integral)):
+            prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)):
+            raise ValueError(f"prompts must be a string, a list of token ids, a prompt dict or a list of those, "
+                             f"got {type(prompts).__name__}")
+        if concurrency_limit is not None and (isinstance(concurrency_limit, bool) or
+                                              not isinstance(concurrency_limit, int) or concurrency_limit < 1):
+            raise ValueError(f"concurrency_limit must be None or an int >= 1, got {concurrency_limit!r}")
+        eng = self.engine
+        searches = [BeamSearch(eng._prompt_ids(p)[1], params, eng.eos_token_ids, eng.max_model_len) for p in prompts]
+        step = params.step_params()
+        chunk = concurrency_limit or len(searches) or 1
+        for lo in range(0, len(searches), chunk):
+            group = searches[lo:lo + chunk]
+            while not all(s.done for s in group):
+                live = [s for s in group if not s.done]
+                outs = iter(self._run([{"prompt_token_ids": b.tokens} for s in live for b in s.beams],
+                                      [step] * sum(len(s.beams) for s in live)))
+                for s in live:
+                    s.advance([next(outs).outputs[0].logprobs[0] for _ in s.beams])
+        return [s.result(self.tokenizer) for s in searches]
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             continue_final_message: bool = False, tools: list[dict] | None = None) -> list[int]:

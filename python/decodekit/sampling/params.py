@@ -104,9 +104,9 @@ GUIDED_FIELDS = ("guided_choice", "guided_regex", "guided_json", "guided_json_ob
 class SamplingParamsError(ValueError):
     """Invalid sampling parameter; ``.field`` is the offending field's name."""
 
-    def __init__(self, field_name: str, message: str):
-        super().__init__(f"SamplingParams.{field_name}: {message}")
-        self.field = field_name
+    def __init__(self, field_name: str, message: str, owner: str = "SamplingParams"):
+        super().__init__(f"{owner}.{field_name}: {message}")
+        self.field, self.message = field_name, message
 
 
 def _is_int(v) -> bool:

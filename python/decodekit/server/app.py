@@ -24,6 +24,7 @@ from starlette.requests import ClientDisconnect
 from ..engine.llm_engine import encode_prompt
 from . import protocol as P
 from .async_engine import AsyncEngine, EngineDeadError
+from .beam import BeamSearchStream, beam_params
 from .metrics import ServerMetrics
 from .tools import AutoToolStream, new_call_id, parse_auto, parse_tools, tool_calls, tool_schema
 
@@ -132,12 +133,18 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                 raise P.APIError(400, f"'messages' must be valid Unicode text: {e}", "messages") from None
         return await asyncio.to_thread(render)
 
-    async def start(prompts: list, params, prefix: str) -> list:
+    async def start(prompts: list, params, prefix: str, beam=None) -> list:
+        """The prompts' request streams (beam: a BeamSearchParams, each prompt's beam search instead)."""
         admit(len(prompts), params.n)
         streams = []
         try:
             for i, p in enumerate(prompts):
-                streams.append(await aeng.add(f"{prefix}-{i}", p, params))
+                if beam is None:
+                    streams.append(await aeng.add(f"{prefix}-{i}", p, params))
+                else:
+                    streams.append(await BeamSearchStream.open(aeng, f"{prefix}-{i}", p["prompt_token_ids"], beam,
+                                                               params.logprobs, eng.eos_token_ids,
+                                                               eng.max_model_len, tok))
         except ValueError as e:
             for s in streams:
                 s.abort()
@@ -319,8 +326,14 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         prompts = [await encoded(p) for p in prompts]
         if best_of is not None and best_of != params.n:
             raise P.APIError(400, "'best_of' different from 'n' is not supported", "best_of")
+        beam = beam_params(body, params)
+        if beam is not None and (not gen_tokens or params.prompt_logprobs is not None):
+            name = "max_tokens" if not gen_tokens else "prompt_logprobs" if plp is not None else "echo"
+            raise P.APIError(400, f"'{name}' is not supported with use_beam_search" +
+                             (" (it needs max_tokens >= 1)" if not gen_tokens else
+                              "" if plp is not None else " and logprobs (no prompt logprobs)"), name)
         rid = P.new_id("cmpl")
-        streams = await start(prompts, params, rid)
+        streams = await start(prompts, params, rid, beam)
         created = P.now()
 
         def indices(i: int, c) -> range:  # the choice indices an output sequence answers
@@ -444,8 +457,11 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                 raise
             raise P.APIError(400, f"the tools' parameters schemas: {e.message}", "tools") from None
         params.prompt_logprobs = plp
+        beam = beam_params(body, params)
+        if beam is not None and plp is not None:
+            raise P.APIError(400, "'prompt_logprobs' is not supported with use_beam_search", "prompt_logprobs")
         rid = P.new_id("chatcmpl")
-        streams = await start([{"prompt_token_ids": ids}], params, rid)
+        streams = await start([{"prompt_token_ids": ids}], params, rid, beam)
         created = P.now()
         if not stream:
             (out,) = await finals(request, streams)

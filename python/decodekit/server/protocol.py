@@ -248,7 +248,7 @@ def completion_prompts(body: dict, vocab_size: int) -> list:
 # vLLM / OpenAI request fields this server does not implement: asked for (not null / false / empty / a no-op
 # value), they get a 400 naming them rather than being ignored (a client asking for constrained JSON must not
 # get free text back as if it were).
-UNSUPPORTED_COMMON = ("guided_grammar", "use_beam_search", "logits_processors")
+UNSUPPORTED_COMMON = ("guided_grammar", "logits_processors")
 UNSUPPORTED_CHAT = ("functions", "function_call", "echo", "modalities", "prediction",
                     "audio")
 

@@ -1,0 +1,190 @@
+"""Beam search (vLLM's ``LLM.beam_search`` / ``use_beam_search``), as a driver over ordinary requests.
+
+Each step runs every live beam as a request of one greedy token with the top ``2 * beam_width``
+log-probabilities (``prompt = the prompt + the beam's tokens``; the prefix cache serves all but the
+beam's last partial block). Every (beam, candidate token) pair is scored, candidates that are an EOS
+token end their hypothesis (kept aside as finished), and the ``beam_width`` best of the others live
+on. After ``max_tokens`` steps (or when no beam is left) the finished hypotheses and the live beams
+together are ranked and the ``beam_width`` best returned, best first.
+
+Score (vLLM's ``get_beam_search_score``): ``cum_logprob / len ** length_penalty`` where ``len`` counts
+the prompt and the generated tokens, less a final EOS. ``cum_logprob`` sums the model's raw
+log-probabilities (``log_softmax(logits)``) of the generated tokens, so ``temperature`` does not change
+the search (as with vLLM's default raw logprobs); ties keep the earlier beam and the better-ranked
+candidate first (a stable sort).
+
+This module holds the search state (``BeamSearch``) and the parameters; the drivers are
+``LLM.beam_search`` (offline, all prompts' beams in one engine run per step) and the server's
+``BeamSearchStream`` (async, one request's beams at a time).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from dataclasses import dataclass, field
+
+from .params import SamplingParams, SamplingParamsError
+
+# the engine's default max_logprobs is 20 and every beam asks for its 2 * beam_width best candidates
+MAX_BEAM_WIDTH = 10
+MAX_LENGTH_PENALTY = 10.0
+
+
+@dataclass
+class BeamSearchParams:
+    """beam_width: int in [1, max_logprobs // 2] (10 with the default max_logprobs=20);
+    max_tokens: int >= 1 (the prompt plus max_tokens must fit in max_model_len);
+    ignore_eos: bool (EOS is then an ordinary candidate); temperature: finite number in [0, 100]
+    (accepted for vLLM compatibility; the scores are raw logprobs, so it does not change the result);
+    length_penalty: finite number in [-10, 10] (the score's length exponent; larger favours longer
+    hypotheses); include_stop_str_in_output: bool (the EOS token's text stays in `text`)."""
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self):
+        self.validate()
+        self.beam_width, self.max_tokens = int(self.beam_width), int(self.max_tokens)
+        self.temperature, self.length_penalty = float(self.temperature), float(self.length_penalty)
+
+    def validate(self, max_logprobs: int = 2 * MAX_BEAM_WIDTH) -> "BeamSearchParams":
+        def whole(name, lo, hi, rng):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not lo <= v <= hi:
+                raise SamplingParamsError(name, f"must be an int {rng}, got {v!r}", "BeamSearchParams")
+
+        def real(name, lo, hi):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or not lo <= v <= hi:
+                raise SamplingParamsError(name, f"must be a finite number in [{lo:g}, {hi:g}], got {v!r}",
+                                          "BeamSearchParams")
+        top = max(1, max_logprobs // 2)
+        whole("beam_width", 1, top, f"in [1, {top}] (each beam asks for its 2 * beam_width best tokens and "
+                                    f"max_logprobs is {max_logprobs})")
+        whole("max_tokens", 1, 1 << 40, ">= 1")
+        real("temperature", 0.0, 100.0)
+        real("length_penalty", -MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY)
+        for name in ("ignore_eos", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise SamplingParamsError(name, f"must be a bool, got {getattr(self, name)!r}", "BeamSearchParams")
+        return self
+
+    def step_params(self, logprobs: int | None = None) -> SamplingParams:
+        """The SamplingParams of one beam's one-token request: greedy, EOS allowed (a candidate),
+        the 2 * beam_width best logprobs (or `logprobs`, when the caller wants more of them)."""
+        return SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True,
+                              logprobs=max(2 * self.beam_width, logprobs or 0), skip_special_tokens=False)
+
+
+# SamplingParams fields a beam search takes (the others must keep their defaults: a beam search has no stop
+# strings, penalties, token controls nor guides, and never samples, so top_p / top_k / min_p / seed / temperature
+# change nothing) -- the server's use_beam_search and the CLI's --beam-width check requests with it
+BEAM_COMPATIBLE_FIELDS = frozenset({"n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
+                                    "ignore_eos", "logprobs", "prompt_logprobs", "include_stop_str_in_output"})
+
+
+def beam_conflicts(params: SamplingParams) -> list[str]:
+    """The SamplingParams fields set (away from their defaults) that a beam search cannot honour."""
+    default = SamplingParams()
+    return [f.name for f in dataclasses.fields(SamplingParams)
+            if f.name not in BEAM_COMPATIBLE_FIELDS and getattr(params, f.name) != getattr(default, f.name)]
+
+
+@dataclass
+class BeamSearchSequence:
+    """One hypothesis. tokens: the prompt's and the generated ones; logprobs: per generated token the
+    step's {token id: Logprob} table (its candidates, with ranks); text: the generated text (filled at
+    the end); finish_reason: "stop" (ended with EOS) or "length"; stop_reason: that EOS id."""
+    tokens: list[int]
+    logprobs: list[dict] = field(default_factory=list)
+    cum_logprob: float = 0.0
+    text: str | None = None
+    finish_reason: str | None = None
+    stop_reason: int | None = None
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.logprobs)
+
+    @property
+    def generated_token_ids(self) -> list[int]:
+        return self.tokens[len(self.tokens) - len(self.logprobs):]
+
+
+@dataclass
+class BeamSearchOutput:
+    """The beam_width best hypotheses of one prompt, best first (vLLM's)."""
+    sequences: list[BeamSearchSequence]
+
+
+def beam_score(seq: BeamSearchSequence, eos_token_ids, length_penalty: float) -> float:
+    n = len(seq.tokens)
+    if seq.finish_reason == "stop" and seq.tokens and seq.tokens[-1] in eos_token_ids:
+        n -= 1
+    return seq.cum_logprob / (max(n, 1) ** length_penalty)
+
+
+class BeamSearch:
+    """The search over one prompt. Drive it: while not done: run `beams` (their `tokens` as prompts)
+    for one token each, then `advance` with each beam's step table {token id: Logprob}."""
+
+    def __init__(self, prompt_token_ids: list[int], params: BeamSearchParams, eos_token_ids,
+                 max_model_len: int | None = None):
+        if not prompt_token_ids:
+            raise SamplingParamsError("prompt", "beam search needs a prompt of at least one token")
+        if max_model_len is not None and len(prompt_token_ids) + params.max_tokens > max_model_len:
+            raise SamplingParamsError("max_tokens", f"the prompt's {len(prompt_token_ids)} tokens plus max_tokens="
+                                                    f"{params.max_tokens} exceed max_model_len={max_model_len}")
+        self.params = params
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.prompt_len = len(prompt_token_ids)
+        self.eos = frozenset(() if params.ignore_eos else eos_token_ids)
+        self.beams = [BeamSearchSequence(tokens=list(prompt_token_ids))]
+        self.finished: list[BeamSearchSequence] = []
+        self.steps = 0
+
+    @property
+    def done(self) -> bool:
+        return not self.beams or self.steps >= self.params.max_tokens
+
+    def _key(self, seq: BeamSearchSequence) -> float:
+        return beam_score(seq, self.eos, self.params.length_penalty)
+
+    def advance(self, tables: list[dict]) -> None:
+        """tables[i]: beam i's step logprobs {token id: Logprob with .logprob and .rank}; its candidates
+        are the entries ranked within 2 * beam_width (a table may hold more, e.g. the caller's top-N)."""
+        if len(tables) != len(self.beams):
+            raise ValueError(f"advance needs one table per beam: {len(tables)} for {len(self.beams)} beams")
+        k = 2 * self.params.beam_width
+        live = []
+        for beam, table in zip(self.beams, tables):
+            for tid, lp in sorted(table.items(), key=lambda kv: (kv[1].rank if kv[1].rank is not None else 1 << 30)):
+                if lp.rank is None or lp.rank > k or not math.isfinite(lp.logprob):
+                    continue
+                seq = BeamSearchSequence(tokens=beam.tokens + [tid], logprobs=beam.logprobs + [table],
+                                         cum_logprob=beam.cum_logprob + lp.logprob)
+                if tid in self.eos:
+                    seq.finish_reason, seq.stop_reason = "stop", tid
+                    self.finished.append(seq)
+                else:
+                    live.append(seq)
+        live.sort(key=self._key, reverse=True)  # stable: earlier beam, better rank first among equals
+        self.beams = live[:self.params.beam_width]
+        self.steps += 1
+
+    def result(self, tokenizer=None) -> BeamSearchOutput:
+        """The beam_width best of the finished and the live hypotheses, best first, with their text."""
+        for b in self.beams:
+            b.finish_reason = "length"
+        best = sorted(self.finished + self.beams, key=self._key, reverse=True)[:self.params.beam_width]
+        if tokenizer is not None:
+            for s in best:
+                gen = s.generated_token_ids
+                if s.finish_reason == "stop" and not self.params.include_stop_str_in_output:
+                    gen = gen[:-1]
+                s.text = tokenizer.decode(gen, skip_special_tokens=not self.params.include_stop_str_in_output)
+        return BeamSearchOutput(best)
