@@ -126,3 +126,59 @@ def test_errors(llm):
     assert_no_leaks(llm)
     # the engine still serves
     assert llm.generate(PROMPTS[0], SamplingParams(max_tokens=2))[0].outputs[0].token_ids
+
+
+def _tokens(outs):
+    return [[s.tokens for s in o.sequences] for o in outs]
+
+
+@pytest.mark.parametrize("engine_kw", [
+    dict(kv_cache_memory="3MiB", max_model_len=64),       # a few blocks: beams preempted, forks refused
+    dict(kv_cache_memory="64MiB", max_num_seqs=2),        # fewer batch slots than beams
+    dict(kv_cache_memory="64MiB", speculative="ngram"),   # beams are never drafted for
+    dict(kv_cache_memory="64MiB", enable_prefix_caching=False, block_size=32),
+])
+def test_same_hypotheses_under_engine_settings(llm, engine_kw):
+    params = BeamSearchParams(beam_width=3, max_tokens=10)
+    want = _tokens(llm.beam_search(PROMPTS[:3], params))
+    other = LLM(embedded_model_or_skip(), dtype="float32", device="cpu", seed=1, **engine_kw)
+    assert _tokens(other.beam_search(PROMPTS[:3], params)) == want
+    if "3MiB" in engine_kw.get("kv_cache_memory", ""):
+        assert other.engine.scheduler.num_preemptions > 0
+    assert_no_leaks(other)
+
+
+def test_alongside_other_requests_and_abort(llm):
+    """Beam searches and sampled requests in the same steps give what each gives alone; an aborted search
+    frees its beams at once."""
+    eng = llm.engine
+    params = BeamSearchParams(beam_width=4, max_tokens=8, logprobs=2)
+    alone_beam = llm.beam_search(PROMPTS[:2], params)
+    sp = SamplingParams(temperature=0.8, seed=7, max_tokens=12, n=2)
+    alone_gen = llm.generate(PROMPTS[2:], sp)
+    ids = [eng.add_request(f"b{i}", p, params) for i, p in enumerate(PROMPTS[:2])]
+    ids += [eng.add_request(f"g{i}", p, sp) for i, p in enumerate(PROMPTS[2:])]
+    eng.add_request("doomed", PROMPTS[0], BeamSearchParams(beam_width=4, max_tokens=30))
+    outs, steps = {}, 0
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                outs[o.request_id] = o
+        steps += 1
+        eng.scheduler.check_invariants()
+        if steps == 3:
+            assert eng.abort_request("doomed")
+    assert outs["doomed"].outputs and all(c.finish_reason == "abort" for c in outs["doomed"].outputs)
+    for i, want in enumerate(alone_beam):
+        o = outs[f"b{i}"]
+        assert [o.prompt_token_ids + c.token_ids for c in o.outputs] == [s.tokens for s in want.sequences]
+        for c, s in zip(o.outputs, want.sequences):
+            # fp32 logits of a different batch differ in the last bits (the tokens do not)
+            assert c.cumulative_logprob == pytest.approx(s.cum_logprob, abs=1e-4)
+            assert len(c.logprobs) == len(c.token_ids)
+            for entry, tid in zip(c.logprobs, c.token_ids):
+                assert tid in entry and all(x.rank <= 2 or t == tid for t, x in entry.items())
+                assert entry[tid].decoded_token == llm.tokenizer.decode([tid], skip_special_tokens=False)
+    for i, want in enumerate(alone_gen):
+        assert [c.token_ids for c in outs[f"g{i}"].outputs] == [c.token_ids for c in want.outputs]
+    assert_no_leaks(llm)

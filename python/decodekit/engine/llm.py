@@ -8,12 +8,13 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from collections import deque
 from typing import Iterator, Sequence
 
 from decodekit.sampling import SamplingParams
-from decodekit.sampling.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
+from decodekit.sampling.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 
 from .args import EngineArgs
 from .llm_engine import LLMEngine
@@ -70,6 +71,7 @@ class LLM:
                     p.deltas.append(out.outputs[0].delta_text)
 
     def _run(self, prompts: Sequence, params) -> list[RequestOutput]:
+        """Runs the prompts to the end; params: one SamplingParams or one per prompt (or BeamSearchParams)."""
         if isinstance(params, SamplingParams) or params is None:
             params = [params or SamplingParams()] * len(prompts)
         elif not isinstance(params, (list, tuple)):
@@ -124,10 +126,10 @@ class LLM:
 
     def beam_search(self, prompts, params: BeamSearchParams, *, use_tqdm: bool = False,
                     concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
-        """vLLM's beam search (sampling/beam_search.py): per prompt the params.beam_width best hypotheses,
-        best first. prompts: a string, token ids, a {"prompt" | "prompt_token_ids": ...} dict, or a list of
-        those. Each step runs every live beam of every prompt (at most concurrency_limit prompts at a time)
-        as a one-token request in one engine run."""
+        """vLLM's beam search (sampling/beam_search.py, engine/beam_group.py): per prompt the
+        params.beam_width best hypotheses, best first. prompts: a string, token ids, a
+        {"prompt" | "prompt_token_ids": ...} dict, or a list of those; at most concurrency_limit prompts
+        are searched at a time (default: all)."""
         self._params_arg(None, None, use_tqdm)
         if not isinstance(params, BeamSearchParams):
             raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}")
@@ -141,19 +143,17 @@ class LLM:
         if concurrency_limit is not None and (isinstance(concurrency_limit, bool) or
                                               not isinstance(concurrency_limit, int) or concurrency_limit < 1):
             raise ValueError(f"concurrency_limit must be None or an int >= 1, got {concurrency_limit!r}")
-        eng = self.engine
-        searches = [BeamSearch(eng._prompt_ids(p)[1], params, eng.eos_token_ids, eng.max_model_len) for p in prompts]
-        step = params.step_params()
-        chunk = concurrency_limit or len(searches) or 1
-        for lo in range(0, len(searches), chunk):
-            group = searches[lo:lo + chunk]
-            while not all(s.done for s in group):
-                live = [s for s in group if not s.done]
-                outs = iter(self._run([{"prompt_token_ids": b.tokens} for s in live for b in s.beams],
-                                      [step] * sum(len(s.beams) for s in live)))
-                for s in live:
-                    s.advance([next(outs).outputs[0].logprobs[0] for _ in s.beams])
-        return [s.result(self.tokenizer) for s in searches]
+        if params.logprobs is None:  # each sequence's logprobs: per token the step's candidates (vLLM's)
+            params = dataclasses.replace(params, logprobs=2 * params.beam_width)
+        chunk = concurrency_limit or max(len(prompts), 1)
+        outs = []
+        for lo in range(0, len(prompts), chunk):
+            part = list(prompts[lo:lo + chunk])
+            outs += self._run(part, [params] * len(part))
+        return [BeamSearchOutput([BeamSearchSequence(
+            tokens=o.prompt_token_ids + c.token_ids, logprobs=c.logprobs or [], cum_logprob=c.cumulative_logprob,
+            text=c.text, finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+            prompt_len=len(o.prompt_token_ids)) for c in o.outputs]) for o in outs]
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             continue_final_message: bool = False, tools: list[dict] | None = None) -> list[int]:

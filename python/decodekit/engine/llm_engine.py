@@ -20,10 +20,12 @@ import torch
 from decodekit.loader import load_model
 from decodekit.models import LlamaModel
 from decodekit.sampling import SamplingParams
+from decodekit.sampling.beam_search import BeamSearchParams
 from decodekit.sampling.sampler import Sampler, SamplingMetadata, request_seeds, set_global_seed
 from decodekit.tokenizer.detokenizer import IncrementalDetokenizer
 
 from .args import EngineArgs, parse_bytes
+from .beam_group import BeamGroup
 from .kv_cache import KVCacheManager
 from .model_runner import ModelRunner
 from .outputs import CompletionOutput, Logprob, RequestOutput
@@ -163,6 +165,8 @@ class LLMEngine:
         self.spec = self._build_spec() if args.speculative else None
         self._groups: dict[str, _Group] = {}
         self._seq_of: dict[str, _Seq] = {}
+        self._beams: dict[str, BeamGroup] = {}     # beam-search requests (engine/beam_group.py)
+        self._beam_of: dict[str, BeamGroup] = {}   # their beams' request ids -> group
         self._ids = itertools.count()
         self.stats = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0, "last_step_tokens": 0}
 
@@ -217,7 +221,7 @@ class LLMEngine:
                                    max_chunk=a.max_num_batched_tokens)
         sampling = None
         if isinstance(drafter, ModelDrafter):  # sampled requests draw their drafts (seeds, EOS: the engine's)
-            sampling = DraftSampling(self.sampler, lambda rid: self._seq_of[rid].seed, self.eos_token_ids,
+            sampling = DraftSampling(self.sampler, lambda rid: self._seed_of(rid), self.eos_token_ids,
                                      c.vocab_size)
         return SpecDecoder(drafter, a.num_speculative_tokens, a.spec_adaptive, sampling=sampling)
 
@@ -374,12 +378,15 @@ class LLMEngine:
             return None, [int(t) for t in ids]
         raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
 
-    def add_request(self, request_id: str | None, prompt, params: SamplingParams | None = None) -> str:
+    def add_request(self, request_id: str | None, prompt, params: SamplingParams | BeamSearchParams | None = None) -> str:
         """Queue a request; raises ValueError (naming the field) for invalid input, leaving
-        the engine and every other request untouched."""
+        the engine and every other request untouched. BeamSearchParams: a beam search, whose one output
+        (when it finishes) holds the beam_width best hypotheses."""
         params = params or SamplingParams()
+        if isinstance(params, BeamSearchParams):
+            return self._add_beam_search(request_id, prompt, params)
         if not isinstance(params, SamplingParams):
-            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+            raise ValueError(f"params must be a SamplingParams or a BeamSearchParams, got {type(params).__name__}")
         # the request's own copy: the caller may reuse or change its object once the request is queued
         params = copy.deepcopy(params)
         params.validate(vocab_size=self.model_config.vocab_size, eos_token_ids=self.eos_token_ids)
@@ -387,11 +394,7 @@ class LLMEngine:
             params.set_bad_words_token_ids(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
         if params.guided_kind is not None:
             params.set_guided(self.tokenizer, self.eos_token_ids)
-        request_id = str(next(self._ids)) if request_id is None else request_id
-        if not isinstance(request_id, str) or not request_id:
-            raise ValueError("request_id must be a non-empty string")
-        if request_id in self._groups:
-            raise ValueError(f"request_id {request_id!r} is already in use")
+        request_id = self._new_id(request_id)
         text, ids = self._prompt_ids(prompt)  # lengths (empty, > max_model_len) checked by the scheduler
         parent = Request(request_id, ids, params)
         children = split_n(parent)
@@ -430,8 +433,44 @@ class LLMEngine:
         self.stats["prompt_tokens"] += len(ids)
         return request_id
 
+    def _new_id(self, request_id: str | None) -> str:
+        request_id = str(next(self._ids)) if request_id is None else request_id
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError("request_id must be a non-empty string")
+        if request_id in self._groups or request_id in self._beams:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        return request_id
+
+    def _add_beam_search(self, request_id: str | None, prompt, params: BeamSearchParams) -> str:
+        params = copy.deepcopy(params).validate()
+        request_id = self._new_id(request_id)
+        text, ids = self._prompt_ids(prompt)
+        # forks copy KV blocks in the runner's pool; a draft model keeps its own cache: beams recompute there
+        g = BeamGroup(request_id, text, ids, params, self.eos_token_ids, self.max_model_len,
+                      can_fork=self.spec is None or self.spec.method != "draft")
+        for r in g.start(self.scheduler):
+            self._beam_of[r.request_id] = g
+        self._beams[request_id] = g
+        self.stats["prompt_tokens"] += len(ids)
+        return request_id
+
+    def _seed_of(self, rid: str) -> int:
+        s = self._seq_of.get(rid)
+        return s.seed if s is not None else 0   # beam requests are greedy
+
+    def _beam_update(self, g: BeamGroup, added, dropped) -> None:
+        for r in dropped:
+            self._beam_of.pop(r.request_id, None)
+        for r in added:
+            self._beam_of[r.request_id] = g
+
     def abort_request(self, request_id: str) -> bool:
         """Abort a request (all its samples) at any time; frees its KV blocks."""
+        bg = self._beams.get(request_id)
+        if bg is not None:
+            if not bg.finished:
+                self._beam_update(bg, [], bg.abort(self.scheduler))
+            return True
         g = self._groups.get(request_id)
         if g is None:
             return False
@@ -443,10 +482,10 @@ class LLMEngine:
         return True
 
     def has_unfinished_requests(self) -> bool:
-        return any(not g.finished or g.dirty for g in self._groups.values())
+        return any(not g.finished or g.dirty for g in self._groups.values()) or bool(self._beams)
 
     def get_num_unfinished_requests(self) -> int:
-        return sum(not g.finished for g in self._groups.values())
+        return sum(not g.finished for g in self._groups.values()) + sum(not g.finished for g in self._beams.values())
 
     # ------------------------------------------------------------------ step
     def step(self) -> list[RequestOutput]:
@@ -456,9 +495,11 @@ class LLMEngine:
         so = self.scheduler.schedule()
         for sr in so.scheduled:
             if sr.is_new:
-                g = self._groups.get(sr.request.parent_id or sr.request_id)
+                g = self._groups.get(sr.request.parent_id or sr.request_id) or self._beam_of.get(sr.request_id)
                 if g is not None and g.first_scheduled is None:
                     g.first_scheduled = time.monotonic()
+                    if isinstance(g, BeamGroup):
+                        g.num_cached_tokens = max(0, sr.request.num_cached_tokens)
         sampled: dict[str, list[int]] = {}
         info: dict[str, list] = {}
         if self.spec is not None:
@@ -485,16 +526,38 @@ class LLMEngine:
                     s.spec[1] += a
                     s.spec[2] += 1
         now = time.monotonic()
+        beams = set()
         for rid, toks in sampled.items():
             s = self._seq_of.get(rid)
-            if s is None or s.out.finish_reason is not None:
+            if s is None:
+                bg = self._beam_of.get(rid)
+                if bg is not None and not bg.finished:
+                    self.stats["generation_tokens"] += 1
+                    bg.on_sample(self.scheduler.get_request(rid) or next(
+                        sr.request for sr in so.scheduled if sr.request_id == rid), info[rid])
+                    beams.add(bg)
+                continue
+            if s.out.finish_reason is not None:
                 continue
             self._on_tokens(s, toks, info.get(rid), now)
         for r in finished:
             s = self._seq_of.get(r.request_id)
             if s is not None and s.out.finish_reason is None:
                 self._finish(s, r.finish_reason or "length", None)
-        return self._collect(now)
+            bg = self._beam_of.get(r.request_id)
+            if bg is not None:
+                self._beam_update(bg, [], bg.on_finished(r, self.scheduler))
+        for bg in beams:
+            if bg.ready:
+                self._beam_update(bg, *bg.advance(self.scheduler))
+        return self._collect(now) + self._collect_beams()
+
+    def _collect_beams(self) -> list[RequestOutput]:
+        outs = []
+        for rid in [r for r, g in self._beams.items() if g.dirty]:
+            g = self._beams.pop(rid)
+            outs.append(g.output(self.tokenizer, self._decode_one))
+        return outs
 
     @staticmethod
     def _token_infos(out, idx: list[int]) -> list | None:
@@ -515,11 +578,11 @@ class LLMEngine:
         V = self.model_config.vocab_size
         if plain:
             reqs = [rows[i].request for i in plain]
-            seqs = [self._seq_of[r.request_id] for r in reqs]
             x = logits if len(plain) == len(rows) else logits.index_select(
                 0, torch.tensor([starts[i] for i in plain], device=logits.device))
             md = SamplingMetadata.build([r.sampling_params for r in reqs], [r.output_token_ids for r in reqs],
-                                        [r.prompt_token_ids for r in reqs], [s.seed for s in seqs], None,
+                                        [r.prompt_token_ids for r in reqs], [self._seed_of(r.request_id) for r in reqs],
+                                        None,
                                         self.eos_token_ids, logits.device, V)
             lp = self._lists(self.sampler(x, md))
             for i, r in enumerate(reqs):
@@ -531,7 +594,7 @@ class LLMEngine:
                                                     device=logits.device)) if plain else logits
             srs = [rows[i] for i in spec]
             toks, lp_out, lp_idx = self.spec.verify(self.sampler, x, srs,
-                                                    [self._seq_of[sr.request_id].seed for sr in srs],
+                                                    [self._seed_of(sr.request_id) for sr in srs],
                                                     self.eos_token_ids, V)
             lp = self._lists(lp_out) if lp_out is not None else None
             for sr, t, idx in zip(srs, toks, lp_idx):

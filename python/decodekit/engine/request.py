@@ -55,14 +55,14 @@ class Request:
       num_preemptions    how many times this request was preempted (recompute-style)
       spec_token_ids     this step's draft tokens (speculative decoding: set before scheduling,
                          verified in the step, cleared by update_from_output / preemption)
-    and one the engine owns: prompt_logprobs_pending (see __init__).
+    and ones the engine owns: prompt_logprobs_pending, paused, no_spec (see __init__).
     """
 
     __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "arrival_time",
                  "output_token_ids", "_num_computed_tokens", "status", "block_ids",
                  "block_hashes", "num_cached_tokens", "num_preemptions", "spec_token_ids",
                  "extra_key", "parent_id", "child_index", "stop_reason", "_all_token_ids",
-                 "prompt_logprobs_pending")
+                 "prompt_logprobs_pending", "paused", "no_spec")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: Any,
                  arrival_time: float | None = None, *, extra_key: Hashable = None,
@@ -97,6 +97,10 @@ class Request:
         # the engine still wants the logits of prompt positions (prompt_logprobs): computed from position 0,
         # without prefix-cache hits, in chunks of at most PROMPT_LOGPROBS_CHUNK tokens; cleared once they are in
         self.prompt_logprobs_pending = False
+        # beam search (engine/beam_group.py): a paused request is not scheduled (it waits, holding its KV,
+        # for its group to pick its next token); no_spec: never drafted for
+        self.paused = False
+        self.no_spec = False
 
     # ---------------------------------------------------------------- token accounting
     @property

@@ -34,6 +34,14 @@ calls happen between steps, never while the model runner is writing KV.
 Stop conditions owned here: max_tokens and max_model_len (FINISHED_LENGTH). EOS, stop
 tokens and stop strings (which need the detokenizer) are the caller's: it calls
 finish_request(request_id, RequestStatus.FINISHED_STOPPED) after update_from_output().
+
+Beam search (engine/beam_group.py): a `paused` request is skipped in both queues (it keeps its
+blocks while its group picks its next token; if only paused requests run and a waiting one
+cannot get blocks, the newest paused one is preempted, so the queue always moves);
+replace_last_token() swaps a request's sampled, not yet computed token; add_forked() puts a
+child in the running queue with the parent's full blocks shared and its partial block copied
+(SchedulerOutput.blocks_to_copy, done by the runner before the next forward). Resumed beams
+can outnumber max_num_seqs for a while: each step schedules at most max_num_seqs requests.
 """
 from __future__ import annotations
 
@@ -140,6 +148,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_steps = 0
         self._finished_ids: list[str] = []         # for the next SchedulerOutput
+        self._copies: list[tuple[int, int]] = []   # forked blocks to copy, for the next SchedulerOutput
         self._finished_in_schedule: list[Request] = []   # for the next update_from_output
 
     # ---------------------------------------------------------------- requests in / out
@@ -181,6 +190,42 @@ class Scheduler:
                              f"({self.kv.num_blocks} blocks x {self.kv.block_size} = {cap} tokens)")
         self.requests[rid] = req
         self.waiting.append(req)
+
+    def add_forked(self, child: Request, parent: Request) -> bool:
+        """Queue `child` as a continuation of `parent`'s computed KV: it runs from the next step holding the
+        parent's full blocks and a copy of its partial one (copied before that step's forward). Needs a
+        running parent whose only uncomputed token is its last, a child whose tokens start with the parent's
+        computed ones, room in max_num_seqs and a free block; otherwise returns False and changes nothing (the
+        caller adds the child as an ordinary request: it recomputes through the prefix cache)."""
+        n = parent.num_computed_tokens
+        if parent.status != RequestStatus.RUNNING or self.requests.get(parent.request_id) is not parent \
+                or n != parent.num_tokens - 1 or parent.spec_token_ids or n == 0 \
+                or self._num_active() >= self.config.max_num_seqs:
+            return False
+        self.add_request(child)                     # the same checks as any request
+        copies = self.kv.fork(parent, child)
+        if copies is None:
+            self.waiting.pop()
+            del self.requests[child.request_id]
+            return False
+        self.waiting.pop()
+        child.status = RequestStatus.RUNNING
+        child.num_cached_tokens = n
+        self.running.append(child)
+        self._copies.extend(copies)
+        return True
+
+    def replace_last_token(self, req: Request, token_id: int) -> None:
+        """Make `token_id` the request's last (sampled, not yet computed) output token instead of the one
+        sampled: beam search continues a beam with another candidate."""
+        if not req.output_token_ids or req.num_computed_tokens >= req.num_tokens:
+            raise ValueError(f"replace_last_token: {req.request_id!r} has no uncomputed output token")
+        req.output_token_ids[-1] = req.all_token_ids[-1] = int(token_id)
+        del req.block_hashes[(req.num_tokens - 1) // self.config.block_size:]  # hashed with the old token
+
+    def _num_active(self) -> int:
+        """Running requests that take part in steps (paused ones wait outside the batch)."""
+        return sum(1 for r in self.running if not r.paused)
 
     def get_request(self, request_id: str) -> Request | None:
         """An unfinished request by id (finished ones are forgotten)."""
@@ -250,6 +295,11 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            if req.paused:
+                i += 1
+                continue
+            if len(plan) >= cfg.max_num_seqs:   # resumed beams may outnumber it: the rest go next step
+                break
             num_new = min(req.num_tokens_with_spec - req.num_computed_tokens, budget,
                           cfg.max_model_len - req.num_computed_tokens)
             num_new = min(num_new, self._chunk_cap(req))
@@ -279,8 +329,13 @@ class Scheduler:
 
         # 2. waiting requests, only if nothing was preempted in this step.
         if not out.preempted_req_ids:
-            while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            active = self._num_active()
+            paused: list[Request] = []      # skipped: they wait for their beam group
+            while self.waiting and budget > 0 and active < cfg.max_num_seqs:
                 req = self.waiting[0]
+                if req.paused:
+                    paused.append(self.waiting.popleft())
+                    continue
                 req.spec_token_ids = []     # drafts only for running requests
                 # prompt logprobs need every prompt position's logits: no prefix-cache hit
                 hit_blocks, num_hit = kv.get_computed_blocks(req) if not req.prompt_logprobs_pending else ([], 0)
@@ -294,8 +349,14 @@ class Scheduler:
                         self._finish(req, RequestStatus.FINISHED_LENGTH, "kv_cache_capacity")
                         self._finished_in_schedule.append(req)
                         continue
+                    if all(r.paused for r in self.running):  # nothing running would ever free a block
+                        victim = self.running.pop()
+                        self._preempt(victim, out)
+                        paused.append(self.waiting.popleft())
+                        continue
                     break
                 self.waiting.popleft()
+                active += 1
                 self.running.append(req)
                 req.status = RequestStatus.RUNNING
                 req.num_computed_tokens = num_hit
@@ -304,6 +365,9 @@ class Scheduler:
                 plan.append((req, num_new, True))
                 budget -= num_new
 
+            self.waiting.extendleft(reversed(paused))
+
+        assert len(plan) <= cfg.max_num_seqs
         # 3. build the output and advance num_computed_tokens optimistically.
         for req, num_new, is_new in plan:
             start = req.num_computed_tokens
@@ -315,6 +379,7 @@ class Scheduler:
                                                   len(req.spec_token_ids) if will_sample else 0, num_lp))
             out.num_scheduled_tokens += num_new
         out.finished_req_ids, self._finished_ids = self._finished_ids, []
+        out.blocks_to_copy, self._copies = self._copies, []
         self.num_steps += 1
         return out
 
@@ -371,7 +436,9 @@ class Scheduler:
     # ---------------------------------------------------------------- checking
     def check_invariants(self) -> None:
         """Assert scheduler + KV-cache consistency (tests call it after every step)."""
-        assert len(self.running) <= self.config.max_num_seqs
+        # beams resumed by their group may outnumber max_num_seqs for a step (schedule() caps each step's
+        # batch); ordinary requests are admitted only below it
+        assert sum(1 for r in self.running if not r.no_spec) <= self.config.max_num_seqs
         ids = [r.request_id for r in self.running] + [r.request_id for r in self.waiting]
         assert len(ids) == len(set(ids)), "a request is queued twice"
         assert set(ids) == set(self.requests), "requests dict out of sync with the queues"

@@ -55,7 +55,7 @@ class SpecDecoder:
         max_len = scheduler.config.max_model_len
         for req in running:
             req.spec_token_ids = []
-            if req.num_computed_tokens != req.num_tokens - 1:   # prefilling, or already in flight
+            if req.num_computed_tokens != req.num_tokens - 1 or req.no_spec:   # prefilling, in flight, beams
                 continue
             room = min(scheduler.max_output_tokens(req) - req.num_output_tokens, max_len - req.num_tokens) - 1
             if room <= 0:

@@ -1,10 +1,9 @@
-"""Beam search (vLLM's ``LLM.beam_search`` / ``use_beam_search``), as a driver over ordinary requests.
+"""Beam search (vLLM's ``LLM.beam_search`` / ``use_beam_search``): the search state and parameters.
 
-Each step runs every live beam as a request of one greedy token with the top ``2 * beam_width``
-log-probabilities (``prompt = the prompt + the beam's tokens``; the prefix cache serves all but the
-beam's last partial block). Every (beam, candidate token) pair is scored, candidates that are an EOS
-token end their hypothesis (kept aside as finished), and the ``beam_width`` best of the others live
-on. After ``max_tokens`` steps (or when no beam is left) the finished hypotheses and the live beams
+Each step computes one token per live beam and its top ``2 * beam_width`` log-probabilities (the
+engine runs the beams as requests; engine/beam_group.py). Every (beam, candidate token) pair is scored,
+candidates that are an EOS token end their hypothesis (kept aside as finished), and the ``beam_width``
+best of the others live on. After ``max_tokens`` steps (or when no beam is left) the finished hypotheses and the live beams
 together are ranked and the ``beam_width`` best returned, best first.
 
 Score (vLLM's ``get_beam_search_score``): ``cum_logprob / len ** length_penalty`` where ``len`` counts
@@ -13,9 +12,9 @@ log-probabilities (``log_softmax(logits)``) of the generated tokens, so ``temper
 the search (as with vLLM's default raw logprobs); ties keep the earlier beam and the better-ranked
 candidate first (a stable sort).
 
-This module holds the search state (``BeamSearch``) and the parameters; the drivers are
-``LLM.beam_search`` (offline, all prompts' beams in one engine run per step) and the server's
-``BeamSearchStream`` (async, one request's beams at a time).
+This module holds the search state (``BeamSearch``) and the parameters, torch-free; the engine drives it
+(``LLMEngine.add_request(id, prompt, BeamSearchParams)``, ``LLM.beam_search``, the server's
+``use_beam_search``).
 """
 from __future__ import annotations
 
@@ -38,13 +37,16 @@ class BeamSearchParams:
     ignore_eos: bool (EOS is then an ordinary candidate); temperature: finite number in [0, 100]
     (accepted for vLLM compatibility; the scores are raw logprobs, so it does not change the result);
     length_penalty: finite number in [-10, 10] (the score's length exponent; larger favours longer
-    hypotheses); include_stop_str_in_output: bool (the EOS token's text stays in `text`)."""
+    hypotheses); include_stop_str_in_output: bool (the EOS token's text stays in `text`); logprobs: None or
+    int in [0, max_logprobs]: per generated token its logprob and the step's top-N (RequestOutput's
+    CompletionOutput.logprobs; BeamSearchSequence.logprobs always holds the step's candidates)."""
     beam_width: int
     max_tokens: int
     ignore_eos: bool = False
     temperature: float = 0.0
     length_penalty: float = 1.0
     include_stop_str_in_output: bool = False
+    logprobs: int | None = None
 
     def __post_init__(self):
         self.validate()
@@ -68,16 +70,23 @@ class BeamSearchParams:
         whole("max_tokens", 1, 1 << 40, ">= 1")
         real("temperature", 0.0, 100.0)
         real("length_penalty", -MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY)
+        if self.logprobs is not None:
+            whole("logprobs", 0, max_logprobs, f"in [0, {max_logprobs}] or None")
         for name in ("ignore_eos", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise SamplingParamsError(name, f"must be a bool, got {getattr(self, name)!r}", "BeamSearchParams")
         return self
 
-    def step_params(self, logprobs: int | None = None) -> SamplingParams:
-        """The SamplingParams of one beam's one-token request: greedy, EOS allowed (a candidate),
-        the 2 * beam_width best logprobs (or `logprobs`, when the caller wants more of them)."""
-        return SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True,
-                              logprobs=max(2 * self.beam_width, logprobs or 0), skip_special_tokens=False)
+    @property
+    def num_step_logprobs(self) -> int:
+        """Logprobs each beam step asks for: its 2 * beam_width candidates, or the caller's top-N if more."""
+        return max(2 * self.beam_width, self.logprobs or 0)
+
+    def step_params(self, max_tokens: int) -> SamplingParams:
+        """The SamplingParams of a beam's engine request: greedy, EOS allowed (an ordinary candidate),
+        the step's logprobs."""
+        return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                              logprobs=self.num_step_logprobs, skip_special_tokens=False)
 
 
 # SamplingParams fields a beam search takes (the others must keep their defaults: a beam search has no stop
@@ -98,21 +107,19 @@ def beam_conflicts(params: SamplingParams) -> list[str]:
 class BeamSearchSequence:
     """One hypothesis. tokens: the prompt's and the generated ones; logprobs: per generated token the
     step's {token id: Logprob} table (its candidates, with ranks); text: the generated text (filled at
-    the end); finish_reason: "stop" (ended with EOS) or "length"; stop_reason: that EOS id."""
+    the end); finish_reason: "stop" (ended with EOS) or "length"; stop_reason: that EOS id;
+    prompt_len: how many of `tokens` are the prompt's."""
     tokens: list[int]
     logprobs: list[dict] = field(default_factory=list)
     cum_logprob: float = 0.0
     text: str | None = None
     finish_reason: str | None = None
     stop_reason: int | None = None
-
-    @property
-    def num_generated(self) -> int:
-        return len(self.logprobs)
+    prompt_len: int = 0
 
     @property
     def generated_token_ids(self) -> list[int]:
-        return self.tokens[len(self.tokens) - len(self.logprobs):]
+        return self.tokens[self.prompt_len:]
 
 
 @dataclass
@@ -143,7 +150,7 @@ class BeamSearch:
         self.prompt_token_ids = list(prompt_token_ids)
         self.prompt_len = len(prompt_token_ids)
         self.eos = frozenset(() if params.ignore_eos else eos_token_ids)
-        self.beams = [BeamSearchSequence(tokens=list(prompt_token_ids))]
+        self.beams = [BeamSearchSequence(tokens=list(prompt_token_ids), prompt_len=len(prompt_token_ids))]
         self.finished: list[BeamSearchSequence] = []
         self.steps = 0
 
@@ -154,27 +161,30 @@ class BeamSearch:
     def _key(self, seq: BeamSearchSequence) -> float:
         return beam_score(seq, self.eos, self.params.length_penalty)
 
-    def advance(self, tables: list[dict]) -> None:
+    def advance(self, tables: list[dict]) -> list[int]:
         """tables[i]: beam i's step logprobs {token id: Logprob with .logprob and .rank}; its candidates
-        are the entries ranked within 2 * beam_width (a table may hold more, e.g. the caller's top-N)."""
+        are the entries ranked within 2 * beam_width (a table may hold more, e.g. the caller's top-N).
+        Returns, per new beam, the index of the beam it continues."""
         if len(tables) != len(self.beams):
             raise ValueError(f"advance needs one table per beam: {len(tables)} for {len(self.beams)} beams")
         k = 2 * self.params.beam_width
         live = []
-        for beam, table in zip(self.beams, tables):
+        for j, (beam, table) in enumerate(zip(self.beams, tables)):
             for tid, lp in sorted(table.items(), key=lambda kv: (kv[1].rank if kv[1].rank is not None else 1 << 30)):
                 if lp.rank is None or lp.rank > k or not math.isfinite(lp.logprob):
                     continue
                 seq = BeamSearchSequence(tokens=beam.tokens + [tid], logprobs=beam.logprobs + [table],
-                                         cum_logprob=beam.cum_logprob + lp.logprob)
+                                         cum_logprob=beam.cum_logprob + lp.logprob, prompt_len=self.prompt_len)
                 if tid in self.eos:
                     seq.finish_reason, seq.stop_reason = "stop", tid
                     self.finished.append(seq)
                 else:
-                    live.append(seq)
-        live.sort(key=self._key, reverse=True)  # stable: earlier beam, better rank first among equals
-        self.beams = live[:self.params.beam_width]
+                    live.append((seq, j))
+        live.sort(key=lambda c: self._key(c[0]), reverse=True)  # stable: earlier beam, better rank first
+        live = live[:self.params.beam_width]
+        self.beams = [c[0] for c in live]
         self.steps += 1
+        return [c[1] for c in live]
 
     def result(self, tokenizer=None) -> BeamSearchOutput:
         """The beam_width best of the finished and the live hypotheses, best first, with their text."""

@@ -24,7 +24,7 @@ from starlette.requests import ClientDisconnect
 from ..engine.llm_engine import encode_prompt
 from . import protocol as P
 from .async_engine import AsyncEngine, EngineDeadError
-from .beam import BeamSearchStream, beam_params
+from .beam import beam_params
 from .metrics import ServerMetrics
 from .tools import AutoToolStream, new_call_id, parse_auto, parse_tools, tool_calls, tool_schema
 
@@ -139,12 +139,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         streams = []
         try:
             for i, p in enumerate(prompts):
-                if beam is None:
-                    streams.append(await aeng.add(f"{prefix}-{i}", p, params))
-                else:
-                    streams.append(await BeamSearchStream.open(aeng, f"{prefix}-{i}", p["prompt_token_ids"], beam,
-                                                               params.logprobs, eng.eos_token_ids,
-                                                               eng.max_model_len, tok))
+                streams.append(await aeng.add(f"{prefix}-{i}", p, params if beam is None else beam))
         except ValueError as e:
             for s in streams:
                 s.abort()

@@ -76,7 +76,6 @@ def child_main(fd: int) -> int:
         return 1
     conn.send(("ready", {"tokenizer": eng.tokenizer, "model_config": eng.model_config,
                          "model_source": eng.model_source, "max_model_len": eng.max_model_len,
-                         "eos_token_ids": eng.eos_token_ids,
                          "pid": os.getpid()}, _snapshot(eng)))
     live: set[str] = set()
 
@@ -192,7 +191,6 @@ class EngineFacade:
         self.model_config = info["model_config"]
         self.model_source = info["model_source"]
         self.max_model_len = info["max_model_len"]
-        self.eos_token_ids = info["eos_token_ids"]
         self.scheduler, self.kv_manager = _Scheduler(p), _KVManager(p)
         self.spec = _Spec(p) if p._snap.get("spec") is not None else None
 
