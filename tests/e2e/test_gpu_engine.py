@@ -77,3 +77,31 @@ def test_cuda_int4_rtn_engine_matches_cpu():
     cpu = LLM("random:smollm2-135m", device="cpu", dtype="float32", kv_cache_memory="256MiB", quantization="int4-rtn")
     ref = [o.outputs[0].token_ids for o in cpu.generate(prompts, params)]
     assert sum(a == b for a, b in zip(outs, ref)) >= len(prompts) - 1, (outs, ref)
+
+
+def test_cuda_beam_search_scores_match_hf():
+    """Beam search on CUDA (beams continue or fork their parent's KV: CUDA copy_blocks, decode graphs): every
+    hypothesis' cum_logprob is HF's log-probability of its tokens (float32), and an engine without forks'
+    shared blocks (no prefix caching, eager) finds the same hypotheses for all prompts but at most one."""
+    from decodekit import LLM, BeamSearchParams
+    from decodekit.loader import load_model
+    hf = hf_from_loaded(load_model("random:smollm2-135m", dtype=torch.float32), "cuda")
+    g = torch.Generator().manual_seed(2)
+    prompts = [{"prompt_token_ids": torch.randint(100, 49152, (n,), generator=g).tolist()} for n in (7, 16, 31)]
+    params = BeamSearchParams(beam_width=4, max_tokens=10, ignore_eos=True)
+    gpu = LLM("random:smollm2-135m", device="cuda", dtype="float32", gpu_memory_utilization=0.3)
+    outs = gpu.beam_search(prompts, params)
+    for o in outs:
+        assert len(o.sequences) == 4
+        for s in o.sequences:
+            with torch.no_grad():
+                lp = torch.log_softmax(hf(torch.tensor([s.tokens], device="cuda")).logits[0].double(), -1)
+            ref = sum(float(lp[s.prompt_len - 1 + i, t]) for i, t in enumerate(s.generated_token_ids))
+            assert abs(ref - s.cum_logprob) < 2e-3, (ref, s.cum_logprob)
+    del gpu
+    torch.cuda.empty_cache()
+    eager = LLM("random:smollm2-135m", device="cuda", dtype="float32", gpu_memory_utilization=0.3,
+                decode_graphs="off", enable_prefix_caching=False)
+    other = eager.beam_search(prompts, params)
+    same = sum([s.tokens for s in a.sequences] == [s.tokens for s in b.sequences] for a, b in zip(outs, other))
+    assert same >= len(prompts) - 1
