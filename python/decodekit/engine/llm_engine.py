@@ -526,7 +526,7 @@ class LLMEngine:
                     s.spec[1] += a
                     s.spec[2] += 1
         now = time.monotonic()
-        beams = set()
+        beams: dict[BeamGroup, None] = {}   # groups with new tables, in step order (a set's order would vary)
         for rid, toks in sampled.items():
             s = self._seq_of.get(rid)
             if s is None:
@@ -535,7 +535,7 @@ class LLMEngine:
                     self.stats["generation_tokens"] += 1
                     bg.on_sample(self.scheduler.get_request(rid) or next(
                         sr.request for sr in so.scheduled if sr.request_id == rid), info[rid])
-                    beams.add(bg)
+                    beams[bg] = None
                 continue
             if s.out.finish_reason is not None:
                 continue
