@@ -133,27 +133,30 @@ def _sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
     g.add_argument("--guided-json", default=None, metavar="SCHEMA",
                    help="the output is JSON valid under this JSON schema (its text, or @FILE)")
     g.add_argument("--json-object", action="store_true", help="the output is a JSON object")
+    g.add_argument("--guided-grammar", default=None, metavar="GBNF",
+                   help="the output is a string of this GBNF grammar's root rule (its text, or @FILE)")
     g.add_argument("--n", type=int, default=1, help="samples per prompt (generate only)")
     g.add_argument("--logprobs", type=int, default=None,
                    help="print the top-N logprobs of each token (generate only; printed with the finished text, so "
                         "it implies --no-stream)")
 
 
-def _schema_arg(text: str | None):
-    """--guided-json: the schema's JSON text, or @FILE holding it."""
+def _schema_arg(text: str | None, option: str = "--guided-json"):
+    """--guided-json / --guided-grammar: the text, or @FILE holding it."""
     if text is None or not text.startswith("@"):
         return text
     try:
         with open(text[1:], encoding="utf-8") as f:
             return f.read()
     except OSError as e:
-        raise ValueError(f"--guided-json: cannot read {text[1:]!r}: {e.strerror}") from None
+        raise ValueError(f"{option}: cannot read {text[1:]!r}: {e.strerror}") from None
 
 
 def _params(args):
     from decodekit.sampling import SamplingParams
     return SamplingParams(guided_choice=args.guided_choice, guided_regex=args.guided_regex,
                           guided_json=_schema_arg(args.guided_json), guided_json_object=args.json_object,
+                          guided_grammar=_schema_arg(args.guided_grammar, "--guided-grammar"),
                           n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                           min_p=args.min_p, repetition_penalty=args.repetition_penalty,
                           presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,

@@ -29,6 +29,8 @@ def test_generate_greedy_on_embedded_model():
     (["--guided-regex", "(?<=x)"], "guided_regex"),
     (["--guided-json", '{"type": "object", "patternProperties": {}}'], "guided_json"),
     (["--guided-json", "@/nonexistent/schema.json"], "guided-json"),
+    (["--guided-grammar", "root ::= nothing"], "guided_grammar"),
+    (["--guided-grammar", "@/nonexistent/g.gbnf"], "guided-grammar"),
     (["--guided-regex", "a", "--json-object"], "guided_json_object"),
     (["--beam-width", "0"], "--beam-width"),
     (["--beam-width", "2", "--stop", "."], "--stop"),
@@ -67,6 +69,10 @@ def test_guided_regex_json_and_choice(tmp_path):
     assert list(obj) == ["name"] and len(obj["name"]) <= 12
     r = _run(*base, "--guided-choice", "tabby", "--guided-choice", "siamese")
     assert r.returncode == 0 and ("tabby" in r.stdout or "siamese" in r.stdout), r.stdout
+    gbnf = tmp_path / "cat.gbnf"
+    gbnf.write_text('root ::= "The cat is " colour "."\ncolour ::= "black" | "white" | "ginger"\n')
+    r = _run(*base, "--guided-grammar", f"@{gbnf}")
+    assert r.returncode == 0 and re.search(r"The cat is (?:black|white|ginger)\.", r.stdout), (r.stdout, r.stderr)
 
 
 def test_beam_search():

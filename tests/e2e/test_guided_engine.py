@@ -89,6 +89,34 @@ def test_speculative_decoding_emits_the_plain_tokens(llm, method):
     assert_no_leaks(spec)
 
 
+ARITH = r"""
+root ::= expr
+expr ::= term ((" + " | " - ") term)*
+term ::= factor ((" * ") factor)*
+factor ::= [1-9] [0-9]? | "(" expr ")"
+"""
+
+
+def test_grammar_outputs_are_in_the_language(llm):
+    """guided_grammar (GBNF): outputs that end with EOS are arithmetic expressions of the grammar (Python
+    evaluates them; the grammar's regex matches them); sampled, n > 1, and through structured_outputs."""
+    from decodekit.sampling.guided.grammar import grammar_to_regex
+    rx = re.compile(grammar_to_regex(ARITH))
+    prompts = ["Write an arithmetic expression:", "2 + 2 is"]
+    stops = 0
+    for sp in (SamplingParams(guided_grammar=ARITH, temperature=0.9, seed=4, n=3, max_tokens=48),
+               SamplingParams(structured_outputs={"grammar": ARITH}, temperature=0, max_tokens=48)):
+        for o in llm.generate(prompts, sp):
+            for c in o.outputs:
+                if c.finish_reason == "stop":
+                    assert rx.fullmatch(c.text) and isinstance(eval(c.text, {}), (int, float)), c.text
+                    stops += 1
+                else:
+                    assert c.finish_reason == "length" and _guide_state(llm, sp, c.token_ids) != DEAD, c.text
+    assert stops >= 1       # (the model likes long sums: most outputs run to max_tokens)
+    assert_no_leaks(llm)
+
+
 def test_min_tokens_yields_to_the_guide(llm):
     sp = SamplingParams(guided_regex=r"\d{1,2}", min_tokens=6, temperature=0, max_tokens=10)
     for o in llm.generate(PROMPTS[:2], sp):
@@ -108,7 +136,8 @@ def test_min_tokens_yields_to_the_guide(llm):
     (dict(guided_regex="a", guided_whitespace_pattern=" "), "guided_whitespace_pattern"),
     (dict(guided_json_object=True, guided_whitespace_pattern="(?=x)"), "guided_whitespace_pattern"),
     (dict(guided_json_object=1), "guided_json_object"),
-    (dict(structured_outputs={"grammar": "root ::= x"}), "structured_outputs"),
+    (dict(structured_outputs={"grammar": "root ::= x"}), "guided_grammar"),
+    (dict(guided_grammar="root ::= [a-"), "guided_grammar"),
     (dict(structured_outputs={"regex": "a", "nope": 1}), "structured_outputs"),
     (dict(structured_outputs={"regex": "a"}, guided_regex="b"), "structured_outputs"),
 ])

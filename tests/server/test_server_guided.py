@@ -63,7 +63,29 @@ def test_guided_regex_completions_and_stream(server):
     assert wait_idle(server.aeng)
 
 
+def test_guided_grammar(server):
+    """vLLM's guided_grammar (GBNF) and structured_outputs.grammar: the reply is a string of the grammar."""
+    grammar = 'root ::= answer ", " reason "."\nanswer ::= "yes" | "no"\nreason ::= [a-z]+ (" " [a-z]+){0,6}'
+    pattern = r"(?:yes|no), [a-z]+(?: [a-z]+){0,6}\."
+    for extra in ({"guided_grammar": grammar}, {"structured_outputs": {"grammar": grammar}}):
+        c = _chat(server, **extra)
+        if c["finish_reason"] == "stop":
+            assert re.fullmatch(pattern, c["message"]["content"]), c
+        else:
+            assert re.match(r"(?:yes|no)", c["message"]["content"]), c
+    r = _post(server, "/v1/completions", {"prompt": "Is water wet?", "max_tokens": 30, "temperature": 0.8, "seed": 3,
+                                          "n": 3, "guided_grammar": grammar})
+    assert r.status_code == 200, r.text
+    assert sum(re.fullmatch(pattern, c["text"]) is not None for c in r.json()["choices"]) >= 1, r.text
+    assert wait_idle(server.aeng)
+
+
 @pytest.mark.parametrize("body, param", [
+    ({"guided_grammar": "root ::= undefined-rule"}, "guided_grammar"),
+    ({"guided_grammar": 'root ::= ("a"'}, "guided_grammar"),
+    ({"guided_grammar": ["root ::= x"]}, "guided_grammar"),
+    ({"guided_grammar": 'root ::= "a"', "guided_regex": "a"}, "guided_grammar"),
+    ({"structured_outputs": {"grammar": "x ::= y"}}, "structured_outputs"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object",
                                                                                          "if": {}}}}},
      "response_format"),

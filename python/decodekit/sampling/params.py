@@ -43,13 +43,16 @@ guided_regex                None or a str of at most 200000 characters: the outp
 guided_json                 None, a JSON schema (dict, JSON text, or True for any value): the output is
                             a JSON text valid under it (supported keywords: guided/json_schema.py)
 guided_json_object          bool: the output is a JSON object (OpenAI's response_format json_object)
+guided_grammar              None or a GBNF grammar (str of at most 200000 characters; llama.cpp's format, as
+                            vLLM's xgrammar backend takes it): the output is a string of its root rule,
+                            then EOS; recursion unrolled to a bounded depth (guided/grammar.py)
 guided_whitespace_pattern   None or a regular expression: where JSON allows whitespace (default one
                             optional space); only with guided_json / guided_json_object
 structured_outputs          None or a StructuredOutputsParams / dict with one of json, regex, choice,
 (or guided_decoding)        json_object (vLLM's): spread into the guided_* fields above
 ==========================  ================================================================
 
-At most one of guided_choice, guided_regex, guided_json and guided_json_object; none of them goes with
+At most one of guided_choice, guided_regex, guided_json, guided_json_object and guided_grammar; none of them goes with
 ignore_eos or allowed_token_ids (they set the allowed tokens and end the output with EOS). The guided
 masks allow exactly the tokens whose bytes keep the output a prefix of some match, and EOS where it is a
 match (EOS alone if the vocabulary cannot go on); min_tokens holds EOS back as long as another token fits.
@@ -98,7 +101,7 @@ MAX_BAD_WORDS = 1024           # bad_words: at most this many words
 MAX_BAD_WORD_CHARS = 1024      # of at most this many characters each
 MAX_GUIDED_CHOICES = 256       # guided_choice: at most this many choices (of MAX_BAD_WORD_CHARS characters)
 MAX_GUIDED_PATTERN = 200_000   # guided_regex / guided_whitespace_pattern: at most this many characters
-GUIDED_FIELDS = ("guided_choice", "guided_regex", "guided_json", "guided_json_object")
+GUIDED_FIELDS = ("guided_choice", "guided_regex", "guided_json", "guided_json_object", "guided_grammar")
 
 
 class SamplingParamsError(ValueError):
@@ -182,6 +185,7 @@ class SamplingParams:
     guided_regex: str | None = None
     guided_json: Any = None
     guided_json_object: bool = False
+    guided_grammar: str | None = None
     guided_whitespace_pattern: str | None = None
     structured_outputs: Any = None
     guided_decoding: Any = None
@@ -343,19 +347,20 @@ class SamplingParams:
             unknown = sorted(set(d) - known)
             if unknown:
                 raise SamplingParamsError(name, f"unknown field {unknown[0]!r} (known: json, regex, choice, "
-                                                f"json_object, whitespace_pattern)")
-            if d.get("grammar") is not None or d.get("structural_tag") is not None:
-                raise SamplingParamsError(name, "grammar / structural_tag guides are not supported (json, regex, "
-                                                "choice and json_object are)")
+                                                f"grammar, json_object, whitespace_pattern)")
+            if d.get("structural_tag") is not None:
+                raise SamplingParamsError(name, "structural_tag guides are not supported (json, regex, choice, "
+                                                "grammar and json_object are)")
             if self._given_guides():
                 raise SamplingParamsError(name, "give it or the guided_* fields, not both")
             self.guided_choice = d.get("choice")
             self.guided_regex = d.get("regex")
             self.guided_json = d.get("json")
             self.guided_json_object = bool(d.get("json_object") or False)
+            self.guided_grammar = d.get("grammar")
             if not self._given_guides():
-                raise SamplingParamsError(name, "needs one of choice, regex, json or json_object (json false matches "
-                                                "nothing; a whitespace pattern alone guides nothing)")
+                raise SamplingParamsError(name, "needs one of choice, regex, json, grammar or json_object (json false "
+                                                "matches nothing; a whitespace pattern alone guides nothing)")
             if d.get("whitespace_pattern") is not None:
                 self.guided_whitespace_pattern = d["whitespace_pattern"]
             elif d.get("disable_any_whitespace"):
@@ -420,11 +425,11 @@ class SamplingParams:
                 parse(ws)
         except RegexError as e:
             raise SamplingParamsError("guided_whitespace_pattern", str(e)) from None
-        if kind == "guided_regex":
-            r = self.guided_regex
+        if kind in ("guided_regex", "guided_grammar"):
+            r = getattr(self, kind)
             if not isinstance(r, str) or len(r) > MAX_GUIDED_PATTERN:
-                raise SamplingParamsError("guided_regex", f"must be a str of at most {MAX_GUIDED_PATTERN} "
-                                                          f"characters, got {_show(r)}")
+                raise SamplingParamsError(kind, f"must be a str of at most {MAX_GUIDED_PATTERN} characters, "
+                                                f"got {_show(r)}")
         elif kind == "guided_json":
             s = self.guided_json
             if not isinstance(s, (dict, str)) and s is not True:
@@ -435,7 +440,7 @@ class SamplingParams:
         try:
             return guide_pattern(kind[len("guided_"):], getattr(self, kind) if kind != "guided_json_object" else None,
                                  ws)
-        except ValueError as e:        # RegexError, JSONSchemaError
+        except ValueError as e:        # RegexError, JSONSchemaError, GrammarError
             raise SamplingParamsError(kind, str(e)) from None
 
     def set_guided(self, tokenizer, eos_token_ids) -> None:

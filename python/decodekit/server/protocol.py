@@ -110,7 +110,7 @@ def _guides(body: dict) -> dict:
     found: list[tuple[str, dict]] = []
     if body.get("guided_json") is False:
         raise APIError(400, "'guided_json' false matches nothing (give a schema, or leave the field out)", "guided_json")
-    for k in ("guided_choice", "guided_regex", "guided_json"):
+    for k in ("guided_choice", "guided_regex", "guided_json", "guided_grammar"):
         v = body.get(k)
         if v is not None:
             found.append((k, {k: str_list(v, k) if k == "guided_choice" else v}))
@@ -248,7 +248,7 @@ def completion_prompts(body: dict, vocab_size: int) -> list:
 # vLLM / OpenAI request fields this server does not implement: asked for (not null / false / empty / a no-op
 # value), they get a 400 naming them rather than being ignored (a client asking for constrained JSON must not
 # get free text back as if it were).
-UNSUPPORTED_COMMON = ("guided_grammar", "logits_processors")
+UNSUPPORTED_COMMON = ("logits_processors",)
 UNSUPPORTED_CHAT = ("functions", "function_call", "echo", "modalities", "prediction",
                     "audio")
 

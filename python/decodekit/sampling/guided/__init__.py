@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .automaton import DEAD, MAX_DFA_STATES, Guide, GuideError, LazyDFA, token_vocab
+from .grammar import GrammarError, grammar_to_regex
 from .json_schema import JSONSchemaError, json_object_regex, json_schema_to_regex
 from .regex import RegexError, compile_nfa, escape, parse
 
@@ -33,7 +34,7 @@ class StructuredOutputsParams:
     """vLLM's StructuredOutputsParams (GuidedDecodingParams before 0.10): give one of json (a schema: dict,
     JSON str or True), regex, choice or json_object=True; whitespace_pattern overrides the JSON whitespace.
     Passed to SamplingParams(structured_outputs=...) (or guided_decoding=...), which spreads it into its
-    guided_* fields. grammar is not supported (refused)."""
+    guided_* fields. grammar: a GBNF grammar (guided/grammar.py)."""
     json: Any = None
     regex: str | None = None
     choice: list[str] | None = None
@@ -95,10 +96,12 @@ def guide_pattern(kind: str, value, whitespace: str | None = None) -> str:
         pattern = json_schema_to_regex(value, whitespace=whitespace)
     elif kind == "json_object":
         pattern = json_object_regex(whitespace=whitespace)
+    elif kind == "grammar":
+        pattern = grammar_to_regex(value)
     else:
         raise ValueError(f"unknown guide kind {kind!r}")
     if len(pattern) > MAX_PATTERN_CHARS:
-        raise (RegexError if kind == "regex" else JSONSchemaError)(
+        raise (RegexError if kind == "regex" else GrammarError if kind == "grammar" else JSONSchemaError)(
             f"the pattern has {len(pattern)} characters, more than {MAX_PATTERN_CHARS}")
     parse(pattern)
     _patterns[key] = pattern
@@ -107,5 +110,5 @@ def guide_pattern(kind: str, value, whitespace: str | None = None) -> str:
     return pattern
 
 
-__all__ = ["DEAD", "Guide", "GuideError", "GuidedDecodingParams", "JSONSchemaError", "LazyDFA", "RegexError",
+__all__ = ["DEAD", "GrammarError", "Guide", "GuideError", "GuidedDecodingParams", "JSONSchemaError", "LazyDFA", "RegexError",
            "StructuredOutputsParams", "compile_guide", "compile_nfa", "escape", "guide_pattern", "parse", "token_vocab"]

@@ -1,0 +1,393 @@
+"""GBNF grammars (llama.cpp's format, which vLLM's guided_grammar takes with its xgrammar backend) -> a
+regular expression for the byte-level guide (regex.py / automaton.py).
+
+Syntax: rules ``name ::= expression`` (names of letters, digits, ``-`` and ``_``; a rule may span lines: the
+next one starts at the next ``name ::=``); ``root`` is the start rule. Expressions: string literals
+``"..."`` (escapes ``\\n \\r \\t \\\\ \\" \\xHH \\uHHHH \\UHHHHHHHH``), character classes ``[a-z0-9_]`` and
+``[^...]`` (the same escapes, plus ``\\] \\- \\^``), ``.`` (any character), rule references, ``( ... )``,
+alternatives ``|``, repetition ``* + ?`` and ``{m}`` ``{m,}`` ``{m,n}`` ``{,n}``; comments from ``#`` to the
+end of the line.
+
+A context-free grammar is more than a regular expression: recursive rules are unrolled. The references that
+close a cycle of the rule graph in a depth-first walk from root (e.g. a JSON grammar's object -> value and
+array -> value, an arithmetic grammar's factor -> expr) each cost one level, and at most ``max_depth``
+levels are open on any path; deeper branches are cut, so the guide accepts only outputs that nest at most
+that deep: a subset of the grammar's language, never a string outside it. The depth starts at MAX_DEPTH and
+comes down until the regex fits MAX_REGEX_CHARS (60k characters, under a second to compile against a 49k
+vocabulary). Each level inlines the recursive rules again, so the regex grows about 4x per level: llama.cpp's
+JSON grammar fits 3 containers deep (the top-level object and two nested), a four-rule arithmetic grammar 4
+parentheses deep. A grammar that does not fit at depth 0 raises GrammarError.
+"""
+from __future__ import annotations
+
+import sys
+
+from .regex import RegexError, escape
+from .regex import parse as parse_regex
+
+MAX_GRAMMAR_CHARS = 100_000
+MAX_DEPTH = 24
+MAX_REGEX_CHARS = 60_000
+MAX_REPEAT = 1000
+
+
+class GrammarError(ValueError):
+    pass
+
+
+class _TooBig(Exception):
+    pass
+
+
+# AST: ("lit", str) | ("cls", negated, [(lo, hi)]) | ("any",) | ("ref", name) | ("seq", [items])
+#      | ("alt", [items]) | ("rep", item, lo, hi|None)
+class _Parser:
+    def __init__(self, text: str):
+        self.s, self.i = text, 0
+
+    def error(self, msg: str, at: int | None = None):
+        at = self.i if at is None else at
+        line = self.s.count("\n", 0, at) + 1
+        col = at - (self.s.rfind("\n", 0, at) + 1) + 1
+        raise GrammarError(f"{msg} at line {line}, column {col}")
+
+    def ws(self) -> None:
+        s = self.s
+        while self.i < len(s):
+            c = s[self.i]
+            if c == "#":
+                j = s.find("\n", self.i)
+                self.i = len(s) if j < 0 else j
+            elif c in " \t\r\n":
+                self.i += 1
+            else:
+                return
+
+    def name(self) -> str:
+        j = self.i
+        while j < len(self.s) and (self.s[j].isascii() and (self.s[j].isalnum() or self.s[j] in "-_")):
+            j += 1
+        if j == self.i:
+            self.error("expected a rule name")
+        n, self.i = self.s[self.i:j], j
+        return n
+
+    def at_rule_start(self) -> bool:
+        """Is the text at the cursor `name ::=` (the next rule)?"""
+        save = self.i
+        try:
+            self.name()
+            self.ws()
+            return self.s.startswith("::=", self.i)
+        except GrammarError:
+            return False
+        finally:
+            self.i = save
+
+    def rules(self) -> dict:
+        rules: dict = {}
+        self.ws()
+        while self.i < len(self.s):
+            start = self.i
+            n = self.name()
+            self.ws()
+            if not self.s.startswith("::=", self.i):
+                self.error(f"expected '::=' after rule name {n!r}")
+            self.i += 3
+            if n in rules:
+                self.error(f"rule {n!r} is defined twice", start)
+            rules[n] = self.alt(top=True)
+            self.ws()
+        return rules
+
+    def alt(self, top: bool = False):
+        alts = [self.seq(top)]
+        while self.i < len(self.s) and self.s[self.i] == "|":
+            self.i += 1
+            alts.append(self.seq(top))
+        return alts[0] if len(alts) == 1 else ("alt", alts)
+
+    def seq(self, top: bool):
+        items = []
+        while True:
+            self.ws()
+            if self.i >= len(self.s):
+                break
+            c = self.s[self.i]
+            if c in "|)" or (top and self.at_rule_start()):
+                break
+            items.append(self.postfix(self.atom()))
+        return items[0] if len(items) == 1 else ("seq", items)
+
+    def atom(self):
+        s, c = self.s, self.s[self.i]
+        if c == '"':
+            self.i += 1
+            out = []
+            while True:
+                if self.i >= len(s):
+                    self.error("unterminated string literal")
+                c = s[self.i]
+                if c == '"':
+                    self.i += 1
+                    return ("lit", "".join(out))
+                out.append(self.char())
+        if c == "[":
+            self.i += 1
+            neg = self.i < len(s) and s[self.i] == "^"
+            self.i += neg
+            ranges = []
+            while True:
+                if self.i >= len(s):
+                    self.error("unterminated character class")
+                if s[self.i] == "]":
+                    self.i += 1
+                    break
+                lo = self.char(in_class=True)
+                hi = lo
+                if self.i + 1 < len(s) and s[self.i] == "-" and s[self.i + 1] != "]":
+                    self.i += 1
+                    hi = self.char(in_class=True)
+                if ord(hi) < ord(lo):
+                    self.error(f"bad character range {lo!r}-{hi!r}")
+                ranges.append((ord(lo), ord(hi)))
+            if not ranges and not neg:
+                self.error("empty character class")
+            return ("cls", neg, ranges)
+        if c == ".":
+            self.i += 1
+            return ("any",)
+        if c == "(":
+            self.i += 1
+            inner = self.alt()
+            self.ws()
+            if self.i >= len(s) or s[self.i] != ")":
+                self.error("expected ')'")
+            self.i += 1
+            return inner
+        if c.isascii() and (c.isalnum() or c in "-_"):
+            return ("ref", self.name())
+        self.error(f"unexpected {c!r}")
+
+    def char(self, in_class: bool = False) -> str:
+        s = self.s
+        c = s[self.i]
+        if c != "\\":
+            if in_class and c == "\n":
+                self.error("newline in a character class")
+            self.i += 1
+            return c
+        if self.i + 1 >= len(s):
+            self.error("dangling backslash")
+        e = s[self.i + 1]
+        simple = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\", '"': '"', "[": "[", "]": "]", "-": "-", "^": "^",
+                  "'": "'", "/": "/", "0": "\0"}
+        if e in simple:
+            self.i += 2
+            return simple[e]
+        width = {"x": 2, "u": 4, "U": 8}.get(e)
+        if width is None:
+            self.error(f"unknown escape \\{e}")
+        digits = s[self.i + 2:self.i + 2 + width]
+        if len(digits) != width or any(d not in "0123456789abcdefABCDEF" for d in digits):
+            self.error(f"\\{e} needs {width} hex digits")
+        cp = int(digits, 16)
+        if cp > 0x10FFFF or 0xD800 <= cp <= 0xDFFF:
+            self.error(f"\\{e}{digits} is not a Unicode scalar value")
+        self.i += 2 + width
+        return chr(cp)
+
+    def postfix(self, item):
+        s = self.s
+        while True:
+            j = self.i          # spaces may come before an operator (not a newline: the next line may start a rule)
+            while j < len(s) and s[j] in " \t":
+                j += 1
+            if j >= len(s) or s[j] not in "*+?{":
+                break
+            self.i = j
+            c = s[self.i]
+            if c in "*+?":
+                self.i += 1
+                item = ("rep", item, 1 if c == "+" else 0, 1 if c == "?" else None)
+            elif c == "{":
+                j = s.find("}", self.i)
+                if j < 0:
+                    self.error("unterminated repetition '{'")
+                lo_s, comma, hi_s = (x.strip() for x in s[self.i + 1:j].partition(","))
+                if not all(x.isascii() and x.isdigit() for x in (lo_s, hi_s) if x) or not (lo_s or comma):
+                    self.error("bad repetition: expected {m}, {m,}, {m,n} or {,n}")
+                lo = int(lo_s or 0)
+                hi = (int(hi_s) if hi_s else None) if comma else lo
+                if lo < 0 or (hi is not None and hi < lo) or max(lo, hi or 0) > MAX_REPEAT:
+                    self.error(f"repetition bounds must satisfy 0 <= m <= n <= {MAX_REPEAT}")
+                self.i = j + 1
+                item = ("rep", item, lo, hi)
+        return item
+
+
+def parse_grammar(text: str) -> dict:
+    """{rule name: AST}; GrammarError (with line and column) on a syntax error, an undefined rule or no root."""
+    if not isinstance(text, str) or not text.strip():
+        raise GrammarError("the grammar must be a non-empty string of GBNF rules (root ::= ...)")
+    if len(text) > MAX_GRAMMAR_CHARS:
+        raise GrammarError(f"the grammar has {len(text)} characters, more than {MAX_GRAMMAR_CHARS}")
+    rules = _Parser(text).rules()
+    if "root" not in rules:
+        raise GrammarError("the grammar has no 'root' rule (the start rule)")
+
+    def refs(node, out):
+        k = node[0]
+        if k == "ref":
+            out.add(node[1])
+        elif k in ("seq", "alt"):
+            for x in node[1]:
+                refs(x, out)
+        elif k == "rep":
+            refs(node[1], out)
+        return out
+    for n, body in rules.items():
+        missing = sorted(refs(body, set()) - set(rules))
+        if missing:
+            raise GrammarError(f"rule {n!r} refers to undefined rule {missing[0]!r}")
+    return rules
+
+
+def _back_edges(rules: dict, refs: dict) -> set:
+    """Edges (rule, referenced rule) that close a cycle in a depth-first walk from root (then from the other
+    rules): every cycle of the rule graph holds one, and they depend only on the grammar."""
+    back, state = set(), {}          # state: 1 on the walk's stack, 2 done
+    for start in ["root"] + sorted(rules):
+        if start in state:
+            continue
+        state[start] = 1
+        work = [(start, iter(sorted(refs[start])))]
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is None:
+                state[v] = 2
+                work.pop()
+            elif state.get(w) == 1:
+                back.add((v, w))
+            elif w not in state:
+                state[w] = 1
+                work.append((w, iter(sorted(refs[w]))))
+    return back
+
+
+def _class_regex(neg: bool, ranges) -> str:
+    def one(cp: int) -> str:
+        c = chr(cp)
+        return "\\" + c if c in "\\]^-[" else escape(c)
+    body = "".join(one(lo) if lo == hi else f"{one(lo)}-{one(hi)}" for lo, hi in ranges)
+    if neg:
+        return f"[^{body}]" if body else "(?:.|\\n)"
+    return f"[{body}]"
+
+
+class _Emitter:
+    def __init__(self, rules: dict, depth: int):
+        self.rules, self.depth = rules, depth
+        self.refs = {n: self._refs(b, set()) for n, b in rules.items()}
+        self.back = _back_edges(rules, self.refs)
+        self.memo: dict = {}
+
+    def _refs(self, node, out):
+        k = node[0]
+        if k == "ref":
+            out.add(node[1])
+        elif k in ("seq", "alt"):
+            for x in node[1]:
+                self._refs(x, out)
+        elif k == "rep":
+            self._refs(node[1], out)
+        return out
+
+    def rule(self, name: str, level: int) -> str | None:
+        key = (name, level)
+        if key not in self.memo:
+            self.memo[key] = None       # a cycle reached at the same level (no progress) matches nothing
+            r = self.node(self.rules[name], name, level)
+            self.memo[key] = r
+            if r is not None and len(r) > MAX_REGEX_CHARS:   # the root holds it: too big already
+                raise _TooBig
+        return self.memo[key]
+
+    def node(self, n, rule: str, level: int) -> str | None:
+        k = n[0]
+        if k == "lit":
+            return escape(n[1])
+        if k == "cls":
+            return _class_regex(n[1], n[2])
+        if k == "any":
+            return "(?:.|\\n)"
+        if k == "ref":
+            target = n[1]
+            nxt = level + 1 if (rule, target) in self.back else level
+            if nxt > self.depth:
+                return None
+            r = self.rule(target, nxt)
+            return None if r is None else (f"(?:{r})" if r else "")
+        if k == "seq":
+            parts = []
+            for x in n[1]:
+                r = self.node(x, rule, level)
+                if r is None:
+                    return None
+                parts.append(r)
+            return "".join(parts)
+        if k == "alt":
+            parts = [r for r in (self.node(x, rule, level) for x in n[1]) if r is not None]
+            if not parts:
+                return None
+            return f"(?:{'|'.join(parts)})" if len(parts) > 1 else parts[0]
+        if k == "rep":
+            inner, lo, hi = self.node(n[1], rule, level), n[2], n[3]
+            if inner is None:
+                return "" if lo == 0 else None
+            if hi == 0 or inner == "":
+                return ""
+            g = f"(?:{inner})"
+            if (lo, hi) == (0, None):
+                return g + "*"
+            if (lo, hi) == (1, None):
+                return g + "+"
+            if (lo, hi) == (0, 1):
+                return g + "?"
+            return g + ("{%d}" % lo if hi == lo else "{%d,}" % lo if hi is None else "{%d,%d}" % (lo, hi))
+        raise AssertionError(k)
+
+
+def grammar_to_regex(text: str, max_depth: int | None = None) -> str:
+    """The regex of a GBNF grammar's root rule, recursion unrolled (see the module docstring)."""
+    rules = parse_grammar(text)
+    depths = [max_depth] if max_depth is not None else list(range(MAX_DEPTH, -1, -1))
+    last = f"its regex is longer than {MAX_REGEX_CHARS} characters"
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, 20_000))
+    try:
+        for d in depths:
+            try:
+                em = _Emitter(rules, d)
+                r = em.rule("root", 0)
+            except (_TooBig, RecursionError):
+                continue
+            if r is None:
+                raise GrammarError("the grammar matches nothing within the recursion bound (does every "
+                                   "recursive rule have a way out?)")
+            if len(r) <= MAX_REGEX_CHARS:
+                try:
+                    parse_regex(r)          # within the guide's regex bounds (group nesting, size)
+                    return r
+                except RegexError as e:
+                    last = f"its regex is beyond the guide's bounds ({e})"
+                    continue
+            last = f"its regex is longer than {MAX_REGEX_CHARS} characters"
+    finally:
+        sys.setrecursionlimit(old)
+    raise GrammarError(f"the grammar does not fit even with recursion unrolled 0 levels deep: {last} (too many "
+                       f"or too large rules)")
+
+
+__all__ = ["GrammarError", "grammar_to_regex", "parse_grammar", "RegexError"]

@@ -1,0 +1,231 @@
+"""GBNF grammars -> regex (sampling/guided/grammar.py): every string the regex fully matches is in the
+grammar's language (an independent recognizer over the parsed rules says so), on strings derived from the
+grammar at random and mutated; strings nesting within the promised depth match; syntax errors give line
+and column; escapes, classes, repetition bounds and left recursion behave."""
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from decodekit.sampling.guided.grammar import GrammarError, grammar_to_regex, parse_grammar
+from decodekit.sampling.guided.regex import parse as parse_regex
+
+ARITH = r'''
+root ::= expr
+expr ::= term (("+" | "-") term)*
+term ::= factor (("*" | "/") factor)*   # products
+factor ::= [0-9]+ | "(" expr ")"
+'''
+JSON = r'''
+root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::=
+  "{" ws (
+            string ":" ws value
+    ("," ws string ":" ws value)*
+  )? "}" ws
+array  ::=
+  "[" ws (
+            value
+    ("," ws value)*
+  )? "]" ws
+string ::=
+  "\"" (
+    [^"\\\x7F\x00-\x1F] |
+    "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) # escapes
+  )* "\"" ws
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
+ws ::= | " " | "\n" [ \t]{0,20}
+'''
+LIST = 'root ::= list "."\nlist ::= list ", " item | item\nitem ::= [a-z]{1,3}'
+MISC = r'''root ::= greet " " name{1,2} tail?
+greet ::= "h\x69" | "\u00e9t\u00E9" | [A-C]
+name ::= [^ \n.0-9] .
+tail ::= "!"{2,} | "?"{,2}'''
+GRAMMARS = {"arith": ARITH, "json": JSON, "list": LIST, "misc": MISC}
+
+
+class Recognizer:
+    """The grammar's language, straight from the rules: end positions of each node from each position
+    (memoized; a rule re-entered at the same position without consuming input contributes nothing, which
+    loses no string of a grammar whose every cycle consumes input... except left recursion, handled by
+    iterating to a fixed point)."""
+
+    def __init__(self, rules):
+        self.rules = rules
+
+    def accepts(self, s: str) -> bool:
+        self.s, self.memo = s, {}
+        while True:                      # left recursion: grow rule results until nothing changes
+            before = {k: set(v) for k, v in self.memo.items()}
+            self.active = set()
+            got = self.ref("root", 0)
+            if {k: set(v) for k, v in self.memo.items()} == before:
+                return len(s) in got
+
+    def ref(self, name, i):
+        key = (name, i)
+        if key in self.active:
+            return self.memo.get(key, set())
+        self.active.add(key)
+        res = self.node(self.rules[name], i)
+        self.memo[key] = self.memo.get(key, set()) | res
+        self.active.discard(key)
+        return self.memo[key]
+
+    def node(self, n, i):
+        s, k = self.s, n[0]
+        if k == "lit":
+            return {i + len(n[1])} if s.startswith(n[1], i) else set()
+        if k == "cls":
+            if i >= len(s):
+                return set()
+            inside = any(lo <= ord(s[i]) <= hi for lo, hi in n[2])
+            return {i + 1} if inside != n[1] else set()
+        if k == "any":
+            return {i + 1} if i < len(s) else set()
+        if k == "ref":
+            return self.ref(n[1], i)
+        if k == "seq":
+            cur = {i}
+            for x in n[1]:
+                cur = set().union(*(self.node(x, p) for p in cur)) if cur else set()
+            return cur
+        if k == "alt":
+            return set().union(*(self.node(x, i) for x in n[1]))
+        if k == "rep":
+            item, lo, hi = n[1], n[2], n[3]
+            out, cur, count = set(), {i}, 0
+            seen = set()
+            while cur and (hi is None or count <= hi):
+                if count >= lo:
+                    out |= cur
+                if hi is not None and count == hi:
+                    break
+                nxt = set().union(*(self.node(item, p) for p in cur))
+                count += 1
+                if count >= lo:   # positions seen before at a count past lo add nothing new
+                    nxt -= seen
+                seen |= cur
+                cur = nxt
+            return out
+        raise AssertionError(k)
+
+
+def derive(rules, rng: random.Random, name="root", budget=None) -> str:
+    """A random string of the grammar (expansions chosen at random, the shortest alternatives once the
+    budget runs low)."""
+    budget = budget if budget is not None else [60]
+
+    def go(n, depth):
+        k = n[0]
+        budget[0] -= 1
+        if k == "lit":
+            return n[1]
+        if k == "cls":
+            if n[1]:
+                while True:
+                    c = chr(rng.choice([rng.randrange(32, 127), rng.randrange(0xA0, 0x3000)]))
+                    if not any(lo <= ord(c) <= hi for lo, hi in n[2]):
+                        return c
+            lo, hi = rng.choice(n[2])
+            return chr(rng.randint(lo, hi))
+        if k == "any":
+            return chr(rng.randrange(32, 127))
+        if k == "ref":
+            return go(rules[n[1]], depth + 1)
+        if k == "seq":
+            return "".join(go(x, depth) for x in n[1])
+        if k == "alt":
+            opts = n[1]
+            if budget[0] < 0 or depth > 12:   # prefer alternatives without references
+                plain = [x for x in opts if "ref" not in repr(x)]
+                opts = plain or opts[:1]
+            return go(rng.choice(opts), depth)
+        if k == "rep":
+            lo, hi = n[2], n[3]
+            m = lo if budget[0] < 0 else rng.randint(lo, lo + 3 if hi is None else min(hi, lo + 3))
+            return "".join(go(n[1], depth) for _ in range(m))
+        raise AssertionError(k)
+    return go(rules[name], 0)
+
+
+def mutate(s: str, rng: random.Random) -> str:
+    if not s:
+        return rng.choice(["a", "(", "{"])
+    i = rng.randrange(len(s))
+    op = rng.randrange(3)
+    if op == 0:
+        return s[:i] + s[i + 1:]
+    if op == 1:
+        return s[:i] + rng.choice('(){}[]",:1a .-+*!?') + s[i:]
+    return s[:i] + rng.choice('(){}[]",:1a .') + s[i + 1:]
+
+
+@pytest.mark.parametrize("name", sorted(GRAMMARS))
+def test_regex_matches_only_grammar_strings(name):
+    rules = parse_grammar(GRAMMARS[name])
+    rx = re.compile(grammar_to_regex(GRAMMARS[name]))
+    rec = Recognizer(rules)
+    rng = random.Random(hash(name) & 0xFFFF)
+    matched = 0
+    for _ in range(150):
+        s = derive(rules, rng)
+        assert rec.accepts(s), (name, s)           # the oracle itself agrees with the derivation
+        for t in (s, mutate(s, rng), mutate(mutate(s, rng), rng)):
+            if rx.fullmatch(t):
+                matched += 1
+                assert rec.accepts(t), (name, t)   # sound: never a string outside the language
+    assert matched >= 100
+
+
+@pytest.mark.parametrize("grammar, ok, too_deep", [
+    (ARITH, ["1", "2+3*(4-5)", "((((7))))", "(1+(2*(3/(4))))"], ["(((((7)))))"]),
+    (JSON, ['{}', '{"a": [1, {"b": null}], "c": "x\\n"}', '{"a": {"b": [true]}}', '{"a":-1.5e+3}',
+            '{"a": {"b": {"c": 1}}}'],
+     ['{"a": {"b": {"c": {"d": 1}}}}', '{"a": [[[1]]]}']),
+    (LIST, ["a.", "ab, c, def, g."], []),
+])
+def test_depth_promised(grammar, ok, too_deep):
+    rx = re.compile(grammar_to_regex(grammar))
+    rec = Recognizer(parse_grammar(grammar))
+    for s in ok:
+        assert rx.fullmatch(s), s
+    for s in too_deep:   # in the language, past the unrolled depth
+        assert rec.accepts(s) and not rx.fullmatch(s), s
+
+
+def test_misc_syntax():
+    rx = re.compile(grammar_to_regex(MISC))
+    for s in ["hi ab", "\u00e9t\u00e9 xyzw!!!", "B zz??", "hi q\n"]:
+        assert rx.fullmatch(s), repr(s)
+    for s in ["hi 1a", "hi ab!", "hi .a", "D ab", "hi ab!?!"]:
+        assert not rx.fullmatch(s), repr(s)
+    parse_regex(grammar_to_regex(MISC))       # within the engine's regex subset
+    assert re.fullmatch(grammar_to_regex('root ::= [\\]\\-^a]+ "\\"\\\\"'), '-]^a"\\')
+
+
+@pytest.mark.parametrize("text, where", [
+    ('root ::= "a', "unterminated string"), ("x ::= 'a'", "line 1"), ('x ::= "a"', "no 'root'"),
+    ('root ::= foo', "undefined rule 'foo'"), ('root ::= [z-a]', "bad character range"),
+    ('root ::= "a"{3,2}', "repetition bounds"), ("root ::= r0\n" + "\n".join(f'r{i} ::= "x" r{i + 1} | "y"' for i in range(300)) + '\nr300 ::= "z"',
+                                                   "bounds"), ('root ::= "a"{x}', "bad repetition"),
+    ('root ::= "a" {', "unterminated repetition"), ('root ::= "\\q"', "unknown escape"),
+    ('root ::= "\\ud800"', "not a Unicode scalar"), ('root ::= ("a"', "expected ')'"),
+    ('root ::= "a"\nroot ::= "b"', "defined twice"), ('root ::= root "a"', "matches nothing"),
+    ('root ::= "a"\n  b ::= )', "line 2"), ("", "non-empty"), ('root ::= []', "empty character class"),
+])
+def test_errors_say_where(text, where):
+    with pytest.raises(GrammarError) as e:
+        grammar_to_regex(text)
+    assert where in str(e.value), str(e.value)
+
+
+def test_too_large_is_refused():
+    big = "root ::= " + " ".join(f"r{i}" for i in range(250)) + "\n" + "\n".join(
+        f"r{i} ::= " + " | ".join(f'"{i}-{j}-' + "x" * 30 + '"' for j in range(8)) for i in range(250))
+    assert len(big) < 100_000
+    with pytest.raises(GrammarError, match="longer than 60000"):
+        grammar_to_regex(big)
