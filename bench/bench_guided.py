@@ -2,7 +2,7 @@
 """Cost of guided decoding on the CPU (embedded SmolLM2-135M Q4_1), against the same requests unguided:
 
 1. compile: pattern -> NFA -> lazy DFA (the vocabulary's token-byte matrix is built once per tokenizer,
-   timed separately), for a JSON schema, json_object and a regex;
+   timed separately), for a JSON schema, json_object, a regex and llama.cpp's JSON grammar (GBNF);
 2. token masks: ms to compute a state's mask the first time (fresh states along a random walk) and
    cached;
 3. decode: LLM.chat of one prompt, greedy, at most 80 tokens, guided_json / json_object / guided_regex: seconds
@@ -29,6 +29,16 @@ PERSON = {"type": "object", "properties": {
     "married": {"type": "boolean"}}, "required": ["name", "age"]}
 REGEX = r"[A-Z][a-z]{1,12}(?: [A-Z][a-z]{1,12})?, aged [1-9][0-9]?, lives in [A-Z][a-z]{2,15}\."
 MSGS = [[{"role": "user", "content": "Describe a fictional person as JSON with name, age, tags."}]]
+# llama.cpp's grammars/json.gbnf (unrolled 3 containers deep by guided/grammar.py)
+JSON_GBNF = r'''
+root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+array  ::= "[" ws ( value ("," ws value)* )? "]" ws
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
+ws ::= | " " | "\n" [ \t]{0,20}
+'''
 
 
 def main() -> None:
@@ -42,7 +52,8 @@ def main() -> None:
     token_vocab(tok)
     res["token_vocab_build_ms"] = (time.perf_counter() - t) * 1e3
 
-    guides = {"json_schema": ("json", PERSON), "json_object": ("json_object", None), "regex": ("regex", REGEX)}
+    guides = {"json_schema": ("json", PERSON), "json_object": ("json_object", None), "regex": ("regex", REGEX),
+              "grammar_json": ("grammar", JSON_GBNF)}
     comp, masks = {}, {}
     for name, (kind, value) in guides.items():
         t = time.perf_counter()
@@ -74,7 +85,7 @@ def main() -> None:
 
     timed(SamplingParams(temperature=0, max_tokens=8))
     for name, kw in [("json_schema", {"guided_json": PERSON}), ("json_object", {"guided_json_object": True}),
-                     ("regex", {"guided_regex": REGEX})]:
+                     ("regex", {"guided_regex": REGEX}), ("grammar_json", {"guided_grammar": JSON_GBNF})]:
         sp = SamplingParams(temperature=0, max_tokens=80, **kw)
         cold, o = timed(sp)
         warm, o = timed(sp)
