@@ -13,10 +13,10 @@ beam_group.py), so it should cost about what a decode step of beam_width sampled
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 from decodekit import LLM, BeamSearchParams, SamplingParams
+from decodekit.bench.timing import emit_json
 
 PROMPTS = ["Write a short story about a robot who learns to paint. Once upon a time",
            "The three most important inventions of the twentieth century are"]
@@ -66,10 +66,7 @@ def main() -> None:
                 res["runs"][bw]["hf_over_decodekit"] = t / res["runs"][bw]["beam_s"]
         except Exception as e:  # noqa: BLE001 -- the peer is optional
             res["hf_error"] = f"{type(e).__name__}: {e}"
-    print(json.dumps(res, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+    emit_json(res, args.json)
 
 
 if __name__ == "__main__":

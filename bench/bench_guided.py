@@ -15,11 +15,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import time
 
 from decodekit import LLM, SamplingParams
+from decodekit.bench.timing import emit_json
 from decodekit.sampling.guided import _guides, compile_guide, guide_pattern, token_vocab
 
 PERSON = {"type": "object", "properties": {
@@ -107,10 +107,7 @@ def main() -> None:
     peer_s = time.perf_counter() - t
     res["n16_sampled_json_schema"] = {"tokens": sum(lens), "s_guided": guided_s, "s_unguided_same_lengths": peer_s,
                                       "time_vs_unguided": guided_s / peer_s}
-    print(json.dumps(res, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+    emit_json(res, args.json)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 from decodekit import LLM, SamplingParams
+from decodekit.bench.timing import emit_json
 from decodekit.sampling import SamplingMetadata
 
 
@@ -56,10 +56,7 @@ def main() -> None:
         llm.generate("Hi", SamplingParams(max_tokens=6, guided_choice=choices))
         guided[name] = time.perf_counter() - t
     res["guided_choice_s_for_6_tokens"] = guided
-    print(json.dumps(res, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+    emit_json(res, args.json)
 
 
 if __name__ == "__main__":

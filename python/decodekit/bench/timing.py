@@ -597,6 +597,15 @@ def write_results(results: Sequence[Result | dict], out_dir: str, name: str, *,
     return jpath, mpath
 
 
+def emit_json(res: dict, path: str | None) -> None:
+    """A standalone benchmark's result: printed, and written to `path` (its --json) when given."""
+    import json
+    print(json.dumps(res, indent=1))
+    if path:
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
+
+
 def summarize(results: Sequence[Result | dict]) -> dict:
     """Per-bench summary: cases, median % of ceiling, geometric-mean / min / max speedup."""
     rows = [r.to_dict() if isinstance(r, Result) else dict(r) for r in results]

@@ -116,13 +116,18 @@ class LLM:
         """prompts: a string, a list of strings, or token-id lists ({"prompt_token_ids": [...]}; also vLLM's
         {"prompt": str}). params (or vLLM's keyword sampling_params): one SamplingParams or one per prompt."""
         params = self._params_arg(params, sampling_params, use_tqdm)
+        return self._run(self._prompt_list(prompts), params)
+
+    @staticmethod
+    def _prompt_list(prompts) -> list:
+        """One prompt (a string, token ids, a prompt dict) or a list of them, as a list."""
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts
                                                 and isinstance(prompts[0], numbers.Integral)):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)):
             raise ValueError(f"prompts must be a string, a list of token ids, a {{'prompt_token_ids': [...]}} "
                              f"dict or a list of those, got {type(prompts).__name__}")
-        return self._run(list(prompts), params)
+        return list(prompts)
 
     def beam_search(self, prompts, params: BeamSearchParams, *, use_tqdm: bool = False,
                     concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
@@ -134,12 +139,7 @@ class LLM:
         if not isinstance(params, BeamSearchParams):
             raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}")
         params.validate()
-        if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts
-                                                and isinstance(prompts[0], numbers.Integral)):
-            prompts = [prompts]
-        if not isinstance(prompts, (list, tuple)):
-            raise ValueError(f"prompts must be a string, a list of token ids, a prompt dict or a list of those, "
-                             f"got {type(prompts).__name__}")
+        prompts = self._prompt_list(prompts)
         if concurrency_limit is not None and (isinstance(concurrency_limit, bool) or
                                               not isinstance(concurrency_limit, int) or concurrency_limit < 1):
             raise ValueError(f"concurrency_limit must be None or an int >= 1, got {concurrency_limit!r}")

@@ -226,6 +226,19 @@ class _Parser:
         return item
 
 
+def _rule_refs(node, out: set) -> set:
+    """The rule names a rule body refers to (added to `out`)."""
+    k = node[0]
+    if k == "ref":
+        out.add(node[1])
+    elif k in ("seq", "alt"):
+        for x in node[1]:
+            _rule_refs(x, out)
+    elif k == "rep":
+        _rule_refs(node[1], out)
+    return out
+
+
 def parse_grammar(text: str) -> dict:
     """{rule name: AST}; GrammarError (with line and column) on a syntax error, an undefined rule or no root."""
     if not isinstance(text, str) or not text.strip():
@@ -236,18 +249,8 @@ def parse_grammar(text: str) -> dict:
     if "root" not in rules:
         raise GrammarError("the grammar has no 'root' rule (the start rule)")
 
-    def refs(node, out):
-        k = node[0]
-        if k == "ref":
-            out.add(node[1])
-        elif k in ("seq", "alt"):
-            for x in node[1]:
-                refs(x, out)
-        elif k == "rep":
-            refs(node[1], out)
-        return out
     for n, body in rules.items():
-        missing = sorted(refs(body, set()) - set(rules))
+        missing = sorted(_rule_refs(body, set()) - set(rules))
         if missing:
             raise GrammarError(f"rule {n!r} refers to undefined rule {missing[0]!r}")
     return rules
@@ -289,20 +292,9 @@ def _class_regex(neg: bool, ranges) -> str:
 class _Emitter:
     def __init__(self, rules: dict, depth: int):
         self.rules, self.depth = rules, depth
-        self.refs = {n: self._refs(b, set()) for n, b in rules.items()}
+        self.refs = {n: _rule_refs(b, set()) for n, b in rules.items()}
         self.back = _back_edges(rules, self.refs)
         self.memo: dict = {}
-
-    def _refs(self, node, out):
-        k = node[0]
-        if k == "ref":
-            out.add(node[1])
-        elif k in ("seq", "alt"):
-            for x in node[1]:
-                self._refs(x, out)
-        elif k == "rep":
-            self._refs(node[1], out)
-        return out
 
     def rule(self, name: str, level: int) -> str | None:
         key = (name, level)
