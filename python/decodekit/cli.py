@@ -181,8 +181,9 @@ def _beam_params(args, params):
         return None
     bad = beam_conflicts(params) + (["n"] if params.n != 1 else [])
     if bad:
-        raise ValueError(f"argument --beam-width: not with --{bad[0].replace('_', '-')} (beam search has no stop "
-                         f"strings, penalties, token controls, guides nor samples)")
+        flag = {"guided_json_object": "json-object", "bad_words": "bad-word"}.get(bad[0], bad[0].replace("_", "-"))
+        raise ValueError(f"argument --beam-width: not with --{flag} (beam search has no stop strings, penalties, "
+                         f"token controls, guides nor samples)")
     try:
         return BeamSearchParams(beam_width=args.beam_width, max_tokens=params.max_tokens, ignore_eos=params.ignore_eos,
                                 length_penalty=1.0 if args.length_penalty is None else args.length_penalty)

@@ -182,3 +182,22 @@ def test_alongside_other_requests_and_abort(llm):
     for i, want in enumerate(alone_gen):
         assert [c.token_ids for c in outs[f"g{i}"].outputs] == [c.token_ids for c in want.outputs]
     assert_no_leaks(llm)
+
+
+def test_beam_ids_never_clash_with_user_ids(llm):
+    """Beams are requests '<id>#beam<k>': a user request already holding such an id is skipped over, and a
+    user id equal to a live beam's is refused (the engine never fails mid-step)."""
+    eng = llm.engine
+    eng.add_request("z", "1, 2, 3,", BeamSearchParams(beam_width=4, max_tokens=6, ignore_eos=True))
+    for i in range(1, 9):
+        eng.add_request(f"z#beam{i}", "hello", SamplingParams(max_tokens=4))
+    with pytest.raises(ValueError, match="already in use"):
+        eng.add_request("z#beam0", "hello", SamplingParams(max_tokens=4))
+    done = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                done[o.request_id] = o
+    assert len(done["z"].outputs) == 4 and all(len(c.token_ids) == 6 for c in done["z"].outputs)
+    assert all(len(done[f"z#beam{i}"].outputs[0].token_ids) == 4 for i in range(1, 9))
+    assert_no_leaks(llm)

@@ -35,6 +35,7 @@ def test_generate_greedy_on_embedded_model():
     (["--beam-width", "0"], "--beam-width"),
     (["--beam-width", "2", "--stop", "."], "--stop"),
     (["--beam-width", "2", "--presence-penalty", "1"], "--presence-penalty"),
+    (["--beam-width", "2", "--json-object"], "not with --json-object"),
     (["--beam-width", "2", "--length-penalty", "nan"], "--length-penalty"),
     (["--length-penalty", "2"], "--beam-width"),
 ])

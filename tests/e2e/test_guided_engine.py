@@ -122,6 +122,10 @@ def test_min_tokens_yields_to_the_guide(llm):
     for o in llm.generate(PROMPTS[:2], sp):
         c = o.outputs[0]
         assert re.fullmatch(r"\d{1,2}", c.text) and c.finish_reason == "stop", c.text
+        # the guide's EOS ends the output at once (not EOS again and again until min_tokens)
+        assert c.token_ids[-1] in llm.engine.eos_token_ids and not set(c.token_ids[:-1]) & set(llm.engine.eos_token_ids)
+    (o,) = llm.generate(PROMPTS[1], SamplingParams(guided_grammar='root ::= "yes" | "no"', min_tokens=5, temperature=0))
+    assert o.outputs[0].text in ("yes", "no") and len(o.outputs[0].token_ids) <= 3, o.outputs[0].token_ids
     assert_no_leaks(llm)
 
 

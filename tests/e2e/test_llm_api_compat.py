@@ -49,3 +49,26 @@ def test_chat_continue_final_message(llm):
     with pytest.raises(ValueError, match="cannot both be true"):
         llm.chat(conv, sp, continue_final_message=True)
     assert_no_leaks(llm)
+
+
+def test_truncate_prompt_tokens(llm):
+    """vLLM's SamplingParams.truncate_prompt_tokens: the prompt's last k tokens (-1: as many as fit before
+    max_tokens); the output is that of the truncated prompt given directly."""
+    from decodekit.sampling import SamplingParamsError
+    ids = llm.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 6, add_special_tokens=True)
+    sp = SamplingParams(temperature=0, max_tokens=6, truncate_prompt_tokens=9)
+    (o,) = llm.generate({"prompt_token_ids": ids}, sp)
+    (want,) = llm.generate({"prompt_token_ids": ids[-9:]}, SamplingParams(temperature=0, max_tokens=6))
+    assert o.prompt_token_ids == ids[-9:] and o.outputs[0].token_ids == want.outputs[0].token_ids
+    (o,) = llm.generate({"prompt_token_ids": ids[:5]}, sp)              # shorter than k: untouched
+    assert o.prompt_token_ids == ids[:5]
+    (o,) = llm.generate("a " * 40, SamplingParams(max_tokens=3, truncate_prompt_tokens=4))
+    assert len(o.prompt_token_ids) == 4 and o.prompt is None              # the text is no longer the prompt
+    mml = llm.engine.max_model_len
+    (o,) = llm.generate({"prompt_token_ids": (ids * (mml // len(ids) + 1))[:mml + 5]},
+                        SamplingParams(max_tokens=3, truncate_prompt_tokens=-1))
+    assert len(o.prompt_token_ids) == mml - 3
+    for bad in (0, -2, mml + 1, 2.5):
+        with pytest.raises(SamplingParamsError) as e:
+            llm.generate("hi", SamplingParams(truncate_prompt_tokens=bad))
+        assert e.value.field == "truncate_prompt_tokens"

@@ -209,7 +209,8 @@ def test_misc_syntax():
 
 @pytest.mark.parametrize("text, where", [
     ('root ::= "a', "unterminated string"), ("x ::= 'a'", "line 1"), ('x ::= "a"', "no 'root'"),
-    ('root ::= foo', "undefined rule 'foo'"), ('root ::= [z-a]', "bad character range"),
+    ('root ::= "a"\n  | foo', "undefined rule 'foo' at line 2, column 5"),
+    ("root ::= " + "(" * 150 + '"a"' + ")" * 150, "nested more than 100 deep"), ('root ::= [z-a]', "bad character range"),
     ('root ::= "a"{3,2}', "repetition bounds"), ("root ::= r0\n" + "\n".join(f'r{i} ::= "x" r{i + 1} | "y"' for i in range(300)) + '\nr300 ::= "z"',
                                                    "bounds"), ('root ::= "a"{x}', "bad repetition"),
     ('root ::= "a" {', "unterminated repetition"), ('root ::= "\\q"', "unknown escape"),

@@ -94,3 +94,22 @@ def test_guided_choice_both_spellings(server):
                        ({"guided_choice": ["a"], "ignore_eos": True}, "guided_choice")):
         r = _post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2, **bad})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_truncate_prompt_tokens(server):
+    """vLLM's truncate_prompt_tokens on both endpoints: usage counts the kept tokens; bad values are a 400."""
+    long = "one two three four five six seven eight nine ten " * 8
+    r = _post(server, "/v1/completions", {"prompt": long, "max_tokens": 3, "truncate_prompt_tokens": 7, "echo": True})
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 7, r.text
+    echoed = r.json()["choices"][0]["text"]     # the kept prompt (decoded from its 7 tokens), then the completion
+    assert len(echoed) < len(long) // 3 and echoed.split()[0] in long.split(), echoed
+    r = _post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": long}], "max_tokens": 3,
+                                               "truncate_prompt_tokens": 12})
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 12, r.text
+    for bad in (0, -5, 10 ** 6, "x"):
+        for path, body in (("/v1/completions", {"prompt": "hi"}), ("/v1/chat/completions",
+                                                                    {"messages": [{"role": "user", "content": "hi"}]})):
+            r = _post(server, path, {**body, "max_tokens": 2, "truncate_prompt_tokens": bad})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens", (bad, r.text)
+    r = _post(server, "/v1/completions", {"prompt": "hi", "use_beam_search": True, "truncate_prompt_tokens": 3})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens", r.text

@@ -29,7 +29,7 @@ from .request import Request
 
 class BeamGroup:
     def __init__(self, request_id: str, prompt: str | None, prompt_ids: list[int], params: BeamSearchParams,
-                 eos_token_ids, max_model_len: int, can_fork: bool):
+                 eos_token_ids, max_model_len: int, can_fork: bool, taken=None):
         self.request_id, self.prompt, self.params = request_id, prompt, params
         self.search = BeamSearch(prompt_ids, params, eos_token_ids, max_model_len)
         self.max_model_len, self.can_fork = max_model_len, can_fork
@@ -37,6 +37,7 @@ class BeamGroup:
         self.live: list[Request] = []            # one request per beam, in search.beams order
         self.tables: dict[str, dict] = {}        # request id -> this step's {token: Logprob}
         self._serial = 0
+        self.taken = taken or (lambda rid: False)   # ids the engine already uses (beams never reuse one)
         self.finished = False
         self.dirty = False                       # finished and its output not collected yet
         self.cut = False                         # a beam could never fit the KV cache: ended early
@@ -47,15 +48,18 @@ class BeamGroup:
         self.finished_at: float | None = None
         self.num_cached_tokens = 0
 
-    def new_request(self, tokens: list[int]) -> Request:
-        r = Request(f"{self.request_id}#beam{self._serial}", tokens,
-                    self.params.step_params(self.max_model_len - len(tokens)))
-        self._serial += 1
+    def new_request(self, sched, tokens: list[int]) -> Request:
+        while True:     # "<id>#beam<k>", skipping any id a request already has
+            rid = f"{self.request_id}#beam{self._serial}"
+            self._serial += 1
+            if sched.get_request(rid) is None and not self.taken(rid):
+                break
+        r = Request(rid, tokens, self.params.step_params(self.max_model_len - len(tokens)))
         r.no_spec = True
         return r
 
     def start(self, sched) -> list[Request]:
-        r = self.new_request(self.search.prompt_token_ids)
+        r = self.new_request(sched, self.search.prompt_token_ids)
         sched.add_request(r)
         self.live = [r]
         return self.live
@@ -87,7 +91,7 @@ class BeamGroup:
                 continued.add(j)
                 plan.append((beam, j, None))
                 continue
-            child = self.new_request(beam.tokens)
+            child = self.new_request(sched, beam.tokens)
             if not (self.can_fork and sched.add_forked(child, self.live[j])):
                 sched.add_request(child)
             plan.append((beam, j, child))

@@ -19,7 +19,7 @@ import torch
 
 from decodekit.loader import load_model
 from decodekit.models import LlamaModel
-from decodekit.sampling import SamplingParams
+from decodekit.sampling import SamplingParams, SamplingParamsError
 from decodekit.sampling.beam_search import BeamSearchParams
 from decodekit.sampling.sampler import Sampler, SamplingMetadata, request_seeds, set_global_seed
 from decodekit.tokenizer.detokenizer import IncrementalDetokenizer
@@ -106,6 +106,18 @@ def resolve_max_model_len(requested: int | None, cfg) -> int:
                     "over the whole context equals the model's windowed attention only up to the window",
                     limit, cfg.max_position_embeddings)
     return requested or limit
+
+
+def truncate_prompt(ids: list[int], k: int | None, max_model_len: int, max_tokens: int | None) -> list[int]:
+    """SamplingParams.truncate_prompt_tokens: the prompt's last k tokens (-1: as many as fit before
+    max_tokens); SamplingParamsError past max_model_len."""
+    if k is None:
+        return ids
+    if k > max_model_len or (k < 1 and k != -1):
+        raise SamplingParamsError("truncate_prompt_tokens", f"must be -1 or in [1, max_model_len={max_model_len}], "
+                                                            f"got {k}")
+    keep = max(1, max_model_len - (max_tokens or 1)) if k == -1 else k
+    return ids[-keep:] if len(ids) > keep else ids
 
 
 def encode_prompt(tokenizer, prompt: str, max_model_len: int, vocab_size: int) -> list[int]:
@@ -396,12 +408,16 @@ class LLMEngine:
             params.set_guided(self.tokenizer, self.eos_token_ids)
         request_id = self._new_id(request_id)
         text, ids = self._prompt_ids(prompt)  # lengths (empty, > max_model_len) checked by the scheduler
+        kept = truncate_prompt(ids, params.truncate_prompt_tokens, self.max_model_len, params.max_tokens)
+        if len(kept) < len(ids):
+            text, ids = None, kept
         parent = Request(request_id, ids, params)
         children = split_n(parent)
         for c in children:  # n > 1 children are "<id>/<i>": they must not meet another request's sequences
-            if c.request_id in self._seq_of:
+            if c.request_id in self._seq_of or c.request_id in self._beam_of:
                 raise ValueError(f"request_id {request_id!r}: sequence id {c.request_id!r} is already in use "
-                                 f"(ids of the form '<id>/<i>' name the samples of an n > 1 request)")
+                                 f"(ids of the form '<id>/<i>' name the samples of an n > 1 request, "
+                                 f"'<id>#beam<k>' the beams of a beam search)")
         seeds = request_seeds(params)
         stop_ids = frozenset(params.stop_token_ids or []) | (
             frozenset() if params.ignore_eos else frozenset(self.eos_token_ids))
@@ -437,7 +453,7 @@ class LLMEngine:
         request_id = str(next(self._ids)) if request_id is None else request_id
         if not isinstance(request_id, str) or not request_id:
             raise ValueError("request_id must be a non-empty string")
-        if request_id in self._groups or request_id in self._beams:
+        if request_id in self._groups or request_id in self._beams or request_id in self._beam_of:
             raise ValueError(f"request_id {request_id!r} is already in use")
         return request_id
 
@@ -447,7 +463,8 @@ class LLMEngine:
         text, ids = self._prompt_ids(prompt)
         # forks copy KV blocks in the runner's pool; a draft model keeps its own cache: beams recompute there
         g = BeamGroup(request_id, text, ids, params, self.eos_token_ids, self.max_model_len,
-                      can_fork=self.spec is None or self.spec.method != "draft")
+                      can_fork=self.spec is None or self.spec.method != "draft",
+                      taken=lambda rid: rid in self._seq_of or rid in self._groups or rid in self._beam_of)
         for r in g.start(self.scheduler):
             self._beam_of[r.request_id] = g
         self._beams[request_id] = g
@@ -631,7 +648,8 @@ class LLMEngine:
                 s.out.logprobs.append(entry)
                 s.out.cumulative_logprob += lp
             can_stop = len(s.out.token_ids) >= p.min_tokens
-            token_stop = can_stop and tok in s.stop_ids
+            # a guide lets EOS through before min_tokens only when nothing else fits: it ends the output
+            token_stop = tok in s.stop_ids and (can_stop or (p.guided_kind is not None and tok in self.eos_token_ids))
             # a stop token (EOS, stop_token_ids) ends the request without its text, unless
             # include_stop_str_in_output (vLLM's rule); its id and logprobs are still returned
             if not token_stop or p.include_stop_str_in_output:

@@ -142,10 +142,11 @@ class BeamSearch:
     def __init__(self, prompt_token_ids: list[int], params: BeamSearchParams, eos_token_ids,
                  max_model_len: int | None = None):
         if not prompt_token_ids:
-            raise SamplingParamsError("prompt", "beam search needs a prompt of at least one token")
+            raise SamplingParamsError("prompt", "beam search needs a prompt of at least one token", "BeamSearchParams")
         if max_model_len is not None and len(prompt_token_ids) + params.max_tokens > max_model_len:
             raise SamplingParamsError("max_tokens", f"the prompt's {len(prompt_token_ids)} tokens plus max_tokens="
-                                                    f"{params.max_tokens} exceed max_model_len={max_model_len}")
+                                                    f"{params.max_tokens} exceed max_model_len={max_model_len}",
+                                      "BeamSearchParams")
         self.params = params
         self.prompt_token_ids = list(prompt_token_ids)
         self.prompt_len = len(prompt_token_ids)

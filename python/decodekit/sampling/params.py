@@ -27,6 +27,8 @@ prompt_logprobs             None or int in [0, max_logprobs]: per prompt token (
                             logprob given the tokens before it, plus the top-N (vLLM's)
 include_stop_str_in_output  bool
 skip_special_tokens         bool
+truncate_prompt_tokens      None, -1 or int >= 1 (at most max_model_len, checked by the engine): keep only
+                            the prompt's last k tokens (vLLM's); -1: as many as fit before max_tokens
 logit_bias                  None or dict {token id in [0, vocab_size): finite number in [-100, 100]},
                             at most vocab_size entries; added to the logits (OpenAI / vLLM)
 allowed_token_ids           None or a non-empty list of int in [0, vocab_size): every other token
@@ -178,6 +180,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = None
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
@@ -267,6 +270,8 @@ class SamplingParams:
         _check_bool("ignore_eos", self.ignore_eos)
         _check_int("max_tokens", self.max_tokens, 1, None, ">= 1")
         _check_int("min_tokens", self.min_tokens, 0, None, ">= 0")
+        if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens != -1:
+            _check_int("truncate_prompt_tokens", self.truncate_prompt_tokens, 1, None, "equal to -1 or >= 1 (or None)")
         if self.min_tokens > self.max_tokens:
             raise SamplingParamsError(
                 "min_tokens",

@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
-from ..engine.llm_engine import encode_prompt
+from ..engine.llm_engine import encode_prompt, truncate_prompt
 from . import protocol as P
 from .async_engine import AsyncEngine, EngineDeadError
 from .beam import beam_params
@@ -144,7 +144,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             for s in streams:
                 s.abort()
             msg = str(e)
-            named = re.match(r"SamplingParams\.(\w+):", msg)  # SamplingParamsError: its field
+            named = re.match(r"(?:Sampling|BeamSearch)Params\.(\w+):", msg)  # SamplingParamsError: its field
             param = named.group(1) if named else \
                 "max_tokens" if "max_tokens" in msg else ("prompt" if "prompt" in msg else None)
             raise P.APIError(400, msg, param) from None
@@ -317,7 +317,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             params.n = 1
         want_plp = max(plp if plp is not None else -1, lp if echo and lp is not None else -1)
         params.prompt_logprobs = want_plp if want_plp >= 0 else None
-        texts = [p if isinstance(p, str) else None for p in prompts]
+        # echo: the prompt's text as given (decoded from the ids the engine kept when it truncates)
+        texts = [p if isinstance(p, str) and params.truncate_prompt_tokens is None else None for p in prompts]
         prompts = [await encoded(p) for p in prompts]
         if best_of is not None and best_of != params.n:
             raise P.APIError(400, "'best_of' different from 'n' is not supported", "best_of")
@@ -430,6 +431,14 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         ids = await render_chat(messages, agp, False, cont, tools)
         if not ids:
             raise P.APIError(400, "the rendered conversation is empty", "messages")
+        trunc = P.field(body, "truncate_prompt_tokens", "int", None, -1)
+        if trunc is not None:   # (vLLM's) keep the conversation's last tokens; the engine does the same again
+            try:
+                ids = truncate_prompt(ids, trunc, eng.max_model_len,
+                                      P.field(body, "max_completion_tokens", "int", P.field(body, "max_tokens", "int",
+                                                                                            None, 1), 1))
+            except ValueError as e:
+                raise P.APIError(400, str(e), "truncate_prompt_tokens") from None
         if len(ids) >= eng.max_model_len:
             raise P.APIError(400, f"'messages' render to {len(ids)} tokens: at most max_model_len - 1 = "
                                   f"{eng.max_model_len - 1} fit (one token of output at least)", "messages")

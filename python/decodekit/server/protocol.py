@@ -191,6 +191,7 @@ def sampling_params(body: dict, max_tokens: int, logprobs: int | None, vocab_siz
         ignore_eos=field(body, "ignore_eos", "bool", False), min_tokens=field(body, "min_tokens", "int", 0, 0),
         skip_special_tokens=field(body, "skip_special_tokens", "bool", True),
         include_stop_str_in_output=field(body, "include_stop_str_in_output", "bool", False),
+        truncate_prompt_tokens=field(body, "truncate_prompt_tokens", "int", None, -1),
         max_tokens=max_tokens, logprobs=logprobs)
     kw["stop_token_ids"] = int_list(body, "stop_token_ids")
     kw.update(_token_controls(body))

@@ -29,6 +29,7 @@ MAX_GRAMMAR_CHARS = 100_000
 MAX_DEPTH = 24
 MAX_REGEX_CHARS = 60_000
 MAX_REPEAT = 1000
+MAX_NESTING = 100          # parentheses inside one rule
 
 
 class GrammarError(ValueError):
@@ -39,11 +40,12 @@ class _TooBig(Exception):
     pass
 
 
-# AST: ("lit", str) | ("cls", negated, [(lo, hi)]) | ("any",) | ("ref", name) | ("seq", [items])
+# AST: ("lit", str) | ("cls", negated, [(lo, hi)]) | ("any",) | ("ref", name, offset) | ("seq", [items])
 #      | ("alt", [items]) | ("rep", item, lo, hi|None)
 class _Parser:
     def __init__(self, text: str):
         self.s, self.i = text, 0
+        self.depth = 0
 
     def error(self, msg: str, at: int | None = None):
         at = self.i if at is None else at
@@ -158,15 +160,20 @@ class _Parser:
             self.i += 1
             return ("any",)
         if c == "(":
+            if self.depth >= MAX_NESTING:
+                self.error(f"parentheses nested more than {MAX_NESTING} deep")
             self.i += 1
+            self.depth += 1
             inner = self.alt()
+            self.depth -= 1
             self.ws()
             if self.i >= len(s) or s[self.i] != ")":
                 self.error("expected ')'")
             self.i += 1
             return inner
         if c.isascii() and (c.isalnum() or c in "-_"):
-            return ("ref", self.name())
+            at = self.i
+            return ("ref", self.name(), at)
         self.error(f"unexpected {c!r}")
 
     def char(self, in_class: bool = False) -> str:
@@ -226,11 +233,11 @@ class _Parser:
         return item
 
 
-def _rule_refs(node, out: set) -> set:
-    """The rule names a rule body refers to (added to `out`)."""
+def _rule_refs(node, out: dict) -> dict:
+    """The rule names a rule body refers to, each with its first offset in the text (added to `out`)."""
     k = node[0]
     if k == "ref":
-        out.add(node[1])
+        out.setdefault(node[1], node[2])
     elif k in ("seq", "alt"):
         for x in node[1]:
             _rule_refs(x, out)
@@ -245,14 +252,18 @@ def parse_grammar(text: str) -> dict:
         raise GrammarError("the grammar must be a non-empty string of GBNF rules (root ::= ...)")
     if len(text) > MAX_GRAMMAR_CHARS:
         raise GrammarError(f"the grammar has {len(text)} characters, more than {MAX_GRAMMAR_CHARS}")
-    rules = _Parser(text).rules()
+    p = _Parser(text)
+    rules = p.rules()
     if "root" not in rules:
         raise GrammarError("the grammar has no 'root' rule (the start rule)")
 
     for n, body in rules.items():
-        missing = sorted(_rule_refs(body, set()) - set(rules))
+        refs: dict = {}
+        _rule_refs(body, refs)
+        missing = [(at, name) for name, at in refs.items() if name not in rules]
         if missing:
-            raise GrammarError(f"rule {n!r} refers to undefined rule {missing[0]!r}")
+            at, name = min(missing)
+            p.error(f"rule {n!r} refers to undefined rule {name!r}", at)
     return rules
 
 
@@ -292,7 +303,7 @@ def _class_regex(neg: bool, ranges) -> str:
 class _Emitter:
     def __init__(self, rules: dict, depth: int):
         self.rules, self.depth = rules, depth
-        self.refs = {n: _rule_refs(b, set()) for n, b in rules.items()}
+        self.refs = {n: set(_rule_refs(b, {})) for n, b in rules.items()}
         self.back = _back_edges(rules, self.refs)
         self.memo: dict = {}
 
@@ -363,7 +374,11 @@ def grammar_to_regex(text: str, max_depth: int | None = None) -> str:
             try:
                 em = _Emitter(rules, d)
                 r = em.rule("root", 0)
-            except (_TooBig, RecursionError):
+            except _TooBig:
+                last = f"its regex is longer than {MAX_REGEX_CHARS} characters"
+                continue
+            except RecursionError:
+                last = "its rules refer to one another too deeply"
                 continue
             if r is None:
                 raise GrammarError("the grammar matches nothing within the recursion bound (does every "
@@ -378,8 +393,8 @@ def grammar_to_regex(text: str, max_depth: int | None = None) -> str:
             last = f"its regex is longer than {MAX_REGEX_CHARS} characters"
     finally:
         sys.setrecursionlimit(old)
-    raise GrammarError(f"the grammar does not fit even with recursion unrolled 0 levels deep: {last} (too many "
-                       f"or too large rules)")
+    raise GrammarError(f"the grammar does not fit the guide even with its recursion unrolled 0 levels deep: {last} "
+                       f"(too many or too large rules, or rules nested too deeply)")
 
 
 __all__ = ["GrammarError", "grammar_to_regex", "parse_grammar", "RegexError"]
