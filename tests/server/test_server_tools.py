@@ -165,7 +165,7 @@ def test_bad_tool_requests_get_a_400(server, body, param):
 
 
 # --------------------------------------------------------------------------- "auto" with a tool-call parser
-@pytest.fixture(scope="module", params=["hermes", "llama3_json"])
+@pytest.fixture(scope="module", params=["hermes", "llama3_json", "mistral", "pythonic"])
 def auto_server(request, aeng):
     from server_harness import LiveServer
     s = LiveServer(aeng, tool_call_parser=request.param)
@@ -178,13 +178,16 @@ FORCED = {  # the model's own tool-call syntax, forced with a guided regex so th
     "hermes": r'Let me check\. <tool_call>\{"name": "get_weather", "arguments": \{"city": "[A-Z][a-z]{2,8}", '
               r'"unit": "celsius"\}\}</tool_call>',
     "llama3_json": r'\{"name": "get_weather", "parameters": \{"city": "[A-Z][a-z]{2,8}", "unit": "celsius"\}\}',
+    "mistral": r'Let me check\. \[TOOL_CALLS\] \[\{"name": "get_weather", "arguments": \{"city": "[A-Z][a-z]{2,8}", '
+               r'"unit": "celsius"\}\}\]',
+    "pythonic": r'\[get_weather\(city="[A-Z][a-z]{2,8}", unit="celsius"\)\]',
 }
 
 
 def test_auto_reads_the_models_tool_calls(auto_server):
     s = auto_server
     base = {"messages": ASK, "tools": TOOLS, "max_tokens": 200, "temperature": 0}
-    want_content = "Let me check." if s.parser == "hermes" else None
+    want_content = "Let me check." if s.parser in ("hermes", "mistral") else None
     for stream in (False, True):
         r = httpx.post(s.url + "/v1/chat/completions", timeout=120,
                        json={**base, "guided_regex": FORCED[s.parser], "stream": stream})
@@ -227,6 +230,18 @@ def test_auto_parsers_on_text():
          None, ["a", "b"]),
         ("llama3_json", '{"name": "a", "parameters": {"k": 1}} and more', "same", None),
         ("llama3_json", 'I think {"name": "a", "parameters": {}}', "same", None),
+        ("mistral", 'ok [TOOL_CALLS] [{"name": "a", "arguments": {"k": 1}}, {"name": "b", "arguments": {}}]', "ok",
+         ["a", "b"]),
+        ("mistral", '[TOOL_CALLS]a[ARGS]{"k": [2]}[TOOL_CALLS]b[ARGS]{}', None, ["a", "b"]),   # v11 tokenizers
+        ("mistral", '[TOOL_CALLS] [{"name": "zz", "arguments": {}}]', "same", None),
+        ("mistral", '[TOOL_CALLS] [{"name": "a", "arguments": {}}] trailing', "same", None),
+        ("mistral", "no [TOOL_ calls here", "same", None),
+        ("pythonic", '[a(k=1, s="x", l=[1, (2, 3)], d={"q": None, "t": True}), b()]', None, ["a", "b"]),
+        ("pythonic", '<|python_start|>[a(k=-1.5)]<|python_end|>', None, ["a"]),
+        ("pythonic", '[a(k={1, 2})]', "same", None),                    # a set: no JSON for it
+        ("pythonic", '[a(1)]', "same", None),                           # positional: no parameter name
+        ("pythonic", '[a(k=open("x"))]', "same", None),                 # not a literal: never evaluated
+        ("pythonic", '[zz()]', "same", None), ("pythonic", 'text [a()]', "same", None),
     ]
     for parser, text, content, names in cases:
         got_content, calls = parse_auto(parser, text, tools)
@@ -246,7 +261,7 @@ def test_auto_parsers_on_text():
 
 
 def _no_call_text(sent):
-    return "<tool_call" not in sent and "{" not in sent
+    return "<tool_call" not in sent and "{" not in sent and "[TOOL_CALLS" not in sent and "[" not in sent
 
 
 def test_auto_without_a_parser_and_flag_pairing(server):

@@ -464,6 +464,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         beam = beam_params(body, params)
         if beam is not None and plp is not None:
             raise P.APIError(400, "'prompt_logprobs' is not supported with use_beam_search", "prompt_logprobs")
+        if beam is None and tchoice == "auto" and tools and cfg.tool_call_parser == "mistral":
+            params.skip_special_tokens = False      # [TOOL_CALLS] is a special token: keep it in the text (vLLM)
         rid = P.new_id("chatcmpl")
         streams = await start([{"prompt_token_ids": ids}], params, rid, beam)
         created = P.now()

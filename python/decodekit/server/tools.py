@@ -16,8 +16,12 @@ tool-call parser):
   was started with (vLLM's ``--enable-auto-tool-choice --tool-call-parser NAME``): ``hermes`` (Hermes, Qwen2.5:
   ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, text around them is content) or
   ``llama3_json`` (Llama 3.1+: a reply that is ``{"name": ..., "parameters": {...}}`` objects, ``;``-separated,
-  after an optional ``<|python_tag|>``); calls must name one of the tools and parse, else the text stays
-  content. Streamed, content goes out until a call may begin, the calls at the end. Without a parser "auto" is
+  after an optional ``<|python_tag|>``), ``mistral`` (Mistral: ``[TOOL_CALLS]`` then a JSON array of
+  ``{"name": ..., "arguments": {...}}``, or ``[TOOL_CALLS]name[ARGS]{...}`` per call (v11 tokenizers); text
+  before it is content; the request keeps special tokens in its text, as vLLM does, so the tag survives) or
+  ``pythonic`` (Llama 3.2 / 4: a reply that is a Python list of calls with keyword literal arguments,
+  ``[get_weather(city="Paris"), f(x=1)]``, read with ``ast``, never evaluated); calls must name one of the
+  tools and parse, else the text stays content. Streamed, content goes out until a call may begin, the calls at the end. Without a parser "auto" is
   a 400 that says to use "required" or a named function (as vLLM without the flags).
 
 Assistant messages with ``tool_calls`` (their ``arguments`` JSON text handed to the template as an object,
@@ -25,6 +29,7 @@ as vLLM does for Jinja templates) and ``tool`` messages with ``tool_call_id`` ar
 """
 from __future__ import annotations
 
+import ast
 import json
 import re
 import uuid
@@ -36,7 +41,7 @@ NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
 
-TOOL_CALL_PARSERS = ("hermes", "llama3_json")
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic")
 MAX_PARAMETERS_DEPTH = 64        # JSON nesting of a tool's parameters schema (templates and guides recurse on it)
 
 
@@ -232,6 +237,8 @@ def history_message(i: int, msg: dict, content: str) -> dict:
 # --------------------------------------------------------------------------- "auto": the model's own syntax
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
+MISTRAL_TAG, MISTRAL_ARGS = "[TOOL_CALLS]", "[ARGS]"
+PYTHONIC_TAGS = ("<|python_start|>", "<|python_end|>")     # Llama 4 wraps pythonic calls in them
 
 
 def _call(obj, names: set[str], args_key: str) -> dict | None:
@@ -245,8 +252,61 @@ def _call(obj, names: set[str], args_key: str) -> dict | None:
             return None
     if not isinstance(args, dict):
         return None
-    return {"id": new_call_id(), "type": "function",
-            "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
+    try:
+        text = json.dumps(args, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):    # (pythonic literals: sets, bytes, complex, nan)
+        return None
+    return {"id": new_call_id(), "type": "function", "function": {"name": obj["name"], "arguments": text}}
+
+
+def _mistral_calls(body: str, names: set[str]) -> list[dict] | None:
+    """The calls after a [TOOL_CALLS] tag: a JSON array of {name, arguments}, or name[ARGS]{...} parts (each
+    after its own tag); None unless all of it parses into calls of known tools."""
+    body = body.strip()
+    dec = json.JSONDecoder()
+    try:
+        if body.startswith("["):
+            objs, end = dec.raw_decode(body)
+            if body[end:].strip() or not isinstance(objs, list) or not objs:
+                return None
+            calls = [_call(o, names, "arguments") for o in objs]
+            return None if None in calls else calls
+        calls = []
+        for part in body.split(MISTRAL_TAG):
+            name, sep, args = part.partition(MISTRAL_ARGS)
+            args = args.strip()
+            if not sep:
+                return None
+            obj, end = dec.raw_decode(args)
+            if args[end:].strip():
+                return None
+            calls.append(_call({"name": name.strip(), "arguments": obj}, names, "arguments"))
+        return None if None in calls else calls
+    except (ValueError, RecursionError):
+        return None
+
+
+def _pythonic_calls(body: str, names: set[str]) -> list[dict] | None:
+    """A reply that is a Python list of calls with keyword literal arguments, read with ast (never run)."""
+    body = body.strip()
+    if body.startswith(PYTHONIC_TAGS[0]):
+        body = body[len(PYTHONIC_TAGS[0]):].strip().removesuffix(PYTHONIC_TAGS[1]).strip()
+    if not (body.startswith("[") and body.endswith("]")):
+        return None
+    try:
+        tree = ast.parse(body, mode="eval").body
+        if not isinstance(tree, ast.List) or not tree.elts:
+            return None
+        calls = []
+        for e in tree.elts:
+            if not isinstance(e, ast.Call) or not isinstance(e.func, ast.Name) or e.args \
+                    or any(k.arg is None for k in e.keywords):
+                return None
+            calls.append(_call({"name": e.func.id, "arguments": {k.arg: ast.literal_eval(k.value)
+                                                                 for k in e.keywords}}, names, "arguments"))
+        return None if None in calls else calls
+    except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
+        return None
 
 
 def parse_auto(parser: str, text: str, tools: list[dict]) -> tuple[str | None, list[dict] | None]:
@@ -254,6 +314,13 @@ def parse_auto(parser: str, text: str, tools: list[dict]) -> tuple[str | None, l
     holds none (or one that does not parse / names no tool: the model's text is then returned as it is)."""
     names = {t["function"]["name"] for t in tools}
     dec = json.JSONDecoder()
+    if parser == "mistral":
+        j = text.find(MISTRAL_TAG)
+        calls = _mistral_calls(text[j + len(MISTRAL_TAG):], names) if j >= 0 else None
+        return (text, None) if calls is None else (text[:j].strip() or None, calls)
+    if parser == "pythonic":
+        calls = _pythonic_calls(text, names)
+        return (text, None) if calls is None else (None, calls)
     if parser == "hermes":
         calls, content, i = [], [], 0
         while True:
@@ -300,8 +367,8 @@ def parse_auto(parser: str, text: str, tools: list[dict]) -> tuple[str | None, l
 
 class AutoToolStream:
     """Streamed "auto" replies: feed(delta) gives the content that can go out now - all of it until a tool
-    call may have begun (a tag, or for llama3_json a reply opening with '{'), never a tag's first characters
-    (they wait for the next delta); finish(text) parses the whole reply for the final delta."""
+    call may have begun (a tag, or for llama3_json / pythonic a reply opening with '{' / '['), never a tag's
+    first characters (they wait for the next delta); finish(text) parses the whole reply for the final delta."""
 
     def __init__(self, parser: str):
         self.parser = parser
@@ -311,30 +378,32 @@ class AutoToolStream:
     def feed(self, text: str) -> str:
         if self.held:
             return ""
-        if self.parser == "hermes":
-            j = text.find(HERMES_OPEN, self.sent)
+        if self.parser in ("hermes", "mistral"):
+            tag = HERMES_OPEN if self.parser == "hermes" else MISTRAL_TAG
+            j = text.find(tag, self.sent)
             if j >= 0:              # (the content around calls is stripped, as parse_auto does)
                 self.held = True
                 out = text[self.sent:j].rstrip()
                 out, self.sent = out.lstrip() if self.sent == 0 else out, j
                 return out
             end = len(text)
-            for n in range(min(len(HERMES_OPEN) - 1, end - self.sent), 0, -1):
-                if HERMES_OPEN.startswith(text[end - n:]):
+            for n in range(min(len(tag) - 1, end - self.sent), 0, -1):
+                if tag.startswith(text[end - n:]):
                     end -= n
                     break
             while end > self.sent and text[end - 1].isspace():     # it may precede a call: wait
                 end -= 1
             if not text[:end].strip():
                 return ""
-        else:                       # llama3_json: calls are the whole reply, so only its opening decides
+        else:                       # llama3_json / pythonic: calls are the whole reply: its opening decides
             end = len(text)
             if self.sent == 0:
                 head = text.lstrip()
-                if head.startswith(("{", PYTHON_TAG)):
+                opens = ("{", PYTHON_TAG) if self.parser == "llama3_json" else ("[", PYTHONIC_TAGS[0])
+                if head.startswith(opens):
                     self.held = True
                     return ""
-                if not head or PYTHON_TAG.startswith(head):
+                if not head or opens[1].startswith(head):
                     return ""       # too early to tell
         out, self.sent = text[self.sent:end], max(self.sent, end)
         return out
