@@ -83,6 +83,39 @@ def test_n_samples_and_seed_reproducibility(llm):
     assert [c.index for c in a.outputs] == [0, 1, 2]
 
 
+def test_n_samples_compute_the_prompt_once(llm):
+    """n > 1: the first sample computes the prompt, the others wait one step and hit its cached blocks (scheduled
+    together, each would compute it all); the samples are those of an engine without prefix caching; aborting
+    while samples wait frees everything."""
+    long = "The history of the printing press begins in the fifteenth century. " * 10
+    sp = SamplingParams(n=5, temperature=0.9, seed=3, max_tokens=10)
+    eng = llm.engine
+    computed = []
+    orig = eng.scheduler.schedule
+
+    def counting():
+        so = orig()
+        computed.append(so.num_scheduled_tokens)
+        return so
+    eng.scheduler.schedule = counting
+    try:
+        (o,) = llm.generate(long, sp)
+    finally:
+        del eng.scheduler.schedule
+    P, bs = len(o.prompt_token_ids), eng.args.block_size
+    # the prompt once, then per other sample its tail past the last cached full block, then the decodes
+    assert sum(computed) <= P + 4 * bs + 5 * 10, (sum(computed), P)
+    off = embedded_llm(kv_cache_memory="64MiB", enable_prefix_caching=False)
+    (want,) = off.generate(long, sp)
+    assert [c.token_ids for c in o.outputs] == [c.token_ids for c in want.outputs]
+    rid = eng.add_request("n-abort", long + "!", sp)
+    eng.step()
+    assert eng.abort_request(rid)
+    while eng.has_unfinished_requests():
+        eng.step()
+    assert_no_leaks(llm)
+
+
 def test_stop_string_and_max_tokens(llm):
     out = llm.generate("1, 2, 3, 4, 5,", SamplingParams(temperature=0, max_tokens=30, stop=[" 8"]))[0].outputs[0]
     assert out.finish_reason == "stop" and out.stop_reason == " 8"

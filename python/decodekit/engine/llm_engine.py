@@ -63,6 +63,7 @@ class _Group:
     dirty: bool = True
     prompt_logprobs: list | None = None   # prompt_logprobs: None, then {token id: Logprob} per prompt position
     prompt_logprobs_sent: bool = False
+    held: list = field(default_factory=list)  # n > 1: samples queued once the first has computed the prompt
 
     @property
     def finished(self) -> bool:
@@ -179,6 +180,7 @@ class LLMEngine:
         self._seq_of: dict[str, _Seq] = {}
         self._beams: dict[str, BeamGroup] = {}     # beam-search requests (engine/beam_group.py)
         self._beam_of: dict[str, BeamGroup] = {}   # their beams' request ids -> group
+        self._holding: dict[str, _Group] = {}      # n > 1 groups with samples not queued yet (_Group.held)
         self._ids = itertools.count()
         self.stats = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0, "last_step_tokens": 0}
 
@@ -430,9 +432,12 @@ class LLMEngine:
             out = CompletionOutput(index=i, logprobs=[] if params.logprobs is not None else None,
                                    cumulative_logprob=0.0 if params.logprobs is not None else None)
             seqs.append(_Seq(child, seeds[i], detok, out, stop_ids))
+        # n > 1 with prefix caching: the first sample computes the prompt, the others are queued once its full
+        # blocks are cached and compute only the rest (scheduled together, each would compute all of it)
+        hold = len(seqs) > 1 and self.args.enable_prefix_caching and len(ids) > self.args.block_size
         added = []
         try:
-            for s in seqs:
+            for s in (seqs[:1] if hold else seqs):
                 self.scheduler.add_request(s.request)
                 added.append(s)
         except Exception:
@@ -440,6 +445,9 @@ class LLMEngine:
                 self.scheduler.abort_request(s.request.request_id)
             raise
         g = _Group(request_id, text, ids, params, seqs, time.monotonic())
+        if hold:
+            g.held = seqs[1:]
+            self._holding[request_id] = g
         if params.prompt_logprobs is not None:  # the first sample computes them (the others may hit its cache)
             g.prompt_logprobs = [None] * len(ids)
             seqs[0].request.prompt_logprobs_pending = len(ids) > 1
@@ -495,8 +503,28 @@ class LLMEngine:
             if s.out.finish_reason is None:
                 self.scheduler.abort_request(s.request.request_id)
                 s.out.finish_reason = "abort"
+        g.held = []
+        self._holding.pop(request_id, None)
         g.dirty = True
         return True
+
+    @property
+    def num_held(self) -> int:
+        """n > 1 samples not queued yet (they wait for the first to compute the prompt)."""
+        return sum(len(g.held) for g in self._holding.values())
+
+    def _release_held(self) -> None:
+        """Queue the held samples of groups whose first sample has computed the prompt (or ended)."""
+        for rid in [r for r, g in self._holding.items()
+                    if g.seqs[0].out.token_ids or g.seqs[0].out.finish_reason is not None]:
+            g = self._holding.pop(rid)
+            for s in reversed(g.held):      # at the front, in order: they came with the first one
+                try:
+                    self.scheduler.add_request(s.request, front=True)
+                except ValueError as e:     # (cannot happen: the first sample passed the same checks)
+                    log.error("request %s: %s", s.request.request_id, e)
+                    self._finish(s, "error", str(e))
+            g.held = []
 
     def has_unfinished_requests(self) -> bool:
         return any(not g.finished or g.dirty for g in self._groups.values()) or bool(self._beams)
@@ -567,6 +595,8 @@ class LLMEngine:
         for bg in beams:
             if bg.ready:
                 self._beam_update(bg, *bg.advance(self.scheduler))
+        if self._holding:
+            self._release_held()
         return self._collect(now) + self._collect_beams()
 
     def _collect_beams(self) -> list[RequestOutput]:

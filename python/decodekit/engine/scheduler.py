@@ -157,8 +157,9 @@ class Scheduler:
         mt = req.sampling_params.max_tokens
         return self.config.max_model_len - req.num_prompt_tokens if mt is None else mt
 
-    def add_request(self, req: Request) -> None:
-        """Queue a request, or raise ValueError if it can never run (nothing else changes)."""
+    def add_request(self, req: Request, front: bool = False) -> None:
+        """Queue a request (at the front of the waiting queue with `front`), or raise ValueError if it can
+        never run (nothing else changes)."""
         rid, cfg = req.request_id, self.config
         if rid in self.requests:
             raise ValueError(f"request {rid!r}: a request with this id is already in the scheduler")
@@ -189,7 +190,10 @@ class Scheduler:
             raise ValueError(f"request {rid!r}: prompt ({p} tokens) can never fit in the KV cache "
                              f"({self.kv.num_blocks} blocks x {self.kv.block_size} = {cap} tokens)")
         self.requests[rid] = req
-        self.waiting.append(req)
+        if front:
+            self.waiting.appendleft(req)
+        else:
+            self.waiting.append(req)
 
     def add_forked(self, child: Request, parent: Request) -> bool:
         """Queue `child` as a continuation of `parent`'s computed KV: it runs from the next step holding the

@@ -118,7 +118,7 @@ class AsyncEngine:
         return bool(self._sinks) or self.num_pending > 0
 
     def num_waiting(self) -> int:
-        return self.engine.scheduler.num_waiting + self.num_pending
+        return self.engine.scheduler.num_waiting + self.engine.num_held + self.num_pending
 
     # ------------------------------------------------------------------ requests (event loop)
     async def add(self, request_id: str, prompt, params) -> "RequestStream":

@@ -44,7 +44,7 @@ _IDLE_POLL_S = 0.5          # the idle child sends a stats snapshot (heartbeat) 
 # ---------------------------------------------------------------------------------------- the child
 def _snapshot(eng) -> dict:
     kv, sch = eng.kv_manager, eng.scheduler
-    return {"t": time.monotonic(), "running": sch.num_running, "waiting": sch.num_waiting,
+    return {"t": time.monotonic(), "running": sch.num_running, "waiting": sch.num_waiting + eng.num_held,
             "preemptions": sch.num_preemptions, "unfinished": eng.has_unfinished_requests(),
             "kv_usage": kv.usage, "kv_hit_rate": kv.prefix_cache_hit_rate, "kv_free": kv.num_free_blocks,
             "kv_blocks": kv.num_blocks, "kv_cached": kv.num_cached_blocks, "stats": dict(eng.stats),
