@@ -207,12 +207,11 @@ class Scheduler:
                 or self._num_active() >= self.config.max_num_seqs:
             return False
         self.add_request(child)                     # the same checks as any request
+        self.waiting.pop()                          # (it runs at once instead)
         copies = self.kv.fork(parent, child)
         if copies is None:
-            self.waiting.pop()
             del self.requests[child.request_id]
             return False
-        self.waiting.pop()
         child.status = RequestStatus.RUNNING
         child.num_cached_tokens = n
         self.running.append(child)

@@ -23,10 +23,8 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
-from .params import SamplingParams, SamplingParamsError
+from .params import DEFAULT_MAX_LOGPROBS, SamplingParams, SamplingParamsError
 
-# the engine's default max_logprobs is 20 and every beam asks for its 2 * beam_width best candidates
-MAX_BEAM_WIDTH = 10
 MAX_LENGTH_PENALTY = 10.0
 
 
@@ -53,7 +51,7 @@ class BeamSearchParams:
         self.beam_width, self.max_tokens = int(self.beam_width), int(self.max_tokens)
         self.temperature, self.length_penalty = float(self.temperature), float(self.length_penalty)
 
-    def validate(self, max_logprobs: int = 2 * MAX_BEAM_WIDTH) -> "BeamSearchParams":
+    def validate(self, max_logprobs: int = DEFAULT_MAX_LOGPROBS) -> "BeamSearchParams":
         def whole(name, lo, hi, rng):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not lo <= v <= hi:
@@ -168,22 +166,27 @@ class BeamSearch:
         Returns, per new beam, the index of the beam it continues."""
         if len(tables) != len(self.beams):
             raise ValueError(f"advance needs one table per beam: {len(tables)} for {len(self.beams)} beams")
-        k = 2 * self.params.beam_width
-        live = []
+        k, pen = 2 * self.params.beam_width, self.params.length_penalty
+
+        def grown(j, tid, lp):     # a hypothesis is copied out only when it survives the step
+            beam = self.beams[j]
+            return BeamSearchSequence(tokens=beam.tokens + [tid], logprobs=beam.logprobs + [tables[j]],
+                                      cum_logprob=beam.cum_logprob + lp, prompt_len=self.prompt_len)
+        live = []                  # (score, j, token, logprob): the beams' tokens are all one length here
         for j, (beam, table) in enumerate(zip(self.beams, tables)):
+            n = max(len(beam.tokens) + 1, 1) ** pen
             for tid, lp in sorted(table.items(), key=lambda kv: (kv[1].rank if kv[1].rank is not None else 1 << 30)):
                 if lp.rank is None or lp.rank > k or not math.isfinite(lp.logprob):
                     continue
-                seq = BeamSearchSequence(tokens=beam.tokens + [tid], logprobs=beam.logprobs + [table],
-                                         cum_logprob=beam.cum_logprob + lp.logprob, prompt_len=self.prompt_len)
                 if tid in self.eos:
+                    seq = grown(j, tid, lp.logprob)
                     seq.finish_reason, seq.stop_reason = "stop", tid
                     self.finished.append(seq)
                 else:
-                    live.append((seq, j))
-        live.sort(key=lambda c: self._key(c[0]), reverse=True)  # stable: earlier beam, better rank first
+                    live.append(((beam.cum_logprob + lp.logprob) / n, j, tid, lp.logprob))
+        live.sort(key=lambda c: c[0], reverse=True)  # stable: earlier beam, better rank first among equals
         live = live[:self.params.beam_width]
-        self.beams = [c[0] for c in live]
+        self.beams = [grown(j, tid, lp) for _, j, tid, lp in live]
         self.steps += 1
         return [c[1] for c in live]
 

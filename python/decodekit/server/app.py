@@ -431,19 +431,17 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         ids = await render_chat(messages, agp, False, cont, tools)
         if not ids:
             raise P.APIError(400, "the rendered conversation is empty", "messages")
+        # max_completion_tokens (OpenAI's current name) first, then the deprecated max_tokens, as vLLM / SGLang
+        mt = P.field(body, "max_completion_tokens", "int", P.field(body, "max_tokens", "int", None, 1), 1)
         trunc = P.field(body, "truncate_prompt_tokens", "int", None, -1)
-        if trunc is not None:   # (vLLM's) keep the conversation's last tokens; the engine does the same again
+        if trunc is not None:   # (vLLM's) keep the conversation's last tokens (before the length check below)
             try:
-                ids = truncate_prompt(ids, trunc, eng.max_model_len,
-                                      P.field(body, "max_completion_tokens", "int", P.field(body, "max_tokens", "int",
-                                                                                            None, 1), 1))
+                ids = truncate_prompt(ids, trunc, eng.max_model_len, mt)
             except ValueError as e:
                 raise P.APIError(400, str(e), "truncate_prompt_tokens") from None
         if len(ids) >= eng.max_model_len:
             raise P.APIError(400, f"'messages' render to {len(ids)} tokens: at most max_model_len - 1 = "
                                   f"{eng.max_model_len - 1} fit (one token of output at least)", "messages")
-        # max_completion_tokens (OpenAI's current name) first, then the deprecated max_tokens, as vLLM / SGLang
-        mt = P.field(body, "max_completion_tokens", "int", P.field(body, "max_tokens", "int", None, 1), 1)
         if mt is None:
             mt = eng.max_model_len - len(ids)
         parallel = P.field(body, "parallel_tool_calls", "bool", True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import sys
 
-from .regex import RegexError, escape
+from .regex import MAX_CODEPOINT, RegexError, escape, negate, repeat
 from .regex import parse as parse_regex
 
 MAX_GRAMMAR_CHARS = 100_000
@@ -290,14 +290,13 @@ def _back_edges(rules: dict, refs: dict) -> set:
     return back
 
 
-def _class_regex(neg: bool, ranges) -> str:
-    def one(cp: int) -> str:
-        c = chr(cp)
-        return "\\" + c if c in "\\]^-[" else escape(c)
-    body = "".join(one(lo) if lo == hi else f"{one(lo)}-{one(hi)}" for lo, hi in ranges)
-    if neg:
-        return f"[^{body}]" if body else "(?:.|\\n)"
-    return f"[{body}]"
+def _class_regex(ranges) -> str:
+    """One character out of the code point ranges (escape() writes class metacharacters escaped too)."""
+    return "[" + "".join(escape(chr(lo)) if lo == hi else f"{escape(chr(lo))}-{escape(chr(hi))}"
+                         for lo, hi in ranges) + "]"
+
+
+ANY = ((0, MAX_CODEPOINT),)
 
 
 class _Emitter:
@@ -322,9 +321,10 @@ class _Emitter:
         if k == "lit":
             return escape(n[1])
         if k == "cls":
-            return _class_regex(n[1], n[2])
+            ranges = negate(n[2]) if n[1] else n[2]
+            return _class_regex(ranges) if ranges else None     # [^ everything ]: no character
         if k == "any":
-            return "(?:.|\\n)"
+            return _class_regex(ANY)
         if k == "ref":
             target = n[1]
             nxt = level + 1 if (rule, target) in self.back else level
@@ -349,16 +349,7 @@ class _Emitter:
             inner, lo, hi = self.node(n[1], rule, level), n[2], n[3]
             if inner is None:
                 return "" if lo == 0 else None
-            if hi == 0 or inner == "":
-                return ""
-            g = f"(?:{inner})"
-            if (lo, hi) == (0, None):
-                return g + "*"
-            if (lo, hi) == (1, None):
-                return g + "+"
-            if (lo, hi) == (0, 1):
-                return g + "?"
-            return g + ("{%d}" % lo if hi == lo else "{%d,}" % lo if hi is None else "{%d,%d}" % (lo, hi))
+            return "" if inner == "" else repeat(f"(?:{inner})", lo, hi)
         raise AssertionError(k)
 
 

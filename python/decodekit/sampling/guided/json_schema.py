@@ -56,6 +56,7 @@ import math
 import re
 
 from .regex import RegexError, escape, negate
+from .regex import repeat as _rep
 from .regex import parse as parse_regex
 
 __all__ = ["JSONSchemaError", "DEFAULT_WHITESPACE", "DEFAULT_MAX_DEPTH", "MAX_COPIES", "json_schema_to_regex",
@@ -122,15 +123,6 @@ def _alt(parts):
         return out[0] if out else None
     body = [p for p in out if p]
     return "(?:" + "|".join(body) + (")?" if len(body) < len(out) else ")")
-
-
-def _rep(atom, lo, hi):
-    """The single regex atom ``atom`` repeated lo..hi times (hi None: unbounded)."""
-    if hi is None:
-        return atom + ("*" if lo == 0 else "+" if lo == 1 else f"{{{lo},}}")
-    if lo == hi:
-        return "" if lo == 0 else atom if lo == 1 else f"{atom}{{{lo}}}"
-    return atom + "?" if (lo, hi) == (0, 1) else f"{atom}{{{lo},{hi}}}"
 
 
 def _copies(rx):

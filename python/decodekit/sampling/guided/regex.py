@@ -448,6 +448,15 @@ def compile_nfa(pattern: str) -> NFA:
     return nfa.prune()
 
 
+def repeat(atom: str, lo: int, hi: int | None) -> str:
+    """The single regex atom ``atom`` repeated lo..hi times (hi None: unbounded)."""
+    if hi is None:
+        return atom + ("*" if lo == 0 else "+" if lo == 1 else f"{{{lo},}}")
+    if lo == hi:
+        return "" if lo == 0 else atom if lo == 1 else f"{atom}{{{lo}}}"
+    return atom + "?" if (lo, hi) == (0, 1) else f"{atom}{{{lo},{hi}}}"
+
+
 def escape(text: str) -> str:
     """`text` as a pattern that matches it literally (re.escape's job, for the subset parsed here; characters
     that do not print are written as \\u / \\U escapes)."""
