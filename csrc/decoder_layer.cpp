@@ -42,7 +42,7 @@ struct LayerOps {
   Op<void(T_&, CT, CT, CO)> dense{"decodekit::dense_gemm"};
   Op<void(CT, T_&, CO, CT, int64_t, bool)> rope{"decodekit::rotary_embedding"};
   Op<void(CT, CT, T_&, T_&, CT, CO, CO)> cache{"decodekit::reshape_and_cache"};
-  Op<void(T_&, CT, CT, CT, CT, CT, CT, double, CO, CO, CO)> attn{"decodekit::paged_attention"};
+  Op<void(T_&, CT, CT, CT, CT, CT, CT, double, CO, CO, CO, int64_t)> attn{"decodekit::paged_attention"};
   Op<void(T_&, CT)> silu_mul{"decodekit::silu_and_mul"};
 
   static const LayerOps& get() {
@@ -104,7 +104,8 @@ void decoder_layer(at::Tensor& out,                  // [T, hidden]: the MLP's o
                    const at::Tensor& query_start_loc,  // [S + 1] int32
                    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double scale,
                    const OptTensor& k_scale,           // fp8 cache: [1] or [Hk] float32
-                   const OptTensor& v_scale) {
+                   const OptTensor& v_scale,
+                   int64_t sliding_window) {           // paged_attention's (0: none)
   const LayerOps& ops = LayerOps::get();
   dk::Check(kOp, "hidden", hidden).dim(2).contiguous();
   const int64_t T = hidden.size(0), H = hidden.size(1);
@@ -148,7 +149,7 @@ void decoder_layer(at::Tensor& out,                  // [T, hidden]: the MLP's o
   ops.cache.call(k->view({T, num_kv_heads, head_dim}), qkv.narrow(1, q + kv, kv).view({T, num_kv_heads, head_dim}),
                  key_cache, value_cache, slot_mapping, k_scale, v_scale);
   ops.attn.call(attn, qv.view({T, num_heads, head_dim}), key_cache, value_cache, block_tables, seq_lens,
-                query_start_loc, scale, std::nullopt, k_scale, v_scale);
+                query_start_loc, scale, std::nullopt, k_scale, v_scale, sliding_window);
   project(ops, hidden, attn.view({T, q}), o_weight, group_sizes[1], std::nullopt);  // hidden <- o-proj
   ops.add_norm.call(hidden, residual, post_norm, eps);
   project(ops, gate_up, hidden, gate_up_weight, group_sizes[2], std::nullopt);

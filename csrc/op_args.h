@@ -480,15 +480,18 @@ struct AttnArgs {
   int num_seqs, num_q_heads, num_kv_heads, block_size, head_dim, max_blocks;
   bool fp8;          // an fp8 KV cache (its scales in kv)
   KVScales kv;       // the fp8 scales' pointers (null: 1) for the kernels
+  int64_t window;    // sliding window (0: none)
 };
 
 inline AttnArgs paged_attention_args(const at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                                      const at::Tensor& value_cache, const at::Tensor& block_tables,
                                      const at::Tensor& seq_lens, const at::Tensor& query_start_loc, double scale,
                                      const std::optional<at::Tensor>& lse, const std::optional<at::Tensor>& k_scale,
-                                     const std::optional<at::Tensor>& v_scale) {
+                                     const std::optional<at::Tensor>& v_scale, int64_t sliding_window) {
   const char* op = "decodekit::paged_attention";
   AttnArgs a{};
+  check_range<int64_t>(op, "sliding_window", sliding_window, 0, INT32_MAX);
+  a.window = sliding_window;
   kv_cache_shape(op, key_cache, value_cache, a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
   Check(op, "query", query).dim(3).size(2, a.head_dim, "head_dim").dtype(kFloatTypes)
       .device_as(key_cache, "key_cache");

@@ -84,11 +84,13 @@ TORCH_LIBRARY(decodekit, m) {
   // out: [T, Hq, D]; query: [T, Hq, D] (token stride free); block_tables: [S, max_blocks] int32;
   // seq_lens: [S] int32 context length incl. new tokens; query_start_loc: [S + 1] int32;
   // lse (optional): [T, Hq] float32, natural-log sum of exp of the scaled scores.
-  // fp8 caches: K and V are read as float(q) * k_scale / v_scale.
+  // fp8 caches: K and V are read as float(q) * k_scale / v_scale. sliding_window > 0: each token
+  // sees only its last sliding_window keys (itself included; Mistral / Qwen2 sliding layers), and
+  // only the blocks that hold them are read (earlier block_tables entries are not looked at).
   m.def(
       "paged_attention(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "
       "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale, Tensor(b!)? lse=None, "
-      "Tensor? k_scale=None, Tensor? v_scale=None) -> ()");
+      "Tensor? k_scale=None, Tensor? v_scale=None, int sliding_window=0) -> ()");
 
   // One Llama-family decoder layer with packed INT4 / INT8 projections, the op sequence of
   // python/decodekit/models/llama.py in one call (csrc/decoder_layer.cpp; bitwise that sequence):
@@ -108,7 +110,7 @@ TORCH_LIBRARY(decodekit, m) {
       "Tensor[] gate_up_weight, Tensor[] down_weight, int[] group_sizes, Tensor input_norm, Tensor post_norm, "
       "bool add_input, float eps, Tensor positions, Tensor cos_sin_cache, bool is_neox, Tensor slot_mapping, "
       "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, int num_heads, int num_kv_heads, "
-      "int head_dim, float scale, Tensor? k_scale=None, Tensor? v_scale=None) -> ()");
+      "int head_dim, float scale, Tensor? k_scale=None, Tensor? v_scale=None, int sliding_window=0) -> ()");
 
   // Custom AllReduce over peer-mapped buffers (include/decodekit/comm/allreduce.h; driver:
   // decodekit.distributed.custom_allreduce.CustomAllReduce). buffer_ptrs / signal_ptrs: [world_size]

@@ -151,7 +151,7 @@ void add_case(std::vector<dkb::Case>& cases, const HeadConfig& hc, int S, int ct
     return dk::cuda::paged_attention<D, DC>(
         reinterpret_cast<D*>(out), nullptr, reinterpret_cast<const D*>(q), int64_t(hq) * head,
         reinterpret_cast<const DC*>(kc), reinterpret_cast<const DC*>(vc), m->block_tables(meta), m->max_blocks,
-        m->seq_lens(meta), m->query_start(meta), S, tokens, hq, m->num_blocks, L, scale, dk::KVScales{}, splits,
+        m->seq_lens(meta), m->query_start(meta), S, tokens, hq, m->num_blocks, L, scale, dk::KVScales{}, 0, splits,
         ws, st);
   };
 #endif

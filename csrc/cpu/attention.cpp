@@ -51,10 +51,11 @@ void paged_attention_cpu(at::Tensor& out,                    // [T, Hq, D]
                          const at::Tensor& query_start_loc,  // [S + 1] int32
                          double scale, const std::optional<at::Tensor>& lse,  // [T, Hq] float32
                          const std::optional<at::Tensor>& k_scale,    // fp8 cache: [1] or [Hk] float32
-                         const std::optional<at::Tensor>& v_scale) {  // fp8 cache: [1] or [Hk] float32
+                         const std::optional<at::Tensor>& v_scale,    // fp8 cache: [1] or [Hk] float32
+                         int64_t sliding_window) {                    // 0: none
   const char* op = "decodekit::paged_attention";
   const dk::AttnArgs a = dk::paged_attention_args(out, query, key_cache, value_cache, block_tables, seq_lens,
-                                                  query_start_loc, scale, lse, k_scale, v_scale);
+                                                  query_start_loc, scale, lse, k_scale, v_scale, sliding_window);
   const int32_t* qsl = query_start_loc.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int32_t* bt = block_tables.data_ptr<int32_t>();
@@ -68,7 +69,9 @@ void paged_attention_cpu(at::Tensor& out,                    // [T, Hq, D]
     const int64_t nb = (int64_t(lens[s]) + a.block_size - 1) / a.block_size;
     TORCH_CHECK(nb <= a.max_blocks, op, ": 'seq_lens'[", s, "] = ", lens[s], " needs ", nb,
                 " blocks but 'block_tables' has ", a.max_blocks, " columns");
-    for (int64_t b = 0; b < nb; ++b) {
+    // the blocks the kernel reads: from the window of the first new token on
+    const int64_t first_key = dk::window_first_key(dk::causal_last_key(lens[s], n, 0), a.window);
+    for (int64_t b = first_key / a.block_size; b < nb; ++b) {
       const int32_t id = bt[int64_t(s) * a.max_blocks + b];
       TORCH_CHECK(id >= 0 && id < a.num_blocks, op, ": 'block_tables'[", s, ", ", b, "] = ", id,
                   " is outside [0, num_blocks = ", a.num_blocks, ")");
@@ -76,7 +79,7 @@ void paged_attention_cpu(at::Tensor& out,                    // [T, Hq, D]
   }
   if (a.num_tokens == 0 || a.num_q_heads == 0) return;  // nothing to write (the kernel's tiles need a row)
   dk::cpu::PagedAttentionParams P{a.num_tokens, a.num_seqs, a.num_q_heads, a.max_blocks, a.q_stride, float(scale),
-                                  dk::PagedLayout{a.num_kv_heads, a.block_size, a.head_dim}};
+                                  dk::PagedLayout{a.num_kv_heads, a.block_size, a.head_dim}, a.window};
   float* lse_ptr = lse.has_value() ? lse->data_ptr<float>() : nullptr;
   DK_CPU_DISPATCH_FLOATING(query.scalar_type(), op, [&] {
     if (a.fp8)

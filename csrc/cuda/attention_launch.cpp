@@ -77,10 +77,11 @@ void paged_attention_cuda(at::Tensor& out,                    // [T, Hq, D]
                           const at::Tensor& query_start_loc,  // [S + 1] int32
                           double scale, const std::optional<at::Tensor>& lse,  // [T, Hq] float32
                           const std::optional<at::Tensor>& k_scale,    // fp8 cache: [1] or [Hk] float32
-                          const std::optional<at::Tensor>& v_scale) {  // fp8 cache: [1] or [Hk] float32
+                          const std::optional<at::Tensor>& v_scale,    // fp8 cache: [1] or [Hk] float32
+                          int64_t sliding_window) {                    // 0: none
   const char* op = "decodekit::paged_attention";
   const dk::AttnArgs a = dk::paged_attention_args(out, query, key_cache, value_cache, block_tables, seq_lens,
-                                                  query_start_loc, scale, lse, k_scale, v_scale);
+                                                  query_start_loc, scale, lse, k_scale, v_scale, sliding_window);
   dk::check_cuda(op, "out", out);
   dk::check_cuda(op, "query", query);
   dk::check_cuda(op, "key_cache", key_cache);
@@ -111,8 +112,9 @@ void paged_attention_cuda(at::Tensor& out,                    // [T, Hq, D]
   // from the caching allocator (graph-safe).
   const bool prefill_kernel = dk::paged_attention_uses_prefill_kernel(query.scalar_type() != at::kFloat, a.head_dim,
                                                                       a.num_tokens, a.num_seqs);
+  const int64_t table_keys = int64_t(a.max_blocks) * a.block_size;
   const int splits = prefill_kernel ? 1 : dk::paged_attention_num_splits(a.num_tokens, a.num_kv_heads, a.num_q_heads,
-                                                    int64_t(a.max_blocks) * a.block_size,
+                                                    a.window > 0 ? std::min(a.window, table_keys) : table_keys,
                                                     at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
   at::Tensor workspace;
   if (splits > 1)
@@ -127,7 +129,7 @@ void paged_attention_cuda(at::Tensor& out,                    // [T, Hq, D]
                                dk::cuda_ptr<C>(key_cache), dk::cuda_ptr<C>(value_cache),
                                block_tables.data_ptr<int32_t>(), a.max_blocks, seq_lens.data_ptr<int32_t>(),
                                query_start_loc.data_ptr<int32_t>(), a.num_seqs, a.num_tokens, a.num_q_heads,
-                               a.num_blocks, L, float(scale), sc, splits, ws, stream));
+                               a.num_blocks, L, float(scale), sc, int(a.window), splits, ws, stream));
     };
     if (a.fp8) launch(static_cast<dk::fp8_e4m3_t*>(nullptr));
     else launch(static_cast<scalar_t*>(nullptr));

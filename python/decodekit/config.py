@@ -63,10 +63,11 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     name: str = ""
-    # sliding-window attention of some layers (Mistral v0.1, Qwen2 with use_sliding_window): each query sees
-    # its last sliding_window positions. decodekit attends over the whole context, which is the same thing
-    # while a sequence is at most this long, so the engine keeps max_model_len <= sliding_window. None: none.
+    # sliding-window attention (Mistral v0.1, Qwen2 with use_sliding_window): each query of a windowed layer
+    # sees only its last sliding_window positions (itself included). None: no window.
     sliding_window: int | None = None
+    # the layers that use the window (Qwen2: those from max_window_layers on); None: all of them
+    sliding_window_layers: list[int] | None = None
 
     def __post_init__(self):
         for f in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -77,6 +78,13 @@ class ModelConfig:
         if self.sliding_window is not None and (not isinstance(self.sliding_window, int)
                                                 or isinstance(self.sliding_window, bool) or self.sliding_window <= 0):
             raise ValueError(f"ModelConfig.sliding_window must be a positive int or None, got {self.sliding_window!r}")
+        if self.sliding_window_layers is not None:
+            layers = self.sliding_window_layers
+            if not isinstance(layers, (list, tuple)) or not all(
+                    isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.num_layers for i in layers):
+                raise ValueError(f"ModelConfig.sliding_window_layers must be a list of layer indices in "
+                                 f"[0, num_layers={self.num_layers}) or None, got {layers!r}")
+            self.sliding_window_layers = sorted(set(layers))
         if self.max_position_embeddings > MAX_POSITION_EMBEDDINGS:
             raise ValueError(f"ModelConfig.max_position_embeddings must be in [1, {MAX_POSITION_EMBEDDINGS}], "
                              f"got {self.max_position_embeddings}")
@@ -88,6 +96,14 @@ class ModelConfig:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of "
                              f"num_kv_heads ({self.num_kv_heads})")
+
+    def layer_window(self, layer: int) -> int:
+        """Layer `layer`'s attention window as paged_attention takes it (0: the whole context)."""
+        if self.sliding_window is None:
+            return 0
+        if self.sliding_window_layers is not None and layer not in self.sliding_window_layers:
+            return 0
+        return self.sliding_window
 
     @property
     def q_size(self) -> int:

@@ -220,35 +220,54 @@ def test_sliding_window_read_as_transformers():
     assert window("Qwen2ForCausalLM", use_sliding_window=True, sliding_window=1000, max_window_layers=3) == 1000
     assert window("Qwen2ForCausalLM", use_sliding_window=True, sliding_window=1000, max_window_layers=0,
                   layer_types=["full_attention"] * 4) is None
-    for kw in ({"max_window_layers": 3}, {"max_window_layers": 4}, {"max_window_layers": 0}):
+    for kw in ({"max_window_layers": 3}, {"max_window_layers": 4}, {"max_window_layers": 0}, {"max_window_layers": 1}):
         hf = transformers.Qwen2Config(**base, use_sliding_window=True, sliding_window=1000, **kw)
-        assert (window("Qwen2ForCausalLM", use_sliding_window=True, sliding_window=1000, **kw) is not None) == \
-            ("sliding_attention" in hf.layer_types), kw
+        c = config_from_hf({**base, "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True,
+                            "sliding_window": 1000, **kw})
+        assert [c.layer_window(i) for i in range(4)] == [
+            1000 if t == "sliding_attention" else 0 for t in hf.layer_types], kw
+    c = config_from_hf({**base, "architectures": ["MistralForCausalLM"], "sliding_window": 77})
+    assert [c.layer_window(i) for i in range(4)] == [77] * 4
+    c = config_from_hf({**base, "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True, "sliding_window": 9,
+                        "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]})
+    assert [c.layer_window(i) for i in range(4)] == [9, 0, 9, 0]
+    with pytest.raises(ModelLoadError, match="layer_types has 2 entries, num_hidden_layers is 4"):
+        window("Qwen2ForCausalLM", use_sliding_window=True, layer_types=["sliding_attention"] * 2)
     with pytest.raises(ModelLoadError, match="sliding_window must be an integer >= 1, got 0"):
         window("MistralForCausalLM", sliding_window=0)
     with pytest.raises(ModelLoadError, match="max_window_layers"):
         window("Qwen2ForCausalLM", use_sliding_window=True, max_window_layers="all")
 
 
-def test_sliding_window_bounds_max_model_len(tmp_path, hf_tok, caplog):
-    """The engine attends over the whole context, which equals a sliding window only up to its length:
-    max_model_len defaults to the window (warned) and a longer one is refused; within it greedy tokens equal
-    transformers' (which applies the window)."""
-    from decodekit import LLM, SamplingParams
-    model = _tiny("MistralForCausalLM", sliding_window=24, tie_word_embeddings=False)
-    d = _save(tmp_path, "mistral_sw", model, hf_tok)
-    with pytest.raises(ValueError, match=r"max_model_len 25 exceeds the model's sliding_window .*: 24"):
-        LLM(model=d, max_model_len=25)
-    with caplog.at_level("WARNING", logger="decodekit"):
-        llm = LLM(model=d)
-    assert llm.llm_engine.max_model_len == 24 and "sliding_window 24" in caplog.text
-    prompt = [5, 17, 923, 4410, 88, 301, 7, 64, 12000, 45, 3]
-    out = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=13,
-                                                                      ignore_eos=True))[0]
-    got = out.outputs[0].token_ids
+def _hf_greedy(model, prompt, n):
     with torch.no_grad():
-        ref = model.generate(torch.tensor([prompt]), max_new_tokens=13, do_sample=False,
-                             eos_token_id=None)[0, len(prompt):].tolist()
-    assert got == ref
-    with pytest.raises(ValueError, match="max_model_len"):
-        llm.generate([{"prompt_token_ids": prompt * 3}], SamplingParams(max_tokens=2))
+        return model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None,
+                              pad_token_id=0)[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("arch,kw", [
+    ("MistralForCausalLM", dict(sliding_window=24)),
+    ("Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=20, max_window_layers=1)),  # layer 1 only
+])
+def test_sliding_window_matches_transformers(tmp_path, hf_tok, arch, kw):
+    """Sequences far past the window: greedy tokens equal transformers' (which masks keys sliding_window
+    or more positions back on the windowed layers), through chunked prefill, a prefix-cache hit and
+    speculative decoding; the window does not bound max_model_len."""
+    from decodekit import LLM, SamplingParams
+    model = _tiny(arch, tie_word_embeddings=False, attn_implementation="eager", **kw)
+    d = _save(tmp_path, arch, model, hf_tok)
+    prompt = [5, 17, 923, 4410, 88, 301, 7, 64, 12000, 45, 3, 999, 2024, 31, 8, 77, 1500, 6, 250, 4096, 12, 9, 700,
+              33, 41, 18, 3001, 2]  # 28 tokens, then 40 generated
+    ref = _hf_greedy(model, prompt, 40)
+    windowless = _tiny(arch, tie_word_embeddings=False, attn_implementation="eager")  # same seed: same weights
+    assert _hf_greedy(windowless, prompt, 40) != ref  # (the window matters here)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    llm = LLM(model=d, max_num_batched_tokens=16)  # prompts in chunks of 16
+    assert llm.llm_engine.max_model_len == 512
+    outs = llm.generate([{"prompt_token_ids": prompt}] * 2, params)  # the second hits the first's cached blocks
+    assert [o.outputs[0].token_ids for o in outs] == [ref, ref]
+    del llm
+    for spec in (dict(speculative="ngram", spec_ngram_min=1), dict(speculative="layerskip", spec_layers=1)):
+        llm = LLM(model=d, num_speculative_tokens=3, spec_adaptive=False, **spec)
+        assert llm.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0].token_ids == ref, spec
+        del llm

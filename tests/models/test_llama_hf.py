@@ -8,12 +8,15 @@ from decodekit.models import AttentionMetadata, LlamaModel
 transformers = pytest.importorskip("transformers")
 
 
-def _hf_model(bias: bool, gen_seed: int = 0, tie: bool = False):
+def _hf_model(bias: bool, gen_seed: int = 0, tie: bool = False, window: int | None = None):
+    """window (Qwen2 only): sliding window on layers 1 and 2 (max_window_layers 1)."""
     torch.manual_seed(gen_seed)
     if bias:
+        sw = dict(use_sliding_window=True, sliding_window=window, max_window_layers=1) if window else {}
         cfg = transformers.Qwen2Config(vocab_size=211, hidden_size=72, intermediate_size=100, num_hidden_layers=3,
                                        num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=256,
-                                       rope_theta=10000.0, tie_word_embeddings=tie, rms_norm_eps=1e-6)
+                                       rope_theta=10000.0, tie_word_embeddings=tie, rms_norm_eps=1e-6,
+                                       attn_implementation="eager", **sw)
         model = transformers.Qwen2ForCausalLM(cfg)
     else:
         cfg = transformers.LlamaConfig(vocab_size=211, hidden_size=72, intermediate_size=100, num_hidden_layers=3,
@@ -32,7 +35,8 @@ def _hf_model(bias: bool, gen_seed: int = 0, tie: bool = False):
     ours = ModelConfig(vocab_size=211, hidden_size=72, intermediate_size=100, num_layers=3, num_heads=9,
                        num_kv_heads=3, head_dim=8, rms_norm_eps=cfg.rms_norm_eps, rope_theta=theta,
                        rope_scaling=rope, max_position_embeddings=256,
-                       tie_word_embeddings=tie, attention_bias=bias)
+                       tie_word_embeddings=tie, attention_bias=bias, sliding_window=window,
+                       sliding_window_layers=[1, 2] if window else None)
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return model, LlamaModel(ours, weights)
 
@@ -83,3 +87,21 @@ def test_matches_hf_with_chunked_prefill_and_decode(bias, tie):
         with torch.no_grad():
             want = hf(torch.tensor([s])).logits[0].float()
         torch.testing.assert_close(lg, want[: lg.shape[0]], atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("window", [1, 5, 12])
+def test_sliding_window_logits_match_hf(window):
+    """Qwen2 with use_sliding_window on layers 1-2 (layer 0 full): logits at every position of sequences
+    several windows long, through chunked prefill (chunks starting mid-block) and decode steps."""
+    hf, ours = _hf_model(True, window=window)
+    g = torch.Generator().manual_seed(2)
+    seqs = [torch.randint(0, 211, (n,), generator=g).tolist() for n in (40, 7, 33)]
+    chunks = [[11, 9, 15, 1, 1, 1, 1], [3, 4, 0, 0, 0, 0, 0], [1, 20, 8, 1, 1, 1, 1]]
+    got = _run_paged(ours, seqs, chunks)
+    full = _run_paged(_hf_model(True)[1], seqs, chunks)
+    for s, lg, lf in zip(seqs, got, full):
+        with torch.no_grad():
+            want = hf(torch.tensor([s])).logits[0].float()
+        torch.testing.assert_close(lg, want[: lg.shape[0]], atol=2e-4, rtol=2e-4)
+        if len(s) > window + 1:
+            assert not torch.allclose(lg, lf[: lg.shape[0]], atol=1e-3)  # (the window matters)

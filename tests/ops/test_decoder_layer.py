@@ -73,7 +73,7 @@ def _inputs(ctx_lens, new_lens, hk, d, bs, kv_dtype, dtype, device, gen):
     return hidden, residual, kc, vc, md
 
 
-def _unfused(hidden, residual, kc, vc, ws, qkv_bias, norms, add_input, hq, hk, d, cs, md, scale, ks, vs):
+def _unfused(hidden, residual, kc, vc, ws, qkv_bias, norms, add_input, hq, hk, d, cs, md, scale, ks, vs, window):
     """models/llama.py's layer body, op by op."""
     T = hidden.shape[0]
     q_size, kv_size = hq * d, hk * d
@@ -84,13 +84,13 @@ def _unfused(hidden, residual, kc, vc, ws, qkv_bias, norms, add_input, hq, hk, d
     ops.rotary_embedding(md["positions"], q, k, cs, d, True)
     ops.reshape_and_cache(k.view(T, hk, d), v.view(T, hk, d), kc, vc, md["slot_mapping"], ks, vs)
     attn = ops.paged_attention(q.view(T, hq, d), kc, vc, md["block_tables"], md["seq_lens"], md["query_start_loc"],
-                               scale, k_scale=ks, v_scale=vs)
+                               scale, k_scale=ks, v_scale=vs, sliding_window=window)
     h = ops.linear(attn.view(T, q_size), ws[1])
     ops.fused_add_rms_norm(h, residual, norms[1], 1e-5)
     return ops.linear(ops.silu_and_mul(ops.linear(h, ws[2])), ws[3])
 
 
-def _fused(hidden, residual, kc, vc, ws, qkv_bias, norms, add_input, hq, hk, d, cs, md, scale, ks, vs):
+def _fused(hidden, residual, kc, vc, ws, qkv_bias, norms, add_input, hq, hk, d, cs, md, scale, ks, vs, window):
     T = hidden.shape[0]
     operands = [ops.projection_operands(w) for w in ws]
     nan = float("nan")
@@ -100,11 +100,11 @@ def _fused(hidden, residual, kc, vc, ws, qkv_bias, norms, add_input, hq, hk, d, 
     ops.decoder_layer(out, hidden, residual, work, kc, vc, operands[0][0], qkv_bias, operands[1][0], operands[2][0],
                       operands[3][0], [o[1] for o in operands], norms[0], norms[1], add_input, 1e-5,
                       md["positions"], cs, True, md["slot_mapping"], md["block_tables"], md["seq_lens"],
-                      md["query_start_loc"], hq, hk, d, scale, ks, vs)
+                      md["query_start_loc"], hq, hk, d, scale, ks, vs, window)
     return out
 
 
-def _run_both(case, config, fmt, dtype, device, gen, kv_fp8=False, bias=False, add_input=True):
+def _run_both(case, config, fmt, dtype, device, gen, kv_fp8=False, bias=False, add_input=True, window=0):
     hq, hk, d, bs = config
     ws, qkv_bias, norms = _layer(hq, hk, d, FORMATS[fmt], bias, dtype, device, gen)
     kv_dtype = torch.float8_e4m3fn if kv_fp8 else dtype
@@ -114,7 +114,7 @@ def _run_both(case, config, fmt, dtype, device, gen, kv_fp8=False, bias=False, a
         ks = (0.02 + torch.rand(hk, generator=gen)).to(device)
         vs = (0.02 + torch.rand(hk, generator=gen)).to(device)
     cs = ref.rope_cos_sin_cache(256, d, 10000.0).to(device)
-    args = (ws, qkv_bias, norms, add_input, hq, hk, d, cs, md, d ** -0.5, ks, vs)
+    args = (ws, qkv_bias, norms, add_input, hq, hk, d, cs, md, d ** -0.5, ks, vs, window)
     a = (hidden.clone(), residual.clone(), kc.clone(), vc.clone())
     b = (hidden.clone(), residual.clone(), kc.clone(), vc.clone())
     out_a = _unfused(*a, *args)
@@ -142,6 +142,20 @@ def test_decoder_layer_matches_op_sequence(case, config, fmt, dtype, device, gen
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("window", [1, 7, 40])
+@pytest.mark.parametrize("case", list(CASES))
+def test_decoder_layer_sliding_window_matches_op_sequence(case, window, device, gen):
+    seed = int(torch.randint(0, 2**31, (1,), generator=gen))
+    unfused, fused, _ = _run_both(case, (9, 3, 64, 16), "int4-g32", torch.bfloat16, device,
+                                  torch.Generator().manual_seed(seed), window=window)
+    full, _, _ = _run_both(case, (9, 3, 64, 16), "int4-g32", torch.bfloat16, device,
+                           torch.Generator().manual_seed(seed))
+    for name, a, b in zip(("out", "residual", "key_cache", "value_cache"), unfused, fused):
+        assert torch.equal(a, b), name
+    assert not torch.equal(unfused[0], full[0])  # (the window is passed on: contexts are longer than 7)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("config", [(9, 3, 64, 16), (8, 2, 64, 16)], ids=lambda c: "h{}x{}-d{}-b{}".format(*c))
 def test_decoder_layer_fp8_kv(config, device, gen):
     unfused, fused, _ = _run_both("mixed", config, "int4-g32", torch.bfloat16, device, gen, kv_fp8=True)
@@ -161,16 +175,18 @@ REL_TOL = {torch.float32: 5e-6, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "h{}x{}-d{}-b{}".format(*c))
 @pytest.mark.parametrize("case", list(CASES))
-def test_decoder_layer_vs_float64(case, config, dtype, fmt, gen):
+@pytest.mark.parametrize("window", [0, 5])
+def test_decoder_layer_vs_float64(case, config, dtype, fmt, window, gen):
     hq, hk, d, bs = config
-    _, fused, (hidden, residual, kc, vc, args) = _run_both(case, config, fmt, dtype, "cpu", gen, bias=True)
-    ws, qkv_bias, norms, add_input, _, _, _, cs, md, scale, ks, vs = args
+    _, fused, (hidden, residual, kc, vc, args) = _run_both(case, config, fmt, dtype, "cpu", gen, bias=True,
+                                                           window=window)
+    ws, qkv_bias, norms, add_input, _, _, _, cs, md, scale, ks, vs, _ = args
     operands = [ops.projection_operands(w) for w in ws]
     want = ref.decoder_layer(hidden.double(), residual.double(), kc.double(), vc.double(), operands[0][0],
                              qkv_bias.double(), operands[1][0], operands[2][0], operands[3][0],
                              [o[1] for o in operands], norms[0].double(), norms[1].double(), add_input, 1e-5,
                              md["positions"], cs, True, md["slot_mapping"], md["block_tables"], md["seq_lens"],
-                             md["query_start_loc"], hq, hk, d, scale)
+                             md["query_start_loc"], hq, hk, d, scale, sliding_window=window)
     for name, got, exp in zip(("out", "residual", "key_cache", "value_cache"), fused, want):
         err = (got.double() - exp).abs().max().item()
         assert err <= REL_TOL[dtype] * exp.abs().max().item(), f"{name} [{dtype}]: max error {err}"
@@ -241,7 +257,7 @@ def test_decoder_layer_errors(gen):
 
 def test_decoder_layer_opcheck(gen):
     _, _, (hidden, residual, kc, vc, args) = _run_both("mixed", (9, 3, 64, 16), "mixed", torch.float32, "cpu", gen)
-    ws, qkv_bias, norms, add_input, hq, hk, d, cs, md, scale, ks, vs = args
+    ws, qkv_bias, norms, add_input, hq, hk, d, cs, md, scale, ks, vs, _ = args
     operands = [ops.projection_operands(w) for w in ws]
     T = hidden.shape[0]
     work = torch.empty(ops.decoder_layer_workspace_numel(T, hq * d, hk * d, INTER))
@@ -249,7 +265,7 @@ def test_decoder_layer_opcheck(gen):
             (torch.empty_like(hidden), hidden, residual, work, kc, vc, operands[0][0], None, operands[1][0],
              operands[2][0], operands[3][0], [o[1] for o in operands], norms[0], norms[1], True, 1e-5,
              md["positions"], cs, True, md["slot_mapping"], md["block_tables"], md["seq_lens"],
-             md["query_start_loc"], hq, hk, d, scale))
+             md["query_start_loc"], hq, hk, d, scale, None, None, 9))
 
 
 @pytest.mark.parametrize("quantization,dtype", [("int4-rtn", "auto"), (None, "auto"), (None, "bfloat16"),

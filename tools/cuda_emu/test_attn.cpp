@@ -45,6 +45,8 @@ struct Case {
   bool with_lse = true;
   int pad_tokens = 0;      // tokens past query_start_loc[S] (out 0, lse -inf)
   bool force_tc = false;   // call the tensor-core kernel (paged_prefill) directly, whatever the batch
+  int window = 0;          // sliding window (0: none); the blocks before each sequence's first window
+                           // point at a NaN-filled block, so reading them shows
   std::string name;
 };
 
@@ -58,13 +60,19 @@ template <class T, class KV> void run_attention_impl(const Case& c) {
   int total = 0, maxb = 0;
   for (int s = 0; s < S; ++s) { need[s] = (c.ctx[s] + bs - 1) / bs; total += need[s]; maxb = std::max(maxb, need[s]); }
   maxb += 1;
-  const int num_blocks = total + 3;
-  std::vector<int> perm(num_blocks);
+  const int num_blocks = total + 4;  // the last one: the NaN block of window cases
+  std::vector<int> perm(num_blocks - 1);
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
   std::vector<int32_t> bt(size_t(S) * maxb, -7);
-  for (int s = 0, used = 0; s < S; ++s)
-    for (int b = 0; b < need[s]; ++b) bt[size_t(s) * maxb + b] = perm[used++];
+  for (int s = 0, used = 0; s < S; ++s) {
+    // blocks wholly before the first new token's window are never read: NaN block
+    const int64_t skip = c.nnew[s] > 0 ? window_first_key(causal_last_key(c.ctx[s], c.nnew[s], 0), c.window) / bs : 0;
+    for (int b = 0; b < need[s]; ++b) {
+      const int id = perm[used++];
+      bt[size_t(s) * maxb + b] = b < skip ? num_blocks - 1 : id;
+    }
+  }
   const PagedLayout L{Hk, bs, D};
   const size_t cache_n = size_t(num_blocks) * Hk * bs * D;
   std::vector<KV> kc(cache_n), vc(cache_n);
@@ -79,6 +87,11 @@ template <class T, class KV> void run_attention_impl(const Case& c) {
   } else {
     kc = randn<T>(cache_n);
     vc = randn<T>(cache_n);
+  }
+  const size_t nan_block = size_t(num_blocks - 1) * Hk * bs * D;
+  for (size_t i = nan_block; i < cache_n; ++i) {
+    if constexpr (FP8) kc[i].bits = vc[i].bits = 0x7f;
+    else kc[i] = vc[i] = nanv<T>();
   }
   const KVScales kvs = FP8 ? KVScales{ksc.data(), vsc.data(), c.fp8 == 2 ? 0 : 1, c.fp8 == 2 ? 0 : 1} : KVScales{};
   // the value the kernels read for cache element i of KV head h
@@ -99,7 +112,7 @@ template <class T, class KV> void run_attention_impl(const Case& c) {
   const int64_t Treal = qsl[S];
   std::vector<T> out_cpu(size_t(Treal) * Hq * D);
   std::vector<float> lse_cpu(size_t(Treal) * Hq);
-  cpu::PagedAttentionParams P{Treal, S, Hq, maxb, q_stride, scale, L};
+  cpu::PagedAttentionParams P{Treal, S, Hq, maxb, q_stride, scale, L, c.window};
   cpu::paged_attention<C, CK>((C*)out_cpu.data(), lse_cpu.data(), (const C*)q.data(), (const CK*)kc.data(),
                               (const CK*)vc.data(), bt.data(), lens.data(), qsl.data(), P, kvs);
 
@@ -107,17 +120,20 @@ template <class T, class KV> void run_attention_impl(const Case& c) {
   std::vector<T> out(size_t(Tn) * Hq * D, nanv<T>());
   std::vector<float> lse(size_t(Tn) * Hq, NAN);
   const long l0 = dk_emu::launches;
-  const int splits = c.splits ? c.splits : paged_attention_num_splits(Tn, Hk, Hq, int64_t(maxb) * bs, 132);
+  const int64_t table_keys = int64_t(maxb) * bs;
+  const int splits = c.splits ? c.splits
+                              : paged_attention_num_splits(Tn, Hk, Hq, c.window > 0 ? std::min<int64_t>(c.window, table_keys)
+                                                                                    : table_keys, 132);
   std::vector<float> ws(size_t(paged_attention_workspace_floats(splits, Tn, Hq, D)), NAN);
   const bool tc = c.force_tc || paged_attention_uses_prefill_kernel(cuda::kIsMmaType<T>, D, Tn, S);
   if (c.force_tc && !cuda::kIsMmaType<T>) return;  // the tensor-core kernel takes half / bf16 only
   cudaError_t err = c.force_tc
       ? cuda::paged_prefill<T, KV>(out.data(), c.with_lse ? lse.data() : nullptr, q.data(), q_stride, kc.data(),
                                    vc.data(), bt.data(), maxb, lens.data(), qsl.data(), S, Tn, Hq, num_blocks, L,
-                                   scale, kvs, nullptr)
+                                   scale, kvs, c.window, nullptr)
       : cuda::paged_attention<T, KV>(out.data(), c.with_lse ? lse.data() : nullptr, q.data(), q_stride, kc.data(),
                                      vc.data(), bt.data(), maxb, lens.data(), qsl.data(), S, Tn, Hq, num_blocks, L,
-                                     scale, kvs, splits, splits > 1 ? ws.data() : nullptr, nullptr);
+                                     scale, kvs, c.window, splits, splits > 1 ? ws.data() : nullptr, nullptr);
   if (tc) ++tc_cases;
   else if (splits > 1) ++split_cases;
   ++checks;
@@ -134,12 +150,12 @@ template <class T, class KV> void run_attention_impl(const Case& c) {
     const int n = c.nnew[s];
     for (int i = 0; i < n; ++i) {
       const int64_t t = qsl[s] + i;
-      const int64_t last = causal_last_key(lens[s], n, i);
+      const int64_t last = causal_last_key(lens[s], n, i), first = window_first_key(last, c.window);
       for (int h = 0; h < Hq; ++h) {
         const int kvh = h / group;
-        std::vector<double> sc(last + 1);
+        std::vector<double> sc(last + 1, -INFINITY);
         double mx = -INFINITY;
-        for (int64_t k = 0; k <= last; ++k) {
+        for (int64_t k = first; k <= last; ++k) {
           const int64_t row = L.row(bt[size_t(s) * maxb + k / bs], kvh, int(k % bs));
           double dot = 0;
           for (int e = 0; e < D; ++e)
@@ -148,11 +164,11 @@ template <class T, class KV> void run_attention_impl(const Case& c) {
           mx = std::max(mx, dot);
         }
         double l = 0;
-        for (auto& x : sc) { x = std::exp(x - mx); l += x; }
+        for (auto& x : sc) { x = std::exp(x - mx); l += x; }  // (exp(-inf) = 0 before the window)
         const double lse_ref = mx + std::log(l);
         for (int e = 0; e < D; ++e) {
           double o = 0;
-          for (int64_t k = 0; k <= last; ++k)
+          for (int64_t k = first; k <= last; ++k)
             o += sc[k] * kval(vc, vsc, L.row(bt[size_t(s) * maxb + k / bs], kvh, int(k % bs)) + e, kvh);
           o /= l;
           const size_t idx = (size_t(t) * Hq + h) * D + e;
@@ -212,7 +228,7 @@ template <class T> void run_bad_metadata(int splits) {
   std::vector<float> lse(size_t(6) * Hq, 7.f);
   std::vector<float> ws(size_t(paged_attention_workspace_floats(splits, 6, Hq, D)));
   cuda::paged_attention<T, T>(out.data(), lse.data(), q.data(), Hq * D, kc.data(), vc.data(), bt.data(), maxb,
-                              lens.data(), qsl.data(), S, 6, Hq, num_blocks, L, 0.125f, KVScales{}, splits,
+                              lens.data(), qsl.data(), S, 6, Hq, num_blocks, L, 0.125f, KVScales{}, 0, splits,
                               splits > 1 ? ws.data() : nullptr, nullptr);
   ++checks;
   // token 2 (seq 1, i = 0) sees keys 0..18: block 99 is in its window -> NaN; so does token 3.
@@ -375,6 +391,28 @@ static std::vector<Case> extra_cases() {
   tc("empty seqs", {10, 5, 12, 3}, {0, 5, 0, 1}, 4, 2, 64, 16);
   tc("no lse", {40}, {17}, 8, 2, 64, 16)->with_lse = false;
   tc("strided q", {50, 9}, {3, 9}, 6, 3, 128, 16)->q_pad = 24;
+  // sliding windows (the blocks before each sequence's first window are NaN blocks): decode with and without
+  // split-KV, prefill / chunks through both kernels, windows of 1, below / above a block, past the context
+  auto win = [&](std::string name, std::vector<int> ctx, std::vector<int> nn, int hq, int hk, int d, int bs, int w) {
+    Case* c = add("window " + name, ctx, nn, hq, hk, d, bs);
+    c->window = w;
+    return c;
+  };
+  win("decode w40", {15, 100, 4097, 41}, {1, 1, 1, 1}, 9, 3, 64, 16, 40);
+  win("decode w1", {7, 300}, {1, 1}, 8, 2, 128, 16, 1);
+  win("decode w4096 ctx 9000", {9000, 4097}, {1, 1}, 32, 8, 128, 16, 4096);
+  win("decode split5 w700", {3000, 20}, {1, 1}, 32, 8, 128, 16, 700)->splits = 5;
+  win("decode split7 w33", {3000}, {1}, 8, 2, 64, 32, 33)->splits = 7;
+  win("prefill w50", {300}, {300}, 9, 3, 64, 16, 50);
+  win("prefill w7 d128", {190}, {190}, 8, 2, 128, 16, 7);
+  win("chunk w100", {1000, 61, 5}, {77, 20, 1}, 9, 3, 64, 16, 100);
+  win("chunk w64 b32", {500, 64}, {64, 64}, 4, 4, 128, 32, 64);
+  win("w past ctx", {30, 12}, {5, 12}, 6, 3, 64, 16, 1000);
+  win("fp8 w30", {200, 40}, {65, 1}, 9, 3, 64, 16, 30)->fp8 = 1;
+  win("tc decode w20", {150, 33}, {1, 1}, 9, 3, 64, 16, 20)->force_tc = true;
+  win("tc w3 g8", {130, 33}, {70, 33}, 8, 1, 128, 32, 3)->force_tc = true;
+  win("block 5 w9", {23, 11}, {6, 1}, 4, 1, 128, 5, 9);
+  win("d256 w17", {70, 300}, {1, 9}, 8, 2, 256, 16, 17);
   for (int d : {64, 128, 256})  // every (head_dim, heads-per-CTA) kernel
     for (int g : {1, 2, 4, 8}) add("cover d" + std::to_string(d) + " g" + std::to_string(g), {29, 6}, {1, 6}, 2 * g, 2, d, 16);
   return out;

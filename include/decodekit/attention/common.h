@@ -40,6 +40,12 @@ struct KVScales {
 // Causal window: a sequence with `ctx` tokens of context (incl. the `n` new ones) puts
 // new token i at position ctx - n + i, and it sees keys 0 .. ctx - n + i.
 DK_HD int64_t causal_last_key(int64_t ctx, int64_t n, int64_t i) { return ctx - n + i; }
+// Sliding-window attention (Mistral, Qwen2's sliding layers): a query whose last key is `last`
+// sees only the `window` keys last - window + 1 .. last (transformers' mask: key > query - window);
+// window <= 0: every key from 0 (plain causal attention).
+DK_HD int64_t window_first_key(int64_t last, int64_t window) {
+  return window > 0 && last - window + 1 > 0 ? last - window + 1 : 0;
+}
 
 // Running state of one query row's softmax over key chunks: max m, sum l of exp(s - m).
 struct OnlineSoftmax {
@@ -79,8 +85,8 @@ DK_HD float merge_lse(float lse_a, float lse_b, float& w_a, float& w_b) {
 // C++ benchmark (the kernels are in paged.cuh).
 // Split-KV plan, from shapes only (so a captured CUDA graph stays valid): one split while
 // tokens x KV heads x head chunks fill the GPU (>= 1 CTA per SM); else enough splits for
-// ~2 CTAs per SM, at most max_keys / kMinKeysPerSplit and kMaxSplits. max_keys: the longest
-// context a token can have (block_tables columns x block_size).
+// ~2 CTAs per SM, at most max_keys / kMinKeysPerSplit and kMaxSplits. max_keys: the most keys a
+// token can see (block_tables columns x block_size, or the sliding window if that is smaller).
 inline constexpr int kMaxSplits = 32;
 inline constexpr int64_t kMinKeysPerSplit = 256;
 inline int paged_attention_num_splits(int64_t num_tokens, int num_kv_heads, int num_q_heads, int64_t max_keys,

@@ -179,6 +179,7 @@ struct PagedAttentionParams {
   int64_t q_stride;        // token stride of query (head stride = head_dim)
   float scale;             // softmax scale
   PagedLayout L;
+  int64_t window = 0;      // sliding window (window_first_key): > 0 keys per query, 0 = all (causal)
 };
 
 // One work item: sequence s, KV head h, new-token rows [t0, t1) of that sequence.
@@ -243,7 +244,7 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
     std::vector<float> q(size_t(max_rows) * D), acc(size_t(max_rows) * D), qrow(static_cast<size_t>(D)),
         kf(convert ? size_t(bs) * D : 0), vf(convert ? size_t(bs) * D : 0), sc(size_t(max_rows) * bs);
     std::vector<OnlineSoftmax> sm(max_rows);
-    std::vector<int64_t> last(max_rows);
+    std::vector<int64_t> first(max_rows), last(max_rows);
 #pragma omp for schedule(dynamic, 1)
     for (size_t w = 0; w < work.size(); ++w) {
       const AttnWork W = work[w];
@@ -264,12 +265,14 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
 #endif
           std::copy_n(qrow.data(), D, qr);
           last[r] = causal_last_key(ctx, n, t - query_start[W.s]);
+          first[r] = window_first_key(last[r], P.window);
           sm[r].init();
         }
       std::fill(acc.begin(), acc.begin() + size_t(rows) * D, 0.f);
       const int64_t tile_last = last[rows - 1];
       const int32_t* table = block_tables + int64_t(W.s) * P.max_blocks;
-      for (int64_t k0 = 0; k0 <= tile_last; k0 += bs) {
+      // keys of the rows' windows [first, last]: row 0's first key is the tile's smallest
+      for (int64_t k0 = first[0] / bs * bs; k0 <= tile_last; k0 += bs) {
         const int nk = int(std::min<int64_t>(bs, tile_last + 1 - k0));
         const int64_t base = P.L.row(table[k0 / bs], W.h, 0);
         // The next block is a random page: start its loads now (the vector kernel spreads its
@@ -288,12 +291,15 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
           cache_row_to_float(key_cache + base, kf.data(), nk * D);
           cache_row_to_float(value_cache + base, vf.data(), nk * D);
         }
+        // row r sees the block's keys [lo(r), lo(r) + valid(r)): causal mask and sliding window
+        auto lo = [&](int r) { return int(std::max<int64_t>(first[r] - k0, 0)); };
+        auto valid_keys = [&](int r) { return int(std::min<int64_t>(nk, last[r] + 1 - k0)) - lo(r); };
         if (!vec) {
           for (int r = 0; r < rows; ++r) {
-            const int valid = int(std::min<int64_t>(nk, last[r] + 1 - k0));  // causal mask
+            const int valid = valid_keys(r), o = lo(r);
             if (valid > 0)
-              attend_block(&q[size_t(r) * D], kf.data(), vf.data(), valid, D, sm[r], &acc[size_t(r) * D],
-                           &sc[size_t(r) * bs]);
+              attend_block(&q[size_t(r) * D], kf.data() + size_t(o) * D, vf.data() + size_t(o) * D, valid, D, sm[r],
+                           &acc[size_t(r) * D], &sc[size_t(r) * bs]);
           }
           continue;
         }
@@ -309,12 +315,12 @@ void paged_attention(T* out,                      // [T, Hq, D] contiguous
         }
         // up to 4 consecutive rows that see the same keys (a decode token's GQA group) at once
         for (int r0 = 0; r0 < rows;) {
-          const int valid = int(std::min<int64_t>(nk, last[r0] + 1 - k0));  // causal mask
+          const int valid = valid_keys(r0), o = lo(r0);
           int nr = 1;
-          while (nr < 4 && r0 + nr < rows && std::min<int64_t>(nk, last[r0 + nr] + 1 - k0) == valid) ++nr;
+          while (nr < 4 && r0 + nr < rows && valid_keys(r0 + nr) == valid && lo(r0 + nr) == o) ++nr;
           if (valid > 0) {
-            attend_rows<E>(D, nr, &q[size_t(r0) * D], kb, vb, valid, &sm[r0], &acc[size_t(r0) * D],
-                           &sc[size_t(r0) * bs], bs, next_k, next_v);
+            attend_rows<E>(D, nr, &q[size_t(r0) * D], kb + size_t(o) * D, vb + size_t(o) * D, valid, &sm[r0],
+                           &acc[size_t(r0) * D], &sc[size_t(r0) * bs], bs, next_k, next_v);
             next_k = next_v = nullptr;  // prefetched once per block
           }
           r0 += nr;

@@ -21,7 +21,8 @@
 //    kMaxHeadsPerCta query heads of one KV head's GQA group (groups larger than that are
 //    split across blockIdx.z), so each K/V row is read once per token for the whole chunk.
 //  - the token's sequence is found by binary search over query_start_loc (device memory);
-//    it sees keys 0 .. causal_last_key(seq_len, n_new, i).
+//    it sees keys window_first_key(last, window) .. last = causal_last_key(seq_len, n_new, i)
+//    (window 0: from key 0; blocks before the window are not read).
 //  - the CTA's 4 warps split the keys: a K/V row of D elements is read with 16-byte loads by
 //    a group of LPR = min(32, D * sizeof(T) / 16) lanes (NVL accesses each), so a warp holds
 //    KPW = 32 / LPR rows at once; each lane group is one "partition" that keeps its own fp32
@@ -169,6 +170,7 @@ paged_attention_kernel(T* out,                // [T, Hq, D] contiguous
                        const int32_t* __restrict__ query_start_loc,  // [S + 1]
                        int num_seqs, int num_q_heads, int heads_per_cta, int64_t num_blocks, PagedLayout L,
                        float scale, KVScales sc,
+                       int window,            // sliding window (window_first_key; 0: none)
                        int num_splits,        // > 1: split-KV, this CTA's results go to part_out / part_lse
                        float* part_out,       // [num_splits, T, Hq, D] (split-KV only)
                        float* part_lse) {     // [num_splits, T, Hq] (split-KV only)
@@ -214,13 +216,14 @@ paged_attention_kernel(T* out,                // [T, Hq, D] contiguous
     }
   }
 
-  // Split-KV: this CTA takes keys [k_begin, k_end] of the window 0 .. last, in pieces of a
+  // Split-KV: this CTA takes keys [k_begin, k_end] of the window first .. last, in pieces of a
   // multiple of 2P keys (so the partition/key mapping below is unchanged); a CTA whose piece
   // is empty writes an empty partial result (0, lse = -inf).
-  int64_t k_begin = 0, k_end = last;
+  const int64_t first = window_first_key(last, window);
+  int64_t k_begin = first, k_end = last;
   if (num_splits > 1) {
-    const int64_t per = ((last + 1 + num_splits - 1) / num_splits + 2 * P - 1) / (2 * P) * (2 * P);
-    k_begin = int64_t(split) * per;
+    const int64_t per = ((last - first + 1 + num_splits - 1) / num_splits + 2 * P - 1) / (2 * P) * (2 * P);
+    k_begin = first + int64_t(split) * per;
     k_end = k_begin + per - 1 < last ? k_begin + per - 1 : last;
   }
 
@@ -472,6 +475,7 @@ cudaError_t paged_attention(T* out,             // [num_tokens, Hq, D] contiguou
                             const int32_t* query_start_loc,  // [num_seqs + 1]
                             int num_seqs, int64_t num_tokens, int num_q_heads, int64_t num_blocks, PagedLayout L,
                             float scale, KVScales sc,
+                            int window,          // sliding window: keys per token (0: all, causal)
                             int num_splits,      // paged_attention_num_splits(...) (1: no split)
                             float* workspace,    // paged_attention_workspace_floats(...) floats, or null if 1
                             cudaStream_t stream) {
@@ -481,11 +485,12 @@ cudaError_t paged_attention(T* out,             // [num_tokens, Hq, D] contiguou
     return cudaErrorInvalidValue;
   if (!paged_attention_head_dim_ok(L.head_dim) || L.num_kv_heads <= 0 || L.block_size <= 0 ||
       num_q_heads % L.num_kv_heads != 0 || num_q_heads == 0 || num_tokens > 0x7fffffff ||
-      L.num_kv_heads > 65535 || !aligned16(key_cache) || !aligned16(value_cache))
+      L.num_kv_heads > 65535 || !aligned16(key_cache) || !aligned16(value_cache) || window < 0)
     return cudaErrorInvalidValue;
   if (paged_attention_uses_prefill_kernel(kIsMmaType<T>, L.head_dim, num_tokens, num_seqs))
     return paged_prefill<T, C>(out, lse, query, q_stride, key_cache, value_cache, block_tables, max_blocks, seq_lens,
-                               query_start_loc, num_seqs, num_tokens, num_q_heads, num_blocks, L, scale, sc, stream);
+                               query_start_loc, num_seqs, num_tokens, num_q_heads, num_blocks, L, scale, sc, window,
+                               stream);
   const int group = num_q_heads / L.num_kv_heads;
   // fp32 queries over an fp8 cache need more registers per head (conversions): <= 4 heads per
   // CTA there, so that no variant spills (checked in CI by tools/cuda_check.py).
@@ -499,7 +504,7 @@ cudaError_t paged_attention(T* out,             // [num_tokens, Hq, D] contiguou
 #define DK_PAGED_LAUNCH(D, H)                                                                                    \
   paged_attention_kernel<T, C, D, H><<<grid, kAttnThreads, 0, stream>>>(                                     \
       out, lse, query, q_stride, key_cache, value_cache, block_tables, max_blocks, seq_lens, query_start_loc,   \
-      num_seqs, num_q_heads, hpc, num_blocks, L, scale, sc, num_splits, part_out, part_lse)
+      num_seqs, num_q_heads, hpc, num_blocks, L, scale, sc, window, num_splits, part_out, part_lse)
 #define DK_PAGED_HEADS(D)                   \
   if (hpc <= 1) DK_PAGED_LAUNCH(D, 1);      \
   else if (hpc <= 2) DK_PAGED_LAUNCH(D, 2); \

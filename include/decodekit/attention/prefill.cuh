@@ -1,7 +1,7 @@
 // Tensor-core paged attention for prefill, chunked prefill and mixed batches (torch-free),
 // in the style of FlashAttention-2 over the paged KV cache. Same semantics as
 // paged_attention_kernel (paged.cuh) and the CPU kernel: causal windows from
-// causal_last_key, paged addressing from PagedLayout, out = softmax(q k^T * scale) v with
+// causal_last_key and window_first_key (sliding window), paged addressing from PagedLayout, out = softmax(q k^T * scale) v with
 // fp32 softmax and accumulation, lse = natural-log sum of exp, the same treatment of bad
 // metadata (NaN rows; no reads outside a tensor) and of tokens in no sequence (0, -inf).
 //
@@ -73,7 +73,8 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
                      const int32_t* __restrict__ seq_lens,         // [S]
                      const int32_t* __restrict__ query_start_loc,  // [S + 1]
                      int num_seqs, int64_t num_tokens, int num_q_heads, int64_t num_blocks, PagedLayout L,
-                     float scale, KVScales sc) {
+                     float scale, KVScales sc,
+                     int window) {          // sliding window (window_first_key; 0: none)
   using S = TcShape<D>;
   constexpr int BN = S::BN, LD = S::LD;
   alignas(16) __shared__ T k_s[S::STAGES][BN][LD];
@@ -147,9 +148,12 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
   int64_t kmax64 = ctx >= n_new ? causal_last_key(ctx, n_new, last_row / group) : -1;
   if (kmax64 >= max_keys) kmax64 = max_keys - 1;
   const int kmax = int(kmax64);
+  // first key of the CTA's first row (sliding window; 0 without): the tiles start at its tile
+  const int kmin = ctx >= n_new ? int(window_first_key(causal_last_key(ctx, n_new, row0 / group), window)) : 0;
 
   const int gl = lane >> 2, cl = 2 * (lane & 3);
   // (32-bit: the launcher caps tokens and keys at INT32_MAX)
+  int r_first[2];  // first key of row ra / rb (sliding window)
   int r_last[2];   // last key of row ra / rb (-1: none)
   bool r_bad[2];   // row of a sequence with inconsistent metadata (NaN)
   bool r_valid[2];
@@ -165,6 +169,7 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
     const int64_t last = causal_last_key(ctx, n_new, tok);
     r_bad[h] = r_valid[h] && (ctx < n_new || last >= max_keys);
     r_last[h] = r_valid[h] && !r_bad[h] ? int(last) : -1;
+    r_first[h] = int(window_first_key(last, window));
   }
 
   // ---- Q fragments (A operand, row-major 16 x D per warp); rows outside the tile are 0
@@ -187,14 +192,14 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
 
   const int32_t* table = block_tables + seq * max_blocks;
   const int bs = L.block_size;
-  // Stages the K/V rows of keys kt0 .. kt0 + BN - 1 (zeros past kmax or for a bad block id).
+  // Stages the K/V rows of keys kt0 .. kt0 + BN - 1 (zeros outside [kmin, kmax] or for a bad block id).
   auto issue = [&](int st, int kt0) {
     for (int i = tid; i < BN * S::CPR; i += kTcThreads) {
       const int key = i / S::CPR, c8 = (i - key * S::CPR) * 8;
       const int k = kt0 + key;
       int64_t row = -1;
       bool badk = false;
-      if (k <= kmax) {
+      if (k >= kmin && k <= kmax) {
         const int b = k / bs;
         const int32_t id = __ldg(table + b);
         if (id >= 0 && id < num_blocks) row = L.row(id, kvh, k - b * bs);
@@ -234,13 +239,14 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
   bool poison[2] = {false, false};
   const float sscale = scale * sc.key(kvh) * 1.4426950408889634f;  // log2(e)
 
-  const int ntiles = kmax >= 0 ? kmax / BN + 1 : 0;
-  if (ntiles > 0) issue(0, 0);
+  const int kt_start = kmin / BN * BN;
+  const int ntiles = kmax >= kt_start ? (kmax - kt_start) / BN + 1 : 0;
+  if (ntiles > 0) issue(0, kt_start);
   cp_async_commit();
 #pragma unroll 1
   for (int it = 0; it < ntiles; ++it) {
     const int st = it & 1;
-    const int kt0 = it * BN;
+    const int kt0 = kt_start + it * BN;
     if (it + 1 < ntiles) issue(st ^ 1, kt0 + BN);
     cp_async_commit();
     cp_async_wait<1>();
@@ -272,7 +278,7 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
         const int h = e >> 1, kl = j * 8 + cl + (e & 1);
         const int k = kt0 + kl;
         float v = -INFINITY;
-        if (k <= r_last[h]) {
+        if (k <= r_last[h] && k >= r_first[h]) {
           v = s[j][e] * sscale;
           if (kbad_s[st][kl]) poison[h] = true;
         }
@@ -370,7 +376,9 @@ cudaError_t paged_prefill(T* out,             // [num_tokens, Hq, D] contiguous
                           const int32_t* seq_lens,         // [num_seqs]
                           const int32_t* query_start_loc,  // [num_seqs + 1]
                           int num_seqs, int64_t num_tokens, int num_q_heads, int64_t num_blocks, PagedLayout L,
-                          float scale, KVScales sc, cudaStream_t stream) {
+                          float scale, KVScales sc,
+                          int window,  // sliding window (0: none)
+                          cudaStream_t stream) {
   using namespace attn_detail;
   if constexpr (!kIsMmaType<T>) {
     return cudaErrorInvalidValue;
@@ -379,7 +387,7 @@ cudaError_t paged_prefill(T* out,             // [num_tokens, Hq, D] contiguous
     if (!paged_prefill_head_dim_ok(L.head_dim) || L.num_kv_heads <= 0 || L.block_size <= 0 || num_q_heads <= 0 ||
         num_q_heads % L.num_kv_heads != 0 || L.num_kv_heads > 65535 || num_seqs < 0 || num_tokens > 0x7fffffff ||
         int64_t(max_blocks) * L.block_size > 0x7fffffff || !aligned16(key_cache) ||
-        !aligned16(value_cache))
+        !aligned16(value_cache) || window < 0)
       return cudaErrorInvalidValue;
     const int64_t gx = prefill_grid_x(num_tokens, num_q_heads / L.num_kv_heads, num_seqs);
     if (gx > 0x7fffffff) return cudaErrorInvalidValue;
@@ -387,7 +395,7 @@ cudaError_t paged_prefill(T* out,             // [num_tokens, Hq, D] contiguous
 #define DK_PREFILL_LAUNCH(D)                                                                                 \
   paged_prefill_kernel<T, C, D><<<grid, kTcThreads, 0, stream>>>(                                           \
       out, lse, query, q_stride, key_cache, value_cache, block_tables, max_blocks, seq_lens, query_start_loc, \
-      num_seqs, num_tokens, num_q_heads, num_blocks, L, scale, sc)
+      num_seqs, num_tokens, num_q_heads, num_blocks, L, scale, sc, window)
     if (L.head_dim == 64) DK_PREFILL_LAUNCH(64);
     else DK_PREFILL_LAUNCH(128);
 #undef DK_PREFILL_LAUNCH

@@ -93,19 +93,11 @@ def _physical_memory_bytes() -> int | None:
 
 def resolve_max_model_len(requested: int | None, cfg) -> int:
     """The engine's context length: `requested` (EngineArgs.max_model_len), else the model's. Never past
-    max_position_embeddings, nor past a sliding window (cfg.sliding_window): the attention ops see the
-    whole context, equal to the model's windowed attention only up to the window (vLLM's
-    disable_sliding_window); the default is lowered to it with a warning, a larger request refused."""
-    limit, why = cfg.max_position_embeddings, "the model's context length"
-    if cfg.sliding_window is not None and cfg.sliding_window < limit:
-        limit, why = cfg.sliding_window, ("the model's sliding_window (its attention window; decodekit attends over "
-                                          "the whole context, the same only up to the window)")
+    max_position_embeddings (a sliding window does not bound it: the attention ops apply the window)."""
+    limit = cfg.max_position_embeddings
     if requested is not None and requested > limit:
-        raise ValueError(f"max_model_len {requested} exceeds {why}: {limit}; use max_model_len <= {limit}")
-    if requested is None and limit < cfg.max_position_embeddings:
-        log.warning("max_model_len set to the model's sliding_window %d (max_position_embeddings %d): attention "
-                    "over the whole context equals the model's windowed attention only up to the window",
-                    limit, cfg.max_position_embeddings)
+        raise ValueError(f"max_model_len {requested} exceeds the model's context length: {limit}; use "
+                         f"max_model_len <= {limit}")
     return requested or limit
 
 

@@ -73,23 +73,31 @@ def _rope(cfg: dict[str, Any], defaults: dict, src: str = "config.json") -> tupl
     return config_float(theta, f"{src}: rope_theta"), scaling or None
 
 
-def _sliding_window(cfg: dict[str, Any], arch: str, num_layers: int, source: str) -> int | None:
-    """The attention window of the layers that use one, as transformers reads the config: Mistral's
-    `sliding_window` (absent: 4096, the MistralConfig default; null: none); Qwen2's only with
-    use_sliding_window, for the layers from max_window_layers on (or those `layer_types` names
+def _sliding_window(cfg: dict[str, Any], arch: str, num_layers: int,
+                    source: str) -> tuple[int | None, list[int] | None]:
+    """(window, windowed layers or None for all) as transformers reads the config: Mistral's
+    `sliding_window` on every layer (absent: 4096, the MistralConfig default; null: none); Qwen2's only
+    with use_sliding_window, on the layers from max_window_layers on (or those `layer_types` names
     "sliding_attention"); Llama: none."""
+    layers = None
     if arch == "mistral":
         v = cfg.get("sliding_window", 4096)
     elif arch == "qwen2" and cfg.get("use_sliding_window"):
         types = cfg.get("layer_types")
         if isinstance(types, list):
-            sliding = "sliding_attention" in types
+            if len(types) != num_layers:
+                raise ModelLoadError(f"{source}: layer_types has {len(types)} entries, num_hidden_layers is "
+                                     f"{num_layers}")
+            layers = [i for i, t in enumerate(types) if t == "sliding_attention"]
         else:
-            sliding = config_int(cfg.get("max_window_layers", 28), f"{source}: max_window_layers", minimum=0) < num_layers
-        v = cfg.get("sliding_window", 4096) if sliding else None
+            first = config_int(cfg.get("max_window_layers", 28), f"{source}: max_window_layers", minimum=0)
+            layers = list(range(first, num_layers))
+        v = cfg.get("sliding_window", 4096) if layers else None
     else:
         v = None
-    return None if v is None else config_int(v, f"{source}: sliding_window")
+    if v is None:
+        return None, None
+    return config_int(v, f"{source}: sliding_window"), layers
 
 
 def config_from_hf(cfg: dict[str, Any], name: str = "", source: str = "config.json") -> ModelConfig:
@@ -138,7 +146,7 @@ def config_from_hf(cfg: dict[str, Any], name: str = "", source: str = "config.js
     if cfg.get("mlp_bias"):
         raise ModelLoadError(f"{source}: mlp_bias=True is not supported")
     theta, scaling = _rope(cfg, d, source)
-    window = _sliding_window(cfg, arch, kw["num_layers"], source)
+    window, window_layers = _sliding_window(cfg, arch, kw["num_layers"], source)
     eps = config_float(cfg.get("rms_norm_eps", d["rms_norm_eps"]), f"{source}: rms_norm_eps", positive=False)
     eos = token_ids(cfg.get("eos_token_id"), f"{source}: eos_token_id")
     bos = cfg.get("bos_token_id")
@@ -148,7 +156,8 @@ def config_from_hf(cfg: dict[str, Any], name: str = "", source: str = "config.js
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=True if arch == "qwen2" else bool(cfg.get("attention_bias", False)),
             architecture=arch, bos_token_id=bos if isinstance(bos, int) and not isinstance(bos, bool) else None,
-            eos_token_ids=eos, name=name or str(cfg.get("_name_or_path", "")), sliding_window=window)
+            eos_token_ids=eos, name=name or str(cfg.get("_name_or_path", "")), sliding_window=window,
+            sliding_window_layers=window_layers)
     except ValueError as e:  # rope_scaling fields (ModelConfig checks them)
         raise ModelLoadError(f"{source}: {e}") from e
 

@@ -205,7 +205,7 @@ class LlamaModel:
             ops.decoder_layer(spare, h, residual, ws, kc, vc, qkv, L.qkv_bias, o, gate_up, down, group_sizes,
                               L.input_norm, L.post_norm, i > 0, c.rms_norm_eps, md.positions, self.cos_sin_cache,
                               True, md.slot_mapping, md.block_tables, md.seq_lens, md.query_start_loc,
-                              c.num_heads, c.num_kv_heads, c.head_dim, self.scale, ks, vs)
+                              c.num_heads, c.num_kv_heads, c.head_dim, self.scale, ks, vs, c.layer_window(i))
             h, spare = spare, h
         return h
 
@@ -254,7 +254,8 @@ class LlamaModel:
             ops.reshape_and_cache(k.view(T, c.num_kv_heads, D), v.view(T, c.num_kv_heads, D), kc, vc,
                                   md.slot_mapping, ks, vs)
             attn = ops.paged_attention(q.view(T, c.num_heads, D), kc, vc, md.block_tables, md.seq_lens,
-                                       md.query_start_loc, self.scale, k_scale=ks, v_scale=vs)
+                                       md.query_start_loc, self.scale, k_scale=ks, v_scale=vs,
+                                       sliding_window=c.layer_window(i))
             if tp is None:
                 h = ops.linear(attn.view(T, q_size), L.o)
                 ops.fused_add_rms_norm(h, residual, L.post_norm, eps)

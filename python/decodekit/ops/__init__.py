@@ -402,15 +402,16 @@ def paged_attention(query: torch.Tensor,            # [T, Hq, D] (token stride f
                     lse: torch.Tensor | None = None,   # [T, Hq] float32
                     k_scale: torch.Tensor | None = None,  # fp8 cache: [1] or [Hk] float32 (None = 1)
                     v_scale: torch.Tensor | None = None,
+                    sliding_window: int = 0,              # > 0: each token sees its last sliding_window keys
                     ) -> torch.Tensor:
     if out is None:
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     if _has_kernel("paged_attention", query.device):
         _ops.paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
-                             scale, lse, k_scale, v_scale)
+                             scale, lse, k_scale, v_scale, sliding_window)
         return out
     o, l = reference.paged_attention(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
-                                     k_scale, v_scale)
+                                     k_scale, v_scale, sliding_window)
     out.copy_(o)
     if lse is not None:
         lse.copy_(l)
@@ -462,7 +463,7 @@ def _reshape_and_cache_fake(key, value, key_cache, value_cache, slot_mapping, k_
 
 @torch.library.register_fake("decodekit::paged_attention")
 def _paged_attention_fake(out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, lse=None,
-                          k_scale=None, v_scale=None):
+                          k_scale=None, v_scale=None, sliding_window=0):
     return None
 
 
@@ -498,7 +499,8 @@ def decoder_layer(out: torch.Tensor,            # [T, hidden]: the MLP's output
                   positions: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool,
                   slot_mapping: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                   query_start_loc: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                  k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                  k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                  sliding_window: int = 0) -> torch.Tensor:
     """One Llama-family decoder layer in one op call (see reference.decoder_layer; the kernel is the
     op-by-op sequence of models/llama.py issued from C++, so its results are bitwise that sequence's).
     Projections are packed INT4 / INT8 or dense tensors (projection_operands), each routed as ops.linear
@@ -512,7 +514,7 @@ def decoder_layer(out: torch.Tensor,            # [T, hidden]: the MLP's output
                          f"weights and fp16 / bf16 activations (got {hidden.dtype}); run the layer op by op")
     args = (qkv_weight, qkv_bias, o_weight, gate_up_weight, down_weight, list(group_sizes), input_norm, post_norm,
             add_input, eps, positions, cos_sin_cache, is_neox, slot_mapping, block_tables, seq_lens, query_start_loc,
-            num_heads, num_kv_heads, head_dim, scale, k_scale, v_scale)
+            num_heads, num_kv_heads, head_dim, scale, k_scale, v_scale, sliding_window)
     if _has_kernel("decoder_layer", hidden.device):
         _ops.decoder_layer(out, hidden, residual, workspace, key_cache, value_cache, *args)
         return out
@@ -528,7 +530,7 @@ def decoder_layer(out: torch.Tensor,            # [T, hidden]: the MLP's output
 def _decoder_layer_fake(out, hidden, residual, workspace, key_cache, value_cache, qkv_weight, qkv_bias, o_weight,
                         gate_up_weight, down_weight, group_sizes, input_norm, post_norm, add_input, eps, positions,
                         cos_sin_cache, is_neox, slot_mapping, block_tables, seq_lens, query_start_loc, num_heads,
-                        num_kv_heads, head_dim, scale, k_scale=None, v_scale=None):
+                        num_kv_heads, head_dim, scale, k_scale=None, v_scale=None, sliding_window=0):
     return None
 
 

@@ -195,15 +195,20 @@ def paged_attention(query: torch.Tensor,            # [T, Hq, D], all sequences'
                     scale: float,
                     k_scale: torch.Tensor | None = None,  # fp8 cache: [1] or [Hk] float32
                     v_scale: torch.Tensor | None = None,
+                    sliding_window: int = 0,
                     ) -> tuple[torch.Tensor, torch.Tensor]:  # out [T, Hq, D], lse [T, Hq]
     """Causal attention of each sequence's new tokens over its cached context.
 
     Sequence s owns query rows [query_start_loc[s], query_start_loc[s+1]); its n new
     tokens sit at positions seq_lens[s] - n .. seq_lens[s] - 1 and are already in the
-    cache. Query i attends to keys 0 .. seq_lens[s] - n + i. Computed in float32 (or
-    float64 for float64 inputs); lse is the natural-log sum of exp(scaled scores). An fp8
-    cache is read as float(q) * k_scale / v_scale.
+    cache. Query i attends to keys 0 .. p = seq_lens[s] - n + i, or with sliding_window
+    W > 0 to keys max(0, p - W + 1) .. p only (transformers' sliding mask: key > p - W; the
+    table's blocks before that are not read). Computed in float32 (or float64 for float64
+    inputs); lse is the natural-log sum of exp(scaled scores). An fp8 cache is read as
+    float(q) * k_scale / v_scale.
     """
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or not 0 <= sliding_window < 2**31:
+        raise ValueError(f"paged_attention: 'sliding_window' must be an int in [0, 2**31), got {sliding_window!r}")
     acc = torch.float64 if query.dtype == torch.float64 else torch.float32
     T, Hq, D = query.shape
     Hk, bs = key_cache.shape[1], key_cache.shape[2]
@@ -218,16 +223,23 @@ def paged_attention(query: torch.Tensor,            # [T, Hq, D], all sequences'
         if n == 0:
             continue
         nb = (ctx + bs - 1) // bs
-        blocks = block_tables[s, :nb].long()
-        k = dequantize_cache(key_cache[blocks], k_scale, acc).permute(1, 0, 2, 3).reshape(Hk, nb * bs, D)[:, :ctx]
-        v = dequantize_cache(value_cache[blocks], v_scale, acc).permute(1, 0, 2, 3).reshape(Hk, nb * bs, D)[:, :ctx]
-        k = k.repeat_interleave(group, dim=0)  # [Hq, ctx, D]
+        # keys from the first new token's window on (its blocks; the table's earlier entries are not read)
+        b0 = max(0, ctx - n - sliding_window + 1) // bs if sliding_window > 0 else 0
+        k0 = b0 * bs
+        blocks = block_tables[s, b0:nb].long()
+        shape = (Hk, (nb - b0) * bs, D)
+        k = dequantize_cache(key_cache[blocks], k_scale, acc).permute(1, 0, 2, 3).reshape(shape)[:, :ctx - k0]
+        v = dequantize_cache(value_cache[blocks], v_scale, acc).permute(1, 0, 2, 3).reshape(shape)[:, :ctx - k0]
+        k = k.repeat_interleave(group, dim=0)  # [Hq, ctx - k0, D]
         v = v.repeat_interleave(group, dim=0)
         q = query[q0:q1].to(acc).transpose(0, 1)  # [Hq, n, D]
-        scores = torch.matmul(q, k.transpose(1, 2)) * scale  # [Hq, n, ctx]
+        scores = torch.matmul(q, k.transpose(1, 2)) * scale  # [Hq, n, ctx - k0]
         qpos = torch.arange(ctx - n, ctx, device=query.device)[:, None]
-        kpos = torch.arange(ctx, device=query.device)[None, :]
-        scores = scores.masked_fill(kpos > qpos, float("-inf"))
+        kpos = torch.arange(k0, ctx, device=query.device)[None, :]
+        mask = kpos > qpos
+        if sliding_window > 0:
+            mask |= kpos <= qpos - sliding_window
+        scores = scores.masked_fill(mask, float("-inf"))
         m = torch.logsumexp(scores, dim=-1, keepdim=True)  # [Hq, n, 1]
         p = torch.exp(scores - m)
         out[q0:q1] = torch.matmul(p, v).transpose(0, 1)
@@ -503,7 +515,8 @@ def decoder_layer(hidden: torch.Tensor,          # [T, hidden]: the layer's inpu
                   positions: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool,
                   slot_mapping: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                   query_start_loc: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                  k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None):
+                  k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                  sliding_window: int = 0):
     """Returns (out [T, hidden], residual, key_cache, value_cache) after one decoder layer:
     (input add + norm), QKV projection, rotary embedding, cache write, paged attention, O projection,
     add + norm, SwiGLU MLP. Projections: [qweight, scales, mins] INT4, [qweight, scales] INT8 or
@@ -519,7 +532,7 @@ def decoder_layer(hidden: torch.Tensor,          # [T, hidden]: the layer's inpu
     key_cache, value_cache = reshape_and_cache(k.view(T, num_kv_heads, head_dim), v.reshape(T, num_kv_heads, head_dim),
                                                key_cache, value_cache, slot_mapping, k_scale, v_scale)
     attn, _ = paged_attention(q.reshape(T, num_heads, head_dim), key_cache, value_cache, block_tables, seq_lens,
-                              query_start_loc, scale, k_scale, v_scale)
+                              query_start_loc, scale, k_scale, v_scale, sliding_window)
     h = _packed_linear(attn.reshape(T, q_size), o_weight, group_sizes[1])
     h, residual = fused_add_rms_norm(h, residual, post_norm, eps)
     out = _packed_linear(silu_and_mul(_packed_linear(h, gate_up_weight, group_sizes[2])), down_weight, group_sizes[3])
