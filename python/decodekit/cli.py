@@ -186,9 +186,17 @@ def _beam_params(args, params):
                          f"token controls, guides nor samples)")
     try:
         return BeamSearchParams(beam_width=args.beam_width, max_tokens=params.max_tokens, ignore_eos=params.ignore_eos,
-                                length_penalty=1.0 if args.length_penalty is None else args.length_penalty)
+                                length_penalty=1.0 if args.length_penalty is None else args.length_penalty,
+                                logprobs=params.logprobs)
     except SamplingParamsError as e:
         raise ValueError(f"argument --{e.field.replace('_', '-')}: {e.message}") from None
+
+
+def _print_logprobs(token_ids, logprobs) -> None:
+    """--logprobs: per generated token its id and {token: logprob} table."""
+    for tok, lp in zip(token_ids, logprobs):
+        top = ", ".join(f"{v.decoded_token!r}:{v.logprob:.2f}" for v in lp.values())
+        print(f"  {tok}: {top}")
 
 
 def _generate(args) -> int:
@@ -207,6 +215,8 @@ def _generate(args) -> int:
                 print(f"--- prompt {i} beam {j} ({s.finish_reason}, score {beam_score(s, eos, beam.length_penalty):.4f}, "
                       f"cum_logprob {s.cum_logprob:.4f}) ---")
                 print(s.text)
+                if beam.logprobs is not None:
+                    _print_logprobs(s.generated_token_ids, s.logprobs)
         print(f"[beam search, {beam.beam_width} beams: {time.perf_counter() - t0:.2f} s]", file=sys.stderr)
         return 0
     if len(prompts) == 1 and params.n == 1 and params.logprobs is None and not args.no_stream:
@@ -219,9 +229,7 @@ def _generate(args) -> int:
                 print(f"--- prompt {i} sample {c.index} ({c.finish_reason}) ---")
                 print(c.text)
                 if c.logprobs:
-                    for tok, lp in zip(c.token_ids, c.logprobs):
-                        top = ", ".join(f"{v.decoded_token!r}:{v.logprob:.2f}" for v in lp.values())
-                        print(f"  {tok}: {top}")
+                    _print_logprobs(c.token_ids, c.logprobs)
     dt = time.perf_counter() - t0
     st = llm.engine.stats
     spec = ""

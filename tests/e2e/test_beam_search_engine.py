@@ -108,6 +108,21 @@ def test_concurrency_limit_and_prompt_forms(llm):
     assert [s.tokens for s in one.sequences] == [s.tokens for s in b[1].sequences]
 
 
+def test_truncate_prompt_tokens(llm):
+    """The search starts from the prompt's last k tokens (as SamplingParams'), the same as from those tokens."""
+    ids = llm.tokenizer.encode(PROMPTS[1] + " " + PROMPTS[2], add_special_tokens=True)
+    (a,) = llm.beam_search({"prompt_token_ids": ids}, BeamSearchParams(beam_width=2, max_tokens=4,
+                                                                        truncate_prompt_tokens=5))
+    (b,) = llm.beam_search({"prompt_token_ids": ids[-5:]}, BeamSearchParams(beam_width=2, max_tokens=4))
+    assert [s.tokens for s in a.sequences] == [s.tokens for s in b.sequences]
+    assert all(s.prompt_len == 5 for s in a.sequences)
+    for bad in (0, -2, 1.0, True):
+        with pytest.raises(SamplingParamsError) as e:
+            BeamSearchParams(beam_width=2, max_tokens=4, truncate_prompt_tokens=bad)
+        assert e.value.field == "truncate_prompt_tokens"
+    assert_no_leaks(llm)
+
+
 def test_errors(llm):
     with pytest.raises(ValueError, match="BeamSearchParams"):
         llm.beam_search(PROMPTS, SamplingParams())

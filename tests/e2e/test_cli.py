@@ -78,13 +78,16 @@ def test_guided_regex_json_and_choice(tmp_path):
 
 def test_beam_search():
     r = _run("generate", "The capital of France is", "1, 2, 3,", "--beam-width", "3", "--max-tokens", "8",
-             "--kv-cache-memory", "128MiB")
+             "--kv-cache-memory", "128MiB", "--logprobs", "2")
     assert r.returncode == 0, r.stderr
     heads = [ln for ln in r.stdout.splitlines() if ln.startswith("--- prompt")]
     assert [h.split(" (")[0] for h in heads] == [f"--- prompt {i} beam {j}" for i in range(2) for j in range(3)]
     scores = [float(h.split("score ")[1].split(",")[0]) for h in heads]
     assert scores[:3] == sorted(scores[:3], reverse=True) and scores[3:] == sorted(scores[3:], reverse=True)
     assert "Paris" in r.stdout
+    # --logprobs: per generated token of each beam its id and top-2 (+ the token itself when not in them)
+    tables = [ln for ln in r.stdout.splitlines() if ln.startswith("  ") and ": '" in ln]
+    assert len(tables) >= 6 and all(2 <= ln.count("':") <= 3 for ln in tables), tables[:3]
 
 
 def test_help_explains_options():

@@ -68,7 +68,7 @@ def test_truncate_prompt_tokens(llm):
     (o,) = llm.generate({"prompt_token_ids": (ids * (mml // len(ids) + 1))[:mml + 5]},
                         SamplingParams(max_tokens=3, truncate_prompt_tokens=-1))
     assert len(o.prompt_token_ids) == mml - 3
-    for bad in (0, -2, mml + 1, 2.5):
+    for bad in (0, -2, mml + 1, 2.5, -1.0, True):
         with pytest.raises(SamplingParamsError) as e:
             llm.generate("hi", SamplingParams(truncate_prompt_tokens=bad))
         assert e.value.field == "truncate_prompt_tokens"

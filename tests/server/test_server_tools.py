@@ -242,6 +242,15 @@ def test_auto_parsers_on_text():
         ("pythonic", '[a(1)]', "same", None),                           # positional: no parameter name
         ("pythonic", '[a(k=open("x"))]', "same", None),                 # not a literal: never evaluated
         ("pythonic", '[zz()]', "same", None), ("pythonic", 'text [a()]', "same", None),
+        # a tag that starts no call: the text as it is, the space before the tag too (streamed as well)
+        ("mistral", "I think [TOOL_CALLS] is neat", "same", None),
+        ("mistral", 'Sure! [TOOL_CALLS][{"name": "a", "arguments": {"city": "Par', "same", None),  # cut short
+        ("hermes", "Use the <tool_call> tag like this", "same", None),
+        # arguments that are no JSON (NaN, Infinity, 1e999 read as inf): not a call
+        ("hermes", '<tool_call>{"name": "a", "arguments": {"x": NaN}}</tool_call>', "same", None),
+        ("mistral", '[TOOL_CALLS][{"name": "a", "arguments": {"x": 1e999}}]', "same", None),
+        ("llama3_json", '{"name": "a", "parameters": {"x": -Infinity}}', "same", None),
+        ("pythonic", '[a(x=1e999)]', "same", None),
     ]
     for parser, text, content, names in cases:
         got_content, calls = parse_auto(parser, text, tools)

@@ -461,6 +461,9 @@ class LLMEngine:
         params = copy.deepcopy(params).validate()
         request_id = self._new_id(request_id)
         text, ids = self._prompt_ids(prompt)
+        kept = truncate_prompt(ids, params.truncate_prompt_tokens, self.max_model_len, params.max_tokens)
+        if len(kept) < len(ids):
+            text, ids = None, kept
         # forks copy KV blocks in the runner's pool; a draft model keeps its own cache: beams recompute there
         g = BeamGroup(request_id, text, ids, params, self.eos_token_ids, self.max_model_len,
                       can_fork=self.spec is None or self.spec.method != "draft",

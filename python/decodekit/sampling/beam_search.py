@@ -37,7 +37,9 @@ class BeamSearchParams:
     length_penalty: finite number in [-10, 10] (the score's length exponent; larger favours longer
     hypotheses); include_stop_str_in_output: bool (the EOS token's text stays in `text`); logprobs: None or
     int in [0, max_logprobs]: per generated token its logprob and the step's top-N (RequestOutput's
-    CompletionOutput.logprobs; BeamSearchSequence.logprobs always holds the step's candidates)."""
+    CompletionOutput.logprobs and BeamSearchSequence.logprobs; LLM.beam_search's default, None, gives the
+    2 * beam_width candidates of each step); truncate_prompt_tokens: None, -1 or int >= 1 (SamplingParams':
+    the search starts from the prompt's last k tokens)."""
     beam_width: int
     max_tokens: int
     ignore_eos: bool = False
@@ -45,6 +47,7 @@ class BeamSearchParams:
     length_penalty: float = 1.0
     include_stop_str_in_output: bool = False
     logprobs: int | None = None
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self):
         self.validate()
@@ -70,6 +73,11 @@ class BeamSearchParams:
         real("length_penalty", -MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY)
         if self.logprobs is not None:
             whole("logprobs", 0, max_logprobs, f"in [0, {max_logprobs}] or None")
+        if self.truncate_prompt_tokens is not None:
+            v = self.truncate_prompt_tokens
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not (v == -1 or v >= 1):
+                raise SamplingParamsError("truncate_prompt_tokens", f"must be -1 or an int >= 1 (or None), got {v!r}",
+                                          "BeamSearchParams")
         for name in ("ignore_eos", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise SamplingParamsError(name, f"must be a bool, got {getattr(self, name)!r}", "BeamSearchParams")
@@ -91,7 +99,8 @@ class BeamSearchParams:
 # strings, penalties, token controls nor guides, and never samples, so top_p / top_k / min_p / seed / temperature
 # change nothing) -- the server's use_beam_search and the CLI's --beam-width check requests with it
 BEAM_COMPATIBLE_FIELDS = frozenset({"n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
-                                    "ignore_eos", "logprobs", "prompt_logprobs", "include_stop_str_in_output"})
+                                    "ignore_eos", "logprobs", "prompt_logprobs", "include_stop_str_in_output",
+                                    "truncate_prompt_tokens"})
 
 
 def beam_conflicts(params: SamplingParams) -> list[str]:
@@ -103,8 +112,9 @@ def beam_conflicts(params: SamplingParams) -> list[str]:
 
 @dataclass
 class BeamSearchSequence:
-    """One hypothesis. tokens: the prompt's and the generated ones; logprobs: per generated token the
-    step's {token id: Logprob} table (its candidates, with ranks); text: the generated text (filled at
+    """One hypothesis. tokens: the prompt's and the generated ones; logprobs: per generated token a
+    {token id: Logprob} table, the step's top-N (BeamSearchParams.logprobs; the 2 * beam_width candidates
+    by default) and the chosen token, with ranks; text: the generated text (filled at
     the end); finish_reason: "stop" (ended with EOS) or "length"; stop_reason: that EOS id;
     prompt_len: how many of `tokens` are the prompt's."""
     tokens: list[int]

@@ -270,8 +270,11 @@ class SamplingParams:
         _check_bool("ignore_eos", self.ignore_eos)
         _check_int("max_tokens", self.max_tokens, 1, None, ">= 1")
         _check_int("min_tokens", self.min_tokens, 0, None, ">= 0")
-        if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens != -1:
-            _check_int("truncate_prompt_tokens", self.truncate_prompt_tokens, 1, None, "equal to -1 or >= 1 (or None)")
+        if self.truncate_prompt_tokens is not None:
+            what = "equal to -1 or >= 1 (or None)"
+            _check_int("truncate_prompt_tokens", self.truncate_prompt_tokens, -1, None, what)
+            if self.truncate_prompt_tokens == 0:
+                raise SamplingParamsError("truncate_prompt_tokens", f"must be an int {what}, got 0")
         if self.min_tokens > self.max_tokens:
             raise SamplingParamsError(
                 "min_tokens",

@@ -433,7 +433,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             raise P.APIError(400, "the rendered conversation is empty", "messages")
         # max_completion_tokens (OpenAI's current name) first, then the deprecated max_tokens, as vLLM / SGLang
         mt = P.field(body, "max_completion_tokens", "int", P.field(body, "max_tokens", "int", None, 1), 1)
-        trunc = P.field(body, "truncate_prompt_tokens", "int", None, -1)
+        trunc = P.truncate_field(body)
         if trunc is not None:   # (vLLM's) keep the conversation's last tokens (before the length check below)
             try:
                 ids = truncate_prompt(ids, trunc, eng.max_model_len, mt)

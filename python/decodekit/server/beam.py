@@ -25,7 +25,8 @@ def beam_params(body: dict, params: SamplingParams) -> BeamSearchParams | None:
                                 temperature=params.temperature,
                                 length_penalty=P.field(body, "length_penalty", "number", 1.0),
                                 include_stop_str_in_output=params.include_stop_str_in_output,
-                                logprobs=params.logprobs).validate(max_logprobs=P.MAX_LOGPROBS)
+                                logprobs=params.logprobs, truncate_prompt_tokens=params.truncate_prompt_tokens
+                                ).validate(max_logprobs=P.MAX_LOGPROBS)
     except SamplingParamsError as e:
         name = "n" if e.field == "beam_width" else e.field
         raise P.APIError(400, f"'{name}'{' (the beam width)' if name == 'n' else ''} {e.message}", name) from None

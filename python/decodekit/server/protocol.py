@@ -88,6 +88,15 @@ def field(body: dict, name: str, kind: str, default=None, lo=None, hi=None, lo_o
     return v
 
 
+def truncate_field(body: dict) -> int | None:
+    """truncate_prompt_tokens: None, -1 or an int >= 1."""
+    v = body.get("truncate_prompt_tokens")
+    if v is not None and (not _is_int(v) or not (v == -1 or v >= 1)):
+        raise APIError(400, f"'truncate_prompt_tokens' must be -1 or an int >= 1, got {json.dumps(v)[:80]}",
+                       "truncate_prompt_tokens")
+    return v
+
+
 def _stop(body: dict) -> list[str]:
     s = body.get("stop")
     if s is None:
@@ -191,8 +200,7 @@ def sampling_params(body: dict, max_tokens: int, logprobs: int | None, vocab_siz
         ignore_eos=field(body, "ignore_eos", "bool", False), min_tokens=field(body, "min_tokens", "int", 0, 0),
         skip_special_tokens=field(body, "skip_special_tokens", "bool", True),
         include_stop_str_in_output=field(body, "include_stop_str_in_output", "bool", False),
-        truncate_prompt_tokens=field(body, "truncate_prompt_tokens", "int", None, -1),
-        max_tokens=max_tokens, logprobs=logprobs)
+        truncate_prompt_tokens=truncate_field(body), max_tokens=max_tokens, logprobs=logprobs)
     kw["stop_token_ids"] = int_list(body, "stop_token_ids")
     kw.update(_token_controls(body))
     if kw["seed"] is not None and not 0 <= kw["seed"] < 2 ** 63:

@@ -252,8 +252,8 @@ def _call(obj, names: set[str], args_key: str) -> dict | None:
             return None
     if not isinstance(args, dict):
         return None
-    try:
-        text = json.dumps(args, ensure_ascii=False)
+    try:                    # arguments must be JSON: no NaN / Infinity (nor 1e999, read as inf)
+        text = json.dumps(args, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError, RecursionError):    # (pythonic literals: sets, bytes, complex, nan)
         return None
     return {"id": new_call_id(), "type": "function", "function": {"name": obj["name"], "arguments": text}}
@@ -381,10 +381,10 @@ class AutoToolStream:
         if self.parser in ("hermes", "mistral"):
             tag = HERMES_OPEN if self.parser == "hermes" else MISTRAL_TAG
             j = text.find(tag, self.sent)
-            if j >= 0:              # (the content around calls is stripped, as parse_auto does)
+            if j >= 0:              # the whitespace before the tag waits: parse_auto strips it off a call
                 self.held = True
-                out = text[self.sent:j].rstrip()
-                out, self.sent = out.lstrip() if self.sent == 0 else out, j
+                k = max(self.sent, len(text[:j].rstrip()))
+                out, self.sent = text[self.sent:k], k
                 return out
             end = len(text)
             for n in range(min(len(tag) - 1, end - self.sent), 0, -1):
