@@ -11,6 +11,10 @@ cases also run over an fp8 e4m3 cache (kv=fp8, per-head scales). CUDA: batch 1/8
 context 512/4096/32768 (combinations whose KV exceeds 8 GiB skipped); CPU: batch 1/16 x
 context 512/2048.
 
+Sliding window (Mistral-style, sliding_window=W): decode over the last W keys of a longer context
+(CUDA: batch 1/64, context 32768, W 4096; CPU: batch 4, context 2048, W 512); bytes counted are the
+window's KV rows, and the peer runs SDPA on the gathered window only.
+
 Prefill: 4 sequences of n new tokens (n = 512; 4096 on CUDA), causal, no cached prefix,
 reported in TFLOP/s (4 * S * n^2 / 2 * Hq * D) against the measured matmul rate.
 
@@ -52,6 +56,9 @@ HEADS = [(32, 8, 128), (9, 3, 64)]  # (query heads, KV heads, head dim): Llama-3
 DECODE = {"cuda": ([1, 8, 64, 256], [512, 4096, 32768]), "cpu": ([1, 16], [512, 2048])}
 DECODE_QUICK = {"cuda": ([1, 64], [512, 4096]), "cpu": ([1, 4], [128, 512])}
 PREFILL = {"cuda": (4, 4096), "cpu": (4, 512)}  # (sequences, new tokens each)
+# sliding-window decode (batches, context, window)
+WINDOW = {"cuda": ([1, 64], 32768, 4096), "cpu": ([4], 2048, 512)}
+WINDOW_QUICK = {"cuda": ([1], 8192, 1024), "cpu": ([4], 512, 128)}
 PREFILL_QUICK = {"cuda": (4, 512), "cpu": (4, 128)}
 MAX_KV_BYTES = 8 << 30
 CHECK_SEQS = 3     # decode: sequences checked against the float64 reference
@@ -92,8 +99,9 @@ class PagedBatch:
     """S sequences of ctx_len tokens (new_tokens of them new) in a shuffled paged KV cache."""
 
     def __init__(self, dev: torch.device, S: int, ctx_len: int, new_tokens: int, hq: int, hk: int, D: int,
-                 dtype: torch.dtype, seed: int, fp8: bool = False):
+                 dtype: torch.dtype, seed: int, fp8: bool = False, window: int = 0):
         self.S, self.ctx_len, self.n, self.hq, self.hk, self.D = S, ctx_len, new_tokens, hq, hk, D
+        self.window = window  # sliding window (0: none; decode batches only)
         self.scale = D ** -0.5
         nb = (ctx_len + BLOCK_SIZE - 1) // BLOCK_SIZE
         gen = torch.Generator().manual_seed(seed)
@@ -119,8 +127,9 @@ class PagedBatch:
         self.query = _rand((S * new_tokens, hq, D), dtype, dev)          # [T, Hq, D]
 
     def kv_bytes(self) -> int:
-        """K and V rows the op must read: every sequence's seq_len rows of every KV head."""
-        return int(self.seq_lens.sum().item()) * self.hk * self.D * 2 * self.k_cache.element_size()
+        """K and V rows the op must read: every sequence's seq_len rows (or its window's) of every KV head."""
+        rows = self.seq_lens.clamp(max=self.window) if self.window else self.seq_lens
+        return int(rows.sum().item()) * self.hk * self.D * 2 * self.k_cache.element_size()
 
     def gathered(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """SDPA's inputs: q [S, Hq, n, D], k and v [S, Hk, ctx, D] (or [S, Hq, ctx, D] without enable_gqa)."""
@@ -131,6 +140,8 @@ class PagedBatch:
             g = reference.dequantize_cache(cache[idx].flatten(0, 1), sc, self.query.dtype).view(
                 cache[idx].shape)                                       # [S, nb, Hk, bs, D] in the query's dtype
             g = g.permute(0, 2, 1, 3, 4).reshape(S, self.hk, nb * BLOCK_SIZE, self.D)[:, :, :self.ctx_len]
+            if self.window:  # decode: the token sees the last `window` keys
+                g = g[:, :, max(0, self.ctx_len - self.window):]
             if not _sdpa_has_gqa():
                 g = g.repeat_interleave(self.hq // self.hk, dim=1)
             out.append(g.contiguous())
@@ -140,7 +151,7 @@ class PagedBatch:
     def run(self, out: torch.Tensor) -> torch.Tensor:
         return ops.paged_attention(self.query, self.k_cache, self.v_cache, self.block_tables, self.seq_lens,
                                    self.query_start_loc, self.scale, out=out, k_scale=self.k_scale,
-                                   v_scale=self.v_scale)
+                                   v_scale=self.v_scale, sliding_window=self.window)
 
     def reference_rows(self, rows: list[tuple[int, int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """float64 reference for (sequence, first token, last token + 1) row ranges of the batch:
@@ -156,7 +167,7 @@ class PagedBatch:
         ref, _ = reference.paged_attention(self.query[idx].double(), self.k_cache, self.v_cache,
                                            self.block_tables[sel], torch.tensor(lens, dtype=torch.int32, device=dev),
                                            torch.tensor(starts, dtype=torch.int32, device=dev), self.scale,
-                                           self.k_scale, self.v_scale)
+                                           self.k_scale, self.v_scale, self.window)
         return torch.tensor(idx, device=dev), ref
 
 
@@ -176,10 +187,10 @@ def _peer_name(causal: bool) -> str:
 
 
 def case_decode(ctx: BenchContext, S: int, n_ctx: int, hq: int, hk: int, D: int, dtype: torch.dtype,
-                fp8: bool = False) -> Result:
+                fp8: bool = False, window: int = 0) -> Result:
     dev = ctx.device
-    b = PagedBatch(dev, S, n_ctx, 1, hq, hk, D, dtype, seed=S * 100003 + n_ctx, fp8=fp8)
-    case = f"S={S} ctx={n_ctx} {hq}/{hk}x{D}" + (" kv=fp8" if fp8 else "")
+    b = PagedBatch(dev, S, n_ctx, 1, hq, hk, D, dtype, seed=S * 100003 + n_ctx, fp8=fp8, window=window)
+    case = f"S={S} ctx={n_ctx} {hq}/{hk}x{D}" + (" kv=fp8" if fp8 else "") + (f" window={window}" if window else "")
     out = torch.full_like(b.query, float("nan"))  # [S, Hq, D], poisoned: every element must be written
     b.run(out)
     qp, kp, vp = b.gathered()
@@ -192,8 +203,10 @@ def case_decode(ctx: BenchContext, S: int, n_ctx: int, hq: int, hk: int, D: int,
     sets = _rotate(ctx, (b.query, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, b.query_start_loc, out),
                    keep=(3, 4, 5))
     scale, ks, vs = b.scale, b.k_scale, b.v_scale
+    w = b.window
     t = ctx.time(lambda q, kc, vc, bt, sl, qs, o: ops.paged_attention(q, kc, vc, bt, sl, qs, scale, out=o,
-                                                                       k_scale=ks, v_scale=vs), sets)
+                                                                       k_scale=ks, v_scale=vs, sliding_window=w),
+                 sets)
     psets = _rotate(ctx, (qp, kp, vp))
     tp = ctx.time(lambda q, k, v: _sdpa(q, k, v, scale, False), psets)
     e = b.query.element_size()
@@ -260,6 +273,9 @@ def main(argv: list[str] | None = None) -> list[Result]:
                         ctx.add(case_decode(ctx, S, n_ctx, hq, hk, D, dtype, fp8=True))
                     if kind == "cuda":
                         torch.cuda.empty_cache()
+        batches_w, n_ctx, window = (WINDOW_QUICK if ctx.quick else WINDOW)[kind]
+        for S in batches_w:
+            ctx.add(case_decode(ctx, S, n_ctx, *HEADS[0], dtype, window=window))
         if not args.no_prefill:
             S, n = (PREFILL_QUICK if ctx.quick else PREFILL)[kind]
             hq, hk, D = HEADS[0]

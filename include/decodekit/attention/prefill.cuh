@@ -1,8 +1,8 @@
 // Tensor-core paged attention for prefill, chunked prefill and mixed batches (torch-free),
 // in the style of FlashAttention-2 over the paged KV cache. Same semantics as
 // paged_attention_kernel (paged.cuh) and the CPU kernel: causal windows from
-// causal_last_key and window_first_key (sliding window), paged addressing from PagedLayout, out = softmax(q k^T * scale) v with
-// fp32 softmax and accumulation, lse = natural-log sum of exp, the same treatment of bad
+// causal_last_key and window_first_key (sliding window), paged addressing from PagedLayout,
+// out = softmax(q k^T * scale) v with fp32 softmax and accumulation, lse = natural-log sum of exp, the same treatment of bad
 // metadata (NaN rows; no reads outside a tensor) and of tokens in no sequence (0, -inf).
 //
 // Work split:
