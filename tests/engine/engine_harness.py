@@ -51,8 +51,12 @@ def reference_output(prompt: list[int], max_tokens: int, stop_token: int | None 
 
 
 class FakeModel:
-    def __init__(self, kv: KVCacheManager):
+    """window: a sliding-window model: computing position p also reads (checks) every slot of positions
+    p - window + 1 .. p - 1 through the block table, which must hold them (no released entry there)."""
+
+    def __init__(self, kv: KVCacheManager, window: int | None = None):
         self.kv = kv
+        self.window = window
         self.bs = kv.block_size
         self.store: list[list[int | None]] = [[None] * self.bs for _ in range(kv.num_blocks)]
         self.tokens_computed = 0
@@ -72,13 +76,18 @@ class FakeModel:
             new_toks = sr.token_ids     # drafts included
             assert len(bt) * bs >= sr.start_pos + sr.num_new_tokens, "block table too short"
             for p in range(sr.start_pos, sr.start_pos + sr.num_new_tokens):
+                if self.window is not None:
+                    for q in range(max(0, p - self.window + 1), p):
+                        assert bt[q // bs] >= 0, f"{req}: position {q} (in the window of {p}) is released"
+                        assert self.store[bt[q // bs]][q % bs] is not None, f"{req}: window KV at {q} lost"
                 if p == 0:
                     prev = SEED
                 else:
+                    assert bt[(p - 1) // bs] >= 0, f"{req}: reads a released block at position {p - 1}"
                     prev = self.store[bt[(p - 1) // bs]][(p - 1) % bs]
                     assert prev is not None, f"{req}: reads unwritten KV at position {p - 1}"
                 blk = bt[p // bs]
-                assert self.kv.ref_count(blk) == 1, f"{req}: writes into shared block {blk}"
+                assert blk >= 0 and self.kv.ref_count(blk) == 1, f"{req}: writes into shared block {blk}"
                 self.store[blk][p % bs] = mix(prev, new_toks[p - sr.start_pos], p)
             self.tokens_computed += sr.num_new_tokens
             if sr.will_sample:
@@ -125,15 +134,16 @@ class RunResult:
 def run(specs: list[Spec], *, num_blocks: int, block_size: int, max_model_len: int,
         budget: int = 2048, max_seqs: int = 256, prefix_caching: bool = True,
         chunked: bool = True, hash_fn=None, check: bool = True, max_steps: int = 100_000,
-        spec_k: int = 0, draft_accuracy: float = 0.7, seed: int = 0) -> RunResult:
+        spec_k: int = 0, draft_accuracy: float = 0.7, seed: int = 0, window: int | None = None) -> RunResult:
     """spec_k > 0: before each step every decoding request gets 0 .. spec_k draft tokens, each the
     reference continuation with probability draft_accuracy (else random), not capped at max_tokens
     or max_model_len (the scheduler must cut them)."""
     cfg = SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=max_model_len,
-                          block_size=block_size, enable_prefix_caching=prefix_caching, chunked_prefill=chunked)
+                          block_size=block_size, enable_prefix_caching=prefix_caching, chunked_prefill=chunked,
+                          sliding_window=window)
     kv = KVCacheManager(num_blocks, block_size, prefix_caching, hash_fn=hash_fn)
     sched = Scheduler(cfg, kv)
-    model = FakeModel(kv)
+    model = FakeModel(kv, window)
     res = RunResult()
     reqs: dict[str, Request] = {}
     by_arrival = sorted(specs, key=lambda s: s.arrival)
@@ -192,6 +202,9 @@ def run(specs: list[Spec], *, num_blocks: int, block_size: int, max_model_len: i
             sched.check_invariants()
             for r in sched.running:     # rejected drafts' blocks were given back
                 assert len(r.block_ids) <= kv.blocks_needed(r.num_tokens), r
+                if window is not None:  # a window's worth (and a step's) of blocks at most
+                    held = sum(1 for b in r.block_ids if b >= 0)
+                    assert held <= kv.blocks_needed(window + budget + spec_k) + 1, (r, held)
         step += 1
         assert step < max_steps, "no progress (livelock?)"
     assert kv.num_free_blocks == num_blocks, "blocks leaked"

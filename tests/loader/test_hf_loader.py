@@ -267,6 +267,18 @@ def test_sliding_window_matches_transformers(tmp_path, hf_tok, arch, kw):
     outs = llm.generate([{"prompt_token_ids": prompt}] * 2, params)  # the second hits the first's cached blocks
     assert [o.outputs[0].token_ids for o in outs] == [ref, ref]
     del llm
+    if arch == "MistralForCausalLM":  # every layer windowed: blocks before the window are released
+        per_block = 2 * 2 * 2 * 16 * 16 * 4  # layers x (K, V) x KV heads x block x head_dim x fp32
+        small = LLM(model=d, max_num_batched_tokens=16, kv_cache_memory=4 * per_block)  # 64 tokens < 28 + 40
+        outs = small.generate([{"prompt_token_ids": prompt}] * 3, params)
+        assert [o.outputs[0].token_ids for o in outs] == [ref] * 3
+        from decodekit.sampling.beam_search import BeamSearchParams
+        (one,) = small.beam_search({"prompt_token_ids": prompt}, BeamSearchParams(beam_width=1, max_tokens=40,
+                                                                                  ignore_eos=True))
+        assert one.sequences[0].generated_token_ids == ref  # beams fork / continue tables with released entries
+        (three,) = small.beam_search({"prompt_token_ids": prompt}, BeamSearchParams(beam_width=3, max_tokens=12))
+        assert len(three.sequences) == 3
+        assert small.llm_engine.kv_manager.num_free_blocks == 4
     for spec in (dict(speculative="ngram", spec_ngram_min=1), dict(speculative="layerskip", spec_layers=1)):
         llm = LLM(model=d, num_speculative_tokens=3, spec_adaptive=False, **spec)
         assert llm.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0].token_ids == ref, spec

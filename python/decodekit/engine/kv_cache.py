@@ -39,6 +39,12 @@ Forking (n > 1)
     block; fork returns the (src, dst) block copies the model runner must perform (copy_blocks)
     before the child's next step. Shared blocks are never written: a request only writes at
     positions >= num_computed_tokens, which always lie in blocks it owns alone.
+
+Sliding window
+    When every layer attends over a window of W keys, a request's leading blocks whose keys all lie
+    W or more positions before its next token are never read again: ``release_out_of_window`` (the
+    scheduler calls it before a running request grows) returns them to the pool and marks their
+    table entries RELEASED, so a sequence holds about W / block_size blocks however long it gets.
 """
 from __future__ import annotations
 
@@ -50,6 +56,7 @@ from typing import Callable, Hashable, Iterable
 from .request import Request
 
 HashFn = Callable[[Hashable, tuple, Hashable], Hashable]
+RELEASED = -1   # a block-table entry whose block went back to the pool (release_out_of_window)
 
 
 def sha256_block_hash(parent_hash: bytes | None, tokens: tuple[int, ...], extra_key: Hashable) -> bytes:
@@ -193,15 +200,19 @@ class KVCacheManager:
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: list[int] | None = None,
-                       num_new_computed_tokens: int = 0) -> bool:
+                       num_new_computed_tokens: int = 0, window: int | None = None) -> bool:
         """Make room for num_computed + num_new_computed + num_new_tokens tokens.
 
         new_computed_blocks / num_new_computed_tokens: a prefix-cache hit from
         get_computed_blocks (only when the request holds no blocks yet); the hit blocks are
-        referenced and appended to the block table. Returns False, changing nothing, when
-        there are not enough free blocks.
+        referenced and appended to the block table (with a sliding `window`, those the request's
+        next token no longer sees are entered RELEASED instead, unreferenced). Returns False,
+        changing nothing, when there are not enough free blocks.
         """
         hits = new_computed_blocks or []
+        skip = 0
+        if window is not None and hits:
+            skip = min(max(0, num_new_computed_tokens - window + 1) // self.block_size, len(hits))
         if num_new_tokens < 0 or num_new_computed_tokens != len(hits) * self.block_size:
             raise ValueError(f"allocate_slots({request.request_id!r}): num_new_tokens={num_new_tokens}, "
                              f"num_new_computed_tokens={num_new_computed_tokens} for {len(hits)} hit blocks")
@@ -210,18 +221,18 @@ class KVCacheManager:
         total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
         num_new_blocks = max(0, self.blocks_needed(total) - len(request.block_ids) - len(hits))
         hit_blocks = [self._blocks[b] for b in hits]
-        if num_new_blocks + sum(1 for b in hit_blocks if b.ref_cnt == 0) > len(self._free):
+        if num_new_blocks + sum(1 for b in hit_blocks[skip:] if b.ref_cnt == 0) > len(self._free):
             return False
         if self.enable_prefix_caching and not request.block_ids:   # an admission: count the query
             self.prefix_cache_requests += 1
             self.prefix_cache_queries += request.num_tokens
             self.prefix_cache_hits += num_new_computed_tokens
         if hits:
-            for blk in hit_blocks:
+            for blk in hit_blocks[skip:]:
                 if blk.ref_cnt == 0:
                     del self._free[blk.block_id]
                 blk.ref_cnt += 1
-            request.block_ids.extend(hits)
+            request.block_ids.extend([RELEASED] * skip + hits[skip:])
             self._req_serials[request.request_id] = [b.serial for b in hit_blocks]
         for _ in range(num_new_blocks):
             request.block_ids.append(self._pop_free().block_id)
@@ -247,6 +258,9 @@ class KVCacheManager:
         for i in range(len(serials), num_full):
             parent = serials[i - 1] if i else 0
             serial = None
+            if request.block_ids[i] == RELEASED:            # (released before it was cached)
+                serials.append(None)
+                return
             if parent == 0 or parent in self._by_serial:    # else: our chain went stale
                 blk = self._blocks[request.block_ids[i]]
                 key = (parent, tuple(toks[i * bs:(i + 1) * bs]), request.extra_key)
@@ -267,16 +281,36 @@ class KVCacheManager:
                 return
 
     # ---------------------------------------------------------------- release
+    def release_out_of_window(self, request: Request, window: int) -> int:
+        """Sliding-window models: drop the request's leading blocks that no later query sees (all their keys
+        are more than `window` - 1 positions before its next token, num_computed_tokens). Their block-table
+        entries become RELEASED (-1; the attention ops never read them); cached ones stay in the prefix cache
+        (evictable). Returns the number of blocks released."""
+        n = min(max(0, request.num_computed_tokens - window + 1) // self.block_size, len(request.block_ids))
+        released = 0
+        for i in range(n):
+            block_id = request.block_ids[i]
+            if block_id == RELEASED:
+                continue
+            request.block_ids[i] = RELEASED
+            self._drop(block_id)
+            released += 1
+        return released
+
+    def _drop(self, block_id: int) -> None:
+        blk = self._blocks[block_id]
+        blk.ref_cnt -= 1
+        assert blk.ref_cnt >= 0, f"block {block_id} refcount below zero"
+        if blk.ref_cnt == 0:
+            self._free[block_id] = None
+            if blk.block_hash is None:          # worthless: reuse it first
+                self._free.move_to_end(block_id, last=False)
+
     def free(self, request: Request) -> None:
         """Drop the request's references (blocks in reverse order); idempotent."""
         for block_id in reversed(request.block_ids):
-            blk = self._blocks[block_id]
-            blk.ref_cnt -= 1
-            assert blk.ref_cnt >= 0, f"block {block_id} refcount below zero"
-            if blk.ref_cnt == 0:
-                self._free[block_id] = None
-                if blk.block_hash is None:          # worthless: reuse it first
-                    self._free.move_to_end(block_id, last=False)
+            if block_id != RELEASED:
+                self._drop(block_id)
         request.block_ids = []
         self._req_serials.pop(request.request_id, None)
 
@@ -311,7 +345,8 @@ class KVCacheManager:
         self.cache_full_blocks(parent)
         shared = parent.block_ids[:num_full]
         for b in shared:
-            self._blocks[b].ref_cnt += 1
+            if b != RELEASED:
+                self._blocks[b].ref_cnt += 1
         copies = []
         child.block_ids = list(shared)
         if partial:
@@ -341,9 +376,14 @@ class KVCacheManager:
         refs = [0] * self.num_blocks
         bs = self.block_size
         for req in requests:
-            assert len(set(req.block_ids)) == len(req.block_ids), f"{req}: duplicate block in table"
+            held = [b for b in req.block_ids if b != RELEASED]
+            assert len(set(held)) == len(held), f"{req}: duplicate block in table"
             assert len(req.block_ids) * bs >= req.num_computed_tokens, f"{req}: too few blocks"
+            nrel = len(req.block_ids) - len(held)
+            assert req.block_ids[:nrel] == [RELEASED] * nrel, f"{req}: released blocks must lead the table"
             for i, b in enumerate(req.block_ids):
+                if b == RELEASED:
+                    continue
                 assert 0 <= b < self.num_blocks, f"{req}: bad block id {b}"
                 refs[b] += 1
                 blk = self._blocks[b]

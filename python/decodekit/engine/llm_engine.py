@@ -101,6 +101,17 @@ def resolve_max_model_len(requested: int | None, cfg) -> int:
     return requested or limit
 
 
+def released_window(cfg, speculative: str | None) -> int | None:
+    """The window past which requests release their blocks: the model's sliding_window when every layer
+    uses it (a full-attention layer needs the whole context), except with a draft model (its own layers
+    read the same block tables, maybe without a window)."""
+    if cfg.sliding_window is None or speculative == "draft":
+        return None
+    if any(cfg.layer_window(i) == 0 for i in range(cfg.num_layers)):
+        return None
+    return cfg.sliding_window
+
+
 def truncate_prompt(ids: list[int], k: int | None, max_model_len: int, max_tokens: int | None) -> list[int]:
     """SamplingParams.truncate_prompt_tokens: the prompt's last k tokens (-1: as many as fit before
     max_tokens); SamplingParamsError past max_model_len."""
@@ -161,7 +172,8 @@ class LLMEngine:
         self.scheduler = Scheduler(SchedulerConfig(
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
             max_model_len=self.max_model_len, block_size=args.block_size,
-            enable_prefix_caching=args.enable_prefix_caching), self.kv_manager)
+            enable_prefix_caching=args.enable_prefix_caching,
+            sliding_window=released_window(cfg, args.speculative)), self.kv_manager)
         graphs, graph_batch = self._decode_graph_mode()
         self.runner = ModelRunner(self.model, num_blocks, args.block_size, self.max_model_len,
                                   decode_graphs=graphs, max_batch=graph_batch)
@@ -266,16 +278,22 @@ class LLMEngine:
             log.info("KV cache per rank: %d blocks of %d tokens, %.1f MiB (%d of %d KV heads)", n,
                      self.args.block_size, n * per_block / 2**20, self.model.config.num_kv_heads,
                      self.model_config.num_kv_heads)
-        need = -(-self.max_model_len // self.args.block_size)
-        if n < need and self.args.max_model_len is None and n >= 1:
+        held = self.max_model_len
+        window = released_window(self.model_config, self.args.speculative)
+        if window is not None:  # a sequence holds its window and one step's tokens (the rest is released)
+            held = min(held, window + self.args.max_num_batched_tokens + self.args.block_size)
+        need = -(-held // self.args.block_size)
+        if n < need and self.args.max_model_len is None and n >= 1 and window is None:
             # The model's full context does not fit: serve shorter sequences rather than refuse.
             self.max_model_len = int(n * self.args.block_size)
             log.warning("KV cache holds %d tokens: max_model_len lowered to %d (set kv_cache_memory to raise it)",
                         n * self.args.block_size, self.max_model_len)
         elif n < need:
             raise ValueError(f"the KV cache budget ({budget / 2**20:.0f} MiB = {n} blocks of {self.args.block_size} "
-                             f"tokens) cannot hold one max_model_len={self.max_model_len} sequence ({need} blocks); "
-                             f"raise kv_cache_memory / gpu_memory_utilization or lower max_model_len")
+                             f"tokens) cannot hold one max_model_len={self.max_model_len} sequence ({need} blocks"
+                             f"{'' if window is None else f' for its sliding window and one step'}); "
+                             f"raise kv_cache_memory / gpu_memory_utilization or lower "
+                             f"{'max_model_len' if window is None else 'max_num_batched_tokens'}")
         return int(n)
 
     # A fixed English passage: real text gives the activations the scales must cover.

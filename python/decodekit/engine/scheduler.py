@@ -71,12 +71,17 @@ class SchedulerConfig:
     block_size: int = 16
     enable_prefix_caching: bool = True
     chunked_prefill: bool = True
+    # every layer attends over this many keys (None: the whole context): running requests release the
+    # blocks before their window (KVCacheManager.release_out_of_window)
+    sliding_window: int | None = None
 
     def __post_init__(self):
         _check_int("max_num_seqs", self.max_num_seqs, 1)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         _check_int("max_model_len", self.max_model_len, 2)
         _check_int("block_size", self.block_size, 1, 1024)
+        if self.sliding_window is not None:
+            _check_int("sliding_window", self.sliding_window, 1)
         for name in ("enable_prefix_caching", "chunked_prefill"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"SchedulerConfig.{name} must be a bool, got {getattr(self, name)!r}")
@@ -186,7 +191,12 @@ class Scheduler:
             raise ValueError(f"request {rid!r}: prompt ({p} tokens) + max_tokens ({mt}) = "
                              f"{p + mt} exceeds max_model_len ({cfg.max_model_len})")
         cap = self.kv.num_blocks * self.kv.block_size
-        if p > cap:
+        if cfg.sliding_window is not None and cfg.chunked_prefill:  # it holds about a window at a time
+            if cfg.sliding_window + self.kv.block_size > cap:
+                raise ValueError(f"request {rid!r}: the sliding window ({cfg.sliding_window} tokens) and a block "
+                                 f"never fit in the KV cache ({self.kv.num_blocks} blocks x {self.kv.block_size} = "
+                                 f"{cap} tokens)")
+        elif p > cap:
             raise ValueError(f"request {rid!r}: prompt ({p} tokens) can never fit in the KV cache "
                              f"({self.kv.num_blocks} blocks x {self.kv.block_size} = {cap} tokens)")
         self.requests[rid] = req
@@ -313,6 +323,8 @@ class Scheduler:
                 keep = max(0, req.num_computed_tokens + num_new - req.num_tokens)
                 del req.spec_token_ids[keep:]
             scheduled = True
+            if cfg.sliding_window is not None:
+                kv.release_out_of_window(req, cfg.sliding_window)
             while not kv.allocate_slots(req, num_new):
                 if self.running[-1] is req:
                     self.running.pop()
@@ -346,7 +358,7 @@ class Scheduler:
                 if not cfg.chunked_prefill and num_new > budget:
                     break
                 num_new = min(num_new, budget, self._chunk_cap(req))
-                if not kv.allocate_slots(req, num_new, hit_blocks, num_hit):
+                if not kv.allocate_slots(req, num_new, hit_blocks, num_hit, cfg.sliding_window):
                     if not self.running:    # the whole cache is free and it still does not fit
                         self.waiting.popleft()
                         self._finish(req, RequestStatus.FINISHED_LENGTH, "kv_cache_capacity")
