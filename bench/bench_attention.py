@@ -12,7 +12,7 @@ context 512/4096/32768 (combinations whose KV exceeds 8 GiB skipped); CPU: batch
 context 512/2048.
 
 Sliding window (Mistral-style, sliding_window=W): decode over the last W keys of a longer context
-(CUDA: batch 1/64, context 32768, W 4096; CPU: batch 4, context 2048, W 512); bytes counted are the
+(CUDA: batch 1/16, context 32768, W 4096; CPU: batch 4, context 2048, W 512); bytes counted are the
 window's KV rows, and the peer runs SDPA on the gathered window only.
 
 Prefill: 4 sequences of n new tokens (n = 512; 4096 on CUDA), causal, no cached prefix,
@@ -57,7 +57,7 @@ DECODE = {"cuda": ([1, 8, 64, 256], [512, 4096, 32768]), "cpu": ([1, 16], [512, 
 DECODE_QUICK = {"cuda": ([1, 64], [512, 4096]), "cpu": ([1, 4], [128, 512])}
 PREFILL = {"cuda": (4, 4096), "cpu": (4, 512)}  # (sequences, new tokens each)
 # sliding-window decode (batches, context, window)
-WINDOW = {"cuda": ([1, 64], 32768, 4096), "cpu": ([4], 2048, 512)}
+WINDOW = {"cuda": ([1, 16], 32768, 4096), "cpu": ([4], 2048, 512)}
 WINDOW_QUICK = {"cuda": ([1], 8192, 1024), "cpu": ([4], 512, 128)}
 PREFILL_QUICK = {"cuda": (4, 512), "cpu": (4, 128)}
 MAX_KV_BYTES = 8 << 30
