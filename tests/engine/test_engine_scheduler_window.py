@@ -48,6 +48,15 @@ def test_prompt_longer_than_the_cache():
         assert not run(specs, num_blocks=12, block_size=4, max_model_len=MAX_MODEL_LEN, budget=16).rejected
 
 
+def test_window_larger_than_the_cache():
+    """A window the cache cannot hold only matters to requests that outgrow the cache: the rest run."""
+    rng = random.Random(11)
+    specs = random_specs(rng, 6, max_prompt=30, max_out=10)
+    res = run(specs, num_blocks=12, block_size=4, max_model_len=MAX_MODEL_LEN, budget=16, window=4096)
+    assert not res.rejected
+    check_against_reference(specs, res)
+
+
 def test_prefix_cache_keeps_released_blocks_hittable():
     """Released blocks that were cached stay in the prefix cache (evictable): a later request with the
     same prompt hits them."""

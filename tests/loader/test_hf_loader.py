@@ -239,6 +239,21 @@ def test_sliding_window_read_as_transformers():
         window("Qwen2ForCausalLM", use_sliding_window=True, max_window_layers="all")
 
 
+def test_window_past_the_context_and_the_cache(tmp_path, hf_tok):
+    """MistralConfig's default window (4096) on a 512-position model in a 2048-token cache: the window never
+    applies, the engine serves (it refused every request when it counted the window against the cache)."""
+    from decodekit import LLM, SamplingParams
+    model = _tiny("MistralForCausalLM", tie_word_embeddings=False)
+    assert model.config.sliding_window == 4096
+    d = _save(tmp_path, "mistral_4096", model, hf_tok)
+    per_block = 2 * 2 * 2 * 16 * 16 * 4
+    llm = LLM(model=d, kv_cache_memory=128 * per_block)
+    assert llm.llm_engine.scheduler.config.sliding_window is None  # nothing to release
+    prompt = [5, 17, 923, 4410, 88, 301]
+    out = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    assert out[0].outputs[0].token_ids == _hf_greedy(model, prompt, 8)
+
+
 def _hf_greedy(model, prompt, n):
     with torch.no_grad():
         return model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None,

@@ -156,6 +156,9 @@ def test_window_errors(gen):
     for bad in (-1, 2**31):
         with pytest.raises(RuntimeError, match=r"'sliding_window'.*\[0, 2147483647\]"):
             ops.paged_attention(q, kc, vc, bt, lens, qsl, 0.125, sliding_window=bad)
+    for bad in (True, False, 3.0, "8"):  # (torch's int argument would take a bool as 0 / 1)
+        with pytest.raises(ValueError, match="'sliding_window' must be an int in"):
+            ops.paged_attention(q, kc, vc, bt, lens, qsl, 0.125, sliding_window=bad)
         with pytest.raises(ValueError, match="'sliding_window' must be an int in"):
             ref.paged_attention(q, kc, vc, bt, lens, qsl, 0.125, sliding_window=bad)
 

@@ -101,11 +101,11 @@ def resolve_max_model_len(requested: int | None, cfg) -> int:
     return requested or limit
 
 
-def released_window(cfg, speculative: str | None) -> int | None:
+def released_window(cfg, speculative: str | None, max_model_len: int) -> int | None:
     """The window past which requests release their blocks: the model's sliding_window when every layer
-    uses it (a full-attention layer needs the whole context), except with a draft model (its own layers
-    read the same block tables, maybe without a window)."""
-    if cfg.sliding_window is None or speculative == "draft":
+    uses it (a full-attention layer needs the whole context) and a sequence can outgrow it, except with a
+    draft model (its own layers read the same block tables, maybe without a window)."""
+    if cfg.sliding_window is None or speculative == "draft" or cfg.sliding_window >= max_model_len:
         return None
     if any(cfg.layer_window(i) == 0 for i in range(cfg.num_layers)):
         return None
@@ -173,7 +173,7 @@ class LLMEngine:
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
             max_model_len=self.max_model_len, block_size=args.block_size,
             enable_prefix_caching=args.enable_prefix_caching,
-            sliding_window=released_window(cfg, args.speculative)), self.kv_manager)
+            sliding_window=released_window(cfg, args.speculative, self.max_model_len)), self.kv_manager)
         graphs, graph_batch = self._decode_graph_mode()
         self.runner = ModelRunner(self.model, num_blocks, args.block_size, self.max_model_len,
                                   decode_graphs=graphs, max_batch=graph_batch)
@@ -279,7 +279,7 @@ class LLMEngine:
                      self.args.block_size, n * per_block / 2**20, self.model.config.num_kv_heads,
                      self.model_config.num_kv_heads)
         held = self.max_model_len
-        window = released_window(self.model_config, self.args.speculative)
+        window = released_window(self.model_config, self.args.speculative, self.max_model_len)
         if window is not None:  # a sequence holds its window and one step's tokens (the rest is released)
             held = min(held, window + self.args.max_num_batched_tokens + self.args.block_size)
         need = -(-held // self.args.block_size)

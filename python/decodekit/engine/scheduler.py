@@ -192,10 +192,10 @@ class Scheduler:
                              f"{p + mt} exceeds max_model_len ({cfg.max_model_len})")
         cap = self.kv.num_blocks * self.kv.block_size
         if cfg.sliding_window is not None and cfg.chunked_prefill:  # it holds about a window at a time
-            if cfg.sliding_window + self.kv.block_size > cap:
-                raise ValueError(f"request {rid!r}: the sliding window ({cfg.sliding_window} tokens) and a block "
-                                 f"never fit in the KV cache ({self.kv.num_blocks} blocks x {self.kv.block_size} = "
-                                 f"{cap} tokens)")
+            if min(p, cfg.sliding_window + self.kv.block_size) > cap:
+                raise ValueError(f"request {rid!r}: prompt ({p} tokens) can never fit in the KV cache "
+                                 f"({self.kv.num_blocks} blocks x {self.kv.block_size} = {cap} tokens), nor the "
+                                 f"sliding window ({cfg.sliding_window} tokens) and a block")
         elif p > cap:
             raise ValueError(f"request {rid!r}: prompt ({p} tokens) can never fit in the KV cache "
                              f"({self.kv.num_blocks} blocks x {self.kv.block_size} = {cap} tokens)")

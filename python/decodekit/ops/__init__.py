@@ -391,6 +391,12 @@ def reshape_and_cache(key: torch.Tensor,          # [T, Hk, D] (token stride fre
     value_cache.copy_(vc)
 
 
+def _check_window(op: str, w) -> None:
+    """sliding_window: an int (the kernels take 0 .. 2**31 - 1 and say so); a bool is not one."""
+    if isinstance(w, bool) or not isinstance(w, int):
+        raise ValueError(f"{op}: 'sliding_window' must be an int in [0, 2**31), got {w!r}")
+
+
 def paged_attention(query: torch.Tensor,            # [T, Hq, D] (token stride free)
                     key_cache: torch.Tensor,        # [num_blocks, Hk, block_size, D]
                     value_cache: torch.Tensor,      # [num_blocks, Hk, block_size, D]
@@ -404,6 +410,7 @@ def paged_attention(query: torch.Tensor,            # [T, Hq, D] (token stride f
                     v_scale: torch.Tensor | None = None,
                     sliding_window: int = 0,              # > 0: each token sees its last sliding_window keys
                     ) -> torch.Tensor:
+    _check_window("paged_attention", sliding_window)
     if out is None:
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     if _has_kernel("paged_attention", query.device):
@@ -507,6 +514,7 @@ def decoder_layer(out: torch.Tensor,            # [T, hidden]: the MLP's output
     routes it. CUDA: only where the quantized GEMM kernels take every packed projection (up to 8 rows;
     beyond, INT4 with fp16 / bf16 activations), else a ValueError; ops.linear's decode-to-dense
     fallback for packed weights is not part of the op."""
+    _check_window("decoder_layer", sliding_window)
     if hidden.device.type == "cuda" and not all(
             len(w) == 1 or _cuda_quant_rows_ok(hidden.shape[0], hidden.dtype, len(w) == 3)
             for w in (qkv_weight, o_weight, gate_up_weight, down_weight)):
