@@ -88,3 +88,13 @@ def assert_no_leaks(llm) -> None:
     assert not eng.scheduler.has_unfinished_requests()
     eng.kv_manager.check_invariants([])
     assert eng.kv_manager.num_free_blocks == eng.kv_manager.num_blocks
+
+
+def save_hf_dir(model, hf_tok, d: str) -> str:
+    """A transformers model and tokenizer saved as an HF model directory (their warnings silenced)."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(d)
+        hf_tok.save_pretrained(d)
+    return d

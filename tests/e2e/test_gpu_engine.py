@@ -4,7 +4,7 @@ and its greedy tokens equal the CPU engine's."""
 import pytest
 import torch
 
-from dk_testing import cuda_only
+from dk_testing import cuda_only, save_hf_dir
 from decodekit.bench.engine_bench import hf_from_loaded
 from decodekit.sampling import SamplingParams
 
@@ -111,18 +111,13 @@ def test_cuda_sliding_window_matches_hf(tmp_path, hf_tok):
     """A Mistral-style model (every layer windowed, head_dim 64) far past its window on CUDA: float32 greedy
     tokens are HF's argmax given the same prefix (decode kernel, split-KV plan capped by the window, released
     blocks); bf16 (tensor-core prefill with the window, decode graphs) agrees with the CPU engine."""
-    import warnings
     from decodekit import LLM
     torch.manual_seed(0)
     cfg = transformers.MistralConfig(vocab_size=49152, hidden_size=256, intermediate_size=384, num_hidden_layers=2,
                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
                                      sliding_window=48, tie_word_embeddings=False, attn_implementation="eager")
     model = transformers.MistralForCausalLM(cfg).eval()
-    d = str(tmp_path / "mistral")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model.save_pretrained(d)
-        hf_tok.save_pretrained(d)
+    d = save_hf_dir(model, hf_tok, str(tmp_path / "mistral"))
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(100, 49152, (n,), generator=g).tolist() for n in (5, 100, 230)]
     params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)

@@ -11,6 +11,7 @@ import warnings
 import pytest
 import torch
 
+from dk_testing import save_hf_dir
 from decodekit import ops
 from decodekit.loader import ModelLoadError, load_model
 from decodekit.models import LlamaModel
@@ -253,11 +254,7 @@ def test_engine_int4_gptq_at_load(tmp_path, hf_tok):
     cfg = transformers.LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
     model = transformers.LlamaForCausalLM(cfg).eval()
-    d = str(tmp_path / "float")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model.save_pretrained(d)
-        hf_tok.save_pretrained(d)
+    d = save_hf_dir(model, hf_tok, str(tmp_path / "float"))
     llm = LLM(d, dtype="float32", device="cpu", kv_cache_memory="64MiB", quantization="int4-gptq")
     L = llm.engine.model.layers[1]
     assert all(isinstance(getattr(L, n), Int4Weight) for n in ("qkv", "o", "gate_up", "down"))
@@ -277,11 +274,7 @@ def test_quantize_cli_saves_and_reloads_exactly(tmp_path, hf_tok, method):
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                                    tie_word_embeddings=False)
     model = transformers.Qwen2ForCausalLM(cfg).eval()  # q/k/v biases: saved as float tensors
-    src, out = str(tmp_path / "float"), str(tmp_path / "int4")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model.save_pretrained(src)
-        hf_tok.save_pretrained(src)
+    src, out = save_hf_dir(model, hf_tok, str(tmp_path / "float")), str(tmp_path / "int4")
     assert main(["quantize", "--model", src, "--method", method, "--out", out]) == 0
     raw = json.loads(open(os.path.join(out, "config.json")).read())
     assert raw["quantization_config"]["quant_method"] == "decodekit-int4"
