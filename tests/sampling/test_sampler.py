@@ -2,6 +2,7 @@
 references, and batch invariance of seeded requests."""
 import math
 import random
+import zlib
 from collections import Counter
 
 import pytest
@@ -380,7 +381,7 @@ def test_filter_candidates_equal_full_sort(case):
     must equal the full sort's bit for bit, on peaked, tied (values repeated across the candidate
     boundary) and flat rows, with per-row top-k / top-p / min-p including rows where a filter is off."""
     from decodekit.sampling import sampler as S
-    g = torch.Generator().manual_seed(hash(case) % 2**31)
+    g = torch.Generator().manual_seed(zlib.crc32(case.encode()))  # (str hash() differs per process)
     B, V = 6, 49152
     logits = torch.randn(B, V, generator=g) * 3
     if case == "ties":
