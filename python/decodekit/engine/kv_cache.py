@@ -210,9 +210,7 @@ class KVCacheManager:
         changing nothing, when there are not enough free blocks.
         """
         hits = new_computed_blocks or []
-        skip = 0
-        if window is not None and hits:
-            skip = min(max(0, num_new_computed_tokens - window + 1) // self.block_size, len(hits))
+        skip = min(self._blocks_before_window(num_new_computed_tokens, window), len(hits)) if window else 0
         if num_new_tokens < 0 or num_new_computed_tokens != len(hits) * self.block_size:
             raise ValueError(f"allocate_slots({request.request_id!r}): num_new_tokens={num_new_tokens}, "
                              f"num_new_computed_tokens={num_new_computed_tokens} for {len(hits)} hit blocks")
@@ -286,16 +284,22 @@ class KVCacheManager:
         are more than `window` - 1 positions before its next token, num_computed_tokens). Their block-table
         entries become RELEASED (-1; the attention ops never read them); cached ones stay in the prefix cache
         (evictable). Returns the number of blocks released."""
-        n = min(max(0, request.num_computed_tokens - window + 1) // self.block_size, len(request.block_ids))
+        table = request.block_ids
         released = 0
-        for i in range(n):
-            block_id = request.block_ids[i]
-            if block_id == RELEASED:
-                continue
-            request.block_ids[i] = RELEASED
-            self._drop(block_id)
+        # (released entries lead the table: walk back from the last out-of-window one, so a step costs
+        # the blocks it releases, not the sequence's length)
+        for i in range(min(self._blocks_before_window(request.num_computed_tokens, window), len(table)) - 1, -1, -1):
+            if table[i] == RELEASED:
+                break
+            self._drop(table[i])
+            table[i] = RELEASED
             released += 1
         return released
+
+    def _blocks_before_window(self, next_pos: int, window: int) -> int:
+        """Leading blocks all of whose keys lie before the window of the token at next_pos (Python's
+        window_first_key of include/decodekit/attention/common.h, in whole blocks)."""
+        return max(0, next_pos - window + 1) // self.block_size
 
     def _drop(self, block_id: int) -> None:
         blk = self._blocks[block_id]

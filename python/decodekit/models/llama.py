@@ -108,6 +108,7 @@ class LlamaModel:
         self.cos_sin_cache = reference.rope_cos_sin_cache(
             c.max_position_embeddings, c.head_dim, c.rope_theta, c.rope_scaling).to(self.device)
         self.scale = c.head_dim ** -0.5
+        self.layer_windows = [c.layer_window(i) for i in range(c.num_layers)]  # paged_attention's sliding_window
         self.kv_observer = None  # calibrate_kv_scales: called with (layer, k, v) before the cache write
         self.set_kv_cache_dtype(dtype)
 
@@ -205,7 +206,7 @@ class LlamaModel:
             ops.decoder_layer(spare, h, residual, ws, kc, vc, qkv, L.qkv_bias, o, gate_up, down, group_sizes,
                               L.input_norm, L.post_norm, i > 0, c.rms_norm_eps, md.positions, self.cos_sin_cache,
                               True, md.slot_mapping, md.block_tables, md.seq_lens, md.query_start_loc,
-                              c.num_heads, c.num_kv_heads, c.head_dim, self.scale, ks, vs, c.layer_window(i))
+                              c.num_heads, c.num_kv_heads, c.head_dim, self.scale, ks, vs, self.layer_windows[i])
             h, spare = spare, h
         return h
 
@@ -255,7 +256,7 @@ class LlamaModel:
                                   md.slot_mapping, ks, vs)
             attn = ops.paged_attention(q.view(T, c.num_heads, D), kc, vc, md.block_tables, md.seq_lens,
                                        md.query_start_loc, self.scale, k_scale=ks, v_scale=vs,
-                                       sliding_window=c.layer_window(i))
+                                       sliding_window=self.layer_windows[i])
             if tp is None:
                 h = ops.linear(attn.view(T, q_size), L.o)
                 ops.fused_add_rms_norm(h, residual, L.post_norm, eps)
