@@ -29,7 +29,7 @@ PERSON = {"type": "object", "properties": {
     "married": {"type": "boolean"}}, "required": ["name", "age"]}
 REGEX = r"[A-Z][a-z]{1,12}(?: [A-Z][a-z]{1,12})?, aged [1-9][0-9]?, lives in [A-Z][a-z]{2,15}\."
 MSGS = [[{"role": "user", "content": "Describe a fictional person as JSON with name, age, tags."}]]
-# llama.cpp's grammars/json.gbnf (unrolled 3 containers deep by guided/grammar.py)
+# llama.cpp's grammars/json.gbnf (a pushdown guide: no depth bound)
 JSON_GBNF = r'''
 root   ::= object
 value  ::= object | array | string | number | ("true" | "false" | "null") ws

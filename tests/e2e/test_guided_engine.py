@@ -29,10 +29,14 @@ def llm():
     return embedded_llm(kv_cache_memory="256MiB", seed=1)
 
 
-def _guide_state(llm, sp, token_ids):
+def _guide_sp(llm, sp):
     sp = SamplingParams(**{k: v for k, v in sp.to_dict().items() if k.startswith("guided_")})
     sp.set_guided(llm.engine.tokenizer, llm.engine.eos_token_ids)
-    return sp.__dict__["_guide"].state_after(list(token_ids))
+    return sp.__dict__["_guide"]
+
+
+def _guide_state(llm, sp, token_ids):
+    return _guide_sp(llm, sp).state_after(list(token_ids))
 
 
 def _check(llm, sp, outs, full):
@@ -82,7 +86,9 @@ def test_speculative_decoding_emits_the_plain_tokens(llm, method):
     spec = embedded_llm(kv_cache_memory="256MiB", seed=1, speculative=method, num_speculative_tokens=3)
     for sp in (SamplingParams(guided_regex=REGEXES[1], temperature=0, max_tokens=30),
                SamplingParams(guided_json=PERSON, temperature=0, max_tokens=60),
-               SamplingParams(guided_regex=REGEXES[3], temperature=0.8, seed=11, max_tokens=30)):
+               SamplingParams(guided_regex=REGEXES[3], temperature=0.8, seed=11, max_tokens=30),
+               SamplingParams(guided_grammar=ARITH, temperature=0.8, seed=12, max_tokens=30),     # pushdown guides
+               SamplingParams(guided_json_object=True, temperature=0, max_tokens=40)):
         want = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, sp)]
         got = [o.outputs[0].token_ids for o in spec.generate(PROMPTS, sp)]
         assert got == want
@@ -99,9 +105,7 @@ factor ::= [1-9] [0-9]? | "(" expr ")"
 
 def test_grammar_outputs_are_in_the_language(llm):
     """guided_grammar (GBNF): outputs that end with EOS are arithmetic expressions of the grammar (Python
-    evaluates them; the grammar's regex matches them); sampled, n > 1, and through structured_outputs."""
-    from decodekit.sampling.guided.grammar import grammar_to_regex
-    rx = re.compile(grammar_to_regex(ARITH))
+    evaluates them); sampled, n > 1, and through structured_outputs."""
     prompts = ["Write an arithmetic expression:", "2 + 2 is"]
     stops = 0
     for sp in (SamplingParams(guided_grammar=ARITH, temperature=0.9, seed=4, n=3, max_tokens=48),
@@ -109,11 +113,42 @@ def test_grammar_outputs_are_in_the_language(llm):
         for o in llm.generate(prompts, sp):
             for c in o.outputs:
                 if c.finish_reason == "stop":
-                    assert rx.fullmatch(c.text) and isinstance(eval(c.text, {}), (int, float)), c.text
+                    assert re.fullmatch(r"[0-9()+\-* ]+", c.text) and isinstance(eval(c.text, {}), (int, float)), c.text
                     stops += 1
                 else:
                     assert c.finish_reason == "length" and _guide_state(llm, sp, c.token_ids) != DEAD, c.text
     assert stops >= 1       # (the model likes long sums: most outputs run to max_tokens)
+    assert_no_leaks(llm)
+
+
+def test_schema_free_values_and_grammars_nest_without_a_bound(llm):
+    """Schema-free JSON values (json_object's, a schema's {}) and recursive grammars run as pushdown automata:
+    with the bracket tokens favoured (logit_bias), greedy outputs open 20+ containers (the unrolled regexes
+    stopped at 4), every token allowed by the guide; a grammar that must close them does."""
+    tok = llm.engine.tokenizer
+    tb, _ = tok.token_bytes()
+    brackets = {i: 40.0 for i, b in enumerate(tb) if b and set(b) <= set(b"[")}
+    assert brackets
+    schema = {"type": "object", "properties": {"a": {}}, "required": ["a"]}
+    sp = SamplingParams(guided_json=schema, temperature=0, max_tokens=40, logit_bias=brackets)
+    c = llm.generate(["A JSON object:"], sp)[0].outputs[0]
+    depth = max(c.text[:i].count("[") - c.text[:i].count("]") for i in range(len(c.text) + 1))
+    assert c.finish_reason == "length" and depth >= 20 and _guide_state(llm, sp, c.token_ids) != DEAD, c.text
+    grammar = 'root ::= "<" inner ">"\ninner ::= "<" inner ">" | "x"'
+    opens = {i: 40.0 for i, b in enumerate(tb) if b and set(b) <= set(b"<")}
+    sp = SamplingParams(guided_grammar=grammar, temperature=0, max_tokens=60, logit_bias=opens)
+    c = llm.generate(["Nest:"], sp)[0].outputs[0]
+    assert c.finish_reason == "length" and c.text.count("<") >= 20 and set(c.text) <= set("<"), c.text
+    # after those tokens the guide wants "<" or "x", then exactly as many ">" as were opened, then EOS
+    g = _guide_sp(llm, sp)
+    st = g.state_after(list(c.token_ids))
+    allowed = {tb[i] for i in g.mask(st, len(tb))[0].nonzero().flatten().tolist() if i < len(tb)}
+    assert allowed == {b"<", b"<<", b"x"}, allowed
+    st = g.dfa.step(st, b"x")
+    for k in range(c.text.count("<")):
+        assert st != DEAD and not g.dfa.is_accepting(st)
+        st = g.dfa.step(st, b">")
+    assert g.dfa.is_accepting(st) and g.dfa.step(st, b">") == DEAD
     assert_no_leaks(llm)
 
 

@@ -1,7 +1,9 @@
-"""GBNF grammars -> regex (sampling/guided/grammar.py): every string the regex fully matches is in the
-grammar's language (an independent recognizer over the parsed rules says so), on strings derived from the
-grammar at random and mutated; strings nesting within the promised depth match; syntax errors give line
-and column; escapes, classes, repetition bounds and left recursion behave."""
+"""GBNF grammars (sampling/guided/grammar.py) -> the pushdown guide (rule sets, guided/pda.py) and, for
+left-recursive grammars, the unrolled regex. The pushdown automaton accepts exactly the grammar's language
+(an independent recognizer over the parsed rules is the oracle) on strings derived from the grammar at
+random - also far deeper than the regex's bound - and mutated; every string the regex fully matches is in
+the language and strings nesting within its promised depth match; syntax errors give line and column;
+escapes, classes, repetition bounds and left recursion behave."""
 from __future__ import annotations
 
 import random
@@ -10,7 +12,9 @@ import zlib
 
 import pytest
 
-from decodekit.sampling.guided.grammar import GrammarError, grammar_to_regex, parse_grammar
+from decodekit.sampling.guided import DEAD, RuleSet
+from decodekit.sampling.guided.grammar import GrammarError, grammar_guide, grammar_to_regex, parse_grammar
+from decodekit.sampling.guided.pda import LazyPDA, LeftRecursionError, compile_rules
 from decodekit.sampling.guided.regex import parse as parse_regex
 
 ARITH = r'''
@@ -115,9 +119,9 @@ class Recognizer:
         raise AssertionError(k)
 
 
-def derive(rules, rng: random.Random, name="root", budget=None) -> str:
+def derive(rules, rng: random.Random, name="root", budget=None, max_depth=12) -> str:
     """A random string of the grammar (expansions chosen at random, the shortest alternatives once the
-    budget runs low)."""
+    budget runs low or past max_depth references)."""
     budget = budget if budget is not None else [60]
 
     def go(n, depth):
@@ -141,7 +145,7 @@ def derive(rules, rng: random.Random, name="root", budget=None) -> str:
             return "".join(go(x, depth) for x in n[1])
         if k == "alt":
             opts = n[1]
-            if budget[0] < 0 or depth > 12:   # prefer alternatives without references
+            if budget[0] < 0 or depth > max_depth:   # prefer alternatives without references
                 plain = [x for x in opts if "ref" not in repr(x)]
                 # (else the fewest references: `list ::= list ", " item | item` must end with `item`)
                 opts = plain or [min(opts, key=lambda x: repr(x).count("'ref'"))]
@@ -181,6 +185,80 @@ def test_regex_matches_only_grammar_strings(name):
                 matched += 1
                 assert rec.accepts(t), (name, t)   # sound: never a string outside the language
     assert matched >= 100
+
+
+def _pda_accepts(pda: LazyPDA, s: str) -> bool:
+    sid = pda.step(pda.start, s.encode("utf-8"))
+    return sid != DEAD and pda.is_accepting(sid)
+
+
+@pytest.mark.parametrize("name", sorted(GRAMMARS))
+def test_pushdown_guide_accepts_exactly_the_language(name):
+    rules = parse_grammar(GRAMMARS[name])
+    g = grammar_guide(GRAMMARS[name])
+    if name == "list":                              # left recursive: the unrolled regex
+        assert isinstance(g, str) and g == grammar_to_regex(GRAMMARS[name])
+        with pytest.raises(LeftRecursionError, match="list -> list"):
+            compile_rules(RuleSet((("root", "(?&list)"), ("list", "(?&list), x|x"))))
+        return
+    assert isinstance(g, RuleSet) and g.rules[0][0] == "root"
+    pda = LazyPDA(compile_rules(g))
+    rec = Recognizer(rules)
+    rng = random.Random(zlib.crc32(b"pda-" + name.encode()))
+    inside = outside = 0
+    for i in range(120):
+        s = derive(rules, rng, budget=[60 if i % 2 else 400], max_depth=12 if i % 3 else 40)
+        assert rec.accepts(s) and _pda_accepts(pda, s), (name, s)
+        for t in (mutate(s, rng), mutate(mutate(s, rng), rng)):
+            ok = rec.accepts(t)
+            inside, outside = inside + ok, outside + (not ok)
+            assert _pda_accepts(pda, t) == ok, (name, t, ok)
+    assert outside >= 50
+    # each prefix of an accepted string leaves the automaton alive; a rejected byte kills it
+    s = derive(rules, rng, budget=[200], max_depth=30)
+    sid = pda.start
+    for b in s.encode("utf-8"):
+        sid = pda.step(sid, bytes([b]))
+        assert sid != DEAD
+
+
+@pytest.mark.parametrize("grammar, deep, bad", [
+    (ARITH, ["(" * 60 + "7" + ")" * 60, "1+(2*(3-(4/(5+(6*(7-(8/(9))))))))"],
+     ["(" * 60 + "7" + ")" * 59, "(1+)"]),
+    (JSON, ['{"a": ' * 40 + "1" + "}" * 40, '{"a": [' + "[" * 50 + "]" * 50 + '], "b": {"c": [{"d": null}]}}'],
+     ['{"a": ' * 40 + "1" + "}" * 39, '{"a": [[[1]]}']),
+])
+def test_pushdown_guide_nests_past_the_regex_bound(grammar, deep, bad):
+    pda = LazyPDA(compile_rules(grammar_guide(grammar)))
+    rec = Recognizer(parse_grammar(grammar))
+    rx = re.compile(grammar_to_regex(grammar))
+    for s in deep:
+        assert rec.accepts(s) and _pda_accepts(pda, s) and not rx.fullmatch(s), s
+    for s in bad:
+        assert not rec.accepts(s) and not _pda_accepts(pda, s), s
+
+
+def test_pushdown_rule_calls():
+    """Tail calls push nothing (a right-recursive list 5000 items long keeps one frame); nullable rules and
+    calls at a rule's end; rules deriving nothing are dropped; undefined calls are named."""
+    rs = RuleSet((("root", "(?&items)"), ("items", "[a-z](?:,(?&items))?")))
+    pda = LazyPDA(compile_rules(rs))
+    sid = pda.step(pda.start, b"a," * 5000 + b"b")
+    assert pda.is_accepting(sid) and len(pda.frames) < 50
+    rs = RuleSet((("root", "x(?&opt)(?&opt)y"), ("opt", "(?:z(?&opt))?"), ("dead", "q(?&dead)")))
+    pda = LazyPDA(compile_rules(rs))
+    for s, ok in [("xy", True), ("xzy", True), ("xzzzzy", True), ("xzq", False), ("x", False)]:
+        assert _pda_accepts(pda, s) == ok, s
+    with pytest.raises(GrammarError, match="undefined rule 'b'"):
+        grammar_guide('root ::= "a" b')
+    with pytest.raises(Exception, match="calls undefined rule 'nope'"):
+        compile_rules(RuleSet((("root", "a(?&nope)"),)))
+    with pytest.raises(GrammarError, match="matches nothing"):
+        grammar_guide('root ::= "a" loop\nloop ::= "b" loop')
+    # a 300-rule chain: far past the unrolled regex's bounds, a rule set as big as the grammar
+    chain = "root ::= r0\n" + "\n".join(f'r{i} ::= "x" r{i + 1} | "y"' for i in range(300)) + '\nr300 ::= "z"'
+    pda = LazyPDA(compile_rules(grammar_guide(chain)))
+    assert _pda_accepts(pda, "x" * 300 + "z") and _pda_accepts(pda, "xxy") and not _pda_accepts(pda, "x" * 301 + "z")
 
 
 @pytest.mark.parametrize("grammar, ok, too_deep", [
@@ -232,3 +310,40 @@ def test_too_large_is_refused():
     assert len(big) < 100_000
     with pytest.raises(GrammarError, match="longer than 60000"):
         grammar_to_regex(big)
+
+
+@pytest.mark.parametrize("name", ["arith", "json"])
+def test_pushdown_masks_equal_brute_force(name):
+    """Guide.mask over the pushdown automaton = stepping every token's bytes one by one; random walks through
+    the masks end (EOS) only in strings of the language, some nested past the regex's bound."""
+    from decodekit.sampling.guided import Guide
+    from decodekit.sampling.guided.automaton import TokenVocab
+    rng = random.Random(zlib.crc32(b"masks-" + name.encode()))
+    alphabet = ['(', ')', '1', '23', '+', '*', '{', '}', '[', ']', '"', 'a', ':', ',', ' ', 'null', 'é', '\\']
+    pieces = [None] + sorted({"".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 4))).encode()
+                              for _ in range(400)}) + [bytes([b]) for b in range(256)]
+    guide = Guide(LazyPDA(compile_rules(grammar_guide(GRAMMARS[name]))), TokenVocab(pieces), [0])
+    rec = Recognizer(parse_grammar(GRAMMARS[name]))
+    V = len(pieces) + 3
+    open_tokens = [t for t, b in enumerate(pieces) if b in (b"(", b"[", b"{", b"((", b"[[")]
+    ended = 0
+    for walk in range(10):
+        s, out, t = guide.initial, [], None
+        for step in range(150):
+            mask, count = guide.mask(s, V)
+            brute = {t for t, b in enumerate(pieces) if b and guide.dfa.step(s, b) != DEAD}
+            if guide.dfa.is_accepting(s) or not brute:
+                brute.add(0)
+            assert set(mask.nonzero().flatten().tolist()) == brute and count == len(brute)
+            assert guide.state_after(out) == s
+            ok_open = [x for x in open_tokens if x in brute]
+            t = rng.choice(ok_open) if step < 40 and ok_open and rng.random() < 0.5 else rng.choice(sorted(brute))
+            if t == 0:
+                break
+            out.append(t)
+            s = guide.next_state(s, t)
+        if t == 0:
+            ended += 1
+            text = b"".join(pieces[x] for x in out).decode("utf-8")
+            assert rec.accepts(text), text
+    assert ended >= 1

@@ -18,9 +18,11 @@ from fractions import Fraction
 
 import pytest
 
+from decodekit.sampling.guided import DEAD, LazyDFA, LazyPDA, RuleSet, compile_nfa
 from decodekit.sampling.guided.json_schema import (
-    DEFAULT_MAX_DEPTH, JSONSchemaError, decimal_range_regex, int_range_regex, json_object_regex,
-    json_schema_to_regex)
+    DEFAULT_MAX_DEPTH, JSONSchemaError, decimal_range_regex, int_range_regex, json_object_guide, json_object_regex,
+    json_schema_guide, json_schema_to_regex)
+from decodekit.sampling.guided.pda import compile_rules
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -395,6 +397,68 @@ def test_matches_exactly_the_valid_instances(name):
         for text in broken_texts(json.dumps(v, ensure_ascii=False), rng):
             assert not rx.fullmatch(text), (name, text)
     assert seen_valid >= 40 and (seen_invalid >= 20 or name in ("any", "json_object")), (seen_valid, seen_invalid)
+
+
+def _guide_matcher(g):
+    """fullmatch of a guide (json_schema_guide's regex or RuleSet) by its automaton, as guided decoding runs it."""
+    a = LazyPDA(compile_rules(g)) if isinstance(g, RuleSet) else LazyDFA(compile_nfa(g))
+
+    def match(text):
+        sid = a.step(a.start, text.encode("utf-8"))
+        return sid != DEAD and a.is_accepting(sid)
+    return match
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_guide_matches_exactly_the_valid_instances(name):
+    """json_schema_guide, what guided decoding runs: a RuleSet where the schema recurses (schema-free values,
+    recursive $refs), whose pushdown automaton has no depth bound: instances nest up to 9 containers / refs
+    here, all valid ones match; the rest as the regex test above."""
+    schema = CASES[name]
+    if name == "strings" and "date-time" not in FORMAT_CHECKER.checkers:
+        pytest.skip("jsonschema checks date-time only with rfc3339-validator installed")
+    g = json_schema_guide(schema)
+    if name in ("any", "json_object", "tree", "linked"):
+        assert isinstance(g, RuleSet)
+    if name in ("person", "ints", "strings"):
+        assert g == json_schema_to_regex(schema)
+    match = _guide_matcher(g)
+    validator = _validator(schema)
+    rng = random.Random("guide-" + name)
+    gen = Gen(schema, rng, max_depth=9)
+    valid = [gen(schema) for _ in range(40)] + HAND_VALID.get(name, [])
+    if name in DEPTH_LIMITED:
+        assert max(map(_nesting, valid)) > DEFAULT_MAX_DEPTH + 1
+    candidates = valid + [mutate(v, rng) for v in valid for _ in range(6)] + HAND_INVALID.get(name, [])
+    for v in candidates:
+        ok = validator.is_valid(v) and (name not in CLOSED_KEYS or not isinstance(v, dict)
+                                        or set(v) <= CLOSED_KEYS[name])
+        for text in texts_of(v):
+            assert match(text) == ok, (name, text, ok)
+    for v in valid[:8]:
+        for text in broken_texts(json.dumps(v, ensure_ascii=False), rng):
+            assert not match(text), (name, text)
+
+
+def test_guides_nest_without_a_bound():
+    deep = 1
+    for i in range(60):
+        deep = [True, deep, {"k": "v"}] if i % 7 == 0 else {"a": [deep], "b": None} if i % 2 else {"c": deep}
+    text = json.dumps({"x": deep})
+    assert _nesting(deep) > 50 and _guide_matcher(json_object_guide())(text)
+    assert not _guide_matcher(json_object_guide())(text[:-1]) and not _guide_matcher(json_object_guide())(text + "}")
+    tree = {"v": 0, "kids": []}
+    for i in range(40):
+        tree = {"v": i, "kids": [{"v": -i, "kids": []}, tree] if i % 3 else [tree]}
+    match = _guide_matcher(json_schema_guide(TREE))
+    assert match(json.dumps(tree)) and match(json.dumps(tree, separators=(",", ":")))
+    assert not match(json.dumps(tree).replace('"kids": []', '"kids": [1]', 1))
+    # a schema that recurses before any character: the unrolled regex (bounded), not a stack that never ends
+    left = {"anyOf": [{"type": "integer"}, {"type": "array", "items": {"$ref": "#"}}, {"$ref": "#/anyOf/1"}]}
+    assert isinstance(json_schema_guide(left), RuleSet)
+    self_ref = {"anyOf": [{"$ref": "#"}, {"type": "string", "maxLength": 2}]}
+    g = json_schema_guide(self_ref)
+    assert g == json_schema_to_regex(self_ref) and _guide_matcher(g)('"ab"') and not _guide_matcher(g)('"abc"')
 
 
 def test_depth_limits():

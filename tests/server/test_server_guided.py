@@ -3,6 +3,7 @@ guided_regex / guided_json / structured_outputs give outputs that parse and vali
 guides get a 400 naming the request field they came from; the server keeps serving."""
 from __future__ import annotations
 
+import functools
 import json
 import re
 
@@ -100,11 +101,7 @@ def test_guided_grammar(server):
     ({"structured_outputs": {"whitespace_pattern": " "}}, "structured_outputs"),
     ({"guided_json": False}, "guided_json"),
     ({"guided_json": '[' * 3000 + ']' * 3000}, "guided_json"),
-    ({"guided_json": {"type": "array", "items": {"type": "array", "items": {"type": "array", "items": {
-        "type": "array", "items": {"type": "array", "items": {"type": "array", "items": {"type": "array", "items": {
-            "type": "array", "items": {"type": "array", "items": {"type": "array", "items": {"type": "array",
-                                                                                         "items": {}}}}}}}}}}}}},
-     "guided_json"),
+    ({"guided_json": functools.reduce(lambda s, _: {"type": "array", "items": s}, range(13), {})}, "guided_json"),
     ({"response_format": {"type": "json_object"}, "guided_whitespace_pattern": "(?!x)"}, "guided_whitespace_pattern"),
 ])
 def test_bad_guides_get_a_400(server, body, param):

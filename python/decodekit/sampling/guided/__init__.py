@@ -5,7 +5,9 @@ guided_json / json_object; guided_choice has its own prefix rule in SamplingPara
 - ``regex.py``: the pattern subset and its compiler to a byte-level NFA (UTF-8 aware);
 - ``automaton.py``: the lazily built DFA, the vocabulary walk that turns a state into a token mask, and the
   per-request state after the generated tokens;
-- ``json_schema.py``: JSON schema -> pattern (the supported keywords and the deliberate deviations).
+- ``json_schema.py``: JSON schema -> pattern (the supported keywords and the deliberate deviations);
+- ``grammar.py``: GBNF grammars -> rule sets; ``pda.py``: rule sets (regexes that call rules: recursion, as in
+  nested JSON) run as a pushdown automaton with the DFA's interface, so masks and steps work the same.
 
 ``compile_guide`` caches compiled guides by (pattern, tokenizer, EOS ids): requests that share a schema
 share its automaton and its per-state masks.
@@ -18,8 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .automaton import DEAD, MAX_DFA_STATES, Guide, GuideError, LazyDFA, token_vocab
-from .grammar import GrammarError, grammar_to_regex
-from .json_schema import JSONSchemaError, json_object_regex, json_schema_to_regex
+from .grammar import GrammarError, grammar_guide
+from .json_schema import JSONSchemaError, json_object_guide, json_schema_guide
+from .pda import LazyPDA, RuleSet, compile_rules
 from .regex import RegexError, compile_nfa, escape, parse
 
 MAX_PATTERN_CHARS = 200_000     # guided_regex / a schema's pattern: at most this many characters
@@ -50,9 +53,9 @@ class StructuredOutputsParams:
 GuidedDecodingParams = StructuredOutputsParams
 
 
-def compile_guide(pattern: str, tokenizer, eos_token_ids) -> Guide:
-    """The Guide of `pattern` over `tokenizer`'s token bytes (cached); RegexError / GuideError when the
-    pattern is unsupported or too large."""
+def compile_guide(pattern: "str | RuleSet", tokenizer, eos_token_ids) -> Guide:
+    """The Guide of `pattern` (a regex, or a RuleSet) over `tokenizer`'s token bytes (cached); RegexError /
+    GuideError when the pattern is unsupported or too large."""
     vocab = token_vocab(tokenizer)
     key = (pattern, id(vocab), tuple(sorted({int(e) for e in eos_token_ids})))
     g = _guides.get(key)
@@ -60,7 +63,8 @@ def compile_guide(pattern: str, tokenizer, eos_token_ids) -> Guide:
         _guides.move_to_end(key)
         return g
     # a new guide (or a fresh one for a guide whose DFA grew large: requests holding it keep it)
-    g = Guide(LazyDFA(compile_nfa(pattern)), vocab, key[2])
+    dfa = LazyPDA(compile_rules(pattern)) if isinstance(pattern, RuleSet) else LazyDFA(compile_nfa(pattern))
+    g = Guide(dfa, vocab, key[2])
     if g.dfa.start == DEAD:
         raise GuideError("the pattern matches nothing")
     g.allowed_rows(g.initial)       # the first mask now: a pattern too ambiguous for it is refused here
@@ -75,10 +79,11 @@ def compile_guide(pattern: str, tokenizer, eos_token_ids) -> Guide:
 _patterns: "OrderedDict[tuple, str]" = OrderedDict()
 
 
-def guide_pattern(kind: str, value, whitespace: str | None = None) -> str:
+def guide_pattern(kind: str, value, whitespace: str | None = None) -> "str | RuleSet":
     """The checked pattern (parsed once; cached) of a guide: kind "regex" (value: the pattern), "json"
-    (value: a schema) or "json_object"; RegexError / JSONSchemaError when unsupported. `whitespace` (JSON
-    guides' whitespace pattern) is the caller's to check (SamplingParams names its field)."""
+    (value: a schema), "json_object" or "grammar" (value: GBNF text); a regex, or a RuleSet where the guide
+    recurses (JSON containers, grammar rules). RegexError / JSONSchemaError / GrammarError when unsupported.
+    `whitespace` (JSON guides' whitespace pattern) is the caller's to check (SamplingParams names its field)."""
     try:        # the key keeps the schema's key order: it is the generated properties' order
         text = value if isinstance(value, str) or value is None else _json.dumps(value)
     except RecursionError:
@@ -93,22 +98,26 @@ def guide_pattern(kind: str, value, whitespace: str | None = None) -> str:
     if kind == "regex":
         pattern = value
     elif kind == "json":
-        pattern = json_schema_to_regex(value, whitespace=whitespace)
+        pattern = json_schema_guide(value, whitespace=whitespace)
     elif kind == "json_object":
-        pattern = json_object_regex(whitespace=whitespace)
+        pattern = json_object_guide(whitespace=whitespace)
     elif kind == "grammar":
-        pattern = grammar_to_regex(value)
+        pattern = grammar_guide(value)
     else:
         raise ValueError(f"unknown guide kind {kind!r}")
-    if len(pattern) > MAX_PATTERN_CHARS:
+    size = pattern.chars if isinstance(pattern, RuleSet) else len(pattern)
+    if size > MAX_PATTERN_CHARS:
         raise (RegexError if kind == "regex" else GrammarError if kind == "grammar" else JSONSchemaError)(
-            f"the pattern has {len(pattern)} characters, more than {MAX_PATTERN_CHARS}")
-    parse(pattern)
+            f"the pattern has {size} characters, more than {MAX_PATTERN_CHARS}")
+    if isinstance(pattern, RuleSet):
+        compile_rules(pattern)
+    else:
+        parse(pattern)
     _patterns[key] = pattern
     if len(_patterns) > GUIDE_CACHE:
         _patterns.popitem(last=False)
     return pattern
 
 
-__all__ = ["DEAD", "GrammarError", "Guide", "GuideError", "GuidedDecodingParams", "JSONSchemaError", "LazyDFA", "RegexError",
-           "StructuredOutputsParams", "compile_guide", "compile_nfa", "escape", "guide_pattern", "parse", "token_vocab"]
+__all__ = ["DEAD", "GrammarError", "Guide", "GuideError", "GuidedDecodingParams", "JSONSchemaError", "LazyDFA", "LazyPDA",
+           "RegexError", "RuleSet", "StructuredOutputsParams", "compile_guide", "compile_nfa", "escape", "guide_pattern", "parse", "token_vocab"]

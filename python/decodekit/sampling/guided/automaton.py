@@ -71,7 +71,10 @@ class LazyDFA:
         self.elements = 0                                # NFA states held in all DFA states' sets
         self._add(frozenset())                           # DEAD
         self.trans[DEAD, :] = DEAD
-        self.start = self._add(self._closure([nfa.start]))
+        self.start = self._add(self._initial())
+
+    def _initial(self) -> frozenset:
+        return self._closure([self.nfa.start])
 
     def _closure(self, states) -> frozenset:
         eps = self.nfa.eps
@@ -86,6 +89,13 @@ class LazyDFA:
         # only states with byte edges (or the accepting one) tell DFA states apart
         edges, acc = self.nfa.edges, self.nfa.accept
         return frozenset(s for s in seen if edges[s] or s == acc)
+
+    def _edges(self, x) -> list:
+        """The byte-range edges (lo, hi, target element) out of one element of a state's set."""
+        return self.nfa.edges[x]
+
+    def _accepts(self, key: frozenset) -> bool:
+        return self.nfa.accept in key
 
     def _add(self, key: frozenset) -> int:
         sid = self.index.get(key)
@@ -103,7 +113,7 @@ class LazyDFA:
             self.trans = grown
         self.sets.append(key)
         self.index[key] = sid
-        self.accepting.append(self.nfa.accept in key)
+        self.accepting.append(self._accepts(key))
         return sid
 
     def expand(self, sid: int) -> None:
@@ -111,7 +121,7 @@ class LazyDFA:
         targets of the ranges that cover each interval."""
         if self.trans[sid, 0] != UNKNOWN:
             return
-        edges = [e for s in self.sets[sid] for e in self.nfa.edges[s]]
+        edges = [e for x in self.sets[sid] for e in self._edges(x)]
         events: dict[int, list] = {}
         for lo, hi, t in edges:
             events.setdefault(lo, []).append((1, t))

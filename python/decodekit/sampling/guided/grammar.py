@@ -1,5 +1,6 @@
-"""GBNF grammars (llama.cpp's format, which vLLM's guided_grammar takes with its xgrammar backend) -> a
-regular expression for the byte-level guide (regex.py / automaton.py).
+"""GBNF grammars (llama.cpp's format, which vLLM's guided_grammar takes with its xgrammar backend) -> what
+the byte-level guide runs (``grammar_guide``): a rule set for the pushdown automaton (pda.py), or, for a
+left-recursive grammar, a regular expression with the recursion unrolled (regex.py / automaton.py).
 
 Syntax: rules ``name ::= expression`` (names of letters, digits, ``-`` and ``_``; a rule may span lines: the
 next one starts at the next ``name ::=``); ``root`` is the start rule. Expressions: string literals
@@ -8,7 +9,13 @@ next one starts at the next ``name ::=``); ``root`` is the start rule. Expressio
 alternatives ``|``, repetition ``* + ?`` and ``{m}`` ``{m,}`` ``{m,n}`` ``{,n}``; comments from ``#`` to the
 end of the line.
 
-A context-free grammar is more than a regular expression: recursive rules are unrolled. The references that
+``grammar_to_rules``: each rule reached from root becomes one pattern of the rule set, its references calls
+``(?&name)``; recursion then has no depth bound (each nesting depth an output reaches costs new automaton
+states and masks once) and the rule set is as large as the grammar. A rule that can call itself before
+reading a character (``list ::= list "," item | item``) would grow the stack forever: such a grammar falls
+back to ``grammar_to_regex``.
+
+``grammar_to_regex``: a context-free grammar is more than a regular expression: recursive rules are unrolled. The references that
 close a cycle of the rule graph in a depth-first walk from root (e.g. a JSON grammar's object -> value and
 array -> value, an arithmetic grammar's factor -> expr) each cost one level, and at most ``max_depth``
 levels are open on any path; deeper branches are cut, so the guide accepts only outputs that nest at most
@@ -22,12 +29,14 @@ from __future__ import annotations
 
 import sys
 
+from .pda import LeftRecursionError, RuleSet, RuleSetError, compile_rules
 from .regex import MAX_CODEPOINT, RegexError, escape, negate, repeat
 from .regex import parse as parse_regex
 
 MAX_GRAMMAR_CHARS = 100_000
 MAX_DEPTH = 24
 MAX_REGEX_CHARS = 60_000
+MAX_RULES_CHARS = 200_000  # a rule set's patterns, all together (no inlining: about the grammar's size)
 MAX_REPEAT = 1000
 MAX_NESTING = 100          # parentheses inside one rule
 
@@ -300,8 +309,8 @@ ANY = ((0, MAX_CODEPOINT),)
 
 
 class _Emitter:
-    def __init__(self, rules: dict, depth: int):
-        self.rules, self.depth = rules, depth
+    def __init__(self, rules: dict, depth: int | None):
+        self.rules, self.depth = rules, depth       # depth None: references are rule calls (?&name)
         self.refs = {n: set(_rule_refs(b, {})) for n, b in rules.items()}
         self.back = _back_edges(rules, self.refs)
         self.memo: dict = {}
@@ -327,6 +336,8 @@ class _Emitter:
             return _class_regex(ANY)
         if k == "ref":
             target = n[1]
+            if self.depth is None:
+                return f"(?&{target})"
             nxt = level + 1 if (rule, target) in self.back else level
             if nxt > self.depth:
                 return None
@@ -351,6 +362,52 @@ class _Emitter:
                 return "" if lo == 0 else None
             return "" if inner == "" else repeat(f"(?:{inner})", lo, hi)
         raise AssertionError(k)
+
+
+NEVER = "[^\\x00-\\U0010FFFF]"       # a rule body that can match nothing
+
+
+def grammar_to_rules(text: str) -> RuleSet:
+    """The grammar as a rule set for the pushdown guide (pda.py): root first, then the rules it reaches; each
+    body a regex with its references as calls. RuleSetError (left recursion) / GrammarError."""
+    rules = parse_grammar(text)
+    em = _Emitter(rules, None)
+    order, work = ["root"], ["root"]
+    while work:
+        for m in sorted(em.refs[work.pop()]):
+            if m not in order:
+                order.append(m)
+                work.append(m)
+    out = []
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, 20_000))
+    try:
+        for n in order:
+            r = em.node(rules[n], n, 0)
+            out.append((n, NEVER if r is None else r))
+    finally:
+        sys.setrecursionlimit(old)
+    rs = RuleSet(tuple(out))
+    if rs.chars > MAX_RULES_CHARS:
+        raise GrammarError(f"the grammar's rules have {rs.chars} characters of pattern, more than {MAX_RULES_CHARS}")
+    try:
+        compile_rules(rs)
+    except LeftRecursionError:
+        raise
+    except RuleSetError as e:
+        raise GrammarError(str(e)) from None
+    except RegexError as e:
+        raise GrammarError(f"the grammar does not fit the guide: {e}") from None
+    return rs
+
+
+def grammar_guide(text: str):
+    """What the guide runs for a GBNF grammar: its rule set (recursion unbounded), or, for a left-recursive
+    grammar, its regex with the recursion unrolled (grammar_to_regex)."""
+    try:
+        return grammar_to_rules(text)
+    except LeftRecursionError:
+        return grammar_to_regex(text)
 
 
 def grammar_to_regex(text: str, max_depth: int | None = None) -> str:
@@ -388,4 +445,4 @@ def grammar_to_regex(text: str, max_depth: int | None = None) -> str:
                        f"(too many or too large rules, or rules nested too deeply)")
 
 
-__all__ = ["GrammarError", "grammar_to_regex", "parse_grammar", "RegexError"]
+__all__ = ["GrammarError", "grammar_guide", "grammar_to_regex", "grammar_to_rules", "parse_grammar", "RegexError"]

@@ -41,9 +41,13 @@ strict validator refuses:
   * Integers never match "-0"; bounded numbers have no exponent and no negative zero.
   * A schema without ``type`` but with type-specific keywords means the types those keywords constrain.
   * Other ``format`` values are annotations (ignored). ``oneOf`` is ``anyOf`` (*: exclusivity is not enforced).
-  * Schema-free values ({}, true, objects without properties, arrays without items) nest at most
-    ``max_depth`` containers from the top-level value (scalars are always allowed); a recursive ``$ref``
-    expands at most ``max_depth`` times, deeper branches can't match.
+  * What guided decoding runs is ``json_schema_guide``: schema-free values ({}, true, objects without
+    properties, arrays without items; response_format json_object) call a rule ``dk_any`` and recursive
+    ``$ref``s call a rule per pointer, so the guide is a RuleSet (pda.py) and they nest without a bound.
+    In ``json_schema_to_regex`` (and in the guide of a schema that recurses before reading a character, e.g.
+    ``{"anyOf": [{"$ref": "#"}, ...]}``) they nest at most ``max_depth`` containers from the top-level value
+    (scalars are always allowed); a recursive ``$ref`` expands at most ``max_depth`` times, deeper branches
+    can't match.
   * Counted repetition copies a sub-automaton: bounds needing over MAX_COPIES copies are refused, and so are
     schemas whose regex grows past MAX_REGEX_CHARS (about ten levels of nested arrays) or that nest keywords
     more than MAX_SCHEMA_DEPTH deep.
@@ -55,12 +59,13 @@ import json
 import math
 import re
 
+from .pda import LeftRecursionError, RuleSet, RuleSetError, compile_rules
 from .regex import RegexError, escape, negate
 from .regex import repeat as _rep
 from .regex import parse as parse_regex
 
 __all__ = ["JSONSchemaError", "DEFAULT_WHITESPACE", "DEFAULT_MAX_DEPTH", "MAX_COPIES", "json_schema_to_regex",
-           "json_object_regex", "int_range_regex", "decimal_range_regex"]
+           "json_object_regex", "json_schema_guide", "json_object_guide", "int_range_regex", "decimal_range_regex"]
 
 
 class JSONSchemaError(ValueError):
@@ -258,9 +263,18 @@ def _type_ok(v, types):
 
 
 class _Translator:
-    def __init__(self, root, ws, max_depth):
+    def __init__(self, root, ws, max_depth, rules=False):
         self.root, self.ws, self.max_depth = root, ws, max_depth
         self.refs, self.mult, self.copies, self.any_cache = [], 1, 0, {}
+        self.rules = rules                  # recursion as rule calls (a pushdown guide) instead of unrolled
+        self.rule_names: dict = {}          # rules mode: $ref pointer -> rule name (the recursive ones)
+        self.rule_targets: dict = {}        # and -> the schema it points at
+
+    def any_rule(self):
+        """Rules mode: the body of rule dk_any (any JSON value; containers call dk_any again)."""
+        ws, v = self.ws, "(?&dk_any)"
+        m = f"{_STRING}{ws}:{ws}{v}"
+        return f"(?:{_SCALARS}" + rf"|\{{{ws}(?:{m}(?:{ws},{ws}{m})*{ws})?\}}|\[{ws}(?:{v}(?:{ws},{ws}{v})*{ws})?\])"
 
     def err(self, path, msg):
         raise JSONSchemaError(f"schema at {path or '/'}: {msg}")
@@ -292,6 +306,9 @@ class _Translator:
         return None if v is None else int(v)
 
     def any(self, level):
+        if self.rules:
+            self.rule_names.setdefault(None, "dk_any")
+            return "(?&dk_any)"
         d = max(self.max_depth - level, 0)
         if d not in self.any_cache:
             ws, alts = self.ws, _SCALARS
@@ -400,6 +417,9 @@ class _Translator:
                 target = target[int(tok) if isinstance(target, list) else tok]
             except (KeyError, ValueError, IndexError, TypeError):
                 self.err(path, f"'$ref' {ref!r} does not resolve")
+        if self.rules and pointer in self.refs:     # recursion: a call of the pointer's rule
+            self.rule_targets[pointer] = target
+            return "(?&" + self.rule_names.setdefault(pointer, f"dk_ref{len(self.rule_names)}") + ")"
         if self.refs.count(pointer) >= self.max_depth:
             return None                     # recursion deeper than max_depth: this branch can't match
         self.refs.append(pointer)
@@ -556,10 +576,8 @@ class _Translator:
         return rf"\[{ws}{body}{ws}\]" if lo else rf"\[{ws}(?:{body}{ws})?\]"
 
 
-def json_schema_to_regex(schema, whitespace: str | None = None, max_depth: int = DEFAULT_MAX_DEPTH) -> str:
-    """schema: dict | bool | JSON text of one -> regex (str) whose full matches are valid instances.
-    whitespace: the regex put where JSON allows whitespace (None: DEFAULT_WHITESPACE); max_depth: the nesting
-    bound of schema-free values and recursive $refs. Raises JSONSchemaError (a ValueError)."""
+def _prepare(schema, whitespace):
+    """(the schema as data, the whitespace regex grouped) or JSONSchemaError / ValueError."""
     if isinstance(schema, (str, bytes)):
         try:
             schema = json.loads(schema)
@@ -567,8 +585,6 @@ def json_schema_to_regex(schema, whitespace: str | None = None, max_depth: int =
             raise JSONSchemaError("schema at /: nested too deeply") from None
         except ValueError as e:
             raise JSONSchemaError(f"schema at /: not valid JSON: {e}") from None
-    if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0:
-        raise ValueError(f"max_depth must be a non-negative integer, not {max_depth!r}")
     ws = DEFAULT_WHITESPACE if whitespace is None else whitespace
     try:
         parse_regex(ws)
@@ -576,6 +592,16 @@ def json_schema_to_regex(schema, whitespace: str | None = None, max_depth: int =
         raise ValueError(f"whitespace {ws!r} is not a regular expression: {e}") from None
     if ws and not re.fullmatch(r"(?:\[[^\]]*\]|\\?[^\\()|\[\]])[?*+]?", ws):
         ws = f"(?:{ws})"
+    return schema, ws
+
+
+def json_schema_to_regex(schema, whitespace: str | None = None, max_depth: int = DEFAULT_MAX_DEPTH) -> str:
+    """schema: dict | bool | JSON text of one -> regex (str) whose full matches are valid instances.
+    whitespace: the regex put where JSON allows whitespace (None: DEFAULT_WHITESPACE); max_depth: the nesting
+    bound of schema-free values and recursive $refs. Raises JSONSchemaError (a ValueError)."""
+    if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0:
+        raise ValueError(f"max_depth must be a non-negative integer, not {max_depth!r}")
+    schema, ws = _prepare(schema, whitespace)
     try:
         rx = _Translator(schema, ws, max_depth).gen(schema, "", 0)
     except RecursionError:
@@ -586,6 +612,49 @@ def json_schema_to_regex(schema, whitespace: str | None = None, max_depth: int =
     return rx
 
 
+def json_schema_guide(schema, whitespace: str | None = None):
+    """What the guide runs for a schema: its regex (str) when nothing in it recurses, else a RuleSet (pda.py)
+    in which schema-free values (rule dk_any) and recursive $refs (rules dk_ref<n>) are rule calls, so they
+    nest without a depth bound. A schema that recurses before any character (left recursion, e.g. a
+    "$ref": "#" alternative at its top) falls back to json_schema_to_regex's unrolled recursion."""
+    data, ws = _prepare(schema, whitespace)
+    t = _Translator(data, ws, DEFAULT_MAX_DEPTH, rules=True)
+    try:
+        rx = t.gen(data, "", 0)
+        if rx is None:
+            raise JSONSchemaError("schema at /: no JSON value satisfies the schema")
+        if not t.rule_names:
+            return rx
+        rules, done = [("root", rx)], set()
+        while len(done) < len(t.rule_names):
+            for key, name in list(t.rule_names.items()):
+                if name in done:
+                    continue
+                done.add(name)
+                if key is None:
+                    body = t.any_rule()
+                else:
+                    t.refs = [key]
+                    body = t.gen(t.rule_targets[key], key, 0)
+                    t.refs = []
+                rules.append((name, NEVER if body is None else body))
+    except RecursionError:
+        raise JSONSchemaError("schema at /: nested too deeply") from None
+    rs = RuleSet(tuple(rules))
+    try:
+        compile_rules(rs)
+    except LeftRecursionError:
+        return json_schema_to_regex(data, whitespace)
+    except RuleSetError as e:
+        raise JSONSchemaError(f"schema at /: {e}") from None
+    return rs
+
+
 def json_object_regex(whitespace: str | None = None, max_depth: int = DEFAULT_MAX_DEPTH) -> str:
-    """-> regex (str) for any JSON object nesting at most max_depth containers (response_format json_object)."""
+    """-> regex (str) for any JSON object nesting at most max_depth containers."""
     return json_schema_to_regex({"type": "object"}, whitespace, max_depth)
+
+
+def json_object_guide(whitespace: str | None = None):
+    """The guide of any JSON object, nesting without a bound (response_format json_object): a RuleSet."""
+    return json_schema_guide({"type": "object"}, whitespace)

@@ -98,15 +98,16 @@ def utf8_sequences(lo: int, hi: int) -> list[list[tuple[int, int]]]:
 
 
 # --------------------------------------------------------------------------- parser -> AST
-# AST: ("set", ranges) | ("cat", [nodes]) | ("alt", [nodes]) | ("rep", node, lo, hi | None)
+# AST: ("set", ranges) | ("cat", [nodes]) | ("alt", [nodes]) | ("rep", node, lo, hi | None) | ("call", name)
 EMPTY = ("cat", [])
 
 
 class _Parser:
-    def __init__(self, pattern: str):
+    def __init__(self, pattern: str, calls: bool = False):
         self.p = pattern
         self.i = 0
         self.depth = 0
+        self.calls = calls          # (?&name) calls another rule (guided/pda.py's rule sets; not user regexes)
 
     def error(self, msg: str, at: int | None = None):
         at = self.i if at is None else at
@@ -206,6 +207,14 @@ class _Parser:
             if self.depth > MAX_GROUP_DEPTH:
                 self.error(f"groups nested more than {MAX_GROUP_DEPTH} deep")
             self.i += 1
+            if self.calls and self.p.startswith("?&", self.i):
+                j = self.p.find(")", self.i)
+                if j < 0:
+                    self.error("unterminated rule call")
+                name = self.p[self.i + 2:j]
+                self.i = j + 1
+                self.depth -= 1
+                return ("call", name)
             if self.p.startswith("?", self.i):
                 if self.p.startswith("?:", self.i):
                     self.i += 2
@@ -315,19 +324,22 @@ class _Parser:
         return ord(c)
 
 
-def parse(pattern: str):
-    """The pattern's AST (module docstring for the syntax); RegexError when unsupported / malformed."""
+def parse(pattern: str, calls: bool = False):
+    """The pattern's AST (module docstring for the syntax); RegexError when unsupported / malformed.
+    calls: accept ``(?&name)``, a call of rule `name` (a rule set's rule body, guided/pda.py)."""
     if not isinstance(pattern, str):
         raise RegexError(f"the pattern must be a str, got {type(pattern).__name__}")
-    return _Parser(pattern).parse()
+    return _Parser(pattern, calls).parse()
 
 
 # --------------------------------------------------------------------------- AST -> NFA
 @dataclass
 class NFA:
-    """Thompson NFA over bytes: eps[s] = epsilon targets, edges[s] = [(lo, hi, target)] byte ranges."""
+    """Thompson NFA over bytes: eps[s] = epsilon targets, edges[s] = [(lo, hi, target)] byte ranges,
+    calls[s] = [(rule name, return state)] (rule sets only: guided/pda.py)."""
     eps: list[list[int]] = field(default_factory=list)
     edges: list[list[tuple[int, int, int]]] = field(default_factory=list)
+    calls: list[list[tuple[str, int]]] = field(default_factory=list)
     start: int = 0
     accept: int = 0
 
@@ -337,10 +349,12 @@ class NFA:
                              f"(lower the counts of repetitions such as {{n,m}} or maxLength)")
         self.eps.append([])
         self.edges.append([])
+        self.calls.append([])
         return len(self.eps) - 1
 
-    def prune(self) -> "NFA":
-        """Drop the edges into states that cannot reach `accept` (a class with no code points, say)."""
+    def prune(self, accepts=None) -> "NFA":
+        """Drop the edges into states that cannot reach `accept` (a class with no code points, say); a rule
+        set's NFA gives its rules' accepting states, and its calls count as edges to their return states."""
         rev: list[list[int]] = [[] for _ in self.eps]
         for s, ts in enumerate(self.eps):
             for t in ts:
@@ -348,8 +362,11 @@ class NFA:
         for s, es in enumerate(self.edges):
             for _, _, t in es:
                 rev[t].append(s)
-        live = {self.accept}
-        stack = [self.accept]
+        for s, cs in enumerate(self.calls):
+            for _, t in cs:
+                rev[t].append(s)
+        live = set(accepts) if accepts is not None else {self.accept}
+        stack = list(live)
         while stack:
             for s in rev[stack.pop()]:
                 if s not in live:
@@ -358,6 +375,7 @@ class NFA:
         if len(live) < len(self.eps):       # (usually every state is live: nothing to drop)
             self.eps = [[t for t in ts if t in live] for ts in self.eps]
             self.edges = [[e for e in es if e[2] in live] for es in self.edges]
+            self.calls = [[c for c in cs if c[1] in live] for cs in self.calls]
         self.live = live
         return self
 
@@ -386,6 +404,10 @@ def _build(nfa: NFA, node, cache: dict) -> tuple[int, int]:
         for seq in seqs:
             nfa.edges[a].append((seq[0][0], seq[0][1], tail(tuple(seq[1:]))))
         return a, z
+    if kind == "call":
+        a, z = nfa.new(), nfa.new()
+        nfa.calls[a].append((node[1], z))
+        return a, z
     if kind == "cat":
         a = nfa.new()
         cur = a
@@ -412,14 +434,16 @@ def _build(nfa: NFA, node, cache: dict) -> tuple[int, int]:
             first = len(nfa.eps)
             s, e = _build(nfa, child, cache)
             # a snapshot: the copy's exit gets edges to what follows it, which clones must not inherit
-            template = (first, s, e, [list(ts) for ts in nfa.eps[first:]], [list(es) for es in nfa.edges[first:]])
+            template = (first, s, e, [list(ts) for ts in nfa.eps[first:]], [list(es) for es in nfa.edges[first:]],
+                        [list(cs) for cs in nfa.calls[first:]])
             return s, e
-        first, s, e, eps, edges = template   # a fragment's edges stay inside it: shift them
+        first, s, e, eps, edges, calls = template   # a fragment's edges stay inside it: shift them
         off = len(nfa.eps) - first
         if len(nfa.eps) + len(eps) > MAX_NFA_STATES:
             nfa.new()                        # raises the "too large" error
         nfa.eps += [[t + off for t in ts] for ts in eps]
         nfa.edges += [[(lo_, hi_, t + off) for lo_, hi_, t in es] for es in edges]
+        nfa.calls += [[(n, t + off) for n, t in cs] for cs in calls]
         return s + off, e + off
 
     for _ in range(lo):                      # the required copies

@@ -1,0 +1,217 @@
+"""Rule sets - a context-free grammar whose rule bodies are regular expressions that may call rules - run as
+a byte-level pushdown automaton, so recursion (nested JSON, a GBNF grammar's expressions) has no depth bound.
+
+A ``RuleSet`` is a tuple of (name, pattern) rules, the first one the start rule; a pattern is regex.py's
+subset plus ``(?&name)``, a call of rule ``name``. ``compile_rules`` builds all the bodies into one NFA
+(regex.py's Thompson construction; a call is an edge that pushes its return state), drops the rules that
+derive no string and the states that cannot finish their rule, and refuses left recursion (a rule that can
+call itself before reading a byte: ``RuleSetError``; grammar.py then unrolls such a grammar as before).
+
+``LazyPDA`` is a LazyDFA (automaton.py) whose states are sets of stacks instead of sets of NFA states: a
+stack is a linked list of frames (NFA state, parent stack), interned as an int. The epsilon closure follows
+epsilon edges, pushes at calls (the return state; a tail call, whose return state can only finish its rule,
+pushes nothing) and pops at a rule's end; byte edges move the top frame. States are built on demand, as
+the DFA's are, so ``Guide`` computes token masks, caches them per state and steps through tokens unchanged;
+each nesting depth a request reaches adds states (and their masks) once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .automaton import GuideError, LazyDFA
+from .regex import NFA, RegexError, _build, parse
+
+ACCEPT = -1                      # the element of a state whose stack has finished the start rule
+MAX_CLOSURE = 200_000            # stacks one closure may visit (an ambiguous grammar's sets grow with depth)
+
+
+class RuleSetError(RegexError):
+    """A rule set that cannot run as a pushdown automaton here (an undefined rule, no string matches...)."""
+
+
+class LeftRecursionError(RuleSetError):
+    """A rule that can call itself before reading a byte (the pushdown automaton's stack would grow forever)."""
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """((name, pattern), ...): the first rule is the start rule; patterns call rules with (?&name)."""
+    rules: tuple
+
+    def __post_init__(self):
+        if not self.rules:
+            raise RuleSetError("a rule set needs at least one rule")
+
+    @property
+    def chars(self) -> int:
+        return sum(len(p) for _, p in self.rules)
+
+
+@dataclass
+class RuleNFA:
+    nfa: NFA
+    start: dict          # rule name -> its entry state
+    end: dict            # rule name -> its exit state
+    root: str
+    ends: frozenset      # all rules' exit states
+    tails: dict          # state -> whether its epsilon closure reads nothing and calls nothing (can only end its rule)
+
+    def is_tail(self, z: int) -> bool:
+        t = self.tails.get(z)
+        if t is None:
+            nfa = self.nfa
+            t = self.tails[z] = not any(nfa.edges[x] or nfa.calls[x] for x in _eps_reach(nfa, z, lambda n: False))
+        return t
+
+
+def _reach(nfa: NFA, s0: int, follow_call) -> set:
+    """States reachable from s0 over epsilon and byte edges, and calls where follow_call(rule) (to the return
+    state)."""
+    seen, work = {s0}, [s0]
+    while work:
+        s = work.pop()
+        nxt = list(nfa.eps[s]) + [t for _, _, t in nfa.edges[s]] + [z for n, z in nfa.calls[s] if follow_call(n)]
+        for t in nxt:
+            if t not in seen:
+                seen.add(t)
+                work.append(t)
+    return seen
+
+
+def _eps_reach(nfa: NFA, s0: int, follow_call) -> set:
+    """States reachable from s0 without reading a byte (epsilon edges, calls where follow_call(rule))."""
+    seen, work = {s0}, [s0]
+    while work:
+        s = work.pop()
+        for t in list(nfa.eps[s]) + [z for n, z in nfa.calls[s] if follow_call(n)]:
+            if t not in seen:
+                seen.add(t)
+                work.append(t)
+    return seen
+
+
+@lru_cache(maxsize=64)
+def compile_rules(rs: RuleSet) -> RuleNFA:
+    """The pruned NFA of a rule set (module docstring); RuleSetError / RegexError when it cannot run."""
+    nfa, cache = NFA(), {}
+    start, end, called = {}, {}, {}
+    for name, pattern in rs.rules:
+        if not isinstance(name, str) or not name or ")" in name or name in start:
+            raise RuleSetError(f"bad or repeated rule name {name!r}")
+        ast = parse(pattern, calls=True)
+        first = len(nfa.eps)
+        start[name], end[name] = _build(nfa, ast, cache)
+        for cs in nfa.calls[first:]:
+            for n, _ in cs:
+                called.setdefault(n, name)
+    missing = sorted(n for n in called if n not in start)
+    if missing:
+        raise RuleSetError(f"rule {called[missing[0]]!r} calls undefined rule {missing[0]!r}")
+    root = rs.rules[0][0]
+    # rules that derive some string: a fixpoint over "the end is reachable calling only productive rules"
+    productive: set = set()
+    while True:
+        new = {n for n in start if n not in productive
+               and end[n] in _reach(nfa, start[n], productive.__contains__)}
+        if not new:
+            break
+        productive |= new
+    if root not in productive:
+        raise RuleSetError("the grammar matches nothing (does every recursive rule have a way out?)")
+    nfa.calls = [[c for c in cs if c[0] in productive] for cs in nfa.calls]
+    nfa.prune(accepts=[end[n] for n in productive])
+    # left recursion: a rule that calls itself, through calls reachable without reading a byte
+    nullable: set = set()
+    while True:
+        new = {n for n in productive if n not in nullable
+               and end[n] in _eps_reach(nfa, start[n], nullable.__contains__)}
+        if not new:
+            break
+        nullable |= new
+    left = {n: sorted({c for s in _eps_reach(nfa, start[n], nullable.__contains__) for c, _ in nfa.calls[s]})
+            for n in productive}
+    state: dict = {}
+    for n0 in sorted(productive):
+        if n0 in state:
+            continue
+        path, work = [n0], [iter(left[n0])]
+        state[n0] = 1
+        while work:
+            m = next(work[-1], None)
+            if m is None:
+                state[path.pop()] = 2
+                work.pop()
+            elif state.get(m) == 1:
+                cycle = path[path.index(m):] + [m]
+                raise LeftRecursionError(f"left recursion: {' -> '.join(cycle)} (a rule reached again before any "
+                                   f"character is read)")
+            elif m not in state:
+                state[m] = 1
+                path.append(m)
+                work.append(iter(left[m]))
+    return RuleNFA(nfa, start, end, root, frozenset(end[n] for n in productive), {})
+
+
+class LazyPDA(LazyDFA):
+    """A LazyDFA over sets of stacks (module docstring); elements: interned stack ids, or ACCEPT."""
+
+    def __init__(self, rn: RuleNFA):
+        self.rn = rn
+        self.frames: list[tuple[int, int]] = []          # stack id -> (top state, parent stack id or -1)
+        self.frame_index: dict[tuple[int, int], int] = {}
+        super().__init__(rn.nfa)
+
+    def _stack(self, state: int, parent: int) -> int:
+        key = (state, parent)
+        k = self.frame_index.get(key)
+        if k is None:
+            k = self.frame_index[key] = len(self.frames)
+            self.frames.append(key)
+        return k
+
+    def _initial(self) -> frozenset:
+        return self._closure([self._stack(self.rn.start[self.rn.root], -1)])
+
+    def _closure(self, stacks) -> frozenset:
+        nfa, rn = self.nfa, self.rn
+        seen = set(stacks)
+        work = list(stacks)
+        out = set()
+
+        def add(k):
+            if k not in seen:
+                seen.add(k)
+                work.append(k)
+
+        while work:
+            k = work.pop()
+            s, parent = self.frames[k]
+            if nfa.edges[s]:
+                out.add(k)
+            for t in nfa.eps[s]:
+                add(self._stack(t, parent))
+            for name, z in nfa.calls[s]:
+                add(self._stack(rn.start[name], parent if rn.is_tail(z) else self._stack(z, parent)))
+            if s in rn.ends:                # the rule ends: pop (the parent's top is the return state)
+                if parent < 0:
+                    out.add(ACCEPT)
+                else:
+                    add(parent)
+            if len(seen) > MAX_CLOSURE:
+                raise GuideError(f"the grammar's automaton state grew past {MAX_CLOSURE} stacks (an ambiguous "
+                                 f"grammar nested deeply)")
+        self.work += len(seen)
+        return frozenset(out)
+
+    def _edges(self, k) -> list:
+        if k == ACCEPT:
+            return []
+        s, parent = self.frames[k]
+        return [(lo, hi, self._stack(t, parent)) for lo, hi, t in self.nfa.edges[s]]
+
+    def _accepts(self, key: frozenset) -> bool:
+        return ACCEPT in key
+
+
+__all__ = ["ACCEPT", "LazyPDA", "LeftRecursionError", "RuleNFA", "RuleSet", "RuleSetError", "compile_rules"]
