@@ -259,6 +259,10 @@ def test_pushdown_rule_calls():
     chain = "root ::= r0\n" + "\n".join(f'r{i} ::= "x" r{i + 1} | "y"' for i in range(300)) + '\nr300 ::= "z"'
     pda = LazyPDA(compile_rules(grammar_guide(chain)))
     assert _pda_accepts(pda, "x" * 300 + "z") and _pda_accepts(pda, "xxy") and not _pda_accepts(pda, "x" * 301 + "z")
+    # 3000 rules, each productive only through the next (the worklist finds them in one pass, not 3000)
+    chain = "root ::= r0\n" + "\n".join(f'r{i} ::= "x" r{i + 1} "w"?' for i in range(3000)) + '\nr3000 ::= "z"'
+    pda = LazyPDA(compile_rules(grammar_guide(chain)))
+    assert _pda_accepts(pda, "x" * 3000 + "z" + "w" * 7) and not _pda_accepts(pda, "x" * 2999 + "z")
 
 
 @pytest.mark.parametrize("grammar, ok, too_deep", [

@@ -91,11 +91,28 @@ def _eps_reach(nfa: NFA, s0: int, follow_call) -> set:
     return seen
 
 
+def _fixpoint(names, check, callers) -> set:
+    """The least set S of rule names closed under "check(n, S) -> n in S": a worklist that re-checks only the
+    callers of a rule that joined (a chain of n rules costs n checks, not n passes over all of them)."""
+    got: set = set()
+    work, queued = list(names), set(names)
+    while work:
+        n = work.pop()
+        queued.discard(n)
+        if n not in got and check(n, got):
+            got.add(n)
+            for c in callers.get(n, ()):
+                if c not in got and c not in queued:
+                    queued.add(c)
+                    work.append(c)
+    return got
+
+
 @lru_cache(maxsize=64)
 def compile_rules(rs: RuleSet) -> RuleNFA:
     """The pruned NFA of a rule set (module docstring); RuleSetError / RegexError when it cannot run."""
     nfa, cache = NFA(), {}
-    start, end, called = {}, {}, {}
+    start, end, called, callers = {}, {}, {}, {}
     for name, pattern in rs.rules:
         if not isinstance(name, str) or not name or ")" in name or name in start:
             raise RuleSetError(f"bad or repeated rule name {name!r}")
@@ -105,30 +122,20 @@ def compile_rules(rs: RuleSet) -> RuleNFA:
         for cs in nfa.calls[first:]:
             for n, _ in cs:
                 called.setdefault(n, name)
+                callers.setdefault(n, set()).add(name)
     missing = sorted(n for n in called if n not in start)
     if missing:
         raise RuleSetError(f"rule {called[missing[0]]!r} calls undefined rule {missing[0]!r}")
     root = rs.rules[0][0]
     # rules that derive some string: a fixpoint over "the end is reachable calling only productive rules"
-    productive: set = set()
-    while True:
-        new = {n for n in start if n not in productive
-               and end[n] in _reach(nfa, start[n], productive.__contains__)}
-        if not new:
-            break
-        productive |= new
+    productive = _fixpoint(list(start), lambda n, got: end[n] in _reach(nfa, start[n], got.__contains__), callers)
     if root not in productive:
         raise RuleSetError("the grammar matches nothing (does every recursive rule have a way out?)")
     nfa.calls = [[c for c in cs if c[0] in productive] for cs in nfa.calls]
     nfa.prune(accepts=[end[n] for n in productive])
     # left recursion: a rule that calls itself, through calls reachable without reading a byte
-    nullable: set = set()
-    while True:
-        new = {n for n in productive if n not in nullable
-               and end[n] in _eps_reach(nfa, start[n], nullable.__contains__)}
-        if not new:
-            break
-        nullable |= new
+    nullable = _fixpoint(sorted(productive), lambda n, got: end[n] in _eps_reach(nfa, start[n], got.__contains__),
+                         callers)
     left = {n: sorted({c for s in _eps_reach(nfa, start[n], nullable.__contains__) for c, _ in nfa.calls[s]})
             for n in productive}
     state: dict = {}
