@@ -125,3 +125,12 @@ def test_bad_values_one_line(capsys, argv, words):
     assert err.startswith("decodekit: error:") and "Traceback" not in err
     for w in words:
         assert w in err
+
+
+def test_explain_sliding_window(capsys):
+    assert main(["plan", "explain", "--model", "mistral-7b-v0.1", "--gpu", "h200", "--gpus", "1",
+                 "--prompt-len", "30000", "--output-len", "2000", "--batch", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "sliding window 4096 tokens on 32 of 32 layers" in out and "keeps only a window" in out
+    assert "KV bytes per GPU = 4 x 4096 tokens (attended of 31000: window 4096)" in out, out
+    assert "max batch at 32000 tokens (holding 4112)" in out, out

@@ -108,6 +108,50 @@ def test_capacity_by_hand():
     assert P.capacity(TOYM, tiny, BF16, context=1).max_batch == 0
 
 
+def test_sliding_window_caps_attended_and_held_context(tmp_path):
+    """A windowed layer reads at most its window's keys (KV bytes, attention FLOPs); a sequence holds a window
+    and a block of KV only when every layer is windowed (the engine frees the rest); from config.json as the
+    engine's loader reads it (Mistral: every layer, default 4096; Qwen2: use_sliding_window, max_window_layers)."""
+    import dataclasses
+    hw = Hardware("g", 80e9, 3e12, {"bf16": 1e15}, 1e11, 1e-6)
+    m = P.load_model("mistral-7b-v0.1")
+    full = dataclasses.replace(m, sliding_window=0, window_layers=0)
+    assert (m.sliding_window, m.window_layers) == (4096, 32) and m.params == full.params
+    for ctx in (100, 4096, 30000):
+        a, b = (P.decode_step(x, hw, BF16, batch=8, context=ctx) for x in (m, full))
+        assert a.kv_bytes == pytest.approx(b.kv_bytes * min(ctx, 4096) / ctx)
+        assert a.flops - 8 * 2 * m.params == pytest.approx((b.flops - 8 * 2 * m.params) * min(ctx, 4096) / ctx)
+        ca, cb = (P.capacity(x, hw, BF16, context=ctx) for x in (m, full))
+        assert ca.max_tokens == cb.max_tokens and ca.max_batch == ca.max_tokens // min(ctx, 4096 + 16)
+    pa, pb = (P.prefill(x, hw, BF16, 10000, attention=True) for x in (m, full))
+    assert pb.attention_flops == 2 * 32 * 10000 ** 2 * m.q_dim
+    assert pa.attention_flops == 4 * m.q_dim * 32 * (4096 ** 2 / 2 + (10000 - 4096) * 4096)
+    assert P.prefill(m, hw, BF16, 4000, attention=True).attention_flops == P.prefill(
+        full, hw, BF16, 4000, attention=True).attention_flops
+    half = dataclasses.replace(m, window_layers=16)     # mixed layers: the KV is kept, half the layers read less
+    assert half.attended_context(10000) == (16 * 10000 + 16 * 4096) / 32 and half.held_context(10000) == 10000
+    with pytest.raises(ValueError, match="window_layers"):
+        dataclasses.replace(m, window_layers=33)
+    with pytest.raises(ValueError, match="window_layers"):
+        dataclasses.replace(m, sliding_window=0)
+    base = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "intermediate_size": 14336, "vocab_size": 32000}
+    for extra, want in [({"model_type": "mistral"}, (4096, 32)), ({"model_type": "mistral", "sliding_window": None}, (0, 0)),
+                        ({"model_type": "mistral", "sliding_window": 1024}, (1024, 32)),
+                        ({"model_type": "qwen2", "sliding_window": 512}, (0, 0)),
+                        ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 512,
+                          "max_window_layers": 20}, (512, 12)),
+                        ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 512,
+                          "layer_types": ["full_attention", "sliding_attention"] * 16}, (512, 16)),
+                        ({"model_type": "llama", "sliding_window": 512}, (0, 0))]:
+        (tmp_path / "config.json").write_text(json.dumps({**base, **extra}))
+        got = P.load_model(str(tmp_path / "config.json"))
+        assert (got.sliding_window, got.window_layers) == want, extra
+    (tmp_path / "config.json").write_text(json.dumps({**base, "model_type": "mistral", "sliding_window": -3}))
+    with pytest.raises(ValueError, match="sliding_window"):
+        P.load_model(str(tmp_path / "config.json"))
+
+
 def test_pipeline_bubble_and_latency():
     s1 = P.decode_step(TOYM, TOY, BF16, batch=1, context=0, pp=4)
     assert s1.microbatches == 1 and s1.bubble == 0.75

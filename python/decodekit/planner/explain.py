@@ -80,6 +80,10 @@ def explain(model: ModelSpec, hw: Hardware, wf: WeightFormat, workload: Workload
     kv_tok = model.kv_bytes_per_token(kv_dtype)
     out(f"   KV per token = 2 (K, V) x {model.n_layers} layers x {model.n_kv_heads} KV heads x {model.head_dim} dims "
         f"x {kvb} B ({kv_dtype}) = {kv_tok:,} B ({kv_tok / 1024:.4g} KiB)")
+    if model.sliding_window:
+        out(f"   sliding window {model.sliding_window} tokens on {model.window_layers} of {model.n_layers} layers: "
+            f"they read at most that many keys" + (", and a sequence keeps only a window (+ a block) of KV"
+                                                   if model.window_layers == model.n_layers else ""))
 
     # 2. hardware
     out("\n2. Hardware (per GPU)")
@@ -114,7 +118,10 @@ def explain(model: ModelSpec, hw: Hardware, wf: WeightFormat, workload: Workload
             f"({cap.replication_loss:.0%} lost)")
     if cap.fits_weights:
         out(f"   max tokens = {fmt_bytes(cap.kv_budget_bytes)} / {cap.kv_bytes_per_token:,.0f} B = {cap.max_tokens:,}; "
-            f"max batch at {workload.max_context} tokens = {cap.max_batch} sequences per replica, "
+            f"max batch at {workload.max_context} tokens"
+            + (f" (holding {model.held_context(workload.max_context):g})"
+               if model.held_context(workload.max_context) != workload.max_context else "")
+            + f" = {cap.max_batch} sequences per replica, "
             f"{cap.max_batch * reps} over {reps} replica(s)")
     else:
         out("   the weights do not fit: no room for KV")
@@ -134,10 +141,13 @@ def explain(model: ModelSpec, hw: Hardware, wf: WeightFormat, workload: Workload
             f"{math.ceil(model.n_layers / pp)} layers")
     out(f"   weight bytes per GPU = {fmt_bytes(s.weight_bytes)} -> / {fmt_rate(hw.mem_bw, 'B/s')} = "
         f"{fmt_time(s.t_weights)}")
-    out(f"   KV bytes per GPU = {b:g} x {ctx:g} tokens x {cap.kv_bytes_per_token:,.0f} B = {fmt_bytes(s.kv_bytes)} -> "
+    actx = model.attended_context(ctx)
+    out(f"   KV bytes per GPU = {b:g} x {actx:g} tokens"
+        + (f" (attended of {ctx:g}: window {model.sliding_window})" if actx != ctx else "")
+        + f" x {cap.kv_bytes_per_token:,.0f} B = {fmt_bytes(s.kv_bytes)} -> "
         f"{fmt_time(s.t_kv)}")
     fr = hw.flops_for(wf.compute)
-    out(f"   FLOPs per GPU = {b:g} x (2 x {fmt_count(model.params)} + 4 x {model.n_layers} x {ctx:g} x "
+    out(f"   FLOPs per GPU = {b:g} x (2 x {fmt_count(model.params)} + 4 x {model.n_layers} x {actx:g} x "
         f"{model.q_dim}) / "
         f"{tp * pp} = {fmt_rate(s.flops, 'FLOP')} -> / {fmt_rate(fr, 'FLOP/s')} = {fmt_time(s.t_compute)}")
     out(f"   {s.bound}-bound: max({fmt_time(s.t_mem)}, {fmt_time(s.t_compute)}) = "

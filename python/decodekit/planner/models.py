@@ -44,12 +44,21 @@ class ModelSpec:
     qkv_bias: bool = False
     stored_bytes: dict | None = None
     stored_format: str | None = None
+    sliding_window: int = 0          # tokens a windowed layer attends to (0: none)
+    window_layers: int = 0           # how many layers are windowed (Mistral v0.1: all; Qwen2: from max_window_layers)
 
     def __post_init__(self):
         for f in ("vocab", "hidden", "n_layers", "n_heads", "n_kv_heads", "head_dim", "intermediate"):
             v = getattr(self, f)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"model {self.name!r}: {f} must be a positive integer (got {v!r})")
+        for f in ("sliding_window", "window_layers"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v < 0:
+                raise ValueError(f"model {self.name!r}: {f} must be a non-negative integer (got {v!r})")
+        if self.window_layers > self.n_layers or (self.window_layers > 0) != (self.sliding_window > 0):
+            raise ValueError(f"model {self.name!r}: window_layers ({self.window_layers}) must be 1..n_layers "
+                             f"({self.n_layers}) with a sliding_window, 0 without one")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"model {self.name!r}: n_heads ({self.n_heads}) must be a multiple of "
                              f"n_kv_heads ({self.n_kv_heads})")
@@ -96,6 +105,19 @@ class ModelSpec:
         """KV cache bytes per token, all layers: 2 (K and V) * layers * kv_heads * head_dim * bytes."""
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * dtype_bytes(kv_dtype, "kv_dtype")
 
+    def attended_context(self, context: float) -> float:
+        """The keys a decode step reads per layer, averaged over the layers: `context`, except that a
+        windowed layer reads at most `sliding_window` of them (KV bytes and attention FLOPs scale with it)."""
+        w = self.window_layers
+        return ((self.n_layers - w) * context + w * min(context, self.sliding_window)) / self.n_layers
+
+    def held_context(self, context: float, block_size: int = 16) -> float:
+        """The KV tokens a sequence at `context` keeps cached: all of them, unless every layer is windowed -
+        the engine then frees the blocks wholly before the window (a window and a block's worth remain)."""
+        if self.sliding_window and self.window_layers == self.n_layers:
+            return min(context, self.sliding_window + block_size)
+        return context
+
 
 def dtype_bytes(name: str, field: str = "dtype") -> int:
     if name not in DTYPE_BYTES:
@@ -114,6 +136,8 @@ PRESETS: dict[str, ModelSpec] = {
     "qwen2.5-7b": _llama("Qwen2.5-7B", 152064, 3584, 28, 28, 4, 18944, bias=True),
     "qwen2.5-72b": _llama("Qwen2.5-72B", 152064, 8192, 80, 64, 8, 29568, bias=True),
     "smollm2-135m": _llama("SmolLM2-135M", 49152, 576, 30, 9, 3, 1536, head_dim=64, tied=True),
+    "mistral-7b-v0.1": dataclasses.replace(_llama("Mistral-7B-v0.1", 32000, 4096, 32, 32, 8, 14336),
+                                           sliding_window=4096, window_layers=32),
 }
 _ALIASES = {"llama38b": "llama3-8b", "llama318b": "llama3-8b", "metallama38b": "llama3-8b",
             "llama370b": "llama3-70b", "llama3170b": "llama3-70b", "llama3370b": "llama3-70b",
@@ -146,6 +170,27 @@ def load_model(spec: str) -> ModelSpec:
                      "or a config.json / .gguf path")
 
 
+def _hf_window(c: dict, n_layers: int) -> dict:
+    """sliding_window / window_layers as the engine's HF loader reads them: Mistral's `sliding_window` on every
+    layer (absent: 4096, MistralConfig's default; null: none); Qwen2's only with use_sliding_window, on the
+    layers from max_window_layers on (or those `layer_types` calls "sliding_attention")."""
+    mt = c.get("model_type")
+    if mt == "mistral":
+        w, n = c.get("sliding_window", 4096), n_layers
+    elif mt == "qwen2" and c.get("use_sliding_window"):
+        types = c.get("layer_types")
+        n = (sum(t == "sliding_attention" for t in types) if isinstance(types, list)
+             else max(0, n_layers - int(c.get("max_window_layers", 28))))
+        w = c.get("sliding_window", 4096)
+    else:
+        return {}
+    if w is None or not n:
+        return {}
+    if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+        raise ValueError(f"model: sliding_window must be a positive integer or null (got {w!r})")
+    return {"sliding_window": w, "window_layers": n}
+
+
 def from_hf_config(path: str) -> ModelSpec:
     """Shape from a Hugging Face config.json (Llama / Qwen2 / Mistral style keys)."""
     if not os.path.exists(path):
@@ -160,7 +205,8 @@ def from_hf_config(path: str) -> ModelSpec:
             n_kv_heads=int(c.get("num_key_value_heads") or heads),
             head_dim=int(c.get("head_dim") or d // heads), intermediate=int(c["intermediate_size"]),
             tied_embeddings=bool(c.get("tie_word_embeddings", False)),
-            qkv_bias=bool(c.get("attention_bias", c.get("model_type") == "qwen2")))
+            qkv_bias=bool(c.get("attention_bias", c.get("model_type") == "qwen2")),
+            **_hf_window(c, int(c["num_hidden_layers"])))
     except KeyError as e:
         raise ValueError(f"model: {path} lacks {e.args[0]!r}") from None
 

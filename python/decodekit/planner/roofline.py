@@ -7,7 +7,9 @@ Decode step (per replica, one token per sequence):
     FLOPs  = B * (2 * P + 4 * layers * context * heads * head_dim) / (TP * PP)        (per GPU)
     t      = max(bytes / (BW * eff_bw), FLOPs / (FLOP/s * eff_mm)) + AllReduce        (per stage)
 KV is sharded by KV head: past TP = kv_heads each rank holds a whole head, replicated TP/kv_heads
-times. Seed conventions (they reproduce the seed documents' numbers within 2%): P counts every
+times. With a sliding window (Mistral v0.1, Qwen2's windowed layers) `context` above is the attended context
+(ModelSpec.attended_context: a windowed layer reads at most its window), and a sequence holds only a window's
+KV when every layer is windowed (ModelSpec.held_context). Seed conventions (they reproduce the seed documents' numbers within 2%): P counts every
 parameter, the input embedding included, and every weight byte is read once per step; prefill
 FLOPs are 2 * P * T (the causal attention term 2 * layers * T^2 * heads * head_dim is left out
 unless `prefill_attention=True`) at `prefill_mfu` (0.5: "65 ms at 50% of peak").
@@ -146,7 +148,8 @@ class Capacity:
 def capacity(model: ModelSpec, hw: Hardware, wf: WeightFormat, *, context: int, tp: int = 1, pp: int = 1,
              kv_dtype: str = "bf16", reserve_bytes: float | None = None) -> Capacity:
     """KV capacity per GPU: memory - weights/(TP*PP) - activation reserve, over the KV bytes one
-    token leaves on this GPU; max_batch = floor(max_tokens / context)."""
+    token leaves on this GPU; max_batch = floor(max_tokens / context) (the tokens a sequence holds: a
+    window and a block when every layer is windowed, ModelSpec.held_context)."""
     if reserve_bytes is None:
         reserve_bytes = activation_reserve(model, hw, tp)
     w = wf.total_bytes(model) / (tp * pp)
@@ -155,7 +158,7 @@ def capacity(model: ModelSpec, hw: Hardware, wf: WeightFormat, *, context: int, 
     per = kv_tok / (kv_shard_heads(model, tp) * pp)
     ideal_per = kv_tok / (tp * pp)
     tokens = int(budget // per) if budget > 0 else 0
-    ctx = max(1, context)
+    ctx = max(1, int(model.held_context(context)))
     return Capacity(hw.mem_bytes, w, reserve_bytes, budget, per, ideal_per, tp / kv_shard_heads(model, tp), tokens,
                     tokens // ctx, int(budget // ideal_per) // ctx if budget > 0 else 0, context)
 
@@ -234,15 +237,16 @@ class DecodeStep:
 
 
 def decode_flops_per_seq(model: ModelSpec, context: float) -> float:
-    """2 * P (every parameter one multiply-add) + attention 4 * layers * context * heads * head_dim."""
-    return 2 * model.params + 4 * model.n_layers * context * model.q_dim
+    """2 * P (every parameter one multiply-add) + attention 4 * layers * context * heads * head_dim (a windowed
+    layer's context capped at its window)."""
+    return 2 * model.params + 4 * model.n_layers * model.attended_context(context) * model.q_dim
 
 
 def _stage(model, hw, wf, eff, b, context, tp, pp, kv_dtype, tokens_per_seq=1.0, algo="auto"):
     """Per-GPU bytes/FLOPs/times of one stage processing a microbatch of b sequences."""
     wbytes = wf.total_bytes(model) / (tp * pp)
     t_w = weight_read_time(model, hw, wf, eff, tp * pp)
-    kv = b * context * model.kv_bytes_per_token(kv_dtype) / (kv_shard_heads(model, tp) * pp)
+    kv = b * model.attended_context(context) * model.kv_bytes_per_token(kv_dtype) / (kv_shard_heads(model, tp) * pp)
     t_kv = kv / (hw.mem_bw * eff.kv_bw)
     flops = b * tokens_per_seq * decode_flops_per_seq(model, context) / (tp * pp)
     t_c = flops / (hw.flops_for(wf.compute) * eff.decode_mfu)
@@ -325,11 +329,15 @@ def prefill(model: ModelSpec, hw: Hardware, wf: WeightFormat, tokens: int, *, tp
             eff: Efficiency = IDEAL, attention: bool = False, chunk_tokens: int = 2048,
             algo: str = "auto") -> Prefill:
     """Compute-bound: FLOPs = 2 * P * T (+ causal attention 2 * layers * T^2 * heads * head_dim if
-    `attention`) over TP GPUs at eff.prefill_mfu of peak; never faster than one weight read.
+    `attention`; windowed layers' queries past the window count W keys) over TP GPUs at eff.prefill_mfu of peak; never faster than one weight read.
     With PP the prompt goes in c = ceil(T / chunk_tokens) chunks: TTFT = (c + PP - 1) stage times."""
     if tokens < 1:
         raise ValueError(f"prompt length must be >= 1 (got {tokens})")
-    attn = 2 * model.n_layers * tokens ** 2 * model.q_dim
+    # 4 * heads * head_dim per (query, key) pair (QK^T and PV); ~T^2/2 causal pairs per layer, a windowed layer's
+    # queries past the window see W keys each
+    W, T, nw = model.sliding_window, tokens, model.window_layers
+    pairs_win = T ** 2 / 2 if T <= W else W ** 2 / 2 + (T - W) * W
+    attn = 4 * model.q_dim * ((model.n_layers - nw) * T ** 2 / 2 + nw * pairs_win)
     flops = 2 * model.params * tokens + (attn if attention else 0.0)
     t_c = flops / (tp * hw.flops_for(wf.compute) * eff.prefill_mfu)
     t_w = weight_read_time(model, hw, wf, eff, tp)
