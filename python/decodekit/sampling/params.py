@@ -432,6 +432,7 @@ class SamplingParams:
         try:
             if ws is not None:
                 parse(ws)
+                parse(f"(?:{ws})")      # as the guide embeds it: anchors ("^", "$") have no place there
         except RegexError as e:
             raise SamplingParamsError("guided_whitespace_pattern", str(e)) from None
         if kind in ("guided_regex", "guided_grammar"):

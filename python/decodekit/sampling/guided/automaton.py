@@ -97,15 +97,18 @@ class LazyDFA:
     def _accepts(self, key: frozenset) -> bool:
         return self.nfa.accept in key
 
+    def _too_big(self) -> str:
+        return (f"the guide's automaton grew past {MAX_DFA_STATES} states (or {MAX_DFA_ELEMENTS} NFA states in "
+                f"them): the pattern is too ambiguous for a DFA (nested or overlapping repetitions such as "
+                f"(?:.{{0,100}}){{100}} or .*x.{{30}})")
+
     def _add(self, key: frozenset) -> int:
         sid = self.index.get(key)
         if sid is not None:
             return sid
         sid = len(self.sets)
         if sid >= MAX_DFA_STATES or self.elements + len(key) > MAX_DFA_ELEMENTS:
-            raise GuideError(f"the guide's automaton grew past {MAX_DFA_STATES} states (or {MAX_DFA_ELEMENTS} "
-                             f"NFA states in them): the pattern is too ambiguous for a DFA (nested or overlapping "
-                             f"repetitions such as (?:.{{0,100}}){{100}} or .*x.{{30}})")
+            raise GuideError(self._too_big())
         self.elements += len(key)
         if sid >= self.trans.shape[0]:
             grown = np.full((self.trans.shape[0] * 2, 256), UNKNOWN, dtype=np.int32)

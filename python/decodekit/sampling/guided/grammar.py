@@ -215,6 +215,7 @@ class _Parser:
 
     def postfix(self, item):
         s = self.s
+        ops = 0
         while True:
             j = self.i          # spaces may come before an operator (not a newline: the next line may start a rule)
             while j < len(s) and s[j] in " \t":
@@ -223,6 +224,9 @@ class _Parser:
                 break
             self.i = j
             c = s[self.i]
+            ops += 1
+            if ops > MAX_NESTING:
+                self.error(f"more than {MAX_NESTING} repetition operators in a row")
             if c in "*+?":
                 self.i += 1
                 item = ("rep", item, 1 if c == "+" else 0, 1 if c == "?" else None)
@@ -243,15 +247,18 @@ class _Parser:
 
 
 def _rule_refs(node, out: dict) -> dict:
-    """The rule names a rule body refers to, each with its first offset in the text (added to `out`)."""
-    k = node[0]
-    if k == "ref":
-        out.setdefault(node[1], node[2])
-    elif k in ("seq", "alt"):
-        for x in node[1]:
-            _rule_refs(x, out)
-    elif k == "rep":
-        _rule_refs(node[1], out)
+    """The rule names a rule body refers to, each with its first offset in the text (added to `out`); a walk
+    with its own stack (a chain of postfix operators nests the AST as deep as it is long)."""
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        k = n[0]
+        if k == "ref":
+            out.setdefault(n[1], n[2])
+        elif k in ("seq", "alt"):
+            todo += reversed(n[1])
+        elif k == "rep":
+            todo.append(n[1])
     return out
 
 
@@ -385,6 +392,8 @@ def grammar_to_rules(text: str) -> RuleSet:
         for n in order:
             r = em.node(rules[n], n, 0)
             out.append((n, NEVER if r is None else r))
+    except RecursionError:
+        raise GrammarError("the grammar's expressions nest too deeply") from None
     finally:
         sys.setrecursionlimit(old)
     rs = RuleSet(tuple(out))

@@ -7,10 +7,12 @@ subset plus ``(?&name)``, a call of rule ``name``. ``compile_rules`` builds all 
 derive no string and the states that cannot finish their rule, and refuses left recursion (a rule that can
 call itself before reading a byte: ``RuleSetError``; grammar.py then unrolls such a grammar as before).
 
-``LazyPDA`` is a LazyDFA (automaton.py) whose states are sets of stacks instead of sets of NFA states: a
-stack is a linked list of frames (NFA state, parent stack), interned as an int. The epsilon closure follows
-epsilon edges, pushes at calls (the return state; a tail call, whose return state can only finish its rule,
-pushes nothing) and pops at a rule's end; byte edges move the top frame. States are built on demand, as
+``LazyPDA`` is a LazyDFA (automaton.py) whose states are sets of stacks instead of sets of NFA states. A
+set of stacks is a hash-consed trie read from the top (a graph-structured stack, as GLR parsers keep): one
+entry per top state, the stacks below it one shared node, so parses of an ambiguous grammar that reach the
+same state merge instead of multiplying. The epsilon closure follows epsilon edges, pushes at calls (the
+return state; a tail call, whose return state can only finish its rule, pushes nothing) and pops at a rule's
+end; byte edges move the top entries. States are built on demand, as
 the DFA's are, so ``Guide`` computes token masks, caches them per state and steps through tokens unchanged;
 each nesting depth a request reaches adds states (and their masks) once.
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .automaton import GuideError, LazyDFA
+from .automaton import MAX_DFA_ELEMENTS, MAX_DFA_STATES, GuideError, LazyDFA
 from .regex import NFA, RegexError, _build, parse
 
 ACCEPT = -1                      # the element of a state whose stack has finished the start rule
@@ -161,64 +163,113 @@ def compile_rules(rs: RuleSet) -> RuleNFA:
 
 
 class LazyPDA(LazyDFA):
-    """A LazyDFA over sets of stacks (module docstring); elements: interned stack ids, or ACCEPT."""
+    """A LazyDFA over sets of stacks (module docstring). A set of stacks is a hash-consed trie read from the
+    top: node id -> (whether it holds the empty stack, frozenset of (top state, node of the rest)), one entry
+    per top state; two parses that reach the same state merge their rests (a graph-structured stack, as GLR
+    parsers keep), so an ambiguous grammar's states stay small. A DFA state's elements are the top-level
+    (state, rest) pairs, plus ACCEPT when the start rule can have ended."""
 
     def __init__(self, rn: RuleNFA):
         self.rn = rn
-        self.frames: list[tuple[int, int]] = []          # stack id -> (top state, parent stack id or -1)
-        self.frame_index: dict[tuple[int, int], int] = {}
+        self.nodes: list[tuple[bool, frozenset]] = []     # node id -> (holds the empty stack, entries)
+        self.node_index: dict = {}
+        self._unions: dict = {}
+        self.BOTTOM = self._node(True, frozenset())        # {the empty stack}: below the start rule's frame
         super().__init__(rn.nfa)
 
-    def _stack(self, state: int, parent: int) -> int:
-        key = (state, parent)
-        k = self.frame_index.get(key)
+    def _node(self, eps: bool, entries: frozenset) -> int:
+        key = (eps, entries)
+        k = self.node_index.get(key)
         if k is None:
-            k = self.frame_index[key] = len(self.frames)
-            self.frames.append(key)
+            k = self.node_index[key] = len(self.nodes)
+            self.nodes.append(key)
         return k
 
+    def _union(self, a: int, b: int) -> int:
+        """The node of the union of two nodes' stacks (entries with the same top state merge their rests);
+        memoized, iterative (the rests may differ thousands of frames down)."""
+        if a == b:
+            return a
+        memo, nodes = self._unions, self.nodes
+        goal = (a, b) if a < b else (b, a)
+        todo = [goal]
+        while todo:
+            key = todo[-1]
+            if key in memo:
+                todo.pop()
+                continue
+            (ea, xa), (eb, xb) = nodes[key[0]], nodes[key[1]]
+            d = dict(xa)
+            need = [k for k in (((d[s], c) if d[s] < c else (c, d[s])) for s, c in xb if s in d and d[s] != c)
+                    if k not in memo]
+            if need:
+                todo += need
+                continue
+            for s, c in xb:
+                o = d.get(s)
+                d[s] = c if o is None or o == c else memo[(o, c) if o < c else (c, o)]
+            memo[key] = self._node(ea or eb, frozenset(d.items()))
+            todo.pop()
+        return memo[goal]
+
     def _initial(self) -> frozenset:
-        return self._closure([self._stack(self.rn.start[self.rn.root], -1)])
+        return self._closure([(self.rn.start[self.rn.root], self.BOTTOM)])
 
-    def _closure(self, stacks) -> frozenset:
-        nfa, rn = self.nfa, self.rn
-        seen = set(stacks)
-        work = list(stacks)
-        out = set()
+    def _closure(self, elements) -> frozenset:
+        nfa, rn, nodes = self.nfa, self.rn, self.nodes
+        top: dict[int, int] = {}        # top state -> node of the stacks below it
+        work: list[int] = []
+        accept = False
+        visits = 0
 
-        def add(k):
-            if k not in seen:
-                seen.add(k)
-                work.append(k)
+        def add(s, c):
+            old = top.get(s)
+            if old is None:
+                top[s] = c
+                work.append(s)
+            else:
+                m = self._union(old, c)
+                if m != old:
+                    top[s] = m
+                    work.append(s)
 
+        for x in elements:
+            if x != ACCEPT:
+                add(*x)
         while work:
-            k = work.pop()
-            s, parent = self.frames[k]
-            if nfa.edges[s]:
-                out.add(k)
+            s = work.pop()
+            c = top[s]
+            visits += 1
+            if visits > MAX_CLOSURE:
+                raise GuideError(f"the grammar's automaton needs more than {MAX_CLOSURE} steps for one state "
+                                 f"(a grammar too ambiguous to guide)")
             for t in nfa.eps[s]:
-                add(self._stack(t, parent))
-            for name, z in nfa.calls[s]:
-                add(self._stack(rn.start[name], parent if rn.is_tail(z) else self._stack(z, parent)))
-            if s in rn.ends:                # the rule ends: pop (the parent's top is the return state)
-                if parent < 0:
-                    out.add(ACCEPT)
-                else:
-                    add(parent)
-            if len(seen) > MAX_CLOSURE:
-                raise GuideError(f"the grammar's automaton state grew past {MAX_CLOSURE} stacks (an ambiguous "
-                                 f"grammar nested deeply)")
-        self.work += len(seen)
+                add(t, c)
+            for name, z in nfa.calls[s]:       # push the return state (a tail call: nothing to return to)
+                add(rn.start[name], c if rn.is_tail(z) else self._node(False, frozenset(((z, c),))))
+            if s in rn.ends:                   # the rule ends: pop, the return states below go on
+                eps, entries = nodes[c]
+                accept |= eps
+                for s2, c2 in entries:
+                    add(s2, c2)
+        self.work += visits
+        out = {(s, c) for s, c in top.items() if nfa.edges[s]}
+        if accept:
+            out.add(ACCEPT)
         return frozenset(out)
 
-    def _edges(self, k) -> list:
-        if k == ACCEPT:
+    def _edges(self, x) -> list:
+        if x == ACCEPT:
             return []
-        s, parent = self.frames[k]
-        return [(lo, hi, self._stack(t, parent)) for lo, hi, t in self.nfa.edges[s]]
+        s, c = x
+        return [(lo, hi, (t, c)) for lo, hi, t in self.nfa.edges[s]]
 
     def _accepts(self, key: frozenset) -> bool:
         return ACCEPT in key
+
+    def _too_big(self) -> str:
+        return (f"the grammar's automaton grew past {MAX_DFA_STATES} states (each nesting depth an output reaches, "
+                f"and each count a grammar must remember, adds states; or {MAX_DFA_ELEMENTS} stack entries in them)")
 
 
 __all__ = ["ACCEPT", "LazyPDA", "LeftRecursionError", "RuleNFA", "RuleSet", "RuleSetError", "compile_rules"]
