@@ -4,7 +4,7 @@
 1. compile: pattern -> NFA -> lazy DFA (the vocabulary's token-byte matrix is built once per tokenizer,
    timed separately), for a JSON schema, json_object, a regex and llama.cpp's JSON grammar (GBNF);
 2. token masks: ms to compute a state's mask the first time (fresh states along a random walk) and
-   cached;
+   cached; and per token through a 40-deep JSON object (json_object's pushdown guide: every depth new states);
 3. decode: LLM.chat of one prompt, greedy, at most 80 tokens, guided_json / json_object / guided_regex: seconds
    cold (first run: guide compiled, masks computed) and warm (second run), against the same prompt unguided for
    the same number of tokens (ignore_eos); and n=16 sampled rows with a schema against 16 unguided rows of the
@@ -15,12 +15,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import time
 
 from decodekit import LLM, SamplingParams
 from decodekit.bench.timing import emit_json
-from decodekit.sampling.guided import _guides, compile_guide, guide_pattern, token_vocab
+from decodekit.sampling.guided import Guide, LazyPDA, _guides, compile_guide, guide_pattern, token_vocab
+from decodekit.sampling.guided.pda import compile_rules
 
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 20},
@@ -74,6 +76,25 @@ def main() -> None:
         masks[name] = {"first_ms_median": sorted(first)[len(first) // 2], "first_ms_max": max(first),
                        "cached_ms_median": sorted(again)[len(again) // 2], "dfa_states": len(g.dfa.sets)}
     res["compile_ms"], res["mask_ms"] = comp, masks
+
+    # deep nesting (pushdown guide): the tokens of a 40-container-deep JSON object, each state new (per-depth
+    # states), mask + step per token, against the same document's 4-deep prefix structure in a fresh guide
+    deep = 1
+    for i in range(40):
+        deep = {f"key{i}": [deep, "text value"], "n": i} if i % 2 else {"a": deep}
+    ids = tok.encode(json.dumps({"x": deep}), add_special_tokens=False)
+    g = Guide(LazyPDA(compile_rules(guide_pattern("json_object", None))), token_vocab(tok), eos)
+    s, per = g.initial, []
+    for t_id in ids:
+        t = time.perf_counter()
+        m, _ = g.mask(s, V)
+        s = g.next_state(s, t_id)
+        per.append((time.perf_counter() - t) * 1e3)
+        assert m[t_id]
+    assert g.dfa.is_accepting(s)
+    res["deep_json_object_40"] = {"tokens": len(ids), "ms_per_token_median": sorted(per)[len(per) // 2],
+                                  "ms_per_token_mean": sum(per) / len(per), "ms_per_token_max": max(per),
+                                  "states": len(g.dfa.sets)}
 
     _guides.clear()                                   # decode from cold guides
     dec = {}
