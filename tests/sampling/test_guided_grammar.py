@@ -13,7 +13,7 @@ import zlib
 import pytest
 
 from decodekit.sampling.guided import DEAD, RuleSet
-from decodekit.sampling.guided.grammar import GrammarError, grammar_guide, grammar_to_regex, parse_grammar
+from decodekit.sampling.guided.grammar import GrammarError, grammar_guide, grammar_to_regex, grammar_to_rules, parse_grammar
 from decodekit.sampling.guided.pda import LazyPDA, LeftRecursionError, compile_rules
 from decodekit.sampling.guided.regex import parse as parse_regex
 
@@ -195,12 +195,7 @@ def _pda_accepts(pda: LazyPDA, s: str) -> bool:
 @pytest.mark.parametrize("name", sorted(GRAMMARS))
 def test_pushdown_guide_accepts_exactly_the_language(name):
     rules = parse_grammar(GRAMMARS[name])
-    g = grammar_guide(GRAMMARS[name])
-    if name == "list":                              # left recursive: the unrolled regex
-        assert isinstance(g, str) and g == grammar_to_regex(GRAMMARS[name])
-        with pytest.raises(LeftRecursionError, match="list -> list"):
-            compile_rules(RuleSet((("root", "(?&list)"), ("list", "(?&list), x|x"))))
-        return
+    g = grammar_guide(GRAMMARS[name])               # (list's direct left recursion becomes repetition)
     assert isinstance(g, RuleSet) and g.rules[0][0] == "root"
     pda = LazyPDA(compile_rules(g))
     rec = Recognizer(rules)
@@ -236,6 +231,30 @@ def test_pushdown_guide_nests_past_the_regex_bound(grammar, deep, bad):
         assert rec.accepts(s) and _pda_accepts(pda, s) and not rx.fullmatch(s), s
     for s in bad:
         assert not rec.accepts(s) and not _pda_accepts(pda, s), s
+
+
+@pytest.mark.parametrize("grammar, ok, bad", [
+    ('root ::= e\ne ::= e ("+" | "-") t | t | e\nt ::= t "*" f | f\nf ::= [0-9] | "(" e ")"',
+     ["1", "1+2*3-4", "(" * 30 + "1*2" + ")" * 30, "((1+2)*3)"], ["1+", "+1", "1**2", "(1"]),
+    ('root ::= x ";"\nx ::= x "a" | x "b" "c" | "d" | "e" x', ["d;", "dabc;", "edaa;", "eedbcbc;"], ["da", "db;", ";"]),
+])
+def test_direct_left_recursion_becomes_repetition(grammar, ok, bad):
+    """A ::= A a | b is A ::= b a* (the same language): left-recursive expression grammars get the pushdown
+    guide, nesting without a bound; a rule reached again only through other rules still falls back to the
+    unrolled regex (RuleSet refuses it: LeftRecursionError)."""
+    g = grammar_guide(grammar)
+    assert isinstance(g, RuleSet)
+    pda, rec = LazyPDA(compile_rules(g)), Recognizer(parse_grammar(grammar))
+    for s in ok:
+        assert rec.accepts(s) and _pda_accepts(pda, s), s
+    for s in bad:
+        assert not rec.accepts(s) and not _pda_accepts(pda, s), s
+    indirect = 'root ::= a\na ::= b "x" | "y"\nb ::= a "z"'
+    assert isinstance(grammar_guide(indirect), str)
+    with pytest.raises(LeftRecursionError, match="a -> b -> a|b -> a -> b"):
+        grammar_to_rules(indirect)
+    with pytest.raises(LeftRecursionError, match="list -> list"):
+        compile_rules(RuleSet((("root", "(?&list)"), ("list", "(?&list), x|x"))))
 
 
 def test_pushdown_rule_calls():

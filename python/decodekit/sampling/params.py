@@ -47,8 +47,9 @@ guided_json                 None, a JSON schema (dict, JSON text, or True for an
 guided_json_object          bool: the output is a JSON object (OpenAI's response_format json_object)
 guided_grammar              None or a GBNF grammar (str of at most 200000 characters; llama.cpp's format, as
                             vLLM's xgrammar backend takes it): the output is a string of its root rule,
-                            then EOS; recursion has no depth bound (a pushdown guide), except in
-                            left-recursive rules, unrolled to a bounded depth (guided/grammar.py)
+                            then EOS; recursion has no depth bound (a pushdown guide), except in rules
+                            left-recursive through other rules, unrolled to a bounded depth
+                            (guided/grammar.py)
 guided_whitespace_pattern   None or a regular expression: where JSON allows whitespace (default one
                             optional space); only with guided_json / guided_json_object
 structured_outputs          None or a StructuredOutputsParams / dict with one of json, regex, choice,

@@ -1,6 +1,7 @@
 """GBNF grammars (llama.cpp's format, which vLLM's guided_grammar takes with its xgrammar backend) -> what
 the byte-level guide runs (``grammar_guide``): a rule set for the pushdown automaton (pda.py), or, for a
-left-recursive grammar, a regular expression with the recursion unrolled (regex.py / automaton.py).
+grammar left-recursive through other rules, a regular expression with the recursion unrolled (regex.py /
+automaton.py).
 
 Syntax: rules ``name ::= expression`` (names of letters, digits, ``-`` and ``_``; a rule may span lines: the
 next one starts at the next ``name ::=``); ``root`` is the start rule. Expressions: string literals
@@ -11,9 +12,10 @@ end of the line.
 
 ``grammar_to_rules``: each rule reached from root becomes one pattern of the rule set, its references calls
 ``(?&name)``; recursion then has no depth bound (each nesting depth an output reaches costs new automaton
-states and masks once) and the rule set is as large as the grammar. A rule that can call itself before
-reading a character (``list ::= list "," item | item``) would grow the stack forever: such a grammar falls
-back to ``grammar_to_regex``.
+states and masks once) and the rule set is as large as the grammar. Direct left recursion becomes repetition
+(``list ::= list "," item | item`` is ``item ("," item)*``); a rule that can otherwise call itself before
+reading a character (through other rules: ``a ::= b "x" | "y"``, ``b ::= a "z"``) would grow the stack
+forever: such a grammar falls back to ``grammar_to_regex``.
 
 ``grammar_to_regex``: a context-free grammar is more than a regular expression: recursive rules are unrolled. The references that
 close a cycle of the rule graph in a depth-first walk from root (e.g. a JSON grammar's object -> value and
@@ -374,10 +376,35 @@ class _Emitter:
 NEVER = "[^\\x00-\\U0010FFFF]"       # a rule body that can match nothing
 
 
+def _unleft(name: str, body):
+    """A rule's body with its direct left recursion turned into repetition: A ::= A a1 | ... | A an | b1 | ... | bm
+    is A ::= (b1 | ... | bm) (a1 | ... | an)*, the same language (`list ::= list ", " item | item` becomes
+    item (", " item)*). Bodies that recurse on the left otherwise (inside a group, after a nullable item, or
+    only through other rules) are left as they are (the rule set then refuses them: the regex fallback)."""
+    branches = body[1] if body[0] == "alt" else [body]
+    alphas, betas, bare = [], [], False
+    for b in branches:
+        items = b[1] if b[0] == "seq" else [b]
+        if items and items[0][0] == "ref" and items[0][1] == name:
+            rest = items[1:]
+            if rest:
+                alphas.append(rest[0] if len(rest) == 1 else ("seq", rest))
+            else:
+                bare = True                             # A ::= A | ...: that branch adds nothing
+        else:
+            betas.append(b)
+    if not betas or not (alphas or bare):
+        return body
+    one = lambda xs: xs[0] if len(xs) == 1 else ("alt", xs)    # noqa: E731
+    return ("seq", [one(betas), ("rep", one(alphas), 0, None)]) if alphas else one(betas)
+
+
 def grammar_to_rules(text: str) -> RuleSet:
     """The grammar as a rule set for the pushdown guide (pda.py): root first, then the rules it reaches; each
-    body a regex with its references as calls. RuleSetError (left recursion) / GrammarError."""
+    body a regex with its references as calls, direct left recursion turned into repetition (_unleft).
+    RuleSetError (other left recursion) / GrammarError."""
     rules = parse_grammar(text)
+    rules = {n: _unleft(n, b) for n, b in rules.items()}
     em = _Emitter(rules, None)
     order, work = ["root"], ["root"]
     while work:
