@@ -13,9 +13,10 @@ end of the line.
 ``grammar_to_rules``: each rule reached from root becomes one pattern of the rule set, its references calls
 ``(?&name)``; recursion then has no depth bound (each nesting depth an output reaches costs new automaton
 states and masks once) and the rule set is as large as the grammar. Direct left recursion becomes repetition
-(``list ::= list "," item | item`` is ``item ("," item)*``); a rule that can otherwise call itself before
-reading a character (through other rules: ``a ::= b "x" | "y"``, ``b ::= a "z"``) would grow the stack
-forever: such a grammar falls back to ``grammar_to_regex``.
+(``list ::= list "," item | item`` is ``item ("," item)*``), and left recursion through other rules
+(``a ::= b "x" | "y"``, ``b ::= a "z"``) is inlined away as Paull's algorithm does; a rule that can still
+call itself before reading a character (behind a nullable item: ``a ::= n a "x" | "y"``, ``n ::= "q"?``)
+would grow the stack forever: such a grammar falls back to ``grammar_to_regex``.
 
 ``grammar_to_regex``: a context-free grammar is more than a regular expression: recursive rules are unrolled. The references that
 close a cycle of the rule graph in a depth-first walk from root (e.g. a JSON grammar's object -> value and
@@ -396,15 +397,83 @@ def _unleft(name: str, body):
     if not betas or not (alphas or bare):
         return body
     one = lambda xs: xs[0] if len(xs) == 1 else ("alt", xs)    # noqa: E731
-    return ("seq", [one(betas), ("rep", one(alphas), 0, None)]) if alphas else one(betas)
+    if not alphas:
+        return one(betas)
+    tail = ("rep", one(alphas), 0, None)        # b1 a* | ... | bm a*: each branch still shows what it starts with
+    return one([("seq", (b[1] if b[0] == "seq" else [b]) + [tail]) for b in betas])
 
 
-def grammar_to_rules(text: str) -> RuleSet:
+MAX_INLINED_BRANCHES = 256       # _inline_left: a rule's alternatives after substitution, at most
+
+
+def _branches(body) -> list:
+    return list(body[1]) if body[0] == "alt" else [body]
+
+
+def _items(branch) -> list:
+    return list(branch[1]) if branch[0] == "seq" else [branch]
+
+
+def _lead(branch):
+    """The rule a branch starts with (a plain reference as its first item), else None."""
+    it = _items(branch)
+    return it[0][1] if it and it[0][0] == "ref" else None
+
+
+def _inline_left(rules: dict, order: list) -> dict:
+    """Left recursion through other rules removed as Paull's algorithm does, for the rules on a cycle of
+    leading references: in order, each such rule gets the earlier ones on its cycle inlined where a branch
+    starts with them, then its direct left recursion becomes repetition (_unleft). Inlining keeps the
+    language; recursion on the left that this does not reach (behind a nullable item, inside a group) stays,
+    and the caller falls back. Unchanged when a rule would grow past MAX_INLINED_BRANCHES alternatives."""
+    leads = {n: {_lead(b) for b in _branches(rules[n])} - {None} for n in order}
+    reach = {}
+    for n in order:
+        seen, todo = set(), list(leads[n])
+        while todo:
+            m = todo.pop()
+            if m not in seen and m in leads:
+                seen.add(m)
+                todo += leads[m]
+        reach[n] = seen
+    out, done = dict(rules), []
+    for a in order:
+        if a not in reach[a]:
+            continue
+        for b in done:
+            if b in reach[a] and a in reach[b]:             # on one cycle
+                new = []
+                for br in _branches(out[a]):
+                    if _lead(br) != b:
+                        new.append(br)
+                        continue
+                    rest = _items(br)[1:]
+                    for d in _branches(out[b]):
+                        its = _items(d) + rest
+                        new.append(its[0] if len(its) == 1 else ("seq", its))
+                if len(new) > MAX_INLINED_BRANCHES:
+                    return rules
+                out[a] = new[0] if len(new) == 1 else ("alt", new)
+        out[a] = _unleft(a, out[a])
+        done.append(a)
+    return out
+
+
+def grammar_to_rules(text: str, inline_left: bool = False) -> RuleSet:
     """The grammar as a rule set for the pushdown guide (pda.py): root first, then the rules it reaches; each
-    body a regex with its references as calls, direct left recursion turned into repetition (_unleft).
-    RuleSetError (other left recursion) / GrammarError."""
+    body a regex with its references as calls, direct left recursion turned into repetition (_unleft), and
+    with inline_left, left recursion through other rules inlined first (_inline_left). RuleSetError (left
+    recursion that remains) / GrammarError."""
     rules = parse_grammar(text)
     rules = {n: _unleft(n, b) for n, b in rules.items()}
+    if inline_left:
+        reached, todo = {"root"}, ["root"]
+        while todo:
+            for m in _rule_refs(rules[todo.pop()], {}):
+                if m not in reached:
+                    reached.add(m)
+                    todo.append(m)
+        rules = _inline_left(rules, [n for n in rules if n in reached])
     em = _Emitter(rules, None)
     order, work = ["root"], ["root"]
     while work:
@@ -442,6 +511,10 @@ def grammar_guide(text: str):
     grammar, its regex with the recursion unrolled (grammar_to_regex)."""
     try:
         return grammar_to_rules(text)
+    except LeftRecursionError:
+        pass
+    try:
+        return grammar_to_rules(text, inline_left=True)
     except LeftRecursionError:
         return grammar_to_regex(text)
 
