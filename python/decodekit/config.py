@@ -16,6 +16,34 @@ def _number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def hf_sliding_window(cfg: dict, arch: str, num_layers: int, source: str, as_int,
+                      error=ValueError) -> tuple[int | None, list[int] | None]:
+    """(window, windowed layers or None for all) as transformers reads an HF config.json: Mistral's
+    `sliding_window` on every layer (absent: 4096, the MistralConfig default; null: none); Qwen2's only
+    with use_sliding_window, on the layers from max_window_layers on (or those `layer_types` names
+    "sliding_attention"); Llama: none. as_int(value, what, minimum=...) checks an integer (the loader's
+    config_int; the planner's own), `error` is raised for a layer_types list of the wrong length. Shared by
+    the HF loader and the planner so both read a model the same way."""
+    layers = None
+    if arch == "mistral":
+        v = cfg.get("sliding_window", 4096)
+    elif arch == "qwen2" and cfg.get("use_sliding_window"):
+        types = cfg.get("layer_types")
+        if isinstance(types, list):
+            if len(types) != num_layers:
+                raise error(f"{source}: layer_types has {len(types)} entries, num_hidden_layers is {num_layers}")
+            layers = [i for i, t in enumerate(types) if t == "sliding_attention"]
+        else:
+            first = as_int(cfg.get("max_window_layers", 28), f"{source}: max_window_layers", minimum=0)
+            layers = list(range(first, num_layers))
+        v = cfg.get("sliding_window", 4096) if layers else None
+    else:
+        v = None
+    if v is None:
+        return None, None
+    return as_int(v, f"{source}: sliding_window"), layers
+
+
 def check_rope_scaling(scaling) -> None:
     """Raises ValueError naming the rope_scaling field that the model's rope table cannot use
     (decodekit.ops.reference.rope_inv_freq: default, linear {factor}, llama3 {factor,

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..config import MAX_POSITION_EMBEDDINGS, ModelConfig
+from ..config import MAX_POSITION_EMBEDDINGS, ModelConfig, hf_sliding_window
 from ._common import (ModelLoadError, check_tokenizer_fits, check_weights, config_float, config_int, expected_weight_shapes, progress,
                       read_json_object, to_target, token_ids)
 
@@ -73,33 +73,6 @@ def _rope(cfg: dict[str, Any], defaults: dict, src: str = "config.json") -> tupl
     return config_float(theta, f"{src}: rope_theta"), scaling or None
 
 
-def _sliding_window(cfg: dict[str, Any], arch: str, num_layers: int,
-                    source: str) -> tuple[int | None, list[int] | None]:
-    """(window, windowed layers or None for all) as transformers reads the config: Mistral's
-    `sliding_window` on every layer (absent: 4096, the MistralConfig default; null: none); Qwen2's only
-    with use_sliding_window, on the layers from max_window_layers on (or those `layer_types` names
-    "sliding_attention"); Llama: none."""
-    layers = None
-    if arch == "mistral":
-        v = cfg.get("sliding_window", 4096)
-    elif arch == "qwen2" and cfg.get("use_sliding_window"):
-        types = cfg.get("layer_types")
-        if isinstance(types, list):
-            if len(types) != num_layers:
-                raise ModelLoadError(f"{source}: layer_types has {len(types)} entries, num_hidden_layers is "
-                                     f"{num_layers}")
-            layers = [i for i, t in enumerate(types) if t == "sliding_attention"]
-        else:
-            first = config_int(cfg.get("max_window_layers", 28), f"{source}: max_window_layers", minimum=0)
-            layers = list(range(first, num_layers))
-        v = cfg.get("sliding_window", 4096) if layers else None
-    else:
-        v = None
-    if v is None:
-        return None, None
-    return config_int(v, f"{source}: sliding_window"), layers
-
-
 def config_from_hf(cfg: dict[str, Any], name: str = "", source: str = "config.json") -> ModelConfig:
     """ModelConfig from a config.json dict (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM).
     source: the file, named in the errors (each names the key and the values allowed)."""
@@ -146,7 +119,7 @@ def config_from_hf(cfg: dict[str, Any], name: str = "", source: str = "config.js
     if cfg.get("mlp_bias"):
         raise ModelLoadError(f"{source}: mlp_bias=True is not supported")
     theta, scaling = _rope(cfg, d, source)
-    window, window_layers = _sliding_window(cfg, arch, kw["num_layers"], source)
+    window, window_layers = hf_sliding_window(cfg, arch, kw["num_layers"], source, config_int, ModelLoadError)
     eps = config_float(cfg.get("rms_norm_eps", d["rms_norm_eps"]), f"{source}: rms_norm_eps", positive=False)
     eos = token_ids(cfg.get("eos_token_id"), f"{source}: eos_token_id")
     bos = cfg.get("bos_token_id")

@@ -20,6 +20,8 @@ import json
 import os
 import re
 
+from ..config import hf_sliding_window
+
 # bytes per element of the KV cache / activations by dtype name
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8": 1}
 KV_DTYPES = ("bf16", "fp16", "fp8", "fp32")
@@ -170,25 +172,20 @@ def load_model(spec: str) -> ModelSpec:
                      "or a config.json / .gguf path")
 
 
-def _hf_window(c: dict, n_layers: int) -> dict:
-    """sliding_window / window_layers as the engine's HF loader reads them: Mistral's `sliding_window` on every
-    layer (absent: 4096, MistralConfig's default; null: none); Qwen2's only with use_sliding_window, on the
-    layers from max_window_layers on (or those `layer_types` calls "sliding_attention")."""
-    mt = c.get("model_type")
-    if mt == "mistral":
-        w, n = c.get("sliding_window", 4096), n_layers
-    elif mt == "qwen2" and c.get("use_sliding_window"):
-        types = c.get("layer_types")
-        n = (sum(t == "sliding_attention" for t in types) if isinstance(types, list)
-             else max(0, n_layers - int(c.get("max_window_layers", 28))))
-        w = c.get("sliding_window", 4096)
-    else:
+def _as_int(value, what: str, minimum: int = 1) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"model: {what} must be an integer >= {minimum} (got {value!r})")
+    return value
+
+
+def _hf_window(c: dict, n_layers: int, path: str) -> dict:
+    """sliding_window / window_layers as the engine's HF loader reads them (config.hf_sliding_window)."""
+    w, layers = hf_sliding_window(c, c.get("model_type"), n_layers, path, _as_int)
+    if w is None or layers == []:
         return {}
-    if w is None or not n:
-        return {}
-    if isinstance(w, bool) or not isinstance(w, int) or w < 1:
-        raise ValueError(f"model: sliding_window must be a positive integer or null (got {w!r})")
-    return {"sliding_window": w, "window_layers": n}
+    return {"sliding_window": w, "window_layers": n_layers if layers is None else len(layers)}
 
 
 def from_hf_config(path: str) -> ModelSpec:
@@ -206,7 +203,7 @@ def from_hf_config(path: str) -> ModelSpec:
             head_dim=int(c.get("head_dim") or d // heads), intermediate=int(c["intermediate_size"]),
             tied_embeddings=bool(c.get("tie_word_embeddings", False)),
             qkv_bias=bool(c.get("attention_bias", c.get("model_type") == "qwen2")),
-            **_hf_window(c, int(c["num_hidden_layers"])))
+            **_hf_window(c, int(c["num_hidden_layers"]), path))
     except KeyError as e:
         raise ValueError(f"model: {path} lacks {e.args[0]!r}") from None
 
