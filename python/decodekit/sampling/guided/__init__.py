@@ -109,9 +109,7 @@ def guide_pattern(kind: str, value, whitespace: str | None = None) -> "str | Rul
     if size > MAX_PATTERN_CHARS:
         raise (RegexError if kind == "regex" else GrammarError if kind == "grammar" else JSONSchemaError)(
             f"the pattern has {size} characters, more than {MAX_PATTERN_CHARS}")
-    if isinstance(pattern, RuleSet):
-        compile_rules(pattern)
-    else:
+    if not isinstance(pattern, RuleSet):     # (rule sets are compiled, so checked, by the functions above)
         parse(pattern)
     _patterns[key] = pattern
     if len(_patterns) > GUIDE_CACHE:

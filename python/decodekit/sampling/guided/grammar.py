@@ -464,23 +464,21 @@ def grammar_to_rules(text: str, inline_left: bool = False) -> RuleSet:
     body a regex with its references as calls, direct left recursion turned into repetition (_unleft), and
     with inline_left, left recursion through other rules inlined first (_inline_left). RuleSetError (left
     recursion that remains) / GrammarError."""
+    def reached(rules) -> list:         # root, then the rules it reaches
+        order, work = ["root"], ["root"]
+        while work:
+            for m in sorted(_rule_refs(rules[work.pop()], {})):
+                if m not in order:
+                    order.append(m)
+                    work.append(m)
+        return order
+
     rules = parse_grammar(text)
     rules = {n: _unleft(n, b) for n, b in rules.items()}
     if inline_left:
-        reached, todo = {"root"}, ["root"]
-        while todo:
-            for m in _rule_refs(rules[todo.pop()], {}):
-                if m not in reached:
-                    reached.add(m)
-                    todo.append(m)
-        rules = _inline_left(rules, [n for n in rules if n in reached])
+        rules = _inline_left(rules, reached(rules))
+    order = reached(rules)             # (inlining may leave a rule unreferenced)
     em = _Emitter(rules, None)
-    order, work = ["root"], ["root"]
-    while work:
-        for m in sorted(em.refs[work.pop()]):
-            if m not in order:
-                order.append(m)
-                work.append(m)
     out = []
     old = sys.getrecursionlimit()
     sys.setrecursionlimit(max(old, 20_000))

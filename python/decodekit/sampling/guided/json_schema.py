@@ -270,11 +270,13 @@ class _Translator:
         self.rule_names: dict = {}          # rules mode: $ref pointer -> rule name (the recursive ones)
         self.rule_targets: dict = {}        # and -> the schema it points at
 
-    def any_rule(self):
-        """Rules mode: the body of rule dk_any (any JSON value; containers call dk_any again)."""
-        ws, v = self.ws, "(?&dk_any)"
-        m = f"{_STRING}{ws}:{ws}{v}"
-        return f"(?:{_SCALARS}" + rf"|\{{{ws}(?:{m}(?:{ws},{ws}{m})*{ws})?\}}|\[{ws}(?:{v}(?:{ws},{ws}{v})*{ws})?\])"
+    def any_value(self, v):
+        """Any JSON value whose container members are `v` (None: scalars only)."""
+        ws, alts = self.ws, _SCALARS
+        if v is not None:
+            m = f"{_STRING}{ws}:{ws}{v}"
+            alts += rf"|\{{{ws}(?:{m}(?:{ws},{ws}{m})*{ws})?\}}|\[{ws}(?:{v}(?:{ws},{ws}{v})*{ws})?\]"
+        return f"(?:{alts})"
 
     def err(self, path, msg):
         raise JSONSchemaError(f"schema at {path or '/'}: {msg}")
@@ -311,12 +313,7 @@ class _Translator:
             return "(?&dk_any)"
         d = max(self.max_depth - level, 0)
         if d not in self.any_cache:
-            ws, alts = self.ws, _SCALARS
-            if d > 0:
-                v = self.any(level + 1)
-                m = f"{_STRING}{ws}:{ws}{v}"
-                alts += rf"|\{{{ws}(?:{m}(?:{ws},{ws}{m})*{ws})?\}}|\[{ws}(?:{v}(?:{ws},{ws}{v})*{ws})?\]"
-            self.any_cache[d] = f"(?:{alts})"
+            self.any_cache[d] = self.any_value(self.any(level + 1) if d > 0 else None)
         return self.any_cache[d]
 
     def gen(self, s, path, level):
@@ -632,7 +629,7 @@ def json_schema_guide(schema, whitespace: str | None = None):
                     continue
                 done.add(name)
                 if key is None:
-                    body = t.any_rule()
+                    body = t.any_value("(?&dk_any)")
                 else:
                     t.refs = [key]
                     body = t.gen(t.rule_targets[key], key, 0)

@@ -67,13 +67,15 @@ class RuleNFA:
         return t
 
 
-def _reach(nfa: NFA, s0: int, follow_call) -> set:
-    """States reachable from s0 over epsilon and byte edges, and calls where follow_call(rule) (to the return
-    state)."""
+def _reach(nfa: NFA, s0: int, follow_call, read_bytes: bool = True) -> set:
+    """States reachable from s0 over epsilon edges, byte edges (read_bytes) and calls where follow_call(rule)
+    (to the return state)."""
     seen, work = {s0}, [s0]
     while work:
         s = work.pop()
-        nxt = list(nfa.eps[s]) + [t for _, _, t in nfa.edges[s]] + [z for n, z in nfa.calls[s] if follow_call(n)]
+        nxt = list(nfa.eps[s]) + [z for n, z in nfa.calls[s] if follow_call(n)]
+        if read_bytes:
+            nxt += [t for _, _, t in nfa.edges[s]]
         for t in nxt:
             if t not in seen:
                 seen.add(t)
@@ -83,14 +85,7 @@ def _reach(nfa: NFA, s0: int, follow_call) -> set:
 
 def _eps_reach(nfa: NFA, s0: int, follow_call) -> set:
     """States reachable from s0 without reading a byte (epsilon edges, calls where follow_call(rule))."""
-    seen, work = {s0}, [s0]
-    while work:
-        s = work.pop()
-        for t in list(nfa.eps[s]) + [z for n, z in nfa.calls[s] if follow_call(n)]:
-            if t not in seen:
-                seen.add(t)
-                work.append(t)
-    return seen
+    return _reach(nfa, s0, follow_call, read_bytes=False)
 
 
 def _fixpoint(names, check, callers) -> set:
