@@ -298,3 +298,49 @@ def test_sliding_window_matches_transformers(tmp_path, hf_tok, arch, kw):
         llm = LLM(model=d, num_speculative_tokens=3, spec_adaptive=False, **spec)
         assert llm.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0].token_ids == ref, spec
         del llm
+
+
+def test_checkpoints_transformers_reads_differently(tmp_path, hf_tok):
+    """Audit findings: what transformers 5 does with a config / checkpoint that says two things, or a refusal."""
+    from safetensors.torch import load_file, save_file
+    from decodekit.loader.hf import config_from_hf
+    base = {"architectures": ["LlamaForCausalLM"], "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+            "num_hidden_layers": 1, "num_attention_heads": 4}
+    # rope_parameters (transformers 5) wins over a stale top-level rope_theta, as in transformers
+    c = config_from_hf({**base, "rope_theta": 5000.0, "rope_parameters": {"rope_type": "default", "rope_theta": 77.0}})
+    assert c.rope_theta == 77.0 and c.rope_scaling is None
+    c = config_from_hf({**base, "rope_theta": 5000.0, "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+                        "rope_parameters": {"rope_theta": 9.0}})
+    assert c.rope_theta == 9.0 and c.rope_scaling == {"rope_type": "linear", "factor": 2.0}
+    # Llama's attention_bias puts a bias on o_proj too: refused up front, naming the key
+    with pytest.raises(ModelLoadError, match="attention_bias=True is not supported for llama"):
+        config_from_hf({**base, "attention_bias": True})
+    # tie_word_embeddings with an lm_head of its own: that lm_head is used (with a warning); an equal copy ties
+    model = _tiny("LlamaForCausalLM", tie_word_embeddings=False)
+    d = _save(tmp_path, "tied_own_head", model, hf_tok)
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    json.dump({**cfg, "tie_word_embeddings": True}, open(os.path.join(d, "config.json"), "w"))
+    m = load_model(d, progress=False)
+    assert not m.config.tie_word_embeddings and torch.equal(m.weights["lm_head.weight"],
+                                                            model.lm_head.weight.detach())
+    st = os.path.join(d, "model.safetensors")
+    w = load_file(st)
+    w["lm_head.weight"] = w["model.embed_tokens.weight"].clone()
+    save_file(w, st, metadata={"format": "pt"})
+    m = load_model(d, progress=False)
+    assert m.config.tie_word_embeddings and "lm_head.weight" not in m.weights
+    # a tensor in two files and no index to say which: refused, naming both
+    save_file({"model.norm.weight": torch.zeros(64)}, os.path.join(d, "zz_stray.safetensors"))
+    with pytest.raises(ModelLoadError, match="'model.norm.weight' is in both model.safetensors and zz_stray"):
+        load_model(d, progress=False)
+
+
+def test_fp8_kv_calibration_fits_a_short_context(tmp_path, hf_tok):
+    """kv_cache_dtype fp8 calibrates on a passage cut to the model's context (was: 256 tokens whatever it was)."""
+    from decodekit import LLM
+    from decodekit.sampling import SamplingParams
+    d = _save(tmp_path, "short", _tiny("LlamaForCausalLM", max_position_embeddings=40), hf_tok)
+    for mml in (None, 24):
+        llm = LLM(model=d, kv_cache_memory="16MiB", kv_cache_dtype="fp8", max_model_len=mml)
+        (o,) = llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(temperature=0, max_tokens=3))
+        assert len(o.outputs[0].token_ids) == 3

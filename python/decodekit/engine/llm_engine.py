@@ -307,8 +307,11 @@ class LLMEngine:
     def _calibrate_kv_scales(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """fp8 KV cache: per-layer, per-head scales from one prefill of a calibration passage
         (with a temporary full-precision cache; see LlamaModel.calibrate_kv_scales)."""
-        ids = [t for t in self.tokenizer.encode(self._CALIBRATION_TEXT) if 0 <= t < self.model_config.vocab_size]
-        ids = (ids or list(range(1, 65)))[:256]
+        c = self.model_config
+        ids = [t for t in self.tokenizer.encode(self._CALIBRATION_TEXT) if 0 <= t < c.vocab_size]
+        # at most 256 tokens, and no position past the model's context (nor the engine's max_model_len)
+        ids = (ids or list(range(min(64, c.vocab_size))))[:min(256, c.max_position_embeddings,
+                                                                self.args.max_model_len or c.max_position_embeddings)]
         return self.model.calibrate_kv_scales(lambda: self._probe_prefill(ids))
 
     def _quantize_gptq(self, num_seqs: int = 4, seq_len: int = 256) -> None:

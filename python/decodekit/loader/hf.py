@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import logging
 import os
 from typing import Any
 
@@ -52,10 +53,10 @@ def _rope(cfg: dict[str, Any], defaults: dict, src: str = "config.json") -> tupl
     theta = cfg.get("rope_theta")
     if params is not None and not isinstance(params, dict):
         raise ModelLoadError(f"{src}: rope_parameters must be an object, got {params!r}")
-    if isinstance(params, dict):
-        if theta is None:
-            theta = params.get("rope_theta")
-        if scaling is None:
+    if isinstance(params, dict):    # transformers 5 reads rope_parameters first: so does this
+        if params.get("rope_theta") is not None:
+            theta = params["rope_theta"]
+        if params.get("rope_type", params.get("type")) is not None or scaling is None:
             scaling = {k: v for k, v in params.items() if k != "rope_theta"}
     if theta is None:
         theta = defaults["rope_theta"]
@@ -118,6 +119,9 @@ def config_from_hf(cfg: dict[str, Any], name: str = "", source: str = "config.js
         raise ModelLoadError(f"{source}: unsupported hidden_act {cfg.get('hidden_act')!r} (only silu)")
     if cfg.get("mlp_bias"):
         raise ModelLoadError(f"{source}: mlp_bias=True is not supported")
+    if arch != "qwen2" and cfg.get("attention_bias"):
+        raise ModelLoadError(f"{source}: attention_bias=True is not supported for {arch} (transformers puts a bias "
+                             f"on q, k, v and o_proj; decodekit has the q / k / v biases of Qwen2 only)")
     theta, scaling = _rope(cfg, d, source)
     window, window_layers = hf_sliding_window(cfg, arch, kw["num_layers"], source, config_int, ModelLoadError)
     eps = config_float(cfg.get("rms_norm_eps", d["rms_norm_eps"]), f"{source}: rms_norm_eps", positive=False)
@@ -127,7 +131,7 @@ def config_from_hf(cfg: dict[str, Any], name: str = "", source: str = "config.js
         return ModelConfig(
             **kw, rms_norm_eps=eps, rope_theta=theta, rope_scaling=scaling,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=True if arch == "qwen2" else bool(cfg.get("attention_bias", False)),
+            attention_bias=arch == "qwen2",
             architecture=arch, bos_token_id=bos if isinstance(bos, int) and not isinstance(bos, bool) else None,
             eos_token_ids=eos, name=name or str(cfg.get("_name_or_path", "")), sliding_window=window,
             sliding_window_layers=window_layers)
@@ -178,8 +182,24 @@ def safetensors_files(path: str) -> dict[str, str]:
     for fn in files:
         with open_safetensors(fn) as f:
             for k in f.keys():
+                if k in out:
+                    raise ModelLoadError(f"{path}: tensor {k!r} is in both {os.path.basename(out[k])} and "
+                                         f"{os.path.basename(fn)}, and no model.safetensors.index.json says which "
+                                         f"to read (remove the stray file)")
                 out[k] = fn
     return out
+
+
+def _own_lm_head(files: dict[str, str]) -> bool:
+    """Whether the checkpoint holds an lm_head.weight that is not a copy of its embedding."""
+    head, emb = "lm_head.weight", "model.embed_tokens.weight"
+    if head not in files or emb not in files:
+        return False
+    with open_safetensors(files[head]) as f:
+        h = f.get_tensor(head)
+    with open_safetensors(files[emb]) as f:
+        e = f.get_tensor(emb)
+    return h.shape != e.shape or not torch.equal(h, e)
 
 
 def _skip(name: str) -> bool:
@@ -266,6 +286,12 @@ def load_hf_dir(path: str, dtype: torch.dtype = torch.float32, device: str | tor
     if cfg.bos_token_id is None:
         cfg.bos_token_id = tokenizer.bos_token_id
 
+    if cfg.tie_word_embeddings and qc is None and _own_lm_head(files):
+        # transformers (5.x) keeps a checkpoint's lm_head that differs from its embedding, tie or not
+        cfg.tie_word_embeddings = False
+        logging.getLogger("decodekit").warning(
+            "%s: tie_word_embeddings is true but lm_head.weight differs from the embedding: using lm_head.weight "
+            "(as transformers does)", path)
     expected = expected_weight_shapes(cfg)
     names = [n for n in files if not _skip(n)]
     if cfg.tie_word_embeddings:
