@@ -235,3 +235,42 @@ def test_preemption_and_prefix_caching_keep_guided_outputs(llm):
     assert small.engine.scheduler.num_preemptions > 0
     assert_no_leaks(small)
     assert_no_leaks(llm)
+
+
+def test_reasoning_parser_guides_the_answer_only(llm):
+    """reasoning_parser: a guide constrains what follows </think> (the embedded model is pushed to close its
+    reasoning by a bias on "</"); the tokens equal a guide written out by hand (free text without </think>,
+    </think>, the answer), and speculative decoding emits the same tokens."""
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+    conv = [{"role": "user", "content": "What is 2+2? Answer in JSON."},
+            {"role": "assistant", "content": "<think>\nThe user wants"}]
+    tok = llm.get_tokenizer()
+    bias = {tok.encode("</think>", add_special_tokens=False)[0]: 8.0}
+    thinker = embedded_llm(kv_cache_memory="256MiB", seed=1, reasoning_parser="deepseek_r1")
+    spec = embedded_llm(kv_cache_memory="256MiB", seed=1, reasoning_parser="deepseek_r1", speculative="ngram",
+                        num_speculative_tokens=3)
+    from decodekit.sampling.reasoning import REASONING_PARSERS, reasoning_guide
+    from decodekit.sampling.guided import guide_pattern
+    by_hand = reasoning_guide(REASONING_PARSERS["deepseek_r1"], "open", guide_pattern("json", schema))
+    for sp in (SamplingParams(guided_json=schema, temperature=0, max_tokens=60, logit_bias=bias),
+               SamplingParams(guided_json=schema, temperature=0.7, seed=4, n=2, max_tokens=60, logit_bias=bias)):
+        kw = dict(add_generation_prompt=False, continue_final_message=True)
+        (o,) = thinker.chat(conv, sp, **kw)
+        (s,) = spec.chat(conv, sp, **kw)
+        hand = SamplingParams(**{**sp.to_dict(), "guided_json": None, "guided_regex": by_hand})
+        (h,) = llm.chat(conv, hand, **kw)
+        assert [c.token_ids for c in o.outputs] == [c.token_ids for c in s.outputs] == [c.token_ids for c in h.outputs]
+        for c in o.outputs:
+            head, sep, tail = c.text.partition("</think>")
+            if c.finish_reason == "stop" and sep:
+                assert json.loads(tail).keys() == {"answer"} and "</think>" not in head
+        if sp.temperature == 0:     # greedy: it did close its reasoning, then answered in JSON
+            assert "</think>" in o.outputs[0].text and o.outputs[0].finish_reason == "stop"
+    # without the parser the same request answers in JSON from its first token
+    (o,) = llm.chat(conv, SamplingParams(guided_json=schema, temperature=0, max_tokens=60, logit_bias=bias),
+                    add_generation_prompt=False, continue_final_message=True)
+    assert o.outputs[0].text.startswith("{")
+    for e in (thinker, spec):
+        assert_no_leaks(e)
+    with pytest.raises(ValueError, match="reasoning_parser must be one of deepseek_r1, qwen3"):
+        embedded_llm(reasoning_parser="r1")

@@ -72,3 +72,23 @@ def test_truncate_prompt_tokens(llm):
         with pytest.raises(SamplingParamsError) as e:
             llm.generate("hi", SamplingParams(truncate_prompt_tokens=bad))
         assert e.value.field == "truncate_prompt_tokens"
+
+
+def test_chat_template_and_kwargs(llm):
+    """LLM.chat(chat_template=..., chat_template_kwargs=...) as vLLM's: the template renders the prompt, the kwargs
+    are its extra variables; bad ones are refused naming the parameter."""
+    t = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<bot>" \
+        "{{ style | default('plain') }}:{% endif %}"
+    conv = [{"role": "user", "content": "Hi"}]
+    sp = SamplingParams(temperature=0, max_tokens=2)
+    (o,) = llm.chat(conv, sp, chat_template=t, chat_template_kwargs={"style": "brief"})
+    assert llm.get_tokenizer().decode(o.prompt_token_ids, skip_special_tokens=False) == "<user>Hi<bot>brief:"
+    (o,) = llm.chat(conv, sp, chat_template=t)
+    assert llm.get_tokenizer().decode(o.prompt_token_ids, skip_special_tokens=False) == "<user>Hi<bot>plain:"
+    for kw, match in (({"chat_template_kwargs": {"add_generation_prompt": False}}, "own parameter"),
+                      ({"chat_template_kwargs": [1]}, "chat_template_kwargs must be an object"),
+                      ({"chat_template": "{% if %}"}, "chat_template is not valid Jinja"),
+                      ({"chat_template": ""}, "chat_template must be a non-empty")):
+        with pytest.raises(ValueError, match=match):
+            llm.chat(conv, sp, **kw)
+    assert_no_leaks(llm)

@@ -70,6 +70,9 @@ class EngineArgs:
                                           # (gloo on CPU, NCCL on CUDA); "torch" forces the latter; "custom"
     tp_fused_allreduce: bool = False      # row-parallel GEMM and AllReduce overlapped in column chunks
     tp_timeout: float = 300.0             # seconds a collective may wait for a peer before failing
+    reasoning_parser: str | None = None   # "deepseek_r1" | "qwen3": guides constrain the answer after the
+                                          # model's <think> ... </think> (sampling/reasoning.py); the server
+                                          # also returns the reasoning apart (reasoning_content)
 
     def __post_init__(self):
         if self.dtype not in ("auto", *_DTYPES):
@@ -97,6 +100,8 @@ class EngineArgs:
             raise ValueError(f"seed must be an int in [0, 2^63), got {self.seed!r}")
         self._check_spec()
         self._check_tp()
+        from decodekit.sampling.reasoning import get_reasoning_parser
+        get_reasoning_parser(self.reasoning_parser)     # ValueError naming the choices
 
     def _check_tp(self) -> None:
         n = self.tensor_parallel_size
@@ -194,6 +199,11 @@ class EngineArgs:
         g.add_argument("--decode-graphs", default="auto", choices=["auto", "off", "static", "cuda"],
                        help="decode steps on padded static buffers, captured as CUDA graphs per batch bucket "
                             "(auto: cuda on GPU, off on CPU)")
+        from decodekit.sampling.reasoning import REASONING_PARSERS
+        g.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS),
+                       help="the model thinks in <think> ... </think> before answering (deepseek_r1: DeepSeek-R1, its "
+                            "distills, QwQ; qwen3: Qwen3): structured-output guides apply to the answer after it, "
+                            "and the server returns the thinking as reasoning_content")
         s = p.add_argument_group("speculative decoding (exact: same output distribution)")
         s.add_argument("--spec", dest="speculative", default=None, choices=["ngram", "layerskip", "draft"],
                        help="drafter: ngram (prompt lookup), layerskip (the target's first --spec-layers layers), "

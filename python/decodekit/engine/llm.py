@@ -15,6 +15,7 @@ from typing import Iterator, Sequence
 
 from decodekit.sampling import SamplingParams
 from decodekit.sampling.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
+from decodekit.tokenizer.chat import check_template, check_template_kwargs
 
 from .args import EngineArgs
 from .llm_engine import LLMEngine
@@ -156,26 +157,34 @@ class LLM:
             prompt_len=len(o.prompt_token_ids)) for c in o.outputs]) for o in outs]
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            continue_final_message: bool = False, tools: list[dict] | None = None) -> list[int]:
+                            continue_final_message: bool = False, tools: list[dict] | None = None,
+                            chat_template: str | None = None, chat_template_kwargs: dict | None = None) -> list[int]:
+        """The conversation through the chat template (the model's, or `chat_template`), as token ids;
+        chat_template_kwargs: extra template variables (e.g. {"enable_thinking": False} for Qwen3)."""
+        kwargs = check_template_kwargs(chat_template_kwargs)
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                  chat_template=check_template(chat_template),
                                                   continue_final_message=continue_final_message,
-                                                  **({"tools": tools} if tools else {}))
+                                                  **({"tools": tools} if tools else {}), **kwargs)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def chat(self, messages, params: SamplingParams | Sequence[SamplingParams] | None = None, *,
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = False, add_generation_prompt: bool = True,
-             continue_final_message: bool = False, tools: list[dict] | None = None) -> list[RequestOutput]:
+             continue_final_message: bool = False, tools: list[dict] | None = None,
+             chat_template: str | None = None, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
         """messages: one conversation (list of {role, content}) or a list of conversations.
         continue_final_message: the model continues the last (assistant) message instead of answering it.
         tools: OpenAI-style tool definitions handed to the chat template (as vLLM's LLM.chat; to constrain
-        the reply to a tool's parameters, give them as guided_json)."""
+        the reply to a tool's parameters, give them as guided_json). chat_template: a Jinja template instead of
+        the model's; chat_template_kwargs: extra template variables (vLLM's)."""
         params = self._params_arg(params, sampling_params, use_tqdm)
         if not isinstance(messages, (list, tuple)):
             raise ValueError(f"messages must be a list of {{'role': str, 'content': str}} dicts (or a list of such "
                              f"conversations), got {type(messages).__name__}")
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        return self._run([self.apply_chat_template(c, add_generation_prompt, continue_final_message, tools)
+        return self._run([self.apply_chat_template(c, add_generation_prompt, continue_final_message, tools,
+                                                   chat_template, chat_template_kwargs)
                           for c in convs], params)
 
     def stream(self, prompt, params: SamplingParams | None = None, *,

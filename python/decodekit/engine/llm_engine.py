@@ -21,6 +21,7 @@ from decodekit.loader import load_model
 from decodekit.models import LlamaModel
 from decodekit.sampling import SamplingParams, SamplingParamsError
 from decodekit.sampling.beam_search import BeamSearchParams
+from decodekit.sampling.reasoning import get_reasoning_parser, reasoning_mode
 from decodekit.sampling.sampler import Sampler, SamplingMetadata, request_seeds, set_global_seed
 from decodekit.tokenizer.detokenizer import IncrementalDetokenizer
 
@@ -143,6 +144,7 @@ def encode_prompt(tokenizer, prompt: str, max_model_len: int, vocab_size: int) -
 class LLMEngine:
     def __init__(self, args: EngineArgs | None = None, **kwargs):
         self.args = args = args or EngineArgs(**kwargs)
+        self.reasoning = get_reasoning_parser(args.reasoning_parser)
         if args.seed is not None:
             set_global_seed(args.seed)
         self.device = args.resolved_device()
@@ -405,6 +407,13 @@ class LLMEngine:
             return None, [int(t) for t in ids]
         raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
 
+    def reasoning_of(self, prompt_ids) -> tuple | None:
+        """(ReasoningParser, mode) of a reply to `prompt_ids` with the engine's reasoning parser (None without
+        one): where its reasoning starts and ends (sampling/reasoning.py)."""
+        if self.reasoning is None:
+            return None
+        return self.reasoning, reasoning_mode(self.reasoning, self.tokenizer.decode(prompt_ids, skip_special_tokens=False))
+
     def add_request(self, request_id: str | None, prompt, params: SamplingParams | BeamSearchParams | None = None) -> str:
         """Queue a request; raises ValueError (naming the field) for invalid input, leaving
         the engine and every other request untouched. BeamSearchParams: a beam search, whose one output
@@ -419,13 +428,13 @@ class LLMEngine:
         params.validate(vocab_size=self.model_config.vocab_size, eos_token_ids=self.eos_token_ids)
         if params.bad_words:
             params.set_bad_words_token_ids(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
-        if params.guided_kind is not None:
-            params.set_guided(self.tokenizer, self.eos_token_ids)
         request_id = self._new_id(request_id)
         text, ids = self._prompt_ids(prompt)  # lengths (empty, > max_model_len) checked by the scheduler
         kept = truncate_prompt(ids, params.truncate_prompt_tokens, self.max_model_len, params.max_tokens)
         if len(kept) < len(ids):
             text, ids = None, kept
+        if params.guided_kind is not None:
+            params.set_guided(self.tokenizer, self.eos_token_ids, self.reasoning_of(ids))
         parent = Request(request_id, ids, params)
         children = split_n(parent)
         for c in children:  # n > 1 children are "<id>/<i>": they must not meet another request's sequences

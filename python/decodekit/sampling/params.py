@@ -90,7 +90,8 @@ from typing import Any
 
 import torch
 
-from .guided import GuideError, RegexError, compile_guide, guide_pattern, parse
+from .guided import GuideError, RegexError, compile_guide, escape, guide_pattern, parse
+from .reasoning import with_reasoning
 
 MAX_N = 128
 MAX_TEMPERATURE = 100.0
@@ -454,18 +455,24 @@ class SamplingParams:
         except ValueError as e:        # RegexError, JSONSchemaError, GrammarError
             raise SamplingParamsError(kind, str(e)) from None
 
-    def set_guided(self, tokenizer, eos_token_ids) -> None:
+    def set_guided(self, tokenizer, eos_token_ids, reasoning=None) -> None:
         """The guide against `tokenizer`'s token bytes (Tokenizer.token_bytes) and the model's EOS ids:
-        guided_choice's prefix index, or the compiled automaton of the other guides."""
+        guided_choice's prefix index, or the compiled automaton of the other guides. reasoning: None, or
+        (ReasoningParser, mode) of a reasoning model's reply (sampling/reasoning.py): the guide then constrains the
+        answer after the reasoning (any guide, guided_choice included, runs as an automaton)."""
         kind = self.guided_kind
         if kind is None:
             return
         eos = sorted({int(e) for e in eos_token_ids})
         if not eos:
             raise SamplingParamsError(kind, "needs a model with an EOS token")
-        if kind != "guided_choice":
+        wrap = reasoning is not None and reasoning[1] != "closed"
+        if kind != "guided_choice" or wrap:
             try:
-                object.__setattr__(self, "_guide", compile_guide(self.guided_pattern(), tokenizer, eos))
+                pattern = self.guided_pattern() if kind != "guided_choice" else self._choice_pattern()
+                if wrap:
+                    pattern = with_reasoning(pattern, *reasoning)
+                object.__setattr__(self, "_guide", compile_guide(pattern, tokenizer, eos))
             except (RegexError, GuideError) as e:
                 raise SamplingParamsError(kind, str(e)) from None
             return
@@ -477,10 +484,19 @@ class SamplingParams:
         longest = max((len(b) for b in index), default=0)   # no token spans more bytes: the lookups stop there
         object.__setattr__(self, "_guided", (choices, tb, index, eos, longest))
 
+    def _choice_pattern(self) -> str:
+        """guided_choice as a regular expression (one of the choices, literally)."""
+        for c in self.guided_choice:
+            try:
+                c.encode("utf-8")
+            except UnicodeEncodeError:
+                raise SamplingParamsError("guided_choice", "choices must be valid Unicode text") from None
+        return "(?:" + "|".join(escape(c) for c in self.guided_choice) + ")"
+
     def guided_mask(self, output_token_ids, vocab_size: int):
         """(bool [vocab_size] mask of the tokens the guide allows after `output_token_ids`, how many); the
         mask may be shared (cached per automaton state): do not modify it."""
-        if self.guided_kind == "guided_choice":
+        if self.guided_kind == "guided_choice" and "_guide" not in self.__dict__:
             if "_guided" not in self.__dict__:
                 raise ValueError("SamplingParams.guided_choice: call set_guided(tokenizer, eos_token_ids) first "
                                  "(the engine's add_request does)")

@@ -30,11 +30,36 @@ def add_args(p) -> None:
     g.add_argument("--tool-call-parser", default=None, choices=TOOL_CALL_PARSERS,
                    help="the model's tool-call syntax for 'auto': hermes (Hermes, Qwen2.5: <tool_call>{...}</tool_call>)"
                         " or llama3_json (Llama 3.1+: {\"name\": ..., \"parameters\": ...})")
+    g.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template (a file, or the template itself) instead of the model's")
+    g.add_argument("--trust-request-chat-template", action="store_true",
+                   help="let requests give their own chat_template (rendered in a sandbox; off by default, as in vLLM)")
     g.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds in-flight requests may take to finish on SIGTERM (default 10)")
     g.add_argument("--engine-in-thread", action="store_true",
                    help="run the engine in a thread of the server process (default: in its own process, so the "
                         "HTTP layer does not compete with it for the GIL)")
+
+
+def read_chat_template(value: str | None) -> str | None:
+    """--chat-template: a file holding the template, or the template itself (vLLM's); ValueError naming the flag."""
+    import os
+
+    from decodekit.tokenizer.chat import check_template
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        try:
+            with open(value, encoding="utf-8") as f:
+                value = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"--chat-template: cannot read {value!r}: {e}") from None
+    elif "{{" not in value and "{%" not in value:
+        raise ValueError(f"--chat-template: {value!r} is neither a file nor a Jinja template")
+    try:
+        return check_template(value)
+    except ValueError as e:
+        raise ValueError(f"--chat-template: {e}") from None
 
 
 def _server_class():
@@ -77,6 +102,7 @@ def serve(args) -> int:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     if args.enable_auto_tool_choice != (args.tool_call_parser is not None):
         raise ValueError("--enable-auto-tool-choice and --tool-call-parser go together (as in vLLM)")
+    template = read_chat_template(args.chat_template)
     if getattr(args, "engine_in_thread", False):
         from decodekit.engine.llm_engine import LLMEngine
 
@@ -91,7 +117,9 @@ def serve(args) -> int:
         aeng.start()
         app = build_app(aeng, ServerConfig(model_name=name, api_key=args.api_key, max_queue=args.max_queue,
                                            max_body_bytes=args.max_body_bytes,
-                                           tool_call_parser=args.tool_call_parser))
+                                           tool_call_parser=args.tool_call_parser,
+                                           reasoning_parser=args.reasoning_parser, chat_template=template,
+                                           trust_request_chat_template=args.trust_request_chat_template))
         sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((args.host, args.port))

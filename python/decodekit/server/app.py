@@ -22,11 +22,21 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
 from ..engine.llm_engine import encode_prompt, truncate_prompt
+from ..sampling.reasoning import ReasoningStream, get_reasoning_parser, reasoning_mode, split_reasoning
 from . import protocol as P
 from .async_engine import AsyncEngine, EngineDeadError
 from .beam import beam_params
 from .metrics import ServerMetrics
 from .tools import AutoToolStream, new_call_id, parse_auto, parse_tools, tool_calls, tool_schema
+
+
+@dataclass
+class ContentView:
+    """A reply's content alone (a reasoning reply's text after its reasoning), as the tool-call code reads a choice."""
+    index: int
+    text: str
+    delta_text: str
+    finish_reason: str | None
 
 
 @dataclass
@@ -37,6 +47,9 @@ class ServerConfig:
     max_body_bytes: int = 4 << 20
     stuck_after_s: float = 60.0      # health fails when the loop has work but has not turned for this long
     tool_call_parser: str | None = None  # tool_choice "auto": the model's tool-call syntax (server/tools.py)
+    reasoning_parser: str | None = None  # the reply's <think> part as reasoning_content (sampling/reasoning.py)
+    chat_template: str | None = None     # instead of the model's (--chat-template)
+    trust_request_chat_template: bool = False  # requests may give their own chat_template
 
 
 def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
@@ -111,7 +124,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
 
     async def render_chat(messages: list[dict], add_generation_prompt: bool = True,
                           add_special_tokens: bool = False, continue_final_message: bool = False,
-                          tools: list[dict] | None = None) -> list[int]:
+                          tools: list[dict] | None = None, template: str | None = None,
+                          template_kwargs: dict | None = None) -> list[int]:
         """The conversation through the chat template, as token ids, in a worker thread (other requests keep
         streaming); refused before rendering when its characters alone cannot fit in max_model_len."""
         chars = sum(len(str(m.get("content") or "")) + len(str(m.get("role") or "")) for m in messages)
@@ -124,7 +138,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             try:
                 text = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                                continue_final_message=continue_final_message,
-                                               **({"tools": tools} if tools else {}))
+                                               chat_template=template or cfg.chat_template,
+                                               **({"tools": tools} if tools else {}), **(template_kwargs or {}))
             except Exception as e:  # noqa: BLE001 -- the template rejected the conversation
                 raise P.APIError(400, f"the chat template cannot render these messages: {e}", "messages") from None
             try:
@@ -253,11 +268,13 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         if body.get("messages") is not None:
             if body.get("prompt") is not None:
                 raise P.APIError(400, "give either 'prompt' or 'messages', not both", "prompt")
-            P.reject_unsupported(body, ("chat_template", "chat_template_kwargs", "documents"))
+            P.reject_unsupported(body, ("documents",))
             messages = P.chat_messages(body)
             agp, cont = P.chat_render_options(body, messages)
+            template, tkw = P.chat_template_fields(body, cfg.trust_request_chat_template)
             tools, _ = parse_tools({"tools": body.get("tools"), "tool_choice": "none"})
-            ids = await render_chat(messages, agp, P.field(body, "add_special_tokens", "bool", False), cont, tools)
+            ids = await render_chat(messages, agp, P.field(body, "add_special_tokens", "bool", False), cont, tools,
+                                    template, tkw)
         else:
             prompt = body.get("prompt")
             if not isinstance(prompt, str):
@@ -427,8 +444,9 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             raise P.APIError(400, "'top_logprobs' needs logprobs=true", "top_logprobs")
         plp = P.prompt_logprobs_field(body, stream)
         agp, cont = P.chat_render_options(body, messages)
+        template, tkw = P.chat_template_fields(body, cfg.trust_request_chat_template)
         tools, tchoice = parse_tools(body, cfg.tool_call_parser)
-        ids = await render_chat(messages, agp, False, cont, tools)
+        ids = await render_chat(messages, agp, False, cont, tools, template, tkw)
         if not ids:
             raise P.APIError(400, "the rendered conversation is empty", "messages")
         # max_completion_tokens (OpenAI's current name) first, then the deprecated max_tokens, as vLLM / SGLang
@@ -465,6 +483,9 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         if beam is None and tchoice == "auto" and tools and cfg.tool_call_parser == "mistral":
             params.skip_special_tokens = False      # [TOOL_CALLS] is a special token: keep it in the text (vLLM)
         rid = P.new_id("chatcmpl")
+        thinker = get_reasoning_parser(cfg.reasoning_parser)
+        # where the reply's reasoning starts and ends: from the prompt as the engine reads it (its guides agree)
+        mode = reasoning_mode(thinker, await asyncio.to_thread(tok.decode, ids, False)) if thinker else None
         streams = await start([{"prompt_token_ids": ids}], params, rid, beam)
         created = P.now()
         if not stream:
@@ -472,16 +493,19 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             observe(out)
             choices = []
             for c in out.outputs:
-                msg, finish = {"role": "assistant", "content": c.text}, c.finish_reason
+                reasoning, text = split_reasoning(thinker, mode, c.text) if thinker else (None, c.text)
+                msg, finish = {"role": "assistant", "content": text}, c.finish_reason
                 if schema is not None:
-                    calls, finish = tool_calls(tchoice, c.text, c.finish_reason)
+                    calls, finish = tool_calls(tchoice, text or "", c.finish_reason)
                     if calls is not None:
                         msg = {"role": "assistant", "content": None, "tool_calls": calls}
                 elif tchoice == "auto":
-                    content, calls = parse_auto(cfg.tool_call_parser, c.text, tools)
+                    content, calls = parse_auto(cfg.tool_call_parser, text or "", tools)
                     if calls is not None:
                         msg = {"role": "assistant", "content": content, "tool_calls": calls}
                         finish = "tool_calls" if finish == "stop" else finish
+                if thinker:     # (vLLM's newer name "reasoning" too)
+                    msg["reasoning_content"] = msg["reasoning"] = reasoning
                 choices.append({"index": c.index, "message": msg,
                                 "logprobs": P.chat_logprobs(c, 0, top or 0) if want_lp else None,
                                 "finish_reason": finish})
@@ -518,6 +542,13 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             return {"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]}, finish
 
         auto_streams: dict[int, AutoToolStream] = {}
+        think_streams: dict[int, ReasoningStream] = {}
+
+        def think_delta(c) -> tuple[str, ContentView]:
+            """A reasoning reply's new reasoning text, and the output as its content alone (text, delta_text)."""
+            st = think_streams.setdefault(c.index, ReasoningStream(thinker, mode))
+            thought, new = st.finish(c.text) if c.finish_reason else st.feed(c.text)
+            return thought, ContentView(c.index, st.content, new, c.finish_reason)
 
         def auto_delta(c) -> tuple[dict, str | None]:
             """An "auto" reply's delta: content until a call may begin, the calls (and any content held
@@ -547,16 +578,25 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                         start_tok = len(c.token_ids) - len(c.delta_token_ids)
                         ctoks[c.index] = len(c.token_ids)
                         itl(last, c.index, c)
-                        delta = {"content": c.delta_text} if c.delta_text or not c.finish_reason else {}
+                        thought, cc = "", c
+                        if thinker:     # the reasoning goes out apart; the rest below sees the content only
+                            thought, cc = think_delta(c)
+                        delta = {"content": cc.delta_text} if cc.delta_text or not (c.finish_reason or thought) else {}
                         finish = c.finish_reason
                         if tchoice == "auto":
-                            delta, finish = auto_delta(c)
+                            delta, finish = auto_delta(cc)
+                            if thought and delta == {"content": ""}:
+                                delta = {}
                         if schema is not None:
-                            delta, finish = tool_delta(c, delta, call_ids)
-                            if delta is None:       # "required": the calls come whole, when they are done
-                                continue
+                            delta, finish = tool_delta(cc, delta, call_ids)
                             if not isinstance(tchoice, dict):
-                                start_tok = 0       # and so do their logprobs
+                                start_tok = 0       # "required": the calls and their logprobs come whole at the end
+                            if delta is None:       # ... when they are done
+                                if not thought:
+                                    continue
+                                delta, start_tok = {}, len(c.token_ids)
+                        if thought:
+                            delta = {"reasoning_content": thought, "reasoning": thought, **delta}
                         if c.finish_reason:
                             done.add(c.index)
                         yield chunk([{"index": c.index, "delta": delta,

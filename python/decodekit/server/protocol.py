@@ -291,6 +291,25 @@ def chat_render_options(body: dict, messages: list[dict]) -> tuple[bool, bool]:
     return (True if agp is None else agp), False
 
 
+def chat_template_fields(body: dict, trusted: bool) -> tuple[str | None, dict]:
+    """(chat_template, chat_template_kwargs) of a request (vLLM's): a template of the request's own only when the
+    server trusts them (--trust-request-chat-template); the kwargs are extra template variables."""
+    from decodekit.tokenizer.chat import check_template, check_template_kwargs
+    template = body.get("chat_template")
+    if template is not None and not trusted:
+        raise APIError(400, "'chat_template' given with the request, but the server does not take requests' "
+                            "templates (start it with --trust-request-chat-template)", "chat_template")
+    try:
+        template = check_template(template)
+    except ValueError as e:
+        raise APIError(400, str(e), "chat_template") from None
+    try:
+        kwargs = check_template_kwargs(body.get("chat_template_kwargs"))
+    except ValueError as e:
+        raise APIError(400, str(e), "chat_template_kwargs") from None
+    return template, kwargs
+
+
 def chat_messages(body: dict) -> list[dict]:
     from .tools import history_message
     m = body.get("messages")

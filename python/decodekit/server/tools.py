@@ -225,12 +225,14 @@ def history_message(i: int, msg: dict, content: str) -> dict:
             conv.append({"id": str(c.get("id", "")), "type": "function",
                          "function": {"name": fn["name"], "arguments": args}})
         out["tool_calls"] = conv
-    for key in ("tool_call_id", "name"):
+    for key in ("tool_call_id", "name", "reasoning_content", "reasoning"):
         v = msg.get(key)
         if v is not None:
             if not isinstance(v, str):
                 raise APIError(400, f"'messages[{i}].{key}' must be a string", "messages")
             out[key] = v
+    if "reasoning" in out and "reasoning_content" not in out:   # (vLLM's newer name; templates read the older)
+        out["reasoning_content"] = out["reasoning"]
     return out
 
 

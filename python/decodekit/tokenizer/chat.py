@@ -65,6 +65,44 @@ def validate_messages(messages: Any) -> list[dict]:
     return out
 
 
+RESERVED_TEMPLATE_KWARGS = ("messages", "add_generation_prompt", "continue_final_message", "chat_template", "tools")
+MAX_TEMPLATE_CHARS = 200_000
+
+
+def check_template_kwargs(kwargs: Any) -> dict:
+    """chat_template_kwargs (vLLM's: extra variables for the template, e.g. {"enable_thinking": false} for Qwen3):
+    a dict of JSON values with identifier keys; the variables that have their own parameter are refused.
+    Returns a plain copy; ValueError naming the field otherwise."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"chat_template_kwargs must be an object (dict) of template variables, got "
+                         f"{type(kwargs).__name__}")
+    for k in kwargs:
+        if not isinstance(k, str) or not k.isidentifier():
+            raise ValueError(f"chat_template_kwargs: keys must be identifiers (template variable names), got {k!r}")
+        if k in RESERVED_TEMPLATE_KWARGS:
+            raise ValueError(f"chat_template_kwargs: {k!r} has its own parameter; give it there")
+    return _plain(kwargs)
+
+
+def check_template(template: Any) -> str | None:
+    """A chat_template given with a request / to the server: None, or Jinja text of at most MAX_TEMPLATE_CHARS
+    characters that compiles; ValueError naming the field otherwise."""
+    if template is None:
+        return None
+    if not isinstance(template, str) or not template.strip() or len(template) > MAX_TEMPLATE_CHARS:
+        raise ValueError(f"chat_template must be a non-empty Jinja template (str) of at most {MAX_TEMPLATE_CHARS} "
+                         f"characters, got {type(template).__name__}"
+                         + (f" of {len(template)} characters" if isinstance(template, str) else ""))
+    import jinja2
+    try:
+        compile_template(template)
+    except jinja2.exceptions.TemplateSyntaxError as e:
+        raise ValueError(f"chat_template is not valid Jinja (line {e.lineno}: {e.message})") from None
+    return template
+
+
 def _plain(value: Any) -> Any:
     """Rebuilds template inputs from plain JSON types (as transformers does), so no object
     with methods the sandbox does not know about reaches the template."""
