@@ -129,3 +129,19 @@ def test_huge_prompts_are_refused_before_encoding(server):
         assert "cannot fit" in r.json()["error"]["message"]
         assert time.perf_counter() - t < 30
     assert wait_idle(server.aeng)
+
+
+def test_too_large_max_completion_tokens_and_a_string_response_format_are_named(server):
+    """Second server audit: a too-large max_completion_tokens was reported as max_tokens; response_format as a
+    string said "'response_format.type' ... got null"."""
+    r = _post(server, "/v1/chat/completions", _body(messages=CHAT, max_completion_tokens=10**9))
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "max_completion_tokens", err
+    assert "max_completion_tokens" in err["message"] and "max_tokens (" not in err["message"], err
+    r = _post(server, "/v1/chat/completions", _body(messages=CHAT, max_tokens=10**9))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    for path, extra in (("/v1/completions", dict(prompt="hi")), ("/v1/chat/completions", dict(messages=CHAT))):
+        r = _post(server, path, _body(max_tokens=2, response_format="json", **extra))
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == "response_format", err
+        assert "must be an object" in err["message"] and "null" not in err["message"], err

@@ -148,8 +148,9 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                 raise P.APIError(400, f"'messages' must be valid Unicode text: {e}", "messages") from None
         return await asyncio.to_thread(render)
 
-    async def start(prompts: list, params, prefix: str, beam=None) -> list:
-        """The prompts' request streams (beam: a BeamSearchParams, each prompt's beam search instead)."""
+    async def start(prompts: list, params, prefix: str, beam=None, max_tokens_field: str = "max_tokens") -> list:
+        """The prompts' request streams (beam: a BeamSearchParams, each prompt's beam search instead);
+        max_tokens_field: the request's name for max_tokens, named in errors (max_completion_tokens)."""
         admit(len(prompts), params.n)
         streams = []
         try:
@@ -162,6 +163,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             named = re.match(r"(?:Sampling|BeamSearch)Params\.(\w+):", msg)  # SamplingParamsError: its field
             param = named.group(1) if named else \
                 "max_tokens" if "max_tokens" in msg else ("prompt" if "prompt" in msg else None)
+            if param == "max_tokens" and max_tokens_field != "max_tokens":
+                param, msg = max_tokens_field, re.sub(r"\bmax_tokens\b", max_tokens_field, msg)
             raise P.APIError(400, msg, param) from None
         except EngineDeadError as e:
             raise P.APIError(503, str(e), type="server_error") from None
@@ -486,7 +489,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         thinker = get_reasoning_parser(cfg.reasoning_parser)
         # where the reply's reasoning starts and ends: from the prompt as the engine reads it (its guides agree)
         mode = reasoning_mode(thinker, await asyncio.to_thread(tok.decode, ids, False)) if thinker else None
-        streams = await start([{"prompt_token_ids": ids}], params, rid, beam)
+        streams = await start([{"prompt_token_ids": ids}], params, rid, beam,
+                              "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens")
         created = P.now()
         if not stream:
             (out,) = await finals(request, streams)

@@ -128,7 +128,10 @@ def _guides(body: dict) -> dict:
         found.append(("structured_outputs", {"structured_outputs": so}))
     rf = body.get("response_format")
     if rf is not None and rf != {"type": "text"}:
-        t = rf.get("type") if isinstance(rf, dict) else None
+        if not isinstance(rf, dict):
+            raise APIError(400, f"'response_format' must be an object such as {{\"type\": \"json_object\"}}, got "
+                                f"{type(rf).__name__} {json.dumps(rf)[:40]}", "response_format")
+        t = rf.get("type")
         if t == "json_object":
             found.append(("response_format", {"guided_json_object": True}))
         elif t == "json_schema":
