@@ -7,6 +7,7 @@
 // Semantics and oracle: decodekit.ops.reference.decoder_layer.
 #include <torch/library.h>
 
+#include <ATen/ops/empty.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include "op_args.h"
@@ -37,6 +38,7 @@ using CO = const OptTensor&;
 // The constituent ops.
 struct LayerOps {
   Op<void(T_&, T_&, CT, double)> add_norm{"decodekit::fused_add_rms_norm"};
+  Op<void(T_&, CT, CT, double)> norm{"decodekit::rms_norm"};
   Op<void(T_&, CT, CT, CT, CT, int64_t, CO)> int4{"decodekit::int4_gemm"};
   Op<void(T_&, CT, CT, CT, int64_t, CO)> int8{"decodekit::int8_gemm"};
   Op<void(T_&, CT, CT, CO)> dense{"decodekit::dense_gemm"};
@@ -105,7 +107,9 @@ void decoder_layer(at::Tensor& out,                  // [T, hidden]: the MLP's o
                    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double scale,
                    const OptTensor& k_scale,           // fp8 cache: [1] or [Hk] float32
                    const OptTensor& v_scale,
-                   int64_t sliding_window) {           // paged_attention's (0: none)
+                   int64_t sliding_window,             // paged_attention's (0: none)
+                   const OptTensor& q_norm,            // [head_dim] Qwen3: RMSNorm weight of each query head
+                   const OptTensor& k_norm) {          // [head_dim] and of each key head (both or neither)
   const LayerOps& ops = LayerOps::get();
   dk::Check(kOp, "hidden", hidden).dim(2).contiguous();
   const int64_t T = hidden.size(0), H = hidden.size(1);
@@ -133,6 +137,7 @@ void decoder_layer(at::Tensor& out,                  // [T, hidden]: the MLP's o
   if (workspace.numel() < need)
     fail("workspace", "must have at least T * (2 q + 2 kv + 3 I) = " + std::to_string(need) +
                                                 " elements, got " + std::to_string(workspace.numel()));
+  if (q_norm.has_value() != k_norm.has_value()) fail("q_norm / k_norm", "must be given both or neither");
   if (T == 0) return;
 
   const at::Tensor flat = workspace.view({-1});
@@ -145,6 +150,13 @@ void decoder_layer(at::Tensor& out,                  // [T, hidden]: the MLP's o
   project(ops, qkv, hidden, qkv_weight, group_sizes[0], qkv_bias);
   at::Tensor qv = qkv.narrow(1, 0, q);
   const OptTensor k = qkv.narrow(1, q, kv);  // [T, kv]: rope in place, then cached
+  if (q_norm.has_value()) {  // each head normed on its own (as the Python path: rms_norm of [T * heads, D] rows)
+    for (auto [x, w, heads] : {std::tuple{qv, *q_norm, num_heads}, std::tuple{*k, *k_norm, num_kv_heads}}) {
+      at::Tensor normed = at::empty({T * heads, head_dim}, hidden.options());
+      ops.norm.call(normed, x.reshape({T * heads, head_dim}), w, eps);
+      x.view({T, heads, head_dim}).copy_(normed.view({T, heads, head_dim}));
+    }
+  }
   ops.rope.call(positions, qv, k, cos_sin_cache, head_dim, is_neox);
   ops.cache.call(k->view({T, num_kv_heads, head_dim}), qkv.narrow(1, q + kv, kv).view({T, num_kv_heads, head_dim}),
                  key_cache, value_cache, slot_mapping, k_scale, v_scale);

@@ -95,7 +95,8 @@ TORCH_LIBRARY(decodekit, m) {
   // One Llama-family decoder layer with packed INT4 / INT8 projections, the op sequence of
   // python/decodekit/models/llama.py in one call (csrc/decoder_layer.cpp; bitwise that sequence):
   //   if add_input: fused_add_rms_norm(hidden, residual, input_norm)
-  //   qkv = hidden @ Wqkv^T (+ qkv_bias); rotary_embedding(q, k); reshape_and_cache(k, v)
+  //   qkv = hidden @ Wqkv^T (+ qkv_bias); (q_norm / k_norm given: rms_norm of each q / k head, Qwen3)
+  //   rotary_embedding(q, k); reshape_and_cache(k, v)
   //   attn = paged_attention(q); hidden <- attn @ Wo^T; fused_add_rms_norm(hidden, residual, post_norm)
   //   out = silu_and_mul(hidden @ Wgate_up^T) @ Wdown^T
   // hidden [T, hidden] contiguous (overwritten), residual [T, hidden], out [T, hidden]; workspace
@@ -110,7 +111,8 @@ TORCH_LIBRARY(decodekit, m) {
       "Tensor[] gate_up_weight, Tensor[] down_weight, int[] group_sizes, Tensor input_norm, Tensor post_norm, "
       "bool add_input, float eps, Tensor positions, Tensor cos_sin_cache, bool is_neox, Tensor slot_mapping, "
       "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, int num_heads, int num_kv_heads, "
-      "int head_dim, float scale, Tensor? k_scale=None, Tensor? v_scale=None, int sliding_window=0) -> ()");
+      "int head_dim, float scale, Tensor? k_scale=None, Tensor? v_scale=None, int sliding_window=0, "
+      "Tensor? q_norm=None, Tensor? k_norm=None) -> ()");
 
   // Custom AllReduce over peer-mapped buffers (include/decodekit/comm/allreduce.h; driver:
   // decodekit.distributed.custom_allreduce.CustomAllReduce). buffer_ptrs / signal_ptrs: [world_size]

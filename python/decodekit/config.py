@@ -19,7 +19,7 @@ def _number(value) -> bool:
 def hf_sliding_window(cfg: dict, arch: str, num_layers: int, source: str, as_int,
                       error=ValueError) -> tuple[int | None, list[int] | None]:
     """(window, windowed layers or None for all) as transformers reads an HF config.json: Mistral's
-    `sliding_window` on every layer (absent: 4096, the MistralConfig default; null: none); Qwen2's only
+    `sliding_window` on every layer (absent: 4096, the MistralConfig default; null: none); Qwen2's (Qwen3's) only
     with use_sliding_window, on the layers from max_window_layers on (or those `layer_types` names
     "sliding_attention"); Llama: none. as_int(value, what, minimum=...) checks an integer (the loader's
     config_int; the planner's own), `error` is raised for a layer_types list of the wrong length. Shared by
@@ -27,7 +27,7 @@ def hf_sliding_window(cfg: dict, arch: str, num_layers: int, source: str, as_int
     layers = None
     if arch == "mistral":
         v = cfg.get("sliding_window", 4096)
-    elif arch == "qwen2" and cfg.get("use_sliding_window"):
+    elif arch in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
         types = cfg.get("layer_types")
         if isinstance(types, list):
             if len(types) != num_layers:
@@ -87,7 +87,9 @@ class ModelConfig:
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
     attention_bias: bool = False            # Qwen2: bias on q/k/v projections
-    architecture: str = "llama"             # llama | mistral | qwen2 | smollm2 (all the same graph)
+    qk_norm: bool = False                   # Qwen3: RMSNorm over each q / k head (weights [head_dim]) before RoPE
+    architecture: str = "llama"             # llama | mistral | qwen2 | qwen3 | smollm2 (the same graph; qwen3
+                                            # adds qk_norm)
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     name: str = ""

@@ -30,6 +30,8 @@ _TO_GGUF = {
     "self_attn.q_proj.bias": "attn_q.bias",
     "self_attn.k_proj.bias": "attn_k.bias",
     "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
@@ -75,6 +77,9 @@ def write_gguf(path: str, cfg, weights: dict[str, torch.Tensor], qtype=None, arc
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_freq_base(cfg.rope_theta)
     w.add_rope_dimension_count(cfg.head_dim)
+    if cfg.head_dim * cfg.num_heads != cfg.hidden_size:     # as llama.cpp's converter writes them then
+        w.add_key_length(cfg.head_dim)
+        w.add_value_length(cfg.head_dim)
     w.add_vocab_size(cfg.vocab_size)
     tok = tokenizer or synthetic_tokenizer_meta(cfg.vocab_size)
     w.add_tokenizer_model(tok.get("model", "gpt2"))

@@ -218,3 +218,28 @@ def test_peak_memory_bounded(gguf_path):
     r = json.loads(out.stdout.strip().splitlines()[-1])
     added = r["peak"] - r["base"]
     assert added < 2 * r["weights"], f"loading added {added / 2**20:.0f} MiB for {r['weights'] / 2**20:.0f} MiB of weights"
+
+
+def test_qwen3_head_norms(make_gguf):
+    """A qwen3 GGUF (attn_q_norm / attn_k_norm, no q / k permutation, head_dim 32 from rope.dimension_count where
+    hidden / heads is 16): the same weights back, and the model runs them (transformers too, where it reads
+    qwen3 GGUFs)."""
+    cfg, weights, _ = random_model("tiny-qwen3", progress_bar=False)
+    path = make_gguf("qwen3.gguf", cfg=cfg, weights=weights, arch="qwen3")
+    m = load_model(path, progress=False)
+    c = m.config
+    assert c.architecture == "qwen3" and c.qk_norm and c.head_dim == 32 and not c.attention_bias
+    assert set(m.weights) == set(weights)
+    for name, t in m.weights.items():
+        assert torch.equal(t, weights[name]), name
+    from decodekit import LLM, SamplingParams
+    a = LLM(model=path).generate({"prompt_token_ids": [3, 9, 27]}, SamplingParams(temperature=0, max_tokens=6))
+    b = LLM(model="random:tiny-qwen3").generate({"prompt_token_ids": [3, 9, 27]},
+                                                 SamplingParams(temperature=0, max_tokens=6))
+    assert a[0].outputs[0].token_ids == b[0].outputs[0].token_ids
+    try:
+        ref = _hf_gguf_model(path)
+    except Exception:       # noqa: BLE001 -- this transformers cannot read qwen3 GGUFs: our own check above stands
+        return
+    for name, t in m.weights.items():
+        assert torch.equal(t, ref[name]), name

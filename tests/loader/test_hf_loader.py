@@ -344,3 +344,39 @@ def test_fp8_kv_calibration_fits_a_short_context(tmp_path, hf_tok):
         llm = LLM(model=d, kv_cache_memory="16MiB", kv_cache_dtype="fp8", max_model_len=mml)
         (o,) = llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(temperature=0, max_tokens=3))
         assert len(o.outputs[0].token_ids) == 3
+
+
+@pytest.mark.parametrize("quant", [None, "int4-rtn"])
+def test_qwen3_dir_matches_transformers(tmp_path, hf_tok, quant):
+    """Qwen3ForCausalLM (q / k head norms, head_dim 32 where hidden / heads is 16): weights, config, and greedy
+    tokens equal transformers' through chunked prefill, a prefix-cache hit and n-gram speculation (with int4-rtn:
+    runs, near the float tokens); a Qwen3 config without head_dim gets transformers' default 128."""
+    from decodekit import LLM, SamplingParams
+    from decodekit.loader.hf import config_from_hf
+    model = _tiny("Qwen3ForCausalLM", tie_word_embeddings=True, head_dim=32, rope_theta=1e6,
+                  attn_implementation="eager")
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("q_norm.weight") or n.endswith("k_norm.weight"):
+                p.add_(torch.randn_like(p) * 0.3)
+    d = _save(tmp_path, "qwen3", model, hf_tok)
+    m = load_model(d, progress=False)
+    c = m.config
+    assert c.architecture == "qwen3" and c.qk_norm and not c.attention_bias and c.head_dim == 32 and c.tie_word_embeddings
+    _assert_same_weights(m, model)
+    prompt = [5, 17, 923, 4410, 88, 301, 7, 64, 12000, 45, 3, 999, 2024, 31, 8, 77, 1500, 6, 250, 4096]
+    ref = _hf_greedy(model, prompt, 24)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    for kw in (dict(max_num_batched_tokens=16), dict(speculative="ngram", num_speculative_tokens=3)):
+        llm = LLM(model=d, quantization=quant, **kw)
+        outs = llm.generate([{"prompt_token_ids": prompt}] * 2, params)
+        got = [o.outputs[0].token_ids for o in outs]
+        if quant is None:
+            assert got == [ref, ref], kw
+        else:
+            assert got[0] == got[1] and sum(a == b for a, b in zip(got[0], ref)) >= 4, (got, ref)
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    cfg.pop("head_dim")
+    assert config_from_hf(cfg).head_dim == 128
+    with pytest.raises(ModelLoadError, match="attention_bias=True is not supported for qwen3"):
+        config_from_hf({**cfg, "attention_bias": True})

@@ -31,7 +31,7 @@ def test_preset_shapes():
     assert preset_config("tiny") is not preset_config("tiny")  # fresh records
 
 
-@pytest.mark.parametrize("name", ["tiny", "tiny-qwen2"])
+@pytest.mark.parametrize("name", ["tiny", "tiny-qwen2", "tiny-qwen3"])
 def test_tiny_deterministic(name):
     a = load_model(f"random:{name}", progress=False)
     b = load_model(f"random:{name}", progress=False)
@@ -45,7 +45,7 @@ def test_tiny_deterministic(name):
     n = a.weights["model.norm.weight"]
     assert (n - 1).abs().max() < 0.15
     assert not torch.equal(a.weights["model.layers.0.mlp.up_proj.weight"], a.weights["model.layers.0.mlp.gate_proj.weight"])
-    assert a.config.attention_bias == (name == "tiny-qwen2")
+    assert a.config.attention_bias == (name == "tiny-qwen2") and a.config.qk_norm == (name == "tiny-qwen3")
     assert a.tokenizer.vocab_size == a.config.vocab_size == 512
     assert a.config.eos_token_ids == a.tokenizer.eos_token_ids == [2, 0]
 

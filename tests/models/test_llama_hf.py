@@ -105,3 +105,50 @@ def test_sliding_window_logits_match_hf(window):
         torch.testing.assert_close(lg, want[: lg.shape[0]], atol=2e-4, rtol=2e-4)
         if len(s) > window + 1:
             assert not torch.allclose(lg, lf[: lg.shape[0]], atol=1e-3)  # (the window matters)
+
+
+def _hf_qwen3(tie: bool, window: int | None = None):
+    """A tiny Qwen3 (q / k head norms; head_dim 16 where hidden / heads is 8; GQA group 3) and the same weights
+    in decodekit's model."""
+    torch.manual_seed(3)
+    sw = dict(use_sliding_window=True, sliding_window=window, max_window_layers=1) if window else {}
+    cfg = transformers.Qwen3Config(vocab_size=211, hidden_size=72, intermediate_size=100, num_hidden_layers=3,
+                                   num_attention_heads=9, num_key_value_heads=3, head_dim=16,
+                                   max_position_embeddings=256, rope_theta=1000000.0, tie_word_embeddings=tie,
+                                   rms_norm_eps=1e-6, attn_implementation="eager", **sw)
+    model = transformers.Qwen3ForCausalLM(cfg)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.add_(torch.randn_like(p) * 0.3)
+    model.eval()
+    ours = ModelConfig(vocab_size=211, hidden_size=72, intermediate_size=100, num_layers=3, num_heads=9,
+                       num_kv_heads=3, head_dim=16, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                       max_position_embeddings=256, tie_word_embeddings=tie, qk_norm=True, architecture="qwen3",
+                       sliding_window=window, sliding_window_layers=[1, 2] if window else None)
+    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return model, LlamaModel(ours, weights)
+
+
+@pytest.mark.parametrize("tie,window", [(False, None), (True, None), (False, 6)])
+def test_qwen3_matches_hf(tie, window):
+    """Qwen3: each q / k head RMS-normed before RoPE; logits at every position through chunked prefill and
+    decode steps (sliding window on layers 1-2 too)."""
+    hf, ours = _hf_qwen3(tie, window)
+    assert ours.fused_layers    # decoder_layer with its q / k norms (the CPU's one call per layer)
+    g = torch.Generator().manual_seed(4)
+    seqs = [torch.randint(0, 211, (n,), generator=g).tolist() for n in (23, 2, 31)]
+    chunks = [[7, 11, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0, 0], [1, 20, 6, 1, 1, 1, 1]]
+    got = _run_paged(ours, seqs, chunks)
+    for s, lg in zip(seqs, got):
+        with torch.no_grad():
+            want = hf(torch.tensor([s])).logits[0].float()
+        torch.testing.assert_close(lg, want[: lg.shape[0]], atol=2e-4, rtol=2e-4)
+    ours.op_by_op = True        # the same ops issued from Python: the same bits
+    assert all(torch.equal(a, b) for a, b in zip(_run_paged(ours, seqs, chunks), got))
+    ours.op_by_op = False
+    # the head norms matter: without them the logits are others
+    for L in ours.layers:
+        L.q_norm = L.k_norm = None
+    plain = _run_paged(ours, seqs, chunks)
+    assert not torch.allclose(plain[2], got[2], atol=1e-2)

@@ -38,13 +38,16 @@ def _packed(fmt: str, n: int, k: int, gen: torch.Generator, dtype=torch.float32)
     return quantize_rtn(w, int(fmt.split("/")[1]))
 
 
-def _layer(hq, hk, d, fmts, bias, dtype, device, gen):
+def _layer(hq, hk, d, fmts, bias, dtype, device, gen, qk=False):
+    """(weights, qkv bias, norms: [input, post] (+ [q_norm, k_norm] with qk, Qwen3's head norms))."""
     q, kv = hq * d, hk * d
     ws = [_packed(f, n, k, gen, dtype) for f, (n, k) in zip(fmts, [(q + 2 * kv, HIDDEN), (HIDDEN, q),
                                                                   (2 * INTER, HIDDEN), (HIDDEN, INTER)])]
     ws = [w.to(device) for w in ws]
     qkv_bias = randn((q + 2 * kv,), dtype, device, gen, 0.1) if bias else None
     norms = [(1 + 0.1 * torch.randn(HIDDEN, generator=gen)).to(dtype).to(device) for _ in range(2)]
+    if qk:
+        norms += [(1 + 0.3 * torch.randn(d, generator=gen)).to(dtype).to(device) for _ in range(2)]
     return ws, qkv_bias, norms
 
 
@@ -81,6 +84,9 @@ def _unfused(hidden, residual, kc, vc, ws, qkv_bias, norms, add_input, hq, hk, d
         ops.fused_add_rms_norm(hidden, residual, norms[0], 1e-5)
     qkv = ops.linear(hidden, ws[0], qkv_bias)
     q, k, v = qkv[:, :q_size], qkv[:, q_size:q_size + kv_size], qkv[:, q_size + kv_size:]
+    if len(norms) == 4:     # Qwen3 (models/llama.py): each head normed, as fresh tensors
+        q = ops.rms_norm(q.reshape(-1, d), norms[2], 1e-5).view(T, -1)
+        k = ops.rms_norm(k.reshape(-1, d), norms[3], 1e-5).view(T, -1)
     ops.rotary_embedding(md["positions"], q, k, cs, d, True)
     ops.reshape_and_cache(k.view(T, hk, d), v.view(T, hk, d), kc, vc, md["slot_mapping"], ks, vs)
     attn = ops.paged_attention(q.view(T, hq, d), kc, vc, md["block_tables"], md["seq_lens"], md["query_start_loc"],
@@ -100,13 +106,13 @@ def _fused(hidden, residual, kc, vc, ws, qkv_bias, norms, add_input, hq, hk, d, 
     ops.decoder_layer(out, hidden, residual, work, kc, vc, operands[0][0], qkv_bias, operands[1][0], operands[2][0],
                       operands[3][0], [o[1] for o in operands], norms[0], norms[1], add_input, 1e-5,
                       md["positions"], cs, True, md["slot_mapping"], md["block_tables"], md["seq_lens"],
-                      md["query_start_loc"], hq, hk, d, scale, ks, vs, window)
+                      md["query_start_loc"], hq, hk, d, scale, ks, vs, window, *norms[2:])
     return out
 
 
-def _run_both(case, config, fmt, dtype, device, gen, kv_fp8=False, bias=False, add_input=True, window=0):
+def _run_both(case, config, fmt, dtype, device, gen, kv_fp8=False, bias=False, add_input=True, window=0, qk=False):
     hq, hk, d, bs = config
-    ws, qkv_bias, norms = _layer(hq, hk, d, FORMATS[fmt], bias, dtype, device, gen)
+    ws, qkv_bias, norms = _layer(hq, hk, d, FORMATS[fmt], bias, dtype, device, gen, qk)
     kv_dtype = torch.float8_e4m3fn if kv_fp8 else dtype
     hidden, residual, kc, vc, md = _inputs(*CASES[case], hk, d, bs, kv_dtype, dtype, device, gen)
     ks = vs = None
@@ -156,6 +162,25 @@ def test_decoder_layer_sliding_window_matches_op_sequence(case, window, device, 
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["int4-g32", "dense", "mixed"])
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "h{}x{}-d{}-b{}".format(*c))
+@pytest.mark.parametrize("case", list(CASES))
+def test_decoder_layer_qk_norm_matches_op_sequence(case, config, fmt, device, gen):
+    """Qwen3's q / k head norms inside the op: bitwise the op sequence (which norms [T * heads, D] rows), and
+    they change the result."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    if device == "cuda" and case == "mixed" and fmt != "dense" and ("i8" in FORMATS[fmt] or dtype == torch.float32):
+        pytest.skip("past the CUDA GEMV rows (test_decoder_layer_matches_op_sequence covers the refusal)")
+    seed = int(torch.randint(0, 2**31, (1,), generator=gen))
+    unfused, fused, _ = _run_both(case, config, fmt, dtype, device, torch.Generator().manual_seed(seed), qk=True)
+    for name, a, b in zip(("out", "residual", "key_cache", "value_cache"), unfused, fused):
+        assert not torch.isnan(b.float()).any(), name
+        assert torch.equal(a, b), f"{name}: fused differs from the op sequence ({(a != b).sum()} elements)"
+    plain, _, _ = _run_both(case, config, fmt, dtype, device, torch.Generator().manual_seed(seed))
+    assert not torch.equal(plain[0], fused[0])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("config", [(9, 3, 64, 16), (8, 2, 64, 16)], ids=lambda c: "h{}x{}-d{}-b{}".format(*c))
 def test_decoder_layer_fp8_kv(config, device, gen):
     unfused, fused, _ = _run_both("mixed", config, "int4-g32", torch.bfloat16, device, gen, kv_fp8=True)
@@ -175,18 +200,19 @@ REL_TOL = {torch.float32: 5e-6, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "h{}x{}-d{}-b{}".format(*c))
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("window", [0, 5])
-def test_decoder_layer_vs_float64(case, config, dtype, fmt, window, gen):
+@pytest.mark.parametrize("window,qk", [(0, False), (5, False), (0, True)])
+def test_decoder_layer_vs_float64(case, config, dtype, fmt, window, qk, gen):
     hq, hk, d, bs = config
     _, fused, (hidden, residual, kc, vc, args) = _run_both(case, config, fmt, dtype, "cpu", gen, bias=True,
-                                                           window=window)
+                                                           window=window, qk=qk)
     ws, qkv_bias, norms, add_input, _, _, _, cs, md, scale, ks, vs, _ = args
     operands = [ops.projection_operands(w) for w in ws]
     want = ref.decoder_layer(hidden.double(), residual.double(), kc.double(), vc.double(), operands[0][0],
                              qkv_bias.double(), operands[1][0], operands[2][0], operands[3][0],
                              [o[1] for o in operands], norms[0].double(), norms[1].double(), add_input, 1e-5,
                              md["positions"], cs, True, md["slot_mapping"], md["block_tables"], md["seq_lens"],
-                             md["query_start_loc"], hq, hk, d, scale, sliding_window=window)
+                             md["query_start_loc"], hq, hk, d, scale, sliding_window=window,
+                             q_norm=norms[2].double() if qk else None, k_norm=norms[3].double() if qk else None)
     for name, got, exp in zip(("out", "residual", "key_cache", "value_cache"), fused, want):
         err = (got.double() - exp).abs().max().item()
         assert err <= REL_TOL[dtype] * exp.abs().max().item(), f"{name} [{dtype}]: max error {err}"
@@ -235,12 +261,13 @@ def test_decoder_layer_errors(gen):
     operands = [ops.projection_operands(w) for w in ws]
     cs = ref.rope_cos_sin_cache(64, d, 10000.0)
 
-    def call(work_numel=None, heads=hq, groups=(32, 32, 32, 32), qkv=None):
+    def call(work_numel=None, heads=hq, groups=(32, 32, 32, 32), qkv=None, qk=(None, None)):
         n = ops.decoder_layer_workspace_numel(5, hq * d, hk * d, INTER) if work_numel is None else work_numel
-        ops.decoder_layer(torch.empty_like(hidden), hidden.clone(), residual.clone(), torch.empty(n), kc, vc,
-                          operands[0][0] if qkv is None else qkv, None, operands[1][0], operands[2][0], operands[3][0], list(groups),
-                          norms[0], norms[1], True, 1e-5, md["positions"], cs, True, md["slot_mapping"],
-                          md["block_tables"], md["seq_lens"], md["query_start_loc"], heads, hk, d, 0.125)
+        torch.ops.decodekit.decoder_layer(
+            torch.empty_like(hidden), hidden.clone(), residual.clone(), torch.empty(n), kc, vc,
+            operands[0][0] if qkv is None else qkv, None, operands[1][0], operands[2][0], operands[3][0], list(groups),
+            norms[0], norms[1], True, 1e-5, md["positions"], cs, True, md["slot_mapping"],
+            md["block_tables"], md["seq_lens"], md["query_start_loc"], heads, hk, d, 0.125, None, None, 0, *qk)
 
     call()
     with pytest.raises(RuntimeError, match="'workspace' must have at least"):
@@ -253,6 +280,10 @@ def test_decoder_layer_errors(gen):
         call(qkv=[])
     with pytest.raises(RuntimeError, match="'qkv_weight' must hold 3 tensors"):
         call(qkv=operands[0][0] + [operands[0][0][0]])
+    with pytest.raises(RuntimeError, match="'q_norm / k_norm' must be given both or neither"):
+        call(qk=(torch.ones(d), None))
+    with pytest.raises(RuntimeError, match="weight"):   # rms_norm names the head norm's wrong length
+        call(qk=(torch.ones(d + 1), torch.ones(d)))
 
 
 def test_decoder_layer_opcheck(gen):
@@ -266,6 +297,11 @@ def test_decoder_layer_opcheck(gen):
              operands[2][0], operands[3][0], [o[1] for o in operands], norms[0], norms[1], True, 1e-5,
              md["positions"], cs, True, md["slot_mapping"], md["block_tables"], md["seq_lens"],
              md["query_start_loc"], hq, hk, d, scale, None, None, 9))
+    opcheck(torch.ops.decodekit.decoder_layer.default,      # with Qwen3's head norms
+            (torch.empty_like(hidden), hidden, residual, work, kc, vc, operands[0][0], None, operands[1][0],
+             operands[2][0], operands[3][0], [o[1] for o in operands], norms[0], norms[1], True, 1e-5,
+             md["positions"], cs, True, md["slot_mapping"], md["block_tables"], md["seq_lens"],
+             md["query_start_loc"], hq, hk, d, scale, None, None, 0, torch.ones(d) * 1.5, torch.ones(d) * 0.5))
 
 
 @pytest.mark.parametrize("quantization,dtype", [("int4-rtn", "auto"), (None, "auto"), (None, "bfloat16"),

@@ -32,6 +32,19 @@ def test_qwen_has_qkv_bias_and_published_size():
     assert P.load_model("qwen2.5-72b").params == pytest.approx(72.7e9, rel=0.005)
     assert P.load_model("llama3-405b").params == pytest.approx(405.8e9, rel=0.005)
     assert P.load_model("SmolLM2-135M").params == pytest.approx(134.5e6, rel=0.005)
+    q3 = P.load_model("Qwen3-8B")       # 8.19B: head_dim 128, untied, no bias (the q / k norms: 9k parameters)
+    assert not q3.qkv_bias and q3.head_dim == 128 and q3.params == pytest.approx(8.19e9, rel=0.005)
+
+
+def test_qwen3_config_head_dim_default(tmp_path):
+    """A Qwen3 config.json without head_dim: transformers' default 128 (not hidden / heads), as the loader reads it."""
+    import json
+    cfg = {"model_type": "qwen3", "vocab_size": 1000, "hidden_size": 1024, "num_hidden_layers": 2,
+           "num_attention_heads": 16, "num_key_value_heads": 8, "intermediate_size": 3072}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert P.load_model(str(tmp_path / "config.json")).head_dim == 128
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "qwen2"}))
+    assert P.load_model(str(tmp_path / "config.json")).head_dim == 64
 
 
 def test_allreduce_one_shot_vs_ring_by_hand():

@@ -11,6 +11,7 @@ rows in HF's rotate-half (NeoX) order:
     model.embed_tokens.weight, model.norm.weight, lm_head.weight (absent when tied),
     model.layers.{i}.input_layernorm.weight, model.layers.{i}.post_attention_layernorm.weight,
     model.layers.{i}.self_attn.{q,k,v,o}_proj.weight (+ {q,k,v}_proj.bias when attention_bias),
+    model.layers.{i}.self_attn.{q,k}_norm.weight (Qwen3: qk_norm),
     model.layers.{i}.mlp.{gate,up,down}_proj.weight
 """
 from __future__ import annotations

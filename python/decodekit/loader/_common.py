@@ -100,6 +100,9 @@ def layer_weight_shapes(cfg: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
         p + "mlp.up_proj.weight": (cfg.intermediate_size, h),
         p + "mlp.down_proj.weight": (h, cfg.intermediate_size),
     }
+    if cfg.qk_norm:
+        shapes[p + "self_attn.q_norm.weight"] = (cfg.head_dim,)
+        shapes[p + "self_attn.k_norm.weight"] = (cfg.head_dim,)
     if cfg.attention_bias:
         shapes[p + "self_attn.q_proj.bias"] = (cfg.q_size,)
         shapes[p + "self_attn.k_proj.bias"] = (cfg.kv_size,)

@@ -27,7 +27,7 @@ from ..config import MAX_POSITION_EMBEDDINGS, ModelConfig
 from ._common import (ModelLoadError, check_tokenizer_fits, check_weights, config_float, config_int,
                       expected_weight_shapes, progress)
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 # tensor types this loader is tested on; others that gguf.quants can dequantize also load
 TESTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 
@@ -44,6 +44,8 @@ _LAYER_NAMES = {
     "attn_v.weight": "self_attn.v_proj.weight",
     "attn_output.weight": "self_attn.o_proj.weight",
     "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",     # qwen3
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
     "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias",
     "ffn_gate.weight": "mlp.gate_proj.weight",
@@ -326,6 +328,7 @@ def config_from_gguf(meta: dict[str, Any], infos: list[GGUFTensorInfo], source: 
                                             maximum=MAX_POSITION_EMBEDDINGS),
             tie_word_embeddings="output.weight" not in by_name,
             attention_bias=any(n.endswith(".attn_q.bias") for n in by_name),
+            qk_norm=any(n.endswith(".attn_q_norm.weight") for n in by_name),
             architecture=label, bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=[int(eos)] if isinstance(eos, int) else [], name=name)
     except ValueError as e:

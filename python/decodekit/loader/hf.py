@@ -27,13 +27,15 @@ SUPPORTED = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
 }
-_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
+_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
 # defaults of the transformers config classes for keys a config.json may omit
 _DEFAULTS = {
     "llama": dict(max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=10000.0),
     "mistral": dict(max_position_embeddings=4096 * 32, rms_norm_eps=1e-6, rope_theta=10000.0),
     "qwen2": dict(max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=10000.0),
+    "qwen3": dict(max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=10000.0, head_dim=128),
 }
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
@@ -75,7 +77,8 @@ def _rope(cfg: dict[str, Any], defaults: dict, src: str = "config.json") -> tupl
 
 
 def config_from_hf(cfg: dict[str, Any], name: str = "", source: str = "config.json") -> ModelConfig:
-    """ModelConfig from a config.json dict (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM).
+    """ModelConfig from a config.json dict (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
+    Qwen3ForCausalLM).
     source: the file, named in the errors (each names the key and the values allowed)."""
     if not isinstance(cfg, dict):
         raise ModelLoadError(f"{source}: expected a JSON object, got {type(cfg).__name__}")
@@ -107,12 +110,13 @@ def config_from_hf(cfg: dict[str, Any], name: str = "", source: str = "config.js
     if heads % kv_heads:
         raise ModelLoadError(f"{source}: num_attention_heads ({heads}) must be a multiple of "
                              f"num_key_value_heads ({kv_heads})")
-    if not cfg.get("head_dim") and hidden % heads:
+    if not cfg.get("head_dim") and "head_dim" not in d and hidden % heads:
         raise ModelLoadError(f"{source}: hidden_size ({hidden}) must be a multiple of num_attention_heads "
                              f"({heads}) when there is no head_dim")
     kw = dict(vocab_size=integer("vocab_size"), hidden_size=hidden,
               intermediate_size=integer("intermediate_size"), num_layers=integer("num_hidden_layers"),
-              num_heads=heads, num_kv_heads=kv_heads, head_dim=integer("head_dim", max(hidden // heads, 1)),
+              num_heads=heads, num_kv_heads=kv_heads,
+              head_dim=integer("head_dim", d.get("head_dim", max(hidden // heads, 1))),
               max_position_embeddings=integer("max_position_embeddings", d["max_position_embeddings"],
                                               maximum=MAX_POSITION_EMBEDDINGS))
     if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
@@ -131,7 +135,7 @@ def config_from_hf(cfg: dict[str, Any], name: str = "", source: str = "config.js
         return ModelConfig(
             **kw, rms_norm_eps=eps, rope_theta=theta, rope_scaling=scaling,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=arch == "qwen2",
+            attention_bias=arch == "qwen2", qk_norm=arch == "qwen3",
             architecture=arch, bos_token_id=bos if isinstance(bos, int) and not isinstance(bos, bool) else None,
             eos_token_ids=eos, name=name or str(cfg.get("_name_or_path", "")), sliding_window=window,
             sliding_window_layers=window_layers)

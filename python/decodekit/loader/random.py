@@ -6,7 +6,7 @@ crc32("NAME/tensor name"), so any one tensor is reproducible without drawing the
 loading never holds more than the final weights plus one float32 tensor. Matrices and biases are
 N(0, 1) * 0.02, norm weights 1 + N(0, 1) * 0.02.
 
-Where they are drawn: presets up to CPU_DRAW_MAX_PARAMS parameters (tiny, tiny-qwen2,
+Where they are drawn: presets up to CPU_DRAW_MAX_PARAMS parameters (tiny, tiny-qwen2, tiny-qwen3,
 smollm2-135m) are drawn on the CPU and then moved, so every device gets bit-identical weights
 (a CPU-vs-GPU comparison can load the model twice). The large presets (llama3-8b,
 llama3-70b-layer) are drawn directly on the target device (the CPU generator would take minutes
@@ -38,6 +38,11 @@ PRESETS: dict[str, dict] = {
                        num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=1000000.0,
                        max_position_embeddings=2048, tie_word_embeddings=True, attention_bias=True,
                        architecture="qwen2"),
+    # Qwen3's graph: q / k head norms, head_dim larger than hidden / heads (as Qwen3-0.6B: 1024 / 16 heads x 128)
+    "tiny-qwen3": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                       num_kv_heads=2, head_dim=32, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                       max_position_embeddings=2048, tie_word_embeddings=True, qk_norm=True,
+                       architecture="qwen3"),
     # 8 query / 2 KV heads, an odd vocabulary, separate LM head: tensor-parallel tests (TP 4 replicates KV heads)
     "tiny-gqa4": dict(vocab_size=1001, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=8,
                       num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,

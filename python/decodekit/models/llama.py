@@ -1,4 +1,5 @@
-"""Llama-family decoder (Llama 2/3, Mistral, Qwen2 with QKV bias, SmolLM2) over a paged KV cache.
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2 with QKV bias, Qwen3 with q / k head norms, SmolLM2) over a
+paged KV cache.
 
 The forward pass is written against decodekit.ops only (norms, rope, silu_and_mul,
 reshape_and_cache, paged_attention) plus torch linear layers, so the same code runs on
@@ -43,6 +44,8 @@ class LayerWeights:
     down: torch.Tensor               # [hidden, intermediate]
     input_norm: torch.Tensor         # [hidden]
     post_norm: torch.Tensor          # [hidden]
+    q_norm: torch.Tensor | None = None   # [head_dim] Qwen3: RMSNorm weight of every query head (before RoPE)
+    k_norm: torch.Tensor | None = None   # [head_dim] and of every key head
 
 
 class LlamaModel:
@@ -91,7 +94,9 @@ class LlamaModel:
                 gate_up=cat_rows([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]),
                 down=take(p + "mlp.down_proj.weight"),
                 input_norm=take(p + "input_layernorm.weight"),
-                post_norm=take(p + "post_attention_layernorm.weight")))
+                post_norm=take(p + "post_attention_layernorm.weight"),
+                q_norm=take(p + "self_attn.q_norm.weight") if c.qk_norm else None,
+                k_norm=take(p + "self_attn.k_norm.weight") if c.qk_norm else None))
         self.norm = take("model.norm.weight")
         if "lm_head.weight" in weights and not c.tie_word_embeddings:
             self.lm_head = take("lm_head.weight")
@@ -206,7 +211,8 @@ class LlamaModel:
             ops.decoder_layer(spare, h, residual, ws, kc, vc, qkv, L.qkv_bias, o, gate_up, down, group_sizes,
                               L.input_norm, L.post_norm, i > 0, c.rms_norm_eps, md.positions, self.cos_sin_cache,
                               True, md.slot_mapping, md.block_tables, md.seq_lens, md.query_start_loc,
-                              c.num_heads, c.num_kv_heads, c.head_dim, self.scale, ks, vs, self.layer_windows[i])
+                              c.num_heads, c.num_kv_heads, c.head_dim, self.scale, ks, vs, self.layer_windows[i],
+                              L.q_norm, L.k_norm)
             h, spare = spare, h
         return h
 
@@ -247,6 +253,9 @@ class LlamaModel:
             q = qkv[:, :q_size]
             k = qkv[:, q_size:q_size + kv_size]
             v = qkv[:, q_size + kv_size:]
+            if L.q_norm is not None:    # Qwen3: each head RMS-normed on its own (fresh [T, q] / [T, kv] tensors)
+                q = ops.rms_norm(q.reshape(-1, D), L.q_norm, eps).view(T, -1)
+                k = ops.rms_norm(k.reshape(-1, D), L.k_norm, eps).view(T, -1)
             ops.rotary_embedding(md.positions, q, k, self.cos_sin_cache, D, True)
             kc, vc = kv_caches[i]
             ks, vs = self.kv_scales[i]

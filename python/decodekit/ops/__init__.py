@@ -507,7 +507,10 @@ def decoder_layer(out: torch.Tensor,            # [T, hidden]: the MLP's output
                   slot_mapping: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                   query_start_loc: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                   k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                  sliding_window: int = 0) -> torch.Tensor:
+                  sliding_window: int = 0,
+                  q_norm: torch.Tensor | None = None,   # [head_dim] Qwen3: each q head RMS-normed before RoPE
+                  k_norm: torch.Tensor | None = None,   # [head_dim] and each k head (both or neither)
+                  ) -> torch.Tensor:
     """One Llama-family decoder layer in one op call (see reference.decoder_layer; the kernel is the
     op-by-op sequence of models/llama.py issued from C++, so its results are bitwise that sequence's).
     Projections are packed INT4 / INT8 or dense tensors (projection_operands), each routed as ops.linear
@@ -522,7 +525,7 @@ def decoder_layer(out: torch.Tensor,            # [T, hidden]: the MLP's output
                          f"weights and fp16 / bf16 activations (got {hidden.dtype}); run the layer op by op")
     args = (qkv_weight, qkv_bias, o_weight, gate_up_weight, down_weight, list(group_sizes), input_norm, post_norm,
             add_input, eps, positions, cos_sin_cache, is_neox, slot_mapping, block_tables, seq_lens, query_start_loc,
-            num_heads, num_kv_heads, head_dim, scale, k_scale, v_scale, sliding_window)
+            num_heads, num_kv_heads, head_dim, scale, k_scale, v_scale, sliding_window, q_norm, k_norm)
     if _has_kernel("decoder_layer", hidden.device):
         _ops.decoder_layer(out, hidden, residual, workspace, key_cache, value_cache, *args)
         return out
@@ -538,7 +541,8 @@ def decoder_layer(out: torch.Tensor,            # [T, hidden]: the MLP's output
 def _decoder_layer_fake(out, hidden, residual, workspace, key_cache, value_cache, qkv_weight, qkv_bias, o_weight,
                         gate_up_weight, down_weight, group_sizes, input_norm, post_norm, add_input, eps, positions,
                         cos_sin_cache, is_neox, slot_mapping, block_tables, seq_lens, query_start_loc, num_heads,
-                        num_kv_heads, head_dim, scale, k_scale=None, v_scale=None, sliding_window=0):
+                        num_kv_heads, head_dim, scale, k_scale=None, v_scale=None, sliding_window=0, q_norm=None,
+                        k_norm=None):
     return None
 
 

@@ -516,18 +516,23 @@ def decoder_layer(hidden: torch.Tensor,          # [T, hidden]: the layer's inpu
                   slot_mapping: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                   query_start_loc: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                   k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                  sliding_window: int = 0):
+                  sliding_window: int = 0, q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None):
     """Returns (out [T, hidden], residual, key_cache, value_cache) after one decoder layer:
-    (input add + norm), QKV projection, rotary embedding, cache write, paged attention, O projection,
-    add + norm, SwiGLU MLP. Projections: [qweight, scales, mins] INT4, [qweight, scales] INT8 or
-    [weight] dense."""
+    (input add + norm), QKV projection, (q_norm / k_norm: each head RMS-normed, Qwen3), rotary embedding,
+    cache write, paged attention, O projection, add + norm, SwiGLU MLP. Projections: [qweight, scales, mins]
+    INT4, [qweight, scales] INT8 or [weight] dense."""
+    if (q_norm is None) != (k_norm is None):
+        raise ValueError("decoder_layer: q_norm / k_norm must be given both or neither")
     T = hidden.shape[0]
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
     if add_input:
         hidden, residual = fused_add_rms_norm(hidden, residual, input_norm, eps)
     qkv = _packed_linear(hidden, qkv_weight, group_sizes[0], qkv_bias)
-    q, k = rotary_embedding(positions, qkv[:, :q_size], qkv[:, q_size:q_size + kv_size], cos_sin_cache,
-                            head_dim, is_neox)
+    q, k = qkv[:, :q_size], qkv[:, q_size:q_size + kv_size]
+    if q_norm is not None:
+        q = rms_norm(q.reshape(-1, head_dim), q_norm, eps).reshape(T, q_size)
+        k = rms_norm(k.reshape(-1, head_dim), k_norm, eps).reshape(T, kv_size)
+    q, k = rotary_embedding(positions, q, k, cos_sin_cache, head_dim, is_neox)
     v = qkv[:, q_size + kv_size:]
     key_cache, value_cache = reshape_and_cache(k.view(T, num_kv_heads, head_dim), v.reshape(T, num_kv_heads, head_dim),
                                                key_cache, value_cache, slot_mapping, k_scale, v_scale)

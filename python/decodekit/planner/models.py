@@ -137,6 +137,7 @@ PRESETS: dict[str, ModelSpec] = {
     "llama3-405b": _llama("Llama-3.1-405B", 128256, 16384, 126, 128, 8, 53248),
     "qwen2.5-7b": _llama("Qwen2.5-7B", 152064, 3584, 28, 28, 4, 18944, bias=True),
     "qwen2.5-72b": _llama("Qwen2.5-72B", 152064, 8192, 80, 64, 8, 29568, bias=True),
+    "qwen3-8b": _llama("Qwen3-8B", 151936, 4096, 36, 32, 8, 12288),
     "smollm2-135m": _llama("SmolLM2-135M", 49152, 576, 30, 9, 3, 1536, head_dim=64, tied=True),
     "mistral-7b-v0.1": dataclasses.replace(_llama("Mistral-7B-v0.1", 32000, 4096, 32, 32, 8, 14336),
                                            sliding_window=4096, window_layers=32),
@@ -144,7 +145,7 @@ PRESETS: dict[str, ModelSpec] = {
 _ALIASES = {"llama38b": "llama3-8b", "llama318b": "llama3-8b", "metallama38b": "llama3-8b",
             "llama370b": "llama3-70b", "llama3170b": "llama3-70b", "llama3370b": "llama3-70b",
             "metallama370b": "llama3-70b", "llama3405b": "llama3-405b", "llama31405b": "llama3-405b",
-            "qwen257b": "qwen2.5-7b", "qwen2572b": "qwen2.5-72b", "smollm2135m": "smollm2-135m"}
+            "qwen257b": "qwen2.5-7b", "qwen2572b": "qwen2.5-72b", "qwen38b": "qwen3-8b", "smollm2135m": "smollm2-135m"}
 
 
 def _key(name: str) -> str:
@@ -153,7 +154,7 @@ def _key(name: str) -> str:
 
 
 def load_model(spec: str) -> ModelSpec:
-    """A preset name (llama3-8b, llama3-70b, llama3-405b, qwen2.5-7b, qwen2.5-72b, smollm2-135m,
+    """A preset name (llama3-8b, llama3-70b, llama3-405b, qwen2.5-7b, qwen2.5-72b, qwen3-8b, smollm2-135m,
     spelling-insensitive), a Hugging Face `config.json` (or its directory), or a `.gguf` file."""
     if not isinstance(spec, str) or not spec:
         raise ValueError("model must be a preset name or a config.json / .gguf path")
@@ -200,7 +201,8 @@ def from_hf_config(path: str) -> ModelSpec:
             name=c.get("_name_or_path") or os.path.basename(os.path.dirname(os.path.abspath(path))) or "model",
             vocab=int(c["vocab_size"]), hidden=d, n_layers=int(c["num_hidden_layers"]), n_heads=heads,
             n_kv_heads=int(c.get("num_key_value_heads") or heads),
-            head_dim=int(c.get("head_dim") or d // heads), intermediate=int(c["intermediate_size"]),
+            head_dim=int(c.get("head_dim") or (128 if c.get("model_type") == "qwen3" else d // heads)),
+            intermediate=int(c["intermediate_size"]),
             tied_embeddings=bool(c.get("tie_word_embeddings", False)),
             qkv_bias=bool(c.get("attention_bias", c.get("model_type") == "qwen2")),
             **_hf_window(c, int(c["num_hidden_layers"]), path))
