@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 # The model keeps a [max_position_embeddings, head_dim] rope table: a corrupt context length (2**40) would
 # be an out-of-memory kill, not an error. 2**24 is 16x the longest Llama-family context in use (1M).
 MAX_POSITION_EMBEDDINGS = 1 << 24
-ROPE_SCALING_TYPES = ("default", "linear", "llama3")
+ROPE_SCALING_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 def _number(value) -> bool:
@@ -47,7 +47,9 @@ def hf_sliding_window(cfg: dict, arch: str, num_layers: int, source: str, as_int
 def check_rope_scaling(scaling) -> None:
     """Raises ValueError naming the rope_scaling field that the model's rope table cannot use
     (decodekit.ops.reference.rope_inv_freq: default, linear {factor}, llama3 {factor,
-    original_max_position_embeddings, low_freq_factor < high_freq_factor})."""
+    original_max_position_embeddings, low_freq_factor < high_freq_factor}, yarn {factor,
+    original_max_position_embeddings, optional beta_fast, beta_slow, attention_factor, mscale, mscale_all_dim,
+    truncate})."""
     if scaling is None:
         return
     if not isinstance(scaling, dict):
@@ -59,13 +61,21 @@ def check_rope_scaling(scaling) -> None:
                          f"{', '.join(ROPE_SCALING_TYPES)})")
     if kind == "default":
         return
-    need = {"linear": ("factor",), "llama3": ("factor", "original_max_position_embeddings")}[kind]
+    need = {"linear": ("factor",), "llama3": ("factor", "original_max_position_embeddings"),
+            "yarn": ("factor", "original_max_position_embeddings")}[kind]
     for key in need:
         if key not in scaling:
             raise ValueError(f"rope_scaling ({kind}) lacks {key!r} (needs {', '.join(need)})")
-    for key in ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"):
-        if key in scaling and (not _number(scaling[key]) or scaling[key] <= 0):
+    for key in ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor", "beta_fast",
+                "beta_slow", "attention_factor"):
+        if key in scaling and (not _number(scaling[key]) or scaling[key] <= 0) and \
+                not (kind == "yarn" and key not in need and scaling[key] is None):
             raise ValueError(f"rope_scaling.{key} must be a number > 0, got {scaling[key]!r}")
+    for key in ("mscale", "mscale_all_dim"):        # (yarn: 0 / None leave the default attention factor)
+        if scaling.get(key) is not None and (not _number(scaling[key]) or scaling[key] < 0):
+            raise ValueError(f"rope_scaling.{key} must be a number >= 0, got {scaling[key]!r}")
+    if "truncate" in scaling and not isinstance(scaling["truncate"], bool):
+        raise ValueError(f"rope_scaling.truncate must be true or false, got {scaling['truncate']!r}")
     if kind == "llama3" and float(scaling.get("low_freq_factor", 1.0)) >= float(scaling.get("high_freq_factor", 4.0)):
         raise ValueError(f"rope_scaling.low_freq_factor ({scaling.get('low_freq_factor', 1.0)}) must be below "
                          f"high_freq_factor ({scaling.get('high_freq_factor', 4.0)})")
@@ -122,10 +132,25 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.rope_theta must be a finite number > 0, got {self.rope_theta!r}")
         if not _number(self.rms_norm_eps) or self.rms_norm_eps < 0:
             raise ValueError(f"ModelConfig.rms_norm_eps must be a finite number >= 0, got {self.rms_norm_eps!r}")
+        self._fill_yarn()
         check_rope_scaling(self.rope_scaling)
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of "
                              f"num_kv_heads ({self.num_kv_heads})")
+
+    def _fill_yarn(self) -> None:
+        """YaRN's defaults as transformers fills them: original_max_position_embeddings = max_position_embeddings
+        when absent; a null factor = max_position_embeddings / original_max_position_embeddings."""
+        s = self.rope_scaling
+        if not isinstance(s, dict) or s.get("rope_type", s.get("type")) != "yarn":
+            return
+        s = dict(s)
+        if s.get("original_max_position_embeddings") is None:
+            s["original_max_position_embeddings"] = self.max_position_embeddings
+        if s.get("factor") is None and _number(s["original_max_position_embeddings"]) \
+                and s["original_max_position_embeddings"] > 0:
+            s["factor"] = self.max_position_embeddings / s["original_max_position_embeddings"]
+        self.rope_scaling = s
 
     def layer_window(self, layer: int) -> int:
         """Layer `layer`'s attention window as paged_attention takes it (0: the whole context)."""

@@ -152,3 +152,50 @@ def test_qwen3_matches_hf(tie, window):
         L.q_norm = L.k_norm = None
     plain = _run_paged(ours, seqs, chunks)
     assert not torch.allclose(plain[2], got[2], atol=1e-2)
+
+
+@pytest.mark.parametrize("extra", [{}, {"beta_fast": 16.0, "beta_slow": 2.0, "truncate": False},
+                                   {"mscale": 1.0, "mscale_all_dim": 0.707}, {"attention_factor": 0.8}])
+def test_yarn_rope_matches_hf(extra):
+    """YaRN rope scaling (Qwen2.5 / Qwen3 long-context configs): blended frequencies and the attention factor on
+    cos | sin, as transformers computes them; logits through chunked prefill and decode past the original
+    context (32 here)."""
+    from decodekit.ops.reference import rope_attention_factor, rope_inv_freq
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    scaling = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, **extra}
+    torch.manual_seed(5)
+    cfg = transformers.Qwen2Config(vocab_size=211, hidden_size=72, intermediate_size=100, num_hidden_layers=2,
+                                   num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=256,
+                                   rope_theta=10000.0, rms_norm_eps=1e-6, attn_implementation="eager",
+                                   rope_scaling=dict(scaling))
+    hf = transformers.Qwen2ForCausalLM(cfg).eval()
+    ours_cfg = ModelConfig(vocab_size=211, hidden_size=72, intermediate_size=100, num_layers=2, num_heads=9,
+                           num_kv_heads=3, head_dim=8, rms_norm_eps=1e-6, rope_theta=10000.0,
+                           max_position_embeddings=256, attention_bias=True, rope_scaling=dict(scaling))
+    inv, af = ROPE_INIT_FUNCTIONS["yarn"](cfg, "cpu")
+    torch.testing.assert_close(rope_inv_freq(8, 10000.0, ours_cfg.rope_scaling).float(), inv, rtol=1e-6, atol=0)
+    assert rope_attention_factor(ours_cfg.rope_scaling) == pytest.approx(af, rel=1e-12) and af != 1.0
+    ours = LlamaModel(ours_cfg, {k: v.detach().clone() for k, v in hf.state_dict().items()})
+    g = torch.Generator().manual_seed(6)
+    seqs = [torch.randint(0, 211, (n,), generator=g).tolist() for n in (60, 3)]
+    chunks = [[20, 37, 1, 1, 1], [1, 1, 1, 0, 0]]
+    got = _run_paged(ours, seqs, chunks)
+    for s, lg in zip(seqs, got):
+        with torch.no_grad():
+            want = hf(torch.tensor([s])).logits[0].float()
+        torch.testing.assert_close(lg, want[: lg.shape[0]], atol=2e-4, rtol=2e-4)
+
+
+def test_yarn_config_defaults_and_errors():
+    """transformers' defaults: original_max_position_embeddings = max_position_embeddings when absent, a null
+    factor = their ratio; bad values name the field."""
+    base = dict(vocab_size=10, hidden_size=16, intermediate_size=8, num_layers=1, num_heads=2, num_kv_heads=2,
+                head_dim=8, max_position_embeddings=4096)
+    c = ModelConfig(**base, rope_scaling={"rope_type": "yarn", "factor": 2.0})
+    assert c.rope_scaling["original_max_position_embeddings"] == 4096
+    c = ModelConfig(**base, rope_scaling={"type": "yarn", "factor": None, "original_max_position_embeddings": 1024})
+    assert c.rope_scaling["factor"] == 4.0
+    for bad, field in (({"beta_fast": -1}, "beta_fast"), ({"mscale": "x"}, "mscale"), ({"truncate": 1}, "truncate"),
+                       ({"attention_factor": 0}, "attention_factor"), ({"factor": -2.0}, "factor")):
+        with pytest.raises(ValueError, match=f"rope_scaling.{field}"):
+            ModelConfig(**base, rope_scaling={"rope_type": "yarn", "factor": 2.0, **bad})

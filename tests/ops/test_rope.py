@@ -91,7 +91,7 @@ def test_llama3_scaling():
     mid = ~hi & ~lo              # in between: a smooth blend, monotone in the wavelength
     assert ((scaled[mid] <= base[mid]) & (scaled[mid] >= base[mid] / 8)).all()
     with pytest.raises(ValueError, match="not supported"):
-        ref.rope_inv_freq(64, 10000.0, {"rope_type": "yarn"})
+        ref.rope_inv_freq(64, 10000.0, {"rope_type": "dynamic", "factor": 2.0})
 
 
 def test_rotary_embedding_errors():

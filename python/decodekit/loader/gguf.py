@@ -260,8 +260,11 @@ def _rope_scaling(meta: dict, arch: str, freqs: np.ndarray | None, theta: float,
         return {"rope_type": "linear", "factor": float(factor)}
     if kind == "yarn":
         out = {"rope_type": "yarn", "factor": float(factor or 1.0)}
-        if orig:
+        if orig:        # (absent: the context length, as llama.cpp's n_ctx_orig_yarn; ModelConfig fills it)
             out["original_max_position_embeddings"] = int(orig)
+        attn = meta.get(f"{arch}.rope.scaling.attn_factor")
+        if attn:
+            out["attention_factor"] = float(attn)
         return out
     raise ModelLoadError(f"unsupported GGUF rope scaling type {kind!r}")
 

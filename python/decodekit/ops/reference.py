@@ -53,7 +53,10 @@ def rope_inv_freq(rot_dim: int, theta: float, scaling: dict | None = None) -> to
 
     scaling: {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
     "original_max_position_embeddings"} as in a Llama-3.1 config.json; or "linear"
-    ({"factor"}). None or {"rope_type": "default"} means plain RoPE.
+    ({"factor"}); or "yarn" ({"factor", "original_max_position_embeddings"}, optional "beta_fast" (32),
+    "beta_slow" (1), "truncate" (true): YaRN's blend of interpolated and extrapolated frequencies, as
+    transformers computes it; its attention factor scales the cos | sin table: rope_attention_factor).
+    None or {"rope_type": "default"} means plain RoPE.
     """
     inv = 1.0 / (theta ** (torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim))
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
@@ -73,16 +76,48 @@ def rope_inv_freq(rot_dim: int, theta: float, scaling: dict | None = None) -> to
         mid = (1 - smooth) * scaled / factor + smooth * scaled
         is_mid = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         return torch.where(is_mid, mid, scaled)
-    raise ValueError(f"rope scaling type {kind!r} is not supported (allowed: default, linear, llama3)")
+    if kind == "yarn":
+        factor = float(scaling["factor"])
+        old_len = float(scaling["original_max_position_embeddings"])
+        beta_fast, beta_slow = float(scaling.get("beta_fast") or 32), float(scaling.get("beta_slow") or 1)
+
+        def dim_of(rotations: float) -> float:  # the dimension whose wavelength fits `rotations` turns in old_len
+            return rot_dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+        low, high = dim_of(beta_fast), dim_of(beta_slow)
+        if scaling.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, rot_dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = ((torch.arange(rot_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+        extrapolate = 1 - ramp      # 1: the original frequency (high frequencies), 0: interpolated by factor
+        return inv / factor * (1 - extrapolate) + inv * extrapolate
+    raise ValueError(f"rope scaling type {kind!r} is not supported (allowed: default, linear, llama3, yarn)")
+
+
+def rope_attention_factor(scaling: dict | None) -> float:
+    """The factor YaRN scales cos and sin by (so q.k by its square): attention_factor, or from the factor and
+    mscale / mscale_all_dim as transformers derives it (0.1 * m * ln(factor) + 1); 1 for other scalings."""
+    if not scaling or scaling.get("rope_type", scaling.get("type")) != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = float(scaling["factor"])
+
+    def mscale(m: float) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+    m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    return mscale(float(m)) / mscale(float(m_all)) if m and m_all else mscale(1.0)
 
 
 def rope_cos_sin_cache(max_position: int, rot_dim: int, theta: float,
                        scaling: dict | None = None,
                        dtype: torch.dtype = torch.float32) -> torch.Tensor:  # [max_position, rot_dim]
-    """cos | sin table for rotary_embedding, computed in float64 then rounded once."""
+    """cos | sin table for rotary_embedding, computed in float64 then rounded once (YaRN: times its attention
+    factor, as transformers scales its cos and sin)."""
     inv = rope_inv_freq(rot_dim, theta, scaling)
     ang = torch.arange(max_position, dtype=torch.float64)[:, None] * inv[None, :]
-    return torch.cat([ang.cos(), ang.sin()], dim=-1).to(dtype)
+    return (torch.cat([ang.cos(), ang.sin()], dim=-1) * rope_attention_factor(scaling)).to(dtype)
 
 
 def _rope_one(x: torch.Tensor,      # [T, H, D]
