@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 import time
@@ -199,13 +200,32 @@ def _print_logprobs(token_ids, logprobs) -> None:
         print(f"  {tok}: {top}")
 
 
+def _template_kwargs(args) -> dict:
+    """--chat-template-kwargs: a JSON object of template variables (checked as the server checks them)."""
+    from decodekit.tokenizer.chat import check_template_kwargs
+    if args.chat_template_kwargs is None:
+        return {}
+    try:
+        value = json.loads(args.chat_template_kwargs)
+    except ValueError as e:
+        raise ValueError(f"argument --chat-template-kwargs: not JSON ({e})") from None
+    try:
+        return check_template_kwargs(value)
+    except ValueError as e:
+        raise ValueError(f"argument --chat-template-kwargs: {e}") from None
+
+
 def _generate(args) -> int:
     params = _params(args)
     beam = _beam_params(args, params)
     llm = _engine(args)
     prompts = args.prompt or ["The three laws of thermodynamics are"]
+    kwargs = _template_kwargs(args)
     if args.chat_template:
-        prompts = [{"prompt_token_ids": llm.apply_chat_template([{"role": "user", "content": p}])} for p in prompts]
+        prompts = [{"prompt_token_ids": llm.apply_chat_template([{"role": "user", "content": p}],
+                                                                chat_template_kwargs=kwargs)} for p in prompts]
+    elif kwargs:
+        raise ValueError("argument --chat-template-kwargs: needs --chat-template")
     t0 = time.perf_counter()
     if beam is not None:
         from decodekit.sampling.beam_search import beam_score
@@ -253,6 +273,10 @@ def _chat(args) -> int:
     messages = []
     if args.system:
         messages.append({"role": "system", "content": args.system})
+    from decodekit.sampling.reasoning import ReasoningStream
+    kwargs = _template_kwargs(args)
+    thinker = llm.engine.reasoning      # --reasoning-parser: the thinking shown apart (dim on a terminal)
+    dim, plain = ("\033[2m", "\033[0m") if sys.stdout.isatty() else ("", "")
     print("decodekit chat: type a message, empty line or Ctrl-D to quit, /reset to start over", file=sys.stderr)
     while True:
         try:
@@ -265,17 +289,31 @@ def _chat(args) -> int:
         if line.strip() == "/reset":
             messages = messages[:1] if args.system else []
             continue
-        reply = []
+        reply = ""
         try:
-            for delta in llm.stream({"prompt_token_ids": llm.apply_chat_template(
-                    messages + [{"role": "user", "content": line}])}, params):
-                print(delta, end="", flush=True)
-                reply.append(delta)
+            ids = llm.apply_chat_template(messages + [{"role": "user", "content": line}], chat_template_kwargs=kwargs)
+            split = ReasoningStream(thinker, llm.engine.reasoning_of(ids)[1]) if thinker else None
+            thinking = False
+            for delta in llm.stream({"prompt_token_ids": ids}, params):
+                reply += delta
+                if split is None:
+                    print(delta, end="", flush=True)
+                    continue
+                for text, is_thought in zip(split.feed(reply), (True, False)):
+                    if text and is_thought != thinking:
+                        print(f"{dim}[thinking] " if is_thought else f"{plain}\n", end="")
+                        thinking = is_thought
+                    print(text, end="", flush=True)
+            if split is not None:
+                print("".join(split.finish(reply)) + (plain if thinking else ""), end="")
         except ValueError as e:  # this message is refused (not valid text, conversation too long): the session goes on
-            print(f"decodekit: error: {e}", file=sys.stderr)
+            print(f"{plain}decodekit: error: {e}", file=sys.stderr)
             continue
         print()
-        messages += [{"role": "user", "content": line}, {"role": "assistant", "content": "".join(reply)}]
+        answer = {"role": "assistant", "content": reply}
+        if split is not None:       # the history keeps the answer, and the thinking apart (as templates expect it)
+            answer = {"role": "assistant", "content": split.content, "reasoning_content": split.reasoning}
+        messages += [{"role": "user", "content": line}, answer]
 
 
 def _quantize(a) -> int:
@@ -304,6 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Complete prompts with the engine (continuous batching over a paged KV cache).")
     g.add_argument("prompt", nargs="*", help="prompt text(s); several are batched together")
     g.add_argument("--chat-template", action="store_true", help="wrap each prompt as a user chat message")
+    g.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                   help='extra chat-template variables, e.g. \'{"enable_thinking": false}\' (with --chat-template)')
     g.add_argument("--no-stream", action="store_true",
                    help="print when done instead of streaming (implied by several prompts, --n > 1 or --logprobs)")
     EngineArgs.add_cli_args(g)
@@ -318,6 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(fn=_generate)
     c = sub.add_parser("chat", help="interactive chat (streams tokens)")
     c.add_argument("--system", default=None, help="system prompt")
+    c.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                   help='extra chat-template variables, e.g. \'{"enable_thinking": false}\' for Qwen3')
     EngineArgs.add_cli_args(c)
     _sampling_args(c, temperature=0.7)
     c.set_defaults(fn=_chat)

@@ -74,3 +74,29 @@ def test_chat_refuses_n_other_than_one():
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.strip().startswith("decodekit: error: argument --n: chat answers each message once, so --n must "
                                        "be 1 (got 3;"), r.stderr
+
+
+def test_chat_shows_the_reasoning_apart_and_takes_template_kwargs():
+    """--reasoning-parser: the thinking is shown after "[thinking]" and kept apart in the history (the template
+    gets it as reasoning_content); --chat-template-kwargs reaches the template; a bad value names the option."""
+    r = subprocess.run([sys.executable, "-m", "decodekit.cli", "chat", "--max-tokens", "6", "--temperature", "0",
+                        "--kv-cache-memory", "64MiB", "--reasoning-parser", "deepseek_r1"],
+                       input=b"Say hi\nSay bye\n\n", capture_output=True, timeout=300)
+    out = r.stdout.decode()
+    assert r.returncode == 0, r.stderr.decode()
+    assert out.count("[thinking] ") == 2 and "\033[" not in out, out     # (no colours when not on a terminal)
+    r = subprocess.run([sys.executable, "-m", "decodekit.cli", "chat", "--max-tokens", "3", "--temperature", "0",
+                        "--kv-cache-memory", "64MiB", "--reasoning-parser", "qwen3",
+                        "--chat-template-kwargs", '{"enable_thinking": false}'],
+                       input=b"Say hi\n\n", capture_output=True, timeout=300)
+    assert r.returncode == 0 and "[thinking]" not in r.stdout.decode(), r.stderr.decode()
+    for args, expect in ((["chat", "--chat-template-kwargs", "{nope"], "argument --chat-template-kwargs: not JSON"),
+                         (["chat", "--chat-template-kwargs", '{"messages": 1}'], "has its own parameter"),
+                         (["generate", "hi", "--chat-template-kwargs", "{}"], None),
+                         (["generate", "hi", "--chat-template-kwargs", '{"a": 1}'], "needs --chat-template"),
+                         (["generate", "hi", "--reasoning-parser", "r1"], "argument --reasoning-parser: invalid choice")):
+        r = _run(*args, "--max-tokens", "1", "--kv-cache-memory", "64MiB")
+        if expect is None:
+            assert r.returncode == 0, r.stderr
+            continue
+        assert r.returncode == 2 and expect in r.stderr and "Traceback" not in r.stderr, r.stderr
