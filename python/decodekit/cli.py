@@ -325,8 +325,8 @@ def _quantize(a) -> int:
     if not os.path.isfile(os.path.join(a.model, "config.json")):
         raise ValueError(f"--model {a.model!r}: not a Hugging Face model directory (no config.json)")
     t = time.perf_counter()
-    llm = LLM(a.model, dtype="float32", device=a.device, kv_cache_memory="64MiB",
-              quantization="int4-gptq" if a.method == "gptq" else "int4-rtn")
+    llm = LLM(a.model, dtype="float32", device=a.device, kv_cache_memory="64MiB", quantize_lm_head=False,
+              quantization="int4-gptq" if a.method == "gptq" else "int4-rtn")     # (the format keeps a float head)
     qc = save_quantized(llm.engine.model, a.model, a.out)
     print(f"quantized {a.model} with {a.method} (groups of {qc['group_size']}) in {time.perf_counter() - t:.0f} s "
           f"-> {a.out}")

@@ -32,6 +32,10 @@ def hf_sliding_window(cfg: dict, arch: str, num_layers: int, source: str, as_int
         if isinstance(types, list):
             if len(types) != num_layers:
                 raise error(f"{source}: layer_types has {len(types)} entries, num_hidden_layers is {num_layers}")
+            bad = next((t for t in types if t not in ("full_attention", "sliding_attention")), None)
+            if bad is not None:
+                raise error(f"{source}: layer_types entries must be \"full_attention\" or \"sliding_attention\", "
+                            f"got {bad!r}")
             layers = [i for i, t in enumerate(types) if t == "sliding_attention"]
         else:
             first = as_int(cfg.get("max_window_layers", 28), f"{source}: max_window_layers", minimum=0)

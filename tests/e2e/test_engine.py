@@ -283,21 +283,18 @@ def test_int4_rtn_quantization_at_load(llm):
 
 
 @pytest.mark.parametrize("model", ["random:tiny", "random:tiny-qwen3"])     # separate LM head / tied embedding
-def test_int4_rtn_packs_the_lm_head_as_int8_on_the_cpu(model, monkeypatch):
+def test_int4_rtn_packs_the_lm_head_as_int8_on_the_cpu(model):
     """With a big vocabulary the float LM head is most of a CPU decode step's bytes: int4-rtn packs it too, as
     INT8 in groups of 32 (Q8_0; a tied embedding with it). Against the same engine with a float head: the logprobs
     move by Q8_0's rounding only."""
     from decodekit import LLM
-    from decodekit.engine import llm_engine
     from decodekit.quant import Int8Weight
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=3)
     prompt = {"prompt_token_ids": [5, 9, 200, 31, 77]}
     packed = LLM(model=model, quantization="int4-rtn", kv_cache_memory="16MiB")
     m = packed.engine.model
     assert isinstance(m.lm_head, Int8Weight) and (m.embed is m.lm_head) == m.config.tie_word_embeddings
-    real = llm_engine._quantize_projections
-    monkeypatch.setattr(llm_engine, "_quantize_projections", lambda w, method, lm_head_int8=False: real(w, method))
-    plain = LLM(model=model, quantization="int4-rtn", kv_cache_memory="16MiB")
+    plain = LLM(model=model, quantization="int4-rtn", kv_cache_memory="16MiB", quantize_lm_head=False)
     assert not isinstance(plain.engine.model.lm_head, Int8Weight)
     (a,), (b,) = packed.generate(prompt, params), plain.generate(prompt, params)
     la = [lp[t].logprob for lp, t in zip(a.outputs[0].logprobs, a.outputs[0].token_ids)]

@@ -312,6 +312,14 @@ def test_checkpoints_transformers_reads_differently(tmp_path, hf_tok):
     c = config_from_hf({**base, "rope_theta": 5000.0, "rope_scaling": {"rope_type": "linear", "factor": 2.0},
                         "rope_parameters": {"rope_theta": 9.0}})
     assert c.rope_theta == 9.0 and c.rope_scaling == {"rope_type": "linear", "factor": 2.0}
+    # YaRN's original_max_position_embeddings at the top level (as transformers reads it) ...
+    c = config_from_hf({**base, "max_position_embeddings": 512, "original_max_position_embeddings": 64,
+                        "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}})
+    assert c.rope_scaling == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    # ... and a layer_types entry that names no attention kind is refused (was: read as full attention)
+    with pytest.raises(ModelLoadError, match="layer_types entries must be .* got 'sliding'"):
+        config_from_hf({**base, "architectures": ["Qwen3ForCausalLM"], "use_sliding_window": True, "sliding_window": 8,
+                        "layer_types": ["sliding"]})
     # Llama's attention_bias puts a bias on o_proj too: refused up front, naming the key
     with pytest.raises(ModelLoadError, match="attention_bias=True is not supported for llama"):
         config_from_hf({**base, "attention_bias": True})

@@ -171,7 +171,10 @@ def test_chat_template_kwargs_and_request_templates(rserver, server):
            ({"chat_template_kwargs": {"not a name": 1}}, "chat_template_kwargs"),
            ({"chat_template": "{% for %}"}, "chat_template"),
            ({"chat_template": 7}, "chat_template"),
-           ({"chat_template": TEMPLATE + "{{ raise_exception('no') }}"}, "messages")]
+           ({"chat_template": TEMPLATE + "{{ raise_exception('no') }}"}, "messages"),
+           # (audit: a trusted template's nested loops rendered 17 GB and the kernel killed the server)
+           ({"chat_template": "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}"},
+            "chat_template")]
     for extra, param in bad:
         for path in ("/v1/chat/completions", "/tokenize"):
             r = httpx.post(s.url + path, json={"messages": ASK, "max_tokens": 2, **extra}, timeout=60)

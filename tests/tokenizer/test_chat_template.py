@@ -92,3 +92,24 @@ def test_continue_final_message_errors(tok):
     with pytest.raises(ValueError, match="verbatim"):
         tok.apply_chat_template(conv, add_generation_prompt=False, continue_final_message=True,
                                 chat_template="{% for m in messages %}{{ m.content | upper }}{% endfor %}")
+
+
+def test_templates_cannot_build_huge_outputs():
+    """Third audit: a (trusted request's) template of nested loops rendered 17 GB before the kernel killed the
+    server. Rendering now streams and stops past the caller's limit; `*` and `**` refuse sizes no prompt has."""
+    from decodekit.tokenizer.chat import RenderedTooLongError, render_chat_template
+    msgs = [{"role": "user", "content": "hi"}]
+
+    def render(t, limit=10_000):
+        return render_chat_template(t, msgs, add_generation_prompt=True, special_tokens={}, max_chars=limit)
+    loops = "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}"
+    with pytest.raises(RenderedTooLongError, match="passes 10000 characters"):
+        render(loops)
+    assert render("{% for i in range(3) %}ab{% endfor %}", 6) == "ababab"
+    with pytest.raises(RenderedTooLongError):
+        render("{% for i in range(3) %}ab{% endfor %}", 5)
+    for t, what in (("{{ 'x' * 10**9 }}", "str of 1 times 1000000000"), ("{{ [0] * 10**9 }}", "list"),
+                    ("{{ 9 ** (10**8) }}", "9 \\*\\* 100000000 is too large")):
+        with pytest.raises(ValueError, match=what):
+            render(t)
+    assert render("{{ 2 ** 10 }} {{ 'ab' * 3 }} {{ [1] * 2 }} {{ 3 * 4 }}") == "1024 ababab [1, 1] 12"

@@ -46,6 +46,7 @@ class EngineArgs:
     kv_cache_memory: str | int = "1GiB"   # CPU: bytes of KV cache
     kv_cache_dtype: str = "auto"          # auto: the model's dtype; fp8 (= fp8_e4m3): half the bytes of bf16
     quantization: str | None = None       # "int4-rtn" / "int4-gptq" / "fp8": quantize projection weights at load
+    quantize_lm_head: bool = True         # int4-rtn on the CPU: the LM head too, as INT8 (Q8_0); False keeps it float
     weight_format: str = "auto"           # GGUF Q4_0/Q4_1/Q8_0: "packed" (INT4/INT8 kernels), "dequantized";
                                           # auto: packed on the CPU
     gpu_memory_utilization: float = 0.9   # CUDA: fraction of device memory for weights+activations+KV
@@ -88,6 +89,8 @@ class EngineArgs:
                              f"got {self.quantization!r}")
         if self.weight_format not in WEIGHT_FORMATS:
             raise ValueError(f"weight_format must be one of {', '.join(WEIGHT_FORMATS)}; got {self.weight_format!r}")
+        if not isinstance(self.quantize_lm_head, bool):
+            raise ValueError(f"quantize_lm_head must be a bool, got {self.quantize_lm_head!r}")
         if parse_bytes(self.kv_cache_memory) <= 0:
             raise ValueError(f"kv_cache_memory must be > 0, got {self.kv_cache_memory!r}")
         if not (0.05 <= float(self.gpu_memory_utilization) <= 0.99):
@@ -183,6 +186,9 @@ class EngineArgs:
                             "with act-order, groups of up to 128, calibrated on 4 x 256 tokens of built-in English "
                             "text: slower to load, closer to the float model) or fp8 (W8A8: e4m3 weights with per-channel "
                             "scales, activations quantized per token; fp8 tensor cores on CUDA)")
+        g.add_argument("--no-quantize-lm-head", dest="quantize_lm_head", action="store_false",
+                       help="with --quantization int4-rtn on the CPU, keep the LM head (and a tied embedding) in float "
+                            "instead of INT8 groups of 32 (llama.cpp's Q8_0)")
         g.add_argument("--weight-format", default="auto", choices=list(WEIGHT_FORMATS),
                        help="GGUF Q4_0/Q4_1 projections and Q8_0 embedding: packed (INT4/INT8 kernels read "
                             "~4.5/8.5 bits per weight) or dequantized at load; auto: packed on the CPU (CUDA: opt-in)")

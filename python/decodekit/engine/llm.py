@@ -165,6 +165,7 @@ class LLM:
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                                   chat_template=check_template(chat_template),
                                                   continue_final_message=continue_final_message,
+                                                  max_chars=self.tokenizer.max_prompt_chars(self.engine.max_model_len),
                                                   **({"tools": tools} if tools else {}), **kwargs)
         return self.tokenizer.encode(text, add_special_tokens=False)
 

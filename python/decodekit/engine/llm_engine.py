@@ -166,7 +166,8 @@ class LLMEngine:
                                 keep_quantized=args.keep_quantized())
             if args.quantization in ("int4-rtn", "fp8"):
                 _quantize_projections(loaded.weights, args.quantization,
-                                      lm_head_int8=args.quantization == "int4-rtn" and self.device.type == "cpu")
+                                      lm_head_int8=args.quantization == "int4-rtn" and self.device.type == "cpu"
+                                      and args.quantize_lm_head)
             self.model = LlamaModel(loaded.config, loaded.weights, dtype=self.dtype, device=self.device)
         self.model_config = cfg = loaded.config
         self.tokenizer = loaded.tokenizer

@@ -73,6 +73,9 @@ def _rope(cfg: dict[str, Any], defaults: dict, src: str = "config.json") -> tupl
         scaling.pop("rope_theta", None)
         if scaling.get("rope_type", "default") == "default":
             scaling = None
+        elif scaling["rope_type"] == "yarn" and scaling.get("original_max_position_embeddings") is None \
+                and cfg.get("original_max_position_embeddings") is not None:   # (top level: transformers reads it)
+            scaling["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
     return config_float(theta, f"{src}: rope_theta"), scaling or None
 
 

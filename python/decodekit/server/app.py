@@ -23,6 +23,7 @@ from starlette.requests import ClientDisconnect
 
 from ..engine.llm_engine import encode_prompt, truncate_prompt
 from ..sampling.reasoning import ReasoningStream, get_reasoning_parser, reasoning_mode, split_reasoning
+from ..tokenizer.chat import RenderedTooLongError
 from . import protocol as P
 from .async_engine import AsyncEngine, EngineDeadError
 from .beam import beam_params
@@ -138,8 +139,10 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             try:
                 text = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                                continue_final_message=continue_final_message,
-                                               chat_template=template or cfg.chat_template,
+                                               chat_template=template or cfg.chat_template, max_chars=limit,
                                                **({"tools": tools} if tools else {}), **(template_kwargs or {}))
+            except RenderedTooLongError as e:   # (a request's own template, or the model's on its messages)
+                raise P.APIError(400, str(e), "chat_template" if template else "messages") from None
             except Exception as e:  # noqa: BLE001 -- the template rejected the conversation
                 raise P.APIError(400, f"the chat template cannot render these messages: {e}", "messages") from None
             try:

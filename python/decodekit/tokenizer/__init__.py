@@ -310,7 +310,7 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             chat_template: str | None = None, continue_final_message: bool = False,
-                            **kwargs) -> str:
+                            max_chars: int | None = None, **kwargs) -> str:
         """Renders a conversation (a list of {"role": str, "content": str} dicts) to the prompt
         text, in a sandboxed Jinja2 environment; keyword arguments reach the template.
         continue_final_message (transformers' / vLLM's): the text ends right after the last message's
@@ -328,7 +328,7 @@ class Tokenizer:
             msgs = msgs[:-1] + [{**msgs[-1], "content": last + tag}]
         text = render_chat_template(chat_template or self.chat_template, msgs,
                                     add_generation_prompt=add_generation_prompt,
-                                    special_tokens=self.special_tokens_map, **kwargs)
+                                    special_tokens=self.special_tokens_map, max_chars=max_chars, **kwargs)
         if not continue_final_message:
             return text
         at = text.rfind(msgs[-1]["content"])   # the content with the marker right after it

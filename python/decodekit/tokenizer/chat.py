@@ -65,6 +65,14 @@ def validate_messages(messages: Any) -> list[dict]:
     return out
 
 
+MAX_RENDERED_CHARS = 64 << 20     # a rendered prompt's characters at most, whatever the caller's limit
+
+
+class RenderedTooLongError(ValueError):
+    """The template's output passed the caller's limit (rendering stopped there: a template's loops cannot
+    exhaust memory)."""
+
+
 RESERVED_TEMPLATE_KWARGS = ("messages", "add_generation_prompt", "continue_final_message", "chat_template", "tools")
 MAX_TEMPLATE_CHARS = 200_000
 
@@ -139,8 +147,24 @@ def compile_template(template: str):
     def strftime_now(fmt):
         return datetime.now().strftime(fmt)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols])
+    class Sandbox(ImmutableSandboxedEnvironment):
+        """transformers' environment, plus a bound on the two operators that can build a huge value in one step
+        (`'x' * 10**9`, `9 ** 10**8`): they would exhaust memory or the CPU before any output-size check."""
+        intercepted_binops = frozenset(["*", "**"])
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "**" and isinstance(left, int) and isinstance(right, int) and \
+                    abs(right) * max(abs(left), 2).bit_length() > 1 << 16:
+                raise jinja2.exceptions.SecurityError(f"chat template: {left} ** {right} is too large")
+            if operator == "*":
+                for seq, n in ((left, right), (right, left)):
+                    if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and \
+                            len(seq) * n > MAX_RENDERED_CHARS:
+                        raise jinja2.exceptions.SecurityError(f"chat template: a {type(seq).__name__} of "
+                                                              f"{len(seq)} times {n} is too large")
+            return super().call_binop(context, operator, left, right)
+
+    env = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
@@ -148,10 +172,11 @@ def compile_template(template: str):
 
 
 def render_chat_template(template: str, messages: list[dict], *, add_generation_prompt: bool,
-                         special_tokens: dict[str, str | None], **kwargs) -> str:
+                         special_tokens: dict[str, str | None], max_chars: int | None = None, **kwargs) -> str:
     """Renders a validated conversation. `special_tokens` (bos_token, eos_token, ...) are visible
     to the template; keyword arguments override them and are passed through (tools, documents,
-    enable_thinking, ...)."""
+    enable_thinking, ...). The output is collected as the template streams it and refused
+    (RenderedTooLongError) once it passes max_chars (at most MAX_RENDERED_CHARS)."""
     import jinja2
     variables = {k: v for k, v in special_tokens.items() if v is not None}
     variables.update(kwargs)
@@ -160,8 +185,15 @@ def render_chat_template(template: str, messages: list[dict], *, add_generation_
     variables = _plain(variables)
     try:
         compiled = compile_template(template)
-        return compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                                 **variables)
+        limit = min(MAX_RENDERED_CHARS, max_chars if max_chars is not None else MAX_RENDERED_CHARS)
+        parts, n = [], 0
+        for part in compiled.generate(messages=messages, add_generation_prompt=add_generation_prompt, **variables):
+            n += len(part)
+            if n > limit:
+                raise RenderedTooLongError(f"chat template error: the rendered prompt passes {limit} characters "
+                                           f"(more than fits in the context)")
+            parts.append(part)
+        return "".join(parts)
     except jinja2.exceptions.TemplateSyntaxError as e:
         raise ValueError(f"chat template error: the chat_template is not valid Jinja (line {e.lineno}: "
                          f"{e.message})") from e
