@@ -421,7 +421,8 @@ class LLMEngine:
         one): where its reasoning starts and ends (sampling/reasoning.py)."""
         if self.reasoning is None:
             return None
-        return self.reasoning, reasoning_mode(self.reasoning, self.tokenizer.decode(prompt_ids, skip_special_tokens=False))
+        text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        return self.reasoning, reasoning_mode(self.reasoning, text)
 
     def add_request(self, request_id: str | None, prompt, params: SamplingParams | BeamSearchParams | None = None) -> str:
         """Queue a request; raises ValueError (naming the field) for invalid input, leaving

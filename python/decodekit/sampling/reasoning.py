@@ -76,8 +76,8 @@ def split_reasoning(parser: ReasoningParser, mode: str, text: str) -> tuple[str 
 
 class ReasoningStream:
     """The split of a growing output: feed(text so far) returns the new (reasoning, content) text to send;
-    finish(whole text) the rest, and what was held back (a possible marker's beginning, whitespace after the end marker). What it sends
-    adds up to split_reasoning's parts; `reasoning` / `content` hold the totals so far."""
+    finish(whole text) the rest, with what was held back (a possible marker's beginning, whitespace after the end
+    marker). What it sends adds up to split_reasoning's parts; `reasoning` / `content` hold the totals so far."""
 
     def __init__(self, parser: ReasoningParser, mode: str):
         if mode not in MODES:

@@ -492,8 +492,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         thinker = get_reasoning_parser(cfg.reasoning_parser)
         # where the reply's reasoning starts and ends: from the prompt as the engine reads it (its guides agree)
         mode = reasoning_mode(thinker, await asyncio.to_thread(tok.decode, ids, False)) if thinker else None
-        streams = await start([{"prompt_token_ids": ids}], params, rid, beam,
-                              "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens")
+        mt_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        streams = await start([{"prompt_token_ids": ids}], params, rid, beam, mt_field)
         created = P.now()
         if not stream:
             (out,) = await finals(request, streams)
