@@ -151,9 +151,14 @@ void decoder_layer(at::Tensor& out,                  // [T, hidden]: the MLP's o
   at::Tensor qv = qkv.narrow(1, 0, q);
   const OptTensor k = qkv.narrow(1, q, kv);  // [T, kv]: rope in place, then cached
   if (q_norm.has_value()) {  // each head normed on its own (as the Python path: rms_norm of [T * heads, D] rows)
-    for (auto [x, w, heads] : {std::tuple{qv, *q_norm, num_heads}, std::tuple{*k, *k_norm, num_kv_heads}}) {
-      at::Tensor normed = at::empty({T * heads, head_dim}, hidden.options());
-      ops.norm.call(normed, x.reshape({T * heads, head_dim}), w, eps);
+    // into workspace regions that are free until attention / the MLP write them (the attention output holds
+    // the q heads exactly; gate_up, 2 I per token, the k heads unless a model's kv is larger)
+    at::Tensor qn = attn.view({T * num_heads, head_dim});
+    at::Tensor kn = kv <= 2 * I ? gate_up.view({-1}).narrow(0, 0, T * kv).view({T * num_kv_heads, head_dim})
+                                : at::empty({T * num_kv_heads, head_dim}, hidden.options());
+    for (auto [x, w, normed] : {std::tuple{qv, *q_norm, qn}, std::tuple{*k, *k_norm, kn}}) {
+      const int64_t heads = normed.size(0) / T;
+      ops.norm.call(normed, x.reshape({T * heads, head_dim}), w, eps);  // (a view when T = 1: decode)
       x.view({T, heads, head_dim}).copy_(normed.view({T, heads, head_dim}));
     }
   }

@@ -21,7 +21,7 @@ from decodekit.loader import load_model
 from decodekit.models import LlamaModel
 from decodekit.sampling import SamplingParams, SamplingParamsError
 from decodekit.sampling.beam_search import BeamSearchParams
-from decodekit.sampling.reasoning import get_reasoning_parser, reasoning_mode
+from decodekit.sampling.reasoning import get_reasoning_parser, prompt_mode
 from decodekit.sampling.sampler import Sampler, SamplingMetadata, request_seeds, set_global_seed
 from decodekit.tokenizer.detokenizer import IncrementalDetokenizer
 
@@ -421,8 +421,7 @@ class LLMEngine:
         one): where its reasoning starts and ends (sampling/reasoning.py)."""
         if self.reasoning is None:
             return None
-        text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
-        return self.reasoning, reasoning_mode(self.reasoning, text)
+        return self.reasoning, prompt_mode(self.reasoning, self.tokenizer, prompt_ids)
 
     def add_request(self, request_id: str | None, prompt, params: SamplingParams | BeamSearchParams | None = None) -> str:
         """Queue a request; raises ValueError (naming the field) for invalid input, leaving

@@ -466,32 +466,25 @@ class SamplingParams:
         eos = sorted({int(e) for e in eos_token_ids})
         if not eos:
             raise SamplingParamsError(kind, "needs a model with an EOS token")
+        if kind == "guided_choice":
+            try:
+                choices = [c.encode("utf-8") for c in self.guided_choice]
+            except UnicodeEncodeError:
+                raise SamplingParamsError("guided_choice", "choices must be valid Unicode text") from None
         wrap = reasoning is not None and reasoning[1] != "closed"
         if kind != "guided_choice" or wrap:
-            try:
-                pattern = self.guided_pattern() if kind != "guided_choice" else self._choice_pattern()
+            try:        # (a wrapped guided_choice: one of the choices, literally, as a regex)
+                pattern = self.guided_pattern() if kind != "guided_choice" else \
+                    "(?:" + "|".join(escape(c) for c in self.guided_choice) + ")"
                 if wrap:
                     pattern = with_reasoning(pattern, *reasoning)
                 object.__setattr__(self, "_guide", compile_guide(pattern, tokenizer, eos))
             except (RegexError, GuideError) as e:
                 raise SamplingParamsError(kind, str(e)) from None
             return
-        try:
-            choices = [c.encode("utf-8") for c in self.guided_choice]
-        except UnicodeEncodeError:
-            raise SamplingParamsError("guided_choice", "choices must be valid Unicode text") from None
         tb, index = tokenizer.token_bytes()
         longest = max((len(b) for b in index), default=0)   # no token spans more bytes: the lookups stop there
         object.__setattr__(self, "_guided", (choices, tb, index, eos, longest))
-
-    def _choice_pattern(self) -> str:
-        """guided_choice as a regular expression (one of the choices, literally)."""
-        for c in self.guided_choice:
-            try:
-                c.encode("utf-8")
-            except UnicodeEncodeError:
-                raise SamplingParamsError("guided_choice", "choices must be valid Unicode text") from None
-        return "(?:" + "|".join(escape(c) for c in self.guided_choice) + ")"
 
     def guided_mask(self, output_token_ids, vocab_size: int):
         """(bool [vocab_size] mask of the tokens the guide allows after `output_token_ids`, how many); the

@@ -67,6 +67,11 @@ def reasoning_mode(parser: ReasoningParser, prompt_text: str) -> str:
     return "open" if parser.implicit else "optional"
 
 
+def prompt_mode(parser: ReasoningParser, tokenizer, prompt_ids) -> str:
+    """reasoning_mode of a prompt given as token ids (decoded with its special tokens: markers may be ones)."""
+    return reasoning_mode(parser, tokenizer.decode(prompt_ids, skip_special_tokens=False))
+
+
 def split_reasoning(parser: ReasoningParser, mode: str, text: str) -> tuple[str | None, str | None]:
     """(reasoning, content) of a whole output `text` (module doc); None for an empty part."""
     st = ReasoningStream(parser, mode)

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
 from ..engine.llm_engine import encode_prompt, truncate_prompt
-from ..sampling.reasoning import ReasoningStream, get_reasoning_parser, reasoning_mode, split_reasoning
+from ..sampling.reasoning import ReasoningStream, get_reasoning_parser, prompt_mode, split_reasoning
 from ..tokenizer.chat import RenderedTooLongError
 from . import protocol as P
 from .async_engine import AsyncEngine, EngineDeadError
@@ -491,7 +491,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         rid = P.new_id("chatcmpl")
         thinker = get_reasoning_parser(cfg.reasoning_parser)
         # where the reply's reasoning starts and ends: from the prompt as the engine reads it (its guides agree)
-        mode = reasoning_mode(thinker, await asyncio.to_thread(tok.decode, ids, False)) if thinker else None
+        mode = await asyncio.to_thread(prompt_mode, thinker, tok, ids) if thinker else None
         mt_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         streams = await start([{"prompt_token_ids": ids}], params, rid, beam, mt_field)
         created = P.now()

@@ -103,12 +103,18 @@ def check_template(template: Any) -> str | None:
         raise ValueError(f"chat_template must be a non-empty Jinja template (str) of at most {MAX_TEMPLATE_CHARS} "
                          f"characters, got {type(template).__name__}"
                          + (f" of {len(template)} characters" if isinstance(template, str) else ""))
+    compile_checked(template)
+    return template
+
+
+def compile_checked(template: str):
+    """compile_template, a syntax error as ValueError naming chat_template and the line."""
     import jinja2
     try:
-        compile_template(template)
+        return compile_template(template)
     except jinja2.exceptions.TemplateSyntaxError as e:
-        raise ValueError(f"chat_template is not valid Jinja (line {e.lineno}: {e.message})") from None
-    return template
+        raise ValueError(f"chat template error: the chat_template is not valid Jinja (line {e.lineno}: "
+                         f"{e.message})") from None
 
 
 def _plain(value: Any) -> Any:
@@ -183,8 +189,8 @@ def render_chat_template(template: str, messages: list[dict], *, add_generation_
     variables.setdefault("tools", None)
     variables.setdefault("documents", None)
     variables = _plain(variables)
+    compiled = compile_checked(template)
     try:
-        compiled = compile_template(template)
         limit = min(MAX_RENDERED_CHARS, max_chars if max_chars is not None else MAX_RENDERED_CHARS)
         parts, n = [], 0
         for part in compiled.generate(messages=messages, add_generation_prompt=add_generation_prompt, **variables):
@@ -194,8 +200,5 @@ def render_chat_template(template: str, messages: list[dict], *, add_generation_
                                            f"(more than fits in the context)")
             parts.append(part)
         return "".join(parts)
-    except jinja2.exceptions.TemplateSyntaxError as e:
-        raise ValueError(f"chat template error: the chat_template is not valid Jinja (line {e.lineno}: "
-                         f"{e.message})") from e
     except jinja2.exceptions.TemplateError as e:
         raise ValueError(f"chat template error: {e}") from e
