@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 # The model keeps a [max_position_embeddings, head_dim] rope table: a corrupt context length (2**40) would
 # be an out-of-memory kill, not an error. 2**24 is 16x the longest Llama-family context in use (1M).
 MAX_POSITION_EMBEDDINGS = 1 << 24
-ROPE_SCALING_TYPES = ("default", "linear", "llama3", "yarn")
+ROPE_SCALING_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
 def _number(value) -> bool:
@@ -27,6 +27,8 @@ def hf_sliding_window(cfg: dict, arch: str, num_layers: int, source: str, as_int
     layers = None
     if arch == "mistral":
         v = cfg.get("sliding_window", 4096)
+    elif arch == "phi3":
+        v = cfg.get("sliding_window")
     elif arch in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
         types = cfg.get("layer_types")
         if isinstance(types, list):
@@ -53,7 +55,8 @@ def check_rope_scaling(scaling) -> None:
     (decodekit.ops.reference.rope_inv_freq: default, linear {factor}, llama3 {factor,
     original_max_position_embeddings, low_freq_factor < high_freq_factor}, yarn {factor,
     original_max_position_embeddings, optional beta_fast, beta_slow, attention_factor, mscale, mscale_all_dim,
-    truncate})."""
+    truncate}, longrope {short_factor, long_factor (lists of numbers > 0), original_max_position_embeddings,
+    optional factor, attention_factor})."""
     if scaling is None:
         return
     if not isinstance(scaling, dict):
@@ -66,18 +69,24 @@ def check_rope_scaling(scaling) -> None:
     if kind == "default":
         return
     need = {"linear": ("factor",), "llama3": ("factor", "original_max_position_embeddings"),
-            "yarn": ("factor", "original_max_position_embeddings")}[kind]
+            "yarn": ("factor", "original_max_position_embeddings"),
+            "longrope": ("short_factor", "long_factor", "original_max_position_embeddings")}[kind]
     for key in need:
         if key not in scaling:
             raise ValueError(f"rope_scaling ({kind}) lacks {key!r} (needs {', '.join(need)})")
     for key in ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor", "beta_fast",
                 "beta_slow", "attention_factor"):
         if key in scaling and (not _number(scaling[key]) or scaling[key] <= 0) and \
-                not (kind == "yarn" and key not in need and scaling[key] is None):
+                not (kind in ("yarn", "longrope") and key not in need and scaling[key] is None):
             raise ValueError(f"rope_scaling.{key} must be a number > 0, got {scaling[key]!r}")
     for key in ("mscale", "mscale_all_dim"):        # (yarn: 0 / None leave the default attention factor)
         if scaling.get(key) is not None and (not _number(scaling[key]) or scaling[key] < 0):
             raise ValueError(f"rope_scaling.{key} must be a number >= 0, got {scaling[key]!r}")
+    for key in ("short_factor", "long_factor"):
+        if key in scaling and (not isinstance(scaling[key], (list, tuple)) or not scaling[key] or not all(
+                _number(x) and x > 0 for x in scaling[key])):
+            raise ValueError(f"rope_scaling.{key} must be a non-empty list of numbers > 0 (one per rotary "
+                             f"frequency), got {scaling[key]!r:.120}")
     if "truncate" in scaling and not isinstance(scaling["truncate"], bool):
         raise ValueError(f"rope_scaling.truncate must be true or false, got {scaling['truncate']!r}")
     if kind == "llama3" and float(scaling.get("low_freq_factor", 1.0)) >= float(scaling.get("high_freq_factor", 4.0)):
@@ -102,8 +111,8 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False            # Qwen2: bias on q/k/v projections
     qk_norm: bool = False                   # Qwen3: RMSNorm over each q / k head (weights [head_dim]) before RoPE
-    architecture: str = "llama"             # llama | mistral | qwen2 | qwen3 | smollm2 (the same graph; qwen3
-                                            # adds qk_norm)
+    architecture: str = "llama"             # llama | mistral | qwen2 | qwen3 | phi3 | smollm2 (the same graph;
+                                            # qwen3 adds qk_norm; phi3's fused qkv / gate_up are split at load)
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     name: str = ""
@@ -112,6 +121,9 @@ class ModelConfig:
     sliding_window: int | None = None
     # the layers that use the window (Qwen2: those from max_window_layers on); None: all of them
     sliding_window_layers: list[int] | None = None
+    # RoPE on the first rotary_dim = int(head_dim * partial_rotary_factor) features of each head (Phi-4-mini:
+    # 0.75); the rest pass through
+    partial_rotary_factor: float = 1.0
 
     def __post_init__(self):
         for f in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -136,8 +148,19 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.rope_theta must be a finite number > 0, got {self.rope_theta!r}")
         if not _number(self.rms_norm_eps) or self.rms_norm_eps < 0:
             raise ValueError(f"ModelConfig.rms_norm_eps must be a finite number >= 0, got {self.rms_norm_eps!r}")
+        if not _number(self.partial_rotary_factor) or not 0 < self.partial_rotary_factor <= 1 or \
+                self.rotary_dim < 2 or self.rotary_dim % 2:
+            raise ValueError(f"ModelConfig.partial_rotary_factor must be in (0, 1] with int(head_dim * factor) even "
+                             f"and >= 2 (head_dim {self.head_dim}), got {self.partial_rotary_factor!r}")
         self._fill_yarn()
+        self._fill_longrope()
         check_rope_scaling(self.rope_scaling)
+        s = self.rope_scaling
+        if isinstance(s, dict) and s.get("rope_type") == "longrope":
+            for key in ("short_factor", "long_factor"):
+                if isinstance(s.get(key), (list, tuple)) and len(s[key]) != self.rotary_dim // 2:
+                    raise ValueError(f"rope_scaling.{key} has {len(s[key])} entries; the rotary dimension "
+                                     f"{self.rotary_dim} has {self.rotary_dim // 2} frequencies")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of "
                              f"num_kv_heads ({self.num_kv_heads})")
@@ -155,6 +178,28 @@ class ModelConfig:
                 and s["original_max_position_embeddings"] > 0:
             s["factor"] = self.max_position_embeddings / s["original_max_position_embeddings"]
         self.rope_scaling = s
+
+    def _fill_longrope(self) -> None:
+        """LongRoPE's defaults as transformers fills them: original_max_position_embeddings =
+        max_position_embeddings when absent; a null factor = max_position_embeddings /
+        original_max_position_embeddings (Phi-3 derives its attention factor from that ratio)."""
+        s = self.rope_scaling
+        if not isinstance(s, dict) or s.get("rope_type", s.get("type")) != "longrope":
+            return
+        s = dict(s)
+        s["rope_type"] = "longrope"
+        s.pop("type", None)
+        if s.get("original_max_position_embeddings") is None:
+            s["original_max_position_embeddings"] = self.max_position_embeddings
+        if s.get("factor") is None and _number(s["original_max_position_embeddings"]) \
+                and s["original_max_position_embeddings"] > 0:
+            s["factor"] = self.max_position_embeddings / s["original_max_position_embeddings"]
+        self.rope_scaling = s
+
+    @property
+    def rotary_dim(self) -> int:
+        """The features of each head that RoPE rotates (head_dim unless partial_rotary_factor < 1)."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     def layer_window(self, layer: int) -> int:
         """Layer `layer`'s attention window as paged_attention takes it (0: the whole context)."""

@@ -35,12 +35,31 @@ _TO_GGUF = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",     # phi3
+    "mlp.gate_up_proj.weight": "ffn_up.weight",
 }
 
 
+def _phi3_fused(cfg, weights: dict) -> dict:
+    """Phi-3's layout: q, k, v rows in one qkv_proj; gate then up rows in one gate_up_proj."""
+    out = {}
+    for name, t in weights.items():
+        if name.endswith(("self_attn.k_proj.weight", "self_attn.v_proj.weight", "mlp.up_proj.weight")):
+            continue
+        if name.endswith("self_attn.q_proj.weight"):
+            p = name[:-len("q_proj.weight")]
+            out[p + "qkv_proj.weight"] = torch.cat([t, weights[p + "k_proj.weight"], weights[p + "v_proj.weight"]])
+        elif name.endswith("mlp.gate_proj.weight"):
+            p = name[:-len("gate_proj.weight")]
+            out[p + "gate_up_proj.weight"] = torch.cat([t, weights[p + "up_proj.weight"]])
+        else:
+            out[name] = t
+    return out
+
+
 def gguf_name(hf: str) -> str:
-    if hf in _TO_GGUF:
-        return _TO_GGUF[hf]
+    if hf in _TO_GGUF or hf.startswith("rope_factors"):
+        return _TO_GGUF.get(hf, hf)
     parts = hf.split(".")
     return f"blk.{parts[2]}." + _TO_GGUF[".".join(parts[3:])]
 
@@ -76,7 +95,7 @@ def write_gguf(path: str, cfg, weights: dict[str, torch.Tensor], qtype=None, arc
     w.add_head_count_kv(cfg.num_kv_heads)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_freq_base(cfg.rope_theta)
-    w.add_rope_dimension_count(cfg.head_dim)
+    w.add_rope_dimension_count(cfg.rotary_dim)
     if cfg.head_dim * cfg.num_heads != cfg.hidden_size:     # as llama.cpp's converter writes them then
         w.add_key_length(cfg.head_dim)
         w.add_value_length(cfg.head_dim)
@@ -107,6 +126,16 @@ def write_gguf(path: str, cfg, weights: dict[str, torch.Tensor], qtype=None, arc
             w.add_string(k, v)
         else:
             w.add_uint32(k, v)
+    if arch == "phi3":
+        weights = _phi3_fused(cfg, weights)
+        w.add_sliding_window(cfg.sliding_window or 0)    # (0: none, as llama.cpp's converter writes it)
+        s = cfg.rope_scaling
+        if s and s.get("rope_type") == "longrope":     # as convert_hf_to_gguf.py's Phi3MiniModel
+            w.add_rope_scaling_orig_ctx_len(s["original_max_position_embeddings"])
+            from decodekit.ops.reference import rope_attention_factor
+            w.add_rope_scaling_attn_factors(rope_attention_factor(s))
+            weights["rope_factors_long.weight"] = torch.tensor(s["long_factor"])
+            weights["rope_factors_short.weight"] = torch.tensor(s["short_factor"])
     for name, t in weights.items():
         a = t.detach().float().numpy()
         if arch == "llama" and name.endswith("q_proj.weight"):

@@ -159,7 +159,7 @@ def _hf(d, cfg, weights, config=None, tok_vocab=None, **kw):
     (dict(rms_norm_eps=-1e-5), r"rms_norm_eps must be a finite number >= 0"),
     (dict(eos_token_id="x"), r"config\.json: eos_token_id must be a token id"),
     (dict(rope_scaling="linear"), r"rope_scaling must be an object"),
-    (dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), r"rope_type 'dynamic' is not supported \(supported: default, linear, llama3, yarn\)"),
+    (dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), r"rope_type 'dynamic' is not supported \(supported: default, linear, llama3, yarn, longrope\)"),
     (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}), r"rope_scaling \(llama3\) lacks 'original_max_position_embeddings'"),
     (dict(rope_scaling={"type": "linear", "factor": 0}), r"rope_scaling\.factor must be a number > 0, got 0"),  # was NaN logits
     (dict(architectures=None, model_type="gpt2"), r"config\.json: unsupported architecture 'gpt2'"),

@@ -77,7 +77,8 @@ def load_shard(args, device: torch.device, dtype: torch.dtype, tp: TPGroup | Non
     if args.quantization in ("int4-rtn", "fp8"):
         _quantize_projections(loaded.weights, args.quantization)
     plan = shard(loaded.config) if shard else None
-    model = LlamaModel(loaded.config, loaded.weights, dtype=dtype, device=device, tp=tp, plan=plan)
+    model = LlamaModel(loaded.config, loaded.weights, dtype=dtype, device=device, tp=tp, plan=plan,
+                       max_model_len=args.max_model_len)
     return loaded, model
 
 

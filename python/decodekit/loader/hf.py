@@ -20,22 +20,24 @@ from typing import Any
 import torch
 
 from ..config import MAX_POSITION_EMBEDDINGS, ModelConfig, hf_sliding_window
-from ._common import (ModelLoadError, check_tokenizer_fits, check_weights, config_float, config_int, expected_weight_shapes, progress,
-                      read_json_object, to_target, token_ids)
+from ._common import (ModelLoadError, check_tokenizer_fits, check_weights, config_float, config_int, expected_weight_shapes,
+                      fused_parts, progress, read_json_object, split_fused, to_target, token_ids)
 
 SUPPORTED = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Phi3ForCausalLM": "phi3",
 }
-_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3"}
 # defaults of the transformers config classes for keys a config.json may omit
 _DEFAULTS = {
     "llama": dict(max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=10000.0),
     "mistral": dict(max_position_embeddings=4096 * 32, rms_norm_eps=1e-6, rope_theta=10000.0),
     "qwen2": dict(max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=10000.0),
     "qwen3": dict(max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=10000.0, head_dim=128),
+    "phi3": dict(max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0),
 }
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
@@ -47,9 +49,12 @@ def refuse_pickle(path: str) -> None:
         f"model.save_pretrained(dir, safe_serialization=True)) or use a .gguf file.")
 
 
-def _rope(cfg: dict[str, Any], defaults: dict, src: str = "config.json") -> tuple[float, dict | None]:
-    """(rope_theta, rope_scaling) from a transformers 4.x config (rope_theta + rope_scaling) or a
-    5.x one (rope_parameters: {"rope_theta", "rope_type", ...})."""
+def _rope(cfg: dict[str, Any], defaults: dict, src: str = "config.json",
+          arch: str = "llama") -> tuple[float, dict | None, float]:
+    """(rope_theta, rope_scaling, partial_rotary_factor) from a transformers 4.x config (rope_theta +
+    rope_scaling) or a 5.x one (rope_parameters: {"rope_theta", "rope_type", ...}). Phi-3 as Phi3Config reads
+    it: rope type "su" / "yarn" mean LongRoPE, the top-level original_max_position_embeddings (default 4096)
+    wins, partial_rotary_factor at the top level or in rope_parameters."""
     params = cfg.get("rope_parameters")
     scaling = cfg.get("rope_scaling")
     theta = cfg.get("rope_theta")
@@ -71,17 +76,30 @@ def _rope(cfg: dict[str, Any], defaults: dict, src: str = "config.json") -> tupl
             scaling["rope_type"] = scaling.pop("type")
         scaling.pop("type", None)
         scaling.pop("rope_theta", None)
+        partial = scaling.pop("partial_rotary_factor", None)
+        if arch == "phi3" and scaling.get("rope_type") in ("su", "yarn", "longrope"):
+            scaling["rope_type"] = "longrope"
+            scaling["original_max_position_embeddings"] = cfg.get("original_max_position_embeddings", 4096)
         if scaling.get("rope_type", "default") == "default":
             scaling = None
-        elif scaling["rope_type"] == "yarn" and scaling.get("original_max_position_embeddings") is None \
+        elif scaling["rope_type"] in ("yarn", "longrope") and scaling.get("original_max_position_embeddings") is None \
                 and cfg.get("original_max_position_embeddings") is not None:   # (top level: transformers reads it)
             scaling["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
-    return config_float(theta, f"{src}: rope_theta"), scaling or None
+    else:
+        partial = None
+    partial = cfg.get("partial_rotary_factor", partial)
+    if partial is None:
+        partial = 1.0
+    if arch != "phi3" and partial != 1.0:
+        raise ModelLoadError(f"{src}: partial_rotary_factor {partial!r} is not supported for {arch} (transformers "
+                             f"rotates the whole head there)")
+    partial = config_float(partial, f"{src}: partial_rotary_factor")
+    return config_float(theta, f"{src}: rope_theta"), scaling or None, partial
 
 
 def config_from_hf(cfg: dict[str, Any], name: str = "", source: str = "config.json") -> ModelConfig:
     """ModelConfig from a config.json dict (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
-    Qwen3ForCausalLM).
+    Qwen3ForCausalLM, Phi3ForCausalLM).
     source: the file, named in the errors (each names the key and the values allowed)."""
     if not isinstance(cfg, dict):
         raise ModelLoadError(f"{source}: expected a JSON object, got {type(cfg).__name__}")
@@ -129,7 +147,7 @@ def config_from_hf(cfg: dict[str, Any], name: str = "", source: str = "config.js
     if arch != "qwen2" and cfg.get("attention_bias"):
         raise ModelLoadError(f"{source}: attention_bias=True is not supported for {arch} (transformers puts a bias "
                              f"on q, k, v and o_proj; decodekit has the q / k / v biases of Qwen2 only)")
-    theta, scaling = _rope(cfg, d, source)
+    theta, scaling, partial = _rope(cfg, d, source, arch)
     window, window_layers = hf_sliding_window(cfg, arch, kw["num_layers"], source, config_int, ModelLoadError)
     eps = config_float(cfg.get("rms_norm_eps", d["rms_norm_eps"]), f"{source}: rms_norm_eps", positive=False)
     eos = token_ids(cfg.get("eos_token_id"), f"{source}: eos_token_id")
@@ -141,7 +159,7 @@ def config_from_hf(cfg: dict[str, Any], name: str = "", source: str = "config.js
             attention_bias=arch == "qwen2", qk_norm=arch == "qwen3",
             architecture=arch, bos_token_id=bos if isinstance(bos, int) and not isinstance(bos, bool) else None,
             eos_token_ids=eos, name=name or str(cfg.get("_name_or_path", "")), sliding_window=window,
-            sliding_window_layers=window_layers)
+            sliding_window_layers=window_layers, partial_rotary_factor=partial)
     except ValueError as e:  # rope_scaling fields (ModelConfig checks them)
         raise ModelLoadError(f"{source}: {e}") from e
 
@@ -207,6 +225,13 @@ def _own_lm_head(files: dict[str, str]) -> bool:
     with open_safetensors(files[emb]) as f:
         e = f.get_tensor(emb)
     return h.shape != e.shape or not torch.equal(h, e)
+
+
+def _check_float(t: torch.Tensor, name: str, fn: str) -> None:
+    if not t.dtype.is_floating_point:
+        raise ModelLoadError(f"{fn}: tensor {name!r} has dtype {t.dtype}; weights must be floating point "
+                             f"(float32, float16, bfloat16 or float64; 4-bit GPTQ/AWQ checkpoints say so in "
+                             f"config.json's quantization_config)")
 
 
 def _skip(name: str) -> bool:
@@ -324,7 +349,11 @@ def load_hf_dir(path: str, dtype: torch.dtype = torch.float32, device: str | tor
         if qc is None:
             return None
         prefix, _, part = name.rpartition(".")
-        return (prefix, part) if part in _QUANT_PARTS and prefix + ".weight" in expected else None
+        known = prefix + ".weight" in expected or fused_parts(cfg, prefix + ".weight") is not None
+        return (prefix, part) if part in _QUANT_PARTS and known else None
+
+    def unfused(name: str, w, source: str) -> dict:  # {name: w}, a Phi-3 fused weight split into its parts
+        return split_fused(cfg, name, w, source) if fused_parts(cfg, name) is not None else {name: w}
 
     def items():
         for fn, keys in by_file.items():
@@ -345,14 +374,22 @@ def load_hf_dir(path: str, dtype: torch.dtype = torch.float32, device: str | tor
             got[part] = f.get_tensor(k)
             need = _required_parts(qc) | {x for x in ("g_idx", "perm") if f"{prefix}.{x}" in files}
             if need <= set(got):
-                w = _convert_quant(qc, pending.pop(prefix), f"{fn}: {prefix}")
-                if plan is not None:
-                    w = shard_weight(prefix + ".weight", w, plan)
-                if keep_quantized:
-                    weights[prefix + ".weight"] = w.to(device)
-                else:
-                    from .. import ops
-                    weights[prefix + ".weight"] = ops.int4_dequantize(w, torch.float32).to(device=device, dtype=dtype)
+                fused = _convert_quant(qc, pending.pop(prefix), f"{fn}: {prefix}")
+                for name, w in unfused(prefix + ".weight", fused, fn).items():
+                    if plan is not None:
+                        w = shard_weight(name, w, plan)
+                    if keep_quantized:
+                        weights[name] = w.to(device)
+                    else:
+                        from .. import ops
+                        weights[name] = ops.int4_dequantize(w, torch.float32).to(device=device, dtype=dtype)
+            continue
+        if fused_parts(cfg, k) is not None:   # Phi-3 qkv_proj / gate_up_proj: read whole, split, then sliced
+            t = f.get_tensor(k)
+            _check_float(t, k, fn)
+            for name, w in split_fused(cfg, k, t, fn).items():
+                weights[name] = to_target(shard_weight(name, w, plan) if plan is not None else w, dtype, device)
+            del t
             continue
         if k not in expected:
             if qc is not None and k.endswith(".bias") and k[:-5] + ".qweight" in files:
@@ -362,10 +399,7 @@ def load_hf_dir(path: str, dtype: torch.dtype = torch.float32, device: str | tor
             raise ModelLoadError(f"{fn}: unexpected tensor {k!r}; the checkpoint does not look like a "
                                  f"{cfg.architecture} model decodekit supports")
         t = read(f, k)
-        if not t.dtype.is_floating_point:
-            raise ModelLoadError(f"{fn}: tensor {k!r} has dtype {t.dtype}; weights must be floating point "
-                                 f"(float32, float16, bfloat16 or float64; 4-bit GPTQ/AWQ checkpoints say so in "
-                                 f"config.json's quantization_config)")
+        _check_float(t, k, fn)
         weights[k] = to_target(t, dtype, device)
     if pending:
         name, parts = next(iter(pending.items()))

@@ -6,7 +6,7 @@ crc32("NAME/tensor name"), so any one tensor is reproducible without drawing the
 loading never holds more than the final weights plus one float32 tensor. Matrices and biases are
 N(0, 1) * 0.02, norm weights 1 + N(0, 1) * 0.02.
 
-Where they are drawn: presets up to CPU_DRAW_MAX_PARAMS parameters (tiny, tiny-qwen2, tiny-qwen3,
+Where they are drawn: presets up to CPU_DRAW_MAX_PARAMS parameters (tiny, tiny-qwen2, tiny-qwen3, tiny-phi3,
 smollm2-135m) are drawn on the CPU and then moved, so every device gets bit-identical weights
 (a CPU-vs-GPU comparison can load the model twice). The large presets (llama3-8b,
 llama3-70b-layer) are drawn directly on the target device (the CPU generator would take minutes
@@ -43,6 +43,15 @@ PRESETS: dict[str, dict] = {
                        num_kv_heads=2, head_dim=32, rms_norm_eps=1e-6, rope_theta=1000000.0,
                        max_position_embeddings=2048, tie_word_embeddings=True, qk_norm=True,
                        architecture="qwen3"),
+    # Phi-3's graph (Phi-4-mini's rope): LongRoPE (short factors up to 256 positions, long ones past; the long set
+    # at the default max_model_len 2048) on 3/4 of each head (partial_rotary_factor 0.75), separate LM head
+    "tiny-phi3": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                      num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,
+                      rope_scaling={"rope_type": "longrope", "original_max_position_embeddings": 256,
+                                    "short_factor": [1.0, 1.0, 1.1, 1.3, 1.6, 2.0],
+                                    "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 8.0]},
+                      partial_rotary_factor=0.75, max_position_embeddings=2048, tie_word_embeddings=False,
+                      architecture="phi3"),
     # 8 query / 2 KV heads, an odd vocabulary, separate LM head: tensor-parallel tests (TP 4 replicates KV heads)
     "tiny-gqa4": dict(vocab_size=1001, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=8,
                       num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,
@@ -72,7 +81,7 @@ def preset_config(name: str) -> ModelConfig:
                              f"{', '.join('random:' + p for p in PRESETS)}")
     p = dict(PRESETS[name])
     if p.get("rope_scaling"):
-        p["rope_scaling"] = dict(p["rope_scaling"])
+        p["rope_scaling"] = {k: list(v) if isinstance(v, list) else v for k, v in p["rope_scaling"].items()}
     return ModelConfig(**p, name=f"random:{name}")
 
 

@@ -1,5 +1,5 @@
-"""Llama-family decoder (Llama 2/3, Mistral, Qwen2 with QKV bias, Qwen3 with q / k head norms, SmolLM2) over a
-paged KV cache.
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2 with QKV bias, Qwen3 with q / k head norms, Phi-3 with
+LongRoPE / partial rotary, SmolLM2) over a paged KV cache.
 
 The forward pass is written against decodekit.ops only (norms, rope, silu_and_mul,
 reshape_and_cache, paged_attention) plus torch linear layers, so the same code runs on
@@ -50,10 +50,13 @@ class LayerWeights:
 
 class LlamaModel:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", tp=None, plan=None):
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", tp=None, plan=None,
+                 max_model_len: int | None = None):
         """tp, plan: tensor parallelism (decodekit.distributed): this rank's TPGroup and ShardPlan;
         `weights` then holds this rank's slices (or whole tensors, cut here) and the model runs this
-        rank's heads / features / vocabulary slice, meeting the other ranks in AllReduces."""
+        rank's heads / features / vocabulary slice, meeting the other ranks in AllReduces.
+        max_model_len: the engine's context length (default: the model's); LongRoPE (Phi-3) uses its long
+        factors when it exceeds the original context, else the short ones."""
         self.full_config = config
         self.tp, self.plan = (tp, plan) if tp is not None and tp.world_size > 1 else (None, None)
         if self.plan is not None:
@@ -110,8 +113,10 @@ class LlamaModel:
         # DECODEKIT_FUSED_LAYERS=0 turns it off (A/B measurements).
         self.op_by_op = False  # True: forward issues every op from Python (callers that hook ops.linear)
         self.refresh_fused_layers()
-        self.cos_sin_cache = reference.rope_cos_sin_cache(
-            c.max_position_embeddings, c.head_dim, c.rope_theta, c.rope_scaling).to(self.device)
+        self.rope_context = max_model_len or c.max_position_embeddings
+        self.cos_sin_cache = reference.rope_cos_sin_cache(      # [max_position, rotary_dim]
+            c.max_position_embeddings, c.rotary_dim, c.rope_theta, c.rope_scaling,
+            context_len=self.rope_context).to(self.device)
         self.scale = c.head_dim ** -0.5
         self.layer_windows = [c.layer_window(i) for i in range(c.num_layers)]  # paged_attention's sliding_window
         self.kv_observer = None  # calibrate_kv_scales: called with (layer, k, v) before the cache write

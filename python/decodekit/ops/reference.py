@@ -48,14 +48,19 @@ def dense_gemm(a: torch.Tensor,               # [M, K]
     return out.to(a.dtype)
 
 
-def rope_inv_freq(rot_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
+def rope_inv_freq(rot_dim: int, theta: float, scaling: dict | None = None,
+                  context_len: int | None = None) -> torch.Tensor:
     """Inverse frequencies [rot_dim // 2] in float64, with optional Llama-3 scaling.
 
     scaling: {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
     "original_max_position_embeddings"} as in a Llama-3.1 config.json; or "linear"
     ({"factor"}); or "yarn" ({"factor", "original_max_position_embeddings"}, optional "beta_fast" (32),
     "beta_slow" (1), "truncate" (true): YaRN's blend of interpolated and extrapolated frequencies, as
-    transformers computes it; its attention factor scales the cos | sin table: rope_attention_factor).
+    transformers computes it; its attention factor scales the cos | sin table: rope_attention_factor); or
+    "longrope" (Phi-3: {"short_factor", "long_factor" (rot_dim // 2 divisors each),
+    "original_max_position_embeddings"}): the long factors when context_len (the engine's context: its
+    max_model_len) exceeds the original context, else the short ones -- one set for every position, as
+    llama.cpp picks by its context size (transformers switches sets by the current sequence's length).
     None or {"rope_type": "default"} means plain RoPE.
     """
     inv = 1.0 / (theta ** (torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim))
@@ -92,13 +97,29 @@ def rope_inv_freq(rot_dim: int, theta: float, scaling: dict | None = None) -> to
         ramp = ((torch.arange(rot_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
         extrapolate = 1 - ramp      # 1: the original frequency (high frequencies), 0: interpolated by factor
         return inv / factor * (1 - extrapolate) + inv * extrapolate
-    raise ValueError(f"rope scaling type {kind!r} is not supported (allowed: default, linear, llama3, yarn)")
+    if kind == "longrope":
+        long = context_len is not None and context_len > int(scaling["original_max_position_embeddings"])
+        ext = torch.tensor(scaling["long_factor" if long else "short_factor"], dtype=torch.float64)
+        if ext.shape != inv.shape:
+            raise ValueError(f"rope_scaling {'long' if long else 'short'}_factor has {ext.numel()} entries, the "
+                             f"rotary dimension {rot_dim} has {inv.numel()} frequencies")
+        return inv / ext
+    raise ValueError(f"rope scaling type {kind!r} is not supported (allowed: default, linear, llama3, yarn, "
+                     f"longrope)")
 
 
 def rope_attention_factor(scaling: dict | None) -> float:
     """The factor YaRN scales cos and sin by (so q.k by its square): attention_factor, or from the factor and
-    mscale / mscale_all_dim as transformers derives it (0.1 * m * ln(factor) + 1); 1 for other scalings."""
-    if not scaling or scaling.get("rope_type", scaling.get("type")) != "yarn":
+    mscale / mscale_all_dim as transformers derives it (0.1 * m * ln(factor) + 1); LongRoPE's: attention_factor,
+    or sqrt(1 + ln(factor) / ln(original_max_position_embeddings)) for a factor > 1 (short and long sets alike);
+    1 for other scalings."""
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type"))
+    if kind == "longrope":
+        if scaling.get("attention_factor") is not None:
+            return float(scaling["attention_factor"])
+        factor, old = float(scaling["factor"]), float(scaling["original_max_position_embeddings"])
+        return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(old))
+    if kind != "yarn":
         return 1.0
     if scaling.get("attention_factor") is not None:
         return float(scaling["attention_factor"])
@@ -112,10 +133,11 @@ def rope_attention_factor(scaling: dict | None) -> float:
 
 def rope_cos_sin_cache(max_position: int, rot_dim: int, theta: float,
                        scaling: dict | None = None,
-                       dtype: torch.dtype = torch.float32) -> torch.Tensor:  # [max_position, rot_dim]
-    """cos | sin table for rotary_embedding, computed in float64 then rounded once (YaRN: times its attention
-    factor, as transformers scales its cos and sin)."""
-    inv = rope_inv_freq(rot_dim, theta, scaling)
+                       dtype: torch.dtype = torch.float32,
+                       context_len: int | None = None) -> torch.Tensor:  # [max_position, rot_dim]
+    """cos | sin table for rotary_embedding, computed in float64 then rounded once (YaRN, LongRoPE: times their
+    attention factor, as transformers scales its cos and sin). context_len: see rope_inv_freq (LongRoPE)."""
+    inv = rope_inv_freq(rot_dim, theta, scaling, context_len)
     ang = torch.arange(max_position, dtype=torch.float64)[:, None] * inv[None, :]
     return (torch.cat([ang.cos(), ang.sin()], dim=-1) * rope_attention_factor(scaling)).to(dtype)
 
