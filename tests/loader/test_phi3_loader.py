@@ -254,3 +254,50 @@ def test_phi3_tensor_parallel_matches_tp1(tmp_path, hf_tok, make_gguf):
             finally:
                 llm.shutdown()
         assert got[0] == got[1], model
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_phi3_gptq_fused_rows(tmp_path, hf_tok, act_order):
+    """A GPTQ Phi-3 checkpoint quantizes the fused qkv_proj / gate_up_proj: each part is the converted fused
+    weight's rows (act-order permutation kept per part), packed or dequantized."""
+    from safetensors.torch import load_file, save_file
+
+    from decodekit import ops
+    from decodekit.quant import Int4Weight, from_gptq, to_gptq
+    d = _save(tmp_path, "phi3", _tiny_phi3(), hf_tok)
+    raw = json.load(open(os.path.join(d, "config.json")))
+    tensors = load_file(os.path.join(d, "model.safetensors"))
+    gen = torch.Generator().manual_seed(3)
+    fused = {}
+    for i in range(2):
+        for proj in ("self_attn.qkv_proj", "mlp.gate_up_proj"):
+            name = f"model.layers.{i}.{proj}"
+            N, K = tensors.pop(name + ".weight").shape
+            codes = torch.randint(0, 16, (N, K // 32, 32), generator=gen, dtype=torch.uint8)
+            scales = (torch.rand(N, K // 32, generator=gen) * 0.01 + 1e-3).half()
+            zeros = torch.randint(1, 16, (N, K // 32), generator=gen)
+            perm = torch.randperm(K, generator=gen) if act_order else None
+            w = Int4Weight((codes[..., :16] | (codes[..., 16:] << 4)).reshape(N, K // 2), scales,
+                           (-scales.float() * zeros).half(), 32, perm)
+            parts = to_gptq(w)
+            tensors.update({f"{name}.{k}": v for k, v in parts.items()})
+            fused[name] = from_gptq(parts["qweight"], parts["qzeros"], parts["scales"], parts["g_idx"], 32)
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    save_file(tensors, os.path.join(d, "model.safetensors"))
+    raw["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": act_order,
+                                  "sym": False, "checkpoint_format": "gptq"}
+    json.dump(raw, open(os.path.join(d, "config.json"), "w"))
+    packed = load_model(d, progress=False, keep_quantized=True).weights
+    dense = load_model(d, progress=False).weights
+    for name, w in fused.items():
+        full = ops.int4_dequantize(w, torch.float32)
+        rows = {"q_proj": (0, 64), "k_proj": (64, 96), "v_proj": (96, 128)} if "qkv" in name else \
+            {"gate_proj": (0, 96), "up_proj": (96, 192)}
+        for part, (a, b) in rows.items():
+            n = name.rsplit(".", 1)[0] + "." + part + ".weight"
+            assert isinstance(packed[n], Int4Weight) and (packed[n].perm is not None) == act_order
+            assert torch.equal(ops.int4_dequantize(packed[n], torch.float32), full[a:b]), n
+            assert torch.equal(dense[n], full[a:b]), n
+    from decodekit import LLM, SamplingParams
+    out = LLM(model=d).generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(temperature=0, max_tokens=3))
+    assert len(out[0].outputs[0].token_ids) == 3
