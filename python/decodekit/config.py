@@ -152,8 +152,7 @@ class ModelConfig:
                 self.rotary_dim < 2 or self.rotary_dim % 2:
             raise ValueError(f"ModelConfig.partial_rotary_factor must be in (0, 1] with int(head_dim * factor) even "
                              f"and >= 2 (head_dim {self.head_dim}), got {self.partial_rotary_factor!r}")
-        self._fill_yarn()
-        self._fill_longrope()
+        self._fill_context_scaling()
         check_rope_scaling(self.rope_scaling)
         s = self.rope_scaling
         if isinstance(s, dict) and s.get("rope_type") == "longrope":
@@ -165,29 +164,15 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of "
                              f"num_kv_heads ({self.num_kv_heads})")
 
-    def _fill_yarn(self) -> None:
-        """YaRN's defaults as transformers fills them: original_max_position_embeddings = max_position_embeddings
-        when absent; a null factor = max_position_embeddings / original_max_position_embeddings."""
-        s = self.rope_scaling
-        if not isinstance(s, dict) or s.get("rope_type", s.get("type")) != "yarn":
-            return
-        s = dict(s)
-        if s.get("original_max_position_embeddings") is None:
-            s["original_max_position_embeddings"] = self.max_position_embeddings
-        if s.get("factor") is None and _number(s["original_max_position_embeddings"]) \
-                and s["original_max_position_embeddings"] > 0:
-            s["factor"] = self.max_position_embeddings / s["original_max_position_embeddings"]
-        self.rope_scaling = s
-
-    def _fill_longrope(self) -> None:
-        """LongRoPE's defaults as transformers fills them: original_max_position_embeddings =
+    def _fill_context_scaling(self) -> None:
+        """YaRN's and LongRoPE's defaults as transformers fills them: original_max_position_embeddings =
         max_position_embeddings when absent; a null factor = max_position_embeddings /
-        original_max_position_embeddings (Phi-3 derives its attention factor from that ratio)."""
+        original_max_position_embeddings (Phi-3 derives its LongRoPE attention factor from that ratio)."""
         s = self.rope_scaling
-        if not isinstance(s, dict) or s.get("rope_type", s.get("type")) != "longrope":
+        if not isinstance(s, dict) or s.get("rope_type", s.get("type")) not in ("yarn", "longrope"):
             return
         s = dict(s)
-        s["rope_type"] = "longrope"
+        s["rope_type"] = s.get("rope_type") or s.get("type")
         s.pop("type", None)
         if s.get("original_max_position_embeddings") is None:
             s["original_max_position_embeddings"] = self.max_position_embeddings
