@@ -139,13 +139,15 @@ PRESETS: dict[str, ModelSpec] = {
     "qwen2.5-72b": _llama("Qwen2.5-72B", 152064, 8192, 80, 64, 8, 29568, bias=True),
     "qwen3-8b": _llama("Qwen3-8B", 151936, 4096, 36, 32, 8, 12288),
     "smollm2-135m": _llama("SmolLM2-135M", 49152, 576, 30, 9, 3, 1536, head_dim=64, tied=True),
+    "phi-4-mini": _llama("Phi-4-mini", 200064, 3072, 32, 24, 8, 8192, tied=True),
     "mistral-7b-v0.1": dataclasses.replace(_llama("Mistral-7B-v0.1", 32000, 4096, 32, 32, 8, 14336),
                                            sliding_window=4096, window_layers=32),
 }
 _ALIASES = {"llama38b": "llama3-8b", "llama318b": "llama3-8b", "metallama38b": "llama3-8b",
             "llama370b": "llama3-70b", "llama3170b": "llama3-70b", "llama3370b": "llama3-70b",
             "metallama370b": "llama3-70b", "llama3405b": "llama3-405b", "llama31405b": "llama3-405b",
-            "qwen257b": "qwen2.5-7b", "qwen2572b": "qwen2.5-72b", "qwen38b": "qwen3-8b", "smollm2135m": "smollm2-135m"}
+            "qwen257b": "qwen2.5-7b", "qwen2572b": "qwen2.5-72b", "qwen38b": "qwen3-8b", "smollm2135m": "smollm2-135m",
+            "phi4mini": "phi-4-mini", "phi4mini38b": "phi-4-mini"}
 
 
 def _key(name: str) -> str:
@@ -154,7 +156,7 @@ def _key(name: str) -> str:
 
 
 def load_model(spec: str) -> ModelSpec:
-    """A preset name (llama3-8b, llama3-70b, llama3-405b, qwen2.5-7b, qwen2.5-72b, qwen3-8b, smollm2-135m,
+    """A preset name (llama3-8b, llama3-70b, llama3-405b, qwen2.5-7b, qwen2.5-72b, qwen3-8b, smollm2-135m, phi-4-mini,
     spelling-insensitive), a Hugging Face `config.json` (or its directory), or a `.gguf` file."""
     if not isinstance(spec, str) or not spec:
         raise ValueError("model must be a preset name or a config.json / .gguf path")
