@@ -164,13 +164,8 @@ def shard_weight(name: str, w, plan: ShardPlan):
     if isinstance(w, torch.Tensor):
         return (w[a:b] if dim == 0 else w[:, a:b]).clone()
     if dim == 0:
-        return _clone_packed(w.rows(a, b))
+        return w.rows(a, b).clone()
     return _packed_cols(name, w, a, b)
-
-
-def _clone_packed(w):
-    return type(w)(**{f.name: (v.clone() if isinstance(v, torch.Tensor) else v)
-                      for f in dataclasses.fields(w) for v in [getattr(w, f.name)]})
 
 
 def _packed_cols(name: str, w, k0: int, k1: int):

@@ -115,12 +115,7 @@ def split_fused(cfg: ModelConfig, name: str, w, source: str) -> dict:
     if rows != parts[-1][2] or cols != cfg.hidden_size:
         raise ModelLoadError(f"{source}: weight {name} has shape {tuple(w.shape)}, the configuration implies "
                              f"{(parts[-1][2], cfg.hidden_size)}")
-    if isinstance(w, torch.Tensor):
-        return {n: w[a:b].clone() for n, a, b in parts}
-    import dataclasses
-    return {n: type(p)(**{f.name: (v.clone() if isinstance(v, torch.Tensor) else v)
-                          for f in dataclasses.fields(p) for v in [getattr(p, f.name)]})
-            for n, a, b in parts for p in [w.rows(a, b)]}
+    return {n: (w[a:b] if isinstance(w, torch.Tensor) else w.rows(a, b)).clone() for n, a, b in parts}
 
 
 def layer_weight_shapes(cfg: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:

@@ -3,6 +3,8 @@ same way: the device and the bytes a GEMM reads (all its tensors). `shape` is th
 qweight's own shape unless the format packs several values per element (INT4 overrides it)."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 
@@ -18,3 +20,8 @@ class PackedWeight:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in vars(self).values() if isinstance(t, torch.Tensor))
+
+    def clone(self):
+        """An owning copy (of a view such as .rows(a, b), so the weight it was cut from can be freed)."""
+        return type(self)(**{f.name: (v.clone() if isinstance(v, torch.Tensor) else v)
+                             for f in dataclasses.fields(self) for v in [getattr(self, f.name)]})
