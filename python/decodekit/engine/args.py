@@ -12,6 +12,18 @@ _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb"
           "g": 2**30, "gb": 10**9, "gib": 2**30}
 
 
+def _json_object(text: str) -> dict:
+    """argparse type: a JSON object (argparse names the option in its error)."""
+    import json
+    try:
+        v = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e})") from None
+    if not isinstance(v, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r:.60}")
+    return v
+
+
 def parse_bytes(value) -> int:
     """1073741824, "1GiB", "512MiB", "2g" -> bytes."""
     if isinstance(value, bool):
@@ -74,6 +86,10 @@ class EngineArgs:
     reasoning_parser: str | None = None   # "deepseek_r1" | "qwen3": guides constrain the answer after the
                                           # model's <think> ... </think> (sampling/reasoning.py); the server
                                           # also returns the reasoning apart (reasoning_content)
+    generation_config: str = "auto"       # default sampling fields: "auto" (the model's generation_config.json
+                                          # / GGUF general.sampling.*), "vllm" (none), or a path (vLLM's flag;
+                                          # engine/generation_config.py)
+    override_generation_config: dict | None = None  # HF-named fields over those (e.g. {"temperature": 0.5})
 
     def __post_init__(self):
         if self.dtype not in ("auto", *_DTYPES):
@@ -210,6 +226,13 @@ class EngineArgs:
                        help="the model thinks in <think> ... </think> before answering (deepseek_r1: DeepSeek-R1, its "
                             "distills, QwQ; qwen3: Qwen3): structured-output guides apply to the answer after it, "
                             "and the server returns the thinking as reasoning_content")
+        g.add_argument("--generation-config", default="auto",
+                       help="default sampling parameters of requests that leave them out: auto (the model's "
+                            "generation_config.json or GGUF general.sampling.*), vllm (none), or a directory / "
+                            "generation_config.json path (vLLM's flag; default auto)")
+        g.add_argument("--override-generation-config", type=_json_object, default=None, metavar="JSON",
+                       help="HF-named sampling defaults over the generation config, e.g. "
+                            "'{\"temperature\": 0.5, \"max_new_tokens\": 256}'")
         s = p.add_argument_group("speculative decoding (exact: same output distribution)")
         s.add_argument("--spec", dest="speculative", default=None, choices=["ngram", "layerskip", "draft"],
                        help="drafter: ngram (prompt lookup), layerskip (the target's first --spec-layers layers), "

@@ -74,7 +74,7 @@ class LLM:
     def _run(self, prompts: Sequence, params) -> list[RequestOutput]:
         """Runs the prompts to the end; params: one SamplingParams or one per prompt (or BeamSearchParams)."""
         if isinstance(params, SamplingParams) or params is None:
-            params = [params or SamplingParams()] * len(prompts)
+            params = [params or self.get_default_sampling_params()] * len(prompts)
         elif not isinstance(params, (list, tuple)):
             raise ValueError(f"params must be a SamplingParams or a list of them (one per prompt), "
                              f"got {type(params).__name__}")
@@ -96,6 +96,11 @@ class LLM:
             return [p.last for p in pend]
         finally:
             self._forget(ids)
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What generate / chat / stream use without SamplingParams (vLLM's name): SamplingParams() with the
+        fields the model's generation config recommends (EngineArgs.generation_config)."""
+        return SamplingParams(**self.engine.default_sampling)
 
     def get_tokenizer(self):  # vLLM's name
         return self.tokenizer
@@ -193,7 +198,7 @@ class LLM:
         """Yields text deltas of one request as they are generated (other queued requests advance too;
         their outputs wait for their own callers)."""
         params = self._params_arg(params, sampling_params, False)
-        rid = self._add(prompt, params or SamplingParams(), stream=True)
+        rid = self._add(prompt, params or self.get_default_sampling_params(), stream=True)
         p = self._pending[rid]
         try:
             while True:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from decodekit.loader import load_model
+from decodekit.loader import load_model, resolve_model
 from decodekit.models import LlamaModel
 from decodekit.sampling import SamplingParams, SamplingParamsError
 from decodekit.sampling.beam_search import BeamSearchParams
@@ -27,6 +27,7 @@ from decodekit.tokenizer.detokenizer import IncrementalDetokenizer
 
 from .args import EngineArgs, parse_bytes
 from .beam_group import BeamGroup
+from .generation_config import generation_defaults
 from .kv_cache import KVCacheManager
 from .model_runner import ModelRunner
 from .outputs import CompletionOutput, Logprob, RequestOutput
@@ -152,6 +153,11 @@ class LLMEngine:
     def __init__(self, args: EngineArgs | None = None, **kwargs):
         self.args = args = args or EngineArgs(**kwargs)
         self.reasoning = get_reasoning_parser(args.reasoning_parser)
+        # SamplingParams keyword defaults the model recommends (generation_config.json, GGUF general.sampling.*;
+        # vLLM's --generation-config), read before the weights so that a bad file fails fast
+        kind, where = resolve_model(args.model)
+        self.default_sampling = generation_defaults(args.generation_config, where if kind != "random" else "",
+                                                    args.override_generation_config)
         if args.seed is not None:
             set_global_seed(args.seed)
         self.device = args.resolved_device()
@@ -171,6 +177,8 @@ class LLMEngine:
             self.model = LlamaModel(loaded.config, loaded.weights, dtype=self.dtype, device=self.device,
                                     max_model_len=args.max_model_len)
         self.model_config = cfg = loaded.config
+        if self.default_sampling.get("top_k", -1) >= cfg.vocab_size:   # (keeps every token: no top-k)
+            self.default_sampling["top_k"] = -1
         self.tokenizer = loaded.tokenizer
         self.model_source = loaded.source
         if args.quantization == "int4-gptq":
@@ -428,7 +436,7 @@ class LLMEngine:
         """Queue a request; raises ValueError (naming the field) for invalid input, leaving
         the engine and every other request untouched. BeamSearchParams: a beam search, whose one output
         (when it finishes) holds the beam_width best hypotheses."""
-        params = params or SamplingParams()
+        params = params or SamplingParams(**self.default_sampling)
         if isinstance(params, BeamSearchParams):
             return self._add_beam_search(request_id, prompt, params)
         if not isinstance(params, SamplingParams):

@@ -60,6 +60,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
     eng = aeng.engine
     tok = eng.tokenizer
     vocab = eng.model_config.vocab_size
+    defaults = eng.default_sampling     # the model's generation config: fields a request leaves out
 
     @app.exception_handler(P.APIError)
     async def _api_error(_req, e: P.APIError):
@@ -330,8 +331,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         plp = P.prompt_logprobs_field(body, stream)
         prompts = P.completion_prompts(body, vocab)
         # echo with max_tokens=0 (lm-eval's loglikelihood requests): the prompt (and its logprobs) only
-        max_tokens = P.field(body, "max_tokens", "int", 16, 0 if echo else 1)
-        params = P.sampling_params(body, max(max_tokens, 1), lp, vocab)
+        max_tokens = P.capped_max_tokens(P.field(body, "max_tokens", "int", 16, 0 if echo else 1), defaults)
+        params = P.sampling_params(body, max(max_tokens, 1), lp, vocab, defaults)
         if max_tokens == 0 and params.min_tokens:
             raise P.APIError(400, f"'min_tokens' must be in [0, max_tokens=0], got {params.min_tokens}", "min_tokens")
         n = params.n
@@ -468,6 +469,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                                   f"{eng.max_model_len - 1} fit (one token of output at least)", "messages")
         if mt is None:
             mt = eng.max_model_len - len(ids)
+        mt = P.capped_max_tokens(mt, defaults)
         parallel = P.field(body, "parallel_tool_calls", "bool", True)
         schema = tool_schema(tools, tchoice, parallel) if tools else None
         if schema is not None:      # the reply is constrained to the tool(s)' schema
@@ -477,7 +479,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                                       f"not both", "tool_choice")
             body = {**body, "guided_json": schema}
         try:
-            params = P.sampling_params(body, mt, (top or 0) if want_lp else None, vocab)
+            params = P.sampling_params(body, mt, (top or 0) if want_lp else None, vocab, defaults)
         except P.APIError as e:
             if schema is None or e.param != "guided_json":
                 raise

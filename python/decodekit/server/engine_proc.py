@@ -76,7 +76,7 @@ def child_main(fd: int) -> int:
         return 1
     conn.send(("ready", {"tokenizer": eng.tokenizer, "model_config": eng.model_config,
                          "model_source": eng.model_source, "max_model_len": eng.max_model_len,
-                         "pid": os.getpid()}, _snapshot(eng)))
+                         "default_sampling": eng.default_sampling, "pid": os.getpid()}, _snapshot(eng)))
     live: set[str] = set()
 
     def handle(cmd) -> bool:
@@ -191,6 +191,7 @@ class EngineFacade:
         self.model_config = info["model_config"]
         self.model_source = info["model_source"]
         self.max_model_len = info["max_model_len"]
+        self.default_sampling = info["default_sampling"]
         self.scheduler, self.kv_manager = _Scheduler(p), _KVManager(p)
         self.spec = _Spec(p) if p._snap.get("spec") is not None else None
 

@@ -187,18 +187,23 @@ def _token_controls(body: dict) -> dict:
     return kw
 
 
-def sampling_params(body: dict, max_tokens: int, logprobs: int | None, vocab_size: int | None = None) -> SamplingParams:
+def sampling_params(body: dict, max_tokens: int, logprobs: int | None, vocab_size: int | None = None,
+                    defaults: dict | None = None) -> SamplingParams:
     """The SamplingParams of a request body (OpenAI fields incl. logit_bias, plus vLLM's top_k, min_p,
     repetition_penalty, ignore_eos, min_tokens, stop_token_ids, skip_special_tokens, allowed_token_ids,
     bad_words); `vocab_size` (when given) bounds top_k
-    and stop_token_ids here, so those errors name their field too."""
+    and stop_token_ids here, so those errors name their field too. defaults: the engine's default_sampling
+    (the model's generation config) for the temperature, top_p, top_k, min_p and repetition_penalty a
+    request leaves out (max_tokens: the caller's, see capped_max_tokens)."""
+    d = defaults or {}
     kw = dict(
-        n=field(body, "n", "int", 1, 1), temperature=field(body, "temperature", "number", 1.0, 0, 2),
-        top_p=field(body, "top_p", "number", 1.0, 0, 1, lo_open=True), top_k=field(body, "top_k", "int", -1, -1, vocab_size),
-        min_p=field(body, "min_p", "number", 0.0, 0, 1),
+        n=field(body, "n", "int", 1, 1), temperature=field(body, "temperature", "number", d.get("temperature", 1.0), 0, 2),
+        top_p=field(body, "top_p", "number", d.get("top_p", 1.0), 0, 1, lo_open=True),
+        top_k=field(body, "top_k", "int", d.get("top_k", -1), -1, vocab_size),
+        min_p=field(body, "min_p", "number", d.get("min_p", 0.0), 0, 1),
         presence_penalty=field(body, "presence_penalty", "number", 0.0, -2, 2),
         frequency_penalty=field(body, "frequency_penalty", "number", 0.0, -2, 2),
-        repetition_penalty=field(body, "repetition_penalty", "number", 1.0),
+        repetition_penalty=field(body, "repetition_penalty", "number", d.get("repetition_penalty", 1.0)),
         seed=field(body, "seed", "int", None), stop=_stop(body),
         ignore_eos=field(body, "ignore_eos", "bool", False), min_tokens=field(body, "min_tokens", "int", 0, 0),
         skip_special_tokens=field(body, "skip_special_tokens", "bool", True),
@@ -215,6 +220,13 @@ def sampling_params(body: dict, max_tokens: int, logprobs: int | None, vocab_siz
         raise APIError(400, str(e), source if source and e.field in GUIDED_FIELDS else e.field) from None
     except ValueError as e:
         raise APIError(400, str(e)) from None
+
+
+def capped_max_tokens(max_tokens: int, defaults: dict | None) -> int:
+    """max_tokens, at most the generation config's max_new_tokens (vLLM takes the smallest of the request's,
+    the context's room and the config's)."""
+    cap = (defaults or {}).get("max_tokens")
+    return max_tokens if cap is None else min(max_tokens, cap)
 
 
 def stream_options(body: dict) -> tuple[bool, bool, bool]:
