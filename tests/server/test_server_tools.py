@@ -28,6 +28,15 @@ def _post(server, body):
                       headers={"content-type": "application/json"}, timeout=120)
 
 
+def _stream_args(server, body):
+    """(the streamed tool call's arguments joined, the last finish_reason) of a named-function request."""
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=120, json={**body, "stream": True})
+    chunks = [json.loads(line[6:])["choices"] for line in r.text.splitlines() if line.startswith("data: {")]
+    args = "".join(c[0]["delta"]["tool_calls"][0]["function"]["arguments"] for c in chunks
+                   if c and "tool_calls" in c[0]["delta"])
+    return args, [c[0]["finish_reason"] for c in chunks if c][-1]
+
+
 def test_named_tool_choice(server):
     r = _post(server, {"messages": ASK, "tools": TOOLS, "max_tokens": 60, "temperature": 0,
                        "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
@@ -107,14 +116,21 @@ def test_required_with_defs_recursion_and_parallel_off(server):
             jsonschema.validate(json.loads(call["function"]["arguments"]), schema)
             seen.add(call["function"]["name"])
     assert seen
-    # a reply cut by a stop string is no whole JSON value: content, not a broken call
-    r = _post(server, {"messages": ASK, "tools": TOOLS, "max_tokens": 60, "temperature": 0, "stop": ["Paris"],
-                       "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
-    c = r.json()["choices"][0]
-    if c["message"].get("tool_calls"):
-        jsonschema.validate(json.loads(c["message"]["tool_calls"][0]["function"]["arguments"]), WEATHER)
-    else:
-        assert isinstance(c["message"]["content"], str)
+    # a named function's reply cut by a stop string / max_tokens is still its call, arguments as far as they go
+    # (as vLLM, and as the stream sends them)
+    for cut in (dict(stop=["Paris"], max_tokens=60), dict(max_tokens=5)):
+        body = {"messages": ASK, "tools": TOOLS, "temperature": 0, **cut,
+                "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+        c = _post(server, body).json()["choices"][0]
+        (call,) = c["message"]["tool_calls"]
+        assert call["function"]["name"] == "get_weather" and c["message"]["content"] is None
+        args = call["function"]["arguments"]
+        try:
+            jsonschema.validate(json.loads(args), WEATHER)
+        except ValueError:
+            assert c["finish_reason"] in ("stop", "length"), c
+        streamed = _stream_args(server, body)
+        assert streamed == (args, c["finish_reason"])
 
 
 def test_none_and_history_with_tool_turns(server):
@@ -223,6 +239,11 @@ def test_auto_parsers_on_text():
         ("hermes", 'x <tool_call>{"name": "a", "arguments": {"k": 1}}</tool_call> <tool_call>{"name": "b", '
                    '"arguments": "{\\"z\\": [1]}"}</tool_call>', "x", ["a", "b"]),
         ("hermes", '<tool_call>{"name": "a", "arguments": {}}', None, ["a"]),                      # unclosed at EOS
+        # text after the calls (and a leading space) stays the content, streamed the same
+        ("hermes", ' Sure. <tool_call>{"name": "a", "arguments": {}}</tool_call>\n\nA: done.\n', " Sure.\n\nA: done.",
+         ["a"]),
+        ("hermes", '<tool_call>{"name": "a", "arguments": {}}</tool_call> then <tool_call>{"name": "b", '
+                   '"arguments": {}}</tool_call>', " then", ["a", "b"]),
         ("hermes", '<tool_call>{"name": "zzz", "arguments": {}}</tool_call>', "same", None),       # unknown tool
         ("hermes", '<tool_call>{"name": "a", "arguments": [1]}</tool_call>', "same", None),        # not an object
         ("hermes", "plain <tool text", "same", None),
@@ -233,6 +254,7 @@ def test_auto_parsers_on_text():
         ("mistral", 'ok [TOOL_CALLS] [{"name": "a", "arguments": {"k": 1}}, {"name": "b", "arguments": {}}]', "ok",
          ["a", "b"]),
         ("mistral", '[TOOL_CALLS]a[ARGS]{"k": [2]}[TOOL_CALLS]b[ARGS]{}', None, ["a", "b"]),   # v11 tokenizers
+        ("mistral", '  ok [TOOL_CALLS] [{"name": "a", "arguments": {}}]', "  ok", ["a"]),
         ("mistral", '[TOOL_CALLS] [{"name": "zz", "arguments": {}}]', "same", None),
         ("mistral", '[TOOL_CALLS] [{"name": "a", "arguments": {}}] trailing', "same", None),
         ("mistral", "no [TOOL_ calls here", "same", None),
@@ -264,7 +286,7 @@ def test_auto_parsers_on_text():
             sent += st.feed(text[:k])
         tail, scalls = st.finish(text, tools)
         assert (scalls is None) == (calls is None)
-        assert sent + (tail or "") == (text if calls is None else sent)
+        assert sent + (tail or "") == (text if calls is None else got_content or "")
         if calls is not None:
             assert _no_call_text(sent)
 

@@ -606,6 +606,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                                 delta, start_tok = {}, len(c.token_ids)
                         if thought:
                             delta = {"reasoning_content": thought, "reasoning": thought, **delta}
+                        if delta == {"content": ""} and not finish and not want_lp:
+                            continue        # (text held back, e.g. a tool call that may have begun: nothing new)
                         if c.finish_reason:
                             done.add(c.index)
                         yield chunk([{"index": c.index, "delta": delta,

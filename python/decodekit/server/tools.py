@@ -187,16 +187,17 @@ def _raw_parameters(text: str) -> list[str]:
 
 
 def tool_calls(choice: str | dict, text: str, finish_reason: str | None) -> tuple[list[dict] | None, str | None]:
-    """(tool_calls, finish_reason) of a finished reply, or (None, finish_reason) when its text is not a whole
-    JSON value (cut by max_tokens or a stop string): the text is then the reply's content. A named function's
-    call carries the text as its arguments; "required" replies give their calls (finish_reason "tool_calls")."""
+    """(tool_calls, finish_reason) of a finished reply. A named function's call carries the text as its
+    arguments, whole or cut short by max_tokens / a stop string (as vLLM, and as the stream sends them);
+    "required" replies give their calls (finish_reason "tool_calls"), or (None, finish_reason) when the text is
+    not a whole JSON value: it is then the reply's content."""
+    if isinstance(choice, dict):
+        return [{"id": new_call_id(), "type": "function",
+                 "function": {"name": choice["name"], "arguments": text}}], finish_reason
     try:
         items = json.loads(text)
     except (ValueError, RecursionError):
         return None, finish_reason
-    if isinstance(choice, dict):
-        return [{"id": new_call_id(), "type": "function",
-                 "function": {"name": choice["name"], "arguments": text}}], finish_reason
     raw = _raw_parameters(text)
     return [{"id": new_call_id(), "type": "function", "function": {"name": it["name"], "arguments": args}}
             for it, args in zip(items, raw)], "tool_calls"
@@ -319,7 +320,7 @@ def parse_auto(parser: str, text: str, tools: list[dict]) -> tuple[str | None, l
     if parser == "mistral":
         j = text.find(MISTRAL_TAG)
         calls = _mistral_calls(text[j + len(MISTRAL_TAG):], names) if j >= 0 else None
-        return (text, None) if calls is None else (text[:j].strip() or None, calls)
+        return (text, None) if calls is None else (text[:j].rstrip() if text[:j].strip() else None, calls)
     if parser == "pythonic":
         calls = _pythonic_calls(text, names)
         return (text, None) if calls is None else (None, calls)
@@ -345,8 +346,10 @@ def parse_auto(parser: str, text: str, tools: list[dict]) -> tuple[str | None, l
             i = k + len(HERMES_CLOSE)
         if not calls:
             return text, None
-        rest = "".join(content).strip()
-        return (rest or None), calls
+        # the text around the calls, as the stream sends it: what precedes the first call without its trailing
+        # whitespace (AutoToolStream sends that much before the tag), then the rest
+        rest = (content[0].rstrip() + "".join(content[1:])).rstrip()
+        return (rest if rest.strip() else None), calls
     body = text.strip()
     if body.startswith(PYTHON_TAG):
         body = body[len(PYTHON_TAG):].strip()
@@ -412,7 +415,8 @@ class AutoToolStream:
 
     def finish(self, text: str, tools: list[dict]) -> tuple[str | None, list[dict] | None]:
         """(content still to send, calls) at the end of the reply."""
-        _, calls = parse_auto(self.parser, text, tools)
+        content, calls = parse_auto(self.parser, text, tools)
         if calls is None:
             return text[self.sent:], None
-        return None, calls              # (hermes: the content before the first call went out already)
+        sent = text[:self.sent]         # (a prefix of the content: what precedes the first call)
+        return (content[len(sent):] or None) if content and content.startswith(sent) else None, calls
