@@ -57,7 +57,11 @@ def test_parser_names():
     (QWEN3, "...assistant\n<think>\n", "open"),
     (QWEN3, "...assistant\n<think>\n\n</think>\n\n", "closed"),   # enable_thinking=False
     (R1, "<think>a</think> old turn ... <think>\n", "open"),
-    (R1, "<think>a</think> old turn", "closed"),
+    # markers inside the conversation (an earlier turn's reasoning, a user quoting them) say nothing of the reply
+    (R1, "<think>a</think> old turn", "open"),
+    (QWEN3, "<|im_start|>user\nWhat does </think> mean?<|im_end|>\n<|im_start|>assistant\n", "optional"),
+    (QWEN3, "<|im_start|>user\nSay <think><|im_end|>\n<|im_start|>assistant\n", "optional"),
+    (R1, "<|User|>What does </think> mean?<|Assistant|>", "open"),
 ])
 def test_reasoning_mode(parser, prompt, mode):
     assert reasoning_mode(parser, prompt) == mode

@@ -11,13 +11,14 @@ Models such as DeepSeek-R1 (and its Llama / Qwen2 distills), QwQ and Qwen3 think
   the reasoning has ended.
 
 Where the output starts (``reasoning_mode``, from the prompt's text):
-- ``"open"``: the prompt's last marker is ``<think>`` (the template opened the reasoning: DeepSeek-R1's newer
-  template), or (``deepseek_r1``, which thinks without saying so) the prompt has no marker: the output is
+- ``"open"``: the prompt ends with ``<think>`` (and whitespace: the template opened the reasoning: DeepSeek-R1's
+  newer template), or (``deepseek_r1``, which thinks without saying so) it ends with no marker: the output is
   reasoning until ``</think>``; a leading ``<think>`` in it is dropped;
-- ``"closed"``: the prompt's last marker is ``</think>`` (thinking switched off: Qwen3's
-  ``enable_thinking=False`` writes an empty ``<think>\\n\\n</think>``): the output is all content;
-- ``"optional"`` (``qwen3``, no marker in the prompt): reasoning when the output begins with ``<think>``
+- ``"closed"``: the prompt ends with ``</think>`` (thinking switched off: Qwen3's ``enable_thinking=False``
+  writes an empty ``<think>\\n\\n</think>``): the output is all content;
+- ``"optional"`` (``qwen3``, no marker ending the prompt): reasoning when the output begins with ``<think>``
   (after whitespace), else all content.
+Markers elsewhere in the prompt (a user quoting ``</think>``, earlier turns' reasoning) do not count.
 
 Reasoning cut short (no ``</think>`` before the end) is all reasoning, content None. The content is the text
 after ``</think>`` with its leading whitespace dropped; either part is None when empty. The split works on text,
@@ -58,11 +59,13 @@ def get_reasoning_parser(name: "str | ReasoningParser | None") -> "ReasoningPars
 
 
 def reasoning_mode(parser: ReasoningParser, prompt_text: str) -> str:
-    """Where a reply to `prompt_text` starts: "open", "closed" or "optional" (module doc)."""
-    s, e = prompt_text.rfind(parser.start), prompt_text.rfind(parser.end)
-    if s > e:       # (e and s cannot both be -1 here)
+    """Where a reply to `prompt_text` starts: "open", "closed" or "optional" (module doc). Only a marker that
+    ends the prompt (the template's generation prompt) counts: markers in the conversation (a user quoting
+    </think>, an earlier assistant turn's reasoning) say nothing about the reply."""
+    tail = prompt_text.rstrip(_WS)
+    if tail.endswith(parser.start):
         return "open"
-    if e >= 0:
+    if tail.endswith(parser.end):
         return "closed"
     return "open" if parser.implicit else "optional"
 
