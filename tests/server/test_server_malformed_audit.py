@@ -145,3 +145,24 @@ def test_too_large_max_completion_tokens_and_a_string_response_format_are_named(
         err = r.json()["error"]
         assert r.status_code == 400 and err["param"] == "response_format", err
         assert "must be an object" in err["message"] and "null" not in err["message"], err
+
+
+@pytest.mark.parametrize("body,path", [
+    ({"prompt": "x", "guided_regex": "\ud800"}, "guided_regex"),
+    ({"prompt": "x", "guided_json": {"enum": ["a", "\udfff"]}}, "guided_json.enum[1]"),
+    ({"messages": [], "response_format": {"type": "json_schema", "json_schema": {"schema": {"enum": ["\udc00"]}}}},
+     "response_format.json_schema.schema.enum[0]"),
+    ({"tools": [{"function": {"parameters": {"properties": {"a\ud800": {}}}}}]},
+     "tools[0].function.parameters.properties.a\\ud800"),
+    ({"prompt": "x", "guided_json": {}, "guided_whitespace_pattern": "\ud800"}, "guided_whitespace_pattern"),
+])
+def test_lone_surrogates_named_by_path(body, path):
+    """A lone surrogate (a JSON \\ud800 escape without its pair) anywhere in a body: a 400 naming where it is
+    (the top-level field as param), never a codec error from deep inside a guide compiler; pairs are text."""
+    from decodekit.server import protocol as P
+    with pytest.raises(P.APIError) as e:
+        P.parse_json_body(json.dumps(body).encode())
+    assert e.value.status == 400 and e.value.message.startswith(f"'{path}' holds a lone surrogate")
+    assert e.value.param == path.split(".")[0].split("[")[0]
+    json.dumps(e.value.body()).encode("utf-8")         # the error itself is valid text
+    assert P.parse_json_body(json.dumps({"prompt": "\ud83d\ude00 \\ud800"}).encode())["prompt"] == "😀 \\ud800"

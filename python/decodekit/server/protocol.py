@@ -7,6 +7,7 @@ fields are ignored (as the OpenAI API does); `model` must name the served model 
 from __future__ import annotations
 
 import json
+import re
 import math
 import time
 import uuid
@@ -44,7 +45,31 @@ def parse_json_body(raw: bytes) -> dict:
         raise APIError(400, f"the request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    if _SURROGATE_ESCAPE.search(text):      # (only a \\uD800-\\uDFFF escape can put one in: find where it is alone)
+        path = _lone_surrogate(body)
+        if path is not None:
+            shown = path.encode("utf-8", "backslashreplace").decode("utf-8")
+            raise APIError(400, f"'{shown}' holds a lone surrogate (a \\uD800-\\uDFFF escape without its pair): "
+                                f"text must be valid Unicode", re.split(r"[.\[]", shown)[0])
     return body
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\[uU][dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(body: dict) -> str | None:
+    """The path (field.sub[2].key) of the first string or key of `body` holding a lone surrogate, or None."""
+    stack = [(k, k, v) for k, v in reversed(list(body.items()))]     # (path, own key or "", value)
+    while stack:
+        path, key, v = stack.pop()
+        if _SURROGATE.search(key) or (isinstance(v, str) and _SURROGATE.search(v)):
+            return path
+        if isinstance(v, dict):
+            stack += [(f"{path}.{k}", k, x) for k, x in reversed(list(v.items()))]
+        elif isinstance(v, list):
+            stack += [(f"{path}[{i}]", "", x) for i, x in reversed(list(enumerate(v)))]
+    return None
 
 
 # --------------------------------------------------------------------------- field checks
