@@ -166,3 +166,17 @@ def test_lone_surrogates_named_by_path(body, path):
     assert e.value.param == path.split(".")[0].split("[")[0]
     json.dumps(e.value.body()).encode("utf-8")         # the error itself is valid text
     assert P.parse_json_body(json.dumps({"prompt": "\ud83d\ude00 \\ud800"}).encode())["prompt"] == "😀 \\ud800"
+
+
+def test_json_content_type_only(server):
+    """Bodies are JSON: text/plain, forms and multipart (which a browser page may send to another origin without
+    a preflight) are a 415 naming Content-Type, as vLLM refuses them; application/json with a charset, a +json
+    type, or no Content-Type at all are read."""
+    body = json.dumps({"prompt": "Hi", "max_tokens": 2}).encode()
+    for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+        r = httpx.post(server.url + "/v1/completions", content=body, headers={"content-type": ctype}, timeout=60)
+        assert r.status_code == 415 and r.json()["error"]["param"] == "Content-Type", r.text
+    for ctype in ("application/json; charset=utf-8", "Application/JSON", "application/vnd.api+json", None):
+        headers = {"content-type": ctype} if ctype else {}
+        r = httpx.post(server.url + "/v1/completions", content=body, headers=headers, timeout=60)
+        assert r.status_code == 200, (ctype, r.text)

@@ -81,6 +81,11 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                              code="invalid_api_key")
 
     async def body_of(request: Request) -> dict:
+        ctype = request.headers.get("content-type")
+        if ctype is not None and not P.is_json_media_type(ctype):
+            # (a browser page may POST text/plain or a form to another origin without asking first: never run it)
+            raise P.APIError(415, f"Content-Type {ctype[:80]!r} is not supported: send the JSON body as "
+                                  f"application/json", "Content-Type")
         cl = request.headers.get("content-length")
         if cl is not None and cl.isdigit() and int(cl) > cfg.max_body_bytes:
             raise P.APIError(413, f"request body over {cfg.max_body_bytes} bytes")

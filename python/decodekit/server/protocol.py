@@ -33,6 +33,12 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
 
+def is_json_media_type(content_type: str) -> bool:
+    """application/json (any parameters, e.g. charset) or a +json type, as a JSON API takes bodies."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
 def parse_json_body(raw: bytes) -> dict:
     """The request body as a JSON object (strict UTF-8, no NaN / Infinity)."""
     try:
