@@ -80,6 +80,14 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             raise P.APIError(401, "invalid or missing API key (Authorization: Bearer KEY)", type="authentication_error",
                              code="invalid_api_key")
 
+    async def json_reply(build) -> Response:
+        """build()'s dict as a JSON reply, built and serialized off the event loop: the logprobs of n x max_tokens
+        x top_logprobs (or of a long echoed prompt) take seconds to write out, which would stall every other
+        stream and /health meanwhile."""
+        def run() -> bytes:
+            return json.dumps(build(), ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+        return Response(await asyncio.to_thread(run), media_type="application/json")
+
     async def body_of(request: Request) -> dict:
         ctype = request.headers.get("content-type")
         if ctype is not None and not P.is_json_media_type(ctype):
@@ -370,11 +378,9 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             lps = P.echo_logprobs(tok, out.prompt_token_ids, out.prompt_logprobs, lp) if lp is not None else None
             return text, lps
 
-        if not stream:
-            outs = await finals(request, streams)
+        def completion_reply(outs) -> dict:
             choices, ptoks, ctoks = [], 0, 0
             for i, out in enumerate(outs):
-                observe(out)
                 ptoks += len(out.prompt_token_ids)
                 head, head_lp = echoed(i, out) if echo else ("", None)
                 plp_json = P.prompt_logprobs_json(out.prompt_logprobs, out.prompt_token_ids, plp) \
@@ -391,6 +397,12 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                         choices.append(choice)
             return {"id": rid, "object": "text_completion", "created": created, "model": cfg.model_name,
                     "choices": choices, "usage": P.usage(ptoks, ctoks)}
+
+        if not stream:
+            outs = await finals(request, streams)
+            for out in outs:
+                observe(out)
+            return await json_reply(lambda: completion_reply(outs))
 
         def chunk(choices, **extra):
             return sse({"id": rid, "object": "text_completion", "created": created, "model": cfg.model_name,
@@ -502,9 +514,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         mt_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         streams = await start([{"prompt_token_ids": ids}], params, rid, beam, mt_field)
         created = P.now()
-        if not stream:
-            (out,) = await finals(request, streams)
-            observe(out)
+
+        def chat_reply(out) -> dict:
             choices = []
             for c in out.outputs:
                 reasoning, text = split_reasoning(thinker, mode, c.text) if thinker else (None, c.text)
@@ -529,6 +540,11 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             if plp is not None:
                 resp["prompt_logprobs"] = P.prompt_logprobs_json(out.prompt_logprobs, out.prompt_token_ids, plp)
             return resp
+
+        if not stream:
+            (out,) = await finals(request, streams)
+            observe(out)
+            return await json_reply(lambda: chat_reply(out))
 
         def chunk(choices, **extra):
             return sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": cfg.model_name,
