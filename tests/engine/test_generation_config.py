@@ -129,6 +129,10 @@ def test_server_applies_defaults(model_dir):
         r = httpx.post(s.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
                                                              "ignore_eos": True, "seed": 1}, timeout=60)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 7, r.text
+        # a beam search takes the recommended temperature only (its repetition_penalty would be refused)
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "Hello", "use_beam_search": True, "n": 2,
+                                                        "max_tokens": 4}, timeout=60)
+        assert r.status_code == 200 and len(r.json()["choices"]) == 2, r.text
     finally:
         s.stop()
         aeng.shutdown()

@@ -345,7 +345,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         prompts = P.completion_prompts(body, vocab)
         # echo with max_tokens=0 (lm-eval's loglikelihood requests): the prompt (and its logprobs) only
         max_tokens = P.capped_max_tokens(P.field(body, "max_tokens", "int", 16, 0 if echo else 1), defaults)
-        params = P.sampling_params(body, max(max_tokens, 1), lp, vocab, defaults)
+        params = P.sampling_params(body, max(max_tokens, 1), lp, vocab, P.request_defaults(body, defaults))
         if max_tokens == 0 and params.min_tokens:
             raise P.APIError(400, f"'min_tokens' must be in [0, max_tokens=0], got {params.min_tokens}", "min_tokens")
         n = params.n
@@ -496,7 +496,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                                       f"not both", "tool_choice")
             body = {**body, "guided_json": schema}
         try:
-            params = P.sampling_params(body, mt, (top or 0) if want_lp else None, vocab, defaults)
+            params = P.sampling_params(body, mt, (top or 0) if want_lp else None, vocab,
+                                       P.request_defaults(body, defaults))
         except P.APIError as e:
             if schema is None or e.param != "guided_json":
                 raise

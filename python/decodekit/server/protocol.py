@@ -253,6 +253,13 @@ def sampling_params(body: dict, max_tokens: int, logprobs: int | None, vocab_siz
         raise APIError(400, str(e)) from None
 
 
+def request_defaults(body: dict, defaults: dict | None) -> dict:
+    """The generation-config defaults a request takes: a beam search only its temperature (as vLLM: top-p /
+    penalties recommended for sampling would make a search that cannot honour them refuse the request)."""
+    d = defaults or {}
+    return {k: v for k, v in d.items() if k == "temperature"} if body.get("use_beam_search") is True else d
+
+
 def capped_max_tokens(max_tokens: int, defaults: dict | None) -> int:
     """max_tokens, at most the generation config's max_new_tokens (vLLM takes the smallest of the request's,
     the context's room and the config's)."""
