@@ -227,8 +227,9 @@ def test_200_concurrent_streams_with_disconnects(server):
 @pytest.mark.parametrize("mode", [[], ["--engine-in-thread"]])
 def test_sigterm_shuts_down_gracefully(tmp_path, mode):
     """`decodekit serve` as a process (the engine in its own process, or in a thread): ready line, a
-    request served, SIGTERM -> exits 0 promptly even with a long request in flight (aborted after
-    --shutdown-timeout), leaving no engine process behind."""
+    request served, SIGTERM -> exits 0 promptly even with long requests in flight (ended after
+    --shutdown-timeout: a 503 JSON error, a stream's error event then [DONE]; no traceback), leaving no engine
+    process behind."""
     import os
     import signal
     import subprocess
@@ -251,13 +252,25 @@ def test_sigterm_shuts_down_gracefully(tmp_path, mode):
         assert f"http://127.0.0.1:{num}/v1" in line
         url = f"http://127.0.0.1:{num}"
         assert httpx.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
-        threading.Thread(target=lambda: httpx.post(url + "/v1/completions", json={
-            "prompt": "hi", "max_tokens": 1000, "ignore_eos": True}, timeout=60), daemon=True).start()
+        got = {}
+
+        def long(stream: bool):
+            got[stream] = httpx.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1000,
+                                                                    "ignore_eos": True, "stream": stream}, timeout=60)
+        threads = [threading.Thread(target=long, args=(s,), daemon=True) for s in (False, True)]
+        for th in threads:
+            th.start()
         time.sleep(0.5)
         t = time.monotonic()
         p.send_signal(signal.SIGTERM)
         assert p.wait(30) == 0
         assert time.monotonic() - t < 15
+        for th in threads:
+            th.join(10)
+        assert got[False].status_code == 503 and "shutting down" in got[False].json()["error"]["message"]
+        events = [line[6:] for line in got[True].text.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]" and "shutting down" in json.loads(events[-2])["error"]["message"]
+        assert "Traceback" not in p.stderr.read()
         children = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
         assert not children
     finally:

@@ -70,7 +70,26 @@ def _server_class():
 
     class Server(uvicorn.Server):
         """uvicorn's server, but a SIGTERM / SIGINT that ended in a graceful shutdown exits 0 instead of
-        being re-raised at the end."""
+        being re-raised at the end, and requests still running `drain_after` seconds into the shutdown are
+        ended by drain() (the engine stopped: each fails with a 503 JSON error, or its stream with an error
+        event and [DONE]) before uvicorn's own deadline would cancel their tasks (a bare 500 page, a stream cut
+        mid-body)."""
+
+        def __init__(self, config, drain=None, drain_after: float = 0.0):
+            super().__init__(config)
+            self.drain, self.drain_after = drain, drain_after
+
+        async def shutdown(self, sockets=None):
+            import asyncio
+            loop = asyncio.get_running_loop()
+            timer = None
+            if self.drain is not None:
+                timer = loop.call_later(self.drain_after, lambda: loop.run_in_executor(None, self.drain))
+            try:
+                await super().shutdown(sockets)
+            finally:
+                if timer is not None:
+                    timer.cancel()
 
         @contextlib.contextmanager
         def capture_signals(self):
@@ -124,9 +143,10 @@ def serve(args) -> int:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((args.host, args.port))
         host, port = sock.getsockname()[:2]
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=args.shutdown_timeout,
+        # (uvicorn's deadline a little past ours: the drained requests' error replies get written)
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=args.shutdown_timeout + 5,
                                 access_log=False)
-        server = _Server(config)
+        server = _Server(config, drain=aeng.shutdown, drain_after=args.shutdown_timeout)
         print(f"decodekit serving {name!r} at http://{host}:{port}/v1 (health: /health, metrics: /metrics)",
               file=sys.stderr, flush=True)
         server.run(sockets=[sock])
