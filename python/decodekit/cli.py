@@ -111,15 +111,27 @@ def _logit_bias(text: str) -> tuple[int, float]:
         raise argparse.ArgumentTypeError(f"expected TOKEN_ID=BIAS (e.g. 1000=-100), got {text!r}") from None
 
 
-def _sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
-    g = p.add_argument_group("sampling")
-    g.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
-    g.add_argument("--temperature", type=float, default=temperature,
-                   help=f"0 = greedy (default {temperature})")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0 = off)")
-    g.add_argument("--top-k", type=int, default=-1, help="keep the k most likely tokens (default -1 = off)")
-    g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * p_max (default 0 = off)")
-    g.add_argument("--repetition-penalty", type=float, default=1.0, help="HF-style repetition penalty (default 1)")
+# Sampling flags left out take the model's recommendation (its generation config: EngineArgs.generation_config,
+# --generation-config vllm for none), then these; generate's temperature stays 0 (greedy) unless given.
+_CLI_SAMPLING_DEFAULTS = {"max_tokens": 128, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
+_MODEL = "the model's generation config, else"
+
+
+def _sampling_args(p: argparse.ArgumentParser, temperature: float, model_temperature: bool) -> None:
+    """model_temperature: a missing --temperature takes the model's recommended one (chat), else `temperature`."""
+    g = p.add_argument_group("sampling (options left out: the model's generation config, else the defaults shown)")
+    g.add_argument("--max-tokens", type=int, default=None,
+                   help=f"tokens to generate at most (default: {_MODEL} 128)")
+    g.add_argument("--temperature", type=float, default=None,
+                   help=f"0 = greedy (default: {_MODEL + ' ' if model_temperature else ''}{temperature})")
+    p.set_defaults(cli_temperature=temperature, model_temperature=model_temperature)
+    g.add_argument("--top-p", type=float, default=None, help=f"nucleus sampling mass (default: {_MODEL} 1.0 = off)")
+    g.add_argument("--top-k", type=int, default=None,
+                   help=f"keep the k most likely tokens (default: {_MODEL} -1 = off)")
+    g.add_argument("--min-p", type=float, default=None,
+                   help=f"drop tokens below min_p * p_max (default: {_MODEL} 0 = off)")
+    g.add_argument("--repetition-penalty", type=float, default=None,
+                   help=f"HF-style repetition penalty (default: {_MODEL} 1)")
     g.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI presence penalty (default 0)")
     g.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI frequency penalty (default 0)")
     g.add_argument("--sample-seed", type=int, default=None, help="per-request seed: same seed, same tokens")
@@ -153,15 +165,24 @@ def _schema_arg(text: str | None, option: str = "--guided-json"):
         raise ValueError(f"{option}: cannot read {text[1:]!r}: {e.strerror}") from None
 
 
-def _params(args):
+def _params(args, defaults: dict | None = None):
+    """The flags' SamplingParams; flags left out take `defaults` (the engine's default_sampling), then the CLI's."""
     from decodekit.sampling import SamplingParams
+    d = dict(defaults or {})
+    if not args.model_temperature:
+        d.pop("temperature", None)
+
+    def pick(name: str):
+        v = getattr(args, name)
+        return v if v is not None else d.get(name, args.cli_temperature if name == "temperature"
+                                             else _CLI_SAMPLING_DEFAULTS[name])
     return SamplingParams(guided_choice=args.guided_choice, guided_regex=args.guided_regex,
                           guided_json=_schema_arg(args.guided_json), guided_json_object=args.json_object,
                           guided_grammar=_schema_arg(args.guided_grammar, "--guided-grammar"),
-                          n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                          min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                          n=args.n, temperature=pick("temperature"), top_p=pick("top_p"), top_k=pick("top_k"),
+                          min_p=pick("min_p"), repetition_penalty=pick("repetition_penalty"),
                           presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
-                          seed=args.sample_seed, stop=args.stop, max_tokens=args.max_tokens,
+                          seed=args.sample_seed, stop=args.stop, max_tokens=pick("max_tokens"),
                           logprobs=args.logprobs, bad_words=args.bad_words,
                           logit_bias=dict(args.logit_bias) if args.logit_bias else None)
 
@@ -216,9 +237,10 @@ def _template_kwargs(args) -> dict:
 
 
 def _generate(args) -> int:
-    params = _params(args)
+    params = _params(args)      # (the flags checked before the model loads)
     beam = _beam_params(args, params)
     llm = _engine(args)
+    params = _params(args, llm.engine.default_sampling)
     prompts = args.prompt or ["The three laws of thermodynamics are"]
     kwargs = _template_kwargs(args)
     if args.chat_template:
@@ -268,8 +290,9 @@ def _chat(args) -> int:
     if args.n != 1:  # one reply per turn: the conversation goes on from it
         raise ValueError(f"argument --n: chat answers each message once, so --n must be 1 (got {args.n}; "
                          "use decodekit generate --n N for several samples)")
-    params = _params(args)
+    params = _params(args)      # (the flags checked before the model loads)
     llm = _engine(args)
+    params = _params(args, llm.engine.default_sampling)
     messages = []
     if args.system:
         messages.append({"role": "system", "content": args.system})
@@ -347,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-stream", action="store_true",
                    help="print when done instead of streaming (implied by several prompts, --n > 1 or --logprobs)")
     EngineArgs.add_cli_args(g)
-    _sampling_args(g, temperature=0.0)
+    _sampling_args(g, temperature=0.0, model_temperature=False)
     b = g.add_argument_group("beam search")
     b.add_argument("--beam-width", type=int, default=None, metavar="N",
                    help="beam search with N beams instead of sampling: prints the N best hypotheses of each prompt, "
@@ -361,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
                    help='extra chat-template variables, e.g. \'{"enable_thinking": false}\' for Qwen3')
     EngineArgs.add_cli_args(c)
-    _sampling_args(c, temperature=0.7)
+    _sampling_args(c, temperature=0.7, model_temperature=True)
     c.set_defaults(fn=_chat)
     d = sub.add_parser("demo", help="run every op against its reference and time it")
     d.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to run (default cpu)")

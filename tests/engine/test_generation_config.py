@@ -136,3 +136,20 @@ def test_server_applies_defaults(model_dir):
     finally:
         s.stop()
         aeng.shutdown()
+
+
+def test_cli_flags_left_out_take_the_model_defaults(model_dir):
+    """decodekit generate / chat: a flag left out takes the model's recommendation (generate stays greedy unless
+    --temperature is given; chat takes the recommended temperature), a flag given wins."""
+    import argparse
+
+    from decodekit.cli import _params, build_parser
+    gen = build_parser().parse_args(["generate", "--model", model_dir, "x"])
+    p = _params(gen, {"temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.1, "max_tokens": 7})
+    assert (p.temperature, p.top_p, p.repetition_penalty, p.max_tokens, p.top_k) == (0.0, 0.9, 1.1, 7, -1)
+    p = _params(build_parser().parse_args(["generate", "x", "--top-p", "0.5", "--max-tokens", "3"]),
+                {"top_p": 0.9, "max_tokens": 7})
+    assert (p.top_p, p.max_tokens) == (0.5, 3)
+    chat = build_parser().parse_args(["chat"])
+    assert _params(chat, {"temperature": 0.6}).temperature == 0.6 and _params(chat, {}).temperature == 0.7
+    assert _params(chat).max_tokens == 128 and isinstance(chat, argparse.Namespace)
