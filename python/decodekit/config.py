@@ -79,6 +79,10 @@ def check_rope_scaling(scaling) -> None:
         if key in scaling and (not _number(scaling[key]) or scaling[key] <= 0) and \
                 not (kind in ("yarn", "longrope") and key not in need and scaling[key] is None):
             raise ValueError(f"rope_scaling.{key} must be a number > 0, got {scaling[key]!r}")
+    orig = scaling.get("original_max_position_embeddings")
+    if _number(orig) and (not float(orig).is_integer() or orig > MAX_POSITION_EMBEDDINGS):
+        raise ValueError(f"rope_scaling.original_max_position_embeddings must be an integer in "
+                         f"[1, {MAX_POSITION_EMBEDDINGS}], got {orig!r}")
     for key in ("mscale", "mscale_all_dim"):        # (yarn: 0 / None leave the default attention factor)
         if scaling.get(key) is not None and (not _number(scaling[key]) or scaling[key] < 0):
             raise ValueError(f"rope_scaling.{key} must be a number >= 0, got {scaling[key]!r}")

@@ -153,3 +153,25 @@ def test_cli_flags_left_out_take_the_model_defaults(model_dir):
     chat = build_parser().parse_args(["chat"])
     assert _params(chat, {"temperature": 0.6}).temperature == 0.6 and _params(chat, {}).temperature == 0.7
     assert _params(chat).max_tokens == 128 and isinstance(chat, argparse.Namespace)
+
+
+def test_typed_fields_and_a_cap_past_the_context(model_dir, tmp_path):
+    """true is no temperature; max_new_tokens may be 12.0 but not -1 (named as in the file); a recommended
+    max_new_tokens past the context does not make default requests fail: they stop at the context (length)."""
+    import shutil
+    d = tmp_path / "m"
+    shutil.copytree(model_dir, d)
+    for cfg, err in (({"temperature": True}, "temperature must be a number, got true"),
+                     ({"max_new_tokens": -1}, "max_new_tokens: must be an int >= 1"),
+                     ({"top_k": 2.5}, "top_k must be an integer")):
+        (d / "generation_config.json").write_text(json.dumps(cfg))
+        with pytest.raises(ValueError, match=err):
+            generation_defaults("auto", str(d))
+    (d / "generation_config.json").write_text(json.dumps({"max_new_tokens": 12.0}))
+    assert generation_defaults("auto", str(d)) == {"max_tokens": 12}
+    (d / "generation_config.json").write_text(json.dumps({"max_new_tokens": 100, "temperature": 0.0}))
+    llm = LLM(model=str(d), max_model_len=64, kv_cache_memory="16MiB")
+    (out,) = llm.generate({"prompt_token_ids": list(range(5, 25))})
+    assert len(out.outputs[0].token_ids) == 44 and out.outputs[0].finish_reason == "length"
+    with pytest.raises(ValueError, match="exceeds max_model_len"):     # asked for explicitly: refused as ever
+        llm.generate({"prompt_token_ids": list(range(5, 25))}, SamplingParams(max_tokens=100))

@@ -301,3 +301,36 @@ def test_phi3_gptq_fused_rows(tmp_path, hf_tok, act_order):
     from decodekit import LLM, SamplingParams
     out = LLM(model=d).generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(temperature=0, max_tokens=3))
     assert len(out[0].outputs[0].token_ids) == 3
+
+
+def test_phi3_checkpoint_mistakes_named(tmp_path, hf_tok):
+    """A weight both fused and on its own (whichever comes first in the file), a null / fractional top-level
+    original_max_position_embeddings, a fused tensor missing or of the wrong rank: errors naming them; a null
+    top-level partial_rotary_factor leaves rope_parameters' own (as transformers reads it)."""
+    from safetensors.torch import load_file, save_file
+
+    from decodekit.loader.hf import config_from_hf
+    d = _save(tmp_path, "phi3", _tiny_phi3(), hf_tok)
+    st = os.path.join(d, "model.safetensors")
+    tensors = load_file(st)
+    for stray, src in (("mlp.up_proj", "mlp.gate_up_proj"), ("self_attn.q_proj", "self_attn.qkv_proj")):
+        save_file({**tensors, f"model.layers.0.{stray}.weight": torch.zeros(64 if "q_" in stray else 96, 64)}, st)
+        with pytest.raises(ModelLoadError, match=rf"'model.layers.0.{stray}.weight' is in the checkpoint both on "
+                                                 rf"its own and inside 'model.layers.0.{src}.weight'"):
+            load_model(d, progress=False)
+    bad = dict(tensors)
+    del bad["model.layers.1.self_attn.qkv_proj.weight"]
+    save_file(bad, st)
+    with pytest.raises(ModelLoadError, match=r"missing weights \['model.layers.1.self_attn.qkv_proj.weight'\]"):
+        load_model(d, progress=False)
+    save_file({**tensors, "model.layers.0.self_attn.qkv_proj.weight": torch.zeros(128, 64, 1)}, st)
+    with pytest.raises(ModelLoadError, match=r"qkv_proj.weight has shape \(128, 64, 1\)"):
+        load_model(d, progress=False)
+    raw = json.load(open(os.path.join(d, "config.json")))
+    for v in (None, 32.5, 10 ** 30):
+        with pytest.raises(ModelLoadError, match="original_max_position_embeddings must be an integer"):
+            config_from_hf({**raw, "original_max_position_embeddings": v})
+    inner = raw.get("rope_parameters") or {**raw["rope_scaling"], "partial_rotary_factor": 0.75}
+    c = config_from_hf({**{k: v for k, v in raw.items() if k != "rope_scaling"}, "rope_parameters": inner,
+                        "partial_rotary_factor": None})
+    assert c.partial_rotary_factor == 0.75 and c.rotary_dim == 12

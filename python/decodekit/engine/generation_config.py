@@ -26,6 +26,11 @@ GGUF_KEYS = {"general.sampling.temp": "temperature", "general.sampling.top_p": "
              "general.sampling.penalty_repeat": "repetition_penalty"}
 
 
+def _is_hf_default(key: str, value) -> bool:
+    """transformers' own default (not a recommendation); a bool never is (true is not temperature 1.0)."""
+    return not isinstance(value, bool) and key in _HF_DEFAULTS and value == _HF_DEFAULTS[key]
+
+
 def _read_json(path: str) -> dict:
     from decodekit.loader import ModelLoadError
     from decodekit.loader._common import read_json_object
@@ -44,7 +49,7 @@ def model_generation_config(source: str) -> tuple[dict, str | None]:
         if not os.path.isfile(path):
             return {}, None
         raw = _read_json(path)
-        return {k: raw[k] for k in HF_KEYS if raw.get(k) is not None and raw[k] != _HF_DEFAULTS.get(k)}, path
+        return {k: raw[k] for k in HF_KEYS if raw.get(k) is not None and not _is_hf_default(k, raw[k])}, path
     if os.path.isfile(source) and source.endswith(".gguf"):
         from decodekit.loader import read_gguf_metadata
         meta = read_gguf_metadata(source)
@@ -73,7 +78,7 @@ def generation_defaults(setting: str, source: str, override: dict | None = None)
             raise ValueError(f"generation_config: no such file {path!r} (give 'auto', 'vllm', or a directory "
                              f"holding generation_config.json)")
         raw = _read_json(path)
-        found = {k: raw[k] for k in HF_KEYS if raw.get(k) is not None and raw[k] != _HF_DEFAULTS.get(k)}
+        found = {k: raw[k] for k in HF_KEYS if raw.get(k) is not None and not _is_hf_default(k, raw[k])}
         where = path
     if override is not None:
         if isinstance(override, str):
@@ -90,14 +95,22 @@ def generation_defaults(setting: str, source: str, override: dict | None = None)
             raise ValueError(f"override_generation_config: unknown key {bad!r} (allowed: {', '.join(HF_KEYS)})")
         found = {**found, **{k: v for k, v in override.items() if v is not None}}
         where = f"{where} + override_generation_config" if where else "override_generation_config"
+    for k, v in found.items():     # (a bool is no number here: true would pass as temperature 1.0)
+        integral = k in ("top_k", "max_new_tokens")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (integral and not float(v).is_integer()):
+            raise ValueError(f"generation config ({where}): {k} must be {'an integer' if integral else 'a number'}, "
+                             f"got {json.dumps(v)[:60]}")
+        if integral:
+            found[k] = int(v)
     out = {("max_tokens" if k == "max_new_tokens" else k): v for k, v in found.items()}
     if out.get("top_k") == 0:
         out["top_k"] = -1           # HF: 0 = no top-k
     from decodekit.sampling import SamplingParams
     try:
         SamplingParams(**out).validate()
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"generation config ({where}): {e}") from None
+    except (TypeError, ValueError) as e:    # (named as the file names it)
+        raise ValueError(f"generation config ({where}): {str(e).replace('SamplingParams.max_tokens', 'max_new_tokens')}") \
+            from None
     if out:
         log.warning("default sampling parameters from %s: %s (requests' own fields win; "
                     "--generation-config vllm ignores them)", where, out)

@@ -74,7 +74,7 @@ class LLM:
     def _run(self, prompts: Sequence, params) -> list[RequestOutput]:
         """Runs the prompts to the end; params: one SamplingParams or one per prompt (or BeamSearchParams)."""
         if isinstance(params, SamplingParams) or params is None:
-            params = [params or self.get_default_sampling_params()] * len(prompts)
+            params = [params] * len(prompts)    # (None: the engine's defaults, fitted to each prompt)
         elif not isinstance(params, (list, tuple)):
             raise ValueError(f"params must be a SamplingParams or a list of them (one per prompt), "
                              f"got {type(params).__name__}")
@@ -198,7 +198,7 @@ class LLM:
         """Yields text deltas of one request as they are generated (other queued requests advance too;
         their outputs wait for their own callers)."""
         params = self._params_arg(params, sampling_params, False)
-        rid = self._add(prompt, params or self.get_default_sampling_params(), stream=True)
+        rid = self._add(prompt, params, stream=True)
         p = self._pending[rid]
         try:
             while True:

@@ -435,7 +435,9 @@ class LLMEngine:
     def add_request(self, request_id: str | None, prompt, params: SamplingParams | BeamSearchParams | None = None) -> str:
         """Queue a request; raises ValueError (naming the field) for invalid input, leaving
         the engine and every other request untouched. BeamSearchParams: a beam search, whose one output
-        (when it finishes) holds the beam_width best hypotheses."""
+        (when it finishes) holds the beam_width best hypotheses. params None: the model's defaults
+        (default_sampling), max_tokens at most what the context leaves after the prompt."""
+        defaulted = params is None
         params = params or SamplingParams(**self.default_sampling)
         if isinstance(params, BeamSearchParams):
             return self._add_beam_search(request_id, prompt, params)
@@ -451,6 +453,8 @@ class LLMEngine:
         kept = truncate_prompt(ids, params.truncate_prompt_tokens, self.max_model_len, params.max_tokens)
         if len(kept) < len(ids):
             text, ids = None, kept
+        if defaulted:       # (no one asked for this many: a generation config's max_new_tokens, or 16)
+            params.max_tokens = max(1, min(params.max_tokens, self.max_model_len - len(ids)))
         if params.guided_kind is not None:
             params.set_guided(self.tokenizer, self.eos_token_ids, self.reasoning_of(ids))
         parent = Request(request_id, ids, params)

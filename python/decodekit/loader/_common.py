@@ -107,12 +107,23 @@ def fused_parts(cfg: ModelConfig, name: str) -> list[tuple[str, int, int]] | Non
     return [(p + "mlp.gate_proj.weight", 0, i), (p + "mlp.up_proj.weight", i, 2 * i)]
 
 
+def fused_name(cfg: ModelConfig, name: str) -> str:
+    """The fused weight (Phi-3's qkv_proj / gate_up_proj) a part's name comes from; `name` itself otherwise."""
+    if cfg.architecture == "phi3":
+        for part, whole in (("self_attn.q_proj", "self_attn.qkv_proj"), ("self_attn.k_proj", "self_attn.qkv_proj"),
+                            ("self_attn.v_proj", "self_attn.qkv_proj"), ("mlp.gate_proj", "mlp.gate_up_proj"),
+                            ("mlp.up_proj", "mlp.gate_up_proj")):
+            if name.endswith(f".{part}.weight"):
+                return name[:-len(f"{part}.weight")] + f"{whole}.weight"
+    return name
+
+
 def split_fused(cfg: ModelConfig, name: str, w, source: str) -> dict:
     """{part name: rows} of a fused weight (a tensor, or a packed weight with .rows(a, b)); owning copies, so
     the fused weight can be freed. ModelLoadError naming the weight when its rows are not the parts'."""
     parts = fused_parts(cfg, name)
-    rows, cols = (tuple(w.shape) + (None,))[:2]
-    if rows != parts[-1][2] or cols != cfg.hidden_size:
+    rows, cols = (tuple(w.shape) + (None, None))[:2]
+    if len(w.shape) != 2 or rows != parts[-1][2] or cols != cfg.hidden_size:
         raise ModelLoadError(f"{source}: weight {name} has shape {tuple(w.shape)}, the configuration implies "
                              f"{(parts[-1][2], cfg.hidden_size)}")
     return {n: (w[a:b] if isinstance(w, torch.Tensor) else w.rows(a, b)).clone() for n, a, b in parts}
@@ -160,6 +171,8 @@ def check_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor], source: st
         expected = {n: plan.local_shape(n, s) for n, s in expected.items()}
     missing = [n for n in expected if n not in weights]
     extra = [n for n in weights if n not in expected]
+    if missing and cfg.architecture == "phi3":     # a fused tensor the file lacks: named as the file names it
+        missing = list(dict.fromkeys(fused_name(cfg, n) for n in missing))
     if missing:
         raise ModelLoadError(f"{source}: missing weights {missing[:5]}{' ...' if len(missing) > 5 else ''} "
                              f"({len(missing)} in all) for the configuration {cfg.name or cfg.architecture}")

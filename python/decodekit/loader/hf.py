@@ -78,8 +78,10 @@ def _rope(cfg: dict[str, Any], defaults: dict, src: str = "config.json",
         scaling.pop("rope_theta", None)
         partial = scaling.pop("partial_rotary_factor", None)
         if arch == "phi3" and scaling.get("rope_type") in ("su", "yarn", "longrope"):
-            scaling["rope_type"] = "longrope"
-            scaling["original_max_position_embeddings"] = cfg.get("original_max_position_embeddings", 4096)
+            scaling["rope_type"] = "longrope"       # (Phi3Config: the top-level value, default 4096, wins)
+            orig = cfg.get("original_max_position_embeddings", 4096)
+            scaling["original_max_position_embeddings"] = config_int(
+                orig, f"{src}: original_max_position_embeddings", maximum=MAX_POSITION_EMBEDDINGS)
         if scaling.get("rope_type", "default") == "default":
             scaling = None
         elif scaling["rope_type"] in ("yarn", "longrope") and scaling.get("original_max_position_embeddings") is None \
@@ -87,7 +89,8 @@ def _rope(cfg: dict[str, Any], defaults: dict, src: str = "config.json",
             scaling["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
     else:
         partial = None
-    partial = cfg.get("partial_rotary_factor", partial)
+    if partial is None:     # (transformers: rope_parameters' own value first, then the top-level one)
+        partial = cfg.get("partial_rotary_factor")
     if partial is None:
         partial = 1.0
     if arch != "phi3" and partial != 1.0:
@@ -352,8 +355,24 @@ def load_hf_dir(path: str, dtype: torch.dtype = torch.float32, device: str | tor
         known = prefix + ".weight" in expected or fused_parts(cfg, prefix + ".weight") is not None
         return (prefix, part) if part in _QUANT_PARTS and known else None
 
+    split_from: dict[str, str] = {}     # part name -> the fused tensor it came from (Phi-3)
+
     def unfused(name: str, w, source: str) -> dict:  # {name: w}, a Phi-3 fused weight split into its parts
-        return split_fused(cfg, name, w, source) if fused_parts(cfg, name) is not None else {name: w}
+        if fused_parts(cfg, name) is None:
+            if name in split_from:
+                twice(name, split_from[name], source)
+            return {name: w}
+        parts = split_fused(cfg, name, w, source)
+        for part in parts:
+            twice(part, name, source)
+            split_from[part] = name
+        return parts
+
+    def twice(part: str, fused: str, source: str) -> None:
+        """A checkpoint holding a weight both fused and on its own: which one is meant is not ours to guess."""
+        if part in weights or part.removesuffix(".weight") in pending or part in split_from:
+            raise ModelLoadError(f"{source}: {part!r} is in the checkpoint both on its own and inside {fused!r}; "
+                                 f"keep one of them")
 
     def items():
         for fn, keys in by_file.items():
@@ -387,10 +406,12 @@ def load_hf_dir(path: str, dtype: torch.dtype = torch.float32, device: str | tor
         if fused_parts(cfg, k) is not None:   # Phi-3 qkv_proj / gate_up_proj: read whole, split, then sliced
             t = f.get_tensor(k)
             _check_float(t, k, fn)
-            for name, w in split_fused(cfg, k, t, fn).items():
+            for name, w in unfused(k, t, fn).items():
                 weights[name] = to_target(shard_weight(name, w, plan) if plan is not None else w, dtype, device)
             del t
             continue
+        if k in split_from:
+            twice(k, split_from[k], fn)
         if k not in expected:
             if qc is not None and k.endswith(".bias") and k[:-5] + ".qweight" in files:
                 if not bool((f.get_tensor(k) == 0).all()):  # quantized layers may carry zero biases
