@@ -2,7 +2,11 @@
 
 DECODEKIT_CUDA=1 builds the CUDA sources, =0 forces CPU-only; unset: CUDA iff a GPU is visible.
 TORCH_CUDA_ARCH_LIST overrides the default -gencode=arch=compute_90a,code=sm_90a.
-DECODEKIT_NATIVE=0 drops -march=native from the CPU flags (for binaries that travel).
+DECODEKIT_NATIVE=0 drops -march=native from the CPU flags (for binaries that travel);
+DECODEKIT_MARCH=x86-64-v3 (say) uses that -march instead.
+DECODEKIT_ABI3=1 builds against CPython's stable ABI (_C.abi3.so: one binary for Python 3.9+; the
+library uses only PyModule_Create), e.g. to build here for another machine's Python
+(tools/gpu_prebuild.sh).
 DECODEKIT_PTXAS_VERBOSE=1 adds -Xptxas -v (used by tools/cuda_check.py).
 MAX_JOBS sets the ninja parallelism (default: all cores).
 """
@@ -79,8 +83,11 @@ def _gcc_major():
 _gcc = _gcc_major()
 if _gcc is not None and _gcc < 13:
     cxx_flags += ["-Wno-maybe-uninitialized", "-Wno-uninitialized"]
-if os.environ.get("DECODEKIT_NATIVE", "1") != "0":
+if os.environ.get("DECODEKIT_MARCH"):
+    cxx_flags.append("-march=" + os.environ["DECODEKIT_MARCH"])
+elif os.environ.get("DECODEKIT_NATIVE", "1") != "0":
     cxx_flags.append("-march=native")
+ABI3 = os.environ.get("DECODEKIT_ABI3", "0") == "1"
 # libstdc++ from the system's shared library, named before the compiler driver's own: the H200
 # image's /opt/gcc g++ 13.3 linked a private static copy into _C.so, whose iostreams crashed on the
 # first error message holding a number (c10::str -> ostream << long, seen 2026-11-30). Harmless
@@ -100,10 +107,11 @@ if WITH_CUDA:
     ext = CUDAExtension(
         "decodekit._C", cpu_sources + cuda_sources, include_dirs=include_dirs,
         extra_compile_args={"cxx": cxx_flags + ["-DDECODEKIT_CUDA=1"], "nvcc": nvcc_flags},
-        extra_link_args=link_flags)
+        extra_link_args=link_flags, py_limited_api=ABI3)
 else:
     ext = CppExtension("decodekit._C", cpu_sources, include_dirs=include_dirs,
-                       extra_compile_args={"cxx": cxx_flags}, extra_link_args=link_flags)
+                       extra_compile_args={"cxx": cxx_flags}, extra_link_args=link_flags,
+                       py_limited_api=ABI3)
 
 
 class TimedBuild(BuildExtension):

@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             status.append((fam, "skipped", 0.0, {}))
 
     all_results = []
+    name = result_name("py_bench", args.device)
     t_all = time.time()
     if any(f in found for f in wanted):
         copy = measure_copy_bandwidth(args.device)
@@ -95,13 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:  # noqa: BLE001  (a failed correctness check, a kernel error)
             traceback.print_exc()
             status.append((fam, "FAIL", time.time() - t0, {}))
+        if args.out and all_results:  # after every family: a run stopped by a time limit keeps what it measured
+            paths = write_results(all_results, args.out, name,
+                                  title=f"decodekit Python microbenchmarks ({args.device})")
+            print(f"run_all: wrote {paths[0]} and {paths[1]} ({len(all_results)} cases so far)", flush=True)
     if args.device == "cuda":
         torch.cuda.synchronize()
-
-    if args.out and all_results:
-        paths = write_results(all_results, args.out, result_name("py_bench", args.device),
-                              title=f"decodekit Python microbenchmarks ({args.device})")
-        print(f"run_all: wrote {paths[0]} and {paths[1]}")
 
     # one short table: one line per op (a family can have several ops)
     print()

@@ -3,8 +3,9 @@
 #
 #   bash tools/gpu_check.sh RESULTS_DIR [--only PART_OR_FAMILY,...] [--budget SECONDS] [--dry-run]
 #
-# On the device machine (tools/gpu_prepare.sh first, here):
-#   run(command="bash tools/gpu_check.sh $OUT", carry=[".whl"], timeout_s=600)
+# On the device machine (tools/gpu_prepare.sh first, here; tools/gpu_prebuild.sh too, to carry the
+# builds and save their minutes there):
+#   run(command="bash tools/gpu_check.sh $OUT", carry=[".whl", "prebuilt"], timeout_s=600)
 #
 # Parts, in order, each in its own process under `timeout` (a failing part is reported and
 # the script goes on): env, build, ceilings, tests, engine, cpp_bench, py_bench (see PARTS below).
@@ -68,7 +69,10 @@ family_keys() {  # family -> its keys
   local f
   for f in "${FAMILIES[@]}"; do [[ "${f%%:*}" == "$1" ]] && { echo ${f#*:}; return; }; done
 }
-part_cap() { local p; for p in "${PARTS[@]}"; do [[ "${p%%:*}" == "$1" ]] && { echo ${p#*:}; return; }; done; }
+part_cap() {  # DK_CAP_<part>=SECONDS overrides a part's cap for one run
+  local v="DK_CAP_$1"; [[ -n "${!v:-}" ]] && { echo "${!v}"; return; }
+  local p; for p in "${PARTS[@]}"; do [[ "${p%%:*}" == "$1" ]] && { echo ${p#*:}; return; }; done
+}
 
 now() { date +%s.%N; }
 # floating-point arithmetic without bc (the H200 image has none): calc "1.5 + $x"
@@ -165,19 +169,40 @@ part_build() {
   echo "CUDA_HOME=$cuda_home  CUTLASS_INCLUDE_DIR=${CUTLASS_INCLUDE_DIR:-}"
   [[ -n "$cuda_home" ]] && export CUDA_HOME="$cuda_home" PATH="$cuda_home/bin:$PATH"
 
+  # A carried prebuilt/ (tools/gpu_prebuild.sh; the driver checked its torch version and source
+  # hash) saves the build when it loads here; else build as usual.
+  local need_ext=1 need_cmake=$HAVE_CMAKE
+  if [[ -n "$PREBUILT" ]]; then
+    echo "prebuilt/: $(tr '\n' ' ' < "$PREBUILT/MANIFEST")"
+    cp "$PREBUILT/_C.abi3.so" python/decodekit/_C.abi3.so
+    if "$PY" -c "import decodekit, sys; ok = decodekit.has_cuda_kernels(); print('prebuilt has_cuda_kernels:', ok); sys.exit(0 if ok else 1)"; then
+      need_ext=0; key "ext prebuilt ($(sed -n 's/^git_rev=//p' "$PREBUILT/MANIFEST"))"
+    else
+      echo "prebuilt extension does not load here: building it"; rm -f python/decodekit/_C.abi3.so
+    fi
+    if [[ "$CMAKE_DIR" == "$PREBUILT/build_gpu" ]]; then
+      local missing=$(ldd "$CMAKE_DIR"/* 2>&1 | grep -c "not found\|version .* not found")
+      if (( missing == 0 )); then need_cmake=0; key "cmake prebuilt ($(ls "$CMAKE_DIR" | wc -l) binaries)"
+      else echo "prebuilt CMake binaries miss libraries here: building them"; ldd "$CMAKE_DIR"/* 2>&1 | grep "not found"; rm -rf "$CMAKE_DIR"; fi
+    fi
+  fi
+  (( need_ext == 0 && need_cmake == 0 )) && return 0
+
   # The extension and the CMake tree build at the same time (16 cores; nvcc is mostly serial per file).
-  ( DECODEKIT_CUDA=1 MAX_JOBS=$JOBS "$PY" setup.py build_ext --inplace > "$WORK/build_ext.log" 2>&1 ) &
-  local pid_ext=$!
-  local pid_cmake=""
-  if [[ $HAVE_CMAKE == 1 ]]; then
+  local pid_ext="" pid_cmake=""
+  if (( need_ext == 1 )); then
+    ( DECODEKIT_CUDA=1 MAX_JOBS=$JOBS "$PY" setup.py build_ext --inplace > "$WORK/build_ext.log" 2>&1 ) &
+    pid_ext=$!
+  fi
+  if (( need_cmake == 1 )); then
     ( cmake_build "$CMAKE_DIR" -DDECODEKIT_CUDA=ON ${cuda_home:+-DCMAKE_CUDA_COMPILER=$cuda_home/bin/nvcc} \
         > "$WORK/build_cmake.log" 2>&1 ) &
     pid_cmake=$!
   fi
-  wait $pid_ext || rc_ext=$?
+  [[ -n "$pid_ext" ]] && { wait $pid_ext || rc_ext=$?; }
   local t_ext=$(fsecs $(calc "$(now) - $t0"))
-  echo "----- extension build (rc=$rc_ext, $t_ext s), last lines:"; tail -40 "$WORK/build_ext.log"
-  if [[ $rc_ext == 0 ]]; then
+  [[ -n "$pid_ext" ]] && { echo "----- extension build (rc=$rc_ext, $t_ext s), last lines:"; tail -40 "$WORK/build_ext.log"; }
+  if [[ $rc_ext == 0 && -n "$pid_ext" ]]; then
     "$PY" -c "import decodekit, sys; ok = decodekit.has_cuda_kernels(); print('has_cuda_kernels:', ok); sys.exit(0 if ok else 1)" \
       || rc_ext=1
     # a private static libstdc++ inside _C.so crashed on number formatting once (setup.py's link flags)
@@ -186,12 +211,12 @@ part_build() {
       echo "WARNING: $so holds its own copy of libstdc++ (statically linked)"; key "libstdc++ STATIC in _C.so"; rc_ext=1
     fi
   fi
-  key "ext $([[ $rc_ext == 0 ]] && echo ok || echo FAILED) ${t_ext}s"
+  [[ -n "$pid_ext" ]] && key "ext $([[ $rc_ext == 0 ]] && echo ok || echo FAILED) ${t_ext}s"
   if [[ -n "$pid_cmake" ]]; then
     wait $pid_cmake || rc_cmake=$?
     echo "----- CMake CUDA build (rc=$rc_cmake), last lines:"; tail -40 "$WORK/build_cmake.log"
     key "cmake $([[ $rc_cmake == 0 ]] && echo ok || echo FAILED) $(fsecs $(calc "$(now) - $t0"))s"
-  else
+  elif [[ $HAVE_CMAKE == 0 ]]; then
     skipmsg "no CMakeLists.txt: C++ tests and benches"
   fi
   [[ $rc_ext == 0 && $rc_cmake == 0 ]]
@@ -225,11 +250,20 @@ part_tests() {
   if [[ "$MODE" == gpu ]]; then
     # pytest-xdist (when there): a worker that crashes (a segfault) fails its test and is
     # restarted, so one crash does not hide every later test; a file's tests stay on one worker.
+    # 8 workers x 2 OpenMP threads (the float64 references run on the host's 16 cores), tests
+    # handed out one by one in collection order: the files that have never run on a GPU first.
     local par=()
-    "$PY" -c "import xdist" 2>/dev/null && par=(-n 6 --dist loadfile)
-    "$PY" -c "import pytest_timeout" 2>/dev/null && par+=(--timeout 150)
-    echo "python3 -m pytest -m cuda -q -rfE --tb=short ${par[*]} tests/ ${k:+-k \"$k\"}"
-    "$PY" -m pytest -m cuda -q -rfE --tb=short -p no:cacheprovider "${par[@]}" tests/ ${k:+-k "$k"} 2>&1 |
+    "$PY" -c "import xdist" 2>/dev/null && par=(-n 8 --dist load)
+    "$PY" -c "import pytest_timeout" 2>/dev/null && par+=(--timeout 120)
+    local first=(tests/e2e/test_gpu_engine.py tests/ops/test_allreduce_cuda.py tests/distributed/test_tp_cuda.py
+                 tests/sampling tests/ops/test_block_ops.py tests/ops/test_attention.py tests/ops/test_attention_fp8.py
+                 tests/ops/test_attention_window.py tests/ops/test_decoder_layer.py tests/ops/test_fp8_gemm.py
+                 tests/ops/test_int4.py) files=() f
+    # files, not folders: pytest 8 collects an argument inside another one in the folder's order
+    for f in "${first[@]}"; do [[ -d "$f" ]] && files+=($(find "$f" -name 'test_*.py' | sort)) || { [[ -e "$f" ]] && files+=("$f"); }; done
+    for f in $(find tests -name 'test_*.py' | sort); do [[ " ${files[*]} " == *" $f "* ]] || files+=("$f"); done
+    echo "OMP_NUM_THREADS=2 python3 -m pytest -m cuda -v -rfE --tb=short ${par[*]} ${files[*]} ${k:+-k \"$k\"}"
+    OMP_NUM_THREADS=2 "$PY" -m pytest -m cuda -v -rfE --tb=short -p no:cacheprovider "${par[@]}" "${files[@]}" ${k:+-k "$k"} 2>&1 |
       tee "$WORK/pytest.log"
     local prc=${PIPESTATUS[0]}
     local line=$(grep -E "(passed|failed|error|skipped|deselected|no tests ran)" "$WORK/pytest.log" | tail -1 | sed 's/=//g; s/^ *//; s/ *$//')
@@ -247,6 +281,20 @@ part_tests() {
     [[ $crc != 0 ]] && rc=1
     key "ctest$([[ $crc != 0 ]] && echo ' FAILED'): ${line:-rc=$crc}$( (( nskip > 0 )) && echo ", $nskip skipped (exit 77)")"
     ran=1
+  elif [[ -n "$PREBUILT" && "$CMAKE_DIR" == "$PREBUILT/build_gpu" ]] && ls "$CMAKE_DIR"/test_* > /dev/null 2>&1; then
+    # prebuilt CUDA test binaries (no CTest tree): run each as ctest would (exit 77 = skipped)
+    local t n_ok=0 n_fail=0 n_skip=0
+    for t in "$CMAKE_DIR"/test_*; do
+      [[ -n "$r" ]] && ! echo "$(basename "$t")" | grep -qE "$r" && continue
+      echo "== $(basename "$t")"
+      timeout -k 5 120 "$t" > "$WORK/ctest_one.log" 2>&1; local trc=$?
+      tail -15 "$WORK/ctest_one.log"
+      case $trc in 0) n_ok=$((n_ok + 1)) ;; 77) n_skip=$((n_skip + 1)) ;; *) n_fail=$((n_fail + 1)); echo "FAILED: $(basename "$t") rc=$trc" ;; esac
+      echo "$(basename "$t"): rc=$trc" >> "$WORK/ctest.log"
+    done
+    (( n_fail > 0 )) && rc=1
+    key "prebuilt C++ tests$( (( n_fail > 0 )) && echo ' FAILED'): $n_ok passed, $n_fail failed, $n_skip skipped"
+    ran=1
   else
     skipmsg "no CMake build in $CMAKE_DIR: ctest"
   fi
@@ -259,12 +307,13 @@ part_engine() {
   # Dry run: one tiny CPU latency run (checks the plumbing only).
   local runs=() r i=0 rc=0 out=()
   if [[ "$MODE" == gpu ]]; then
-    runs=(
-      "latency --model random:smollm2-135m --dtype bfloat16 --input-len 128 --output-len 64 --iters 3 --peer hf --gpu-memory-utilization 0.3 --max-num-seqs 8"
+    runs=(  # most wanted first: the part's time cap may stop the list
       "latency --model random:llama3-8b --dtype bfloat16 --input-len 512 --output-len 64 --iters 2 --peer hf --gpu-memory-utilization 0.45 --max-num-seqs 8"
       "throughput --model random:llama3-8b --dtype bfloat16 --input-len 256 --output-len 128 --num-prompts 64 --peer hf --gpu-memory-utilization 0.45 --max-num-seqs 64"
-      "latency --model random:llama3-8b --dtype bfloat16 --spec ngram --output-len 32 --gpu-memory-utilization 0.45 --max-num-seqs 8"
+      "latency --model random:llama3-8b --dtype bfloat16 --quantization int4-rtn --weight-format packed --input-len 512 --output-len 32 --iters 1 --peer none --gpu-memory-utilization 0.45 --max-num-seqs 8"
       "latency --model random:llama3-8b --dtype bfloat16 --quantization fp8 --input-len 512 --output-len 32 --iters 1 --peer none --gpu-memory-utilization 0.45 --max-num-seqs 8"
+      "latency --model random:llama3-8b --dtype bfloat16 --spec ngram --output-len 32 --gpu-memory-utilization 0.45 --max-num-seqs 8"
+      "latency --model random:smollm2-135m --dtype bfloat16 --input-len 128 --output-len 64 --iters 3 --peer hf --gpu-memory-utilization 0.3 --max-num-seqs 8"
     )
   else
     skipmsg "no GPU: engine benchmarks on CUDA; running one tiny CPU latency run"
@@ -321,6 +370,8 @@ part_cpp_bench() {
   local keys=$(sel_keys) bins=() b name ok=0 fail=0
   mapfile -t bins < <(find "$CMAKE_DIR" -maxdepth 3 -type f -perm -u+x -name 'bench_*' ! -path '*CMakeFiles*' | sort)
   [[ "$MODE" != gpu ]] && mapfile -t bins < <(printf '%s\n' "${bins[@]}" | grep -v cuda)
+  # never measured on a GPU first (the part's time cap may stop the list)
+  mapfile -t bins < <(printf '%s\n' "${bins[@]}" | grep -E 'attention|quant'; printf '%s\n' "${bins[@]}" | grep -vE 'attention|quant')
   mkdir -p "$WORK/cpp"
   local deadline=$(calc "$(now) + $PART_TIMEOUT - 5")
   for b in "${bins[@]}"; do
@@ -371,7 +422,13 @@ EOF
 part_py_bench() {
   local args=(--out "$WORK/py")
   if [[ "$MODE" == gpu ]]; then args+=(--device cuda); else args+=(--device cpu --quick); fi
-  [[ "$FAM_FILTER" == 1 ]] && args+=(--only "$(echo $FAMS | tr ' ' ',')")
+  if [[ "$FAM_FILTER" == 1 ]]; then args+=(--only "$(echo $FAMS | tr ' ' ',')")
+  else  # every family, those never measured on a GPU first (the part's time cap may end the run)
+    local order=(attention quant sampler allreduce dense fused_layers) f all
+    all=$("$PY" bench/run_all.py --list 2>/dev/null)
+    for f in $all; do [[ " ${order[*]} " == *" $f "* ]] || order+=("$f"); done
+    args+=(--only "$(printf '%s\n' "${order[@]}" | grep -xF -f <(echo "$all") | paste -sd,)")
+  fi
   echo "$PY bench/run_all.py ${args[*]}"
   PYTHONUNBUFFERED=1 "$PY" bench/run_all.py "${args[@]}" 2>&1 | tee "$WORK/py_bench.log"
   local rc=${PIPESTATUS[0]}
@@ -446,11 +503,23 @@ else
 fi
 STAMP=$(date +%Y%m%d-%H%M)
 SLUG=${SLUG:-cuda}
+# prebuilt/ (tools/gpu_prebuild.sh, carried): used when built for this torch from this very source
+PREBUILT=""
+if [[ "$MODE" == gpu && -f prebuilt/MANIFEST && -f prebuilt/_C.abi3.so ]]; then
+  p_tv=$(sed -n 's/^torch_version=//p' prebuilt/MANIFEST); p_hash=$(sed -n 's/^source_hash=//p' prebuilt/MANIFEST)
+  h_tv=$("$PY" -c "import torch; print(torch.__version__.split('+')[0])" 2>/dev/null); h_hash=$(bash tools/source_hash.sh)
+  if [[ "$p_tv" == "$h_tv" && "$p_hash" == "$h_hash" ]]; then
+    PREBUILT=$REPO/prebuilt
+    [[ -d prebuilt/build_gpu ]] && CMAKE_DIR=$PREBUILT/build_gpu
+  else
+    echo "gpu_check: prebuilt/ not used: built for torch $p_tv / sources $p_hash, here torch $h_tv / sources $h_hash"
+  fi
+fi
 # carried wheels (installed by env) and this checkout's python/ come first on the path
 export PYTHONPATH="$SITE:$REPO/python${PYTHONPATH:+:$PYTHONPATH}"
 [[ -f "$SITE/cutlass_library/source/include/cutlass/cutlass.h" || "$MODE" == gpu ]] &&
   export CUTLASS_INCLUDE_DIR="$SITE/cutlass_library/source/include"
-export MODE DRY_REASON WORK RES SITE CMAKE_DIR JOBS SLUG STAMP FAMS FAM_FILTER
+export MODE DRY_REASON WORK RES SITE CMAKE_DIR JOBS SLUG STAMP FAMS FAM_FILTER PREBUILT
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 
 echo "gpu_check: mode $MODE${DRY_REASON:+ ($DRY_REASON)}; budget ${BUDGET}s; results in $RES"
