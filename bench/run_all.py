@@ -34,17 +34,26 @@ from decodekit.bench import (  # noqa: E402
 
 
 def families() -> dict[str, str]:
-    """family name -> script path, for every bench/bench_<family>.py."""
+    """family name -> script path, for every bench/bench_<family>.py with main(argv) -> list[Result]
+    (bench_beam.py, bench_guided.py, ... are standalone engine scripts with their own command lines)."""
     out = {}
     for f in sorted(os.listdir(HERE)):
         if f.startswith("bench_") and f.endswith(".py"):
+            with open(os.path.join(HERE, f)) as fh:
+                if "\ndef main(argv" not in fh.read():
+                    continue
             out[f[len("bench_"):-len(".py")]] = os.path.join(HERE, f)
     return out
 
 
 def load(family: str, path: str):
-    spec = importlib.util.spec_from_file_location(f"decodekit_bench_{family}", path)
+    # imported as bench_<family> with bench/ on sys.path: worker processes it spawns (bench_allreduce)
+    # unpickle their target function by that module name
+    if HERE not in sys.path:
+        sys.path.insert(0, HERE)
+    spec = importlib.util.spec_from_file_location(f"bench_{family}", path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses (Python 3.12) look the module up while the class is made
     spec.loader.exec_module(mod)
     return mod
 

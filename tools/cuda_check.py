@@ -255,6 +255,10 @@ def res_usage(cuobjdump: str, obj: str) -> dict[str, dict]:
     return out
 
 
+# A memory descriptor (cache policy) is a 64-bit uniform register pair, so its first register is even.
+# nvcc 13.0's ptxas gave the Marlin kernel's cp.async ... L2::cache_hint (createpolicy) LDGSTS
+# desc[UR1]; on the H200 that instruction faulted with "illegal instruction" (2026-12-04).
+_ODD_DESC = re.compile(r"desc\[UR([0-9]*[13579])\]")
 _INSN = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)")
 
 
@@ -286,6 +290,9 @@ def sass_functions(cuobjdump: str, obj: str, dump_dir: str | None) -> tuple[dict
             if m:
                 op = m.group(1)
                 cur["ops"][op] = cur["ops"].get(op, 0) + 1
+                d = _ODD_DESC.search(line)
+                if d:
+                    cur.setdefault("odd_desc", []).append(line.split(";")[0].strip())
     return funcs, archs, ""
 
 
@@ -415,6 +422,10 @@ def main() -> int:
         if ARCH not in archs or not any(f["arch"] == ARCH for f in funcs.values()):
             failures.append(f"{src}: no {ARCH} SASS in {os.path.relpath(obj, ROOT)} (machine code for: "
                             f"{', '.join(sorted(archs)) or 'none'})")
+        for mangled, f in funcs.items():
+            for insn in f.get("odd_desc", [])[:3]:
+                failures.append(f"{src}: {short_name(demangle_all([mangled]).get(mangled, mangled))}: memory "
+                                f"descriptor in an odd uniform register (faults at run time): {insn}")
         usage = res_usage(cuobjdump, obj)
         logged = ptxas.get(obj, {})
         for mangled, f in funcs.items():

@@ -255,13 +255,23 @@ part_tests() {
     local par=()
     "$PY" -c "import xdist" 2>/dev/null && par=(-n 8 --dist load)
     "$PY" -c "import pytest_timeout" 2>/dev/null && par+=(--timeout 120)
+    # Test files, those never run on a GPU first and the quantized GEMMs last (a kernel
+    # fault poisons its worker's CUDA context for the rest of its tests). Files, not folders: pytest 8
+    # collects an argument inside another one in the folder's order. Folders whose conftest skips
+    # at import (tests/server without fastapi) are left out: named on the command line, their
+    # conftest's skip would end the whole run.
     local first=(tests/e2e/test_gpu_engine.py tests/ops/test_allreduce_cuda.py tests/distributed/test_tp_cuda.py
                  tests/sampling tests/ops/test_block_ops.py tests/ops/test_attention.py tests/ops/test_attention_fp8.py
-                 tests/ops/test_attention_window.py tests/ops/test_decoder_layer.py tests/ops/test_fp8_gemm.py
-                 tests/ops/test_int4.py) files=() f
-    # files, not folders: pytest 8 collects an argument inside another one in the folder's order
-    for f in "${first[@]}"; do [[ -d "$f" ]] && files+=($(find "$f" -name 'test_*.py' | sort)) || { [[ -e "$f" ]] && files+=("$f"); }; done
-    for f in $(find tests -name 'test_*.py' | sort); do [[ " ${files[*]} " == *" $f "* ]] || files+=("$f"); done
+                 tests/ops/test_attention_window.py tests/ops/test_decoder_layer.py) last=(tests/ops/test_fp8_gemm.py tests/ops/test_int4.py)
+    local files=() f all=()
+    for f in $(find tests -name 'test_*.py' | sort); do
+      grep -qE '^(\w+ = )?pytest\.importorskip' "$(dirname "$f")/conftest.py" 2>/dev/null || all+=("$f")
+    done
+    for f in $(for x in "${first[@]}"; do printf '%s\n' "${all[@]}" | grep -E "^$x(/|$)"; done) \
+             $(printf '%s\n' "${all[@]}" | grep -vxF -f <(printf '%s\n' "${first[@]}" "${last[@]}") | grep -vE "^($(IFS='|'; echo "${first[*]}"))/") \
+             $(for x in "${last[@]}"; do printf '%s\n' "${all[@]}" | grep -xF "$x"; done); do
+      [[ " ${files[*]} " == *" $f "* ]] || files+=("$f")
+    done
     echo "OMP_NUM_THREADS=2 python3 -m pytest -m cuda -v -rfE --tb=short ${par[*]} ${files[*]} ${k:+-k \"$k\"}"
     OMP_NUM_THREADS=2 "$PY" -m pytest -m cuda -v -rfE --tb=short -p no:cacheprovider "${par[@]}" "${files[@]}" ${k:+-k "$k"} 2>&1 |
       tee "$WORK/pytest.log"
@@ -320,6 +330,10 @@ part_engine() {
     runs=("latency --model random:tiny --input-len 16 --output-len 8 --iters 1 --peer none"
           "latency --model random:tiny --spec ngram --output-len 8")
   fi
+  # DK_ENGINE_ONLY=3,6: just those runs of the list (1-based); DK_ENGINE_ENV="A=b C=d": their environment
+  if [[ -n "${DK_ENGINE_ONLY:-}" ]]; then
+    local sel=() j; for j in ${DK_ENGINE_ONLY//,/ }; do sel+=("${runs[$((j - 1))]}"); done; runs=("${sel[@]}")
+  fi
   local deadline=$(calc "$(now) + $PART_TIMEOUT - 5")
   for r in "${runs[@]}"; do
     i=$((i + 1))
@@ -327,7 +341,8 @@ part_engine() {
     (( left < 10 )) && { echo "no time left for: decodekit bench $r"; rc=1; continue; }
     echo "== decodekit bench $r (timeout $left s)"
     local t0=$(now)
-    timeout -k 5 "$left" "$PY" -m decodekit.cli bench $r --output-json "$WORK/engine_$i.json" \
+    [[ -n "${DK_ENGINE_ENV:-}" ]] && echo "   with $DK_ENGINE_ENV"
+    timeout -k 5 "$left" env ${DK_ENGINE_ENV:-} "$PY" -m decodekit.cli bench $r --output-json "$WORK/engine_$i.json" \
       > "$WORK/engine_$i.log" 2>&1
     local brc=$?
     tail -45 "$WORK/engine_$i.log"
@@ -370,6 +385,8 @@ part_cpp_bench() {
   local keys=$(sel_keys) bins=() b name ok=0 fail=0
   mapfile -t bins < <(find "$CMAKE_DIR" -maxdepth 3 -type f -perm -u+x -name 'bench_*' ! -path '*CMakeFiles*' | sort)
   [[ "$MODE" != gpu ]] && mapfile -t bins < <(printf '%s\n' "${bins[@]}" | grep -v cuda)
+  # DK_CPP_BENCH_ONLY=REGEX: one run's choice of binaries
+  [[ -n "${DK_CPP_BENCH_ONLY:-}" ]] && mapfile -t bins < <(printf '%s\n' "${bins[@]}" | grep -E "${DK_CPP_BENCH_ONLY}")
   # never measured on a GPU first (the part's time cap may stop the list)
   mapfile -t bins < <(printf '%s\n' "${bins[@]}" | grep -E 'attention|quant'; printf '%s\n' "${bins[@]}" | grep -vE 'attention|quant')
   mkdir -p "$WORK/cpp"
@@ -422,7 +439,8 @@ EOF
 part_py_bench() {
   local args=(--out "$WORK/py")
   if [[ "$MODE" == gpu ]]; then args+=(--device cuda); else args+=(--device cpu --quick); fi
-  if [[ "$FAM_FILTER" == 1 ]]; then args+=(--only "$(echo $FAMS | tr ' ' ',')")
+  if [[ -n "${DK_PY_BENCH_ONLY:-}" ]]; then args+=(--only "$DK_PY_BENCH_ONLY")  # one run's choice, in its order
+  elif [[ "$FAM_FILTER" == 1 ]]; then args+=(--only "$(echo $FAMS | tr ' ' ',')")
   else  # every family, those never measured on a GPU first (the part's time cap may end the run)
     local order=(attention quant sampler allreduce dense fused_layers) f all
     all=$("$PY" bench/run_all.py --list 2>/dev/null)
@@ -565,6 +583,8 @@ for p in $(part_names); do
     *) STATUS[$p]="FAIL(rc=$rc)" ;;
   esac
   [[ "$MODE" == dry && "${STATUS[$p]}" == ok ]] && STATUS[$p]="ok(cpu)"
+  # a py_bench part stopped by its cap keeps what run_all wrote after each family
+  [[ "$p" == py_bench ]] && for f in "$WORK"/py/*_py_bench.json; do [[ -f "$f" ]] && cp -n "$f" "$RES/"; done
   echo "=== part $p: ${STATUS[$p]} in ${SECS[$p]} s"
 done
 

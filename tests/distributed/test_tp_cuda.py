@@ -16,7 +16,7 @@ def _generate(**kw):
     from decodekit import LLM
     g = torch.Generator().manual_seed(3)
     prompts = [{"prompt_token_ids": torch.randint(5, 1001, (n,), generator=g).tolist()} for n in (3, 17, 40, 9, 65)]
-    llm = LLM("random:tiny-gqa4", device="cuda", dtype="float32", gpu_memory_utilization=0.1, max_num_seqs=4,
+    llm = LLM("random:tiny-gqa4-d64", device="cuda", dtype="float32", gpu_memory_utilization=0.1, max_num_seqs=4,
               max_model_len=256, **kw)
     try:
         buckets = [(b.size, b.graph is not None) for b in llm.engine.runner.buckets]

@@ -92,6 +92,8 @@ def test_paged_attention_fp8_every_code(d, device, gen):
     each kernel path (vector head dims 64/128, the scalar one for 96); a NaN code in one used
     value element makes exactly that element of that sequence's KV-head outputs NaN, as in the
     reference."""
+    if device == "cuda" and d == 96:
+        pytest.skip("the CUDA kernel takes head_dim 64 / 128 / 256 (96 is a CPU path)")
     hq, hk, bs = 6, 2, 16
     finite = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
     n = finite.numel()  # 254 codes

@@ -2,7 +2,7 @@
 //  - mma_m16n8k16<T>: D = A * B + D, A 16x16 / B 16x8 of T (half or bf16), fp32 accumulators,
 //  - mma_m16n8k32_e4m3: the same for fp8 e4m3 operands, A 16x32 / B 32x8 (sm_89+),
 //  - ldmatrix_x4 / ldmatrix_x4_trans: four 8x8 b16 matrices from shared memory into fragments,
-//  - cp_async16 (LDGSTS, optional zero fill; cp_async16_evict_first: L2 evict-first) with commit / wait_group,
+//  - cp_async16 (LDGSTS, optional zero fill) with commit / wait_group,
 //  - pack2<T>: two fp32 values rounded to T, packed in one 32-bit fragment register.
 // Fragment layouts (PTX ISA, "mma.m16n8k16"), lane l, g = l / 4, c = 2 * (l % 4):
 //   A (row-major 16x16): a0 = A[g][c..c+1], a1 = A[g+8][c..c+1], a2 = A[g][c+8..c+9], a3 = A[g+8][c+8..c+9]
@@ -99,18 +99,9 @@ DK_DEVICE void cp_async16(void* smem_dst, const void* gmem_src, int bytes = 16) 
   dk_emu::cp_async16(smem_dst, gmem_src, bytes);
 #endif
 }
-// The same with an L2 evict-first policy: for data read once (streamed weights), so that it does not push
-// out what is reused (activations, the KV cache of the next kernel).
-DK_DEVICE void cp_async16_evict_first(void* smem_dst, const void* gmem_src, int bytes = 16) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "{\n .reg .b64 pol;\n createpolicy.fractional.L2::evict_first.b64 pol, 1.0;\n"
-      " cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, pol;\n}\n" ::"r"(smem_addr(smem_dst)),
-      "l"(gmem_src), "r"(bytes));
-#elif defined(DK_CUDA_EMU)
-  dk_emu::cp_async16(smem_dst, gmem_src, bytes);
-#endif
-}
+// (No cp.async ... L2::cache_hint variant: nvcc 13.0's ptxas gave the Marlin kernel's createpolicy +
+// cache_hint copies a memory descriptor in a uniform register it never wrote (desc[UR1]), which faulted
+// with "illegal instruction" on the H200, 2026-12-04; tools/cuda_check.py now refuses odd descriptors.)
 DK_DEVICE void cp_async_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::);

@@ -8,8 +8,8 @@
 //    every CTA the same weight bytes, so even M = 1 with few columns fills all SMs). A CTA's range is one or
 //    more segments (maximal runs inside one column).
 //  - 4 warps, 32 features each (4 n8 tiles); rows of a in 16-row mma tiles (MT = 1, 2, 4: M <= 16, 32, 64).
-//  - Weights, activations: a 4-stage cp.async pipeline in dynamic shared memory (weights with an L2
-//    evict-first hint: read once; a stays L2-resident for every CTA), XOR-swizzled so that the weight reads
+//  - Weights, activations: a 4-stage cp.async pipeline in dynamic shared memory (no L2 cache
+//    hint: see mma.cuh), XOR-swizzled so that the weight reads
 //    (16 bytes a lane) and ldmatrix of a are bank-conflict free. Scales and mins (fp16, 4 bytes per group of a
 //    row, not 16-byte aligned) ride in registers two tiles ahead of their tile and are staged in shared memory
 //    one tile ahead.
@@ -224,7 +224,7 @@ int4_gemm_marlin_kernel(T* __restrict__ out,                 // [M, N]
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const bool ok = w_in_k && w_row + 32 * j < rows_left;
-      cp_async16_evict_first(ws + 2048 * j, ok ? wq + int64_t(32 * j) * (K / 2) : qweight, ok ? 16 : 0);
+      cp_async16(ws + 2048 * j, ok ? wq + int64_t(32 * j) * (K / 2) : qweight, ok ? 16 : 0);
     }
     const T* aq = a + k0 + a_src;
     unsigned char* as = a_s(slot) + a_dst;

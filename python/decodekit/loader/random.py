@@ -56,6 +56,10 @@ PRESETS: dict[str, dict] = {
     "tiny-gqa4": dict(vocab_size=1001, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=8,
                       num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,
                       max_position_embeddings=2048, tie_word_embeddings=False, architecture="llama"),
+    # the same with head_dim 64, for the CUDA tensor-parallel tests (the CUDA attention takes 64 / 128 / 256)
+    "tiny-gqa4-d64": dict(vocab_size=1001, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=8,
+                          num_kv_heads=2, head_dim=64, rms_norm_eps=1e-5, rope_theta=10000.0,
+                          max_position_embeddings=2048, tie_word_embeddings=False, architecture="llama"),
     "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
                          num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5, rope_theta=100000.0,
                          max_position_embeddings=8192, tie_word_embeddings=True, architecture="smollm2"),
