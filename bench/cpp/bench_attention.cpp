@@ -90,8 +90,9 @@ std::shared_ptr<const Meta> make_meta(int S, int ctx, int n_new = 1) {
 // T, the KV cache of C (T, or fp8 e4m3: half the bytes of bf16; its arena bytes are arbitrary
 // codes, NaN ones included, which changes no kernel's cost; scales 1). Bytes: K/V rows + q + out;
 // prefill flops: 4 * D per (query head, visible key) pair (q.k and p.v), S * Hq * 2 * D * n (n + 1).
+// splits > 0 (CUDA decode): that split-KV count instead of the plan's (the sweep of add_cases).
 template <class T, class C>
-void add_case(std::vector<dkb::Case>& cases, const HeadConfig& hc, int S, int ctx, int n_new = 1) {
+void add_case(std::vector<dkb::Case>& cases, const HeadConfig& hc, int S, int ctx, int n_new = 1, int splits_set = 0) {
   const int hq = hc.hq, hk = hc.hk, head = hc.head;
   const double kv_bytes = 2.0 * S * ctx * hk * head * sizeof(C);  // K and V rows read
   if (kv_bytes > kMaxKvBytes) return;
@@ -136,11 +137,13 @@ void add_case(std::vector<dkb::Case>& cases, const HeadConfig& hc, int S, int ct
   int sms = 132;
   DKB_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const bool tc = dk::paged_attention_uses_prefill_kernel(sizeof(T) == 2, head, tokens, S);
-  const int splits = tc ? 1 : dk::paged_attention_num_splits(tokens, hk, hq, int64_t(m->max_blocks) * kBlockSize, sms);
+  const int splits = tc ? 1 : splits_set > 0 ? splits_set
+                                             : dk::paged_attention_num_splits(tokens, hk, hq,
+                                                                              int64_t(m->max_blocks) * kBlockSize, sms);
   float* ws = nullptr;
   if (splits > 1)
     DKB_CUDA_CHECK(cudaMalloc(&ws, sizeof(float) * dk::paged_attention_workspace_floats(splits, tokens, hq, head)));
-  if (n_new == 1) c.shape += " splits=" + std::to_string(splits);
+  if (n_new == 1) c.shape += " splits=" + std::to_string(splits) + (splits_set > 0 ? " (sweep)" : "");
   c.gpu = [=](char* s, cudaStream_t st) {
     using D = dkb::cuda_t<T>;
     using DC = std::conditional_t<kFp8, dk::fp8_e4m3_t, D>;
@@ -168,6 +171,17 @@ void add_cases(std::vector<dkb::Case>& cases, bool quick) {
       if (!quick) add_case<T, T>(cases, hc, 1, 512, 512);
       if (!quick && hc.hq == kConfigs[0].hq) add_case<T, dk::fp8_e4m3_t>(cases, hc, 4, 4096, 4096);
     }
+#endif
+#if defined(__CUDACC__)
+  // Split-KV sweep, bf16 Llama-3 heads: the 2026-12-04 H200 run had the decode kernel's bandwidth rise
+  // with the CTA count (128 CTAs 0.09 of copy, 256 0.21, 512 0.38, 2048 0.40): is the plan's ~2 CTAs
+  // per SM (kPlanCtasPerSm) too few for small batches, and what do 64 / 128 splits cost in the merge?
+  if constexpr (std::is_same_v<T, dk::bf16_t>)
+    if (!quick)
+      for (int ctx : {4096, 32768})
+        for (int S : {1, 8})
+          for (int sp : {8, 16, 32, 64, 128})
+            if (int64_t(ctx) / sp >= kBlockSize) add_case<T, T>(cases, kConfigs[0], S, ctx, 1, sp);
 #endif
   const Grid grid = decode_grid(quick);
   for (const HeadConfig& hc : kConfigs)

@@ -22,9 +22,12 @@
 
 namespace {
 
-// Kernel table (rows of a = M; the crossovers are provisional, taken from the tile shapes, until the
-// H200 runs of bench_quant_cuda -- rows "int4_gemm" vs "int4_gemm_sm90", "fp8_gemm" vs "fp8_gemm_sm90"
-// -- measure them):
+// Kernel table (rows of a = M). fp8's crossover is measured (bench_quant_cuda on the H200, 2026-12-04,
+// bench/results/20261204-1700_H200_gpu_check.md): fp8_gemm_sm90 took 16.0-189 us where fp8_gemm took
+// 22.8-333 us at M = 16 on the 8B / 70B shapes (1.3-1.8x), 2-3.5x at M = 32..64, and its time is flat in M
+// up to the 128-row tile; below M = 16 it is not measured yet. INT4's is still the tile shape's: Marlin
+// won at M <= 32 on every shape and at M = 64 on the down projections (K = 14336, 28672), the sm90
+// kernel at M = 64 on the other five (1.1-1.7x).
 //   int4_gemm  M <= 64 (fp16 / bf16, a's row stride  int4_gemm_marlin (Marlin-style: 4-stage cp.async pipeline,
 //              a multiple of 16 bytes)              magic-number decode, mma.sync, striped units over all SMs,
 //                                                   in-kernel reduction of split columns: gemm/int4_marlin.cuh)
@@ -33,12 +36,12 @@ namespace {
 //                                                   split-K when the grid is small: gemm/mma_plan.h)
 //              M >= 128, G in {64, 128}, N % 8 == 0  int4_gemm_sm90 (CUTLASS mixed input: TMA, wgmma, 128 x 128
 //                                                   tiles of (N, M): below one M tile most of it idles)
-//   fp8_gemm   M < 128, fp32 out, or N, K % 16 > 0  fp8_gemm (mma.sync m16n8k32 e4m3; ptxas lowers it to HMMA;
+//   fp8_gemm   M < 16, fp32 out, or N, K % 16 > 0   fp8_gemm (mma.sync m16n8k32 e4m3; ptxas lowers it to HMMA;
 //                                                   split-K when the grid is small: gemm/mma_plan.h)
-//              M >= 128, fp16 / bf16 out            fp8_gemm_sm90 (CUTLASS: QGMMA e4m3, per-token x per-channel
+//              M >= 16, fp16 / bf16 out             fp8_gemm_sm90 (CUTLASS: QGMMA e4m3, per-token x per-channel
 //                                                   scales and bias in the epilogue)
 constexpr int64_t kInt4Sm90MinM = 128;
-constexpr int64_t kFp8Sm90MinM = 128;
+constexpr int64_t kFp8Sm90MinM = 16;
 
 // DECODEKIT_SM90_GEMM: "auto" (default: the table above), "always" (whenever the shape allows, at any M:
 // tests and benchmarks), "never" (the mma.sync kernels only). Read per call, so tests can switch it.

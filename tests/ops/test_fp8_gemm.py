@@ -34,7 +34,13 @@ def _check(out, a, a_s, w, bias, dtype):
                        .to(torch.float8_e4m3fn), w.scales.cpu()).abs()
     got = out.cpu().double()
     assert not got.isnan().any(), "unwritten (NaN-poisoned) outputs"
-    tol = TOL[dtype]["atol"] + TOL[dtype]["rtol"] * want.abs() + 2e-6 * mag
+    # fp32 accumulation: 2e-6 |a||w|. Hopper's fp8 tensor cores (QGMMA, fp8 mma.sync) add inside a
+    # promotion interval (4 x 32 = 128 products, then into fp32 registers) keeping ~14 mantissa bits
+    # (DeepSeek-V3 report, sec. 3.3.2): up to 4 additions x 2^-14 of the interval's |a||w| = 2^-12 |a||w|.
+    # Seen on the H200: 1.06x the fp32 bound at K = 1024 (M=128 N=256, fp16 out); still a tight bound
+    # against a wrong scale, tile or K step (errors of order |a||w|).
+    acc = 2e-6 if out.device.type == "cpu" else 2.0 ** -12
+    tol = TOL[dtype]["atol"] + TOL[dtype]["rtol"] * want.abs() + acc * mag
     assert ((got - want).abs() <= tol).all(), ((got - want).abs() / tol).max()
 
 
@@ -51,13 +57,13 @@ def test_fp8_gemm(M, N, K, dtype, device, gen):
 
 
 # CUDA: the CUTLASS sm90 fp8 GEMM (QGMMA; a_scale x w_scale and bias in the epilogue,
-# include/decodekit/gemm/sm90_gemm.cuh) takes fp16 / bf16 outputs with N and K multiples of 16, from M = 128
+# include/decodekit/gemm/sm90_gemm.cuh) takes fp16 / bf16 outputs with N and K multiples of 16, from M = 16
 # (DECODEKIT_SM90_GEMM=auto) or at any M ("always"); fp32 outputs and N % 16 != 0 stay on the mma.sync
 # kernel. M tails of the 128-row tile, N tails (144, 272), K tails of the 128-deep tile (160, 576);
 # NaN-poisoned output.
 @pytest.mark.parametrize("policy", ["always", "auto"])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("M", [1, 5, 128, 300])
+@pytest.mark.parametrize("M", [1, 5, 16, 128, 300])
 @pytest.mark.parametrize("N, K", [(144, 160), (272, 576), (130, 64), (256, 1024)])
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
 def test_fp8_gemm_sm90(M, N, K, dtype, policy, device, monkeypatch, gen):
@@ -71,7 +77,7 @@ def test_fp8_gemm_sm90(M, N, K, dtype, policy, device, monkeypatch, gen):
     _check(out, a, a_s, w, bias, dtype)
     took = any("device_kernel" in n for n in names)  # cutlass::device_kernel<...>
     eligible = dtype != torch.float32 and N % 16 == 0 and K % 16 == 0
-    assert took == (eligible and (policy == "always" or M >= 128)), names
+    assert took == (eligible and (policy == "always" or M >= 16)), names
 
 
 # CUDA split-K of the mma.sync kernel (gemm/mma_plan.h): long K against small M and N, so the plan splits

@@ -359,7 +359,7 @@ static std::vector<Case> extra_cases() {
   add("zero tokens", {5}, {0}, 4, 2, 64, 16);
   add("long ctx", {9000}, {1}, 8, 1, 128, 16);
   // split-KV: forced split counts (incl. more splits than key pieces: empty splits) and the plan
-  for (int sp : {2, 3, 7, 32}) {
+  for (int sp : {2, 3, 7, 32, 128}) {  // 128 = kMaxSplits (bench_attention's sweep)
     add("split" + std::to_string(sp) + " decode", {1, 600, 4097}, {1, 1, 1}, 32, 8, 128, 16)->splits = sp;
     add("split" + std::to_string(sp) + " mixed", {37, 300, 17}, {13, 45, 17}, 9, 3, 64, 16)->splits = sp;
   }

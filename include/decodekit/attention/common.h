@@ -85,9 +85,12 @@ DK_HD float merge_lse(float lse_a, float lse_b, float& w_a, float& w_b) {
 // C++ benchmark (the kernels are in paged.cuh).
 // Split-KV plan, from shapes only (so a captured CUDA graph stays valid): one split while
 // tokens x KV heads x head chunks fill the GPU (>= 1 CTA per SM); else enough splits for
-// ~2 CTAs per SM, at most max_keys / kMinKeysPerSplit and kMaxSplits. max_keys: the most keys a
-// token can see (block_tables columns x block_size, or the sliding window if that is smaller).
-inline constexpr int kMaxSplits = 32;
+// ~kPlanCtasPerSm CTAs per SM, at most max_keys / kMinKeysPerSplit and kPlanMaxSplits. max_keys:
+// the most keys a token can see (block_tables columns x block_size, or the sliding window if that is
+// smaller). kMaxSplits: what the kernels take (bench_attention sweeps up to it).
+inline constexpr int kMaxSplits = 128;
+inline constexpr int kPlanMaxSplits = 32;
+inline constexpr int kPlanCtasPerSm = 2;
 inline constexpr int64_t kMinKeysPerSplit = 256;
 inline int paged_attention_num_splits(int64_t num_tokens, int num_kv_heads, int num_q_heads, int64_t max_keys,
                                       int num_sms) {
@@ -95,10 +98,10 @@ inline int paged_attention_num_splits(int64_t num_tokens, int num_kv_heads, int 
   const int64_t chunks = (group + 7) / 8;  // kMaxHeadsPerCta (4 for fp32 queries over fp8: a heuristic either way)
   const int64_t ctas = num_tokens * num_kv_heads * chunks;
   if (ctas <= 0 || ctas >= num_sms) return 1;
-  int64_t n = (2 * int64_t(num_sms) + ctas - 1) / ctas;
+  int64_t n = (kPlanCtasPerSm * int64_t(num_sms) + ctas - 1) / ctas;
   const int64_t by_len = max_keys / kMinKeysPerSplit;
   if (n > by_len) n = by_len;
-  if (n > kMaxSplits) n = kMaxSplits;
+  if (n > kPlanMaxSplits) n = kPlanMaxSplits;
   return n < 1 ? 1 : int(n);
 }
 // Head dims the CUDA tensor-core (prefill) kernel has instantiations for.

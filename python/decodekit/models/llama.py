@@ -21,6 +21,28 @@ from decodekit.quant import Int4Weight, Int8Weight
 from decodekit.quant.fp8 import Fp8Weight
 
 
+# Head dims the CUDA attention kernels take (csrc/cuda/launchers.h kPagedAttentionHeadDims).
+CUDA_ATTENTION_HEAD_DIMS = (64, 128, 256)
+
+
+def cache_head_dim(head_dim: int, device: torch.device) -> int:
+    """The KV cache's row width for a model of head_dim on device: head_dim itself where the
+    attention kernel takes it (every size on the CPU), else the next CUDA size: K, V and q are
+    zero-padded to it (a zero adds nothing to q.k, a zero V column gives a zero output column that
+    is dropped), e.g. Phi-3's 96 -> 128, at 4/3 the cache bytes. DECODEKIT_ATTN_PAD_HEAD_DIM=always
+    pads on the CPU too (tests), =never refuses instead."""
+    mode = os.environ.get("DECODEKIT_ATTN_PAD_HEAD_DIM", "auto")
+    if mode not in ("auto", "always", "never"):
+        raise ValueError(f"DECODEKIT_ATTN_PAD_HEAD_DIM must be auto, always or never, got {mode!r}")
+    if mode == "never" or (device.type != "cuda" and mode == "auto") or head_dim in CUDA_ATTENTION_HEAD_DIMS:
+        return head_dim
+    for d in CUDA_ATTENTION_HEAD_DIMS:
+        if d > head_dim:
+            return d
+    raise ValueError(f"head_dim {head_dim} is larger than the CUDA attention kernels take "
+                     f"(at most {CUDA_ATTENTION_HEAD_DIMS[-1]})")
+
+
 @dataclass
 class AttentionMetadata:
     """Everything one forward step needs to address the paged KV cache."""
@@ -112,6 +134,7 @@ class LlamaModel:
         # (its decode steps replay CUDA graphs).
         # DECODEKIT_FUSED_LAYERS=0 turns it off (A/B measurements).
         self.op_by_op = False  # True: forward issues every op from Python (callers that hook ops.linear)
+        self.cache_head_dim = cache_head_dim(c.head_dim, self.device)  # > head_dim: padded (see there)
         self.refresh_fused_layers()
         self.rope_context = max_model_len or c.max_position_embeddings
         self.cos_sin_cache = reference.rope_cos_sin_cache(      # [max_position, rotary_dim]
@@ -127,6 +150,7 @@ class LlamaModel:
         caller replaces a layer's weights (the GPTQ quantizer)."""
         self.layer_operands = [self._layer_operands(L) for L in self.layers]
         self.fused_layers = (self.device.type == "cpu" and os.environ.get("DECODEKIT_FUSED_LAYERS", "1") != "0"
+                             and self.cache_head_dim == self.config.head_dim  # decoder_layer: unpadded rows
                              and all(o is not None for o in self.layer_operands))
 
     @staticmethod
@@ -190,11 +214,11 @@ class LlamaModel:
     def kv_cache_block_bytes(self, block_size: int, kv_dtype: torch.dtype | None = None) -> int:
         c = self.config
         elt = torch.empty((), dtype=kv_dtype or self.kv_dtype).element_size()
-        return 2 * c.num_layers * c.num_kv_heads * block_size * c.head_dim * elt
+        return 2 * c.num_layers * c.num_kv_heads * block_size * self.cache_head_dim * elt
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         c = self.config
-        shape = (num_blocks, c.num_kv_heads, block_size, c.head_dim)
+        shape = (num_blocks, c.num_kv_heads, block_size, self.cache_head_dim)
         return [(torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
                  torch.zeros(shape, dtype=self.kv_dtype, device=self.device)) for _ in range(c.num_layers)]
 
@@ -232,6 +256,7 @@ class LlamaModel:
         c = self.config
         T = input_ids.shape[0]
         q_size, kv_size, D = c.q_size, c.kv_size, c.head_dim
+        Dc = self.cache_head_dim
         eps = c.rms_norm_eps
         tp = self.tp
         if tp is not None:  # vocabulary-parallel: ids outside this rank's slice look up row 0, zeroed
@@ -266,11 +291,15 @@ class LlamaModel:
             ks, vs = self.kv_scales[i]
             if self.kv_observer is not None:
                 self.kv_observer(i, k.view(T, c.num_kv_heads, D), v.view(T, c.num_kv_heads, D))
-            ops.reshape_and_cache(k.view(T, c.num_kv_heads, D), v.view(T, c.num_kv_heads, D), kc, vc,
-                                  md.slot_mapping, ks, vs)
-            attn = ops.paged_attention(q.view(T, c.num_heads, D), kc, vc, md.block_tables, md.seq_lens,
+            kh, vh, qh = k.view(T, c.num_kv_heads, D), v.view(T, c.num_kv_heads, D), q.view(T, c.num_heads, D)
+            if Dc != D:  # zero-padded rows for a head_dim the attention kernel lacks (cache_head_dim)
+                kh, vh, qh = F.pad(kh, (0, Dc - D)), F.pad(vh, (0, Dc - D)), F.pad(qh, (0, Dc - D))
+            ops.reshape_and_cache(kh, vh, kc, vc, md.slot_mapping, ks, vs)
+            attn = ops.paged_attention(qh, kc, vc, md.block_tables, md.seq_lens,
                                        md.query_start_loc, self.scale, k_scale=ks, v_scale=vs,
                                        sliding_window=self.layer_windows[i])
+            if Dc != D:
+                attn = attn[..., :D].contiguous()
             if tp is None:
                 h = ops.linear(attn.view(T, q_size), L.o)
                 ops.fused_add_rms_norm(h, residual, L.post_norm, eps)
