@@ -5,8 +5,11 @@
 // patterns (a NaN must give a NaN; sign and payload are free: on the H200 the intrinsics gave
 // the canonical 0x7fff for every NaN, where dtype.h keeps the sign), and with the host build
 // of dtype.h (checked against a double-precision reference by test_dtype) on a strided sample.
+// fp8 e4m3 -> fp32 (fp8.h: the hardware conversion on the device, a bit path on the host) must
+// agree bitwise on all 256 codes (NaN: any NaN).
 // Exits 77 (skipped) without an sm_90 GPU.
 #include "cuda_util.h"
+#include "decodekit/common/fp8.h"
 
 using namespace dk_test;
 
@@ -48,6 +51,10 @@ __global__ void sample(uint64_t n, uint32_t stride, uint16_t* h, uint16_t* b) {
     h[i] = dk::float_to_half(f);
     b[i] = dk::float_to_bf16(f);
   }
+}
+
+__global__ void all_fp8(float* out) {  // 256 threads: code threadIdx.x
+  out[threadIdx.x] = dk::fp8_e4m3_to_float(uint8_t(threadIdx.x));
 }
 
 }  // namespace
@@ -92,6 +99,20 @@ int main() {
   }
   n_checks() += int64_t(n) - 1;
   CHECK(bad == 0) << bad << "of" << n << "sampled conversions differ between the device and host builds";
+
+  float* d_f8;
+  CUDA_OK(cudaMalloc(&d_f8, 256 * sizeof(float)));
+  all_fp8<<<1, 256>>>(d_f8);
+  CUDA_OK(cudaGetLastError());
+  std::vector<float> f8(256);
+  CUDA_OK(cudaMemcpy(f8.data(), d_f8, 256 * sizeof(float), cudaMemcpyDeviceToHost));
+  for (int c = 0; c < 256; ++c) {
+    const float want = dk::fp8_e4m3_to_float(uint8_t(c));
+    ++n_checks();
+    CHECK((want != want && f8[c] != f8[c]) || dk::float_to_bits(want) == dk::float_to_bits(f8[c]))
+        << "fp8 e4m3 code" << c << ": device" << f8[c] << "host" << want;
+  }
+  cudaFree(d_f8);
   cudaFree(d_counts);
   cudaFree(d_first);
   cudaFree(d_h);

@@ -156,7 +156,11 @@ DK_DEVICE void zero_vec(Vec<T, N>& x) {
 // C: the cache's storage type: T (16-byte accesses), or fp8_e4m3_t (the same VE elements
 // per access, so 16 / sizeof(T) bytes; K/V read as float(q) * scale, k_scale folded into
 // the pre-scaled query and v_scale into the final normalisation).
-template <class T, class C, int D, int HPC>
+// PF (prefetch): the next iteration's K/V rows are loaded before this iteration's math, so each warp
+// keeps its loads in flight while it computes (the H200 run of 2026-12-04 saturated at 40% of the copy
+// bandwidth without: ~5 CTAs per SM, each warp idle on its loads half the time). !PF: the previous
+// kernel, kept for bench_attention's A/B until the next GPU run has measured both.
+template <class T, class C, int D, int HPC, bool PF = true>
 __global__ void __launch_bounds__(kAttnThreads)
 paged_attention_kernel(T* out,                // [T, Hq, D] contiguous
                        float* lse,            // [T, Hq] or null
@@ -271,13 +275,24 @@ paged_attention_kernel(T* out,                // [T, Hq, D] contiguous
 
   // Two keys per partition per iteration: ka = k0 + part and kb = ka + P (the loop bound
   // is CTA-uniform, so every lane runs every iteration and the shuffles are full-warp).
+  // PF: the rows of iteration k0 were loaded by the previous iteration (the first ones here).
+  Vec<C, VE> kra[NVL], vra[NVL], krb[NVL], vrb[NVL];
+  if constexpr (PF) {
+    load_row(k_begin + part, k_begin + part <= k_end, kra, vra);
+    load_row(k_begin + part + P, k_begin + part + P <= k_end, krb, vrb);
+  }
 #pragma unroll 1
   for (int64_t k0 = k_begin; k0 <= k_end; k0 += 2 * P) {
     const int64_t ka = k0 + part, kb = ka + P;
     const bool va = ka <= k_end, vb = kb <= k_end;
-    Vec<C, VE> kra[NVL], vra[NVL], krb[NVL], vrb[NVL];
-    load_row(ka, va, kra, vra);
-    load_row(kb, vb, krb, vrb);
+    Vec<C, VE> nkra[NVL], nvra[NVL], nkrb[NVL], nvrb[NVL];  // PF: the next iteration's rows
+    if constexpr (PF) {
+      load_row(ka + 2 * P, ka + 2 * P <= k_end, nkra, nvra);
+      load_row(kb + 2 * P, kb + 2 * P <= k_end, nkrb, nvrb);
+    } else {
+      load_row(ka, va, kra, vra);
+      load_row(kb, vb, krb, vrb);
+    }
     float kfa[EPL], kfb[EPL];
 #pragma unroll
     for (int j = 0; j < NVL; ++j)
@@ -318,6 +333,15 @@ paged_attention_kernel(T* out,                // [T, Hq, D] contiguous
 #pragma unroll
           for (int e = 0; e < VE; ++e)
             acc[g][j * VE + e] = acc[g][j * VE + e] * corr + pa * to_float(vra[j].v[e]) + pb * to_float(vrb[j].v[e]);
+      }
+    }
+    if constexpr (PF) {
+#pragma unroll
+      for (int j = 0; j < NVL; ++j) {
+        kra[j] = nkra[j];
+        vra[j] = nvra[j];
+        krb[j] = nkrb[j];
+        vrb[j] = nvrb[j];
       }
     }
   }
@@ -461,9 +485,10 @@ DK_HD constexpr bool paged_attention_head_dim_ok(int d) { return d == 64 || d ==
 
 // Causal paged attention of every token over its sequence's cache (see the header comment).
 // key_cache/value_cache must be 16-byte aligned (cudaErrorInvalidValue otherwise).
-// C: T, or fp8_e4m3_t (dequantized with sc's scales).
-template <class T, class C>
-cudaError_t paged_attention(T* out,             // [num_tokens, Hq, D] contiguous
+// C: T, or fp8_e4m3_t (dequantized with sc's scales). PF: the decode kernel's prefetch (see there);
+// paged_attention below is the PF one (bench_attention times both).
+template <class T, class C, bool PF>
+cudaError_t paged_attention_variant(T* out,             // [num_tokens, Hq, D] contiguous
                             float* lse,         // [num_tokens, Hq] or null
                             const T* query,     // [num_tokens, Hq, D], token stride q_stride
                             int64_t q_stride,
@@ -492,9 +517,10 @@ cudaError_t paged_attention(T* out,             // [num_tokens, Hq, D] contiguou
                                query_start_loc, num_seqs, num_tokens, num_q_heads, num_blocks, L, scale, sc, window,
                                stream);
   const int group = num_q_heads / L.num_kv_heads;
-  // fp32 queries over an fp8 cache need more registers per head (conversions): <= 4 heads per
-  // CTA there, so that no variant spills (checked in CI by tools/cuda_check.py).
-  constexpr int kMaxHpc = std::is_same_v<T, float> && kIsFp8<C> ? 4 : kMaxHeadsPerCta;
+  // fp32 queries need more registers per head (fp8 conversions; with the prefetched rows, fp32
+  // K/V rows of head_dim 256 at 8 heads spilled): <= 4 heads per CTA there, so that no variant
+  // spills (checked in CI by tools/cuda_check.py). fp32 is the tests' dtype, not a serving one.
+  constexpr int kMaxHpc = std::is_same_v<T, float> && (kIsFp8<C> || PF) ? 4 : kMaxHeadsPerCta;
   const int chunks = int(ceil_div(group, kMaxHpc));
   const int hpc = int(ceil_div(group, chunks));  // balanced chunks of <= kMaxHpc heads
   const dim3 grid(unsigned(num_tokens), unsigned(L.num_kv_heads), unsigned(chunks * num_splits));
@@ -502,7 +528,7 @@ cudaError_t paged_attention(T* out,             // [num_tokens, Hq, D] contiguou
   float* part_out = workspace;
   float* part_lse = num_splits > 1 ? workspace + int64_t(num_splits) * rows * L.head_dim : nullptr;
 #define DK_PAGED_LAUNCH(D, H)                                                                                    \
-  paged_attention_kernel<T, C, D, H><<<grid, kAttnThreads, 0, stream>>>(                                     \
+  paged_attention_kernel<T, C, D, H, PF><<<grid, kAttnThreads, 0, stream>>>(                                 \
       out, lse, query, q_stride, key_cache, value_cache, block_tables, max_blocks, seq_lens, query_start_loc,   \
       num_seqs, num_q_heads, hpc, num_blocks, L, scale, sc, window, num_splits, part_out, part_lse)
 #define DK_PAGED_HEADS(D)                   \
@@ -524,6 +550,17 @@ cudaError_t paged_attention(T* out,             // [num_tokens, Hq, D] contiguou
                                                                                 num_splits, rows, L.head_dim);
   }
   return cudaGetLastError();
+}
+
+template <class T, class C>
+cudaError_t paged_attention(T* out, float* lse, const T* query, int64_t q_stride, const C* key_cache,
+                            const C* value_cache, const int32_t* block_tables, int max_blocks, const int32_t* seq_lens,
+                            const int32_t* query_start_loc, int num_seqs, int64_t num_tokens, int num_q_heads,
+                            int64_t num_blocks, PagedLayout L, float scale, KVScales sc, int window, int num_splits,
+                            float* workspace, cudaStream_t stream) {
+  return paged_attention_variant<T, C, true>(out, lse, query, q_stride, key_cache, value_cache, block_tables,
+                                             max_blocks, seq_lens, query_start_loc, num_seqs, num_tokens, num_q_heads,
+                                             num_blocks, L, scale, sc, window, num_splits, workspace, stream);
 }
 
 }  // namespace dk::cuda

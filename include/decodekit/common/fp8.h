@@ -9,6 +9,9 @@
 #include <cstdint>
 
 #include "decodekit/common/dtype.h"
+#if defined(__CUDACC__)
+#include <cuda_fp8.h>
+#endif
 
 namespace dk {
 
@@ -18,12 +21,20 @@ inline constexpr float kFp8E4M3Max = 448.0f;
 
 // fp8 e4m3 -> fp32, exact.
 DK_HD float fp8_e4m3_to_float(uint8_t b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  // The hardware conversion (F2FP): every e4m3 value, subnormals and +-448 included, is an fp16
+  // value, so e4m3 -> fp16 -> fp32 is exact, and NaN stays NaN (its sign and payload aside: the
+  // tests take any NaN). The bit path below cost the fp8-KV decode ~10 instructions and branches a
+  // key element (fp8 KV ran 2.3-3x slower than bf16 KV on the H200, 2026-12-04).
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(b), __NV_E4M3)));
+#else
   const uint32_t sign = uint32_t(b & 0x80u) << 24;
   const uint32_t exp = (b >> 3) & 0xfu, man = b & 0x7u;
   if (exp == 0xfu && man == 0x7u) return bits_to_float(sign | 0x7fc00000u);  // NaN
   if (exp != 0) return bits_to_float(sign | ((exp + 120u) << 23) | (man << 20));
   const float mag = float(man) * 0.001953125f;  // subnormal: man * 2^-9, exact
   return sign ? -mag : mag;
+#endif
 }
 
 // fp32 -> fp8 e4m3, round-to-nearest-even, saturating to +-448 (inf too); NaN -> NaN.
