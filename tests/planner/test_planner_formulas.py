@@ -329,3 +329,13 @@ def test_repository_calibration_reads_h200_and_this_cpu():
     assert 3000 < cal.copy_gbps < 4800 and cal.engine_decode_frac is not None
     eff = P.calibrated(P.load_hardware("h200"), cal)
     assert 0 < eff.weight_frac("dense") < 1
+
+
+def test_kv_bytes_count_the_padded_cache_row():
+    """A head_dim the CUDA attention lacks (Phi-3-mini: 96) is zero-padded to the next of 64 / 128 / 256 in the
+    engine's KV cache (models/llama.py cache_head_dim): the planner counts those bytes."""
+    from decodekit.planner.models import ModelSpec
+    phi3 = ModelSpec("Phi-3-mini", 32064, 3072, 32, 32, 32, 96, 8192, False, False)
+    assert phi3.cache_head_dim == 128
+    assert phi3.kv_bytes_per_token("bf16") == 2 * 32 * 32 * 128 * 2
+    assert P.MODEL_PRESETS["llama3-8b"].cache_head_dim == 128 and P.MODEL_PRESETS["smollm2-135m"].cache_head_dim == 64

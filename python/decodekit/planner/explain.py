@@ -78,7 +78,8 @@ def explain(model: ModelSpec, hw: Hardware, wf: WeightFormat, workload: Workload
         out(f"   ({wf.note})")
     kvb = DTYPE_BYTES[kv_dtype]
     kv_tok = model.kv_bytes_per_token(kv_dtype)
-    out(f"   KV per token = 2 (K, V) x {model.n_layers} layers x {model.n_kv_heads} KV heads x {model.head_dim} dims "
+    out(f"   KV per token = 2 (K, V) x {model.n_layers} layers x {model.n_kv_heads} KV heads x {model.cache_head_dim} dims"
+        f"{'' if model.cache_head_dim == model.head_dim else f' (head_dim {model.head_dim}, zero-padded for the CUDA kernels)'} "
         f"x {kvb} B ({kv_dtype}) = {kv_tok:,} B ({kv_tok / 1024:.4g} KiB)")
     if model.sliding_window:
         out(f"   sliding window {model.sliding_window} tokens on {model.window_layers} of {model.n_layers} layers: "

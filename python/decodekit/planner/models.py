@@ -103,9 +103,15 @@ class ModelSpec:
         """All parameters (tied embeddings counted once)."""
         return self.params_embed + self.params_lm_head + self.params_linear + self.params_norm
 
+    @property
+    def cache_head_dim(self) -> int:
+        """The KV cache row width on a GPU: head_dim, or the next size the CUDA attention takes (64 /
+        128 / 256; the engine zero-pads others, models/llama.py cache_head_dim: Phi-3's 96 -> 128)."""
+        return next((d for d in (64, 128, 256) if d >= self.head_dim), self.head_dim)
+
     def kv_bytes_per_token(self, kv_dtype: str = "bf16") -> int:
-        """KV cache bytes per token, all layers: 2 (K and V) * layers * kv_heads * head_dim * bytes."""
-        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * dtype_bytes(kv_dtype, "kv_dtype")
+        """KV cache bytes per token, all layers: 2 (K and V) * layers * kv_heads * cache_head_dim * bytes."""
+        return 2 * self.n_layers * self.n_kv_heads * self.cache_head_dim * dtype_bytes(kv_dtype, "kv_dtype")
 
     def attended_context(self, context: float) -> float:
         """The keys a decode step reads per layer, averaged over the layers: `context`, except that a
