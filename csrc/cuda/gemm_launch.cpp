@@ -25,22 +25,26 @@ namespace {
 // Kernel table (rows of a = M). fp8's crossover is measured (bench_quant_cuda on the H200, 2026-12-04,
 // bench/results/20261204-1700_H200_gpu_check.md): fp8_gemm_sm90 took 16.0-189 us where fp8_gemm took
 // 22.8-333 us at M = 16 on the 8B / 70B shapes (1.3-1.8x), 2-3.5x at M = 32..64, and its time is flat in M
-// up to the 128-row tile; below M = 16 it is not measured yet. INT4's is still the tile shape's: Marlin
-// won at M <= 32 on every shape and at M = 64 on the down projections (K = 14336, 28672), the sm90
-// kernel at M = 64 on the other five (1.1-1.7x).
+// up to the 128-row tile; below M = 16 it is not measured yet. INT4: Marlin won at M <= 32 on every shape
+// (a tie on 8b.qkv at 32) and at M = 64 on the down projections (K = 14336, 28672: 1.3x), the sm90 kernel
+// at M = 64 on the five with K <= 8192 (1.1-1.7x; Marlin's cost steps at M = 33, its 64-row tiles, the
+// sm90 kernel's is flat to 128): sm90 from M = 33 where K <= 8192, from 128 otherwise.
 //   int4_gemm  M <= 64 (fp16 / bf16, a's row stride  int4_gemm_marlin (Marlin-style: 4-stage cp.async pipeline,
 //              a multiple of 16 bytes)              magic-number decode, mma.sync, striped units over all SMs,
 //                                                   in-kernel reduction of split columns: gemm/int4_marlin.cuh)
 //              M <= 8 otherwise (fp32, strides)     quant_gemv (one warp per output row, weights streamed)
 //              9 <= M < 128, or G = 32, or N % 8 > 0 int4_gemm_mma (mma.sync m16n8k16, codes decoded in registers;
 //                                                   split-K when the grid is small: gemm/mma_plan.h)
-//              M >= 128, G in {64, 128}, N % 8 == 0  int4_gemm_sm90 (CUTLASS mixed input: TMA, wgmma, 128 x 128
+//              M >= 128 (33 if K <= 8192),           int4_gemm_sm90 (CUTLASS mixed input: TMA, wgmma, 128 x 128
+//              G in {64, 128}, N % 8 == 0
 //                                                   tiles of (N, M): below one M tile most of it idles)
 //   fp8_gemm   M < 16, fp32 out, or N, K % 16 > 0   fp8_gemm (mma.sync m16n8k32 e4m3; ptxas lowers it to HMMA;
 //                                                   split-K when the grid is small: gemm/mma_plan.h)
 //              M >= 16, fp16 / bf16 out             fp8_gemm_sm90 (CUTLASS: QGMMA e4m3, per-token x per-channel
 //                                                   scales and bias in the epilogue)
 constexpr int64_t kInt4Sm90MinM = 128;
+constexpr int64_t kInt4Sm90MinMShortK = 33, kInt4Sm90ShortK = 8192;  // measured (above)
+int64_t int4_sm90_min_m(int64_t K) { return K <= kInt4Sm90ShortK ? kInt4Sm90MinMShortK : kInt4Sm90MinM; }
 constexpr int64_t kFp8Sm90MinM = 16;
 
 // DECODEKIT_SM90_GEMM: "auto" (default: the table above), "always" (whenever the shape allows, at any M:
@@ -165,7 +169,7 @@ void int4_gemm_cuda(at::Tensor& out,                        // [M, N]
                              dk::cuda::kQuantGemvMaxM);
   if (g.M == 0 || g.N == 0) return;
   c10::cuda::OptionalCUDAGuard guard(a.device());
-  if (a.scalar_type() != at::kFloat && want_sm90(op, g.M, kInt4Sm90MinM)) {
+  if (a.scalar_type() != at::kFloat && want_sm90(op, g.M, int4_sm90_min_m(g.K))) {
     auto run = [&](auto type_tag) {
       using T = decltype(type_tag);
       return try_sm90(op, a, dk::cuda::int4_gemm_sm90_workspace_bytes<T>(g.M, g.N, g.K, int(group_size)),

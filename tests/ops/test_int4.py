@@ -74,7 +74,7 @@ def test_int4_gemm_tiled(N, K, G, M, with_bias, dtype, device, gen):
 
 
 # CUDA: the CUTLASS sm90 mixed-input GEMM (include/decodekit/gemm/sm90_gemm.cuh) takes G = 64 / 128,
-# fp16 / bf16, N a multiple of 8, from M = 128 (DECODEKIT_SM90_GEMM=auto) or at any M ("always");
+# fp16 / bf16, N a multiple of 8, from M = 33 where K <= 8192 else 128 (DECODEKIT_SM90_GEMM=auto) or at any M ("always");
 # N % 8 != 0 and G = 32 fall back to the mma.sync kernel (still exact to the same bound). M tails of the
 # 128-token tile (1, 3, 127, 300), N tails of the 128-row tile (136, 264), several K tiles, a row-strided
 # view into a NaN-padded buffer, bias, NaN-poisoned output.
@@ -83,7 +83,7 @@ SM90_SHAPES = [(136, 256, 64), (264, 384, 128), (520, 1024, 128), (130, 256, 64)
 
 @pytest.mark.parametrize("policy", ["always", "auto"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("M", [1, 3, 127, 128, 300])
+@pytest.mark.parametrize("M", [1, 3, 40, 127, 128, 300])
 @pytest.mark.parametrize("N, K, G", SM90_SHAPES)
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
 def test_int4_gemm_sm90(N, K, G, M, dtype, policy, device, monkeypatch, gen):
@@ -96,7 +96,8 @@ def test_int4_gemm_sm90(N, K, G, M, dtype, policy, device, monkeypatch, gen):
     _check_gemm(out, a, w, bias, dtype)
     took = any("int4_sm90_interleave_kernel" in n for n in names)
     eligible = G in (64, 128) and N % 8 == 0
-    assert took == (eligible and (policy == "always" or M >= 128)), names
+    # auto: from M = 33 where K <= 8192, else from 128 (csrc/cuda/gemm_launch.cpp, measured on the H200)
+    assert took == (eligible and (policy == "always" or M >= (33 if K <= 8192 else 128))), names
 
 
 # CUDA split-K of the mma.sync kernel (gemm/mma_plan.h: more CTAs when the grid is small; partial sums
@@ -137,7 +138,8 @@ MARLIN_SHAPES = [(576, 576, 32), (1536, 576, 32), (200, 4096, 128), (4096, 14336
 @pytest.mark.parametrize("N, K, G", MARLIN_SHAPES)
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
 def test_int4_gemm_marlin(N, K, G, M, dtype, device, monkeypatch, gen):
-    monkeypatch.setenv("DECODEKIT_SM90_GEMM", "auto")
+    # never: auto takes the sm90 kernel from M = 33 where K <= 8192 (test_int4_gemm_sm90 checks that choice)
+    monkeypatch.setenv("DECODEKIT_SM90_GEMM", "never")
     w = _weight(N, K, G, device, gen)
     buf = torch.full((M, K + 16), float("nan"), dtype=dtype, device=device)
     a = buf[:, 8:K + 8]  # 16-byte aligned rows, stride K + 16
