@@ -16,6 +16,16 @@ def _number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
+# Head dims the CUDA attention kernels take (csrc/cuda/launchers.h kPagedAttentionHeadDims).
+CUDA_ATTENTION_HEAD_DIMS = (64, 128, 256)
+
+
+def cuda_cache_head_dim(head_dim: int) -> int | None:
+    """The KV cache row width for head_dim on CUDA: the smallest head dim the attention kernels take that is
+    >= head_dim (the engine zero-pads to it: models/llama.py cache_head_dim), None past the largest."""
+    return next((d for d in CUDA_ATTENTION_HEAD_DIMS if d >= head_dim), None)
+
+
 def hf_sliding_window(cfg: dict, arch: str, num_layers: int, source: str, as_int,
                       error=ValueError) -> tuple[int | None, list[int] | None]:
     """(window, windowed layers or None for all) as transformers reads an HF config.json: Mistral's

@@ -15,32 +15,28 @@ import torch
 import torch.nn.functional as F
 
 from decodekit import ops
-from decodekit.config import ModelConfig
+from decodekit.config import CUDA_ATTENTION_HEAD_DIMS, ModelConfig, cuda_cache_head_dim
 from decodekit.ops import reference
 from decodekit.quant import Int4Weight, Int8Weight
 from decodekit.quant.fp8 import Fp8Weight
 
 
-# Head dims the CUDA attention kernels take (csrc/cuda/launchers.h kPagedAttentionHeadDims).
-CUDA_ATTENTION_HEAD_DIMS = (64, 128, 256)
-
-
 def cache_head_dim(head_dim: int, device: torch.device) -> int:
     """The KV cache's row width for a model of head_dim on device: head_dim itself where the
-    attention kernel takes it (every size on the CPU), else the next CUDA size: K, V and q are
-    zero-padded to it (a zero adds nothing to q.k, a zero V column gives a zero output column that
-    is dropped), e.g. Phi-3's 96 -> 128, at 4/3 the cache bytes. DECODEKIT_ATTN_PAD_HEAD_DIM=always
+    attention kernel takes it (every size on the CPU), else the next CUDA size (cuda_cache_head_dim): K, V
+    and q are zero-padded to it (a zero adds nothing to q.k, a zero V column gives a zero output column
+    that is dropped), e.g. Phi-3's 96 -> 128, at 4/3 the cache bytes. DECODEKIT_ATTN_PAD_HEAD_DIM=always
     pads on the CPU too (tests), =never refuses instead."""
     mode = os.environ.get("DECODEKIT_ATTN_PAD_HEAD_DIM", "auto")
     if mode not in ("auto", "always", "never"):
         raise ValueError(f"DECODEKIT_ATTN_PAD_HEAD_DIM must be auto, always or never, got {mode!r}")
-    if mode == "never" or (device.type != "cuda" and mode == "auto") or head_dim in CUDA_ATTENTION_HEAD_DIMS:
+    if mode == "never" or (device.type != "cuda" and mode == "auto"):
         return head_dim
-    for d in CUDA_ATTENTION_HEAD_DIMS:
-        if d > head_dim:
-            return d
-    raise ValueError(f"head_dim {head_dim} is larger than the CUDA attention kernels take "
-                     f"(at most {CUDA_ATTENTION_HEAD_DIMS[-1]})")
+    padded = cuda_cache_head_dim(head_dim)
+    if padded is None:
+        raise ValueError(f"head_dim {head_dim} is larger than the CUDA attention kernels take "
+                         f"(at most {CUDA_ATTENTION_HEAD_DIMS[-1]})")
+    return padded
 
 
 @dataclass

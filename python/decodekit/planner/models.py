@@ -20,7 +20,7 @@ import json
 import os
 import re
 
-from ..config import hf_sliding_window
+from ..config import cuda_cache_head_dim, hf_sliding_window
 
 # bytes per element of the KV cache / activations by dtype name
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8": 1}
@@ -106,8 +106,8 @@ class ModelSpec:
     @property
     def cache_head_dim(self) -> int:
         """The KV cache row width on a GPU: head_dim, or the next size the CUDA attention takes (64 /
-        128 / 256; the engine zero-pads others, models/llama.py cache_head_dim: Phi-3's 96 -> 128)."""
-        return next((d for d in (64, 128, 256) if d >= self.head_dim), self.head_dim)
+        128 / 256: config.cuda_cache_head_dim; the engine zero-pads to it: Phi-3's 96 -> 128)."""
+        return cuda_cache_head_dim(self.head_dim) or self.head_dim
 
     def kv_bytes_per_token(self, kv_dtype: str = "bf16") -> int:
         """KV cache bytes per token, all layers: 2 (K and V) * layers * kv_heads * cache_head_dim * bytes."""
