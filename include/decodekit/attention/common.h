@@ -95,7 +95,7 @@ inline constexpr int64_t kMinKeysPerSplit = 256;
 inline int paged_attention_num_splits(int64_t num_tokens, int num_kv_heads, int num_q_heads, int64_t max_keys,
                                       int num_sms) {
   const int group = num_kv_heads > 0 ? num_q_heads / num_kv_heads : 1;
-  const int64_t chunks = (group + 7) / 8;  // kMaxHeadsPerCta (4 for fp32 queries over fp8: a heuristic either way)
+  const int64_t chunks = (group + 7) / 8;  // kMaxHeadsPerCta (4 for fp32 queries: a heuristic either way)
   const int64_t ctas = num_tokens * num_kv_heads * chunks;
   if (ctas <= 0 || ctas >= num_sms) return 1;
   int64_t n = (kPlanCtasPerSm * int64_t(num_sms) + ctas - 1) / ctas;

@@ -517,10 +517,10 @@ cudaError_t paged_attention_variant(T* out,             // [num_tokens, Hq, D] c
                                query_start_loc, num_seqs, num_tokens, num_q_heads, num_blocks, L, scale, sc, window,
                                stream);
   const int group = num_q_heads / L.num_kv_heads;
-  // fp32 queries need more registers per head (fp8 conversions; with the prefetched rows, fp32
-  // K/V rows of head_dim 256 at 8 heads spilled): <= 4 heads per CTA there, so that no variant
-  // spills (checked in CI by tools/cuda_check.py). fp32 is the tests' dtype, not a serving one.
-  constexpr int kMaxHpc = std::is_same_v<T, float> && (kIsFp8<C> || PF) ? 4 : kMaxHeadsPerCta;
+  // fp32 queries need more registers per head (fp8 conversions; fp32 K/V rows of head_dim 256 with the
+  // prefetched ones): <= 4 heads per CTA there, so that no variant spills (checked in CI by
+  // tools/cuda_check.py). fp32 is the tests' dtype, not a serving one.
+  constexpr int kMaxHpc = std::is_same_v<T, float> ? 4 : kMaxHeadsPerCta;
   const int chunks = int(ceil_div(group, kMaxHpc));
   const int hpc = int(ceil_div(group, chunks));  // balanced chunks of <= kMaxHpc heads
   const dim3 grid(unsigned(num_tokens), unsigned(L.num_kv_heads), unsigned(chunks * num_splits));
