@@ -87,6 +87,48 @@ def sort_case(ctx: BenchContext, B: int, V: int) -> Result:
                                nbytes=B * V * (4 + 4 + 8), peer="torch.sort(descending, stable)", peer_timing=tp)
 
 
+def _torch_rejection(d, nd, q, p):
+    """The verification in plain torch ops, vectorised the usual way (every row's residual drawn with an
+    exponential race, the row picked after): the same distribution as the op (all num_draft == k here),
+    other random numbers, so the peer for time only."""
+    B, k = d.shape
+    pd = p[:, :k].gather(2, d[..., None]).squeeze(2)
+    qd = q[:, :k].gather(2, d[..., None]).squeeze(2) if q is not None else torch.ones_like(pd)
+    acc = torch.rand_like(pd) * qd < pd
+    n_acc = acc.int().cumprod(1).sum(1)                                          # [B]
+    qk = q if q is not None else torch.nn.functional.one_hot(d, p.shape[-1]).to(p.dtype)
+    rows = torch.cat([(p[:, :k] - qk).clamp_min(0), p[:, k:]], 1)                # [B, k+1, V]
+    tok = (rows / torch.empty_like(rows).exponential_()).argmax(-1)              # [B, k+1]
+    return tok.gather(1, n_acc[:, None]), n_acc + 1
+
+
+def rejection_case(ctx: BenchContext, B: int, V: int, k: int, sharp: float, with_q: bool) -> Result:
+    """rejection_sample on a verification step's shapes: target softmax(sharp * randn) (1: flat, every token
+    drawn; 8: peaked), drafts random (so nearly always rejected at the first: the residual is drawn), with
+    draft probabilities or one-hot drafts. Checked against the torch reference (same tokens but near-ties)."""
+    g = torch.Generator().manual_seed(B * 13 + V + k)
+    p = torch.softmax(torch.randn(B, k + 1, V, generator=g) * sharp, -1)
+    q = torch.softmax(torch.randn(B, k, V, generator=g) * sharp, -1) if with_q else None
+    d = torch.randint(0, V, (B, k), generator=g)
+    nd = torch.full((B,), k, dtype=torch.int32)
+    seeds = torch.arange(B, dtype=torch.int64) * 977 + 5
+    pos = torch.arange(B, dtype=torch.int64) + 100
+    ro, rn = reference.rejection_sample(d, nd, q, p, seeds, pos, False)
+    dev = ctx.device
+    args = [t.to(dev) if t is not None else None for t in (d, nd, q, p, seeds, pos)]
+    o, n = ops.rejection_sample(*args, greedy=False)
+    differ = int((o.cpu() != ro).any(1).sum())
+    if differ > max(1, B // 50) or not torch.equal(n.cpu(), rn):
+        raise AssertionError(f"rejection_sample B={B} V={V}: {differ} of {B} requests differ from the reference")
+    t = ctx.time(lambda *a: ops.rejection_sample(*a, greedy=False), [tuple(args)])
+    tp = ctx.time(lambda d_, nd_, q_, p_, s_, po_: _torch_rejection(d_, nd_, q_, p_), [tuple(args)])
+    return Result.from_timings("rejection_sample", f"B={B} k={k} V={V} {'q' if with_q else 'one-hot'} "
+                               f"{'flat' if sharp < 4 else 'peaked'}", torch.float32, dev, t,
+                               nbytes=B * V * 4 * (2 if with_q else 1),
+                               peer="torch ops: every row's residual, exponential race", peer_timing=tp,
+                               notes=f"{differ} of {B} requests differ (near-ties)" if differ else "")
+
+
 def e2e(device: str) -> None:
     import time
 
@@ -134,6 +176,14 @@ def main(argv: list[str] | None = None) -> list[Result]:
                 for cfg in (["T=1"] if ctx.quick else list(CONFIGS)):
                     ctx.add(case(ctx, B, V, scale, cfg))
             ctx.add(sort_case(ctx, B, V))
+    # speculative verification (issue 6: under 2% of a decode step), one-hot (n-gram) and model drafts
+    for V in ([49152] if cpu else [128256, 151936]):
+        for B in ([1, 8] if cpu else [1, 8, 64]):
+            for sharp in (1.0, 8.0):
+                for with_q in (False, True):
+                    if ctx.quick and (with_q or sharp > 1):
+                        continue
+                    ctx.add(rejection_case(ctx, B, V, 4, sharp, with_q))
     results = ctx.finish()
     if args.e2e:
         e2e(str(ctx.device))

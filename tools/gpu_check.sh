@@ -360,8 +360,11 @@ with open(keyfile, "a") as k:
         m = r["model"].replace("random:", "")
         if r["bench"] == "latency_spec":  # speculative vs plain: the verification op's share of a step
             c = r["classes"]
-            k.write(f"{m} spec {r['method']}: rejection_sample {1e6 * r['verify_op_s']:.0f} us = "
-                    f"{100 * (r['verify_op_frac_of_decode_step'] or 0):.2f}% of a decode step; speed-up grounded "
+            dev_us = 1e6 * (r.get("verify_op_device_s") or 0)
+            k.write(f"{m} spec {r['method']}: rejection_sample {1e6 * r['verify_op_s']:.0f} us per call "
+                    f"({dev_us:.0f} us on the device) = {100 * (r['verify_op_frac_of_decode_step'] or 0):.2f}% "
+                    f"({100 * (r.get('verify_op_device_frac_of_decode_step') or 0):.2f}%) of a decode step; "
+                    f"peaked {1e6 * (r.get('verify_op_peaked_device_s') or 0):.0f} us on the device; speed-up grounded "
                     f"{c['grounded']['median_speedup'] or 0:.2f}x open {c['open']['median_speedup'] or 0:.2f}x\n")
             continue
         d = r["decodekit"]

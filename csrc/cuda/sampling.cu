@@ -5,11 +5,21 @@
 #include "decodekit/sampling/sort_desc.cuh"
 #include "launchers.h"
 
+int64_t dk::cuda::rejection_sample_splits_for(int64_t B, int64_t V, int num_sms) {
+  return rejection_sample_splits(B, V, num_sms);
+}
+
+size_t dk::cuda::rejection_sample_workspace(int64_t B, int64_t k, int64_t splits, bool greedy) {
+  return rejection_sample_workspace_bytes(B, k, splits, greedy);
+}
+
 cudaError_t dk::cuda::rejection_sample_launch(int64_t* out, int32_t* num_emitted, const int64_t* draft,
                                               const int32_t* num_draft, const float* q, const float* p,
                                               const int64_t* seeds, const int64_t* positions, int64_t B, int64_t k,
-                                              int64_t V, bool greedy, cudaStream_t stream) {
-  return rejection_sample(out, num_emitted, draft, num_draft, q, p, seeds, positions, B, k, V, greedy, stream);
+                                              int64_t V, bool greedy, int64_t splits, void* workspace,
+                                              size_t workspace_bytes, cudaStream_t stream) {
+  return rejection_sample(out, num_emitted, draft, num_draft, q, p, seeds, positions, B, k, V, greedy, splits,
+                          workspace, workspace_bytes, stream);
 }
 
 cudaError_t dk::cuda::gumbel_argmax_launch(int64_t* out, const float* x, int64_t row_stride, const int64_t* seeds,

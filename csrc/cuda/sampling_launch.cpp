@@ -2,6 +2,7 @@
 // are in sampling.cu (include/decodekit/sampling/rejection.cuh, gumbel_max.cuh, sort_desc.cuh). num_draft is not range-checked here (that would need a
 // device-to-host copy): the kernel clamps it to [0, k].
 #include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -28,12 +29,17 @@ void rejection_sample_cuda(at::Tensor& out,                         // [B, k+1] 
   dk::check_cuda(op, "draft_tokens", draft_tokens);
   if (a.B == 0) return;
   c10::cuda::OptionalCUDAGuard guard(draft_tokens.device());
+  // The vocabulary split over CTAs: from B, V and the SM count only, so a CUDA graph replays the same plan.
+  const int64_t splits = dk::cuda::rejection_sample_splits_for(
+      a.B, a.V, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+  const size_t bytes = dk::cuda::rejection_sample_workspace(a.B, a.k, splits, greedy);
+  at::Tensor ws = at::empty({int64_t(bytes)}, draft_tokens.options().dtype(at::kByte));  // caching allocator: graph-safe
   dk::check_launch(op, dk::cuda::rejection_sample_launch(
                            out.data_ptr<int64_t>(), num_emitted.data_ptr<int32_t>(), draft_tokens.data_ptr<int64_t>(),
                            num_draft.data_ptr<int32_t>(),
                            draft_probs.has_value() ? draft_probs->data_ptr<float>() : nullptr,
                            target_probs.data_ptr<float>(), seeds.data_ptr<int64_t>(), positions.data_ptr<int64_t>(),
-                           a.B, a.k, a.V, greedy, c10::cuda::getCurrentCUDAStream()));
+                           a.B, a.k, a.V, greedy, splits, ws.data_ptr(), bytes, c10::cuda::getCurrentCUDAStream()));
 }
 
 void gumbel_argmax_cuda(at::Tensor& out,               // [B] int64

@@ -169,10 +169,13 @@ def test_rejection_sample_opcheck():
 
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
 @pytest.mark.parametrize("greedy", [False, True])
-def test_cuda_equals_cpu(device, greedy):
-    """The CUDA kernel emits the CPU kernel's tokens on identical inputs (V larger than the CTA)."""
+@pytest.mark.parametrize("shape", [(40, 4, 1000), (2, 3, 152064), (5, 4, 50001)])
+def test_cuda_equals_cpu(device, greedy, shape):
+    """The CUDA kernel emits the CPU kernel's tokens on identical inputs: V larger than the CTA, and small
+    batches over large vocabularies, which the kernel splits over several CTAs per request (on 132 SMs: 38
+    slices of 4004 tokens for V = 152064, 13 for 50001; the last one short) and merges."""
     gen = torch.Generator().manual_seed(9)
-    B, k, V = 40, 4, 1000
+    B, k, V = shape
     draft, p, q = _case(B, k, V, gen, True, sharp=3.0)
     draft[::3] = p[::3, :k].argmax(-1)
     nd = torch.randint(0, k + 1, (B,), generator=gen, dtype=torch.int32)

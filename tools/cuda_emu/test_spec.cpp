@@ -47,10 +47,8 @@ static void run(int B, int k, int64_t V, bool with_q, bool greedy, bool ties) {
     }
   }
   nd[0] = k;
-  std::vector<int64_t> out(size_t(B) * (k + 1), 77), want(out.size(), -1);
-  std::vector<int32_t> n(B, -5), nwant(B);
-  dk::cuda::rejection_sample(out.data(), n.data(), draft.data(), nd.data(), with_q ? q.data() : nullptr, p.data(),
-                             seeds.data(), pos.data(), B, k, V, greedy, nullptr);
+  std::vector<int64_t> want(size_t(B) * (k + 1), -1);
+  std::vector<int32_t> nwant(B);
   for (int b = 0; b < B; ++b) {
     const float* pb = &p[size_t(int64_t(b) * (k + 1) * V)];
     const float* qb = with_q ? &q[size_t(int64_t(b) * k * V)] : nullptr;
@@ -58,12 +56,31 @@ static void run(int B, int k, int64_t V, bool with_q, bool greedy, bool ties) {
                                [&](int i, int64_t v) { return qb[i * V + v]; }, with_q, V, uint64_t(seeds[b]),
                                uint64_t(pos[b]), greedy, &want[size_t(b * (k + 1))]);
   }
-  ++checks;
-  if (out != want || n != nwant) {
-    for (int b = 0; b < B; ++b)
-      if (n[b] != nwant[b]) { printf("FAIL B=%d k=%d V=%ld q=%d greedy=%d ties=%d: request %d emitted %d, want %d\n", B, k, long(V), with_q, greedy, ties, b, n[b], nwant[b]); break; }
-    if (n == nwant) printf("FAIL B=%d k=%d V=%ld q=%d greedy=%d: tokens differ\n", B, k, long(V), with_q, greedy);
-    ++fails;
+  // the vocabulary split over 1 CTA, the plan's count, and forced 2 / 5 / 64 (slices of 4 tokens and up,
+  // the last one short or empty-free), each against the sequential CPU scan
+  for (int64_t splits : {int64_t(1), dk::cuda::rejection_sample_splits(B, V, 132), int64_t(2), int64_t(5),
+                         int64_t(64)}) {
+    std::vector<int64_t> out(size_t(B) * (k + 1), 77);
+    std::vector<int32_t> n(B, -5);
+    const size_t bytes = dk::cuda::rejection_sample_workspace_bytes(B, k, splits, greedy);
+    std::vector<unsigned char> ws(bytes + 8, 0xA5);  // poisoned: a partial read before it is written fails
+    void* wp = ws.data() + (8 - reinterpret_cast<uintptr_t>(ws.data()) % 8) % 8;
+    const cudaError_t e = dk::cuda::rejection_sample(out.data(), n.data(), draft.data(), nd.data(),
+                                                     with_q ? q.data() : nullptr, p.data(), seeds.data(), pos.data(),
+                                                     B, k, V, greedy, splits, wp, bytes, nullptr, true);
+    ++checks;
+    if (e != cudaSuccess || out != want || n != nwant) {
+      for (int b = 0; b < B; ++b)
+        if (n[b] != nwant[b]) {
+          printf("FAIL B=%d k=%d V=%ld q=%d greedy=%d ties=%d splits=%ld: request %d emitted %d, want %d\n", B, k,
+                 long(V), with_q, greedy, ties, long(splits), b, n[b], nwant[b]);
+          break;
+        }
+      if (n == nwant)
+        printf("FAIL B=%d k=%d V=%ld q=%d greedy=%d splits=%ld: tokens differ (err %d)\n", B, k, long(V), with_q,
+               greedy, long(splits), int(e));
+      ++fails;
+    }
   }
 }
 
@@ -118,13 +135,40 @@ int main() {
   run(5, 3, 300, true, true, true);   // exact ties: the lowest token, as the CPU scan
   run(5, 3, 300, false, false, true);
   run(3, 1, 40000, true, false, false);
+  run(2, 4, 9000, false, false, false);  // the plan: 3 slices of 3000 (kMinSlice 4096)
+  run(4, 2, 9000, true, true, false);
+  run(1, 3, 5, true, false, false);      // fewer tokens than forced CTAs
+  {  // a residual zero everywhere (q == p): the finish kernel samples p itself, as the CPU rule
+    const int k = 2;
+    const int64_t V = 300;
+    std::vector<float> p(size_t(k + 1) * V), q(size_t(k) * V);
+    for (int64_t v = 0; v < V; ++v) p[size_t(v)] = p[size_t(V + v)] = p[size_t(2 * V + v)] = float(1 + v % 5) / 900.f;
+    for (int64_t v = 0; v < V; ++v) q[size_t(v)] = q[size_t(V + v)] = p[size_t(v)];
+    std::vector<int64_t> d = {7, 8}, s = {123}, po = {40};
+    std::vector<int32_t> nd = {2};
+    // the draws accept x_0 with probability 1 (p == q); force a rejection with a draft outside the vocabulary
+    d[0] = V + 1;
+    std::vector<int64_t> want(k + 1, -1);
+    const int nwant = dk::spec_verify(d.data(), 2, [&](int i, int64_t v) { return p[size_t(i * V + v)]; },
+                                      [&](int i, int64_t v) { return q[size_t(i * V + v)]; }, true, V, 123, 40,
+                                      false, want.data());
+    for (int64_t splits : {1, 3}) {
+      std::vector<int64_t> o(k + 1, 9);
+      std::vector<int32_t> n(1);
+      std::vector<int64_t> ws(64);
+      dk::cuda::rejection_sample(o.data(), n.data(), d.data(), nd.data(), q.data(), p.data(), s.data(), po.data(), 1, k,
+                                 V, false, splits, ws.data(), ws.size() * 8, nullptr, true);
+      ++checks;
+      if (o != want || n[0] != nwant) { printf("FAIL zero residual splits=%ld\n", long(splits)); ++fails; }
+    }
+  }
   // num_draft outside [0, k]: clamped (the CPU launcher rejects it)
   {
     std::vector<float> p(2 * 3 * 5, 0.2f);
-    std::vector<int64_t> d = {1, 2, 3, 4}, s = {1, 2}, po = {0, 0}, o(6, 9);
+    std::vector<int64_t> d = {1, 2, 3, 4}, s = {1, 2}, po = {0, 0}, o(6, 9), ws(64);
     std::vector<int32_t> nd = {-3, 7}, n(2);
     dk::cuda::rejection_sample(o.data(), n.data(), d.data(), nd.data(), nullptr, p.data(), s.data(), po.data(), 2, 2, 5,
-                               true, nullptr);
+                               true, 1, ws.data(), ws.size() * 8, nullptr);
     ++checks;
     if (n[0] != 1 || n[1] < 1 || n[1] > 3) { printf("FAIL clamp: %d %d\n", n[0], n[1]); ++fails; }
   }

@@ -18,9 +18,9 @@ DK_DEVICE bool better(float k1, int64_t i1, float k2, int64_t i2) {
   return k1 > k2 || (k1 == k2 && i1 < i2);
 }
 
-// Reduces every thread's (bk, bi) to the CTA's best index (all threads get it). ks / is: kThreads
-// shared slots each (blockDim.x == kThreads, a power of two).
-DK_DEVICE int64_t block_reduce_best(float bk, int64_t bi, float* ks, int64_t* is) {
+// Reduces every thread's (bk, bi) to the CTA's best index (all threads get it; its key in *best_key
+// when given). ks / is: kThreads shared slots each (blockDim.x == kThreads, a power of two).
+DK_DEVICE int64_t block_reduce_best(float bk, int64_t bi, float* ks, int64_t* is, float* best_key = nullptr) {
   ks[threadIdx.x] = bk;
   is[threadIdx.x] = bi;
   __syncthreads();
@@ -32,16 +32,19 @@ DK_DEVICE int64_t block_reduce_best(float bk, int64_t bi, float* ks, int64_t* is
     __syncthreads();
   }
   const int64_t r = is[0];
+  if (best_key) *best_key = ks[0];
   __syncthreads();  // ks / is are reused by the next reduction
   return r;
 }
 
-// CTA-wide best (key, idx) of key(v, ok) over v in [0, V) where ok (NaN-free keys); -1 when no v is.
+// CTA-wide best (key, idx) of key(v, ok) over v in [v0, v1) where ok (NaN-free keys); -1 when no v is
+// (its key in *best_key when given: -inf then).
 template <class Key>
-DK_DEVICE int64_t block_best(Key key, int64_t V, float* ks, int64_t* is) {
+DK_DEVICE int64_t block_best_range(Key key, int64_t v0, int64_t v1, float* ks, int64_t* is,
+                                   float* best_key = nullptr) {
   float bk = -INFINITY;
   int64_t bi = -1;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+  for (int64_t v = v0 + threadIdx.x; v < v1; v += blockDim.x) {
     bool ok;
     const float x = key(v, ok);
     if (ok && better(x, v, bk, bi)) {
@@ -49,7 +52,13 @@ DK_DEVICE int64_t block_best(Key key, int64_t V, float* ks, int64_t* is) {
       bi = v;
     }
   }
-  return block_reduce_best(bk, bi, ks, is);
+  return block_reduce_best(bk, bi, ks, is, best_key);
+}
+
+// block_best_range over [0, V).
+template <class Key>
+DK_DEVICE int64_t block_best(Key key, int64_t V, float* ks, int64_t* is) {
+  return block_best_range(key, 0, V, ks, is);
 }
 
 }  // namespace sampling_detail

@@ -82,6 +82,42 @@ DK_HD void gumbel_offer_block(X x, int64_t j, int n, int64_t skip, uint64_t seed
   }
 }
 
+// gumbel_offer_block for weights instead of logits: token v's key is log(w(v)) + g_v (w(v) >= 0; 0 or NaN:
+// never drawn), the logs taken only for tokens that pass the weight-space test w >= exp(best - 17) (below
+// it a key cannot reach best, as gumbel_out_of_reach), so a peaked row costs a compare per token.
+// Bit for bit the keys log(w) + g of a scan that evaluates every token (the rejection sampler's rule).
+template <class W>
+DK_HD void gumbel_offer_block_w(W w, int64_t j, int n, int64_t skip, uint64_t seed, uint64_t position,
+                                uint32_t stream, float& best, int64_t& bi) {
+  const int64_t v0 = 4 * j;
+  const float below = expf(best - kGumbelMax);  // rounds either way by an ulp: 0.36 of margin in the key
+  bool any = false;
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    if (i < n && v0 + i != skip) {
+      const float x = w(v0 + i);
+      any |= x > 0.f && !(x < below);
+    }
+  if (!any) return;
+  const Philox4 ph = philox4x32_10(Philox4{{uint32_t(j), uint32_t(position), uint32_t(position >> 32), stream}},
+                                   uint32_t(seed), uint32_t(seed >> 32));
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t v = v0 + i;
+    if (i >= n || v == skip) continue;
+    const float x = w(v);
+    if (!(x > 0.f) || x < below) continue;
+    const float lx = logf(x);
+    const uint32_t word = philox_word(ph, i);
+    if (!gumbel_may_win(lx, best, word)) continue;
+    const float key = lx + gumbel_from_uniform(philox_uniform(word));
+    if (key > best || (key == best && v < bi)) {
+      best = key;
+      bi = v;
+    }
+  }
+}
+
 // One row of V logits (x: contiguous), on one thread: the token of the header's rule.
 inline int64_t gumbel_argmax_row(const float* x, int64_t V, uint64_t seed, uint64_t position, uint32_t stream) {
   int64_t first = 0;

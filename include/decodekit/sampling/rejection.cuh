@@ -1,10 +1,23 @@
-// CUDA rejection_sample (torch-free): the rule of sampling/rejection.h, one CTA per request, the
-// vocabulary scans (argmax, Gumbel-max of the residual or of the bonus row) split over the CTA's
-// threads and reduced in shared memory (ties -> the lowest token, as the CPU's sequential scan).
-// The accept decision uses the same per-element functions (spec_accept_uniform, spec_gumbel), so
-// CPU and GPU agree token for token (up to logf's last-ulp differences between libms, which
-// matter only for keys tied to ~1e-7). No host synchronisation; num_draft is clamped to [0, k]
-// (the CPU launcher rejects it instead).
+// CUDA rejection_sample (torch-free): the rule of sampling/rejection.h in two small kernels, no host
+// synchronisation.
+//
+//   1. rejection_partial_kernel, grid (B, splits): the vocabulary of each request is cut into
+//      `splits` slices (whole Philox blocks of 4 tokens; one slice, i.e. one CTA per request, once
+//      the batch alone fills the GPU: rejection_sample_splits). Every CTA repeats the cheap accept
+//      decisions (one Philox word and two loads per draft), so all agree on the one row to sample:
+//      the first rejected draft's residual max(p_i - q_i, 0), or the bonus row p_n. Its slice's
+//      Gumbel-max is that of sampling/gumbel_max.h: the slice's largest weight is drawn first and
+//      a token is drawn only while it can still beat the running best (gumbel_offer_block_w's exact
+//      skips, one Philox block per 4 tokens), so a peaked row costs ~one read of the slice.
+//      Greedy: the slice's argmax of every row 0..n. Partial (key, token) pairs go to a workspace.
+//   2. rejection_finish_kernel, one CTA per request: repeats the decisions, merges the partials
+//      (a larger key wins, ties -> the lower token: the slice results combine to exactly the
+//      sequential scan's), writes the tokens and the count. A residual that is zero everywhere
+//      (p == q up to rounding) falls back to sampling p_i over the whole row here (rare).
+//
+// The per-token functions are the CPU kernel's (spec_accept_uniform, spec_gumbel), so CPU and GPU
+// agree token for token (up to logf's last-ulp differences between libms, which matter only for
+// keys tied to ~1e-7). num_draft is clamped to [0, k] (the CPU launcher rejects it instead).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -18,91 +31,211 @@ namespace dk::cuda {
 namespace spec_detail {
 using namespace sampling_detail;
 
+constexpr int64_t kMinSlice = 4096;  // tokens per CTA at least (16 KB of a float32 row)
+constexpr int64_t kMaxSplits = 64;   // (gridDim.y; the finish kernel merges them in one pass of its CTA)
+static_assert(kMaxSplits <= kThreads, "the finish kernel gives each partial a thread");
+
+// The slicing of a V-token row into `splits` CTAs of `slice` tokens (a multiple of 4; the last may be
+// shorter).
+struct RejectionPlan {
+  int64_t splits, slice;
+};
+
+// Host and device: the slices for `want` CTAs per request (clamped to [1, kMaxSplits] and to slices of at
+// least kMinSlice tokens, unless want is forced: force = true, for tests).
+DK_HD RejectionPlan rejection_plan(int64_t V, int64_t want, bool force = false) {
+  int64_t s = want < 1 ? 1 : (want > kMaxSplits ? kMaxSplits : want);
+  if (!force) {
+    const int64_t by_len = (V + kMinSlice - 1) / kMinSlice;
+    s = s < by_len ? s : by_len;
+  }
+  s = s < 1 ? 1 : s;
+  const int64_t slice = ((V + s - 1) / s + 3) / 4 * 4;
+  return RejectionPlan{(V + slice - 1) / slice, slice};
+}
+
+// The row every CTA of request b samples (sampled mode): the first rejected draft, or n (the bonus).
+DK_DEVICE int first_rejected(const int64_t* db, int n, const float* pb, const float* qb, int64_t V, uint64_t seed,
+                             uint64_t pos0) {
+  for (int i = 0; i < n; ++i) {
+    const int64_t x = __ldg(db + i);
+    const bool in_vocab = x >= 0 && x < V;
+    const float px = in_vocab ? __ldg(pb + int64_t(i) * V + x) : 0.f;
+    const float qx = qb ? (in_vocab ? __ldg(qb + int64_t(i) * V + x) : 0.f) : 1.f;
+    if (!(in_vocab && qx > 0.f && spec_accept_uniform(seed, pos0 + uint64_t(i)) * qx < px)) return i;
+  }
+  return n;
+}
+
+// sampling/rejection.h's spec_sample_range, CTA-wide: Gumbel-max of weights w(v) >= 0 over tokens [v0, v1)
+// (v0 a multiple of 4), each thread offering every blockDim-th Philox block: the best token (-1 when every
+// weight is 0) and its key in *key.
+template <class W>
+DK_DEVICE int64_t slice_sample(W w, int64_t v0, int64_t v1, uint64_t seed, uint64_t pos, float* ks, int64_t* is,
+                               float* key) {
+  const int64_t first = block_best_range([&](int64_t v, bool& ok) {
+    const float x = w(v);
+    ok = x > 0.f;
+    return x;
+  }, v0, v1, ks, is);
+  if (first < 0) {  // CTA-uniform
+    *key = -INFINITY;
+    return -1;
+  }
+  float best = logf(w(first)) + spec_gumbel(seed, pos, uint32_t(first));
+  int64_t bi = first;
+  for (int64_t j = v0 / 4 + threadIdx.x; 4 * j < v1; j += blockDim.x) {
+    const int nb = v1 - 4 * j < 4 ? int(v1 - 4 * j) : 4;
+    gumbel_offer_block_w(w, j, nb, first, seed, pos, kStreamSpecResample, best, bi);
+  }
+  return block_reduce_best(best, bi, ks, is, key);
+}
+
 __global__ void __launch_bounds__(kThreads)
-rejection_sample_kernel(int64_t* __restrict__ out,           // [B, k+1]
-                        int32_t* __restrict__ num_emitted,   // [B]
-                        const int64_t* __restrict__ draft,   // [B, k]
-                        const int32_t* __restrict__ num_draft,  // [B]
-                        const float* __restrict__ q,         // [B, k, V] or null (one-hot drafts)
-                        const float* __restrict__ p,         // [B, k+1, V]
-                        const int64_t* __restrict__ seeds,   // [B]
-                        const int64_t* __restrict__ positions,  // [B]
-                        int64_t k, int64_t V, bool greedy) {
+rejection_partial_kernel(float* __restrict__ ws_key,             // [B, R, splits] (R = k+1 greedy, else 1)
+                         int64_t* __restrict__ ws_idx,           // [B, R, splits]
+                         const int64_t* __restrict__ draft,      // [B, k]
+                         const int32_t* __restrict__ num_draft,  // [B]
+                         const float* __restrict__ q,            // [B, k, V] or null (one-hot drafts)
+                         const float* __restrict__ p,            // [B, k+1, V]
+                         const int64_t* __restrict__ seeds,      // [B]
+                         const int64_t* __restrict__ positions,  // [B]
+                         int64_t k, int64_t V, bool greedy, RejectionPlan plan) {
+  __shared__ float ks[kThreads];
+  __shared__ int64_t is[kThreads];
+  const int64_t b = blockIdx.x, s = blockIdx.y;
+  const int64_t v0 = s * plan.slice, v1 = v0 + plan.slice < V ? v0 + plan.slice : V;
+  int n = __ldg(num_draft + b);
+  n = n < 0 ? 0 : (n > k ? int(k) : n);
+  const float* pb = p + b * (k + 1) * V;
+  const float* qb = q ? q + b * k * V : nullptr;
+  const int64_t* db = draft + b * k;
+  float key;
+  if (greedy) {
+    for (int i = 0; i <= n; ++i) {
+      const float* pi = pb + int64_t(i) * V;
+      const int64_t t = block_best_range([&](int64_t v, bool& ok) { ok = true; return __ldg(pi + v); }, v0, v1, ks,
+                                         is, &key);
+      if (threadIdx.x == 0) {
+        ws_key[(b * (k + 1) + i) * plan.splits + s] = key;
+        ws_idx[(b * (k + 1) + i) * plan.splits + s] = t;
+      }
+    }
+    return;
+  }
+  const uint64_t seed = uint64_t(__ldg(seeds + b)), pos0 = uint64_t(__ldg(positions + b));
+  const int r = first_rejected(db, n, pb, qb, V, seed, pos0);
+  const float* pr = pb + int64_t(r) * V;
+  int64_t t;
+  if (r == n) {
+    t = slice_sample([&](int64_t v) { return __ldg(pr + v); }, v0, v1, seed, pos0 + uint64_t(r), ks, is, &key);
+  } else {
+    const float* qr = qb ? qb + int64_t(r) * V : nullptr;
+    const int64_t x = __ldg(db + r);
+    t = slice_sample([&](int64_t v) {
+      const float d = __ldg(pr + v) - (qr ? __ldg(qr + v) : (v == x ? 1.f : 0.f));
+      return d > 0.f ? d : 0.f;
+    }, v0, v1, seed, pos0 + uint64_t(r), ks, is, &key);
+  }
+  if (threadIdx.x == 0) {
+    ws_key[b * plan.splits + s] = key;
+    ws_idx[b * plan.splits + s] = t;
+  }
+}
+
+// The best of request b's row-i partials (CTA-wide).
+DK_DEVICE int64_t merge_partials(const float* ws_key, const int64_t* ws_idx, int64_t row, int64_t splits, float* ks,
+                                 int64_t* is) {
+  const bool mine = int64_t(threadIdx.x) < splits;
+  return block_reduce_best(mine ? ws_key[row * splits + threadIdx.x] : -INFINITY,
+                           mine ? ws_idx[row * splits + threadIdx.x] : int64_t(-1), ks, is);
+}
+
+__global__ void __launch_bounds__(kThreads)
+rejection_finish_kernel(int64_t* __restrict__ out,               // [B, k+1]
+                        int32_t* __restrict__ num_emitted,       // [B]
+                        const float* __restrict__ ws_key,        // [B, R, splits]
+                        const int64_t* __restrict__ ws_idx,      // [B, R, splits]
+                        const int64_t* __restrict__ draft,       // [B, k]
+                        const int32_t* __restrict__ num_draft,   // [B]
+                        const float* __restrict__ q,             // [B, k, V] or null
+                        const float* __restrict__ p,             // [B, k+1, V]
+                        const int64_t* __restrict__ seeds,       // [B]
+                        const int64_t* __restrict__ positions,   // [B]
+                        int64_t k, int64_t V, bool greedy, int64_t splits) {
   __shared__ float ks[kThreads];
   __shared__ int64_t is[kThreads];
   const int64_t b = blockIdx.x;
   int n = __ldg(num_draft + b);
   n = n < 0 ? 0 : (n > k ? int(k) : n);
-  const uint64_t seed = uint64_t(__ldg(seeds + b)), pos0 = uint64_t(__ldg(positions + b));
-  const float* pb = p + b * (k + 1) * V;
-  const float* qb = q ? q + b * k * V : nullptr;
   const int64_t* db = draft + b * k;
   int64_t* ob = out + b * (k + 1);
   for (int64_t i = threadIdx.x; i <= k; i += blockDim.x) ob[i] = -1;
   __syncthreads();
   int emitted = n + 1;
-  for (int i = 0; i <= n; ++i) {  // CTA-uniform control flow
-    const uint64_t pos = pos0 + uint64_t(i);
-    const float* pi = pb + int64_t(i) * V;
-    if (i == n) {  // bonus
-      int64_t t;
-      if (greedy) t = block_best([&](int64_t v, bool& ok) { ok = true; return pi[v]; }, V, ks, is);
-      else t = block_best([&](int64_t v, bool& ok) {
-          const float w = pi[v];
-          ok = w > 0.f;
-          return ok ? logf(w) + spec_gumbel(seed, pos, uint32_t(v)) : 0.f;
-        }, V, ks, is);
+  if (greedy) {
+    for (int i = 0; i <= n; ++i) {  // CTA-uniform control flow
+      const int64_t t = merge_partials(ws_key, ws_idx, b * (k + 1) + i, splits, ks, is);
       if (threadIdx.x == 0) ob[i] = t;
-      break;
-    }
-    const int64_t x = __ldg(db + i);
-    const bool in_vocab = x >= 0 && x < V;
-    if (greedy) {
-      const int64_t t = block_best([&](int64_t v, bool& ok) { ok = true; return pi[v]; }, V, ks, is);
-      if (threadIdx.x == 0) ob[i] = t;
-      if (t != x) {
+      if (i < n && t != __ldg(db + i)) {
         emitted = i + 1;
         break;
       }
-      continue;
     }
-    const float* qi = qb ? qb + int64_t(i) * V : nullptr;
-    const float px = in_vocab ? pi[x] : 0.f;
-    const float qx = qi ? (in_vocab ? qi[x] : 0.f) : 1.f;
-    if (in_vocab && qx > 0.f && spec_accept_uniform(seed, pos) * qx < px) {
-      if (threadIdx.x == 0) ob[i] = x;
-      continue;
+  } else {
+    const float* pb = p + b * (k + 1) * V;
+    const uint64_t seed = uint64_t(__ldg(seeds + b)), pos0 = uint64_t(__ldg(positions + b));
+    const int r = first_rejected(db, n, pb, q ? q + b * k * V : nullptr, V, seed, pos0);
+    int64_t t = merge_partials(ws_key, ws_idx, b, splits, ks, is);
+    if (t < 0 && r < n) {  // the residual is zero everywhere: sample p_r itself
+      const float* pr = pb + int64_t(r) * V;
+      float key;
+      t = slice_sample([&](int64_t v) { return __ldg(pr + v); }, 0, V, seed, pos0 + uint64_t(r), ks, is, &key);
     }
-    int64_t t = block_best([&](int64_t v, bool& ok) {
-      const float qv = qi ? qi[v] : (v == x ? 1.f : 0.f);
-      const float r = pi[v] - qv;
-      ok = r > 0.f;
-      return ok ? logf(r) + spec_gumbel(seed, pos, uint32_t(v)) : 0.f;
-    }, V, ks, is);
-    if (t < 0)
-      t = block_best([&](int64_t v, bool& ok) {
-        const float w = pi[v];
-        ok = w > 0.f;
-        return ok ? logf(w) + spec_gumbel(seed, pos, uint32_t(v)) : 0.f;
-      }, V, ks, is);
-    if (threadIdx.x == 0) ob[i] = t;
-    emitted = i + 1;
-    break;
+    for (int i = threadIdx.x; i < r; i += blockDim.x) ob[i] = __ldg(db + i);
+    if (threadIdx.x == 0) ob[r] = t;
+    emitted = r + 1;
   }
   if (threadIdx.x == 0) num_emitted[b] = emitted;
 }
 
 }  // namespace spec_detail
 
-// See the header comment; B requests, k draft slots each, vocabulary V.
+// CTAs per request for B requests on a GPU with num_sms SMs (about two CTAs per SM in all, slices of at
+// least kMinSlice tokens): 32 for one request over a 128k vocabulary, 1 from B = 2 x num_sms on.
+inline int64_t rejection_sample_splits(int64_t B, int64_t V, int num_sms) {
+  const int64_t want = B > 0 ? (2 * int64_t(num_sms > 0 ? num_sms : 1) + B - 1) / B : 1;
+  return spec_detail::rejection_plan(V, want).splits;
+}
+
+// Workspace for rejection_sample with `splits` CTAs per request (rejection_sample_splits).
+inline size_t rejection_sample_workspace_bytes(int64_t B, int64_t k, int64_t splits, bool greedy) {
+  const size_t n = size_t(B) * size_t(greedy ? k + 1 : 1) * size_t(splits);
+  return n * (sizeof(float) + sizeof(int64_t));
+}
+
+// See the header comment; B requests, k draft slots each, vocabulary V; `splits` CTAs per request
+// (rejection_sample_splits; force_splits: exactly that many, for tests), workspace of
+// rejection_sample_workspace_bytes.
 inline cudaError_t rejection_sample(int64_t* out, int32_t* num_emitted, const int64_t* draft, const int32_t* num_draft,
                                     const float* q, const float* p, const int64_t* seeds, const int64_t* positions,
-                                    int64_t B, int64_t k, int64_t V, bool greedy, cudaStream_t stream) {
+                                    int64_t B, int64_t k, int64_t V, bool greedy, int64_t splits, void* workspace,
+                                    size_t workspace_bytes, cudaStream_t stream, bool force_splits = false) {
   using namespace spec_detail;
   if (B <= 0) return cudaSuccess;
-  if (B > 0x7fffffff || V <= 0) return cudaErrorInvalidValue;
-  rejection_sample_kernel<<<unsigned(B), kThreads, 0, stream>>>(out, num_emitted, draft, num_draft, q, p, seeds,
-                                                               positions, k, V, greedy);
+  if (B > 0x7fffffff || V <= 0 || k < 0) return cudaErrorInvalidValue;
+  const RejectionPlan plan = rejection_plan(V, splits, force_splits);
+  const size_t n = size_t(B) * size_t(greedy ? k + 1 : 1) * size_t(plan.splits);
+  if (!workspace || workspace_bytes < n * (sizeof(float) + sizeof(int64_t))) return cudaErrorInvalidValue;
+  int64_t* ws_idx = static_cast<int64_t*>(workspace);  // 8-byte aligned first
+  float* ws_key = reinterpret_cast<float*>(ws_idx + n);
+  const dim3 grid(unsigned(B), unsigned(plan.splits));
+  rejection_partial_kernel<<<grid, kThreads, 0, stream>>>(ws_key, ws_idx, draft, num_draft, q, p, seeds, positions,
+                                                          k, V, greedy, plan);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  rejection_finish_kernel<<<unsigned(B), kThreads, 0, stream>>>(out, num_emitted, ws_key, ws_idx, draft, num_draft, q,
+                                                                p, seeds, positions, k, V, greedy, plan.splits);
   return cudaGetLastError();
 }
 

@@ -40,36 +40,39 @@ DK_HD float spec_gumbel(uint64_t seed, uint64_t pos, uint32_t v) {
   return token_gumbel(seed, pos, v, kStreamSpecResample);
 }
 
-// Gumbel-max over weights w(v) for v < V (w: a callable, weights >= 0); -1 if all are zero. Ties ->
-// the lowest v. The largest weight's key is drawn first; a token with w < exp(that key - bound)
-// has log(w) + g < that key whatever its draw, so it cannot win and its Philox draw is skipped:
-// the result is exactly that of drawing every key, at ~2 compares per token for a peaked
-// distribution instead of a Philox block and two logs ([1, 5, 49152], peaked: 0.91 -> 0.12 ms).
+// Gumbel-max over weights w(v) for v in [v0, v1) (w: a callable, weights >= 0; v0 a multiple of 4, the
+// Philox blocks of gumbel_max.h); -1 if all are zero. Ties -> the lowest v. The largest weight's key is
+// drawn first; then each block of 4 tokens is offered with gumbel_offer_block_w, whose exact skips draw
+// only the tokens that can still win (a peaked row: a compare per token; a flat one: a Philox block per 4
+// tokens and the logs of those whose uniform can reach the running best). The result is exactly that of
+// drawing every key. The CUDA kernel runs it per slice of the vocabulary (rejection.cuh) and merges the
+// slices' (key, token) by the same order, so CPU and GPU agree.
 template <class W>
-DK_HD int64_t spec_sample(W w, int64_t V, uint64_t seed, uint64_t pos) {
+DK_HD int64_t spec_sample_range(W w, int64_t v0, int64_t v1, uint64_t seed, uint64_t pos, float* key = nullptr) {
   int64_t first = -1;
   float wmax = 0.f;
-  for (int64_t v = 0; v < V; ++v) {
+  for (int64_t v = v0; v < v1; ++v) {
     const float x = w(v);
     if (x > wmax) {
       wmax = x;
       first = v;
     }
   }
-  if (first < 0) return -1;
-  float bk = logf(wmax) + spec_gumbel(seed, pos, uint32_t(first));
-  int64_t best = first;
-  const float skip_below = expf(bk - kGumbelMax);
-  for (int64_t v = 0; v < V; ++v) {
-    const float x = w(v);
-    if (!(x > 0.f) || x < skip_below || v == first) continue;
-    const float key = logf(x) + spec_gumbel(seed, pos, uint32_t(v));
-    if (key > bk || (key == bk && v < best)) {
-      bk = key;
-      best = v;
-    }
+  if (first < 0) {
+    if (key) *key = -INFINITY;
+    return -1;
   }
-  return best;
+  float best = logf(wmax) + spec_gumbel(seed, pos, uint32_t(first));
+  int64_t bi = first;
+  for (int64_t j = v0 / 4; 4 * j < v1; ++j)
+    gumbel_offer_block_w(w, j, v1 - 4 * j < 4 ? int(v1 - 4 * j) : 4, first, seed, pos, kStreamSpecResample, best, bi);
+  if (key) *key = best;
+  return bi;
+}
+
+template <class W>
+DK_HD int64_t spec_sample(W w, int64_t V, uint64_t seed, uint64_t pos) {
+  return spec_sample_range(w, 0, V, seed, pos);
 }
 
 template <class W>

@@ -45,11 +45,13 @@ def _run_one(eng, ids: list[int], out_len: int, temperature: float = 0.0,
     return final.outputs[0].token_ids, after, n_after, final.metrics
 
 
-def _verify_op_seconds(eng, k: int, reps: int = 50, sharpness: float = 1.0) -> float:
-    """Median time of one rejection_sample call on a decode step's shapes ([1, k+1, V], sampled), target
-    softmax(sharpness * randn): 1 = nearly flat (the worst case: every token drawn), 8 = a confident
-    prediction (~1% of the tokens drawn: the kernel skips those that cannot win; SmolLM2's own next-token
-    distributions at temperature 0.8 leave 1-33% of its 49152 tokens to draw, by context)."""
+def _verify_op_seconds(eng, k: int, reps: int = 50, sharpness: float = 1.0) -> tuple[float, float | None]:
+    """(median wall time of one rejection_sample call, its device time per call or None on CPU) on a decode
+    step's shapes ([1, k+1, V], sampled, one-hot drafts), target softmax(sharpness * randn): 1 = nearly flat
+    (the worst case: every token drawn), 8 = a confident prediction (~1% of the tokens drawn: the kernel
+    skips those that cannot win; SmolLM2's own next-token distributions at temperature 0.8 leave 1-33% of
+    its 49152 tokens to draw, by context). The wall time includes the op's Python and launch overhead and
+    a synchronisation; the device time is CUDA events around `reps` back-to-back calls, divided by reps."""
     from decodekit import ops
     V, dev = eng.model_config.vocab_size, eng.device
     g = torch.Generator().manual_seed(0)
@@ -58,7 +60,8 @@ def _verify_op_seconds(eng, k: int, reps: int = 50, sharpness: float = 1.0) -> f
     nd = torch.full((1,), k, dtype=torch.int32, device=dev)
     seeds = torch.zeros(1, dtype=torch.int64, device=dev)
     pos = torch.zeros(1, dtype=torch.int64, device=dev)
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    cuda = dev.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     ts = []
     for _ in range(reps):
         sync()
@@ -66,7 +69,16 @@ def _verify_op_seconds(eng, k: int, reps: int = 50, sharpness: float = 1.0) -> f
         ops.rejection_sample(d, nd, None, p, seeds, pos, greedy=False)
         sync()
         ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
+    device_s = None
+    if cuda:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            ops.rejection_sample(d, nd, None, p, seeds, pos, greedy=False)
+        end.record()
+        end.synchronize()
+        device_s = start.elapsed_time(end) / 1e3 / reps
+    return statistics.median(ts), device_s
 
 
 def _spec_run(eng, spec, ids, out_len, temperature, seed) -> tuple[list[int], float, int, int, int, int]:
@@ -139,9 +151,12 @@ def spec_latency(eng, args) -> dict:
                         "mean_accepted_length": (A + Vs) / Vs if Vs else 0.0,
                         "prompts": rows}
     eng.spec = spec
-    op_s = _verify_op_seconds(eng, spec.k)
-    op_peaked_s = _verify_op_seconds(eng, spec.k, sharpness=8.0)
+    op_s, op_dev_s = _verify_op_seconds(eng, spec.k)
+    op_peaked_s, op_peaked_dev_s = _verify_op_seconds(eng, spec.k, sharpness=8.0)
     step = statistics.median(plain_step) if plain_step else None
     return {"method": spec.method, "k_max": spec.k, "adaptive": spec.adaptive, "temperature": temp,
-            "classes": classes, "verify_op_s": op_s, "verify_op_peaked_s": op_peaked_s, "plain_decode_step_s": step,
-            "verify_op_frac_of_decode_step": op_s / step if step else None}
+            "classes": classes, "verify_op_s": op_s, "verify_op_peaked_s": op_peaked_s,
+            "verify_op_device_s": op_dev_s, "verify_op_peaked_device_s": op_peaked_dev_s,
+            "plain_decode_step_s": step,
+            "verify_op_frac_of_decode_step": op_s / step if step else None,
+            "verify_op_device_frac_of_decode_step": op_dev_s / step if step and op_dev_s is not None else None}
