@@ -119,17 +119,18 @@ cudaError_t fp8_gemm_sm90(T* out, const uint8_t* a, const float* a_scale, const 
                           cudaStream_t stream);
 
 // include/decodekit/sampling/rejection.cuh (defined in sampling.cu)
-int64_t rejection_sample_splits_for(int64_t B, int64_t V, int num_sms);
+int64_t sampling_vocab_splits(int64_t B, int64_t V, int num_sms);
 size_t rejection_sample_workspace(int64_t B, int64_t k, int64_t splits, bool greedy);
 cudaError_t rejection_sample_launch(int64_t* out, int32_t* num_emitted, const int64_t* draft, const int32_t* num_draft,
                                     const float* q, const float* p, const int64_t* seeds, const int64_t* positions,
                                     int64_t B, int64_t k, int64_t V, bool greedy, int64_t splits, void* workspace,
                                     size_t workspace_bytes, cudaStream_t stream);
 
-// include/decodekit/sampling/gumbel_max.cuh (defined in sampling.cu)
+// include/decodekit/sampling/gumbel_max.cuh (defined in sampling.cu; splits: sampling_vocab_splits)
+size_t gumbel_argmax_workspace(int64_t B, int64_t splits);
 cudaError_t gumbel_argmax_launch(int64_t* out, const float* x, int64_t row_stride, const int64_t* seeds,
-                                 const int64_t* positions, int64_t B, int64_t V, uint32_t stream,
-                                 cudaStream_t cuda_stream);
+                                 const int64_t* positions, int64_t B, int64_t V, uint32_t stream, int64_t splits,
+                                 void* workspace, size_t workspace_bytes, cudaStream_t cuda_stream);
 
 // include/decodekit/sampling/sort_desc.cuh (defined in sampling.cu)
 size_t sort_desc_stable_workspace(int64_t B, int64_t V);

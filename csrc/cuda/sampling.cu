@@ -5,8 +5,8 @@
 #include "decodekit/sampling/sort_desc.cuh"
 #include "launchers.h"
 
-int64_t dk::cuda::rejection_sample_splits_for(int64_t B, int64_t V, int num_sms) {
-  return rejection_sample_splits(B, V, num_sms);
+int64_t dk::cuda::sampling_vocab_splits(int64_t B, int64_t V, int num_sms) {
+  return vocab_splits(B, V, num_sms);
 }
 
 size_t dk::cuda::rejection_sample_workspace(int64_t B, int64_t k, int64_t splits, bool greedy) {
@@ -22,10 +22,14 @@ cudaError_t dk::cuda::rejection_sample_launch(int64_t* out, int32_t* num_emitted
                           workspace, workspace_bytes, stream);
 }
 
+size_t dk::cuda::gumbel_argmax_workspace(int64_t B, int64_t splits) { return gumbel_argmax_workspace_bytes(B, splits); }
+
 cudaError_t dk::cuda::gumbel_argmax_launch(int64_t* out, const float* x, int64_t row_stride, const int64_t* seeds,
                                            const int64_t* positions, int64_t B, int64_t V, uint32_t stream,
+                                           int64_t splits, void* workspace, size_t workspace_bytes,
                                            cudaStream_t cuda_stream) {
-  return gumbel_argmax(out, x, row_stride, seeds, positions, B, V, stream, cuda_stream);
+  return gumbel_argmax(out, x, row_stride, seeds, positions, B, V, stream, splits, workspace, workspace_bytes,
+                       cuda_stream);
 }
 
 size_t dk::cuda::sort_desc_stable_workspace(int64_t B, int64_t V) { return sort_desc_stable_workspace_bytes(B, V); }

@@ -29,8 +29,9 @@ void rejection_sample_cuda(at::Tensor& out,                         // [B, k+1] 
   dk::check_cuda(op, "draft_tokens", draft_tokens);
   if (a.B == 0) return;
   c10::cuda::OptionalCUDAGuard guard(draft_tokens.device());
-  // The vocabulary split over CTAs: from B, V and the SM count only, so a CUDA graph replays the same plan.
-  const int64_t splits = dk::cuda::rejection_sample_splits_for(
+  // The vocabulary split over CTAs (vocab_splits): from B, V and the SM count only, so a CUDA graph replays
+  // the same plan.
+  const int64_t splits = dk::cuda::sampling_vocab_splits(
       a.B, a.V, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
   const size_t bytes = dk::cuda::rejection_sample_workspace(a.B, a.k, splits, greedy);
   at::Tensor ws = at::empty({int64_t(bytes)}, draft_tokens.options().dtype(at::kByte));  // caching allocator: graph-safe
@@ -52,9 +53,14 @@ void gumbel_argmax_cuda(at::Tensor& out,               // [B] int64
   dk::check_cuda(op, "scores", scores);
   if (a.B == 0) return;
   c10::cuda::OptionalCUDAGuard guard(scores.device());
+  const int64_t splits = dk::cuda::sampling_vocab_splits(
+      a.B, a.V, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);  // shapes only: graph-stable
+  const size_t bytes = dk::cuda::gumbel_argmax_workspace(a.B, splits);
+  at::Tensor ws = at::empty({int64_t(bytes)}, scores.options().dtype(at::kByte));  // caching allocator: graph-safe
   dk::check_launch(op, dk::cuda::gumbel_argmax_launch(out.data_ptr<int64_t>(), scores.data_ptr<float>(), a.row_stride,
                                                       seeds.data_ptr<int64_t>(), positions.data_ptr<int64_t>(), a.B,
-                                                      a.V, a.stream, c10::cuda::getCurrentCUDAStream()));
+                                                      a.V, a.stream, splits, ws.data_ptr(), bytes,
+                                                      c10::cuda::getCurrentCUDAStream()));
 }
 
 void sort_desc_stable_cuda(at::Tensor& values,     // [B, V] float32

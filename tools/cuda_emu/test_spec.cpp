@@ -58,7 +58,7 @@ static void run(int B, int k, int64_t V, bool with_q, bool greedy, bool ties) {
   }
   // the vocabulary split over 1 CTA, the plan's count, and forced 2 / 5 / 64 (slices of 4 tokens and up,
   // the last one short or empty-free), each against the sequential CPU scan
-  for (int64_t splits : {int64_t(1), dk::cuda::rejection_sample_splits(B, V, 132), int64_t(2), int64_t(5),
+  for (int64_t splits : {int64_t(1), dk::cuda::vocab_splits(B, V, 132), int64_t(2), int64_t(5),
                          int64_t(64)}) {
     std::vector<int64_t> out(size_t(B) * (k + 1), 77);
     std::vector<int32_t> n(B, -5);
@@ -98,6 +98,7 @@ static void run_gumbel(int B, int64_t V, float scale, float masked, bool dup, in
   if (B > 3) {  // special rows
     float* r = &x[0];
     r[V / 2] = NAN;
+    r[V - 1 - V / 4] = NAN;  // two NaNs (in different slices when split): the first one wins
     r = &x[size_t(stride)];
     r[V - 1] = INFINITY;
     r = &x[size_t(2 * stride)];
@@ -109,18 +110,25 @@ static void run_gumbel(int B, int64_t V, float scale, float masked, bool dup, in
     pos[b] = int64_t(rng() % 1000000);
   }
   const uint32_t stream = uint32_t(rng() % 4);
-  dk::cuda::gumbel_argmax(out.data(), x.data(), stride, seeds.data(), pos.data(), B, V, stream, nullptr);
   for (int b = 0; b < B; ++b)
     want[b] = dk::gumbel_argmax_row(&x[size_t(b * stride)], V, uint64_t(seeds[b]), uint64_t(pos[b]), stream);
-  ++checks;
-  if (out != want) {
-    for (int b = 0; b < B; ++b)
-      if (out[b] != want[b]) {
-        printf("FAIL gumbel B=%d V=%ld scale=%g masked=%g dup=%d: row %d token %ld, want %ld\n", B, long(V),
-               double(scale), double(masked), dup, b, long(out[b]), long(want[b]));
-        break;
-      }
-    ++fails;
+  // the row split over 1 CTA, the plan's count, and forced 3 / 64 slices (special values in any slice)
+  for (int64_t splits : {int64_t(1), dk::cuda::vocab_splits(B, V, 132), int64_t(3), int64_t(64)}) {
+    std::fill(out.begin(), out.end(), -7);
+    const size_t bytes = dk::cuda::gumbel_argmax_workspace_bytes(B, splits);
+    std::vector<int64_t> ws(bytes / 8 + 1, int64_t(0x5A5A5A5A5A5A5A5A));  // poisoned
+    const cudaError_t e = dk::cuda::gumbel_argmax(out.data(), x.data(), stride, seeds.data(), pos.data(), B, V, stream,
+                                                  splits, ws.data(), ws.size() * 8, nullptr, true);
+    ++checks;
+    if (e != cudaSuccess || out != want) {
+      for (int b = 0; b < B; ++b)
+        if (out[b] != want[b]) {
+          printf("FAIL gumbel B=%d V=%ld scale=%g masked=%g dup=%d splits=%ld: row %d token %ld, want %ld\n", B,
+                 long(V), double(scale), double(masked), dup, long(splits), b, long(out[b]), long(want[b]));
+          break;
+        }
+      ++fails;
+    }
   }
 }
 

@@ -61,5 +61,39 @@ DK_DEVICE int64_t block_best(Key key, int64_t V, float* ks, int64_t* is) {
   return block_best_range(key, 0, V, ks, is);
 }
 
+// ---- splitting a vocabulary over CTAs (rejection.cuh, gumbel_max.cuh): each CTA scans a slice and a second
+// kernel merges the slices' results, so that a small batch over a large vocabulary fills the GPU.
+constexpr int64_t kMinSlice = 4096;  // tokens per CTA at least (16 KB of a float32 row)
+constexpr int64_t kMaxSplits = 64;   // (the merge kernels give each slice a thread)
+static_assert(kMaxSplits <= kThreads, "a merge kernel gives each slice a thread");
+
+// A V-token row cut into `splits` slices of `slice` tokens (a multiple of 4, the Philox blocks of
+// gumbel_max.h; the last slice may be shorter).
+struct VocabPlan {
+  int64_t splits, slice;
+};
+
+// Host and device: the slices for `want` CTAs per row (clamped to [1, kMaxSplits] and to slices of at least
+// kMinSlice tokens, unless force: exactly that many, for tests).
+DK_HD VocabPlan vocab_plan(int64_t V, int64_t want, bool force = false) {
+  int64_t s = want < 1 ? 1 : (want > kMaxSplits ? kMaxSplits : want);
+  if (!force) {
+    const int64_t by_len = (V + kMinSlice - 1) / kMinSlice;
+    s = s < by_len ? s : by_len;
+  }
+  s = s < 1 ? 1 : s;
+  const int64_t slice = ((V + s - 1) / s + 3) / 4 * 4;
+  return VocabPlan{(V + slice - 1) / slice, slice};
+}
+
 }  // namespace sampling_detail
+
+// CTAs per row for B rows of V tokens on a GPU with num_sms SMs (about two CTAs per SM in all, slices of at
+// least kMinSlice tokens): 32 for one row over a 128k vocabulary, 1 from B = 2 x num_sms on. Shapes only,
+// so CUDA graphs replay the same plan.
+inline int64_t vocab_splits(int64_t B, int64_t V, int num_sms) {
+  const int64_t want = B > 0 ? (2 * int64_t(num_sms > 0 ? num_sms : 1) + B - 1) / B : 1;
+  return sampling_detail::vocab_plan(V, want).splits;
+}
+
 }  // namespace dk::cuda

@@ -3,7 +3,7 @@
 //
 //   1. rejection_partial_kernel, grid (B, splits): the vocabulary of each request is cut into
 //      `splits` slices (whole Philox blocks of 4 tokens; one slice, i.e. one CTA per request, once
-//      the batch alone fills the GPU: rejection_sample_splits). Every CTA repeats the cheap accept
+//      the batch alone fills the GPU: vocab_splits in block_best.cuh). Every CTA repeats the cheap accept
 //      decisions (one Philox word and two loads per draft), so all agree on the one row to sample:
 //      the first rejected draft's residual max(p_i - q_i, 0), or the bonus row p_n. Its slice's
 //      Gumbel-max is that of sampling/gumbel_max.h: the slice's largest weight is drawn first and
@@ -30,29 +30,6 @@
 namespace dk::cuda {
 namespace spec_detail {
 using namespace sampling_detail;
-
-constexpr int64_t kMinSlice = 4096;  // tokens per CTA at least (16 KB of a float32 row)
-constexpr int64_t kMaxSplits = 64;   // (gridDim.y; the finish kernel merges them in one pass of its CTA)
-static_assert(kMaxSplits <= kThreads, "the finish kernel gives each partial a thread");
-
-// The slicing of a V-token row into `splits` CTAs of `slice` tokens (a multiple of 4; the last may be
-// shorter).
-struct RejectionPlan {
-  int64_t splits, slice;
-};
-
-// Host and device: the slices for `want` CTAs per request (clamped to [1, kMaxSplits] and to slices of at
-// least kMinSlice tokens, unless want is forced: force = true, for tests).
-DK_HD RejectionPlan rejection_plan(int64_t V, int64_t want, bool force = false) {
-  int64_t s = want < 1 ? 1 : (want > kMaxSplits ? kMaxSplits : want);
-  if (!force) {
-    const int64_t by_len = (V + kMinSlice - 1) / kMinSlice;
-    s = s < by_len ? s : by_len;
-  }
-  s = s < 1 ? 1 : s;
-  const int64_t slice = ((V + s - 1) / s + 3) / 4 * 4;
-  return RejectionPlan{(V + slice - 1) / slice, slice};
-}
 
 // The row every CTA of request b samples (sampled mode): the first rejected draft, or n (the bonus).
 DK_DEVICE int first_rejected(const int64_t* db, int n, const float* pb, const float* qb, int64_t V, uint64_t seed,
@@ -100,7 +77,7 @@ rejection_partial_kernel(float* __restrict__ ws_key,             // [B, R, split
                          const float* __restrict__ p,            // [B, k+1, V]
                          const int64_t* __restrict__ seeds,      // [B]
                          const int64_t* __restrict__ positions,  // [B]
-                         int64_t k, int64_t V, bool greedy, RejectionPlan plan) {
+                         int64_t k, int64_t V, bool greedy, VocabPlan plan) {
   __shared__ float ks[kThreads];
   __shared__ int64_t is[kThreads];
   const int64_t b = blockIdx.x, s = blockIdx.y;
@@ -201,21 +178,14 @@ rejection_finish_kernel(int64_t* __restrict__ out,               // [B, k+1]
 
 }  // namespace spec_detail
 
-// CTAs per request for B requests on a GPU with num_sms SMs (about two CTAs per SM in all, slices of at
-// least kMinSlice tokens): 32 for one request over a 128k vocabulary, 1 from B = 2 x num_sms on.
-inline int64_t rejection_sample_splits(int64_t B, int64_t V, int num_sms) {
-  const int64_t want = B > 0 ? (2 * int64_t(num_sms > 0 ? num_sms : 1) + B - 1) / B : 1;
-  return spec_detail::rejection_plan(V, want).splits;
-}
-
-// Workspace for rejection_sample with `splits` CTAs per request (rejection_sample_splits).
+// Workspace for rejection_sample with `splits` CTAs per request (vocab_splits).
 inline size_t rejection_sample_workspace_bytes(int64_t B, int64_t k, int64_t splits, bool greedy) {
   const size_t n = size_t(B) * size_t(greedy ? k + 1 : 1) * size_t(splits);
   return n * (sizeof(float) + sizeof(int64_t));
 }
 
 // See the header comment; B requests, k draft slots each, vocabulary V; `splits` CTAs per request
-// (rejection_sample_splits; force_splits: exactly that many, for tests), workspace of
+// (vocab_splits; force_splits: exactly that many, for tests), workspace of
 // rejection_sample_workspace_bytes.
 inline cudaError_t rejection_sample(int64_t* out, int32_t* num_emitted, const int64_t* draft, const int32_t* num_draft,
                                     const float* q, const float* p, const int64_t* seeds, const int64_t* positions,
@@ -224,7 +194,7 @@ inline cudaError_t rejection_sample(int64_t* out, int32_t* num_emitted, const in
   using namespace spec_detail;
   if (B <= 0) return cudaSuccess;
   if (B > 0x7fffffff || V <= 0 || k < 0) return cudaErrorInvalidValue;
-  const RejectionPlan plan = rejection_plan(V, splits, force_splits);
+  const VocabPlan plan = vocab_plan(V, splits, force_splits);
   const size_t n = size_t(B) * size_t(greedy ? k + 1 : 1) * size_t(plan.splits);
   if (!workspace || workspace_bytes < n * (sizeof(float) + sizeof(int64_t))) return cudaErrorInvalidValue;
   int64_t* ws_idx = static_cast<int64_t*>(workspace);  // 8-byte aligned first
