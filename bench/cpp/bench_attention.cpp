@@ -91,10 +91,14 @@ std::shared_ptr<const Meta> make_meta(int S, int ctx, int n_new = 1) {
 // codes, NaN ones included, which changes no kernel's cost; scales 1). Bytes: K/V rows + q + out;
 // prefill flops: 4 * D per (query head, visible key) pair (q.k and p.v), S * Hq * 2 * D * n (n + 1).
 // splits > 0 (CUDA decode): that split-KV count instead of the plan's (the sweep of add_cases).
-// prefetch = false: the decode kernel without its prefetch (paged.cuh PF), for the A/B of add_cases.
+// variant (CUDA decode, dk::cuda::DecodeKernel): 2 = the tensor-core kernel (decode_tc.cuh; what
+// paged_attention runs for half / bf16), 1 = the SIMT kernel with its prefetch, 0 = without (paged.cuh
+// PF), for the A/B of add_cases (bf16 only).
+constexpr int kTensorCoreDecode = 2;
+const char* const kVariantName[] = {" simt", " simt-prefetch", ""};
 template <class T, class C>
 void add_case(std::vector<dkb::Case>& cases, const HeadConfig& hc, int S, int ctx, int n_new = 1, int splits_set = 0,
-              bool prefetch = true) {
+              int variant = kTensorCoreDecode) {
   const int hq = hc.hq, hk = hc.hk, head = hc.head;
   const double kv_bytes = 2.0 * S * ctx * hk * head * sizeof(C);  // K and V rows read
   if (kv_bytes > kMaxKvBytes) return;
@@ -146,7 +150,7 @@ void add_case(std::vector<dkb::Case>& cases, const HeadConfig& hc, int S, int ct
   if (splits > 1)
     DKB_CUDA_CHECK(cudaMalloc(&ws, sizeof(float) * dk::paged_attention_workspace_floats(splits, tokens, hq, head)));
   if (n_new == 1)
-    c.shape += " splits=" + std::to_string(splits) + (splits_set > 0 ? " (sweep)" : "") + (prefetch ? "" : " no-prefetch");
+    c.shape += " splits=" + std::to_string(splits) + (splits_set > 0 ? " (sweep)" : "") + kVariantName[variant];
   c.gpu = [=](char* s, cudaStream_t st) {
     using D = dkb::cuda_t<T>;
     using DC = std::conditional_t<kFp8, dk::fp8_e4m3_t, D>;
@@ -154,16 +158,19 @@ void add_case(std::vector<dkb::Case>& cases, const HeadConfig& hc, int S, int ct
     T *q, *out;
     carve(s, kc, vc, q, out);
     const int32_t* meta = m->dev;
-    auto run = [&](auto pf) {
-      return dk::cuda::paged_attention_variant<D, DC, decltype(pf)::value>(
+    auto run = [&](auto kind) {
+      return dk::cuda::paged_attention_variant<D, DC, decltype(kind)::value>(
           reinterpret_cast<D*>(out), nullptr, reinterpret_cast<const D*>(q), int64_t(hq) * head,
           reinterpret_cast<const DC*>(kc), reinterpret_cast<const DC*>(vc), m->block_tables(meta), m->max_blocks,
           m->seq_lens(meta), m->query_start(meta), S, tokens, hq, m->num_blocks, L, scale, dk::KVScales{}, 0, splits,
           ws, st);
     };
-    if constexpr (std::is_same_v<T, dk::bf16_t>)  // the A/B variant: bf16 only (compile time)
-      if (!prefetch) return run(std::false_type{});
-    return run(std::true_type{});
+    using K = dk::cuda::DecodeKernel;
+    if constexpr (std::is_same_v<T, dk::bf16_t>) {  // the A/B variants: bf16 only (compile time)
+      if (variant == int(K::kSimt)) return run(std::integral_constant<K, K::kSimt>{});
+      if (variant == int(K::kSimtPrefetch)) return run(std::integral_constant<K, K::kSimtPrefetch>{});
+    }
+    return run(std::integral_constant<K, K::kTensorCore>{});
   };
 #endif
   cases.push_back(std::move(c));
@@ -197,11 +204,13 @@ void add_cases(std::vector<dkb::Case>& cases, bool quick) {
       for (int S : grid.batches) {
         add_case<T, T>(cases, hc, S, ctx);
 #if defined(__CUDACC__)
-        // prefetch A/B (paged.cuh PF), bf16 Llama-3 heads: until an H200 run has measured both
+        // decode kernel A/B (tensor-core vs SIMT with / without prefetch), bf16 Llama-3 and SmolLM2 heads:
+        // until an H200 run has measured all three
         if constexpr (std::is_same_v<T, dk::bf16_t>)
-          if (hc.hq == kConfigs[0].hq) {
-            add_case<T, T>(cases, hc, S, ctx, 1, 0, false);
-            if (S > 1 || ctx >= 4096) add_case<T, dk::fp8_e4m3_t>(cases, hc, S, ctx, 1, 0, false);
+          for (int v : {0, 1}) {
+            add_case<T, T>(cases, hc, S, ctx, 1, 0, v);
+            if (hc.hq == kConfigs[0].hq && (S > 1 || ctx >= 4096))
+              add_case<T, dk::fp8_e4m3_t>(cases, hc, S, ctx, 1, 0, v);
           }
 #endif
         // Llama heads over an fp8 cache too (fp16/bf16 queries): the 1.7x-vs-bf16 target

@@ -15,7 +15,9 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <cstdlib>
 #include <sstream>
+#include <string>
 #include <type_traits>
 
 #include "../op_args.h"
@@ -23,6 +25,19 @@
 #include "launchers.h"
 
 namespace {
+
+// DECODEKIT_DECODE_ATTN = tc (default) | simt: the decode kernel for half / bf16 queries (paged.cuh's
+// DecodeKernel: the tensor-core kernel of decode_tc.cuh, or the SIMT prefetch kernel). Read once.
+bool tensor_core_decode() {
+  static const bool tc = [] {
+    const char* v = std::getenv("DECODEKIT_DECODE_ATTN");
+    const std::string s = v ? v : "";
+    TORCH_CHECK(s.empty() || s == "tc" || s == "simt" || s == "auto",
+                "DECODEKIT_DECODE_ATTN must be tc, simt or auto (tc), not '", s, "'");
+    return s != "simt";
+  }();
+  return tc;
+}
 
 void reshape_and_cache_cuda(const at::Tensor& key,        // [T, Hk, D]
                             const at::Tensor& value,      // [T, Hk, D]
@@ -129,7 +144,8 @@ void paged_attention_cuda(at::Tensor& out,                    // [T, Hq, D]
                                dk::cuda_ptr<C>(key_cache), dk::cuda_ptr<C>(value_cache),
                                block_tables.data_ptr<int32_t>(), a.max_blocks, seq_lens.data_ptr<int32_t>(),
                                query_start_loc.data_ptr<int32_t>(), a.num_seqs, a.num_tokens, a.num_q_heads,
-                               a.num_blocks, L, float(scale), sc, int(a.window), splits, ws, stream));
+                               a.num_blocks, L, float(scale), sc, int(a.window), splits, ws, stream,
+                               tensor_core_decode()));
     };
     if (a.fp8) launch(static_cast<dk::fp8_e4m3_t*>(nullptr));
     else launch(static_cast<scalar_t*>(nullptr));

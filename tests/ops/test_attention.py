@@ -193,3 +193,45 @@ def test_attention_errors_cuda(device):
     q, kc, vc, bt, lens, qsl = _batch([20], [4], 4, 2, 64, 16, torch.float16, device, torch.Generator().manual_seed(0))
     with pytest.raises(RuntimeError, match="'block_tables' is on cpu but must be on the same device as 'query'"):
         ops.paged_attention(q, kc, vc, bt.cpu(), lens, qsl, 0.1)
+
+
+_DECODE_KERNEL_SCRIPT = r"""
+import sys, torch
+sys.path[:0] = sys.argv[1:]
+from decodekit import ops
+from decodekit.ops import reference as ref
+from dk_testing import assert_close, randn
+from test_attention import _batch
+gen = torch.Generator().manual_seed(5)
+for hq, hk, d, bs in [(32, 8, 128, 16), (9, 3, 64, 16), (8, 8, 64, 32), (64, 8, 128, 16), (40, 2, 128, 64)]:
+    for ctx in ([1], [4097], [15, 16, 17, 1000, 33], [int(x) for x in torch.linspace(1, 700, 37)]):
+        for dtype in (torch.bfloat16, torch.float16):
+            q, kc, vc, bt, lens, qsl = _batch(ctx, [1] * len(ctx), hq, hk, d, bs, dtype, "cuda", gen)
+            out = torch.full_like(q, float("nan"))
+            lse = torch.full((q.shape[0], hq), float("nan"), device="cuda")
+            ops.paged_attention(q, kc, vc, bt, lens, qsl, d ** -0.5, out=out, lse=lse)
+            want, want_lse = ref.paged_attention(q.double(), kc.double(), vc.double(), bt.cpu(), lens.cpu(), qsl.cpu(),
+                                                 d ** -0.5)
+            assert_close(out, want, dtype, f"decode h{hq}x{hk} d{d} b{bs} ctx {ctx[:3]}")
+            assert_close(lse, want_lse, torch.float32, "lse")
+print("OK")
+"""
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
+@pytest.mark.parametrize("kernel", ["tc", "simt"])
+def test_cuda_decode_kernels(kernel, device, tmp_path):
+    """Both CUDA decode kernels for half / bf16 queries -- the tensor-core one (decode_tc.cuh, the default)
+    and the SIMT one (DECODEKIT_DECODE_ATTN=simt; read once per process, hence a subprocess each) -- match
+    the float64 reference on decode batches: GQA groups 4, 3, 1, 8 and 20 (two 16-head chunks), head_dim
+    64 / 128, block sizes 16 / 32 / 64, one sequence of 1 or 4097 keys (split-KV) and mixed batches."""
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "decode_kernel.py"
+    script.write_text(_DECODE_KERNEL_SCRIPT)
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, DECODEKIT_DECODE_ATTN=kernel)
+    r = subprocess.run([sys.executable, str(script), here, os.path.join(here, "..")], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]

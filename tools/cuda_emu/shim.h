@@ -263,6 +263,18 @@ inline float __shfl_xor_sync(unsigned mask, float v, int o) {
   dk_emu::wait(b->warp_bars[b->cur->warp]);
   return r;
 }
+// __shfl_sync of a 32-bit int: lane src's value (0 <= src < 32; the kernels shuffle within the warp).
+inline int __shfl_sync(unsigned mask, int v, int src) {
+  if (mask != 0xffffffffu) { fprintf(stderr, "emulator: partial shuffle mask\n"); abort(); }
+  if (src < 0 || src > 31) { fprintf(stderr, "emulator: shuffle source lane %d\n", src); abort(); }
+  auto* b = dk_emu::blk;
+  const int t = b->cur->warp * 32, lane = b->cur->lane;
+  b->shfl_u[t + lane] = uint32_t(v);
+  dk_emu::wait(b->warp_bars[b->cur->warp]);
+  const int r = int(b->shfl_u[t + src]);
+  dk_emu::wait(b->warp_bars[b->cur->warp]);
+  return r;
+}
 template <class T> inline T __ldg(const T* p) { return *p; }
 
 // ---- what the custom all-reduce kernels (include/decodekit/comm/allreduce.cuh) need: ranks are

@@ -15,7 +15,9 @@
 
 using namespace dk;
 static std::mt19937 rng(123);
-static int fails = 0, checks = 0, split_cases = 0, tc_cases = 0;
+static int fails = 0, checks = 0, split_cases = 0, tc_cases = 0, tc_decode_cases = 0;
+// paged_attention's decode kernel for half / bf16 (its tensor_core_decode argument): main runs both
+static bool tc_decode = true;
 
 template <class T> float tol_abs() { return sizeof(T) == 4 ? 2e-5f : std::is_same_v<T, __half> ? 1e-3f : 8e-3f; }
 
@@ -133,9 +135,14 @@ template <class T, class KV> void run_attention_impl(const Case& c) {
                                    scale, kvs, c.window, nullptr)
       : cuda::paged_attention<T, KV>(out.data(), c.with_lse ? lse.data() : nullptr, q.data(), q_stride, kc.data(),
                                      vc.data(), bt.data(), maxb, lens.data(), qsl.data(), S, Tn, Hq, num_blocks, L,
-                                     scale, kvs, c.window, splits, splits > 1 ? ws.data() : nullptr, nullptr);
-  if (tc) ++tc_cases;
-  else if (splits > 1) ++split_cases;
+                                     scale, kvs, c.window, splits, splits > 1 ? ws.data() : nullptr, nullptr,
+                                     tc_decode);
+  if (tc) {
+    ++tc_cases;
+  } else {
+    split_cases += splits > 1;
+    tc_decode_cases += tc_decode && cuda::kIsMmaType<T> && (D == 64 || D == 128);
+  }
   ++checks;
   if (err != cudaSuccess || (Tn > 0) != (dk_emu::launches > l0)) {
     printf("FAIL %s %s: err=%d launches=%ld\n", c.name.c_str(), tname<T>(), int(err), dk_emu::launches - l0);
@@ -229,7 +236,7 @@ template <class T> void run_bad_metadata(int splits) {
   std::vector<float> ws(size_t(paged_attention_workspace_floats(splits, 6, Hq, D)));
   cuda::paged_attention<T, T>(out.data(), lse.data(), q.data(), Hq * D, kc.data(), vc.data(), bt.data(), maxb,
                               lens.data(), qsl.data(), S, 6, Hq, num_blocks, L, 0.125f, KVScales{}, 0, splits,
-                              splits > 1 ? ws.data() : nullptr, nullptr);
+                              splits > 1 ? ws.data() : nullptr, nullptr, tc_decode);
   ++checks;
   // token 2 (seq 1, i = 0) sees keys 0..18: block 99 is in its window -> NaN; so does token 3.
   for (int t = 0; t < 6; ++t)
@@ -239,6 +246,33 @@ template <class T> void run_bad_metadata(int splits) {
         ++fails;
         return;
       }
+}
+
+// The same for decode batches (one new token per sequence: the decode kernels, not the prefill one):
+// seq 0's window holds block id 99, seq 1 has seq_len 60 > 3 blocks * 16 -> NaN; seq 2 is consistent and
+// must come out finite (the poison stays with its token).
+template <class T> void run_bad_metadata_decode(int splits, int D) {
+  const int Hq = 8, Hk = 2, bs = 16, S = 3, maxb = 3, num_blocks = 6;
+  const PagedLayout L{Hk, bs, D};
+  std::vector<T> kc = randn<T>(size_t(num_blocks) * Hk * bs * D), vc = randn<T>(kc.size()), q = randn<T>(size_t(3) * Hq * D);
+  std::vector<int32_t> bt = {0, 99, 1, 2, 3, 4, 5, 0, 1}, lens = {30, 60, 40}, qsl = {0, 1, 2, 3};
+  std::vector<T> out(size_t(3) * Hq * D, Conv<T>::store(7.f));
+  std::vector<float> lse(size_t(3) * Hq, 7.f);
+  std::vector<float> ws(size_t(paged_attention_workspace_floats(splits, 3, Hq, D)));
+  cuda::paged_attention<T, T>(out.data(), lse.data(), q.data(), Hq * D, kc.data(), vc.data(), bt.data(), maxb,
+                              lens.data(), qsl.data(), S, 3, Hq, num_blocks, L, 0.125f, KVScales{}, 0, splits,
+                              splits > 1 ? ws.data() : nullptr, nullptr, tc_decode);
+  ++checks;
+  for (int t = 0; t < 3; ++t)
+    for (int h = 0; h < Hq; ++h) {
+      const bool nan_out = std::isnan(ld(out[(size_t(t) * Hq + h) * D + 5])), nan_lse = std::isnan(lse[t * Hq + h]);
+      if (nan_out != (t < 2) || nan_lse != (t < 2)) {
+        printf("FAIL bad metadata (decode) %s d=%d splits %d tc=%d: token %d head %d NaN %d / %d\n", tname<T>(), D,
+               splits, int(tc_decode), t, h, int(nan_out), int(nan_lse));
+        ++fails;
+        return;
+      }
+    }
 }
 
 template <class T> void run_cache(int T_, int hk, int d, int bs, int nb, int key_pad, int off, unsigned cap) {
@@ -429,6 +463,8 @@ template <class T> void run_all(bool full) {
   }
   run_bad_metadata<T>(1);
   run_bad_metadata<T>(3);
+  for (int d : {64, 128})
+    for (int sp : {1, 3}) run_bad_metadata_decode<T>(sp, d);
   run_cache_fp8<T>();
   run_cache<T>(37, 3, 64, 16, 9, 0, 0, 1u << 30);     // as tests/ops: strided views of a fused qkv
   run_cache<T>(37, 3, 64, 16, 9, V, 0, 4);            // grid-stride (4 CTAs)
@@ -441,6 +477,7 @@ template <class T> void run_all(bool full) {
 
 int main(int argc, char** argv) {
   bool full = true;
+  std::string decode = "both";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--reverse") dk_emu::order = dk_emu::kReverse;
@@ -448,18 +485,29 @@ int main(int argc, char** argv) {
     if (a == "--greedy") dk_emu::order = dk_emu::kGreedy;
     if (a == "--workers") dk_emu::workers = atoi(argv[++i]);
     if (a == "--only") { filter = argv[++i]; full = false; }
+    if (a == "--decode") decode = argv[++i];  // both (default) | tc | simt
   }
   run_all<float>(full);
-  run_all<__half>(full);
-  run_all<__nv_bfloat16>(full);
+  // half / bf16 decode batches: the tensor-core kernel (decode_tc.cuh, the default), then the SIMT one
+  // (bf16 only when both: the same code for both types)
+  if (decode != "simt") {
+    tc_decode = true;
+    run_all<__half>(full);
+    run_all<__nv_bfloat16>(full);
+  }
+  if (decode != "tc") {
+    tc_decode = false;
+    if (decode == "simt") run_all<__half>(full);
+    run_all<__nv_bfloat16>(full);
+  }
   printf("max |error| over all cases (out elements; lse):\n");
   for (auto& [k, s] : stats)
     printf("  %-4s  out abs: emu-vs-cpu %.3g  emu-vs-fp64 %.3g  cpu-vs-fp64 %.3g | err/(eps*(1+|x|)): emu-vs-cpu %.2f  emu-vs-fp64 %.2f  "
            "cpu-vs-fp64 %.2f | lse abs: emu-vs-cpu %.3g  emu-vs-fp64 %.3g  (%ld outputs)\n",
            k.c_str(), s.emu_cpu, s.emu_ref, s.cpu_ref, s.ulp_emu_cpu, s.ulp_emu_ref, s.ulp_cpu_ref, s.lse_emu_cpu,
            s.lse_emu_ref, s.n);
-  printf("%d checks (%d split-KV, %d tensor-core), %d failures, %ld launches, %zu distinct kernels\n", checks, split_cases,
-         tc_cases, fails,
+  printf("%d checks (%d split-KV, %d tensor-core prefill, %d tensor-core decode), %d failures, %ld launches, "
+         "%zu distinct kernels\n", checks, split_cases, tc_cases, tc_decode_cases, fails,
          dk_emu::launches.load(), dk_emu::distinct.size());
   return fails != 0;
 }

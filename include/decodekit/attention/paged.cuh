@@ -42,6 +42,7 @@
 #include <type_traits>
 
 #include "decodekit/attention/common.h"
+#include "decodekit/attention/decode_tc.cuh"
 #include "decodekit/attention/prefill.cuh"
 #include "decodekit/common/fp8.h"
 #include "decodekit/common/vec.cuh"
@@ -196,40 +197,15 @@ paged_attention_kernel(T* out,                // [T, Hq, D] contiguous
   const int li = lane % LPR;                   // lane within its row group
   const int part = warp * KPW + lane / LPR;    // this lane group's partition
 
-  // The token's sequence s: the largest s with query_start_loc[s] <= t (binary search).
-  int s = 0;
-  int64_t last = -1;  // last key the token sees (-1: none)
-  bool bad = false;
-  if (num_seqs > 0 && __ldg(query_start_loc) <= t) {
-    int lo = 0, hi = num_seqs;
-    while (hi - lo > 1) {
-      const int mid = (lo + hi) >> 1;
-      if (__ldg(query_start_loc + mid) <= t) lo = mid;
-      else hi = mid;
-    }
-    s = lo;
-    const int64_t start = __ldg(query_start_loc + s), end = __ldg(query_start_loc + s + 1);
-    if (t < end) {
-      const int64_t ctx = __ldg(seq_lens + s);
-      last = causal_last_key(ctx, end - start, t - start);
-      // Metadata the CPU launcher rejects: no reads past the table row, NaN result.
-      if (ctx < end - start || last >= int64_t(max_blocks) * L.block_size) {
-        bad = true;
-        last = -1;
-      }
-    }
-  }
-
-  // Split-KV: this CTA takes keys [k_begin, k_end] of the window first .. last, in pieces of a
-  // multiple of 2P keys (so the partition/key mapping below is unchanged); a CTA whose piece
-  // is empty writes an empty partial result (0, lse = -inf).
-  const int64_t first = window_first_key(last, window);
-  int64_t k_begin = first, k_end = last;
-  if (num_splits > 1) {
-    const int64_t per = ((last - first + 1 + num_splits - 1) / num_splits + 2 * P - 1) / (2 * P) * (2 * P);
-    k_begin = first + int64_t(split) * per;
-    k_end = k_begin + per - 1 < last ? k_begin + per - 1 : last;
-  }
+  // The token's sequence (binary search over query_start_loc) and last key; split-KV: this CTA takes keys
+  // [k_begin, k_end] of the window first .. last, in pieces of a multiple of 2P keys (so the
+  // partition/key mapping below is unchanged); a CTA whose piece is empty writes an empty partial
+  // result (0, lse = -inf).
+  const DecodeToken tok = decode_token(t, query_start_loc, seq_lens, num_seqs, max_blocks, L.block_size);
+  const int s = tok.s;
+  bool bad = tok.bad;
+  int64_t k_begin, k_end;
+  split_key_range(window_first_key(tok.last, window), tok.last, split, num_splits, 2 * P, k_begin, k_end);
 
   if (tid == 0) bad_s = 0;
   const float qscale = scale * sc.key(kvh);
@@ -432,6 +408,17 @@ paged_attention_merge_kernel(T* out,                  // [T, Hq, D]
   if (lse != nullptr && d == 0) lse[row] = l;
 }
 
+// Launches the merge when num_splits > 1 (after the split kernel's launch; returns its error otherwise).
+template <class T>
+cudaError_t paged_attention_merge_launch(T* out, float* lse, const float* part_out, const float* part_lse,
+                                         int num_splits, int64_t rows, int head_dim, cudaStream_t stream) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess || num_splits <= 1) return err;
+  paged_attention_merge_kernel<T><<<unsigned(rows), head_dim, 0, stream>>>(out, lse, part_out, part_lse, num_splits,
+                                                                           rows, head_dim);
+  return cudaGetLastError();
+}
+
 }  // namespace attn_detail
 
 // key/value rows (token stride k_stride / v_stride, heads contiguous) into the caches at
@@ -483,11 +470,16 @@ inline cudaError_t copy_blocks_launch(void* key_cache, void* value_cache,  // [n
 // Head dims paged_attention has kernels for (others: cudaErrorInvalidValue).
 DK_HD constexpr bool paged_attention_head_dim_ok(int d) { return d == 64 || d == 128 || d == 256; }
 
+// The decode kernels (batches of one new token per sequence): the SIMT kernel above without / with its
+// prefetch, and the tensor-core one of decode_tc.cuh (half / bf16 queries, head_dim 64 or 128; the SIMT
+// prefetch kernel otherwise). bench_attention times each; paged_attention takes the SIMT prefetch or the
+// tensor-core one at run time.
+enum class DecodeKernel : int { kSimt = 0, kSimtPrefetch = 1, kTensorCore = 2 };
+
 // Causal paged attention of every token over its sequence's cache (see the header comment).
 // key_cache/value_cache must be 16-byte aligned (cudaErrorInvalidValue otherwise).
-// C: T, or fp8_e4m3_t (dequantized with sc's scales). PF: the decode kernel's prefetch (see there);
-// paged_attention below is the PF one (bench_attention times both).
-template <class T, class C, bool PF>
+// C: T, or fp8_e4m3_t (dequantized with sc's scales). DK: the decode kernel (see DecodeKernel).
+template <class T, class C, DecodeKernel DK>
 cudaError_t paged_attention_variant(T* out,             // [num_tokens, Hq, D] contiguous
                             float* lse,         // [num_tokens, Hq] or null
                             const T* query,     // [num_tokens, Hq, D], token stride q_stride
@@ -517,6 +509,30 @@ cudaError_t paged_attention_variant(T* out,             // [num_tokens, Hq, D] c
                                query_start_loc, num_seqs, num_tokens, num_q_heads, num_blocks, L, scale, sc, window,
                                stream);
   const int group = num_q_heads / L.num_kv_heads;
+  const int64_t rows = num_tokens * num_q_heads;
+  float* part_out = workspace;
+  float* part_lse = num_splits > 1 ? workspace + int64_t(num_splits) * rows * L.head_dim : nullptr;
+  if constexpr (DK == DecodeKernel::kTensorCore && kIsMmaType<T>) {
+    // (32-bit key and row numbers in the kernel: larger tables / caches take the SIMT kernel)
+    if ((L.head_dim == 64 || L.head_dim == 128) && int64_t(max_blocks) * L.block_size <= 0x7fffffff &&
+        num_blocks * L.num_kv_heads * L.block_size <= 0x7fffffff) {
+      const int chunks = int(ceil_div(group, kDtRows));
+      const dim3 grid(unsigned(num_tokens), unsigned(L.num_kv_heads), unsigned(chunks * num_splits));
+#define DK_DECODE_TC_LAUNCH(D)                                                                                   \
+  {                                                                                                            \
+    const cudaError_t e = paged_decode_tc_prepare<T, C, D>();                                                  \
+    if (e != cudaSuccess) return e;                                                                            \
+    paged_decode_tc_kernel<T, C, D><<<grid, kDtThreads, decode_tc_smem_bytes<T, D>(), stream>>>(              \
+        out, lse, query, q_stride, key_cache, value_cache, block_tables, max_blocks, seq_lens, query_start_loc, \
+        num_seqs, num_q_heads, num_blocks, L, scale, sc, window, num_splits, part_out, part_lse);               \
+  }
+      if (L.head_dim == 64) DK_DECODE_TC_LAUNCH(64)
+      else DK_DECODE_TC_LAUNCH(128)
+#undef DK_DECODE_TC_LAUNCH
+      return paged_attention_merge_launch<T>(out, lse, part_out, part_lse, num_splits, rows, L.head_dim, stream);
+    }
+  }
+  constexpr bool PF = DK != DecodeKernel::kSimt;
   // fp32 queries need more registers per head (fp8 conversions; fp32 K/V rows of head_dim 256 with the
   // prefetched ones): <= 4 heads per CTA there, so that no variant spills (checked in CI by
   // tools/cuda_check.py). fp32 is the tests' dtype, not a serving one.
@@ -524,9 +540,6 @@ cudaError_t paged_attention_variant(T* out,             // [num_tokens, Hq, D] c
   const int chunks = int(ceil_div(group, kMaxHpc));
   const int hpc = int(ceil_div(group, chunks));  // balanced chunks of <= kMaxHpc heads
   const dim3 grid(unsigned(num_tokens), unsigned(L.num_kv_heads), unsigned(chunks * num_splits));
-  const int64_t rows = num_tokens * num_q_heads;
-  float* part_out = workspace;
-  float* part_lse = num_splits > 1 ? workspace + int64_t(num_splits) * rows * L.head_dim : nullptr;
 #define DK_PAGED_LAUNCH(D, H)                                                                                    \
   paged_attention_kernel<T, C, D, H, PF><<<grid, kAttnThreads, 0, stream>>>(                                 \
       out, lse, query, q_stride, key_cache, value_cache, block_tables, max_blocks, seq_lens, query_start_loc,   \
@@ -543,24 +556,24 @@ cudaError_t paged_attention_variant(T* out,             // [num_tokens, Hq, D] c
   }
 #undef DK_PAGED_HEADS
 #undef DK_PAGED_LAUNCH
-  if (num_splits > 1) {
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-    paged_attention_merge_kernel<T><<<unsigned(rows), L.head_dim, 0, stream>>>(out, lse, part_out, part_lse,
-                                                                                num_splits, rows, L.head_dim);
-  }
-  return cudaGetLastError();
+  return paged_attention_merge_launch<T>(out, lse, part_out, part_lse, num_splits, rows, L.head_dim, stream);
 }
 
+// paged_attention_variant with the decode kernel chosen at run time: tensor_core_decode -> the tensor-core
+// kernel where it applies (DecodeKernel::kTensorCore), else the SIMT prefetch one.
 template <class T, class C>
 cudaError_t paged_attention(T* out, float* lse, const T* query, int64_t q_stride, const C* key_cache,
                             const C* value_cache, const int32_t* block_tables, int max_blocks, const int32_t* seq_lens,
                             const int32_t* query_start_loc, int num_seqs, int64_t num_tokens, int num_q_heads,
                             int64_t num_blocks, PagedLayout L, float scale, KVScales sc, int window, int num_splits,
-                            float* workspace, cudaStream_t stream) {
-  return paged_attention_variant<T, C, true>(out, lse, query, q_stride, key_cache, value_cache, block_tables,
-                                             max_blocks, seq_lens, query_start_loc, num_seqs, num_tokens, num_q_heads,
-                                             num_blocks, L, scale, sc, window, num_splits, workspace, stream);
+                            float* workspace, cudaStream_t stream, bool tensor_core_decode) {
+  if (tensor_core_decode)
+    return paged_attention_variant<T, C, DecodeKernel::kTensorCore>(
+        out, lse, query, q_stride, key_cache, value_cache, block_tables, max_blocks, seq_lens, query_start_loc,
+        num_seqs, num_tokens, num_q_heads, num_blocks, L, scale, sc, window, num_splits, workspace, stream);
+  return paged_attention_variant<T, C, DecodeKernel::kSimtPrefetch>(
+      out, lse, query, q_stride, key_cache, value_cache, block_tables, max_blocks, seq_lens, query_start_loc,
+      num_seqs, num_tokens, num_q_heads, num_blocks, L, scale, sc, window, num_splits, workspace, stream);
 }
 
 }  // namespace dk::cuda
