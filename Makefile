@@ -64,6 +64,7 @@ emu-test:
 	$(EMU_CXX) tools/cuda_emu/test_allreduce.cpp -o $(EMU_DIR)/test_allreduce && $(EMU_DIR)/test_allreduce
 	$(EMU_CXX) tools/cuda_emu/test_attn.cpp -o $(EMU_DIR)/test_attn && $(EMU_DIR)/test_attn
 	$(EMU_DIR)/test_attn --only "tc " --greedy  # tensor-core kernel, one warp running ahead (barriers)
+	$(EMU_DIR)/test_attn --only decode --greedy --decode tc  # tensor-core decode kernel, the same
 
 bench: install
 	$(PY) bench/run_all.py --device cpu --quick

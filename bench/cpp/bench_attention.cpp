@@ -191,12 +191,16 @@ void add_cases(std::vector<dkb::Case>& cases, bool quick) {
   // Split-KV sweep, bf16 Llama-3 heads: the 2026-12-04 H200 run had the decode kernel's bandwidth rise
   // with the CTA count (128 CTAs 0.09 of copy, 256 0.21, 512 0.38, 2048 0.40): is the plan's ~2 CTAs
   // per SM (kPlanCtasPerSm) too few for small batches, and what do 64 / 128 splits cost in the merge?
+  // With the tensor-core kernel (3 CTAs per SM at head_dim 128) batch 64 x 8 KV heads is 1.3 waves of 512
+  // CTAs: do 2-4 splits (more, shorter CTAs) fill the last wave better than the plan's 1?
   if constexpr (std::is_same_v<T, dk::bf16_t>)
-    if (!quick)
+    if (!quick) {
       for (int ctx : {4096, 32768})
         for (int S : {1, 8})
           for (int sp : {8, 16, 32, 64, 128})
             if (int64_t(ctx) / sp >= kBlockSize) add_case<T, T>(cases, kConfigs[0], S, ctx, 1, sp);
+      for (int sp : {2, 3, 4}) add_case<T, T>(cases, kConfigs[0], 64, 4096, 1, sp);
+    }
 #endif
   const Grid grid = decode_grid(quick);
   for (const HeadConfig& hc : kConfigs)
