@@ -86,11 +86,15 @@ DK_HD void gumbel_offer_block(X x, int64_t j, int n, int64_t skip, uint64_t seed
 // never drawn), the logs taken only for tokens that pass the weight-space test w >= exp(best - 17) (below
 // it a key cannot reach best, as gumbel_out_of_reach), so a peaked row costs a compare per token.
 // Bit for bit the keys log(w) + g of a scan that evaluates every token (the rejection sampler's rule).
+// `below` = gumbel_weight_floor(best), kept by the caller (updated here when best moves), so a block costs no exp.
+DK_HD float gumbel_weight_floor(float best) {
+  return expf(best - kGumbelMax);  // rounds either way by an ulp: 0.36 of margin in the key
+}
+
 template <class W>
 DK_HD void gumbel_offer_block_w(W w, int64_t j, int n, int64_t skip, uint64_t seed, uint64_t position,
-                                uint32_t stream, float& best, int64_t& bi) {
+                                uint32_t stream, float& best, int64_t& bi, float& below) {
   const int64_t v0 = 4 * j;
-  const float below = expf(best - kGumbelMax);  // rounds either way by an ulp: 0.36 of margin in the key
   bool any = false;
 #pragma unroll
   for (int i = 0; i < 4; ++i)
@@ -114,6 +118,7 @@ DK_HD void gumbel_offer_block_w(W w, int64_t j, int n, int64_t skip, uint64_t se
     if (key > best || (key == best && v < bi)) {
       best = key;
       bi = v;
+      below = gumbel_weight_floor(best);
     }
   }
 }

@@ -60,10 +60,11 @@ DK_DEVICE int64_t slice_sample(W w, int64_t v0, int64_t v1, uint64_t seed, uint6
     return -1;
   }
   float best = logf(w(first)) + spec_gumbel(seed, pos, uint32_t(first));
+  float below = gumbel_weight_floor(best);
   int64_t bi = first;
   for (int64_t j = v0 / 4 + threadIdx.x; 4 * j < v1; j += blockDim.x) {
     const int nb = v1 - 4 * j < 4 ? int(v1 - 4 * j) : 4;
-    gumbel_offer_block_w(w, j, nb, first, seed, pos, kStreamSpecResample, best, bi);
+    gumbel_offer_block_w(w, j, nb, first, seed, pos, kStreamSpecResample, best, bi, below);
   }
   return block_reduce_best(best, bi, ks, is, key);
 }
