@@ -14,8 +14,8 @@
 // Work split: grid (token, KV head, head chunk x split) as the SIMT kernel, kDtRows = 16 query
 // heads per chunk. The CTA's key range (the token's window, or its split's piece) is cut into
 // tiles of kDtKeys = 16 keys; warp w takes tiles w, w + 4, ... with its own kDtStages-deep cp.async
-// pipeline in dynamic shared memory (no CTA barrier in the loop; fp8 caches go through registers
-// and are widened to T before the store, as in prefill.cuh), its own online softmax (base 2, per
+// pipeline in dynamic shared memory (no CTA barrier in the loop; prefill.cuh's stage_kv_chunk: fp8
+// caches go through registers and are widened to T before the store), its own online softmax (base 2, per
 // row over the row's 4 lanes) and accumulators; the 4 warps' (m, l, O) merge in shared memory at
 // the end. Keys outside the range are masked to -inf; block ids outside the cache poison the
 // token (NaN), like the other kernels.
@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "decodekit/attention/common.h"
+#include "decodekit/attention/prefill.cuh"
 #include "decodekit/common/fp8.h"
 #include "decodekit/common/mma.cuh"
 #include "decodekit/common/vec.cuh"
@@ -124,13 +125,7 @@ paged_decode_tc_kernel(T* out,                // [T, Hq, D] contiguous
                        float* part_out,       // [num_splits, T, Hq, D] (split-KV only)
                        float* part_lse) {     // [num_splits, T, Hq] (split-KV only)
   using S = DtShape<D>;
-#if defined(__CUDA_ARCH__)
-  extern __shared__ __align__(128) unsigned char dsm[];
-#elif defined(DK_CUDA_EMU)
-  unsigned char* dsm = dk_emu::dynamic_smem();
-#else
-  unsigned char* dsm = nullptr;  // (nvcc's host pass)
-#endif
+  DK_DYNAMIC_SMEM(dsm);
   __shared__ float m_s[kDtWarps][kDtRows], l_s[kDtWarps][kDtRows];
   __shared__ int bad_s;
 
@@ -189,28 +184,8 @@ paged_decode_tc_kernel(T* out,                // [T, Hq, D] contiguous
       const int key = ps * S::KPP + crow;
       const int r = __shfl_sync(0xffffffffu, row, key);
       const int64_t off = int64_t(r) * D + c8;
-      T* kd = k_st + st * S::TILE + key * S::LD + c8;
-      T* vd = v_st + st * S::TILE + key * S::LD + c8;
-      if constexpr (kIsFp8<C>) {
-        Vec<T, 8> kv, vv;
-        if (r >= 0) {
-          const Vec<C, 8> kq = ldg_vec<C, 8>(key_cache + off), vq = ldg_vec<C, 8>(value_cache + off);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {  // exact: every e4m3 value is a half and a bf16
-            kv.v[e] = from_float<T>(fp8_e4m3_to_float(kq.v[e].bits));
-            vv.v[e] = from_float<T>(fp8_e4m3_to_float(vq.v[e].bits));
-          }
-        } else {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) kv.v[e] = vv.v[e] = from_float<T>(0.f);
-        }
-        store_vec(kd, kv);
-        store_vec(vd, vv);
-      } else {
-        const bool ok = r >= 0;
-        cp_async16(kd, ok ? key_cache + off : key_cache, ok ? 16 : 0);
-        cp_async16(vd, ok ? value_cache + off : value_cache, ok ? 16 : 0);
-      }
+      stage_kv_chunk(k_st + st * S::TILE + key * S::LD + c8, v_st + st * S::TILE + key * S::LD + c8, key_cache,
+                     value_cache, off, r >= 0);
     }
   };
 

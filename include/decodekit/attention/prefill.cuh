@@ -53,6 +53,33 @@ struct TcShape {
   static_assert(D % 32 == 0 && SN % 2 == 0 && ON % 2 == 0, "unsupported head_dim");
 };
 
+// Stages 8 elements of a K row and of a V row (element offset off in the caches) into shared memory as T
+// (zeros when !ok): cp.async for a cache of T; an fp8 cache is loaded 8 bytes at a time and widened in
+// registers (exact: every e4m3 value is a half and a bf16). The tensor-core kernels' (this file's and
+// decode_tc.cuh's) one staging step.
+template <class T, class C>
+DK_DEVICE void stage_kv_chunk(T* kd, T* vd, const C* key_cache, const C* value_cache, int64_t off, bool ok) {
+  if constexpr (kIsFp8<C>) {
+    Vec<T, 8> kv, vv;
+    if (ok) {
+      const Vec<C, 8> kq = ldg_vec<C, 8>(key_cache + off), vq = ldg_vec<C, 8>(value_cache + off);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        kv.v[e] = from_float<T>(fp8_e4m3_to_float(kq.v[e].bits));
+        vv.v[e] = from_float<T>(fp8_e4m3_to_float(vq.v[e].bits));
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) kv.v[e] = vv.v[e] = from_float<T>(0.f);
+    }
+    store_vec(kd, kv);
+    store_vec(vd, vv);
+  } else {
+    cp_async16(kd, ok ? key_cache + off : key_cache, ok ? 16 : 0);
+    cp_async16(vd, ok ? value_cache + off : value_cache, ok ? 16 : 0);
+  }
+}
+
 // Grid size (x) that covers every tile and every token outside the sequences, for any
 // query_start_loc: sum_s ceil(n_s * group / kTcRows) <= ceil(n * group / kTcRows) + S, and
 // the orphan tokens take ceil(T / 16) CTAs at most.
@@ -206,26 +233,7 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
         else badk = true;
       }
       if (c8 == 0) kbad_s[st][key] = badk;
-      if constexpr (kIsFp8<C>) {
-        Vec<T, 8> kv, vv;
-        if (row >= 0) {
-          const Vec<C, 8> kq = ldg_vec<C, 8>(key_cache + row + c8), vq = ldg_vec<C, 8>(value_cache + row + c8);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {  // exact: every e4m3 value is a half and a bf16
-            kv.v[e] = from_float<T>(fp8_e4m3_to_float(kq.v[e].bits));
-            vv.v[e] = from_float<T>(fp8_e4m3_to_float(vq.v[e].bits));
-          }
-        } else {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) kv.v[e] = vv.v[e] = from_float<T>(0.f);
-        }
-        store_vec(&k_s[st][key][c8], kv);
-        store_vec(&v_s[st][key][c8], vv);
-      } else {
-        const bool ok = row >= 0;
-        cp_async16(&k_s[st][key][c8], ok ? key_cache + row + c8 : key_cache, ok ? 16 : 0);
-        cp_async16(&v_s[st][key][c8], ok ? value_cache + row + c8 : value_cache, ok ? 16 : 0);
-      }
+      stage_kv_chunk(&k_s[st][key][c8], &v_s[st][key][c8], key_cache, value_cache, row + c8, row >= 0);
     }
   };
 

@@ -89,6 +89,16 @@ DK_DEVICE void ldmatrix_x4_impl(uint32_t (&r)[4], uint32_t addr) {
 DK_DEVICE void ldmatrix_x4(uint32_t (&r)[4], const void* row) { ldmatrix_x4_impl<false>(r, smem_addr(row)); }
 DK_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) { ldmatrix_x4_impl<true>(r, smem_addr(row)); }
 
+// A kernel's dynamic shared memory as `unsigned char* name` (the emulator hands out its own buffer;
+// nvcc's host pass sees a null pointer).
+#if defined(__CUDA_ARCH__)
+#define DK_DYNAMIC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
+#elif defined(DK_CUDA_EMU)
+#define DK_DYNAMIC_SMEM(name) unsigned char* name = dk_emu::dynamic_smem()
+#else
+#define DK_DYNAMIC_SMEM(name) unsigned char* name = nullptr
+#endif
+
 // 16 bytes global -> shared without a register round trip; bytes == 0 zero-fills the
 // destination (src must still be a valid address; it is not read).
 DK_DEVICE void cp_async16(void* smem_dst, const void* gmem_src, int bytes = 16) {

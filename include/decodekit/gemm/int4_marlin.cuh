@@ -175,13 +175,7 @@ int4_gemm_marlin_kernel(T* __restrict__ out,                 // [M, N]
   constexpr int BM = 16 * MT;
   constexpr int kABytes = BM * kBK * 2;
   constexpr int kStageBytes = kWBytes + kABytes + kSBytes;
-#if defined(__CUDA_ARCH__)
-  extern __shared__ __align__(128) unsigned char smem[];
-#elif defined(DK_CUDA_EMU)
-  unsigned char* smem = dk_emu::dynamic_smem();
-#else
-  unsigned char* smem = nullptr;  // (nvcc's host pass)
-#endif
+  DK_DYNAMIC_SMEM(smem);
   __shared__ int last_flag;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int gl = lane >> 2, cl = 2 * (lane & 3);
