@@ -81,6 +81,21 @@ DK_DEVICE void split_key_range(int64_t first, int64_t last, int split, int num_s
   }
 }
 
+// Element d of a decode kernel's result row `row` (token x query head; rows = tokens x query heads):
+// out / lse directly, or split `split`'s partials (num_splits > 1) for paged_attention_merge_kernel.
+template <class T>
+DK_DEVICE void store_decode_result(T* out, float* lse, float* part_out, float* part_lse, int num_splits, int split,
+                                   int64_t row, int64_t rows, int D, int d, float res, float lv) {
+  if (num_splits > 1) {
+    const int64_t prow = int64_t(split) * rows + row;
+    part_out[prow * D + d] = res;
+    if (d == 0) part_lse[prow] = lv;
+  } else {
+    out[row * D + d] = from_float<T>(res);
+    if (lse != nullptr && d == 0) lse[row] = lv;
+  }
+}
+
 constexpr int kDtWarps = 4;
 constexpr int kDtThreads = kDtWarps * 32;
 constexpr int kDtRows = 16;   // query heads per CTA: one m16 tile
@@ -332,15 +347,8 @@ paged_decode_tc_kernel(T* out,                // [T, Hq, D] contiguous
       res = 0.f;
       lv = -INFINITY;
     }
-    const int64_t row = t * num_q_heads + head0 + r;
-    if (num_splits > 1) {
-      const int64_t prow = int64_t(split) * gridDim.x * num_q_heads + row;
-      part_out[prow * D + d] = res;
-      if (d == 0) part_lse[prow] = lv;
-    } else {
-      out[row * D + d] = from_float<T>(res);
-      if (lse != nullptr && d == 0) lse[row] = lv;
-    }
+    store_decode_result(out, lse, part_out, part_lse, num_splits, split, t * num_q_heads + head0 + r,
+                        int64_t(gridDim.x) * num_q_heads, D, d, res, lv);
   }
 }
 

@@ -366,15 +366,8 @@ paged_attention_kernel(T* out,                // [T, Hq, D] contiguous
       res = 0.f;
       lv = -INFINITY;
     }
-    const int64_t row = t * num_q_heads + head0 + g;
-    if (num_splits > 1) {
-      const int64_t prow = int64_t(split) * gridDim.x * num_q_heads + row;
-      part_out[prow * D + d] = res;
-      if (d == 0) part_lse[prow] = lv;
-    } else {
-      out[row * D + d] = from_float<T>(res);
-      if (lse != nullptr && d == 0) lse[row] = lv;
-    }
+    store_decode_result(out, lse, part_out, part_lse, num_splits, split, t * num_q_heads + head0 + g,
+                        int64_t(gridDim.x) * num_q_heads, D, d, res, lv);
   }
 }
 
