@@ -56,8 +56,8 @@ static void run(int B, int k, int64_t V, bool with_q, bool greedy, bool ties) {
                                [&](int i, int64_t v) { return qb[i * V + v]; }, with_q, V, uint64_t(seeds[b]),
                                uint64_t(pos[b]), greedy, &want[size_t(b * (k + 1))]);
   }
-  // the vocabulary split over 1 CTA, the plan's count, and forced 2 / 5 / 64 (slices of 4 tokens and up,
-  // the last one short or empty-free), each against the sequential CPU scan
+  // the vocabulary split over 1 CTA, the plan's count, and forced 2 / 5 / 64 slices (of 4 tokens and up, the
+  // last one shorter), each against the CPU rule's sequential scan
   for (int64_t splits : {int64_t(1), dk::cuda::vocab_splits(B, V, 132), int64_t(2), int64_t(5),
                          int64_t(64)}) {
     std::vector<int64_t> out(size_t(B) * (k + 1), 77);

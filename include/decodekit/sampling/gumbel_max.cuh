@@ -83,9 +83,8 @@ gumbel_finish_kernel(int64_t* __restrict__ out,  // [B]
   __shared__ int64_t is[kThreads];
   const int64_t b = blockIdx.x, w = b * splits + threadIdx.x;
   const bool mine = int64_t(threadIdx.x) < splits;
-  // the first NaN: the largest -index
-  const int64_t ni = mine ? part.nan_idx[w] : -1;
-  const int64_t nan_at = block_reduce_best(ni >= 0 ? -float(ni) : 0.f, ni, ks, is);
+  // the first NaN: equal keys, so the lowest index wins (-1: none)
+  const int64_t nan_at = block_reduce_best(0.f, mine ? part.nan_idx[w] : -1, ks, is);
   float xmax;
   const int64_t first = block_reduce_best(mine ? part.max_val[w] : -INFINITY, mine ? part.max_idx[w] : -1, ks, is,
                                           &xmax);

@@ -31,20 +31,16 @@ namespace dk::cuda {
 namespace spec_detail {
 using namespace sampling_detail;
 
-// The row every CTA of request b samples (sampled mode): the first rejected draft, or n (the bonus).
+// The row every CTA of request b samples (sampled mode): rejection.h's spec_first_rejected over the request's
+// rows (the first rejected draft, or n: the bonus).
 DK_DEVICE int first_rejected(const int64_t* db, int n, const float* pb, const float* qb, int64_t V, uint64_t seed,
                              uint64_t pos0) {
-  for (int i = 0; i < n; ++i) {
-    const int64_t x = __ldg(db + i);
-    const bool in_vocab = x >= 0 && x < V;
-    const float px = in_vocab ? __ldg(pb + int64_t(i) * V + x) : 0.f;
-    const float qx = qb ? (in_vocab ? __ldg(qb + int64_t(i) * V + x) : 0.f) : 1.f;
-    if (!(in_vocab && qx > 0.f && spec_accept_uniform(seed, pos0 + uint64_t(i)) * qx < px)) return i;
-  }
-  return n;
+  return spec_first_rejected(
+      db, n, [&](int i, int64_t v) { return __ldg(pb + int64_t(i) * V + v); },
+      [&](int i, int64_t v) { return __ldg(qb + int64_t(i) * V + v); }, qb != nullptr, V, seed, pos0);
 }
 
-// sampling/rejection.h's spec_sample_range, CTA-wide: Gumbel-max of weights w(v) >= 0 over tokens [v0, v1)
+// sampling/rejection.h's spec_sample, CTA-wide over tokens [v0, v1): Gumbel-max of weights w(v) >= 0
 // (v0 a multiple of 4), each thread offering every blockDim-th Philox block: the best token (-1 when every
 // weight is 0) and its key in *key.
 template <class W>
@@ -110,10 +106,8 @@ rejection_partial_kernel(float* __restrict__ ws_key,             // [B, R, split
   } else {
     const float* qr = qb ? qb + int64_t(r) * V : nullptr;
     const int64_t x = __ldg(db + r);
-    t = slice_sample([&](int64_t v) {
-      const float d = __ldg(pr + v) - (qr ? __ldg(qr + v) : (v == x ? 1.f : 0.f));
-      return d > 0.f ? d : 0.f;
-    }, v0, v1, seed, pos0 + uint64_t(r), ks, is, &key);
+    t = slice_sample([&](int64_t v) { return spec_residual(__ldg(pr + v), qr ? __ldg(qr + v) : (v == x ? 1.f : 0.f)); },
+                     v0, v1, seed, pos0 + uint64_t(r), ks, is, &key);
   }
   if (threadIdx.x == 0) {
     ws_key[b * plan.splits + s] = key;

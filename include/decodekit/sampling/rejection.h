@@ -40,36 +40,32 @@ DK_HD float spec_gumbel(uint64_t seed, uint64_t pos, uint32_t v) {
   return token_gumbel(seed, pos, v, kStreamSpecResample);
 }
 
-// Gumbel-max over weights w(v) for v in [v0, v1) (w: a callable, weights >= 0; v0 a multiple of 4, the
-// Philox blocks of gumbel_max.h); -1 if all are zero. Ties -> the lowest v. The largest weight's key is
-// drawn first; then each block of 4 tokens is offered with gumbel_offer_block_w, whose exact skips draw
-// only the tokens that can still win (a peaked row: a compare per token; a flat one: a Philox block per 4
-// tokens and the logs of those whose uniform can reach the running best). The result is exactly that of
-// drawing every key. The CUDA kernel runs it per slice of the vocabulary (rejection.cuh) and merges the
-// slices' (key, token) by the same order, so CPU and GPU agree.
+// Gumbel-max over weights w(v) for v < V (w: a callable, weights >= 0); -1 if all are zero. Ties -> the
+// lowest v. The largest weight's key is drawn first; then each block of 4 tokens (the Philox blocks of
+// gumbel_max.h) is offered with gumbel_offer_block_w, whose exact skips draw only the tokens that can
+// still win (a peaked row: a compare per token; a flat one: a Philox block per 4 tokens and the logs of
+// those whose uniform can reach the running best). The result is exactly that of drawing every key.
+// (The CUDA kernel, rejection.cuh, draws slices of the row the same way and merges them by the same order.)
 template <class W>
-DK_HD int64_t spec_sample_range(W w, int64_t v0, int64_t v1, uint64_t seed, uint64_t pos, float* key = nullptr) {
+DK_HD int64_t spec_sample(W w, int64_t V, uint64_t seed, uint64_t pos) {
   int64_t first = -1;
   float wmax = 0.f;
-  for (int64_t v = v0; v < v1; ++v) {
+  for (int64_t v = 0; v < V; ++v) {
     const float x = w(v);
     if (x > wmax) {
       wmax = x;
       first = v;
     }
   }
-  if (first < 0) {
-    if (key) *key = -INFINITY;
-    return -1;
-  }
+  if (first < 0) return -1;
   float best = logf(wmax) + spec_gumbel(seed, pos, uint32_t(first));
   float below = gumbel_weight_floor(best);
   int64_t bi = first;
   // 64 tokens at a time, their weights first compared with `below` in a loop that vectorizes on the CPU:
   // a chunk where none reaches it has no token to draw (what the blocks' own test would find)
   constexpr int64_t kChunk = 64;
-  for (int64_t c0 = v0; c0 < v1; c0 += kChunk) {
-    const int64_t c1 = c0 + kChunk < v1 ? c0 + kChunk : v1;
+  for (int64_t c0 = 0; c0 < V; c0 += kChunk) {
+    const int64_t c1 = c0 + kChunk < V ? c0 + kChunk : V;
     int reach = 0;
     for (int64_t v = c0; v < c1; ++v) reach |= w(v) >= below;
     if (!reach) continue;
@@ -77,13 +73,29 @@ DK_HD int64_t spec_sample_range(W w, int64_t v0, int64_t v1, uint64_t seed, uint
       gumbel_offer_block_w(w, j, c1 - 4 * j < 4 ? int(c1 - 4 * j) : 4, first, seed, pos, kStreamSpecResample, best,
                            bi, below);
   }
-  if (key) *key = best;
   return bi;
 }
 
-template <class W>
-DK_HD int64_t spec_sample(W w, int64_t V, uint64_t seed, uint64_t pos) {
-  return spec_sample_range(w, 0, V, seed, pos);
+// The residual weight max(p - q, 0) the rule samples at a rejection (q: the draft probability, or the
+// one-hot draft's 0 / 1).
+DK_HD float spec_residual(float p, float q) {
+  const float r = p - q;
+  return r > 0.f ? r : 0.f;
+}
+
+// Sampled mode: the first draft position the accept rule rejects (n: all n accepted, the bonus row next).
+// p(i, v), q(i, v), has_q as spec_verify.
+template <class P, class Q>
+DK_HD int spec_first_rejected(const int64_t* draft, int n, P p, Q q, bool has_q, int64_t V, uint64_t seed,
+                              uint64_t position) {
+  for (int i = 0; i < n; ++i) {
+    const int64_t x = draft[i];
+    const bool in_vocab = x >= 0 && x < V;
+    const float px = in_vocab ? p(i, x) : 0.f;
+    const float qx = has_q ? (in_vocab ? q(i, x) : 0.f) : 1.f;
+    if (!(in_vocab && qx > 0.f && spec_accept_uniform(seed, position + uint64_t(i)) * qx < px)) return i;
+  }
+  return n;
 }
 
 template <class W>
@@ -103,36 +115,28 @@ DK_HD int64_t spec_argmax(W w, int64_t V) {
 template <class P, class Q>
 DK_HD int spec_verify(const int64_t* draft, int n, P p, Q q, bool has_q, int64_t V, uint64_t seed, uint64_t position,
                       bool greedy, int64_t* out) {
-  for (int i = 0; i < n; ++i) {
-    const int64_t x = draft[i];
-    const uint64_t pos = position + uint64_t(i);
-    auto pi = [&](int64_t v) { return p(i, v); };
-    if (greedy) {
-      const int64_t t = spec_argmax(pi, V);
-      out[i] = t;
-      if (t != x) return i + 1;
-      continue;
+  if (greedy) {
+    for (int i = 0; i < n; ++i) {
+      out[i] = spec_argmax([&](int64_t v) { return p(i, v); }, V);
+      if (out[i] != draft[i]) return i + 1;
     }
-    const bool in_vocab = x >= 0 && x < V;
-    const float px = in_vocab ? p(i, x) : 0.f;
-    const float qx = has_q ? (in_vocab ? q(i, x) : 0.f) : 1.f;
-    if (in_vocab && qx > 0.f && spec_accept_uniform(seed, pos) * qx < px) {
-      out[i] = x;
-      continue;
-    }
-    auto resid = [&](int64_t v) {
-      const float qv = has_q ? q(i, v) : (v == x ? 1.f : 0.f);
-      const float r = p(i, v) - qv;
-      return r > 0.f ? r : 0.f;
-    };
-    int64_t t = spec_sample(resid, V, seed, pos);
-    if (t < 0) t = spec_sample(pi, V, seed, pos);
-    out[i] = t;
-    return i + 1;
+    out[n] = spec_argmax([&](int64_t v) { return p(n, v); }, V);
+    return n + 1;
   }
-  auto pn = [&](int64_t v) { return p(n, v); };
-  out[n] = greedy ? spec_argmax(pn, V) : spec_sample(pn, V, seed, position + uint64_t(n));
-  return n + 1;
+  const int r = spec_first_rejected(draft, n, p, q, has_q, V, seed, position);
+  for (int i = 0; i < r; ++i) out[i] = draft[i];
+  const uint64_t pos = position + uint64_t(r);
+  auto pr = [&](int64_t v) { return p(r, v); };
+  if (r == n) {
+    out[n] = spec_sample(pr, V, seed, pos);  // all accepted: the bonus token
+    return n + 1;
+  }
+  const int64_t x = draft[r];
+  int64_t t = spec_sample([&](int64_t v) { return spec_residual(p(r, v), has_q ? q(r, v) : (v == x ? 1.f : 0.f)); },
+                          V, seed, pos);
+  if (t < 0) t = spec_sample(pr, V, seed, pos);
+  out[r] = t;
+  return r + 1;
 }
 
 }  // namespace dk
