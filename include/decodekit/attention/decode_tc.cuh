@@ -22,6 +22,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -354,13 +355,22 @@ paged_decode_tc_kernel(T* out,                // [T, Hq, D] contiguous
 
 }  // namespace attn_detail
 
-// Opts the kernel into its dynamic shared memory (above 48 KB for head_dim 128); once per process is
-// enough, repeating it is cheap. Not a stream operation (allowed while a CUDA graph is captured).
+// Opts the kernel into its dynamic shared memory (above 48 KB for head_dim 128), once per device (a bit per
+// device id below 64; the launch path of every decode step then costs one cudaGetDevice). Not a stream
+// operation (allowed while a CUDA graph is captured).
 template <class T, class C, int D>
 cudaError_t paged_decode_tc_prepare() {
 #if defined(__CUDACC__) && !defined(DK_CUDA_EMU)
-  return cudaFuncSetAttribute(attn_detail::paged_decode_tc_kernel<T, C, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              int(attn_detail::decode_tc_smem_bytes<T, D>()));
+  static std::atomic<uint64_t> done{0};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t(1) << dev : 0;
+  if (bit && (done.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
+  e = cudaFuncSetAttribute(attn_detail::paged_decode_tc_kernel<T, C, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(attn_detail::decode_tc_smem_bytes<T, D>()));
+  if (e == cudaSuccess) done.fetch_or(bit, std::memory_order_relaxed);
+  return e;
 #else
   return cudaSuccess;
 #endif
