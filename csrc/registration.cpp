@@ -36,6 +36,13 @@ TORCH_LIBRARY(decodekit, m) {
   m.def("int4_gemm(Tensor(a!) out, Tensor a, Tensor qweight, Tensor scales, Tensor mins, int group_size, "
         "Tensor? bias) -> ()");
   m.def("int4_dequantize(Tensor(a!) out, Tensor qweight, Tensor scales, Tensor mins, int group_size) -> ()");
+  // The packed layout of the CUDA Marlin-style INT4 kernel (include/decodekit/gemm/int4_marlin_pack.h: contiguous
+  // 128 x 128 units, codes in the lanes' order, scale / min pairs inside, in the activations' type): out
+  // [int4_marlin_packed_bytes(N, K, G) / 2] float16 / bfloat16 from int4_gemm's qweight / scales / mins.
+  // int4_gemm_marlin: out [M, N] = a [M, K] @ w^T (+ bias [N]) from such a buffer `packed` of a's dtype, n = N,
+  // k = K (CUDA: M <= 64; the CPU kernel, for tests, decodes each weight as the CUDA kernel rounds it).
+  m.def("int4_marlin_pack(Tensor(a!) out, Tensor qweight, Tensor scales, Tensor mins, int group_size) -> ()");
+  m.def("int4_gemm_marlin(Tensor(a!) out, Tensor a, Tensor packed, int n, int k, int group_size, Tensor? bias) -> ()");
   // INT8 weight-only (GGUF Q8_0): w = scale * q, qweight [N, K] int8, scales [N, K/G] float16.
   // int8_dequantize_rows writes out [R, K] = the rows `ids` [R] int64 of w (the embedding lookup).
   m.def("int8_gemm(Tensor(a!) out, Tensor a, Tensor qweight, Tensor scales, int group_size, Tensor? bias) -> ()");

@@ -65,10 +65,12 @@ std::vector<int64_t> batch(bool quick, const Shape& s) {
 // sm90: the CUTLASS kernel (its workspace carved from the slot too); else the table's CUDA kernel, for
 // M > 8 int4_gemm_mma with the split-K plan of gemm/mma_plan.h, or with `splits` ways when > 0
 // (the "int4_gemm S=1" rows: the unsplit kernel, to measure the plan against); marlin: int4_gemm_marlin
-// with the plan of gemm/mma_plan.h (its column counters zeroed once, left zero by every call).
+// with the plan of gemm/mma_plan.h (its column counters zeroed once, left zero by every call); packed: the
+// same kernel on int4_marlin_pack.h's layout (rows "int4_gemm_marlin packed": the slot's weight region is the
+// packed buffer, scale pairs inside).
 template <class T>
 void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm90 = false, int splits = 0,
-              bool marlin = false) {
+              bool marlin = false, bool packed = false) {
   const int64_t N = sh.N, K = sh.K, ng = K / sh.G;
   const int G = sh.G;
   size_t ws_bytes = 0;
@@ -80,8 +82,10 @@ void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm
       using D = dkb::cuda_t<T>;
       int sms = 0;
       if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) sms = 1;
-      if (dk::cuda::int4_marlin_prepare<D>(M) != cudaSuccess) return;
-      ctas = dk::cuda::int4_marlin_ctas(N, K, sms, dk::cuda::int4_marlin_ctas_per_sm<D>(M));
+      const cudaError_t e = packed ? dk::cuda::int4_marlin_prepare<D, true>(M) : dk::cuda::int4_marlin_prepare<D, false>(M);
+      if (e != cudaSuccess) return;
+      const int per_sm = packed ? dk::cuda::int4_marlin_ctas_per_sm<D, true>(M) : dk::cuda::int4_marlin_ctas_per_sm<D, false>(M);
+      ctas = dk::cuda::int4_marlin_ctas(N, K, sms, per_sm);
       ws_bytes = dk::cuda::int4_marlin_partial_floats(M, N, ctas) * sizeof(float);
       const size_t cbytes = size_t(dk::cuda::int4_marlin_columns(N)) * sizeof(unsigned);
       if (cudaMalloc(&counters, cbytes) != cudaSuccess || cudaMemset(counters, 0, cbytes) != cudaSuccess) return;
@@ -100,7 +104,7 @@ void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm
 #endif
   auto carve = [=](char* s, uint8_t*& q, dk::half_t*& sc, dk::half_t*& mn, T*& a, T*& out, char*& ws) {
     dkb::Carver c{s};
-    q = c.take<uint8_t>(N * K / 2);     // [N, K/2]
+    q = c.take<uint8_t>(packed ? dk::int4_marlin_packed_bytes(N, K, G) : N * K / 2);  // [N, K/2] or packed
     sc = c.take<dk::half_t>(N * ng);    // [N, K/G]
     mn = c.take<dk::half_t>(N * ng);    // [N, K/G]
     a = c.take<T>(M * K);               // [M, K]
@@ -109,7 +113,8 @@ void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm
     return c.used;
   };
   dkb::Case c;
-  c.bench = sm90 ? "int4_gemm_sm90" : marlin ? "int4_gemm_marlin" : splits == 1 && M > 8 ? "int4_gemm S=1" : "int4_gemm";
+  c.bench = sm90 ? "int4_gemm_sm90" : marlin ? (packed ? "int4_gemm_marlin packed" : "int4_gemm_marlin")
+                 : splits == 1 && M > 8 ? "int4_gemm S=1" : "int4_gemm";
   c.shape = std::string(sh.name) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + " G=" + std::to_string(G) +
             " M=" + std::to_string(M);
   c.dtype = dkb::DtypeName<T>::value;
@@ -136,6 +141,10 @@ void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm
         return dk::cuda::int4_gemm_sm90<D>(reinterpret_cast<D*>(out), reinterpret_cast<const D*>(a), K, q, hs, hm,
                                            nullptr, M, N, K, G, ws, ws_bytes, st);
 #endif
+    if (marlin && packed)
+      return dk::cuda::int4_gemm_marlin_packed<D>(reinterpret_cast<D*>(out), reinterpret_cast<const D*>(a), K,
+                                                  reinterpret_cast<const D*>(q), nullptr, M, N, K, G, ctas,
+                                                  reinterpret_cast<float*>(ws), counters, st);
     if (marlin)
       return dk::cuda::int4_gemm_marlin<D>(reinterpret_cast<D*>(out), reinterpret_cast<const D*>(a), K, q, hs, hm,
                                            nullptr, M, N, K, G, ctas, reinterpret_cast<float*>(ws), counters, st);
@@ -221,6 +230,7 @@ void add_cases(std::vector<dkb::Case>& cases, bool quick) {
       add_fp8<T>(cases, sh, M);
 #if defined(__CUDACC__)
       if (M <= dk::cuda::kMarlinMaxM) add_int4<T>(cases, sh, M, false, 0, true);
+      if (M <= dk::cuda::kMarlinMaxM) add_int4<T>(cases, sh, M, false, 0, true, true);
       if (std::is_same_v<T, dk::bf16_t> && (M == 16 || M == 64)) {
         add_int4<T>(cases, sh, M, false, 1);
         add_fp8<T>(cases, sh, M, false, 1);

@@ -1,4 +1,6 @@
 // CPU launcher for dense_gemm (kernel in include/decodekit/gemm/dense_cpu.h).
+#include <ATen/ops/empty.h>
+#include <ATen/ops/matmul.h>
 #include <torch/library.h>
 
 #include "../op_args.h"
@@ -6,6 +8,7 @@
 #include "decodekit/gemm/dense_cpu.h"
 #include "decodekit/gemm/fp8_gemm.h"
 #include "decodekit/gemm/int4.h"
+#include "decodekit/gemm/int4_marlin_pack.h"
 
 namespace {
 
@@ -56,6 +59,44 @@ void int4_dequantize_cpu(at::Tensor& out,            // [N, K]
     dk::cpu::int4_dequantize<scalar_t>(dk_ptr<scalar_t>(out), qweight.data_ptr<uint8_t>(), dk_ptr<dk::half_t>(scales),
                                        dk_ptr<dk::half_t>(mins), g.N, g.K, int(group_size));
   });
+}
+
+// The packed layout of the CUDA Marlin-style kernel (include/decodekit/gemm/int4_marlin_pack.h), word by word.
+void int4_marlin_pack_cpu(at::Tensor& out,            // [int4_marlin_packed_bytes / 2] float16 / bfloat16
+                          const at::Tensor& qweight,  // [N, K / 2] uint8
+                          const at::Tensor& scales,   // [N, K / G] float16
+                          const at::Tensor& mins,     // [N, K / G] float16
+                          int64_t group_size) {
+  const dk::GemmArgs g = dk::int4_marlin_pack_args(out, qweight, scales, mins, group_size);
+  const bool bf16 = out.scalar_type() == at::kBFloat16;
+  const int64_t words = out.numel() / 2;
+  uint32_t* o = static_cast<uint32_t*>(out.data_ptr());
+  const uint8_t* q = qweight.data_ptr<uint8_t>();
+  const uint16_t* s = static_cast<const uint16_t*>(scales.data_ptr());
+  const uint16_t* m = static_cast<const uint16_t*>(mins.data_ptr());
+  DK_OMP_PARALLEL_FOR_IF(words > (1 << 16))
+  for (int64_t w = 0; w < words; ++w) o[w] = dk::int4_marlin_packed_word(q, s, m, g.N, g.K, int(group_size), bf16, w);
+}
+
+// int4_gemm_marlin on the CPU (tests: the layout and the kernel's weight values): each weight decoded from the
+// packed buffer exactly as the CUDA kernel rounds it (int4_marlin_weight), then an fp32 GEMM.
+void int4_gemm_marlin_cpu(at::Tensor& out,                        // [M, N]
+                          const at::Tensor& a,                    // [M, K]
+                          const at::Tensor& packed,               // [int4_marlin_packed_bytes / 2]
+                          int64_t n, int64_t k, int64_t group_size,
+                          const std::optional<at::Tensor>& bias) {  // [N]
+  const dk::GemmArgs g = dk::int4_gemm_marlin_args(out, a, packed, n, k, group_size, bias);
+  if (g.M == 0) return;
+  const bool bf16 = a.scalar_type() == at::kBFloat16;
+  at::Tensor w = at::empty({g.N, g.K}, a.options().dtype(at::kFloat));
+  float* wp = w.data_ptr<float>();
+  const uint8_t* p = static_cast<const uint8_t*>(packed.data_ptr());
+  DK_OMP_PARALLEL_FOR_IF(g.N * g.K > (1 << 16))
+  for (int64_t r = 0; r < g.N; ++r)
+    for (int64_t c = 0; c < g.K; ++c) wp[r * g.K + c] = dk::int4_marlin_weight(p, g.K, int(group_size), bf16, r, c);
+  at::Tensor res = at::matmul(a.to(at::kFloat), w.t());
+  if (bias.has_value()) res.add_(bias->to(at::kFloat));
+  out.copy_(res);
 }
 
 void int8_gemm_cpu(at::Tensor& out,                        // [M, N]
@@ -124,6 +165,8 @@ TORCH_LIBRARY_IMPL(decodekit, CPU, m) {
   m.impl("dense_gemm", &dense_gemm_cpu);
   m.impl("int4_gemm", &int4_gemm_cpu);
   m.impl("int4_dequantize", &int4_dequantize_cpu);
+  m.impl("int4_marlin_pack", &int4_marlin_pack_cpu);
+  m.impl("int4_gemm_marlin", &int4_gemm_marlin_cpu);
   m.impl("quantize_fp8", &quantize_fp8_cpu);
   m.impl("fp8_gemm", &fp8_gemm_cpu);
 }

@@ -16,8 +16,13 @@ static_assert(dk::cuda::kQuantGemvMaxM == dk::cuda::kQuantGemvRows, "launchers.h
   template cudaError_t dk::cuda::int4_gemm_mma<T>(T*, const T*, int64_t, const uint8_t*, const __half*,        \
                                                   const __half*, const T*, int64_t, int64_t, int64_t, int, int, \
                                                   float*, cudaStream_t);                                      \
-  template cudaError_t dk::cuda::int4_marlin_prepare<T>(int64_t);                                              \
-  template int dk::cuda::int4_marlin_ctas_per_sm<T>(int64_t);                                                  \
+  template cudaError_t dk::cuda::int4_marlin_prepare<T, false>(int64_t);                                       \
+  template cudaError_t dk::cuda::int4_marlin_prepare<T, true>(int64_t);                                        \
+  template int dk::cuda::int4_marlin_ctas_per_sm<T, false>(int64_t);                                           \
+  template int dk::cuda::int4_marlin_ctas_per_sm<T, true>(int64_t);                                            \
+  template cudaError_t dk::cuda::int4_gemm_marlin_packed<T>(T*, const T*, int64_t, const T*, const T*, int64_t, \
+                                                            int64_t, int64_t, int, int, float*, unsigned*,    \
+                                                            cudaStream_t);                                    \
   template cudaError_t dk::cuda::int4_gemm_marlin<T>(T*, const T*, int64_t, const uint8_t*, const __half*,     \
                                                      const __half*, const T*, int64_t, int64_t, int64_t, int,  \
                                                      int, float*, unsigned*, cudaStream_t);                   \
@@ -31,3 +36,7 @@ static_assert(dk::cuda::kQuantGemvMaxM == dk::cuda::kQuantGemvRows, "launchers.h
                                                          int64_t, int64_t, int64_t, int, cudaStream_t);
 DK_CUDA_LAUNCH_TYPES(DK_INSTANTIATE)
 #undef DK_INSTANTIATE
+template cudaError_t dk::cuda::int4_marlin_pack<__half>(__half*, const uint8_t*, const __half*, const __half*, int64_t,
+                                                        int64_t, int, cudaStream_t);
+template cudaError_t dk::cuda::int4_marlin_pack<__nv_bfloat16>(__nv_bfloat16*, const uint8_t*, const __half*,
+                                                               const __half*, int64_t, int64_t, int, cudaStream_t);

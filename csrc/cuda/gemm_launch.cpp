@@ -60,13 +60,16 @@ Sm90Policy sm90_policy(const char* op) {
               "' must be one of 'auto', 'always', 'never'");
 }
 
-// DECODEKIT_INT4_MARLIN: "auto" (default: the Marlin-style kernel for M <= 64 when the call allows it),
-// "never" (the GEMV / mma.sync kernels: tests, benchmarks, a fallback). Read per call.
+// DECODEKIT_INT4_MARLIN: "auto" (default) and "unpacked": int4_gemm takes the Marlin-style kernel on int4.h's
+// layout for M <= 64 when the call allows it ("auto" also sends decodekit.ops' INT4 GEMMs to int4_gemm_marlin
+// on the packed layout first: python/decodekit/ops), "never" (the GEMV / mma.sync kernels: tests, benchmarks, a
+// fallback). Read per call.
 bool want_marlin(const char* op) {
   const char* v = std::getenv("DECODEKIT_INT4_MARLIN");
-  if (v == nullptr || *v == 0 || std::strcmp(v, "auto") == 0) return true;
+  if (v == nullptr || *v == 0 || std::strcmp(v, "auto") == 0 || std::strcmp(v, "unpacked") == 0) return true;
   if (std::strcmp(v, "never") == 0) return false;
-  TORCH_CHECK(false, op, ": environment variable DECODEKIT_INT4_MARLIN = '", v, "' must be 'auto' or 'never'");
+  TORCH_CHECK(false, op, ": environment variable DECODEKIT_INT4_MARLIN = '", v,
+              "' must be 'auto', 'unpacked' or 'never'");
 }
 
 // The Marlin kernel's per-(device, stream) column counters (kMarlinMaxColumns zeros, left zero by every
@@ -75,7 +78,7 @@ bool want_marlin(const char* op) {
 struct MarlinState {
   std::mutex mu;
   std::map<std::pair<int, cudaStream_t>, unsigned*> counters;
-  std::map<std::tuple<int, int, int>, int> ctas_per_sm;  // (device, type tag, rows) -> CTAs an SM
+  std::map<std::tuple<int, int, int, bool>, int> ctas_per_sm;  // (device, type tag, rows, packed) -> CTAs an SM
 };
 
 // kMarlinMaxColumns zeroed counters on the current device, made outside any graph capture in progress
@@ -102,16 +105,17 @@ MarlinState& marlin_state() {
   return *s;
 }
 
-template <class T>
+template <class T, bool kPacked = false>
 void marlin_setup(const at::Tensor& like, int64_t M, cudaStream_t stream, unsigned** counters, int* per_sm) {
   MarlinState& st = marlin_state();
   std::lock_guard<std::mutex> lock(st.mu);
   const int dev = like.get_device();
-  const auto ckey = std::make_tuple(dev, std::is_same_v<T, __half> ? 0 : 1, dk::cuda::int4_marlin_rows(M));
+  const auto ckey = std::make_tuple(dev, std::is_same_v<T, __half> ? 0 : 1, dk::cuda::int4_marlin_rows(M), kPacked);
   auto occ = st.ctas_per_sm.find(ckey);
   if (occ == st.ctas_per_sm.end()) {
-    dk::check_launch("decodekit::int4_gemm (Marlin shared-memory opt-in)", dk::cuda::int4_marlin_prepare<T>(M));
-    occ = st.ctas_per_sm.emplace(ckey, dk::cuda::int4_marlin_ctas_per_sm<T>(M)).first;
+    dk::check_launch("decodekit::int4_gemm (Marlin shared-memory opt-in)",
+                     dk::cuda::int4_marlin_prepare<T, kPacked>(M));
+    occ = st.ctas_per_sm.emplace(ckey, dk::cuda::int4_marlin_ctas_per_sm<T, kPacked>(M)).first;
   }
   *per_sm = occ->second;
   const auto key = std::make_pair(dev, stream);
@@ -227,6 +231,58 @@ void int4_gemm_cuda(at::Tensor& out,                        // [M, N]
   });
 }
 
+void int4_marlin_pack_cuda(at::Tensor& out,            // [int4_marlin_packed_bytes / 2] float16 / bfloat16
+                           const at::Tensor& qweight,  // [N, K / 2] uint8
+                           const at::Tensor& scales,   // [N, K / G] float16
+                           const at::Tensor& mins,     // [N, K / G] float16
+                           int64_t group_size) {
+  const char* op = "decodekit::int4_marlin_pack";
+  const dk::GemmArgs g = dk::int4_marlin_pack_args(out, qweight, scales, mins, group_size);
+  dk::check_cuda(op, "qweight", qweight);
+  c10::cuda::OptionalCUDAGuard guard(out.device());
+  auto run = [&](auto type_tag) {
+    using T = decltype(type_tag);
+    dk::check_launch(op, dk::cuda::int4_marlin_pack<T>(dk::cuda_ptr<T>(out), qweight.data_ptr<uint8_t>(),
+                                                       dk::cuda_ptr<__half>(scales), dk::cuda_ptr<__half>(mins), g.N,
+                                                       g.K, int(group_size), c10::cuda::getCurrentCUDAStream()));
+  };
+  if (out.scalar_type() == at::kHalf) run(__half{});
+  else run(__nv_bfloat16{});
+}
+
+// int4_gemm_marlin: the Marlin-style kernel on the packed layout (gemm/int4_marlin.cuh), M <= 64.
+void int4_gemm_marlin_cuda(at::Tensor& out,                        // [M, N]
+                           const at::Tensor& a,                    // [M, K]
+                           const at::Tensor& packed,               // [int4_marlin_packed_bytes / 2]
+                           int64_t n, int64_t k, int64_t group_size,
+                           const std::optional<at::Tensor>& bias) {  // [N]
+  const char* op = "decodekit::int4_gemm_marlin";
+  const dk::GemmArgs g = dk::int4_gemm_marlin_args(out, a, packed, n, k, group_size, bias);
+  dk::check_cuda(op, "a", a);
+  dk::check_range<int64_t>(op, "a.size(0) (M) on CUDA", g.M, 0, dk::cuda::kMarlinMaxM);
+  TORCH_CHECK((g.a_stride * int64_t(a.element_size())) % 16 == 0 && reinterpret_cast<uintptr_t>(a.data_ptr()) % 16 == 0,
+              op, ": 'a' must start 16-byte aligned with a row stride of a multiple of 16 bytes, got stride ",
+              g.a_stride);
+  if (g.M == 0) return;
+  c10::cuda::OptionalCUDAGuard guard(a.device());
+  auto run = [&](auto type_tag) {
+    using T = decltype(type_tag);
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+    unsigned* counters = nullptr;
+    int per_sm = 1;
+    marlin_setup<T, true>(a, g.M, stream, &counters, &per_sm);
+    const int ctas = dk::cuda::int4_marlin_ctas(g.N, g.K, sm_count(a), per_sm);
+    at::Tensor partial = at::empty({int64_t(dk::cuda::int4_marlin_partial_floats(g.M, g.N, ctas))},
+                                   a.options().dtype(at::kFloat));
+    dk::check_launch(op, dk::cuda::int4_gemm_marlin_packed<T>(
+                             dk::cuda_ptr<T>(out), dk::cuda_ptr<T>(a), g.a_stride, dk::cuda_ptr<T>(packed),
+                             bias.has_value() ? dk::cuda_ptr<T>(*bias) : nullptr, g.M, g.N, g.K, int(group_size),
+                             ctas, partial.data_ptr<float>(), counters, stream));
+  };
+  if (a.scalar_type() == at::kHalf) run(__half{});
+  else run(__nv_bfloat16{});
+}
+
 void int8_gemm_cuda(at::Tensor& out,                        // [M, N]
                     const at::Tensor& a,                    // [M, K]
                     const at::Tensor& qweight,              // [N, K] int8
@@ -340,6 +396,8 @@ TORCH_LIBRARY_IMPL(decodekit, CUDA, m) {
   m.impl("int4_gemm", &int4_gemm_cuda);
   m.impl("int8_gemm", &int8_gemm_cuda);
   m.impl("int4_dequantize", &int4_dequantize_cuda);
+  m.impl("int4_marlin_pack", &int4_marlin_pack_cuda);
+  m.impl("int4_gemm_marlin", &int4_gemm_marlin_cuda);
   m.impl("quantize_fp8", &quantize_fp8_cuda);
   m.impl("fp8_gemm", &fp8_gemm_cuda);
 }

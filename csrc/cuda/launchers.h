@@ -83,14 +83,22 @@ cudaError_t int4_gemm_mma(T* out, const T* a, int64_t a_stride, const uint8_t* q
 // include/decodekit/gemm/int4_marlin.cuh: Marlin-style INT4 GEMM for 1 <= M <= 64 (half / bf16 only): plan
 // and workspace sizes in gemm/mma_plan.h (int4_marlin_*); int4_marlin_prepare: the shared-memory opt-in,
 // once per device and row count; int4_marlin_ctas_per_sm: the occupancy after it
-template <class T>
+// (kPacked: the kernel on int4_marlin_pack.h's layout, int4_gemm_marlin_packed; int4_marlin_pack makes it)
+template <class T, bool kPacked>
 cudaError_t int4_marlin_prepare(int64_t M);
-template <class T>
+template <class T, bool kPacked>
 int int4_marlin_ctas_per_sm(int64_t M);
 template <class T>
 cudaError_t int4_gemm_marlin(T* out, const T* a, int64_t a_stride, const uint8_t* qweight, const __half* scales,
                              const __half* mins, const T* bias, int64_t M, int64_t N, int64_t K, int G, int ctas,
                              float* partial, unsigned* counters, cudaStream_t stream);
+template <class T>
+cudaError_t int4_gemm_marlin_packed(T* out, const T* a, int64_t a_stride, const T* packed, const T* bias, int64_t M,
+                                    int64_t N, int64_t K, int G, int ctas, float* partial, unsigned* counters,
+                                    cudaStream_t stream);
+template <class T>
+cudaError_t int4_marlin_pack(T* out, const uint8_t* qweight, const __half* scales, const __half* mins, int64_t N,
+                             int64_t K, int G, cudaStream_t stream);
 
 // include/decodekit/gemm/fp8_gemm.cuh: fp8 e4m3 W8A8
 template <class T>

@@ -158,9 +158,10 @@ def test_int4_gemm_marlin(N, K, G, M, dtype, device, monkeypatch, gen):
 
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
 def test_int4_gemm_marlin_graph_streams_and_policy(device, monkeypatch, gen):
-    """The Marlin kernel captured in a CUDA graph on a fresh stream (its counters made during the capture)
-    replays like eager on new inputs, many times (the counters are left zero); two streams at once give the
-    eager results; unaligned rows of a fall back to another kernel; a bad DECODEKIT_INT4_MARLIN is an error."""
+    """The Marlin kernel captured in a CUDA graph on a fresh stream (its counters made during the capture; int4.h's
+    layout: no packed copy exists yet) replays like eager (the packed layout: bitwise the same) on new inputs, many
+    times (the counters are left zero); two streams at once give the eager results; unaligned rows of a fall back
+    to another kernel; a bad DECODEKIT_INT4_MARLIN is an error."""
     w = _weight(4096, 4096, 128, device, gen)
     a = randn((5, 4096), torch.bfloat16, device, gen)
     out = torch.empty(5, 4096, dtype=torch.bfloat16, device=device)
@@ -188,9 +189,11 @@ def test_int4_gemm_marlin_graph_streams_and_policy(device, monkeypatch, gen):
     names = cuda_kernel_names(lambda: ops.int4_gemm(buf[:, 1:], w, None, out=out))
     assert not any("marlin" in n for n in names), names
     _check_gemm(out, buf[:, 1:], w, None, torch.bfloat16)
-    monkeypatch.setenv("DECODEKIT_INT4_MARLIN", "sometimes")
-    with pytest.raises(RuntimeError, match="DECODEKIT_INT4_MARLIN = 'sometimes' must be 'auto' or 'never'"):
+    monkeypatch.setenv("DECODEKIT_INT4_MARLIN", "sometimes")  # decodekit.ops reads it first (the packed route)
+    with pytest.raises(ValueError, match="DECODEKIT_INT4_MARLIN = 'sometimes' must be 'auto', 'unpacked' or 'never'"):
         ops.int4_gemm(a, w, None)
+    with pytest.raises(RuntimeError, match="DECODEKIT_INT4_MARLIN = 'sometimes' must be 'auto', 'unpacked' or 'never'"):
+        torch.ops.decodekit.int4_gemm(out, a, w.qweight, w.scales, w.mins, w.group_size, None)
 
 
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])

@@ -91,7 +91,9 @@ template <class T> void run(bool int4, int M, int64_t N, int64_t K, int G, int a
 // The Marlin-style kernel (gemm/int4_marlin.cuh) on `ctas` CTAs: against float64 (its weights are one fused
 // q * s + m in T, bf16 with the fp16 scale and min rounded to bf16 first: within out_tol), every output
 // written (NaN-poisoned), counters back to zero, and bitwise the same on a second run (the in-order sum of a
-// split column's slots, whatever the arrival order of its CTAs).
+// split column's slots, whatever the arrival order of its CTAs). Then the packed layout (int4_marlin_pack.h):
+// the pack kernel equal to the host packing word for word, the packed kernel bitwise equal to the unpacked one
+// (same decode, same sums in the same order), rows past N and features past K of the pack zero.
 template <class T> void run_marlin(int M, int64_t N, int64_t K, int G, int a_pad, bool with_bias, int ctas) {
   std::normal_distribution<float> nd(0.f, 1.f);
   const int64_t ng = K / G, a_stride = K + a_pad;
@@ -112,6 +114,42 @@ template <class T> void run_marlin(int M, int64_t N, int64_t K, int G, int a_pad
   const cudaError_t e1 = launch(out), e2 = launch(again);
   ++checks;
   bool bad = e1 != cudaSuccess || e2 != cudaSuccess;
+  {  // the packed layout
+    const int64_t words = int4_marlin_packed_bytes(N, K, G) / 4;
+    std::vector<uint32_t> host(static_cast<size_t>(words)), dev(static_cast<size_t>(words), 0xdeadbeefu);
+    constexpr bool bf = !std::is_same_v<T, __half>;
+    for (int64_t w = 0; w < words; ++w)
+      host[size_t(w)] = int4_marlin_packed_word(q.data(), reinterpret_cast<const uint16_t*>(sc.data()),
+                                                reinterpret_cast<const uint16_t*>(mn.data()), N, K, G, bf, w);
+    const cudaError_t ep = cuda::int4_marlin_pack<T>(reinterpret_cast<T*>(dev.data()), q.data(), sc.data(), mn.data(),
+                                                     N, K, G, nullptr);
+    std::vector<T> pout(size_t(M * N), Conv<T>::store(NAN));
+    const cudaError_t ek = cuda::int4_gemm_marlin_packed<T>(pout.data(), a.data(), a_stride,
+                                                            reinterpret_cast<const T*>(host.data()),
+                                                            with_bias ? bias.data() : nullptr, M, N, K, G, ctas,
+                                                            partial.data(), counters.data(), nullptr);
+    bool pbad = ep != cudaSuccess || ek != cudaSuccess || host != dev;
+    for (unsigned c : counters) pbad |= c != 0;
+    // every weight of the pack decodes to the kernel's value; padding is zero
+    const uint8_t* pb = reinterpret_cast<const uint8_t*>(host.data());
+    for (int64_t n = 0; n < (N + 127) / 128 * 128 && !pbad; ++n)
+      for (int64_t k = 0; k < (K + 127) / 128 * 128 && !pbad; ++k) {
+        const float got = int4_marlin_weight(pb, K, G, bf, n, k);
+        float want = 0.f;
+        if (n < N && k < K) {
+          const float s = __half2float(sc[size_t(n * ng + k / G)]), m = __half2float(mn[size_t(n * ng + k / G)]);
+          const float st = bf ? bf16_to_float(float_to_bf16(s)) : s, mt = bf ? bf16_to_float(float_to_bf16(m)) : m;
+          const double v = double(int4_code(q.data() + n * (K / 2), G, k)) * st + mt;  // exact
+          if constexpr (bf) want = __bfloat162float(__double2bfloat16(v));
+          else want = __half2float(__double2half(v));
+        }
+        if (got != want) pbad = true;
+      }
+    if (!pbad && memcmp(pout.data(), out.data(), out.size() * sizeof(T)) != 0) pbad = true;
+    if (pbad) printf("FAIL marlin packed %s M=%d N=%ld K=%ld G=%d ctas=%d: status %d / %d, or differs from the "
+                     "unpacked kernel / the pack\n", tname<T>(), M, long(N), long(K), G, ctas, int(ep), int(ek));
+    bad |= pbad;
+  }
   for (unsigned c : counters) bad |= c != 0;
   if (bad) printf("FAIL marlin %s M=%d N=%ld K=%ld G=%d ctas=%d: status %d / %d or counters not reset\n", tname<T>(), M,
                   long(N), long(K), G, ctas, int(e1), int(e2));

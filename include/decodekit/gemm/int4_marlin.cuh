@@ -1,6 +1,9 @@
 // CUDA INT4 weight-only GEMM for decode-sized M (1..64), Marlin-style (W4A16, fp16/bf16 activations):
 // out [M, N] = a [M, K] @ w^T (+ bias), w in include/decodekit/gemm/int4.h's layout (group-split nibbles,
-// fp16 scale and min per group of G in {32, 64, 128}). Torch-free.
+// fp16 scale and min per group of G in {32, 64, 128}) or in the packed layout of int4_marlin_pack.h (the
+// same weights cut into contiguous 128 x 128 units, codes in the order the lanes decode them, scale pairs
+// inside the unit: each CTA streams one contiguous range of memory, and the kernel needs no byte shuffles
+// and no separate scale loads). Torch-free.
 //
 // Design:
 //  - Work units are (128 output features) x (128 input features) tiles of the weight, ordered k-fastest
@@ -13,10 +16,13 @@
 //    (16 bytes a lane) and ldmatrix of a are bank-conflict free. Scales and mins (fp16, 4 bytes per group of a
 //    row, not 16-byte aligned) ride in registers two tiles ahead of their tile and are staged in shared memory
 //    one tile ahead.
+//  - Packed layout: a stage is one unit's block copied as it is (544-640 16-byte chunks, coalesced), each
+//    lane reads its four chunks' words of a tile in one 16-byte shared load (512 contiguous bytes a warp).
 //  - Decoding in registers, the magic-number trick: a 32-bit word with four codes in its nibble positions
 //    (one PRMT from the 16-byte chunk) becomes two T values 2^e + q with one LOP3 (q OR-ed into the mantissa
 //    of 1024.0 for fp16, 128.0 for bf16), then q = x - 2^e (exact) and w = q * s + m (one HFMA2) straight into
-//    the mma.sync m16n8k16 B fragment; fp32 accumulators.
+//    the mma.sync m16n8k16 B fragment; fp32 accumulators. fp16 takes the high nibbles in place (1024 + 16 q,
+//    q = x / 16 - 64 exactly by one HFMA2): two shifts fewer per word.
 //  - A 16-byte chunk of a row (32 codes: low nibbles elements 16j.., high ones G/2 + 16j.. of a group) feeds
 //    two k16 steps; lane (g, c) takes bytes c, c+1, c+8, c+9 = its B fragment of both (as int4_mma.cuh).
 //  - Segment epilogue: a column covered by one segment writes out (+ bias) directly. Otherwise each segment
@@ -39,6 +45,7 @@
 
 #include "decodekit/common/mma.cuh"
 #include "decodekit/common/vec.cuh"
+#include "decodekit/gemm/int4_marlin_pack.h"
 #include "decodekit/gemm/mma_plan.h"
 
 namespace dk::cuda {
@@ -155,23 +162,45 @@ DK_DEVICE uint32_t decode2(uint32_t x, uint32_t sm) {
 #endif
 }
 
+// fp16 only: the same from x = kBits | (q0 in bits 4..7) | (q1 in bits 20..23), i.e. 1024 + 16 q_i: q_i =
+// x / 16 - 64 (exact), then w_i = round(q_i * s + m).
+DK_DEVICE uint32_t decode2_high(uint32_t x, uint32_t sm) {
+#if defined(__CUDA_ARCH__)
+  __half2 v, p;
+  memcpy(&v, &x, 4);
+  memcpy(&p, &sm, 4);
+  const __half2 q = __hfma2(v, __float2half2_rn(1.f / 16), __float2half2_rn(-64.f));  // exact: small integers
+  const __half2 r = __hfma2(q, __low2half2(p), __high2half2(p));
+  uint32_t out;
+  memcpy(&out, &r, 4);
+  return out;
+#else
+  // host emulation: 1024 + 16 q has q in bits 4..7 of the fp16 mantissa; moved down, decode2's path
+  return decode2<__half>(Magic<__half>::kBits | ((x >> 4) & 0x000f000fu), sm);
+#endif
+}
+
 // The shared-memory byte offset of 16-byte chunk c (0..3) of weight row r, and of chunk c (0..15) of row r
 // of a: XOR swizzles that spread a warp's reads over all banks.
 DK_DEVICE int w_off(int r, int c) { return r * 64 + 16 * (c ^ ((r >> 1) & 3)); }
 DK_DEVICE int a_off(int r, int c) { return r * 256 + 16 * (c ^ (r & 7)); }
 
-template <class T, int MT>
+// kPacked: qweight is int4_marlin_pack.h's packed buffer (units contiguous, codes in the order the lanes
+// decode them, T scale pairs inside; scales / mins unused); else int4.h's layout. kG: the group size at
+// compile time (the packed kernels: its chunk -> group arithmetic folds away), 0: the argument G.
+template <class T, int MT, bool kPacked, int kG>
 __global__ void __launch_bounds__(kWarps * 32, 1)
 int4_gemm_marlin_kernel(T* __restrict__ out,                 // [M, N]
                         const T* __restrict__ a,              // [M, K], row stride a_stride
                         int64_t a_stride,
-                        const uint8_t* __restrict__ qweight,  // [N, K/2]
-                        const __half* __restrict__ scales,    // [N, K/G]
-                        const __half* __restrict__ mins,      // [N, K/G]
+                        const uint8_t* __restrict__ qweight,  // [N, K/2]; kPacked: [int4_marlin_packed_bytes]
+                        const __half* __restrict__ scales,    // [N, K/G] (not kPacked)
+                        const __half* __restrict__ mins,      // [N, K/G] (not kPacked)
                         const T* __restrict__ bias,           // [N] or null
                         float* __restrict__ partial,          // [P + n_tiles, M, 128] fp32 workspace
                         unsigned* __restrict__ counters,      // [n_tiles], zero on entry and on exit
-                        int M, int64_t N, int64_t K, int G) {
+                        int M, int64_t N, int64_t K, int G_arg) {
+  const int G = kG != 0 ? kG : G_arg;
   constexpr int BM = 16 * MT;
   constexpr int kABytes = BM * kBK * 2;
   constexpr int kStageBytes = kWBytes + kABytes + kSBytes;
@@ -187,9 +216,10 @@ int4_gemm_marlin_kernel(T* __restrict__ out,                 // [M, N]
   const int64_t ng = K / G;
   const int groups_per_chunk_shift = G == 32 ? 0 : G == 64 ? 1 : 2;  // chunk c: group c >> shift, j = c & mask
 
+  // a stage: weights, scale / min pairs (together one packed unit), a
   auto w_s = [&](int slot) { return smem + slot * kStageBytes; };
-  auto a_s = [&](int slot) { return smem + slot * kStageBytes + kWBytes; };
-  auto s_s = [&](int slot) { return reinterpret_cast<uint32_t*>(smem + slot * kStageBytes + kWBytes + kABytes); };
+  auto s_s = [&](int slot) { return reinterpret_cast<uint32_t*>(smem + slot * kStageBytes + kWBytes); };
+  auto a_s = [&](int slot) { return smem + slot * kStageBytes + kWBytes + kSBytes; };
 
   // a unit's (column, k tile); the pipeline walks three cursors one unit per step (no divisions in the loop)
   struct Pos { int nt, kt; };
@@ -208,17 +238,26 @@ int4_gemm_marlin_kernel(T* __restrict__ out,                 // [M, N]
   const int w_dst = w_off(w_row, w_chunk), a_dst = a_off(a_row, a_chunk);  // + j * 2048 bytes each
   const int64_t w_src = int64_t(w_row) * (K / 2) + 16 * w_chunk, a_src = int64_t(a_row) * a_stride + 8 * a_chunk;
   // issue the cp.async copies of unit p into stage `slot` (weights 512 chunks, a BM x 16 chunks)
+  const int unit_chunks = (kWBytes + 4 * kBN * (kBK / G)) / 16;  // packed: 16-byte chunks of a unit, 544..640
   auto load_tile = [&](Pos p, int slot) {
     const int64_t k0 = int64_t(p.kt) * kBK;
     const int64_t klen = K - k0 < kBK ? K - k0 : kBK;
-    const int rows_left = int(N - int64_t(p.nt) * kBN < kBN ? N - int64_t(p.nt) * kBN : kBN);
-    const uint8_t* wq = qweight + int64_t(p.nt) * kBN * (K / 2) + k0 / 2 + w_src;
-    unsigned char* ws = w_s(slot) + w_dst;
-    const bool w_in_k = 32 * w_chunk < klen;
+    if constexpr (kPacked) {  // the unit's contiguous block (codes and scales) copied as it is
+      const uint8_t* src = qweight + (int64_t(p.nt) * k_tiles + p.kt) * (16 * unit_chunks) + 16 * tid;
+      unsigned char* dst = w_s(slot) + 16 * tid;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const bool ok = w_in_k && w_row + 32 * j < rows_left;
-      cp_async16(ws + 2048 * j, ok ? wq + int64_t(32 * j) * (K / 2) : qweight, ok ? 16 : 0);
+      for (int j = 0; j < 4; ++j) cp_async16(dst + 2048 * j, src + 2048 * j, 16);
+      if (tid < unit_chunks - 512) cp_async16(dst + 8192, src + 8192, 16);
+    } else {
+      const int rows_left = int(N - int64_t(p.nt) * kBN < kBN ? N - int64_t(p.nt) * kBN : kBN);
+      const uint8_t* wq = qweight + int64_t(p.nt) * kBN * (K / 2) + k0 / 2 + w_src;
+      unsigned char* ws = w_s(slot) + w_dst;
+      const bool w_in_k = 32 * w_chunk < klen;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const bool ok = w_in_k && w_row + 32 * j < rows_left;
+        cp_async16(ws + 2048 * j, ok ? wq + int64_t(32 * j) * (K / 2) : qweight, ok ? 16 : 0);
+      }
     }
     const T* aq = a + k0 + a_src;
     unsigned char* as = a_s(slot) + a_dst;
@@ -288,9 +327,14 @@ int4_gemm_marlin_kernel(T* __restrict__ out,                 // [M, N]
     const unsigned char* ws = w_s(slot);
     const unsigned char* as = a_s(slot);
     const unsigned char* ss = reinterpret_cast<const unsigned char*>(s_s(slot));
+    uint4 wp[4];  // packed: this lane's words of tile t, chunks 0..3 (one 16-byte read each)
+    if constexpr (kPacked) {
+#pragma unroll
+      for (int t = 0; t < 4; ++t) wp[t] = *reinterpret_cast<const uint4*>(ws + 16 * ((warp * 4 + t) * 32 + lane));
+    }
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      if (c < chunks) {
+      if (kPacked || c < chunks) {  // packed: past K the unit is zero codes and scales, a zero: all four
         uint32_t alo[MT][4], ahi[MT][4];
 #pragma unroll
         for (int i = 0; i < MT; ++i) {
@@ -299,15 +343,25 @@ int4_gemm_marlin_kernel(T* __restrict__ out,                 // [M, N]
         }
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
-          const uint4 w = *reinterpret_cast<const uint4*>(ws + w_rd[c] + 512 * t);
           const uint32_t sm = *reinterpret_cast<const uint32_t*>(ss + s_rd[c] + 32 * t);
-          const uint32_t p = byte_perm(first_words ? w.x : w.y, first_words ? w.z : w.w, sel);
+          uint32_t p;  // bytes cl, cl+8, cl+1, cl+9 of the row's chunk c
+          if constexpr (kPacked) {
+            p = c == 0 ? wp[t].x : c == 1 ? wp[t].y : c == 2 ? wp[t].z : wp[t].w;
+          } else {
+            const uint4 w = *reinterpret_cast<const uint4*>(ws + w_rd[c] + 512 * t);
+            p = byte_perm(first_words ? w.x : w.y, first_words ? w.z : w.w, sel);
+          }
           uint32_t blo[2], bhi[2];
-          constexpr uint32_t kLow = 0x000f000fu, kMag = Magic<T>::kBits;
-          blo[0] = decode2<T>(and_or<kLow, kMag>(p), sm);        // elements c, c+1
-          blo[1] = decode2<T>(and_or<kLow, kMag>(p >> 8), sm);   // c+8, c+9
-          bhi[0] = decode2<T>(and_or<kLow, kMag>(p >> 4), sm);   // G/2 + c, c+1
-          bhi[1] = decode2<T>(and_or<kLow, kMag>(p >> 12), sm);  // G/2 + c+8, c+9
+          constexpr uint32_t kLow = 0x000f000fu, kHigh = 0x00f000f0u, kMag = Magic<T>::kBits;
+          blo[0] = decode2<T>(and_or<kLow, kMag>(p), sm);       // elements cl, cl+1
+          blo[1] = decode2<T>(and_or<kLow, kMag>(p >> 8), sm);  // cl+8, cl+9
+          if constexpr (std::is_same_v<T, __half>) {            // high nibbles in place: 1024 + 16 q
+            bhi[0] = decode2_high(and_or<kHigh, kMag>(p), sm);       // G/2 + cl, cl+1
+            bhi[1] = decode2_high(and_or<kHigh, kMag>(p >> 8), sm);  // G/2 + cl+8, cl+9
+          } else {  // bf16's 7 mantissa bits: shifted down first
+            bhi[0] = decode2<T>(and_or<kLow, kMag>(p >> 4), sm);
+            bhi[1] = decode2<T>(and_or<kLow, kMag>(p >> 12), sm);
+          }
 #pragma unroll
           for (int i = 0; i < MT; ++i) {
             mma_m16n8k16<T>(acc[i][t], alo[i], blo);
@@ -377,12 +431,14 @@ int4_gemm_marlin_kernel(T* __restrict__ out,                 // [M, N]
     advance(lp);
   }
   Scales s_next{}, s_next2{};
-  if (count > 0) store_scales(load_scales(sp), 0);
-  advance(sp);
-  if (count > 1) s_next = load_scales(sp);
-  advance(sp);
-  if (count > 2) s_next2 = load_scales(sp);
-  advance(sp);
+  if constexpr (!kPacked) {
+    if (count > 0) store_scales(load_scales(sp), 0);
+    advance(sp);
+    if (count > 1) s_next = load_scales(sp);
+    advance(sp);
+    if (count > 2) s_next2 = load_scales(sp);
+    advance(sp);
+  }
 #pragma unroll 1
   for (int i = 0; i < count; ++i) {
     cp_async_wait<kStages - 2>();
@@ -390,10 +446,12 @@ int4_gemm_marlin_kernel(T* __restrict__ out,                 // [M, N]
     if (i + kStages - 1 < count) load_tile(lp, (i + kStages - 1) % kStages);
     advance(lp);
     cp_async_commit();
-    if (i + 1 < count) store_scales(s_next, (i + 1) % kStages);  // used after the next barrier
-    s_next = s_next2;
-    if (i + 3 < count) s_next2 = load_scales(sp);
-    advance(sp);
+    if constexpr (!kPacked) {
+      if (i + 1 < count) store_scales(s_next, (i + 1) % kStages);  // used after the next barrier
+      s_next = s_next2;
+      if (i + 3 < count) s_next2 = load_scales(sp);
+      advance(sp);
+    }
     compute(cp, i % kStages);
     if (i == count - 1 || cp.kt == k_tiles - 1) {  // the end of a segment
       epilogue(cp.nt);
@@ -406,35 +464,60 @@ int4_gemm_marlin_kernel(T* __restrict__ out,                 // [M, N]
 
 }  // namespace marlin_detail
 
-// The kernel instantiation for M rows (MT = 1, 2, 4 m16 tiles): the one place that maps rows to MT.
-template <class T>
-auto marlin_kernel(int64_t M) {
+// The kernel instantiation for M rows (MT = 1, 2, 4 m16 tiles) and, packed, group size G: the one place that
+// maps rows to MT.
+template <class T, bool kPacked, int kG>
+auto marlin_kernel_g(int64_t M) {
   using namespace marlin_detail;
   const int rows = int4_marlin_rows(M);
-  return rows == 16 ? int4_gemm_marlin_kernel<T, 1> : rows == 32 ? int4_gemm_marlin_kernel<T, 2>
-                                                                 : int4_gemm_marlin_kernel<T, 4>;
+  return rows == 16 ? int4_gemm_marlin_kernel<T, 1, kPacked, kG>
+                    : rows == 32 ? int4_gemm_marlin_kernel<T, 2, kPacked, kG> : int4_gemm_marlin_kernel<T, 4, kPacked, kG>;
+}
+template <class T, bool kPacked>
+auto marlin_kernel(int64_t M, int G) {
+  if constexpr (!kPacked) {
+    (void)G;
+    return marlin_kernel_g<T, false, 0>(M);
+  } else {
+    return G == 32 ? marlin_kernel_g<T, true, 32>(M) : G == 64 ? marlin_kernel_g<T, true, 64>(M)
+                                                                : marlin_kernel_g<T, true, 128>(M);
+  }
 }
 
-// Dynamic shared memory of the Marlin kernel for M rows (the kernel needs it opted in above 48 KB).
-template <class T>
+// Dynamic shared memory of the Marlin kernel for M rows (the kernel needs it opted in above 48 KB); packed:
+// the kernels of every group size.
+template <class T, bool kPacked>
 cudaError_t int4_marlin_prepare(int64_t M) {
 #if defined(__CUDACC__) && !defined(DK_CUDA_EMU)
-  if constexpr (kIsMmaType<T>)
-    return cudaFuncSetAttribute(marlin_kernel<T>(M), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                int(int4_marlin_smem_bytes(int4_marlin_rows(M))));
+  if constexpr (kIsMmaType<T>) {
+    for (int G : {32, 64, 128}) {
+      const cudaError_t e = cudaFuncSetAttribute(marlin_kernel<T, kPacked>(M, G),
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 int(int4_marlin_smem_bytes(int4_marlin_rows(M))));
+      if (e != cudaSuccess || !kPacked) return e;
+    }
+  }
 #endif
   (void)M;
   return cudaSuccess;
 }
 
-// CTAs of the Marlin kernel one SM holds at M rows (after int4_marlin_prepare), >= 1.
-template <class T>
+// CTAs of the Marlin kernel one SM holds at M rows (after int4_marlin_prepare; packed: the fewest of the group
+// sizes' kernels), >= 1.
+template <class T, bool kPacked>
 int int4_marlin_ctas_per_sm(int64_t M) {
   int n = 1;
 #if defined(__CUDACC__) && !defined(DK_CUDA_EMU)
-  if constexpr (kIsMmaType<T>)
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, marlin_kernel<T>(M), marlin_detail::kWarps * 32,
-                                                  int4_marlin_smem_bytes(int4_marlin_rows(M)));
+  if constexpr (kIsMmaType<T>) {
+    n = 1 << 20;
+    for (int G : {32, 64, 128}) {
+      int g = 0;
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&g, marlin_kernel<T, kPacked>(M, G), marlin_detail::kWarps * 32,
+                                                    int4_marlin_smem_bytes(int4_marlin_rows(M)));
+      n = g < n ? g : n;
+      if (!kPacked) break;
+    }
+  }
 #endif
   (void)M;
   return n > 0 ? n : 1;
@@ -443,7 +526,7 @@ int int4_marlin_ctas_per_sm(int64_t M) {
 // out [M, N] = a [M, K] @ w^T (+ bias), w packed INT4, 1 <= M <= 64 (kMarlinMaxM), T half or bf16 (float:
 // cudaErrorInvalidValue), G in {32, 64, 128}, K a multiple of G; qweight, a and a's row stride 16-byte
 // aligned. `ctas` (from int4_marlin_ctas) CTAs; workspace: `partial` int4_marlin_partial_floats(M, N, ctas)
-// floats, `counters` int4_marlin_columns(N) zeros (left zero). int4_marlin_prepare<T>(M) must have run
+// floats, `counters` int4_marlin_columns(N) zeros (left zero). int4_marlin_prepare<T, false>(M) must have run
 // once per process and device (the shared-memory opt-in).
 template <class T>
 cudaError_t int4_gemm_marlin(T* out, const T* a, int64_t a_stride, const uint8_t* qweight, const __half* scales,
@@ -459,11 +542,61 @@ cudaError_t int4_gemm_marlin(T* out, const T* a, int64_t a_stride, const uint8_t
       return cudaErrorInvalidValue;
     const size_t smem = int4_marlin_smem_bytes(int4_marlin_rows(M));
     const dim3 grid{unsigned(ctas)}, block{unsigned(kWarps * 32)};
-    const auto kernel = marlin_kernel<T>(M);
+    const auto kernel = marlin_kernel<T, false>(M, G);
     kernel<<<grid, block, smem, stream>>>(out, a, a_stride, qweight, scales, mins, bias, partial, counters, int(M), N,
                                           K, G);
     return cudaGetLastError();
   }
+}
+
+// The same on the packed layout (int4_marlin_pack.h): `packed` int4_marlin_packed_bytes(N, K, G) bytes made
+// by int4_marlin_pack with T's scale pairs; int4_marlin_prepare<T, true>(M) must have run.
+template <class T>
+cudaError_t int4_gemm_marlin_packed(T* out, const T* a, int64_t a_stride, const T* packed, const T* bias, int64_t M,
+                                    int64_t N, int64_t K, int G, int ctas, float* partial, unsigned* counters,
+                                    cudaStream_t stream) {
+  using namespace marlin_detail;
+  if constexpr (!kIsMmaType<T>) {
+    return cudaErrorInvalidValue;
+  } else {
+    if (M <= 0 || N <= 0) return cudaSuccess;
+    if (!int4_marlin_supported(M, N, K, G, a_stride * int64_t(sizeof(T))) || !aligned16(packed) || !aligned16(a) ||
+        ctas < 1 || ctas > int4_marlin_units(N, K) || partial == nullptr || counters == nullptr)
+      return cudaErrorInvalidValue;
+    const size_t smem = int4_marlin_smem_bytes(int4_marlin_rows(M));
+    const dim3 grid{unsigned(ctas)}, block{unsigned(kWarps * 32)};
+    const auto kernel = marlin_kernel<T, true>(M, G);
+    kernel<<<grid, block, smem, stream>>>(out, a, a_stride, reinterpret_cast<const uint8_t*>(packed), nullptr,
+                                          nullptr, bias, partial, counters, int(M), N, K, G);
+    return cudaGetLastError();
+  }
+}
+
+// int4_marlin_pack.h's packed buffer for activations T from int4.h's layout, one thread per 32-bit word.
+template <class T>
+__global__ void int4_marlin_pack_kernel(uint32_t* __restrict__ out,            // [words]
+                                        const uint8_t* __restrict__ qweight,   // [N, K/2]
+                                        const uint16_t* __restrict__ scales,   // [N, K/G] fp16 bits
+                                        const uint16_t* __restrict__ mins,     // [N, K/G] fp16 bits
+                                        int64_t N, int64_t K, int G, int64_t words) {
+  const int64_t w = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  constexpr bool kBf16 = !std::is_same_v<T, __half>;
+  if (w < words) out[w] = int4_marlin_packed_word(qweight, scales, mins, N, K, G, kBf16, w);
+}
+
+// out: int4_marlin_packed_bytes(N, K, G) bytes (4-byte aligned); T: __half or __nv_bfloat16.
+template <class T>
+cudaError_t int4_marlin_pack(T* out, const uint8_t* qweight, const __half* scales, const __half* mins, int64_t N,
+                             int64_t K, int G, cudaStream_t stream) {
+  if (N <= 0 || K <= 0 || (G != 32 && G != 64 && G != 128) || K % G != 0) return cudaErrorInvalidValue;
+  const int64_t words = int4_marlin_packed_bytes(N, K, G) / 4;
+  const int threads = 256;
+  const int64_t blocks = (words + threads - 1) / threads;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  int4_marlin_pack_kernel<T><<<unsigned(blocks), threads, 0, stream>>>(
+      reinterpret_cast<uint32_t*>(out), qweight, reinterpret_cast<const uint16_t*>(scales),
+      reinterpret_cast<const uint16_t*>(mins), N, K, G, words);
+  return cudaGetLastError();
 }
 
 }  // namespace dk::cuda

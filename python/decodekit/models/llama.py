@@ -148,6 +148,18 @@ class LlamaModel:
         self.fused_layers = (self.device.type == "cpu" and os.environ.get("DECODEKIT_FUSED_LAYERS", "1") != "0"
                              and self.cache_head_dim == self.config.head_dim  # decoder_layer: unpadded rows
                              and all(o is not None for o in self.layer_operands))
+        self.prepare_packed_gemms()
+
+    def prepare_packed_gemms(self) -> None:
+        """On CUDA with fp16 / bf16 activations: each packed INT4 projection's copy in the layout of the
+        Marlin-style kernel (decodekit.ops.int4_marlin_packed), made now, before the engine profiles memory
+        and captures CUDA graphs, rather than on a first decode step."""
+        if self.device.type != "cuda" or self.dtype not in (torch.float16, torch.bfloat16) or ops._marlin_mode() != "auto":
+            return
+        for L in self.layers:
+            for w in (L.qkv, L.o, L.gate_up, L.down):
+                if isinstance(w, Int4Weight):
+                    ops.int4_marlin_packed(w.stored(), self.dtype)
 
     @staticmethod
     def _layer_operands(L: LayerWeights):

@@ -7,6 +7,7 @@ allocate once and CUDA graphs can capture the ops. The wrappers here allocate wh
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -139,6 +140,12 @@ def _quant_gemm(a, weight, bias, out):
     int8 = isinstance(weight, Int8Weight)
     if out is None:
         out = torch.empty(a.shape[0], weight.shape[0], dtype=a.dtype, device=a.device)
+    if not int8 and _marlin_packed_route(a):
+        packed = int4_marlin_packed(weight, a.dtype)
+        if packed is not None:
+            N, K = weight.shape
+            _ops.int4_gemm_marlin(out, a, packed, N, K, weight.group_size, bias)
+            return out
     if a.device.type == "cuda" and not _cuda_quant_kernel(a, weight):  # past the CUDA kernels' rows
         return _packed_dense(a, weight, bias, out)
     mins = () if int8 else (weight.mins,)
@@ -148,6 +155,69 @@ def _quant_gemm(a, weight, bias, out):
         return out
     ref = reference.int8_gemm if int8 else reference.int4_gemm
     out.copy_(ref(a, weight.qweight, weight.scales, *mins, weight.group_size, bias))
+    return out
+
+
+# DECODEKIT_INT4_MARLIN: "auto" (default): on CUDA, INT4 GEMMs with fp16 / bf16 activations and M <= 64 run the
+# Marlin-style kernel on its packed layout (int4_marlin_pack: a second, CUDA-only copy of the weight, made once
+# per weight and dtype); "unpacked": the same kernel on int4.h's layout (int4_gemm's route; A/B measurements);
+# "never": neither (int4_gemm's GEMV / mma.sync kernels). Read per call.
+_MARLIN_MAX_M = 64
+
+
+def _marlin_mode() -> str:
+    v = os.environ.get("DECODEKIT_INT4_MARLIN", "") or "auto"
+    if v not in ("auto", "unpacked", "never"):
+        raise ValueError(f"environment variable DECODEKIT_INT4_MARLIN = {v!r} must be 'auto', 'unpacked' or 'never'")
+    return v
+
+
+def _marlin_packed_route(a: torch.Tensor) -> bool:
+    return (a.device.type == "cuda" and a.dtype in (torch.float16, torch.bfloat16) and a.dim() == 2
+            and 0 < a.shape[0] <= _MARLIN_MAX_M and a.stride(1) == 1 and a.data_ptr() % 16 == 0
+            and (a.shape[0] == 1 or (a.stride(0) * a.element_size()) % 16 == 0)
+            and _marlin_mode() == "auto" and _has_kernel("int4_gemm_marlin", a.device))
+
+
+def int4_marlin_pack(weight: Int4Weight, dtype: torch.dtype) -> torch.Tensor:  # [packed bytes / 2] of dtype
+    """The weight in the packed layout of the Marlin-style CUDA kernel for activations of `dtype` (float16 /
+    bfloat16; include/decodekit/gemm/int4_marlin_pack.h), on the weight's device. Act-order weights: the
+    stored order (callers gather the activations, as for int4_gemm)."""
+    if dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"int4_marlin_pack: dtype must be float16 or bfloat16, got {dtype}")
+    N, K = weight.shape
+    out = torch.empty(reference.int4_marlin_packed_bytes(N, K, weight.group_size) // 2, dtype=dtype,
+                      device=weight.device)
+    if _has_kernel("int4_marlin_pack", weight.device):
+        _ops.int4_marlin_pack(out, weight.qweight, weight.scales, weight.mins, weight.group_size)
+    else:
+        out.copy_(reference.int4_marlin_pack(weight.qweight, weight.scales, weight.mins, weight.group_size, dtype))
+    return out
+
+
+def int4_marlin_packed(weight: Int4Weight, dtype: torch.dtype) -> torch.Tensor | None:
+    """int4_marlin_pack(weight, dtype), made once and kept on the weight (None while a CUDA graph is being
+    captured and it was not made before: the caller takes another kernel; models make it at load,
+    LlamaModel.prepare_packed_gemms)."""
+    cache = weight.__dict__.setdefault("_marlin", {})
+    packed = cache.get(dtype)
+    if packed is None:
+        if weight.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        packed = cache[dtype] = int4_marlin_pack(weight, dtype)
+    return packed
+
+
+def int4_gemm_marlin(a: torch.Tensor,       # [M, K] float16 / bfloat16 (row stride free; CUDA: M <= 64)
+                     packed: torch.Tensor,  # [int4_marlin_packed_bytes(N, K, G) / 2] of a's dtype
+                     n: int, k: int, group_size: int,
+                     bias: torch.Tensor | None = None,  # [N]
+                     out: torch.Tensor | None = None,   # [M, N]
+                     ) -> torch.Tensor:
+    """a @ w^T (+ bias) with w = round_T(s_T q + m_T) from the packed layout (int4_marlin_pack)."""
+    if out is None:
+        out = torch.empty(a.shape[0], n, dtype=a.dtype, device=a.device)
+    _ops.int4_gemm_marlin(out, a, packed, n, k, group_size, bias)
     return out
 
 
@@ -220,6 +290,16 @@ def _int8_dequantize_rows_fake(out, qweight, scales, group_size, ids):
 
 @torch.library.register_fake("decodekit::int4_gemm")
 def _int4_gemm_fake(out, a, qweight, scales, mins, group_size, bias):
+    return None
+
+
+@torch.library.register_fake("decodekit::int4_marlin_pack")
+def _int4_marlin_pack_fake(out, qweight, scales, mins, group_size):
+    return None
+
+
+@torch.library.register_fake("decodekit::int4_gemm_marlin")
+def _int4_gemm_marlin_fake(out, a, packed, n, k, group_size, bias):
     return None
 
 

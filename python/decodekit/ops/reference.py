@@ -6,6 +6,7 @@ kernels must match these to within the per-dtype tolerance in tests/conftest.py.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -359,6 +360,77 @@ def int4_gemm(a: torch.Tensor,            # [M, K]
               bias: torch.Tensor | None = None) -> torch.Tensor:  # [M, N] in a's dtype (float64 for float64 a)
     w = int4_dequantize(qweight, scales, mins, group_size).to(a.dtype)
     out = a @ w.T
+    return out if bias is None else out + bias.to(out.dtype)
+
+
+# ---- the packed layout of the CUDA Marlin-style INT4 kernel (include/decodekit/gemm/int4_marlin_pack.h)
+
+MARLIN_UNIT = 128  # output and input features of a unit
+
+
+def int4_marlin_unit_bytes(group_size: int) -> int:
+    return MARLIN_UNIT * MARLIN_UNIT // 2 + 4 * MARLIN_UNIT * (MARLIN_UNIT // group_size)
+
+
+def int4_marlin_packed_bytes(n: int, k: int, group_size: int) -> int:
+    return -(-n // MARLIN_UNIT) * -(-k // MARLIN_UNIT) * int4_marlin_unit_bytes(group_size)
+
+
+@functools.lru_cache(maxsize=1)
+def _marlin_code_src() -> torch.Tensor:  # [8192] int64: row * 64 + byte of packed code byte i
+    i = torch.arange(MARLIN_UNIT * MARLIN_UNIT // 2)
+    w, t, lane, c, j = i >> 11, (i >> 9) & 3, (i >> 4) & 31, (i >> 2) & 3, i & 3
+    row = w * 32 + 8 * t + (lane >> 2)
+    byte = 16 * c + 2 * (lane & 3) + 8 * (j & 1) + (j >> 1)
+    return row * 64 + byte
+
+
+def int4_marlin_pack(qweight: torch.Tensor,  # [N, K/2] uint8 (int4.h's layout)
+                     scales: torch.Tensor,   # [N, K/G] float16
+                     mins: torch.Tensor,     # [N, K/G] float16
+                     group_size: int,
+                     dtype: torch.dtype,     # the activations' type: float16 / bfloat16
+                     ) -> torch.Tensor:      # [int4_marlin_packed_bytes / 2] of dtype
+    """Units of 128 x 128 (k-fastest per 128-row column), each its 8192 code bytes in the kernel's lane
+    order, then its (scale, min) pairs [128 / G][128 rows] in dtype; rows past N / features past K zero."""
+    N, half = qweight.shape
+    K, G, U = 2 * half, group_size, MARLIN_UNIT
+    nt, kt, gu = -(-N // U), -(-K // U), U // G
+    q = torch.zeros(nt * U, kt * U // 2, dtype=torch.uint8)
+    q[:N, :half] = qweight.cpu()
+    codes = q.view(nt, U, kt, U // 2).permute(0, 2, 1, 3).reshape(nt, kt, -1)[:, :, _marlin_code_src()]
+    pairs = torch.zeros(nt * U, kt * gu, 2, dtype=torch.int16)
+    for j, t in enumerate((scales, mins)):
+        pairs[:N, :K // G, j] = t.cpu().to(dtype).view(torch.int16)
+    pairs = pairs.view(nt, U, kt, gu, 2).permute(0, 2, 3, 1, 4).reshape(nt, kt, -1).view(torch.uint8)
+    return torch.cat([codes, pairs], dim=2).reshape(-1).view(dtype).to(qweight.device)
+
+
+def int4_marlin_unpack(packed: torch.Tensor,  # [int4_marlin_packed_bytes / 2] float16 / bfloat16
+                       n: int, k: int, group_size: int,
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # qweight, scales, mins (packed's dtype)
+    """The inverse of int4_marlin_pack: qweight [n, k/2] uint8, scales / mins [n, k/G] in packed's dtype."""
+    G, U = group_size, MARLIN_UNIT
+    nt, kt, gu = -(-n // U), -(-k // U), U // G
+    units = packed.cpu().view(torch.uint8).view(nt, kt, int4_marlin_unit_bytes(G))
+    q = torch.empty(nt, kt, U * U // 2, dtype=torch.uint8)
+    q[:, :, _marlin_code_src()] = units[:, :, :U * U // 2]
+    qweight = q.view(nt, kt, U, U // 2).permute(0, 2, 1, 3).reshape(nt * U, kt * U // 2)[:n, :k // 2]
+    pairs = units[:, :, U * U // 2:].contiguous().view(torch.int16).view(nt, kt, gu, U, 2).permute(0, 3, 1, 2, 4)
+    pairs = pairs.reshape(nt * U, kt * gu, 2)[:n, :k // G].view(packed.dtype)
+    return qweight.contiguous(), pairs[:, :, 0].contiguous(), pairs[:, :, 1].contiguous()
+
+
+def int4_gemm_marlin(a: torch.Tensor,       # [M, K] float16 / bfloat16 (or float64: the oracle, weights as below)
+                     packed: torch.Tensor,  # [int4_marlin_packed_bytes / 2] float16 / bfloat16
+                     n: int, k: int, group_size: int,
+                     bias: torch.Tensor | None = None) -> torch.Tensor:  # [M, N] in a's dtype
+    """a @ w^T with w = round_T(s_T * q + m_T) (T = packed's dtype: the kernel's one fused multiply-add)."""
+    qweight, s, m = int4_marlin_unpack(packed, n, k, group_size)
+    G = group_size
+    codes = torch.cat([qweight.view(n, k // G, G // 2) & 15, qweight.view(n, k // G, G // 2) >> 4], dim=2)
+    w = (codes.double() * s.double()[:, :, None] + m.double()[:, :, None]).reshape(n, k).to(packed.dtype)
+    out = a @ w.to(device=a.device, dtype=a.dtype).T
     return out if bias is None else out + bias.to(out.dtype)
 
 

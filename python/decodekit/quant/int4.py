@@ -58,8 +58,13 @@ class Int4Weight(PackedWeight):
         return Int4Weight(self.qweight[n0:n1], self.scales[n0:n1], self.mins[n0:n1], self.group_size, self.perm)
 
     def stored(self) -> "Int4Weight":
-        """The weight in its stored column order (no perm): what the kernels see."""
-        return self if self.perm is None else Int4Weight(self.qweight, self.scales, self.mins, self.group_size)
+        """The weight in its stored column order (no perm): what the kernels see (one object, kept: caches such
+        as the CUDA kernel's packed copy, decodekit.ops.int4_marlin_packed, live on it)."""
+        if self.perm is None:
+            return self
+        if "_stored" not in self.__dict__:
+            self.__dict__["_stored"] = Int4Weight(self.qweight, self.scales, self.mins, self.group_size)
+        return self.__dict__["_stored"]
 
     def codes(self) -> torch.Tensor:
         """The 4-bit codes as uint8 [N, K] in element order."""

@@ -1,0 +1,103 @@
+// The packed INT4 layout of the Marlin-style CUDA kernel (gemm/int4_marlin.cuh, "packed" variant):
+// per-element logic shared by the pack op (CPU and CUDA), the CPU int4_gemm_marlin op and the kernel.
+// Torch-free, __host__ __device__.
+//
+// From int4.h's layout (qweight [N, K/2] group-split nibbles, scales / mins [N, K/G] fp16) the weight is
+// cut into units of 128 output x 128 input features, unit (nt, kt) at index nt * k_tiles + kt (k-fastest
+// within a 128-feature column: the order the kernel's CTAs stream them), each unit one contiguous block of
+// int4_marlin_unit_bytes(G) bytes, so that a CTA reads one contiguous range of memory:
+//   codes  [8192 bytes]: [warp w 4][n8 tile t 4][lane 32][chunk c 4][4 bytes]: the word the kernel's lane
+//          (gl = lane / 4, c2 = 2 (lane % 4)) of warp w decodes for the B fragments of tile t, chunk c:
+//          bytes c2, c2 + 8, c2 + 1, c2 + 9 of 16-byte chunk c of unit row w * 32 + 8 t + gl's 64 code
+//          bytes (int4.h's bytes of that row for input features kt * 128 .. + 127). One 16-byte shared-
+//          memory read per lane and tile gives all four chunks' words: no byte shuffles in the kernel.
+//   scales [128 / G groups][128 rows][2 x 16 bits]: (scale, min) of the unit's group gi of row r, in the
+//          activation type T (fp16: the fp16 values themselves; bf16: each rounded to bf16, as the kernel
+//          multiplies in T: w = round_T(s_T * q + m_T)).
+// Rows past N and input features past K (K a multiple of G, not of 128) are zero codes with zero scale
+// and min. The packed buffer is typed T (its bits are bytes); total int4_marlin_packed_bytes(N, K, G).
+#pragma once
+#include <cstdint>
+
+#include "decodekit/common/dtype.h"
+#include "decodekit/common/macros.h"
+
+namespace dk {
+
+inline constexpr int kMarlinUnitN = 128, kMarlinUnitK = 128;
+inline constexpr int kMarlinCodeBytes = kMarlinUnitN * kMarlinUnitK / 2;  // 8192
+
+DK_HD int int4_marlin_unit_bytes(int G) { return kMarlinCodeBytes + 4 * kMarlinUnitN * (kMarlinUnitK / G); }
+DK_HD int64_t int4_marlin_k_tiles(int64_t K) { return (K + kMarlinUnitK - 1) / kMarlinUnitK; }
+DK_HD int64_t int4_marlin_packed_bytes(int64_t N, int64_t K, int G) {
+  return (N + kMarlinUnitN - 1) / kMarlinUnitN * int4_marlin_k_tiles(K) * int4_marlin_unit_bytes(G);
+}
+
+// Byte i (< 8192) of a unit's codes comes from unit row `row` (0..127), byte `byte` (0..63) of its 64.
+DK_HD void int4_marlin_code_src(int i, int& row, int& byte) {
+  const int w = i >> 11, t = (i >> 9) & 3, lane = (i >> 4) & 31, c = (i >> 2) & 3, j = i & 3;
+  row = w * 32 + 8 * t + (lane >> 2);
+  byte = 16 * c + 2 * (lane & 3) + 8 * (j & 1) + (j >> 1);
+}
+// The inverse: where unit row `row`'s byte `byte` lies among the unit's 8192 code bytes.
+DK_HD int int4_marlin_code_pos(int row, int byte) {
+  const int c = byte >> 4, r = byte & 15, h = r >> 3, c2 = r & 6, l = r & 1;
+  const int lane = 4 * (row & 7) + c2 / 2;
+  return (row >> 5) << 11 | ((row >> 3) & 3) << 9 | lane << 4 | c << 2 | (h + 2 * l);
+}
+
+// The packed buffer's 32-bit word `word` (< int4_marlin_packed_bytes / 4), from int4.h's layout:
+// qweight [N, K/2], scales / mins [N, K/G] as fp16 bits; bf16: the scale pairs rounded to bf16.
+DK_HD uint32_t int4_marlin_packed_word(const uint8_t* qweight, const uint16_t* scales, const uint16_t* mins,
+                                       int64_t N, int64_t K, int G, bool bf16, int64_t word) {
+  const int ub = int4_marlin_unit_bytes(G);
+  const int64_t byte0 = word * 4, unit = byte0 / ub, k_tiles = int4_marlin_k_tiles(K);
+  const int off = int(byte0 - unit * ub);
+  const int64_t nt = unit / k_tiles, kt = unit - nt * k_tiles;
+  if (off < kMarlinCodeBytes) {
+    uint32_t v = 0;
+    for (int j = 0; j < 4; ++j) {
+      int row, byte;
+      int4_marlin_code_src(off + j, row, byte);
+      const int64_t n = nt * kMarlinUnitN + row, kb = kt * (kMarlinUnitK / 2) + byte;  // byte column
+      if (n < N && kb < K / 2) v |= uint32_t(qweight[n * (K / 2) + kb]) << (8 * j);
+    }
+    return v;
+  }
+  const int s = (off - kMarlinCodeBytes) / 4, gi = s / kMarlinUnitN, row = s - gi * kMarlinUnitN;
+  const int64_t n = nt * kMarlinUnitN + row, k = kt * kMarlinUnitK + int64_t(gi) * G;
+  if (n >= N || k >= K) return 0;
+  const int64_t idx = n * (K / G) + k / G;
+  uint16_t sc = scales[idx], mn = mins[idx];
+  if (bf16) {
+    sc = float_to_bf16(half_to_float(sc));
+    mn = float_to_bf16(half_to_float(mn));
+  }
+  return uint32_t(sc) | uint32_t(mn) << 16;
+}
+
+// Weight (n, k) of a packed buffer (bytes, G, K): round_T(s_T * q + m_T) as a float, rounded once like the
+// kernel's fused multiply-add in T (q < 16, s_T and m_T fp16 / bf16: q s + m is exact in double).
+DK_HD float int4_marlin_weight(const uint8_t* packed, int64_t K, int G, bool bf16, int64_t n, int64_t k) {
+  const int ub = int4_marlin_unit_bytes(G);
+  const int64_t nt = n / kMarlinUnitN, kt = k / kMarlinUnitK;
+  const uint8_t* unit = packed + (nt * int4_marlin_k_tiles(K) + kt) * ub;
+  const int row = int(n - nt * kMarlinUnitN), kk = int(k - kt * kMarlinUnitK);
+  const int gi = kk / G, i = kk - gi * G, half = G / 2;  // int4.h: byte gi*G/2 + i % half, high nibble past half
+  const uint8_t b = unit[int4_marlin_code_pos(row, gi * half + (i < half ? i : i - half))];
+  const int q = i < half ? (b & 15) : (b >> 4);
+  const uint8_t* sp = unit + kMarlinCodeBytes + 4 * (gi * kMarlinUnitN + row);
+  const uint16_t sb = uint16_t(sp[0] | sp[1] << 8), mb = uint16_t(sp[2] | sp[3] << 8);
+  const double s = bf16 ? bf16_to_float(sb) : half_to_float(sb), m = bf16 ? bf16_to_float(mb) : half_to_float(mb);
+  const double w = double(q) * s + m;
+  // one rounding to T: to float with round-to-odd (its 13+ spare bits keep T's rounding exact), then RNE
+  float f = float(w);
+  if (double(f) != w) {
+    uint32_t u = float_to_bits(f);
+    if (f > 0 ? double(f) > w : double(f) < w) --u;  // toward zero: the truncation
+    f = bits_to_float(u | 1u);
+  }
+  return bf16 ? bf16_to_float(float_to_bf16(f)) : half_to_float(float_to_half(f));
+}
+
+}  // namespace dk
