@@ -9,6 +9,12 @@ reads it gives instructions per byte, which bounds a memory-bound kernel when th
     python tools/sass_loops.py /tmp/cc/csrc/cuda/attention.o 'paged_decode_tc_kernelI13__nv_bfloat16S3_Li128E' \\
         'paged_attention_kernelI13__nv_bfloat16S3_Li128ELi4ELb1E'
 
+    --hot HMMA         the smallest loop holding an HMMA: a loop body whose branches the compiler laid out
+                       around it (the fp8 decode kernel's tile loop) still shows as one range
+    --span BAR.SYNC HMMA --after LDGSTS
+                       from the first BAR.SYNC after the first LDGSTS to the last HMMA: a loop whose rare
+                       tail sits inside it (the Marlin kernel's per-unit path without its split epilogue)
+
 Patterns are regular expressions over the mangled names (the first match is taken). Overlapping
 ranges are reported as they are (a loop whose body branches back to an earlier label shows up as a
 larger range too); "innermost" marks ranges that contain no other, and the innermost one with the
@@ -37,12 +43,17 @@ def functions(sass: str) -> dict[str, list[str]]:
     return out
 
 
-def loops(lines: list[str]) -> list[tuple[int, int, list[str]]]:
+def instructions(lines: list[str]) -> list[tuple[int, str]]:
     ins = []
     for line in lines:
         m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
         if m:
             ins.append((int(m.group(1), 16), m.group(2).strip()))
+    return ins
+
+
+def loops(lines: list[str]) -> list[tuple[int, int, list[str]]]:
+    ins = instructions(lines)
     index = {a: i for i, (a, _) in enumerate(ins)}
     found = []
     for i, (a, text) in enumerate(ins):
@@ -64,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("object", help="an object or cubin with sm_90 SASS")
     ap.add_argument("patterns", nargs="+", help="regexes over mangled kernel names")
     ap.add_argument("--top", type=int, default=4, help="loops per kernel, largest first")
+    ap.add_argument("--hot", metavar="OPCODE", help="also: the smallest loop holding OPCODE (regex)")
+    ap.add_argument("--span", nargs=2, metavar=("FROM", "TO"),
+                    help="also: from the first FROM (regex) to the last TO")
+    ap.add_argument("--after", metavar="OPCODE", help="--span starts after the first OPCODE")
     args = ap.parse_args(argv)
     tool = find_cuobjdump()
     if not tool:
@@ -84,6 +99,23 @@ def main(argv: list[str] | None = None) -> int:
             top = Counter(opcode(x) for x in body).most_common(12)
             print(f"  {'innermost ' if (t, a) in inner else ''}loop {t:#x}-{a:#x}: {len(body)} instructions; "
                   + " ".join(f"{k} {v}" for k, v in top))
+        if args.hot:
+            hot = [r for r in found if any(re.search(args.hot, x) for x in r[2])]
+            if hot:
+                t, a, body = min(hot, key=lambda r: len(r[2]))
+                top = Counter(opcode(x) for x in body).most_common(10)
+                print(f"  hot loop ({args.hot}) {t:#x}-{a:#x}: {len(body)} instructions; "
+                      + " ".join(f"{k} {v}" for k, v in top))
+        if args.span:
+            ins = [x for _, x in instructions(funcs[name])]
+            start = next((i for i, x in enumerate(ins) if re.search(args.after, x)), 0) if args.after else 0
+            i0 = next((i for i in range(start, len(ins)) if re.search(args.span[0], ins[i])), None)
+            i1 = max((i for i, x in enumerate(ins) if re.search(args.span[1], x)), default=None)
+            if i0 is not None and i1 is not None and i1 >= i0:
+                body = ins[i0:i1 + 1]
+                top = Counter(opcode(x) for x in body).most_common(10)
+                print(f"  span {args.span[0]} .. {args.span[1]}: {len(body)} instructions; "
+                      + " ".join(f"{k} {v}" for k, v in top))
     return 0
 
 

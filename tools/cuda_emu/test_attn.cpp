@@ -47,6 +47,7 @@ struct Case {
   bool with_lse = true;
   int pad_tokens = 0;      // tokens past query_start_loc[S] (out 0, lse -inf)
   bool force_tc = false;   // call the tensor-core kernel (paged_prefill) directly, whatever the batch
+  float q_mag = 1.f;       // queries times this (fp16: at most 1e4, its range)
   int window = 0;          // sliding window (0: none); the blocks before each sequence's first window
                            // point at a NaN-filled block, so reading them shows
   std::string name;
@@ -106,6 +107,10 @@ template <class T, class KV> void run_attention_impl(const Case& c) {
   const int64_t Tn = qsl[S] + c.pad_tokens;
   const int64_t q_stride = int64_t(Hq) * D + c.q_pad;
   std::vector<T> q = randn<T>(size_t(std::max<int64_t>(Tn, 1)) * q_stride);
+  if (c.q_mag != 1.f) {
+    const float mag = std::is_same_v<T, __half> ? std::min(c.q_mag, 1e4f) : c.q_mag;
+    for (auto& x : q) x = Conv<T>::store(ld(x) * mag);
+  }
   for (int64_t t = 0; t < Tn; ++t)
     for (int i = Hq * D; i < q_stride; ++i) q[t * q_stride + i] = nanv<T>();  // padding poisoned
   const float scale = 1.f / std::sqrt(float(D));
@@ -405,6 +410,15 @@ static std::vector<Case> extra_cases() {
     for (int g : {1, 3, 8}) add("fp8 d" + std::to_string(d) + " g" + std::to_string(g), {29, 300}, {1, 7}, 2 * g, 2, d, 16)->fp8 = 1;
   add("fp8 per-tensor", {100, 17}, {3, 17}, 9, 3, 64, 16)->fp8 = 2;
   { Case* c = add("fp8 split6", {5000}, {1}, 32, 8, 128, 16); c->fp8 = 1; c->splits = 6; }
+  // fp8 decode batches (the tensor-core decode kernel: raw tiles widened in shared memory; bf16 queries in
+  // fp16 rescaled per CTA, 1e6-sized ones too), awkward lengths, GQA 1 / 3 / 8 / 20, per-tensor scales, splits
+  for (int d : {64, 128})
+    for (int g : {1, 3, 8, 20})
+      add("fp8 decode d" + std::to_string(d) + " g" + std::to_string(g), {1, 15, 17, 300, 2049}, {1, 1, 1, 1, 1},
+          2 * g, 2, d, g == 3 ? 32 : 16)->fp8 = 1;
+  { Case* c = add("fp8 decode q1e6", {100, 700}, {1, 1}, 16, 2, 128, 32); c->fp8 = 1; c->q_mag = 1e6f; }
+  { Case* c = add("fp8 decode q1e-6", {100, 33}, {1, 1}, 9, 3, 64, 16); c->fp8 = 1; c->q_mag = 1e-6f; }
+  { Case* c = add("fp8 decode per-tensor split3", {999, 40}, {1, 1}, 9, 3, 128, 16); c->fp8 = 2; c->splits = 3; }
   // the tensor-core kernel on every kind of row: decode-only batches, long prefills (many 64-row
   // tiles and key tiles), GQA groups 1..8, fp8 caches, padding tokens, bad-free empty sequences
   auto tc = [&](std::string name, std::vector<int> ctx, std::vector<int> nn, int hq, int hk, int d, int bs) {

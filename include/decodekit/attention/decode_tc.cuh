@@ -14,11 +14,19 @@
 // Work split: grid (token, KV head, head chunk x split) as the SIMT kernel, kDtRows = 16 query
 // heads per chunk. The CTA's key range (the token's window, or its split's piece) is cut into
 // tiles of kDtKeys = 16 keys; warp w takes tiles w, w + 4, ... with its own kDtStages-deep cp.async
-// pipeline in dynamic shared memory (no CTA barrier in the loop; prefill.cuh's stage_kv_chunk: fp8
-// caches go through registers and are widened to T before the store), its own online softmax (base 2, per
+// pipeline in dynamic shared memory (no CTA barrier in the loop), its own online softmax (base 2, per
 // row over the row's 4 lanes) and accumulators; the 4 warps' (m, l, O) merge in shared memory at
 // the end. Keys outside the range are masked to -inf; block ids outside the cache poison the
 // token (NaN), like the other kernels.
+// fp8 caches: the pipeline stages carry the raw e4m3 bytes (cp.async: half the bytes in flight, nothing
+// waits in registers); when a tile is due, its warp widens it into one T tile in shared memory (16 values a
+// lane a step: one 16-byte read, 8 hardware pair conversions e4m3x2 -> f16x2, bf16 through fp32, two 16-byte
+// stores), then the same ldmatrix / mma code as for T caches. (Before: 8-byte register loads widened one
+// element at a time on issue, ~1200 instructions a tile, and each tile's loads waited on at issue.)
+// bf16 queries over an fp8 cache compute in fp16 (the mma type M): e4m3 -> fp16 is one conversion per pair
+// where -> bf16 costs three more; the queries are scaled by a power of two per CTA (their largest |q| into
+// [2^13, 2^14): no overflow, exact scaling) and rounded to fp16 (11 significant bits, more than bf16's 8),
+// the scale undone on the scores; P in fp16 (finer than bf16); fp32 accumulators as before.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -112,15 +120,51 @@ struct DtShape {
   static constexpr int KPP = 32 / CPR;            // rows one warp-wide pass of chunks covers
   static constexpr int PASSES = kDtKeys / KPP;    // passes per tile (chunks per lane, K and V each)
   static constexpr int TILE = kDtKeys * LD;       // elements of one K (or V) tile
+  static constexpr int CPR8 = D / 16;             // fp8 caches: 16-byte chunks per raw row (D bytes)
+  static constexpr int KPP8 = 32 / CPR8;          // raw rows one pass covers
+  static constexpr int PASSES8 = kDtKeys / KPP8;  // passes per raw tile
+  static constexpr int RAW = kDtKeys * D;         // bytes of one raw K (or V) tile
   static_assert(D == 64 || D == 128, "the tensor-core decode kernel takes head_dim 64 or 128");
 };
 
-// Dynamic shared memory of the kernel: the warps' K and V stages (the final merge reuses it).
-template <class T, int D>
+// T tiles (K and V) per warp: one for fp8 caches (widened from the raw stages when due), else the stages.
+template <class C>
+constexpr int dt_tile_stages() { return kIsFp8<C> ? 1 : kDtStages; }
+
+// Dynamic shared memory of the kernel: the warps' K and V T tiles, fp8: their raw stages after them (the final
+// merge reuses it).
+template <class T, class C, int D>
 constexpr size_t decode_tc_smem_bytes() {
-  constexpr size_t stages = size_t(2) * kDtWarps * kDtStages * DtShape<D>::TILE * sizeof(T);
+  constexpr size_t tiles = size_t(2) * kDtWarps * dt_tile_stages<C>() * DtShape<D>::TILE * 2;  // fp16 / bf16
+  constexpr size_t raw = kIsFp8<C> ? size_t(2) * kDtWarps * kDtStages * DtShape<D>::RAW : 0;
   constexpr size_t merge = size_t(kDtWarps) * kDtRows * D * sizeof(float);
-  return stages > merge ? stages : merge;
+  return tiles + raw > merge ? tiles + raw : merge;
+}
+
+// 16 e4m3 values (byte i of q: element i) as T at dst (16-byte aligned), exact: the hardware pair conversion
+// e4m3x2 -> f16x2 (every e4m3 value is an fp16 value), bf16 through fp32.
+template <class T>
+DK_DEVICE void fp8x16_to(T* dst, uint4 q) {
+  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+  uint32_t o[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint16_t pair = uint16_t(w[i >> 1] >> (16 * (i & 1)));
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(pair), __NV_E4M3);
+    if constexpr (std::is_same_v<T, __half>) {
+      o[i] = uint32_t(r.x) | uint32_t(r.y) << 16;
+    } else {
+      const float2 f = __half22float2(__half2(r));
+      o[i] = pack2<T>(f.x, f.y);
+    }
+#else
+    o[i] = pack2<T>(fp8_e4m3_to_float(uint8_t(pair)), fp8_e4m3_to_float(uint8_t(pair >> 8)));
+#endif
+  }
+  uint4* d = reinterpret_cast<uint4*>(dst);
+  d[0] = make_uint4(o[0], o[1], o[2], o[3]);
+  d[1] = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
 template <class T, class C, int D>
@@ -141,8 +185,12 @@ paged_decode_tc_kernel(T* out,                // [T, Hq, D] contiguous
                        float* part_out,       // [num_splits, T, Hq, D] (split-KV only)
                        float* part_lse) {     // [num_splits, T, Hq] (split-KV only)
   using S = DtShape<D>;
+  constexpr bool kF8 = kIsFp8<C>;
+  using M = std::conditional_t<kF8, __half, T>;  // the tiles' and mma's type
+  constexpr bool kRescaleQ = kF8 && !std::is_same_v<T, __half>;
   DK_DYNAMIC_SMEM(dsm);
   __shared__ float m_s[kDtWarps][kDtRows], l_s[kDtWarps][kDtRows];
+  __shared__ float qmax_s[kDtWarps];
   __shared__ int bad_s;
 
   const int64_t t = blockIdx.x;
@@ -160,26 +208,51 @@ paged_decode_tc_kernel(T* out,                // [T, Hq, D] contiguous
   int64_t k_begin, k_end;
   split_key_range(window_first_key(tok.last, window), tok.last, split, num_splits, int64_t(kDtKeys) * kDtWarps,
                   k_begin, k_end);
+  const T* qrow = query + t * q_stride + int64_t(head0) * D;  // [nh, D]
+  if constexpr (kRescaleQ) {  // the largest |q| of the CTA's heads (fmaxf skips NaN: a NaN q still reaches its scores)
+    float mx = 0.f;
+    for (int i = tid; i < nh * D; i += kDtThreads) mx = fmaxf(mx, fabsf(to_float(qrow[i])));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (lane == 0) qmax_s[warp] = mx;
+  }
   if (tid == 0) bad_s = 0;
   __syncthreads();  // (before any warp can flag it)
 
   // Q fragments (A operand: rows = heads g0 + gl and g0 + gl + 8, zero past nh), scaled as the scores
-  // are (base 2) after the product.
+  // are (base 2) after the product. kRescaleQ: q * 2^qe in fp16, qe putting the largest |q| in [2^13, 2^14).
+  float qmul = 1.f;
+  if constexpr (kRescaleQ) {
+    float mx = qmax_s[0];
+#pragma unroll
+    for (int w = 1; w < kDtWarps; ++w) mx = fmaxf(mx, qmax_s[w]);
+    if (mx > 0.f && mx < INFINITY) {  // (0, inf, NaN: no rescale; inf / NaN reach the scores as with T)
+      int ex;
+      frexpf(mx, &ex);  // mx = f 2^ex, f in [0.5, 1)
+      qmul = ldexpf(1.f, 14 - ex);
+    }
+  }
   uint32_t qa[S::KSTEPS][4];
   {
-    const uint16_t* qb = reinterpret_cast<const uint16_t*>(query + t * q_stride + int64_t(head0) * D);
+    const uint16_t* qb = reinterpret_cast<const uint16_t*>(qrow);
 #pragma unroll
     for (int kk = 0; kk < S::KSTEPS; ++kk)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int r = gl + (j & 1) * 8, d = kk * 16 + cl + (j >> 1) * 8;
-        qa[kk][j] = r < nh ? (uint32_t(qb[r * D + d]) | (uint32_t(qb[r * D + d + 1]) << 16)) : 0u;
+        if constexpr (kRescaleQ)
+          qa[kk][j] = r < nh ? pack2<M>(to_float(qrow[r * D + d]) * qmul, to_float(qrow[r * D + d + 1]) * qmul) : 0u;
+        else
+          qa[kk][j] = r < nh ? (uint32_t(qb[r * D + d]) | (uint32_t(qb[r * D + d + 1]) << 16)) : 0u;
       }
   }
-  const float sscale = scale * sc.key(kvh) * 1.4426950408889634f;  // log2(e)
+  const float sscale = scale * sc.key(kvh) * 1.4426950408889634f / qmul;  // log2(e); qmul: a power of two
 
-  T* k_st = reinterpret_cast<T*>(dsm) + size_t(warp) * kDtStages * S::TILE;
-  T* v_st = reinterpret_cast<T*>(dsm) + size_t(kDtWarps + warp) * kDtStages * S::TILE;
+  constexpr int TS = dt_tile_stages<C>();
+  M* k_st = reinterpret_cast<M*>(dsm) + size_t(warp) * TS * S::TILE;
+  M* v_st = reinterpret_cast<M*>(dsm) + size_t(kDtWarps + warp) * TS * S::TILE;
+  // fp8: this warp's raw stages [kDtStages][K, V][kDtKeys][D] bytes, after every warp's M tiles
+  unsigned char* raw = dsm + size_t(2) * kDtWarps * TS * S::TILE * sizeof(M) + size_t(warp) * kDtStages * 2 * S::RAW;
   const int32_t* table = block_tables + int64_t(tok.s) * max_blocks;
   const int bs = L.block_size;
   const int crow = lane / S::CPR, c8 = (lane % S::CPR) * 8;  // this lane's row in a pass and chunk in it
@@ -195,13 +268,25 @@ paged_decode_tc_kernel(T* out,                // [T, Hq, D] contiguous
       if (id >= 0 && id < num_blocks) row = (id * L.num_kv_heads + kvh) * bs + (k - b * bs);
       else bad = true;
     }
+    if constexpr (kF8) {  // raw bytes, 16 (elements) a chunk
+      unsigned char* rk = raw + st * 2 * S::RAW;
 #pragma unroll
-    for (int ps = 0; ps < S::PASSES; ++ps) {
-      const int key = ps * S::KPP + crow;
-      const int r = __shfl_sync(0xffffffffu, row, key);
-      const int64_t off = int64_t(r) * D + c8;
-      stage_kv_chunk(k_st + st * S::TILE + key * S::LD + c8, v_st + st * S::TILE + key * S::LD + c8, key_cache,
-                     value_cache, off, r >= 0);
+      for (int ps = 0; ps < S::PASSES8; ++ps) {
+        const int key = ps * S::KPP8 + lane / S::CPR8, c16 = (lane % S::CPR8) * 16;
+        const int r = __shfl_sync(0xffffffffu, row, key);
+        const int64_t off = int64_t(r) * D + c16;
+        cp_async16(rk + key * D + c16, r >= 0 ? key_cache + off : key_cache, r >= 0 ? 16 : 0);
+        cp_async16(rk + S::RAW + key * D + c16, r >= 0 ? value_cache + off : value_cache, r >= 0 ? 16 : 0);
+      }
+    } else {
+#pragma unroll
+      for (int ps = 0; ps < S::PASSES; ++ps) {
+        const int key = ps * S::KPP + crow;
+        const int r = __shfl_sync(0xffffffffu, row, key);
+        const int64_t off = int64_t(r) * D + c8;
+        stage_kv_chunk(k_st + st * S::TILE + key * S::LD + c8, v_st + st * S::TILE + key * S::LD + c8, key_cache,
+                       value_cache, off, r >= 0);
+      }
     }
   };
 
@@ -230,9 +315,20 @@ paged_decode_tc_kernel(T* out,                // [T, Hq, D] contiguous
     cp_async_commit();
     cp_async_wait<kDtStages - 1>();
     __syncwarp();
+    if constexpr (kF8) {  // widen the raw tile into the T tile (read by the previous tile's mma: the loop's
+                          // closing __syncwarp orders that)
+      const unsigned char* rk = raw + st * 2 * S::RAW;
+#pragma unroll
+      for (int ps = 0; ps < S::PASSES8; ++ps) {
+        const int key = ps * S::KPP8 + lane / S::CPR8, c16 = (lane % S::CPR8) * 16;
+        fp8x16_to(k_st + key * S::LD + c16, *reinterpret_cast<const uint4*>(rk + key * D + c16));
+        fp8x16_to(v_st + key * S::LD + c16, *reinterpret_cast<const uint4*>(rk + S::RAW + key * D + c16));
+      }
+      __syncwarp();
+    }
     const int64_t kt0 = tile_start(i);
-    const T* ks = k_st + st * S::TILE;
-    const T* vs = v_st + st * S::TILE;
+    const M* ks = k_st + (kF8 ? 0 : st) * S::TILE;
+    const M* vs = v_st + (kF8 ? 0 : st) * S::TILE;
 
     // S = Q K^T: 16 heads x 16 keys (n-tiles 0 / 1: keys 0-7 / 8-15); ldmatrix matrices (keys 0-7, d lo),
     // (0-7, hi), (8-15, lo), (8-15, hi)
@@ -242,8 +338,8 @@ paged_decode_tc_kernel(T* out,                // [T, Hq, D] contiguous
       uint32_t b[4];
       ldmatrix_x4(b, ks + ((lane >> 4) * 8 + (lane & 7)) * S::LD + kk * 16 + ((lane >> 3) & 1) * 8);
       const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-      mma_m16n8k16<T>(s[0], qa[kk], b0);
-      mma_m16n8k16<T>(s[1], qa[kk], b1);
+      mma_m16n8k16<M>(s[0], qa[kk], b0);
+      mma_m16n8k16<M>(s[1], qa[kk], b1);
     }
     // scale, mask keys outside the range, online softmax (row gl: s[.][0..1], row gl + 8: s[.][2..3])
     float mx[2] = {-INFINITY, -INFINITY};
@@ -286,15 +382,15 @@ paged_decode_tc_kernel(T* out,                // [T, Hq, D] contiguous
     }
     // O += P V (A: P rounded to T, the C layout of the two n-tiles; B: V rows by transposed ldmatrix,
     // matrices (keys 0-7, d-tile j), (8-15, j), (0-7, j + 1), (8-15, j + 1))
-    const uint32_t pa[4] = {pack2<T>(s[0][0], s[0][1]), pack2<T>(s[0][2], s[0][3]), pack2<T>(s[1][0], s[1][1]),
-                            pack2<T>(s[1][2], s[1][3])};
+    const uint32_t pa[4] = {pack2<M>(s[0][0], s[0][1]), pack2<M>(s[0][2], s[0][3]), pack2<M>(s[1][0], s[1][1]),
+                            pack2<M>(s[1][2], s[1][3])};
 #pragma unroll
     for (int j = 0; j < S::ON; j += 2) {
       uint32_t b[4];
       ldmatrix_x4_trans(b, vs + (((lane >> 3) & 1) * 8 + (lane & 7)) * S::LD + (j + (lane >> 4)) * 8);
       const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-      mma_m16n8k16<T>(o[j], pa, b0);
-      mma_m16n8k16<T>(o[j + 1], pa, b1);
+      mma_m16n8k16<M>(o[j], pa, b0);
+      mma_m16n8k16<M>(o[j + 1], pa, b1);
     }
     __syncwarp();  // this stage is refilled by a later issue
   }
@@ -368,7 +464,7 @@ cudaError_t paged_decode_tc_prepare() {
   const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t(1) << dev : 0;
   if (bit && (done.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
   e = cudaFuncSetAttribute(attn_detail::paged_decode_tc_kernel<T, C, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(attn_detail::decode_tc_smem_bytes<T, D>()));
+                           int(attn_detail::decode_tc_smem_bytes<T, C, D>()));
   if (e == cudaSuccess) done.fetch_or(bit, std::memory_order_relaxed);
   return e;
 #else
