@@ -86,12 +86,14 @@ def test_paged_attention_fp8(case, config, scales, dtype, device, gen):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("qdtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("d", [64, 128, 96])
-def test_paged_attention_fp8_every_code(d, device, gen):
+def test_paged_attention_fp8_every_code(d, qdtype, device, gen):
     """Every finite e4m3 code (subnormals, zeros, +-448) as a key and as a value element, read by
-    each kernel path (vector head dims 64/128, the scalar one for 96); a NaN code in one used
-    value element makes exactly that element of that sequence's KV-head outputs NaN, as in the
-    reference."""
+    each kernel path (vector head dims 64/128, the scalar one for 96; CUDA fp16 / bf16 queries: the
+    tensor-core decode kernel, its raw tiles widened in shared memory, bf16 queries in fp16 rescaled); a NaN
+    code in one used value element makes exactly that element of that sequence's KV-head outputs NaN, as in
+    the reference."""
     if device == "cuda" and d == 96:
         pytest.skip("the CUDA kernel takes head_dim 64 / 128 / 256 (96 is a CPU path)")
     hq, hk, bs = 6, 2, 16
@@ -104,7 +106,7 @@ def test_paged_attention_fp8_every_code(d, device, gen):
     kc = codes.view(FP8).contiguous()
     vc = codes[torch.randperm(nb, generator=gen)].view(FP8).contiguous()
     kc.view(torch.uint8)[..., 0] = 0  # keep the scores moderate: key elements small enough ...
-    q = randn((2, hq, d), torch.float32, "cpu", gen, scale=1e-3)  # ... and queries tiny
+    q = randn((2, hq, d), qdtype, "cpu", gen, scale=1e-3)  # ... and queries tiny
     need = [(c + bs - 1) // bs for c in ctx]
     bt = torch.full((2, max(need)), -5, dtype=torch.int32)
     bt[0, :need[0]] = torch.arange(need[0], dtype=torch.int32)
@@ -116,7 +118,7 @@ def test_paged_attention_fp8_every_code(d, device, gen):
     out = torch.full_like(args[0], float("nan"))
     ops.paged_attention(*args, d ** -0.5, out=out, k_scale=ks.to(device), v_scale=vs.to(device))
     want, _ = ref.paged_attention(q.double(), kc, vc, bt, lens, qsl, d ** -0.5, ks, vs)
-    assert_close(out, want, torch.float32, f"fp8 every code d={d}")
+    assert_close(out, want, qdtype, f"fp8 every code d={d}")
     # a NaN code in sequence 1's used value rows, KV head 1
     blk = int(bt[1, 1])
     vc.view(torch.uint8)[blk, 1, 3, 5] = 0xFF
