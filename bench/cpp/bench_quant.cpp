@@ -22,6 +22,7 @@
 #include "bench_common.h"
 #include "decodekit/gemm/fp8_gemm.h"
 #include "decodekit/gemm/int4.h"
+#include "decodekit/gemm/int4_marlin_pack.h"
 #if defined(__CUDACC__)
 #include "decodekit/gemm/fp8_gemm.cuh"
 #include "decodekit/gemm/int4.cuh"
@@ -67,10 +68,11 @@ std::vector<int64_t> batch(bool quick, const Shape& s) {
 // (the "int4_gemm S=1" rows: the unsplit kernel, to measure the plan against); marlin: int4_gemm_marlin
 // with the plan of gemm/mma_plan.h (its column counters zeroed once, left zero by every call); packed: the
 // same kernel on int4_marlin_pack.h's layout (rows "int4_gemm_marlin packed": the slot's weight region is the
-// packed buffer, scale pairs inside).
+// packed buffer, scale pairs inside); per_sm > 0: that many CTAs an SM instead of the plan's (at most 2; rows
+// "... packed N/SM", to tune the plan).
 template <class T>
 void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm90 = false, int splits = 0,
-              bool marlin = false, bool packed = false) {
+              bool marlin = false, bool packed = false, int per_sm_override = 0) {
   const int64_t N = sh.N, K = sh.K, ng = K / sh.G;
   const int G = sh.G;
   size_t ws_bytes = 0;
@@ -86,6 +88,8 @@ void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm
       if (e != cudaSuccess) return;
       const int per_sm = packed ? dk::cuda::int4_marlin_ctas_per_sm<D, true>(M) : dk::cuda::int4_marlin_ctas_per_sm<D, false>(M);
       ctas = dk::cuda::int4_marlin_ctas(N, K, sms, per_sm);
+      if (per_sm_override > 0)
+        ctas = int(std::min<int64_t>(dk::cuda::int4_marlin_units(N, K), int64_t(sms) * std::min(per_sm, per_sm_override)));
       ws_bytes = dk::cuda::int4_marlin_partial_floats(M, N, ctas) * sizeof(float);
       const size_t cbytes = size_t(dk::cuda::int4_marlin_columns(N)) * sizeof(unsigned);
       if (cudaMalloc(&counters, cbytes) != cudaSuccess || cudaMemset(counters, 0, cbytes) != cudaSuccess) return;
@@ -113,8 +117,11 @@ void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm
     return c.used;
   };
   dkb::Case c;
-  c.bench = sm90 ? "int4_gemm_sm90" : marlin ? (packed ? "int4_gemm_marlin packed" : "int4_gemm_marlin")
-                 : splits == 1 && M > 8 ? "int4_gemm S=1" : "int4_gemm";
+  c.bench = sm90 ? "int4_gemm_sm90"
+          : marlin ? (packed ? (per_sm_override > 0 ? "int4_gemm_marlin packed " + std::to_string(per_sm_override) + "/SM"
+                                                    : std::string("int4_gemm_marlin packed"))
+                             : std::string("int4_gemm_marlin"))
+          : splits == 1 && M > 8 ? "int4_gemm S=1" : "int4_gemm";
   c.shape = std::string(sh.name) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + " G=" + std::to_string(G) +
             " M=" + std::to_string(M);
   c.dtype = dkb::DtypeName<T>::value;
@@ -231,6 +238,9 @@ void add_cases(std::vector<dkb::Case>& cases, bool quick) {
 #if defined(__CUDACC__)
       if (M <= dk::cuda::kMarlinMaxM) add_int4<T>(cases, sh, M, false, 0, true);
       if (M <= dk::cuda::kMarlinMaxM) add_int4<T>(cases, sh, M, false, 0, true, true);
+      if (std::is_same_v<T, dk::bf16_t> && (M == 1 || M == 16)) {  // the CTAs-per-SM plan (2) against 1, 3, 4
+        for (int ps : {1, 3, 4}) add_int4<T>(cases, sh, M, false, 0, true, true, ps);
+      }
       if (std::is_same_v<T, dk::bf16_t> && (M == 16 || M == 64)) {
         add_int4<T>(cases, sh, M, false, 1);
         add_fp8<T>(cases, sh, M, false, 1);
