@@ -275,6 +275,29 @@ inline int __shfl_sync(unsigned mask, int v, int src) {
   dk_emu::wait(b->warp_bars[b->cur->warp]);
   return r;
 }
+// __shfl_xor_sync of a 32-bit int (not through float: INT_MAX would not survive).
+inline int __shfl_xor_sync(unsigned mask, int v, int o) {
+  if (mask != 0xffffffffu) { fprintf(stderr, "emulator: partial shuffle mask\n"); abort(); }
+  auto* b = dk_emu::blk;
+  const int t = b->cur->warp * 32, lane = b->cur->lane;
+  b->shfl_u[t + lane] = uint32_t(v);
+  dk_emu::wait(b->warp_bars[b->cur->warp]);
+  const int r = int(b->shfl_u[t + (lane ^ o)]);
+  dk_emu::wait(b->warp_bars[b->cur->warp]);
+  return r;
+}
+// __any_sync: whether any lane of the warp passes a nonzero predicate.
+inline int __any_sync(unsigned mask, int pred) {
+  if (mask != 0xffffffffu) { fprintf(stderr, "emulator: partial vote mask\n"); abort(); }
+  auto* b = dk_emu::blk;
+  const int t = b->cur->warp * 32, lane = b->cur->lane;
+  b->shfl_u[t + lane] = pred != 0;
+  dk_emu::wait(b->warp_bars[b->cur->warp]);
+  int r = 0;
+  for (int i = 0; i < 32; ++i) r |= int(b->shfl_u[t + i]);
+  dk_emu::wait(b->warp_bars[b->cur->warp]);
+  return r;
+}
 template <class T> inline T __ldg(const T* p) { return *p; }
 
 // ---- what the custom all-reduce kernels (include/decodekit/comm/allreduce.cuh) need: ranks are

@@ -253,6 +253,30 @@ template <class T> void run_bad_metadata(int splits) {
       }
 }
 
+// A bad block id inside a key tile that lies wholly within every row's range (the prefill kernel's unmasked
+// fast path): the rows that see it still come out NaN. One sequence, ctx 200, 2 new tokens, block 1 (keys
+// 16..31) -> id 99; head_dim 64 (64-key tiles) and 128 (32-key tiles).
+template <class T> void run_bad_block_interior(int D) {
+  const int Hq = 8, Hk = 2, bs = 16, maxb = 13, num_blocks = 13;
+  const PagedLayout L{Hk, bs, D};
+  std::vector<T> kc = randn<T>(size_t(num_blocks) * Hk * bs * D), vc = randn<T>(kc.size()), q = randn<T>(size_t(2) * Hq * D);
+  std::vector<int32_t> bt(maxb), lens = {200}, qsl = {0, 2};
+  for (int b = 0; b < maxb; ++b) bt[b] = b == 1 ? 99 : b;
+  std::vector<T> out(size_t(2) * Hq * D, Conv<T>::store(7.f));
+  std::vector<float> lse(size_t(2) * Hq, 7.f);
+  cuda::paged_attention<T, T>(out.data(), lse.data(), q.data(), Hq * D, kc.data(), vc.data(), bt.data(), maxb,
+                              lens.data(), qsl.data(), 1, 2, Hq, num_blocks, L, 0.125f, KVScales{}, 0, 1, nullptr,
+                              nullptr, tc_decode);
+  ++checks;
+  for (int t = 0; t < 2; ++t)
+    for (int h = 0; h < Hq; ++h)
+      if (!std::isnan(ld(out[(size_t(t) * Hq + h) * D + 3])) || !std::isnan(lse[t * Hq + h])) {
+        printf("FAIL bad block inside a full tile %s d=%d: token %d head %d not NaN\n", tname<T>(), D, t, h);
+        ++fails;
+        return;
+      }
+}
+
 // The same for decode batches (one new token per sequence: the decode kernels, not the prefill one):
 // seq 0's window holds block id 99, seq 1 has seq_len 60 > 3 blocks * 16 -> NaN; seq 2 is consistent and
 // must come out finite (the poison stays with its token).
@@ -477,6 +501,7 @@ template <class T> void run_all(bool full) {
   }
   run_bad_metadata<T>(1);
   run_bad_metadata<T>(3);
+  for (int d : {64, 128}) run_bad_block_interior<T>(d);
   for (int d : {64, 128})
     for (int sp : {1, 3}) run_bad_metadata_decode<T>(sp, d);
   run_cache_fp8<T>();

@@ -26,6 +26,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdint>
 
@@ -247,6 +248,22 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
   bool poison[2] = {false, false};
   const float sscale = scale * sc.key(kvh) * 1.4426950408889634f;  // log2(e)
 
+  // the keys every (valid, consistent) row of this warp sees: a tile inside [w_first, w_last] with no bad block
+  // needs no mask (the causal diagonal, window edges and range ends are the only tiles that do)
+  int w_first = -1, w_last = INT_MAX;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    if (r_valid[h] && !r_bad[h]) {
+      w_first = r_first[h] > w_first ? r_first[h] : w_first;
+      w_last = r_last[h] < w_last ? r_last[h] : w_last;
+    }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const int f = __shfl_xor_sync(0xffffffffu, w_first, o), l2 = __shfl_xor_sync(0xffffffffu, w_last, o);
+    w_first = f > w_first ? f : w_first;
+    w_last = l2 < w_last ? l2 : w_last;
+  }
+
   const int kt_start = kmin / BN * BN;
   const int ntiles = kmax >= kt_start ? (kmax - kt_start) / BN + 1 : 0;
   if (ntiles > 0) issue(0, kt_start);
@@ -277,23 +294,37 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
         mma_m16n8k16<T>(s[j + 1], qa[kk], b1);
       }
 
-    // scale, causal mask, online softmax (rows ra: s[.][0..1], rb: s[.][2..3])
+    // scale, causal mask, online softmax (rows ra: s[.][0..1], rb: s[.][2..3]); a tile inside every row's
+    // range with no bad block (warp-uniform) skips the per-element mask
+    bool tile_bad = kbad_s[st][lane] != 0;
+    if constexpr (BN > 32) tile_bad = tile_bad || kbad_s[st][lane + 32] != 0;
+    const bool full = kt0 >= w_first && kt0 + BN - 1 <= w_last && !__any_sync(0xffffffffu, tile_bad);
     float mx[2] = {-INFINITY, -INFINITY};
+    if (full) {
 #pragma unroll
-    for (int j = 0; j < S::SN; ++j)
+      for (int j = 0; j < S::SN; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e >> 1, kl = j * 8 + cl + (e & 1);
-        const int k = kt0 + kl;
-        float v = -INFINITY;
-        if (k <= r_last[h] && k >= r_first[h]) {
-          v = s[j][e] * sscale;
-          if (kbad_s[st][kl]) poison[h] = true;
+        for (int e = 0; e < 4; ++e) {
+          s[j][e] *= sscale;
+          mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
         }
-        s[j][e] = v;
-        mx[h] = fmaxf(mx[h], v);
-      }
-    float corr[2];
+    } else {
+#pragma unroll
+      for (int j = 0; j < S::SN; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e >> 1, kl = j * 8 + cl + (e & 1);
+          const int k = kt0 + kl;
+          float v = -INFINITY;
+          if (k <= r_last[h] && k >= r_first[h]) {
+            v = s[j][e] * sscale;
+            if (kbad_s[st][kl]) poison[h] = true;
+          }
+          s[j][e] = v;
+          mx[h] = fmaxf(mx[h], v);
+        }
+    }
+    float corr[2], mref[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
@@ -301,6 +332,7 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
       const float nm = fmaxf(m2[h], mx[h]);
       corr[h] = m2[h] == -INFINITY ? 0.f : exp2f(m2[h] - nm);
       m2[h] = nm;
+      mref[h] = nm == -INFINITY ? 0.f : nm;  // a row with no key yet: its scores are all -inf, exp2 gives 0
       l[h] *= corr[h];
     }
 #pragma unroll
@@ -308,16 +340,18 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int h = e >> 1;
-        const float p = s[j][e] == -INFINITY ? 0.f : exp2f(s[j][e] - m2[h]);
+        const float p = exp2f(s[j][e] - mref[h]);
         s[j][e] = p;
         l[h] += p;
       }
+    if (corr[0] != 1.f || corr[1] != 1.f) {  // (lanes agree per row; skipped once the maxima settle)
 #pragma unroll
-    for (int j = 0; j < S::ON; ++j) {
-      o[j][0] *= corr[0];
-      o[j][1] *= corr[0];
-      o[j][2] *= corr[1];
-      o[j][3] *= corr[1];
+      for (int j = 0; j < S::ON; ++j) {
+        o[j][0] *= corr[0];
+        o[j][1] *= corr[0];
+        o[j][2] *= corr[1];
+        o[j][3] *= corr[1];
+      }
     }
 
     // O += P V (A: P rounded to T, the C layout of two n-tiles is the A layout of one k-step;
