@@ -39,7 +39,7 @@ using CO = const OptTensor&;
 struct LayerOps {
   Op<void(T_&, T_&, CT, double)> add_norm{"decodekit::fused_add_rms_norm"};
   Op<void(T_&, CT, CT, double)> norm{"decodekit::rms_norm"};
-  Op<void(T_&, CT, CT, CT, CT, int64_t, CO)> int4{"decodekit::int4_gemm"};
+  Op<void(T_&, CT, CT, CT, CT, int64_t, CO, CO)> int4{"decodekit::int4_gemm"};
   Op<void(T_&, CT, CT, CT, int64_t, CO)> int8{"decodekit::int8_gemm"};
   Op<void(T_&, CT, CT, CO)> dense{"decodekit::dense_gemm"};
   Op<void(CT, T_&, CO, CT, int64_t, bool)> rope{"decodekit::rotary_embedding"};
@@ -69,7 +69,7 @@ int64_t proj_rows(const char* name, at::TensorList w) {
 // everything else at::linear.
 void project(const LayerOps& ops, at::Tensor& out, const at::Tensor& a, at::TensorList w, int64_t group_size,
              const OptTensor& bias) {
-  if (w.size() == 3) return ops.int4.call(out, a, w[0], w[1], w[2], group_size, bias);
+  if (w.size() == 3) return ops.int4.call(out, a, w[0], w[1], w[2], group_size, bias, std::nullopt);
   if (w.size() == 2) return ops.int8.call(out, a, w[0], w[1], group_size, bias);
   const int64_t M = a.size(0);
   const at::ScalarType st = a.scalar_type();

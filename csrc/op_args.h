@@ -229,6 +229,14 @@ inline GemmArgs int4_marlin_pack_args(const at::Tensor& out, const at::Tensor& q
   return g;
 }
 
+// int4_gemm's optional packed copy: int4_marlin_packed_bytes(N, K, G) / 2 elements of a's dtype on a's device.
+inline void int4_gemm_packed_check(const char* op, const at::Tensor& packed, const at::Tensor& a, const GemmArgs& g,
+                                   int64_t group_size) {
+  Check(op, "packed", packed).dim(1).size(0, int4_marlin_packed_bytes(g.N, g.K, int(group_size)) / 2,
+                                         "int4_marlin_packed_bytes(N, K, group_size) / 2")
+      .dtype_as(a, "a").device_as(a, "a").contiguous();
+}
+
 // int4_gemm_marlin: a [M, K] (row stride free, float16 / bfloat16), packed [int4_marlin_packed_bytes / 2] of
 // a's dtype (int4_marlin_pack for that dtype), out [M, N], bias [N]; n = N >= 1, k = K >= 1.
 inline GemmArgs int4_gemm_marlin_args(const at::Tensor& out, const at::Tensor& a, const at::Tensor& packed, int64_t n,

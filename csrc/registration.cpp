@@ -33,8 +33,10 @@ TORCH_LIBRARY(decodekit, m) {
   // INT4 weight-only GEMM: out [M, N] = a [M, K] @ w^T (+ bias [N]) with w decoded from
   // qweight [N, K/2] uint8 (group-split nibbles), scales / mins [N, K/G] float16:
   // w = scale * q + min (include/decodekit/gemm/int4.h). int4_dequantize writes w [N, K].
+  // packed: optionally the same weight in int4_marlin_pack's layout for a's dtype (CUDA: the Marlin-style
+  // kernel reads it instead where the dispatch table picks that kernel; elsewhere unused).
   m.def("int4_gemm(Tensor(a!) out, Tensor a, Tensor qweight, Tensor scales, Tensor mins, int group_size, "
-        "Tensor? bias) -> ()");
+        "Tensor? bias, Tensor? packed=None) -> ()");
   m.def("int4_dequantize(Tensor(a!) out, Tensor qweight, Tensor scales, Tensor mins, int group_size) -> ()");
   // The packed layout of the CUDA Marlin-style INT4 kernel (include/decodekit/gemm/int4_marlin_pack.h: contiguous
   // 128 x 128 units, codes in the lanes' order, scale / min pairs inside, in the activations' type): out

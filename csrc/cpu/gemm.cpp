@@ -37,8 +37,10 @@ void int4_gemm_cpu(at::Tensor& out,                        // [M, N]
                    const at::Tensor& scales,               // [N, K / G] float16
                    const at::Tensor& mins,                 // [N, K / G] float16
                    int64_t group_size,
-                   const std::optional<at::Tensor>& bias) {  // [N]
+                   const std::optional<at::Tensor>& bias,     // [N]
+                   const std::optional<at::Tensor>& packed) {  // the CUDA kernel's layout: unused here
   const dk::GemmArgs g = dk::quant_gemm_args("decodekit::int4_gemm", out, a, qweight, scales, &mins, group_size, bias);
+  if (packed.has_value()) dk::int4_gemm_packed_check("decodekit::int4_gemm", *packed, a, g, group_size);
   if (g.M == 0 || g.N == 0) return;
   const dk::cpu::Int4GemmParams P{g.M, g.N, g.K, int(group_size), g.a_stride};
   DK_CPU_DISPATCH_FLOATING(a.scalar_type(), "decodekit::int4_gemm", [&] {

@@ -60,16 +60,20 @@ Sm90Policy sm90_policy(const char* op) {
               "' must be one of 'auto', 'always', 'never'");
 }
 
-// DECODEKIT_INT4_MARLIN: "auto" (default) and "unpacked": int4_gemm takes the Marlin-style kernel on int4.h's
-// layout for M <= 64 when the call allows it ("auto" also sends decodekit.ops' INT4 GEMMs to int4_gemm_marlin
-// on the packed layout first: python/decodekit/ops), "never" (the GEMV / mma.sync kernels: tests, benchmarks, a
-// fallback). Read per call.
+// DECODEKIT_INT4_MARLIN: "auto" (default): int4_gemm takes the Marlin-style kernel for M <= 64 where the table
+// and the call allow it, on the packed copy when one is given (decodekit.ops passes the weight's, made at model
+// load), else on int4.h's layout; "unpacked": always int4.h's layout (A/B measurements); "never": the GEMV /
+// mma.sync kernels (tests, benchmarks, a fallback). Read per call.
 bool want_marlin(const char* op) {
   const char* v = std::getenv("DECODEKIT_INT4_MARLIN");
   if (v == nullptr || *v == 0 || std::strcmp(v, "auto") == 0 || std::strcmp(v, "unpacked") == 0) return true;
   if (std::strcmp(v, "never") == 0) return false;
   TORCH_CHECK(false, op, ": environment variable DECODEKIT_INT4_MARLIN = '", v,
               "' must be 'auto', 'unpacked' or 'never'");
+}
+bool marlin_unpacked_only() {
+  const char* v = std::getenv("DECODEKIT_INT4_MARLIN");
+  return v != nullptr && std::strcmp(v, "unpacked") == 0;
 }
 
 // The Marlin kernel's per-(device, stream) column counters (kMarlinMaxColumns zeros, left zero by every
@@ -163,10 +167,12 @@ void int4_gemm_cuda(at::Tensor& out,                        // [M, N]
                     const at::Tensor& scales,               // [N, K / G] float16
                     const at::Tensor& mins,                 // [N, K / G] float16
                     int64_t group_size,
-                    const std::optional<at::Tensor>& bias) {  // [N]
+                    const std::optional<at::Tensor>& bias,     // [N]
+                    const std::optional<at::Tensor>& packed) {  // int4_marlin_pack's layout for a's dtype
   const char* op = "decodekit::int4_gemm";
   const dk::GemmArgs g = dk::quant_gemm_args(op, out, a, qweight, scales, &mins, group_size, bias);
   dk::check_cuda(op, "a", a);
+  if (packed.has_value()) dk::int4_gemm_packed_check(op, *packed, a, g, group_size);
   // M <= 8: the GEMV kernels (any dtype); more rows: the tensor-core GEMM (fp16 / bf16)
   if (a.scalar_type() == at::kFloat)
     dk::check_range<int64_t>(op, "a.size(0) (M) on CUDA with float32 activations (larger M: fp16/bf16)", g.M, 0,
@@ -190,20 +196,28 @@ void int4_gemm_cuda(at::Tensor& out,                        // [M, N]
   if (a.scalar_type() != at::kFloat && want_marlin(op) &&
       dk::cuda::int4_marlin_supported(g.M, g.N, g.K, int(group_size), g.a_stride * int64_t(a.element_size())) &&
       reinterpret_cast<uintptr_t>(a.data_ptr()) % 16 == 0 && reinterpret_cast<uintptr_t>(qweight.data_ptr()) % 16 == 0) {
+    // the packed copy when given (and not DECODEKIT_INT4_MARLIN=unpacked): the same numbers, fewer instructions
+    const bool use_packed = packed.has_value() && !marlin_unpacked_only();
     auto run = [&](auto type_tag) {
       using T = decltype(type_tag);
       const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
       unsigned* counters = nullptr;
       int per_sm = 1;
-      marlin_setup<T>(a, g.M, stream, &counters, &per_sm);
+      if (use_packed) marlin_setup<T, true>(a, g.M, stream, &counters, &per_sm);
+      else marlin_setup<T, false>(a, g.M, stream, &counters, &per_sm);
       const int ctas = dk::cuda::int4_marlin_ctas(g.N, g.K, sm_count(a), per_sm);
       at::Tensor partial = at::empty({int64_t(dk::cuda::int4_marlin_partial_floats(g.M, g.N, ctas))},
                                      a.options().dtype(at::kFloat));
-      dk::check_launch(op, dk::cuda::int4_gemm_marlin<T>(
-                               dk::cuda_ptr<T>(out), dk::cuda_ptr<T>(a), g.a_stride, qweight.data_ptr<uint8_t>(),
-                               dk::cuda_ptr<__half>(scales), dk::cuda_ptr<__half>(mins),
-                               bias.has_value() ? dk::cuda_ptr<T>(*bias) : nullptr, g.M, g.N, g.K, int(group_size),
-                               ctas, partial.data_ptr<float>(), counters, stream));
+      const T* b = bias.has_value() ? dk::cuda_ptr<T>(*bias) : nullptr;
+      if (use_packed)
+        dk::check_launch(op, dk::cuda::int4_gemm_marlin_packed<T>(
+                                 dk::cuda_ptr<T>(out), dk::cuda_ptr<T>(a), g.a_stride, dk::cuda_ptr<T>(*packed), b,
+                                 g.M, g.N, g.K, int(group_size), ctas, partial.data_ptr<float>(), counters, stream));
+      else
+        dk::check_launch(op, dk::cuda::int4_gemm_marlin<T>(
+                                 dk::cuda_ptr<T>(out), dk::cuda_ptr<T>(a), g.a_stride, qweight.data_ptr<uint8_t>(),
+                                 dk::cuda_ptr<__half>(scales), dk::cuda_ptr<__half>(mins), b, g.M, g.N, g.K,
+                                 int(group_size), ctas, partial.data_ptr<float>(), counters, stream));
     };
     if (a.scalar_type() == at::kHalf) run(__half{});
     else run(__nv_bfloat16{});

@@ -88,6 +88,7 @@ SM90_SHAPES = [(136, 256, 64), (264, 384, 128), (520, 1024, 128), (130, 256, 64)
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
 def test_int4_gemm_sm90(N, K, G, M, dtype, policy, device, monkeypatch, gen):
     monkeypatch.setenv("DECODEKIT_SM90_GEMM", policy)
+    monkeypatch.setenv("DECODEKIT_INT4_LARGE_M", "kernel")  # (the default decodes past 64 rows: cuBLAS)
     w = _weight(N, K, G, device, gen)
     a, _ = strided_rows(M, K, dtype, device, gen)
     bias = randn((N,), dtype, device, gen) if M % 2 else None
@@ -204,6 +205,7 @@ def test_int4_gemm_sm90_graph_and_policy(device, monkeypatch, gen):
     a = randn((256, 512), torch.bfloat16, device, gen)
     out = torch.empty(256, 264, dtype=torch.bfloat16, device=device)
     monkeypatch.setenv("DECODEKIT_SM90_GEMM", "always")
+    monkeypatch.setenv("DECODEKIT_INT4_LARGE_M", "kernel")
     ops.int4_gemm(a, w, None, out=out)  # warm-up (CUTLASS's smem attribute) outside the capture
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):

@@ -85,6 +85,10 @@ def test_int4_marlin_opcheck(device, gen):
     a = randn((5, 192), torch.bfloat16, device, gen)
     out = torch.empty(5, 200, dtype=torch.bfloat16, device=device)
     opcheck(torch.ops.decodekit.int4_gemm_marlin, (out, a, packed, 200, 192, 64, None))
+    packed = ops.int4_marlin_pack(w, torch.bfloat16)
+    opcheck(torch.ops.decodekit.int4_gemm, (out, a, w.qweight, w.scales, w.mins, 64, None, packed))
+    with pytest.raises(RuntimeError, match="'packed'"):  # int4_gemm's optional copy is checked too
+        torch.ops.decodekit.int4_gemm(out, a, w.qweight, w.scales, w.mins, 64, None, packed[:-8])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -132,15 +136,16 @@ def test_int4_linear_takes_packed_marlin_on_cuda(dtype, device, monkeypatch, gen
     and sums); DECODEKIT_INT4_MARLIN=unpacked the kernel on int4.h's layout; act-order through stored();
     inside a CUDA graph capture without a packed copy made before: the unpacked kernel; M = 65: another."""
     monkeypatch.setenv("DECODEKIT_SM90_GEMM", "never")
+    monkeypatch.delenv("DECODEKIT_INT4_MARLIN", raising=False)
     N, K, G = 4096, 4096, 128
     w = _weight(N, K, G, device, gen)
     a = randn((5, K), dtype, device, gen)
     names = cuda_kernel_names(lambda: ops.linear(a, w))
-    assert any("int4_gemm_marlin_kernel" in n and "true>" in n for n in names), names
+    assert any("int4_gemm_marlin_kernel" in n and ", true," in n for n in names), names
     got = ops.linear(a, w)
     monkeypatch.setenv("DECODEKIT_INT4_MARLIN", "unpacked")
     names = cuda_kernel_names(lambda: ops.linear(a, w))
-    assert any("int4_gemm_marlin_kernel" in n and "false>" in n for n in names), names
+    assert any("int4_gemm_marlin_kernel" in n and ", false," in n for n in names), names
     assert torch.equal(ops.linear(a, w), got)
     monkeypatch.setenv("DECODEKIT_INT4_MARLIN", "auto")
     perm = torch.randperm(K, generator=gen).to(device)
@@ -160,3 +165,33 @@ def test_int4_linear_takes_packed_marlin_on_cuda(dtype, device, monkeypatch, gen
     monkeypatch.setenv("DECODEKIT_INT4_MARLIN", "sometimes")
     with pytest.raises(ValueError, match="DECODEKIT_INT4_MARLIN = 'sometimes' must be 'auto', 'unpacked' or 'never'"):
         ops.linear(a, w)
+
+
+@pytest.mark.parametrize("M", [65, 300])
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
+def test_int4_large_m_dense_route_on_cuda(M, device, monkeypatch, gen):
+    """Past 64 rows on CUDA, ops.linear decodes the INT4 weight (int4_dequantize, chunks of <= 64 MiB) and runs
+    cuBLAS (DECODEKIT_INT4_LARGE_M=dense, the default); =kernel keeps the INT4 kernels; both within the bound;
+    a bad value is a clear error."""
+    N, K, G = 4096, 14336, 128  # 117 MB decoded in bf16: two chunks
+    w = _weight(N, K, G, device, gen)
+    a = randn((M, K), torch.bfloat16, device, gen)
+    bias = randn((N,), torch.bfloat16, device, gen)
+    names = cuda_kernel_names(lambda: ops.linear(a, w, bias))
+    assert any("int4_dequantize" in n for n in names) and not any("marlin" in n or "int4_sm90" in n for n in names), names
+    dense = ops.linear(a, w, bias)
+    wd = ref.int4_dequantize(w.qweight.cpu(), w.scales.cpu(), w.mins.cpu(), G).double()
+    want = a.cpu().double() @ wd.T + bias.cpu().double()
+    mag = a.cpu().double().abs() @ wd.abs().T + bias.cpu().double().abs()
+    tol = TOL[torch.bfloat16]
+    for got in (dense, None):
+        if got is None:
+            monkeypatch.setenv("DECODEKIT_INT4_LARGE_M", "kernel")
+            names = cuda_kernel_names(lambda: ops.linear(a, w, bias))
+            assert not any("int4_dequantize" in n for n in names), names
+            got = ops.linear(a, w, bias)
+        err = ((got.cpu().double() - want).abs() / (tol["atol"] + (tol["rtol"] + 2e-6) * mag)).max().item()
+        assert err <= 1.0, f"INT4 M={M} error {err:.3f} of the tolerance"
+    monkeypatch.setenv("DECODEKIT_INT4_LARGE_M", "sometimes")
+    with pytest.raises(ValueError, match="DECODEKIT_INT4_LARGE_M = 'sometimes' must be 'dense' or 'kernel'"):
+        ops.linear(a, w, bias)

@@ -140,29 +140,41 @@ def _quant_gemm(a, weight, bias, out):
     int8 = isinstance(weight, Int8Weight)
     if out is None:
         out = torch.empty(a.shape[0], weight.shape[0], dtype=a.dtype, device=a.device)
-    if not int8 and _marlin_packed_route(a):
-        packed = int4_marlin_packed(weight, a.dtype)
-        if packed is not None:
-            N, K = weight.shape
-            _ops.int4_gemm_marlin(out, a, packed, N, K, weight.group_size, bias)
-            return out
-    if a.device.type == "cuda" and not _cuda_quant_kernel(a, weight):  # past the CUDA kernels' rows
-        return _packed_dense(a, weight, bias, out)
-    mins = () if int8 else (weight.mins,)
+    if a.device.type == "cuda" and (not _cuda_quant_kernel(a, weight) or (not int8 and _int4_dense_rows(a))):
+        return _packed_dense(a, weight, bias, out)  # past the CUDA kernels' rows, or INT4 prefill-sized rows
     if _has_kernel("int8_gemm" if int8 else "int4_gemm", a.device):
-        (_ops.int8_gemm if int8 else _ops.int4_gemm)(out, a, weight.qweight, weight.scales, *mins,
-                                                     weight.group_size, bias)
+        if int8:
+            _ops.int8_gemm(out, a, weight.qweight, weight.scales, weight.group_size, bias)
+        else:
+            packed = int4_marlin_packed(weight, a.dtype) if _marlin_packed_route(a) else None
+            _ops.int4_gemm(out, a, weight.qweight, weight.scales, weight.mins, weight.group_size, bias, packed)
         return out
+    mins = () if int8 else (weight.mins,)
     ref = reference.int8_gemm if int8 else reference.int4_gemm
     out.copy_(ref(a, weight.qweight, weight.scales, *mins, weight.group_size, bias))
     return out
 
 
-# DECODEKIT_INT4_MARLIN: "auto" (default): on CUDA, INT4 GEMMs with fp16 / bf16 activations and M <= 64 run the
-# Marlin-style kernel on its packed layout (int4_marlin_pack: a second, CUDA-only copy of the weight, made once
-# per weight and dtype); "unpacked": the same kernel on int4.h's layout (int4_gemm's route; A/B measurements);
-# "never": neither (int4_gemm's GEMV / mma.sync kernels). Read per call.
+# DECODEKIT_INT4_MARLIN: "auto" (default): on CUDA, INT4 GEMMs with fp16 / bf16 activations and M <= 64 pass
+# int4_gemm the weight's copy in the packed layout of the Marlin-style kernel (int4_marlin_pack: a second,
+# CUDA-only copy, made once per weight and dtype), which the kernel reads where the dispatch table picks it
+# (csrc/cuda/gemm_launch.cpp); "unpacked": no copy (the kernel on int4.h's layout; A/B measurements); "never":
+# not that kernel. Read per call.
+# DECODEKIT_INT4_LARGE_M: "dense" (default): on CUDA, INT4 GEMMs past 64 rows (prefill) decode the weight in
+# chunks of <= 64 MiB (int4_dequantize) and run cuBLAS: the H200 run of 2026-12-04 measured the INT4 kernels
+# there at 0.2-0.5x cuBLAS bf16 on the decoded weight (bench/bench_quant.py "int4_gemm vs cuBLAS bf16", M = 64
+# to 4096: e.g. 191 vs 38 us at M = 128, 1497 vs 682 us at M = 4096 for 4096 x 14336), and decoding costs about
+# one read of the packed weight plus one write of the dense one; "kernel": the INT4 kernels at any M.
 _MARLIN_MAX_M = 64
+
+
+def _int4_dense_rows(a: torch.Tensor) -> bool:
+    if a.shape[0] <= _MARLIN_MAX_M:
+        return False
+    v = os.environ.get("DECODEKIT_INT4_LARGE_M", "") or "dense"
+    if v not in ("dense", "kernel"):
+        raise ValueError(f"environment variable DECODEKIT_INT4_LARGE_M = {v!r} must be 'dense' or 'kernel'")
+    return v == "dense"
 
 
 def _marlin_mode() -> str:
@@ -173,10 +185,10 @@ def _marlin_mode() -> str:
 
 
 def _marlin_packed_route(a: torch.Tensor) -> bool:
+    """Whether int4_gemm gets the packed copy: CUDA, fp16 / bf16, the Marlin kernel's rows."""
     return (a.device.type == "cuda" and a.dtype in (torch.float16, torch.bfloat16) and a.dim() == 2
-            and 0 < a.shape[0] <= _MARLIN_MAX_M and a.stride(1) == 1 and a.data_ptr() % 16 == 0
-            and (a.shape[0] == 1 or (a.stride(0) * a.element_size()) % 16 == 0)
-            and _marlin_mode() == "auto" and _has_kernel("int4_gemm_marlin", a.device))
+            and 0 < a.shape[0] <= _MARLIN_MAX_M and _marlin_mode() == "auto"
+            and _has_kernel("int4_marlin_pack", a.device))
 
 
 def int4_marlin_pack(weight: Int4Weight, dtype: torch.dtype) -> torch.Tensor:  # [packed bytes / 2] of dtype
@@ -224,7 +236,8 @@ def int4_gemm_marlin(a: torch.Tensor,       # [M, K] float16 / bfloat16 (row str
 def _cuda_quant_kernel(a, weight) -> bool:
     """Whether a CUDA kernel takes a @ w^T: the GEMV kernels up to 8 rows; INT4 with fp16 / bf16
     activations at any M (the Marlin-style kernel to 64 rows, int4_marlin.cuh, then the mma.sync and CUTLASS
-    GEMMs: csrc/cuda/gemm_launch.cpp); the rest decodes chunks (dense)."""
+    GEMMs: csrc/cuda/gemm_launch.cpp; _quant_gemm still sends INT4 past 64 rows to _packed_dense unless
+    DECODEKIT_INT4_LARGE_M=kernel); the rest decodes chunks (dense)."""
     return _cuda_quant_rows_ok(a.shape[0], a.dtype, isinstance(weight, Int4Weight))
 
 
@@ -233,16 +246,25 @@ def _cuda_quant_rows_ok(rows: int, dtype: torch.dtype, int4: bool) -> bool:
 
 
 def _packed_dense(x, weight, bias, out):
-    """x @ w^T for a packed weight at larger M where no kernel takes it (CUDA past the GEMV rows): a
-    few MB of rows decoded at a time (cache-resident, no whole-weight buffer to allocate and fault
-    in), each chunk through the dense path."""
+    """x @ w^T for a packed weight decoded a chunk of rows at a time, each chunk through the dense path:
+    CPU (no kernel for the shape) a few MB (cache-resident, no whole-weight buffer to allocate and fault
+    in); CUDA (INT4 prefill-sized rows, or rows no kernel takes) up to 64 MiB, so that cuBLAS gets a few
+    large GEMMs (one for most projections, written straight into out)."""
     N, K = weight.shape
-    chunk = max(256, (4 << 20) // (4 * K))
+    cuda = x.device.type == "cuda"
+    chunk = max(256, ((64 << 20) // (x.element_size() * K)) if cuda else ((4 << 20) // (4 * K)))
     for n0 in range(0, N, chunk):
         n1 = min(N, n0 + chunk)
         part = weight.rows(n0, n1)
         w = int8_dequantize(part, x.dtype) if isinstance(part, Int8Weight) else int4_dequantize(part, x.dtype)
-        out[:, n0:n1] = linear(x, w, None if bias is None else bias[n0:n1])
+        b = None if bias is None else bias[n0:n1]
+        if cuda and n0 == 0 and n1 == N and out.is_contiguous():
+            if b is None:
+                torch.mm(x, w.t(), out=out)
+            else:
+                torch.addmm(b, x, w.t(), out=out)
+        else:
+            out[:, n0:n1] = linear(x, w, b)
     return out
 
 
@@ -289,7 +311,7 @@ def _int8_dequantize_rows_fake(out, qweight, scales, group_size, ids):
 
 
 @torch.library.register_fake("decodekit::int4_gemm")
-def _int4_gemm_fake(out, a, qweight, scales, mins, group_size, bias):
+def _int4_gemm_fake(out, a, qweight, scales, mins, group_size, bias, packed=None):
     return None
 
 
@@ -414,8 +436,8 @@ def linear(x: torch.Tensor,                      # [M, K]
            weight,                               # [N, K] tensor, or packed: decodekit.quant.Int4Weight / Int8Weight
            bias: torch.Tensor | None = None) -> torch.Tensor:  # [M, N]
     """x @ weight^T + bias. Packed INT4 / INT8 weights: int4_gemm / int8_gemm (CPU: any M; CUDA: GEMV
-    up to 8 rows, INT4 on tensor cores beyond for fp16/bf16, else decoded a chunk at a time and the
-    dense path); act-order INT4 gathers x's columns first; fp8 weights: W8A8 (quantize_fp8 +
+    up to 8 rows, INT4 on tensor cores up to 64 rows for fp16/bf16 (the Marlin-style kernel on the packed
+    copy), else decoded a chunk at a time and the dense path: cuBLAS); act-order INT4 gathers x's columns first; fp8 weights: W8A8 (quantize_fp8 +
     fp8_gemm). On the CPU in fp32 / bf16 / fp16 the rows decide (dense_route, per CPU): dense_gemm (weights
     widened to fp32 in registers, near memory bandwidth), an fp32 GEMM on upcast operands, or torch's;
     everything else goes to torch (oneDNN/MKL, cuBLAS on CUDA)."""
