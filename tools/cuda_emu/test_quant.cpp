@@ -279,19 +279,24 @@ template <class T> void run_sm90_prepare(int M, int64_t N, int64_t K, int G, int
   if (bad) ++fails;
 }
 
-template <class T> void run_dequant(int64_t N, int64_t K, int G) {
+// misalign: qweight one byte off 16-byte alignment (the scalar fallback kernel; else the 16-byte chunk one)
+template <class T> void run_dequant(int64_t N, int64_t K, int G, bool misalign = false) {
   using C = typename Cpu<T>::type;
   std::uniform_int_distribution<int> byte(0, 255);
+  std::vector<uint8_t> qbuf(size_t(N * K / 2) + 16);
+  const size_t off = (16 - reinterpret_cast<uintptr_t>(qbuf.data()) % 16) % 16 + (misalign ? 1 : 0);
+  uint8_t* qp = qbuf.data() + off;
   std::vector<uint8_t> q(size_t(N * K / 2));
   for (auto& x : q) x = uint8_t(byte(rng));
+  memcpy(qp, q.data(), q.size());
   std::vector<__half> sc(size_t(N * K / G)), mn(size_t(N * K / G));
   for (size_t i = 0; i < sc.size(); ++i) { sc[i] = __float2half(0.01f * float(i % 7 + 1)); mn[i] = __float2half(-0.03f * float(i % 5)); }
   std::vector<T> w(size_t(N * K), Conv<T>::store(NAN)), wc(size_t(N * K));
-  cuda::int4_dequantize<T>(w.data(), q.data(), sc.data(), mn.data(), N, K, G, nullptr);
+  cuda::int4_dequantize<T>(w.data(), qp, sc.data(), mn.data(), N, K, G, nullptr);
   cpu::int4_dequantize<C>((C*)wc.data(), q.data(), (const half_t*)sc.data(), (const half_t*)mn.data(), N, K, G);
   ++checks;
   if (memcmp(w.data(), wc.data(), w.size() * sizeof(T))) {
-    printf("FAIL int4_dequantize %s N=%ld K=%ld G=%d\n", tname<T>(), long(N), long(K), G);
+    printf("FAIL int4_dequantize %s N=%ld K=%ld G=%d misaligned %d\n", tname<T>(), long(N), long(K), G, int(misalign));
     ++fails;
   }
 }
@@ -404,6 +409,9 @@ template <class T> void run_all() {
   run_fp8<T>(9, 64, 96, 0, true, 4);
   run_dequant<T>(13, 256, 32);
   run_dequant<T>(7, 384, 128);
+  run_dequant<T>(5, 192, 64);
+  run_dequant<T>(3, 4096, 128);
+  run_dequant<T>(13, 96, 32, true);
   // invalid: M = 9, K not a multiple of 32
   std::vector<T> o(16), a(16);
   std::vector<uint8_t> q(16);

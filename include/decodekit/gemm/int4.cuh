@@ -87,6 +87,14 @@ quant_gemv_kernel(T* __restrict__ out,              // [M, N]
   }
 }
 
+// 16 values of T at p (16-byte aligned): 16-byte stores.
+template <class T>
+DK_DEVICE void store_vec16(T* p, const T (&x)[16]) {
+#pragma unroll
+  for (int i = 0; i < int(16 * sizeof(T)) / 16; ++i)
+    reinterpret_cast<uint4*>(p)[i] = reinterpret_cast<const uint4*>(x)[i];
+}
+
 template <class T>
 __global__ void int4_dequantize_kernel(T* __restrict__ w, const uint8_t* __restrict__ qweight,
                                        const __half* __restrict__ scales, const __half* __restrict__ mins, int64_t N,
@@ -149,11 +157,44 @@ cudaError_t quant_gemv(T* out, const T* a, int64_t a_stride, const uint8_t* qwei
   return cudaGetLastError();
 }
 
+// The same a 16-byte chunk of codes per thread (16-byte aligned qweight and w; K a multiple of 32, so a chunk
+// lies in one group): one division, one scale / min pair and four to eight 16-byte stores per 32 weights, where
+// the kernel above spends two 64-bit divisions and two 2-byte stores per byte (it is the fallback). CUDA's
+// route for INT4 GEMMs past 64 rows decodes whole weights with it before cuBLAS (decodekit.ops._packed_dense).
+template <class T>
+__global__ void int4_dequantize_chunks_kernel(T* __restrict__ w, const uint8_t* __restrict__ qweight,
+                                              const __half* __restrict__ scales, const __half* __restrict__ mins,
+                                              int64_t N, int64_t K, int G) {
+  const int64_t cpr = K / 32, ng = K / G;  // chunks and groups per row
+  const int hg = G / 2;                    // code bytes per group
+  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < N * cpr; c += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t n = c / cpr;
+    const int byte0 = int(c - n * cpr) * 16, g = byte0 / hg, j0 = byte0 - g * hg;
+    const float d = __half2float(scales[n * ng + g]), mn = __half2float(mins[n * ng + g]);
+    const Vec<uint8_t, 16> q = ldg_vec<uint8_t, 16>(qweight + n * (K / 2) + byte0);
+    alignas(16) T lo[16], hi[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      lo[i] = from_float<T>(int4_weight(q.v[i] & 15, d, mn));
+      hi[i] = from_float<T>(int4_weight(q.v[i] >> 4, d, mn));
+    }
+    T* row = w + n * K + int64_t(g) * G + j0;
+    gemm_detail::store_vec16(row, lo);
+    gemm_detail::store_vec16(row + hg, hi);
+  }
+}
+
 template <class T>
 cudaError_t int4_dequantize(T* w, const uint8_t* qweight, const __half* scales, const __half* mins, int64_t N,
                             int64_t K, int G, cudaStream_t stream) {
   using namespace gemm_detail;
   if (N <= 0 || K <= 0) return cudaSuccess;
+  if (K % 32 == 0 && G % 32 == 0 && aligned16(qweight) && aligned16(w)) {
+    const int64_t n = N * (K / 32);
+    int4_dequantize_chunks_kernel<T><<<grid_cap(ceil_div(n, 256) < 65536 ? ceil_div(n, 256) : 65536), 256, 0,
+                                       stream>>>(w, qweight, scales, mins, N, K, G);
+    return cudaGetLastError();
+  }
   const int64_t n = N * K / 2;
   int4_dequantize_kernel<T><<<grid_cap(ceil_div(n, 256) < 65536 ? ceil_div(n, 256) : 65536), 256, 0, stream>>>(
       w, qweight, scales, mins, N, K, G);
