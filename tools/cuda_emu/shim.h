@@ -330,6 +330,13 @@ inline uint64_t global_timer_ns() {
 // the lanes exchange operands through per-thread slots between two warp barriers, like a shuffle).
 #define DK_CUDA_EMU 1
 namespace dk_emu {
+// The hardware faults on a misaligned vector access ("misaligned address"); x86 does not: check each one.
+inline void check_aligned(const void* p, size_t n, const char* what) {
+  if (reinterpret_cast<uintptr_t>(p) % n != 0) {
+    fprintf(stderr, "emulator: misaligned %zu-byte %s at %p\n", n, what, p);
+    abort();
+  }
+}
 inline thread_local char smem_anchor;  // emulated shared memory is thread_local too: 32-bit offsets from here
 inline uint32_t smem_handle(const void* p) {
   return uint32_t(int32_t(reinterpret_cast<intptr_t>(p) - reinterpret_cast<intptr_t>(&smem_anchor)));
@@ -396,6 +403,7 @@ inline void mma_m16n8k32_e4m3(float (&d)[4], const uint32_t (&a)[4], const uint3
 }
 inline void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr, bool trans) {
   const int lane = blk->cur->lane;
+  check_aligned(smem_ptr(addr), 16, "ldmatrix row");
   xslot(lane)[0] = addr;
   warp_wait();
   const int g = lane / 4, c = 2 * (lane % 4);
@@ -412,6 +420,8 @@ inline void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr, bool trans) {
   warp_wait();
 }
 inline void cp_async16(void* dst, const void* src, int bytes) {
+  check_aligned(dst, 16, "cp.async destination");
+  if (bytes != 0) check_aligned(src, 16, "cp.async source");
   if (bytes == 16) memcpy(dst, src, 16);
   else memset(dst, 0, 16);
 }

@@ -51,6 +51,9 @@ struct alignas(sizeof(T) * N) Vec {
 template <class T, int N = kVec16<T>>
 DK_DEVICE Vec<T, N> load_vec(const T* p) {
   using R = typename Vec<T, N>::Raw;
+#if defined(DK_CUDA_EMU)
+  dk_emu::check_aligned(p, sizeof(R), "vector load");
+#endif
   Vec<T, N> out;
   *reinterpret_cast<R*>(&out) = *reinterpret_cast<const R*>(p);
   return out;
@@ -61,6 +64,9 @@ DK_DEVICE Vec<T, N> load_vec(const T* p) {
 template <class T, int N = kVec16<T>>
 DK_DEVICE Vec<T, N> ldg_vec(const T* p) {
   using R = typename Vec<T, N>::Raw;
+#if defined(DK_CUDA_EMU)
+  dk_emu::check_aligned(p, sizeof(R), "vector load");
+#endif
   Vec<T, N> out;
   *reinterpret_cast<R*>(&out) = __ldg(reinterpret_cast<const R*>(p));
   return out;
@@ -69,6 +75,9 @@ DK_DEVICE Vec<T, N> ldg_vec(const T* p) {
 template <class T, int N>
 DK_DEVICE void store_vec(T* p, const Vec<T, N>& x) {
   using R = typename Vec<T, N>::Raw;
+#if defined(DK_CUDA_EMU)
+  dk_emu::check_aligned(p, sizeof(R), "vector store");
+#endif
   *reinterpret_cast<R*>(p) = *reinterpret_cast<const R*>(&x);
 }
 

@@ -90,6 +90,9 @@ quant_gemv_kernel(T* __restrict__ out,              // [M, N]
 // 16 values of T at p (16-byte aligned): 16-byte stores.
 template <class T>
 DK_DEVICE void store_vec16(T* p, const T (&x)[16]) {
+#if defined(DK_CUDA_EMU)
+  dk_emu::check_aligned(p, 16, "vector store");
+#endif
 #pragma unroll
   for (int i = 0; i < int(16 * sizeof(T)) / 16; ++i)
     reinterpret_cast<uint4*>(p)[i] = reinterpret_cast<const uint4*>(x)[i];
