@@ -109,7 +109,7 @@ MarlinState& marlin_state() {
   return *s;
 }
 
-template <class T, bool kPacked = false>
+template <class T, bool kPacked>
 void marlin_setup(const at::Tensor& like, int64_t M, cudaStream_t stream, unsigned** counters, int* per_sm) {
   MarlinState& st = marlin_state();
   std::lock_guard<std::mutex> lock(st.mu);
@@ -140,6 +140,37 @@ int sm_count(const at::Tensor& t) {
   TORCH_CHECK(err == cudaSuccess, "decodekit: cannot read the GPU's multiprocessor count: ",
               cudaGetErrorString(err));
   return n;
+}
+
+// The Marlin-style kernel (gemm/int4_marlin.cuh), fp16 / bf16 a: on the packed copy when `packed` is given,
+// else on int4.h's layout (qweight, scales, mins); its workspace from the caching allocator, its counters and
+// shared-memory opt-in from marlin_setup. The callers checked shapes and a's alignment (int4_marlin_supported).
+void launch_marlin(const char* op, at::Tensor& out, const at::Tensor& a, const dk::GemmArgs& g, int G,
+                   const std::optional<at::Tensor>& bias, const at::Tensor* packed, const at::Tensor* qweight,
+                   const at::Tensor* scales, const at::Tensor* mins) {
+  auto run = [&](auto type_tag) {
+    using T = decltype(type_tag);
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+    unsigned* counters = nullptr;
+    int per_sm = 1;
+    if (packed) marlin_setup<T, true>(a, g.M, stream, &counters, &per_sm);
+    else marlin_setup<T, false>(a, g.M, stream, &counters, &per_sm);
+    const int ctas = dk::cuda::int4_marlin_ctas(g.N, g.K, sm_count(a), per_sm);
+    at::Tensor partial = at::empty({int64_t(dk::cuda::int4_marlin_partial_floats(g.M, g.N, ctas))},
+                                   a.options().dtype(at::kFloat));
+    const T* b = bias.has_value() ? dk::cuda_ptr<T>(*bias) : nullptr;
+    if (packed)
+      dk::check_launch(op, dk::cuda::int4_gemm_marlin_packed<T>(dk::cuda_ptr<T>(out), dk::cuda_ptr<T>(a), g.a_stride,
+                                                                dk::cuda_ptr<T>(*packed), b, g.M, g.N, g.K, G, ctas,
+                                                                partial.data_ptr<float>(), counters, stream));
+    else
+      dk::check_launch(op, dk::cuda::int4_gemm_marlin<T>(dk::cuda_ptr<T>(out), dk::cuda_ptr<T>(a), g.a_stride,
+                                                         qweight->data_ptr<uint8_t>(), dk::cuda_ptr<__half>(*scales),
+                                                         dk::cuda_ptr<__half>(*mins), b, g.M, g.N, g.K, G, ctas,
+                                                         partial.data_ptr<float>(), counters, stream));
+  };
+  if (a.scalar_type() == at::kHalf) run(__half{});
+  else run(__nv_bfloat16{});
 }
 
 // The fp32 partial sums [splits, M, N] of a split-K launch (splits > 1), else null.
@@ -198,29 +229,7 @@ void int4_gemm_cuda(at::Tensor& out,                        // [M, N]
       reinterpret_cast<uintptr_t>(a.data_ptr()) % 16 == 0 && reinterpret_cast<uintptr_t>(qweight.data_ptr()) % 16 == 0) {
     // the packed copy when given (and not DECODEKIT_INT4_MARLIN=unpacked): the same numbers, fewer instructions
     const bool use_packed = packed.has_value() && !marlin_unpacked_only();
-    auto run = [&](auto type_tag) {
-      using T = decltype(type_tag);
-      const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-      unsigned* counters = nullptr;
-      int per_sm = 1;
-      if (use_packed) marlin_setup<T, true>(a, g.M, stream, &counters, &per_sm);
-      else marlin_setup<T, false>(a, g.M, stream, &counters, &per_sm);
-      const int ctas = dk::cuda::int4_marlin_ctas(g.N, g.K, sm_count(a), per_sm);
-      at::Tensor partial = at::empty({int64_t(dk::cuda::int4_marlin_partial_floats(g.M, g.N, ctas))},
-                                     a.options().dtype(at::kFloat));
-      const T* b = bias.has_value() ? dk::cuda_ptr<T>(*bias) : nullptr;
-      if (use_packed)
-        dk::check_launch(op, dk::cuda::int4_gemm_marlin_packed<T>(
-                                 dk::cuda_ptr<T>(out), dk::cuda_ptr<T>(a), g.a_stride, dk::cuda_ptr<T>(*packed), b,
-                                 g.M, g.N, g.K, int(group_size), ctas, partial.data_ptr<float>(), counters, stream));
-      else
-        dk::check_launch(op, dk::cuda::int4_gemm_marlin<T>(
-                                 dk::cuda_ptr<T>(out), dk::cuda_ptr<T>(a), g.a_stride, qweight.data_ptr<uint8_t>(),
-                                 dk::cuda_ptr<__half>(scales), dk::cuda_ptr<__half>(mins), b, g.M, g.N, g.K,
-                                 int(group_size), ctas, partial.data_ptr<float>(), counters, stream));
-    };
-    if (a.scalar_type() == at::kHalf) run(__half{});
-    else run(__nv_bfloat16{});
+    launch_marlin(op, out, a, g, int(group_size), bias, use_packed ? &*packed : nullptr, &qweight, &scales, &mins);
     return;
   }
   if (g.M > dk::cuda::kQuantGemvMaxM) {
@@ -279,22 +288,7 @@ void int4_gemm_marlin_cuda(at::Tensor& out,                        // [M, N]
               g.a_stride);
   if (g.M == 0) return;
   c10::cuda::OptionalCUDAGuard guard(a.device());
-  auto run = [&](auto type_tag) {
-    using T = decltype(type_tag);
-    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-    unsigned* counters = nullptr;
-    int per_sm = 1;
-    marlin_setup<T, true>(a, g.M, stream, &counters, &per_sm);
-    const int ctas = dk::cuda::int4_marlin_ctas(g.N, g.K, sm_count(a), per_sm);
-    at::Tensor partial = at::empty({int64_t(dk::cuda::int4_marlin_partial_floats(g.M, g.N, ctas))},
-                                   a.options().dtype(at::kFloat));
-    dk::check_launch(op, dk::cuda::int4_gemm_marlin_packed<T>(
-                             dk::cuda_ptr<T>(out), dk::cuda_ptr<T>(a), g.a_stride, dk::cuda_ptr<T>(packed),
-                             bias.has_value() ? dk::cuda_ptr<T>(*bias) : nullptr, g.M, g.N, g.K, int(group_size),
-                             ctas, partial.data_ptr<float>(), counters, stream));
-  };
-  if (a.scalar_type() == at::kHalf) run(__half{});
-  else run(__nv_bfloat16{});
+  launch_marlin(op, out, a, g, int(group_size), bias, &packed, nullptr, nullptr, nullptr);
 }
 
 void int8_gemm_cuda(at::Tensor& out,                        // [M, N]

@@ -133,7 +133,7 @@ constexpr int dt_tile_stages() { return kIsFp8<C> ? 1 : kDtStages; }
 
 // Dynamic shared memory of the kernel: the warps' K and V T tiles, fp8: their raw stages after them (the final
 // merge reuses it).
-template <class T, class C, int D>
+template <class C, int D>
 constexpr size_t decode_tc_smem_bytes() {
   constexpr size_t tiles = size_t(2) * kDtWarps * dt_tile_stages<C>() * DtShape<D>::TILE * 2;  // fp16 / bf16
   constexpr size_t raw = kIsFp8<C> ? size_t(2) * kDtWarps * kDtStages * DtShape<D>::RAW : 0;
@@ -141,10 +141,9 @@ constexpr size_t decode_tc_smem_bytes() {
   return tiles + raw > merge ? tiles + raw : merge;
 }
 
-// 16 e4m3 values (byte i of q: element i) as T at dst (16-byte aligned), exact: the hardware pair conversion
-// e4m3x2 -> f16x2 (every e4m3 value is an fp16 value), bf16 through fp32.
-template <class T>
-DK_DEVICE void fp8x16_to(T* dst, uint4 q) {
+// 16 e4m3 values (byte i of q: element i) as fp16 at dst (16-byte aligned), exact (every e4m3 value is an fp16
+// value): the hardware pair conversion e4m3x2 -> f16x2.
+DK_DEVICE void fp8x16_to_half(__half* dst, uint4 q) {
   const uint32_t w[4] = {q.x, q.y, q.z, q.w};
   uint32_t o[8];
 #pragma unroll
@@ -152,14 +151,9 @@ DK_DEVICE void fp8x16_to(T* dst, uint4 q) {
     const uint16_t pair = uint16_t(w[i >> 1] >> (16 * (i & 1)));
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
     const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(pair), __NV_E4M3);
-    if constexpr (std::is_same_v<T, __half>) {
-      o[i] = uint32_t(r.x) | uint32_t(r.y) << 16;
-    } else {
-      const float2 f = __half22float2(__half2(r));
-      o[i] = pack2<T>(f.x, f.y);
-    }
+    o[i] = uint32_t(r.x) | uint32_t(r.y) << 16;
 #else
-    o[i] = pack2<T>(fp8_e4m3_to_float(uint8_t(pair)), fp8_e4m3_to_float(uint8_t(pair >> 8)));
+    o[i] = pack2<__half>(fp8_e4m3_to_float(uint8_t(pair)), fp8_e4m3_to_float(uint8_t(pair >> 8)));
 #endif
   }
   uint4* d = reinterpret_cast<uint4*>(dst);
@@ -321,8 +315,8 @@ paged_decode_tc_kernel(T* out,                // [T, Hq, D] contiguous
 #pragma unroll
       for (int ps = 0; ps < S::PASSES8; ++ps) {
         const int key = ps * S::KPP8 + lane / S::CPR8, c16 = (lane % S::CPR8) * 16;
-        fp8x16_to(k_st + key * S::LD + c16, *reinterpret_cast<const uint4*>(rk + key * D + c16));
-        fp8x16_to(v_st + key * S::LD + c16, *reinterpret_cast<const uint4*>(rk + S::RAW + key * D + c16));
+        fp8x16_to_half(k_st + key * S::LD + c16, *reinterpret_cast<const uint4*>(rk + key * D + c16));
+        fp8x16_to_half(v_st + key * S::LD + c16, *reinterpret_cast<const uint4*>(rk + S::RAW + key * D + c16));
       }
       __syncwarp();
     }
@@ -464,7 +458,7 @@ cudaError_t paged_decode_tc_prepare() {
   const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t(1) << dev : 0;
   if (bit && (done.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
   e = cudaFuncSetAttribute(attn_detail::paged_decode_tc_kernel<T, C, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(attn_detail::decode_tc_smem_bytes<T, C, D>()));
+                           int(attn_detail::decode_tc_smem_bytes<C, D>()));
   if (e == cudaSuccess) done.fetch_or(bit, std::memory_order_relaxed);
   return e;
 #else

@@ -515,7 +515,7 @@ cudaError_t paged_attention_variant(T* out,             // [num_tokens, Hq, D] c
   {                                                                                                            \
     const cudaError_t e = paged_decode_tc_prepare<T, C, D>();                                                  \
     if (e != cudaSuccess) return e;                                                                            \
-    paged_decode_tc_kernel<T, C, D><<<grid, kDtThreads, decode_tc_smem_bytes<T, C, D>(), stream>>>(           \
+    paged_decode_tc_kernel<T, C, D><<<grid, kDtThreads, decode_tc_smem_bytes<C, D>(), stream>>>(              \
         out, lse, query, q_stride, key_cache, value_cache, block_tables, max_blocks, seq_lens, query_start_loc, \
         num_seqs, num_q_heads, num_blocks, L, scale, sc, window, num_splits, part_out, part_lse);               \
   }

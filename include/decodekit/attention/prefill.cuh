@@ -296,6 +296,7 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
 
     // scale, causal mask, online softmax (rows ra: s[.][0..1], rb: s[.][2..3]); a tile inside every row's
     // range with no bad block (warp-uniform) skips the per-element mask
+    static_assert(BN == 32 || BN == 64, "the bad-key vote reads BN / 32 flags a lane");
     bool tile_bad = kbad_s[st][lane] != 0;
     if constexpr (BN > 32) tile_bad = tile_bad || kbad_s[st][lane + 32] != 0;
     const bool full = kt0 >= w_first && kt0 + BN - 1 <= w_last && !__any_sync(0xffffffffu, tile_bad);

@@ -87,17 +87,6 @@ quant_gemv_kernel(T* __restrict__ out,              // [M, N]
   }
 }
 
-// 16 values of T at p (16-byte aligned): 16-byte stores.
-template <class T>
-DK_DEVICE void store_vec16(T* p, const T (&x)[16]) {
-#if defined(DK_CUDA_EMU)
-  dk_emu::check_aligned(p, 16, "vector store");
-#endif
-#pragma unroll
-  for (int i = 0; i < int(16 * sizeof(T)) / 16; ++i)
-    reinterpret_cast<uint4*>(p)[i] = reinterpret_cast<const uint4*>(x)[i];
-}
-
 template <class T>
 __global__ void int4_dequantize_kernel(T* __restrict__ w, const uint8_t* __restrict__ qweight,
                                        const __half* __restrict__ scales, const __half* __restrict__ mins, int64_t N,
@@ -175,15 +164,19 @@ __global__ void int4_dequantize_chunks_kernel(T* __restrict__ w, const uint8_t* 
     const int byte0 = int(c - n * cpr) * 16, g = byte0 / hg, j0 = byte0 - g * hg;
     const float d = __half2float(scales[n * ng + g]), mn = __half2float(mins[n * ng + g]);
     const Vec<uint8_t, 16> q = ldg_vec<uint8_t, 16>(qweight + n * (K / 2) + byte0);
-    alignas(16) T lo[16], hi[16];
+    constexpr int V = kVec16<T>;  // elements per 16-byte store
+    Vec<T> lo[16 / V], hi[16 / V];
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
-      lo[i] = from_float<T>(int4_weight(q.v[i] & 15, d, mn));
-      hi[i] = from_float<T>(int4_weight(q.v[i] >> 4, d, mn));
+      lo[i / V].v[i % V] = from_float<T>(int4_weight(q.v[i] & 15, d, mn));
+      hi[i / V].v[i % V] = from_float<T>(int4_weight(q.v[i] >> 4, d, mn));
     }
     T* row = w + n * K + int64_t(g) * G + j0;
-    gemm_detail::store_vec16(row, lo);
-    gemm_detail::store_vec16(row + hg, hi);
+#pragma unroll
+    for (int j = 0; j < 16 / V; ++j) {
+      store_vec(row + j * V, lo[j]);
+      store_vec(row + hg + j * V, hi[j]);
+    }
   }
 }
 

@@ -238,7 +238,7 @@ int4_gemm_marlin_kernel(T* __restrict__ out,                 // [M, N]
   const int w_dst = w_off(w_row, w_chunk), a_dst = a_off(a_row, a_chunk);  // + j * 2048 bytes each
   const int64_t w_src = int64_t(w_row) * (K / 2) + 16 * w_chunk, a_src = int64_t(a_row) * a_stride + 8 * a_chunk;
   // issue the cp.async copies of unit p into stage `slot` (weights 512 chunks, a BM x 16 chunks)
-  const int unit_chunks = (kWBytes + 4 * kBN * (kBK / G)) / 16;  // packed: 16-byte chunks of a unit, 544..640
+  const int unit_chunks = int4_marlin_unit_bytes(G) / 16;  // packed: 16-byte chunks of a unit, 544..640
   auto load_tile = [&](Pos p, int slot) {
     const int64_t k0 = int64_t(p.kt) * kBK;
     const int64_t klen = K - k0 < kBK ? K - k0 : kBK;

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "decodekit/gemm/int4_marlin_pack.h"  // the unit shape
+
 namespace dk::cuda {
 
 inline constexpr int kMmaGemmFeatures = 64;  // output features per CTA of both kernels (4 warps x 2 n8 tiles)
@@ -41,7 +43,7 @@ inline int fp8_mma_splits(int64_t M, int64_t N, int64_t K, int num_sms) {
 // features, 4-stage cp.async pipeline; CTA b of P takes units [b U / P, (b + 1) U / P) (k-fastest within a
 // 128-feature column), split columns reduced in-kernel through a workspace of fp32 slots and per-column
 // counters.
-inline constexpr int kMarlinFeatures = 128, kMarlinK = 128, kMarlinStages = 4, kMarlinMaxM = 64;
+inline constexpr int kMarlinFeatures = kMarlinUnitN, kMarlinK = kMarlinUnitK, kMarlinStages = 4, kMarlinMaxM = 64;
 inline constexpr int64_t kMarlinMaxColumns = 65536;  // counters a launcher keeps (N <= 8M)
 
 inline int int4_marlin_rows(int64_t M) { return M <= 16 ? 16 : M <= 32 ? 32 : 64; }
@@ -50,7 +52,7 @@ inline size_t int4_marlin_smem_bytes(int rows) {
 }
 inline int64_t int4_marlin_columns(int64_t N) { return (N + kMarlinFeatures - 1) / kMarlinFeatures; }
 inline int64_t int4_marlin_units(int64_t N, int64_t K) {
-  return int4_marlin_columns(N) * ((K + kMarlinK - 1) / kMarlinK);
+  return int4_marlin_columns(N) * int4_marlin_k_tiles(K);
 }
 // Shapes the kernel takes: 1 <= M <= 64, G in {32, 64, 128}, K a positive multiple of G, a's row stride a
 // multiple of 16 bytes, at most kMarlinMaxColumns columns and 2^30 units (32-bit unit indices).
