@@ -98,3 +98,13 @@ def save_hf_dir(model, hf_tok, d: str) -> str:
         model.save_pretrained(d)
         hf_tok.save_pretrained(d)
     return d
+
+
+def random_int4_weight(N: int, K: int, G: int, device, gen: torch.Generator):
+    """A packed INT4 weight [N, K] (decodekit.quant.Int4Weight) with random codes, small positive scales and
+    signed mins, groups of G."""
+    from decodekit.quant import Int4Weight
+    q = torch.randint(0, 256, (N, K // 2), generator=gen, dtype=torch.uint8)
+    s = (torch.rand(N, K // G, generator=gen) * 0.05 + 0.005).half()
+    m = (torch.randn(N, K // G, generator=gen) * 0.2).half()
+    return Int4Weight(q.to(device), s.to(device), m.to(device), G)

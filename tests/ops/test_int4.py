@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.library import opcheck
 
-from dk_testing import DEVICES, DTYPES, TOL, cuda_kernel_names, cuda_only, randn, strided_rows
+from dk_testing import random_int4_weight, DEVICES, DTYPES, TOL, cuda_kernel_names, cuda_only, randn, strided_rows
 from decodekit import ops
 from decodekit.ops import reference as ref
 from decodekit.quant import Int4Weight, from_gguf_q4_0, from_gguf_q4_1, to_gguf_q4_1
@@ -13,11 +13,7 @@ from decodekit.quant import Int4Weight, from_gguf_q4_0, from_gguf_q4_1, to_gguf_
 gguf = pytest.importorskip("gguf")
 
 
-def _weight(N, K, G, device, gen):
-    q = torch.randint(0, 256, (N, K // 2), generator=gen, dtype=torch.uint8)
-    s = (torch.rand(N, K // G, generator=gen) * 0.05 + 0.005).half()
-    m = (torch.randn(N, K // G, generator=gen) * 0.2).half()
-    return Int4Weight(q.to(device), s.to(device), m.to(device), G)
+_weight = random_int4_weight
 
 
 def _check_gemm(out, a, w, bias, dtype):

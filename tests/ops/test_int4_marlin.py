@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.library import opcheck
 
-from dk_testing import DEVICES, TOL, cuda_kernel_names, cuda_only, randn
+from dk_testing import random_int4_weight, DEVICES, TOL, cuda_kernel_names, cuda_only, randn
 from decodekit import ops
 from decodekit.ops import reference as ref
 from decodekit.quant import Int4Weight
@@ -16,11 +16,7 @@ HALF_TYPES = [torch.float16, torch.bfloat16]
 PACK_SHAPES = [(200, 576, 32), (72, 96, 32), (67, 192, 64), (130, 1024, 128), (128, 128, 128), (300, 1536, 32)]
 
 
-def _weight(N, K, G, device, gen):
-    q = torch.randint(0, 256, (N, K // 2), generator=gen, dtype=torch.uint8)
-    s = (torch.rand(N, K // G, generator=gen) * 0.05 + 0.005).half()
-    m = (torch.randn(N, K // G, generator=gen) * 0.2).half()
-    return Int4Weight(q.to(device), s.to(device), m.to(device), G)
+_weight = random_int4_weight
 
 
 @pytest.mark.parametrize("device", DEVICES)

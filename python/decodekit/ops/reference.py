@@ -345,11 +345,15 @@ def int4_dequantize(qweight: torch.Tensor,  # [N, K/2] uint8 (group-split nibble
     """w = scale * q + min in float32 (scale * q is exact, so one rounding), see
     include/decodekit/gemm/int4.h for the nibble order."""
     N, half = qweight.shape
-    G = group_size
-    K = 2 * half
-    q = qweight.view(N, K // G, G // 2)
-    codes = torch.cat([q & 15, q >> 4], dim=2).float()            # [N, K/G, G]
-    return (codes * scales.float()[:, :, None] + mins.float()[:, :, None]).reshape(N, K)
+    codes = _int4_codes(qweight, group_size).float()               # [N, K/G, G]
+    return (codes * scales.float()[:, :, None] + mins.float()[:, :, None]).reshape(N, 2 * half)
+
+
+def _int4_codes(qweight: torch.Tensor, group_size: int) -> torch.Tensor:  # [N, K/G, G] uint8
+    """The 4-bit codes per group in element order (int4.h: byte i of a group holds elements i and i + G/2)."""
+    N, half = qweight.shape
+    q = qweight.view(N, 2 * half // group_size, group_size // 2)
+    return torch.cat([q & 15, q >> 4], dim=2)
 
 
 def int4_gemm(a: torch.Tensor,            # [M, K]
@@ -427,9 +431,8 @@ def int4_gemm_marlin(a: torch.Tensor,       # [M, K] float16 / bfloat16 (or floa
                      bias: torch.Tensor | None = None) -> torch.Tensor:  # [M, N] in a's dtype
     """a @ w^T with w = round_T(s_T * q + m_T) (T = packed's dtype: the kernel's one fused multiply-add)."""
     qweight, s, m = int4_marlin_unpack(packed, n, k, group_size)
-    G = group_size
-    codes = torch.cat([qweight.view(n, k // G, G // 2) & 15, qweight.view(n, k // G, G // 2) >> 4], dim=2)
-    w = (codes.double() * s.double()[:, :, None] + m.double()[:, :, None]).reshape(n, k).to(packed.dtype)
+    codes = _int4_codes(qweight, group_size).double()
+    w = (codes * s.double()[:, :, None] + m.double()[:, :, None]).reshape(n, k).to(packed.dtype)
     out = a @ w.to(device=a.device, dtype=a.dtype).T
     return out if bias is None else out + bias.to(out.dtype)
 
