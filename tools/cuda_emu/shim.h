@@ -71,8 +71,15 @@ inline thread_local dim3 blockIdx, blockDim, gridDim;
 
 namespace dk_emu {
 struct Barrier { int arrived = 0, expected = 0; unsigned long gen = 0; };
+// A cp.async copy not yet landed (source read at issue: global memory does not change under a kernel).
+struct PendingCopy {
+  void* dst;
+  unsigned char data[16];
+};
 struct Fiber {
   void* sp = nullptr;
+  std::vector<PendingCopy> cp_open;                 // issued since the last commit
+  std::vector<std::vector<PendingCopy>> cp_groups;  // committed, not yet landed (oldest first)
   uint3 tid;
   int lane = 0, warp = 0;
   bool done = false;
@@ -92,6 +99,12 @@ struct Block {
   const std::function<void()>* body = nullptr;
 };
 inline thread_local Block* blk = nullptr;
+// When cp.async copies land: kLate -- as late as the program allows, at the cp_async_wait that must see them
+// (a read before its wait sees the old contents); kEarly -- at the commit; kMixed (default) -- each group
+// either way by a coin flip (so one run exposes both a missing wait and a refill racing with slower readers).
+enum CpAsync { kCpEarly, kCpLate, kCpMixed };
+inline CpAsync cp_async_mode = kCpMixed;
+inline thread_local std::mt19937 cp_rng(4321);
 inline unsigned grid_cap_x = 1u << 30;
 // kGreedy: one warp at a time (in random order) runs as far as it can before the next one
 // starts, so a warp gets a whole phase ahead of the others (exposes a missing __syncthreads
@@ -141,6 +154,8 @@ inline void run_block(Block& b, const std::function<void()>& body, int nt, std::
     Fiber& f = b.fibers[t];
     f.done = false;
     f.waiting = nullptr;
+    f.cp_open.clear();  // copies a previous block never waited for never land
+    f.cp_groups.clear();
     f.lane = t % 32;
     f.warp = t / 32;
     f.tid = uint3{unsigned(t % blockDim.x), unsigned((t / blockDim.x) % blockDim.y),
@@ -422,7 +437,27 @@ inline void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr, bool trans) {
 inline void cp_async16(void* dst, const void* src, int bytes) {
   check_aligned(dst, 16, "cp.async destination");
   if (bytes != 0) check_aligned(src, 16, "cp.async source");
-  if (bytes == 16) memcpy(dst, src, 16);
-  else memset(dst, 0, 16);
+  PendingCopy c{dst, {}};
+  if (bytes == 16) memcpy(c.data, src, 16);
+  else memset(c.data, 0, 16);
+  blk->cur->cp_open.push_back(c);
+}
+inline void land(std::vector<PendingCopy>& g) {
+  for (const PendingCopy& c : g) memcpy(c.dst, c.data, 16);
+  g.clear();
+}
+inline void cp_async_commit() {
+  Fiber* f = blk->cur;
+  const bool early = cp_async_mode == kCpEarly || (cp_async_mode == kCpMixed && (cp_rng() & 1));
+  if (early) land(f->cp_open);
+  f->cp_groups.push_back(std::move(f->cp_open));
+  f->cp_open.clear();
+}
+inline void cp_async_wait(int n) {  // all but the newest n committed groups land
+  Fiber* f = blk->cur;
+  while (int(f->cp_groups.size()) > n) {
+    land(f->cp_groups.front());
+    f->cp_groups.erase(f->cp_groups.begin());
+  }
 }
 }  // namespace dk_emu

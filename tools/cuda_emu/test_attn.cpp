@@ -48,6 +48,7 @@ struct Case {
   int pad_tokens = 0;      // tokens past query_start_loc[S] (out 0, lse -inf)
   bool force_tc = false;   // call the tensor-core kernel (paged_prefill) directly, whatever the batch
   float q_mag = 1.f;       // queries times this (fp16: at most 1e4, its range)
+  float scale_mul = 1.f;   // softmax scale times this (negative: the kernels flip Q's signs; 0: uniform weights)
   int window = 0;          // sliding window (0: none); the blocks before each sequence's first window
                            // point at a NaN-filled block, so reading them shows
   std::string name;
@@ -113,7 +114,7 @@ template <class T, class KV> void run_attention_impl(const Case& c) {
   }
   for (int64_t t = 0; t < Tn; ++t)
     for (int i = Hq * D; i < q_stride; ++i) q[t * q_stride + i] = nanv<T>();  // padding poisoned
-  const float scale = 1.f / std::sqrt(float(D));
+  const float scale = c.scale_mul / std::sqrt(float(D));
 
   // CPU kernel (real tokens only: it requires query_start_loc[S] == num_tokens)
   const int64_t Treal = qsl[S];
@@ -255,7 +256,7 @@ template <class T> void run_bad_metadata(int splits) {
 
 // A bad block id inside a key tile that lies wholly within every row's range (the prefill kernel's unmasked
 // fast path): the rows that see it still come out NaN. One sequence, ctx 200, 2 new tokens, block 1 (keys
-// 16..31) -> id 99; head_dim 64 (64-key tiles) and 128 (32-key tiles).
+// 16..31) -> id 99 (inside key tile 0 of 64 keys); head_dim 64 and 128.
 template <class T> void run_bad_block_interior(int D) {
   const int Hq = 8, Hk = 2, bs = 16, maxb = 13, num_blocks = 13;
   const PagedLayout L{Hk, bs, D};
@@ -454,6 +455,21 @@ static std::vector<Case> extra_cases() {
   tc("decode g3", {1, 70, 129}, {1, 1, 1}, 9, 3, 64, 32);
   tc("prefill 300 g1", {300}, {300}, 2, 2, 64, 16);
   tc("prefill 190 g4 d128", {190}, {190}, 8, 2, 128, 16);
+  // 128-row CTAs (22 of them) over 11 key tiles: the 3-stage ring wraps several times; fp8 tiles widened into
+  // alternating buffers over as many tiles, both head dims
+  tc("prefill 700 g4 d128", {700}, {700}, 8, 2, 128, 16);
+  // the score scale inside the exponent: a negative scale (Q's signs flipped), a zero one (every visible key
+  // weighs the same), through the prefill kernel, the tensor-core decode kernel and an fp8 cache
+  for (float m : {-1.f, 0.f}) {
+    const std::string ms = m < 0 ? "negative scale" : "zero scale";
+    tc(ms + " prefill", {200, 70}, {130, 1}, 8, 2, 64, 16)->scale_mul = m;
+    add(ms + " decode", {200, 70, 1}, {1, 1, 1}, 9, 3, 128, 16)->scale_mul = m;
+    Case* c = tc(ms + " fp8 prefill", {90}, {90}, 8, 2, 128, 16);
+    c->scale_mul = m;
+    c->fp8 = 1;
+  }
+  tc("fp8 long d128", {520, 90}, {300, 90}, 8, 2, 128, 32)->fp8 = 1;
+  tc("fp8 long d64 g3", {450}, {450}, 9, 3, 64, 16)->fp8 = 2;
   tc("chunk mid-block g3", {1000, 61}, {77, 20}, 9, 3, 64, 16);
   tc("group 8 (8 tokens a tile)", {130, 33}, {70, 33}, 8, 1, 128, 32);
   tc("block 5", {23, 11}, {6, 11}, 4, 1, 128, 5);
@@ -522,6 +538,10 @@ int main(int argc, char** argv) {
     if (a == "--reverse") dk_emu::order = dk_emu::kReverse;
     if (a == "--random") dk_emu::order = dk_emu::kRandom;
     if (a == "--greedy") dk_emu::order = dk_emu::kGreedy;
+    if (a == "--cp-async") {  // when cp.async copies land: early | late | mixed (default)
+      const std::string m = argv[++i];
+      dk_emu::cp_async_mode = m == "early" ? dk_emu::kCpEarly : m == "late" ? dk_emu::kCpLate : dk_emu::kCpMixed;
+    }
     if (a == "--workers") dk_emu::workers = atoi(argv[++i]);
     if (a == "--only") { filter = argv[++i]; full = false; }
     if (a == "--decode") decode = argv[++i];  // both (default) | tc | simt

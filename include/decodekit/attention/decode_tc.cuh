@@ -141,26 +141,6 @@ constexpr size_t decode_tc_smem_bytes() {
   return tiles + raw > merge ? tiles + raw : merge;
 }
 
-// 16 e4m3 values (byte i of q: element i) as fp16 at dst (16-byte aligned), exact (every e4m3 value is an fp16
-// value): the hardware pair conversion e4m3x2 -> f16x2.
-DK_DEVICE void fp8x16_to_half(__half* dst, uint4 q) {
-  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-  uint32_t o[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const uint16_t pair = uint16_t(w[i >> 1] >> (16 * (i & 1)));
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(pair), __NV_E4M3);
-    o[i] = uint32_t(r.x) | uint32_t(r.y) << 16;
-#else
-    o[i] = pack2<__half>(fp8_e4m3_to_float(uint8_t(pair)), fp8_e4m3_to_float(uint8_t(pair >> 8)));
-#endif
-  }
-  uint4* d = reinterpret_cast<uint4*>(dst);
-  d[0] = make_uint4(o[0], o[1], o[2], o[3]);
-  d[1] = make_uint4(o[4], o[5], o[6], o[7]);
-}
-
 template <class T, class C, int D>
 __global__ void __launch_bounds__(kDtThreads)
 paged_decode_tc_kernel(T* out,                // [T, Hq, D] contiguous
@@ -240,7 +220,8 @@ paged_decode_tc_kernel(T* out,                // [T, Hq, D] contiguous
           qa[kk][j] = r < nh ? (uint32_t(qb[r * D + d]) | (uint32_t(qb[r * D + d + 1]) << 16)) : 0u;
       }
   }
-  const float sscale = scale * sc.key(kvh) * 1.4426950408889634f / qmul;  // log2(e); qmul: a power of two
+  // log2(e); qmul: a power of two; applied inside the exponent (positive_score_scale)
+  const float sscale = positive_score_scale(scale * sc.key(kvh) * 1.4426950408889634f / qmul, qa);
 
   constexpr int TS = dt_tile_stages<C>();
   M* k_st = reinterpret_cast<M*>(dsm) + size_t(warp) * TS * S::TILE;
@@ -315,8 +296,8 @@ paged_decode_tc_kernel(T* out,                // [T, Hq, D] contiguous
 #pragma unroll
       for (int ps = 0; ps < S::PASSES8; ++ps) {
         const int key = ps * S::KPP8 + lane / S::CPR8, c16 = (lane % S::CPR8) * 16;
-        fp8x16_to_half(k_st + key * S::LD + c16, *reinterpret_cast<const uint4*>(rk + key * D + c16));
-        fp8x16_to_half(v_st + key * S::LD + c16, *reinterpret_cast<const uint4*>(rk + S::RAW + key * D + c16));
+        fp8x16_widen<__half>(k_st + key * S::LD + c16, *reinterpret_cast<const uint4*>(rk + key * D + c16));
+        fp8x16_widen<__half>(v_st + key * S::LD + c16, *reinterpret_cast<const uint4*>(rk + S::RAW + key * D + c16));
       }
       __syncwarp();
     }
@@ -343,7 +324,7 @@ paged_decode_tc_kernel(T* out,                // [T, Hq, D] contiguous
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float v = j * 8 + cl + (e & 1) <= in_tile ? s[j][e] * sscale : -INFINITY;  // (>= k_begin: tiles start there)
+        const float v = j * 8 + cl + (e & 1) <= in_tile ? s[j][e] : -INFINITY;  // raw (>= k_begin: tiles start there)
         s[j][e] = v;
         mx[e >> 1] = fmaxf(mx[e >> 1], v);
       }
@@ -352,8 +333,8 @@ paged_decode_tc_kernel(T* out,                // [T, Hq, D] contiguous
     for (int h = 0; h < 2; ++h) {
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-      const float nm = fmaxf(m2[h], mx[h]);  // finite: every tile has a key in range
-      corr[h] = exp2f(m2[h] - nm);           // exp2(-inf) = 0 on the first tile
+      const float nm = fmaxf(m2[h], mx[h] == -INFINITY ? -INFINITY : mx[h] * sscale);  // finite: a key in range
+      corr[h] = fast_exp2(m2[h] - nm);  // exp2(-inf) = 0 on the first tile
       m2[h] = nm;
       l[h] *= corr[h];
     }
@@ -361,7 +342,7 @@ paged_decode_tc_kernel(T* out,                // [T, Hq, D] contiguous
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float p = exp2f(s[j][e] - m2[e >> 1]);  // masked: exp2(-inf) = 0
+        const float p = fast_exp2(fmaf(s[j][e], sscale, -m2[e >> 1]));  // masked: exp2(-inf) = 0
         s[j][e] = p;
         l[e >> 1] += p;
       }
@@ -445,25 +426,12 @@ paged_decode_tc_kernel(T* out,                // [T, Hq, D] contiguous
 
 }  // namespace attn_detail
 
-// Opts the kernel into its dynamic shared memory (above 48 KB for head_dim 128), once per device (a bit per
-// device id below 64; the launch path of every decode step then costs one cudaGetDevice). Not a stream
-// operation (allowed while a CUDA graph is captured).
+// Opts the kernel into its dynamic shared memory (above 48 KB for head_dim 128), once per device.
 template <class T, class C, int D>
 cudaError_t paged_decode_tc_prepare() {
-#if defined(__CUDACC__) && !defined(DK_CUDA_EMU)
   static std::atomic<uint64_t> done{0};
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t(1) << dev : 0;
-  if (bit && (done.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
-  e = cudaFuncSetAttribute(attn_detail::paged_decode_tc_kernel<T, C, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(attn_detail::decode_tc_smem_bytes<C, D>()));
-  if (e == cudaSuccess) done.fetch_or(bit, std::memory_order_relaxed);
-  return e;
-#else
-  return cudaSuccess;
-#endif
+  return attn_detail::dynamic_smem_once(reinterpret_cast<const void*>(&attn_detail::paged_decode_tc_kernel<T, C, D>),
+                                        attn_detail::decode_tc_smem_bytes<C, D>(), done);
 }
 
 }  // namespace dk::cuda

@@ -7,18 +7,23 @@
 //
 // Work split:
 //  - the rows of a sequence are its (new token, query head of the GQA group) pairs,
-//    row = token * group + head_in_group; a CTA takes kTcRows = 64 consecutive rows of one
-//    sequence and one KV head (grid.y), so each K/V tile it loads serves all its query heads.
-//    Tiles are numbered sequence by sequence; each CTA finds its (sequence, tile) by a
-//    block-wide prefix sum over the sequences' tile counts (no host-side metadata, so the
-//    launch stays CUDA-graph safe). CTAs past the last tile write the rows of tokens that lie
-//    in no sequence.
-//  - 4 warps, 16 rows each. Q fragments stay in registers for the whole loop; keys in tiles
-//    of BN (64 for head_dim 64, 32 for 128) staged in shared memory: bf16/fp16 caches by
-//    cp.async (LDGSTS, zero fill past the window) two stages deep, so the next tile's loads are
-//    in flight during this tile's math; fp8 caches are loaded 8 bytes at a time and widened to
-//    T in registers before the shared-memory store (bytes read halve; the k scale is folded
-//    into the score scale, the v scale into the final normalisation).
+//    row = token * group + head_in_group; a CTA takes kTcRows = 128 consecutive rows of one
+//    sequence and one KV head (grid.y), so each K/V tile it loads serves all its query heads
+//    (128 rows a tile: half the L2 -> SM bytes per FLOP of the 64-row CTAs before; at 400 TFLOP/s
+//    a 64-row CTA needs ~6 TB/s of L2 reads). Tiles are numbered sequence by sequence, the last
+//    (longest, causal) tile of a sequence first so the short ones fill the tail; each CTA finds its
+//    (sequence, tile) by a block-wide prefix sum over the sequences' tile counts (no host-side
+//    metadata, so the launch stays CUDA-graph safe). CTAs past the last tile write the rows of
+//    tokens that lie in no sequence.
+//  - 8 warps, 16 rows each (a warp without rows skips the math). Q fragments stay in registers for
+//    the whole loop; keys in tiles of BN = 64 staged in dynamic shared memory kTcStages = 3 deep by
+//    cp.async (LDGSTS, zero fill past the window): two tiles in flight during a tile's math and one
+//    CTA barrier a tile. Warp w issues the loads of the tile's keys 8w .. 8w + 7; its lanes 0-7 look
+//    up those keys' block ids (one table read and division per key, shared by shuffle).
+//    fp8 caches: the stages carry the raw e4m3 bytes (half the bytes in flight); a due tile is
+//    widened by the whole CTA into one of two T tiles (hardware pair conversion e4m3x2 -> f16x2;
+//    bf16 through fp32, exact) behind a second barrier; the k scale is folded into the score scale,
+//    the v scale into the final normalisation.
 //  - S = Q K^T and O += P V with mma.sync m16n8k16 (HMMA, fp32 accumulators), fragments from
 //    ldmatrix (x4; transposed for V); rows padded by 16 bytes so ldmatrix is conflict-free.
 //    P is rounded to T for the second product (as FlashAttention does); the row sums l use the
@@ -26,9 +31,11 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "decodekit/attention/common.h"
 #include "decodekit/common/fp8.h"
@@ -38,47 +45,113 @@
 namespace dk::cuda {
 namespace attn_detail {
 
-constexpr int kTcWarps = 4;
+constexpr int kTcWarps = 8;
 constexpr int kTcThreads = kTcWarps * 32;
 constexpr int kTcRows = 16 * kTcWarps;  // (token, head) rows per CTA
+constexpr int kTcStages = 3;            // cp.async stages of K/V tiles
 
 template <int D>
 struct TcShape {
-  static constexpr int BN = D <= 64 ? 64 : 32;  // keys per tile (2 stages of K and V: ~36 KB)
-  static constexpr int LD = D + 8;              // shared row stride in elements (+16 bytes)
-  static constexpr int KSTEPS = D / 16;         // k-steps of Q K^T
-  static constexpr int SN = BN / 8;             // n8 tiles of S
-  static constexpr int ON = D / 8;              // n8 tiles of O
-  static constexpr int CPR = D / 8;             // 16-byte (8-element) chunks per K/V row
-  static constexpr int STAGES = 2;
-  static_assert(D % 32 == 0 && SN % 2 == 0 && ON % 2 == 0, "unsupported head_dim");
+  static constexpr int BN = 64;                      // keys per tile
+  static constexpr int LD = D + 8;                   // shared row stride in elements (+16 bytes)
+  static constexpr int KSTEPS = D / 16;              // k-steps of Q K^T
+  static constexpr int SN = BN / 8;                  // n8 tiles of S
+  static constexpr int ON = D / 8;                   // n8 tiles of O
+  static constexpr int CPR = D / 8;                  // 16-byte (8-element) chunks per K/V row
+  static constexpr int KPW = BN / kTcWarps;          // keys whose loads one warp issues per tile
+  static constexpr int KPP = 32 / CPR;               // keys one warp-wide pass of chunks covers
+  static constexpr int PASSES = KPW / KPP;           // passes per tile (chunks per lane, K and V each)
+  static constexpr int TILE = BN * LD;               // elements of one K (or V) T tile
+  static constexpr int CPR8 = D / 16;                // fp8: 16-byte chunks per raw row (D bytes)
+  static constexpr int KPP8 = 32 / CPR8;             // fp8: raw rows one pass covers
+  static constexpr int PASSES8 = KPW / KPP8;         // fp8: passes per raw tile
+  static constexpr int RAW = BN * D;                 // fp8: bytes of one raw K (or V) tile
+  static_assert((D == 64 || D == 128) && SN % 2 == 0 && ON % 2 == 0, "head_dim 64 or 128");
+  static_assert(KPW <= 32 && PASSES >= 1 && PASSES8 >= 1 && KPW % KPP == 0 && KPW % KPP8 == 0, "tile split");
 };
 
-// Stages 8 elements of a K row and of a V row (element offset off in the caches) into shared memory as T
-// (zeros when !ok): cp.async for a cache of T; an fp8 cache is loaded 8 bytes at a time and widened in
-// registers (exact: every e4m3 value is a half and a bf16). The tensor-core kernels' (this file's and
-// decode_tc.cuh's) one staging step.
-template <class T, class C>
-DK_DEVICE void stage_kv_chunk(T* kd, T* vd, const C* key_cache, const C* value_cache, int64_t off, bool ok) {
-  if constexpr (kIsFp8<C>) {
-    Vec<T, 8> kv, vv;
-    if (ok) {
-      const Vec<C, 8> kq = ldg_vec<C, 8>(key_cache + off), vq = ldg_vec<C, 8>(value_cache + off);
+// T tiles (K and V each) of the prefill kernel: the stages for a cache of T; for fp8, two widened tiles
+// (tile i is widened while tile i - 1's may still be read).
+template <class C>
+constexpr int tc_tile_buffers() { return kIsFp8<C> ? 2 : kTcStages; }
+
+// Dynamic shared memory of paged_prefill_kernel<T, C, D> (T: 2-byte): its K/V T tiles, then (fp8) the raw stages.
+template <class C, int D>
+constexpr size_t prefill_smem_bytes() {
+  constexpr size_t tiles = size_t(2) * tc_tile_buffers<C>() * TcShape<D>::TILE * 2;
+  constexpr size_t raw = kIsFp8<C> ? size_t(2) * kTcStages * TcShape<D>::RAW : 0;
+  return tiles + raw;
+}
+
+// Stages 8 elements of a K row and of a V row (element offset off in the caches) into shared memory by
+// cp.async (zeros when !ok). The tensor-core kernels' (this file's and decode_tc.cuh's) staging step for
+// caches of T.
+template <class T>
+DK_DEVICE void stage_kv_chunk(T* kd, T* vd, const T* key_cache, const T* value_cache, int64_t off, bool ok) {
+  cp_async16(kd, ok ? key_cache + off : key_cache, ok ? 16 : 0);
+  cp_async16(vd, ok ? value_cache + off : value_cache, ok ? 16 : 0);
+}
+
+// 16 e4m3 values (byte i of q: element i) as T at dst (16-byte aligned), exact (every e4m3 value is an
+// fp16 and a bf16 value): the hardware pair conversion e4m3x2 -> f16x2, for bf16 then through fp32.
+template <class T>
+DK_DEVICE void fp8x16_widen(T* dst, uint4 q) {
+  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+  uint32_t o[8];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        kv.v[e] = from_float<T>(fp8_e4m3_to_float(kq.v[e].bits));
-        vv.v[e] = from_float<T>(fp8_e4m3_to_float(vq.v[e].bits));
-      }
+  for (int i = 0; i < 8; ++i) {
+    const uint16_t pair = uint16_t(w[i >> 1] >> (16 * (i & 1)));
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(pair), __NV_E4M3);
+    if constexpr (std::is_same_v<T, __half>) {
+      o[i] = uint32_t(r.x) | uint32_t(r.y) << 16;
     } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) kv.v[e] = vv.v[e] = from_float<T>(0.f);
+      const float2 f = __half22float2(__half2(r));
+      o[i] = pack2<T>(f.x, f.y);
     }
-    store_vec(kd, kv);
-    store_vec(vd, vv);
-  } else {
-    cp_async16(kd, ok ? key_cache + off : key_cache, ok ? 16 : 0);
-    cp_async16(vd, ok ? value_cache + off : value_cache, ok ? 16 : 0);
+#else
+    o[i] = pack2<T>(fp8_e4m3_to_float(uint8_t(pair)), fp8_e4m3_to_float(uint8_t(pair >> 8)));
+#endif
   }
+  uint4* d = reinterpret_cast<uint4*>(dst);
+  d[0] = make_uint4(o[0], o[1], o[2], o[3]);
+  d[1] = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+// 2^x by the MUFU unit alone (ex2.approx.ftz: relative error ~2^-22, results below 2^-126 flushed to 0 --
+// softmax weights that small next to the row maximum's 1 add nothing to a float sum); exp2f would add a
+// range test and two multiplies per call for the subnormal range.
+DK_DEVICE float fast_exp2(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
+#endif
+}
+
+// The score scale of the tensor-core kernels, applied inside the exponent (p = 2^(s c - m), one FFMA a score,
+// the row maxima taken over the raw scores): c = |sscale|, and for a negative sscale the Q fragments' signs
+// are flipped instead (exact in fp16 / bf16). c = 0 becomes FLT_MIN (a masked -inf times 0 would be NaN;
+// every finite score then weighs 2^0 = 1 as with 0).
+template <int KSTEPS>
+DK_DEVICE float positive_score_scale(float sscale, uint32_t (&qa)[KSTEPS][4]) {
+  if (sscale < 0.f) {
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; ++kk)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) qa[kk][j] ^= 0x80008000u;
+    sscale = -sscale;
+  }
+  return sscale == 0.f ? 1.17549435e-38f : sscale;
+}
+
+// A 64-bit value of lane src (two 32-bit shuffles).
+DK_DEVICE int64_t shfl_i64(int64_t v, int src) {
+  const int lo = __shfl_sync(0xffffffffu, int(uint32_t(uint64_t(v))), src);
+  const int hi = __shfl_sync(0xffffffffu, int(uint32_t(uint64_t(v) >> 32)), src);
+  return int64_t((uint64_t(uint32_t(hi)) << 32) | uint64_t(uint32_t(lo)));
 }
 
 // Grid size (x) that covers every tile and every token outside the sequences, for any
@@ -89,7 +162,7 @@ inline int64_t prefill_grid_x(int64_t num_tokens, int group, int num_seqs) {
 }
 
 template <class T, class C, int D>
-__global__ void __launch_bounds__(kTcThreads, 2)  // 2 CTAs per SM: up to 255 registers (no spills with fp8)
+__global__ void __launch_bounds__(kTcThreads, 1)  // one CTA (8 warps) per SM: up to 255 registers
 paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
                      float* lse,            // [T, Hq] or null
                      const T* query,        // [T, Hq, D], token stride q_stride, head stride D
@@ -105,9 +178,12 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
                      int window) {          // sliding window (window_first_key; 0: none)
   using S = TcShape<D>;
   constexpr int BN = S::BN, LD = S::LD;
-  alignas(16) __shared__ T k_s[S::STAGES][BN][LD];
-  alignas(16) __shared__ T v_s[S::STAGES][BN][LD];
-  __shared__ int kbad_s[S::STAGES][BN];  // key's block id outside the cache
+  constexpr bool kF8 = kIsFp8<C>;
+  DK_DYNAMIC_SMEM(dsm);
+  T* const k_t = reinterpret_cast<T*>(dsm);                                // [buffers][BN][LD]
+  T* const v_t = k_t + size_t(tc_tile_buffers<C>()) * S::TILE;            // [buffers][BN][LD]
+  unsigned char* const raw = dsm + size_t(2) * tc_tile_buffers<C>() * S::TILE * sizeof(T);  // fp8: [stages][K, V][RAW]
+  __shared__ int kbad_s[kTcStages][BN];  // key's block id outside the cache
   __shared__ int64_t scan_s[kTcThreads];
   __shared__ int64_t seq_s, tile_s, total_s;
 
@@ -137,7 +213,7 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
     const int64_t incl = base + scan_s[tid], excl = incl - tiles;
     if (tiles > 0 && excl <= bx && bx < incl) {
       seq_s = s;
-      tile_s = bx - excl;
+      tile_s = tiles - 1 - (bx - excl);  // the sequence's last (longest) tile first
     }
     base += scan_s[kTcThreads - 1];
     __syncthreads();
@@ -220,12 +296,13 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
 
   const int32_t* table = block_tables + seq * max_blocks;
   const int bs = L.block_size;
-  // Stages the K/V rows of keys kt0 .. kt0 + BN - 1 (zeros outside [kmin, kmax] or for a bad block id).
+  // Stages the K/V rows of keys kt0 .. kt0 + BN - 1 into stage st (zeros outside [kmin, kmax] or for a bad
+  // block id): warp w the keys 8w .. 8w + 7, its lane l < 8 looks up key 8w + l's row (element offset, -1:
+  // none) once, the chunk passes take it by shuffle.
   auto issue = [&](int st, int kt0) {
-    for (int i = tid; i < BN * S::CPR; i += kTcThreads) {
-      const int key = i / S::CPR, c8 = (i - key * S::CPR) * 8;
-      const int k = kt0 + key;
-      int64_t row = -1;
+    int64_t row = -1;
+    if (lane < S::KPW) {
+      const int k = kt0 + warp * S::KPW + lane;
       bool badk = false;
       if (k >= kmin && k <= kmax) {
         const int b = k / bs;
@@ -233,8 +310,27 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
         if (id >= 0 && id < num_blocks) row = L.row(id, kvh, k - b * bs);
         else badk = true;
       }
-      if (c8 == 0) kbad_s[st][key] = badk;
-      stage_kv_chunk(&k_s[st][key][c8], &v_s[st][key][c8], key_cache, value_cache, row + c8, row >= 0);
+      kbad_s[st][warp * S::KPW + lane] = badk;
+    }
+    if constexpr (kF8) {  // raw bytes, 16 elements a chunk
+      unsigned char* rk = raw + size_t(st) * 2 * S::RAW;
+#pragma unroll
+      for (int ps = 0; ps < S::PASSES8; ++ps) {
+        const int kl = ps * S::KPP8 + lane / S::CPR8, c16 = (lane % S::CPR8) * 16;
+        const int64_t r = shfl_i64(row, kl);
+        const int key = warp * S::KPW + kl;
+        cp_async16(rk + key * D + c16, r >= 0 ? key_cache + r + c16 : key_cache, r >= 0 ? 16 : 0);
+        cp_async16(rk + S::RAW + key * D + c16, r >= 0 ? value_cache + r + c16 : value_cache, r >= 0 ? 16 : 0);
+      }
+    } else {
+#pragma unroll
+      for (int ps = 0; ps < S::PASSES; ++ps) {
+        const int kl = ps * S::KPP + lane / S::CPR, c8 = (lane % S::CPR) * 8;
+        const int64_t r = shfl_i64(row, kl);
+        const int key = warp * S::KPW + kl;
+        stage_kv_chunk(k_t + size_t(st) * S::TILE + key * LD + c8, v_t + size_t(st) * S::TILE + key * LD + c8,
+                       key_cache, value_cache, r + c8, r >= 0);
+      }
     }
   };
 
@@ -246,7 +342,7 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
   float m2[2] = {-INFINITY, -INFINITY};  // running max of the base-2 scores
   float l[2] = {0.f, 0.f};                // this lane's part of the row sums
   bool poison[2] = {false, false};
-  const float sscale = scale * sc.key(kvh) * 1.4426950408889634f;  // log2(e)
+  const float sscale = positive_score_scale(scale * sc.key(kvh) * 1.4426950408889634f, qa);  // log2(e)
 
   // the keys every (valid, consistent) row of this warp sees: a tile inside [w_first, w_last] with no bad block
   // needs no mask (the causal diagonal, window edges and range ends are the only tiles that do)
@@ -263,19 +359,38 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
     w_first = f > w_first ? f : w_first;
     w_last = l2 < w_last ? l2 : w_last;
   }
+  // a warp whose 16 rows are all past the CTA's last row issues its loads and meets the barriers, no math
+  const bool warp_rows = row0 + warp * 16 < rows_total;
 
   const int kt_start = kmin / BN * BN;
   const int ntiles = kmax >= kt_start ? (kmax - kt_start) / BN + 1 : 0;
-  if (ntiles > 0) issue(0, kt_start);
-  cp_async_commit();
+#pragma unroll
+  for (int i = 0; i < kTcStages - 1; ++i) {
+    if (i < ntiles) issue(i, kt_start + i * BN);
+    cp_async_commit();
+  }
 #pragma unroll 1
   for (int it = 0; it < ntiles; ++it) {
-    const int st = it & 1;
+    const int st = it % kTcStages;
     const int kt0 = kt_start + it * BN;
-    if (it + 1 < ntiles) issue(st ^ 1, kt0 + BN);
+    cp_async_wait<kTcStages - 2>();  // tile it has landed (this thread's copies)
+    __syncthreads();                 // ... every thread's; and every warp is done with tile it - 1
+    if (it + kTcStages - 1 < ntiles) issue((it + kTcStages - 1) % kTcStages, kt0 + (kTcStages - 1) * BN);
     cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
+    const T* ks = k_t + size_t(kF8 ? it & 1 : st) * S::TILE;
+    const T* vs = v_t + size_t(kF8 ? it & 1 : st) * S::TILE;
+    if constexpr (kF8) {  // widen the raw stage into T tile it & 1 (last read by tile it - 2: ordered by the barrier)
+      const unsigned char* rk = raw + size_t(st) * 2 * S::RAW;
+      T* kw = k_t + size_t(it & 1) * S::TILE;
+      T* vw = v_t + size_t(it & 1) * S::TILE;
+      for (int i = tid; i < BN * S::CPR8; i += kTcThreads) {
+        const int key = i / S::CPR8, c16 = (i - key * S::CPR8) * 16;
+        fp8x16_widen(kw + key * LD + c16, *reinterpret_cast<const uint4*>(rk + key * D + c16));
+        fp8x16_widen(vw + key * LD + c16, *reinterpret_cast<const uint4*>(rk + S::RAW + key * D + c16));
+      }
+      __syncthreads();
+    }
+    if (!warp_rows) continue;
 
     // S = Q K^T (B fragments: K rows via ldmatrix; matrices (n-tile j, d lo), (j, d hi), (j+1, lo), (j+1, hi))
     float s[S::SN][4];
@@ -288,7 +403,7 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
 #pragma unroll
       for (int j = 0; j < S::SN; j += 2) {
         uint32_t b[4];
-        ldmatrix_x4(b, &k_s[st][(j + (lane >> 4)) * 8 + (lane & 7)][kk * 16 + ((lane >> 3) & 1) * 8]);
+        ldmatrix_x4(b, ks + ((j + (lane >> 4)) * 8 + (lane & 7)) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
         const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
         mma_m16n8k16<T>(s[j], qa[kk], b0);
         mma_m16n8k16<T>(s[j + 1], qa[kk], b1);
@@ -296,19 +411,15 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
 
     // scale, causal mask, online softmax (rows ra: s[.][0..1], rb: s[.][2..3]); a tile inside every row's
     // range with no bad block (warp-uniform) skips the per-element mask
-    static_assert(BN == 32 || BN == 64, "the bad-key vote reads BN / 32 flags a lane");
-    bool tile_bad = kbad_s[st][lane] != 0;
-    if constexpr (BN > 32) tile_bad = tile_bad || kbad_s[st][lane + 32] != 0;
+    static_assert(BN == 64, "the bad-key vote reads two flags a lane");
+    const bool tile_bad = kbad_s[st][lane] != 0 || kbad_s[st][lane + 32] != 0;
     const bool full = kt0 >= w_first && kt0 + BN - 1 <= w_last && !__any_sync(0xffffffffu, tile_bad);
-    float mx[2] = {-INFINITY, -INFINITY};
+    float mx[2] = {-INFINITY, -INFINITY};  // of the raw scores (sscale > 0)
     if (full) {
 #pragma unroll
       for (int j = 0; j < S::SN; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[j][e] *= sscale;
-          mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
-        }
+        for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
     } else {
 #pragma unroll
       for (int j = 0; j < S::SN; ++j)
@@ -318,7 +429,7 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
           const int k = kt0 + kl;
           float v = -INFINITY;
           if (k <= r_last[h] && k >= r_first[h]) {
-            v = s[j][e] * sscale;
+            v = s[j][e];
             if (kbad_s[st][kl]) poison[h] = true;
           }
           s[j][e] = v;
@@ -330,8 +441,8 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
     for (int h = 0; h < 2; ++h) {
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-      const float nm = fmaxf(m2[h], mx[h]);
-      corr[h] = m2[h] == -INFINITY ? 0.f : exp2f(m2[h] - nm);
+      const float nm = fmaxf(m2[h], mx[h] == -INFINITY ? -INFINITY : mx[h] * sscale);
+      corr[h] = m2[h] == -INFINITY ? 0.f : fast_exp2(m2[h] - nm);  // 1 while the max stays
       m2[h] = nm;
       mref[h] = nm == -INFINITY ? 0.f : nm;  // a row with no key yet: its scores are all -inf, exp2 gives 0
       l[h] *= corr[h];
@@ -341,7 +452,7 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int h = e >> 1;
-        const float p = exp2f(s[j][e] - mref[h]);
+        const float p = fast_exp2(fmaf(s[j][e], sscale, -mref[h]));
         s[j][e] = p;
         l[h] += p;
       }
@@ -365,13 +476,12 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
 #pragma unroll
       for (int j = 0; j < S::ON; j += 2) {
         uint32_t b[4];
-        ldmatrix_x4_trans(b, &v_s[st][kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)][(j + (lane >> 4)) * 8]);
+        ldmatrix_x4_trans(b, vs + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (j + (lane >> 4)) * 8);
         const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
         mma_m16n8k16<T>(o[j], pa, b0);
         mma_m16n8k16<T>(o[j + 1], pa, b1);
       }
     }
-    __syncthreads();  // this stage is refilled by the next iteration's issue
   }
   cp_async_wait<0>();
 
@@ -400,6 +510,32 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
     if (lse != nullptr && (lane & 3) == 0)
       lse[row] = nan ? NAN : empty ? -INFINITY : (m2[h] + log2f(l[h])) * 0.6931471805599453f;
   }
+}
+
+// Opts kernel into `bytes` of dynamic shared memory (above 48 KB), once per device (a bit per device id
+// below 64 in `done`, one per kernel instantiation; a launch then costs one cudaGetDevice). Not a stream
+// operation (allowed while a CUDA graph is captured).
+inline cudaError_t dynamic_smem_once(const void* kernel, size_t bytes, std::atomic<uint64_t>& done) {
+#if defined(__CUDACC__) && !defined(DK_CUDA_EMU)
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t(1) << dev : 0;
+  if (bit && (done.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  if (e == cudaSuccess) done.fetch_or(bit, std::memory_order_relaxed);
+  return e;
+#else
+  (void)kernel, (void)bytes, (void)done;
+  return cudaSuccess;
+#endif
+}
+
+template <class T, class C, int D>
+cudaError_t paged_prefill_prepare() {
+  static std::atomic<uint64_t> done{0};
+  return dynamic_smem_once(reinterpret_cast<const void*>(&paged_prefill_kernel<T, C, D>), prefill_smem_bytes<C, D>(),
+                           done);
 }
 
 }  // namespace attn_detail
@@ -435,12 +571,16 @@ cudaError_t paged_prefill(T* out,             // [num_tokens, Hq, D] contiguous
     const int64_t gx = prefill_grid_x(num_tokens, num_q_heads / L.num_kv_heads, num_seqs);
     if (gx > 0x7fffffff) return cudaErrorInvalidValue;
     const dim3 grid(unsigned(gx), unsigned(L.num_kv_heads));
-#define DK_PREFILL_LAUNCH(D)                                                                                 \
-  paged_prefill_kernel<T, C, D><<<grid, kTcThreads, 0, stream>>>(                                           \
-      out, lse, query, q_stride, key_cache, value_cache, block_tables, max_blocks, seq_lens, query_start_loc, \
-      num_seqs, num_tokens, num_q_heads, num_blocks, L, scale, sc, window)
-    if (L.head_dim == 64) DK_PREFILL_LAUNCH(64);
-    else DK_PREFILL_LAUNCH(128);
+#define DK_PREFILL_LAUNCH(D)                                                                                   \
+  {                                                                                                            \
+    const cudaError_t e = paged_prefill_prepare<T, C, D>();                                                    \
+    if (e != cudaSuccess) return e;                                                                            \
+    paged_prefill_kernel<T, C, D><<<grid, kTcThreads, prefill_smem_bytes<C, D>(), stream>>>(                  \
+        out, lse, query, q_stride, key_cache, value_cache, block_tables, max_blocks, seq_lens, query_start_loc, \
+        num_seqs, num_tokens, num_q_heads, num_blocks, L, scale, sc, window);                                   \
+  }
+    if (L.head_dim == 64) DK_PREFILL_LAUNCH(64)
+    else DK_PREFILL_LAUNCH(128)
 #undef DK_PREFILL_LAUNCH
     return cudaGetLastError();
   }

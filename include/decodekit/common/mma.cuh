@@ -115,6 +115,8 @@ DK_DEVICE void cp_async16(void* smem_dst, const void* gmem_src, int bytes = 16) 
 DK_DEVICE void cp_async_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::);
+#elif defined(DK_CUDA_EMU)
+  dk_emu::cp_async_commit();
 #endif
 }
 // Waits until at most N of this thread's committed groups are still in flight.
@@ -122,6 +124,8 @@ template <int N>
 DK_DEVICE void cp_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#elif defined(DK_CUDA_EMU)
+  dk_emu::cp_async_wait(N);
 #endif
 }
 
