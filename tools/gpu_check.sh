@@ -350,6 +350,16 @@ part_engine() {
     [[ $brc != 0 ]] && rc=1
     out+=("$WORK/engine_$i.json")
   done
+  # the engine's host work per step (tiny model: the forward is ~free) at batch 1 / 64 / 256, by phase
+  local left=$(printf "%.0f" "$(calc "$deadline - $(now)")")
+  if (( left >= 20 )); then
+    local dev=cpu; [[ "$MODE" == gpu ]] && dev=cuda
+    echo "== bench/bench_engine_host.py --device $dev (timeout $left s)"
+    timeout -k 5 "$left" "$PY" bench/bench_engine_host.py --device $dev --json "$WORK/engine_host.json" \
+      > "$WORK/engine_host.log" 2>&1 || rc=1
+    grep -E "^B=" "$WORK/engine_host.log"
+    out+=("$WORK/engine_host.json")
+  fi
   "$PY" - "$RES/${STAMP}_${SLUG}_engine.json" "$WORK/key.$PART" "${out[@]}" <<'EOF'
 import json, os, sys
 path, keyfile, files = sys.argv[1], sys.argv[2], sys.argv[3:]
@@ -358,6 +368,11 @@ json.dump(rows, open(path, "w"), indent=1)
 with open(keyfile, "a") as k:
     for r in rows:
         m = r["model"].replace("random:", "")
+        if r["bench"] == "engine_host":  # host work per decode step, tiny model
+            k.write("engine host per step: " + ", ".join(
+                f"B={x['batch']} {x['ms_per_step']:.2f} ms (host-only {x['host_only_ms_per_step']:.2f})"
+                for x in r["rows"]) + "\n")
+            continue
         if r["bench"] == "latency_spec":  # speculative vs plain: the verification op's share of a step
             c = r["classes"]
             dev_us = 1e6 * (r.get("verify_op_device_s") or 0)

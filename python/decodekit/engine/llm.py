@@ -48,7 +48,7 @@ class LLM:
         self.engine.shutdown()
 
     def _add(self, prompt, params, stream: bool = False) -> str:
-        rid = self.engine.add_request(None, prompt, params)
+        rid = self.engine.add_request(None, prompt, params, final_only=not stream)
         self._pending[rid] = _Pending(stream)
         return rid
 

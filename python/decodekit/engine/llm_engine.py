@@ -66,6 +66,7 @@ class _Group:
     prompt_logprobs: list | None = None   # prompt_logprobs: None, then {token id: Logprob} per prompt position
     prompt_logprobs_sent: bool = False
     held: list = field(default_factory=list)  # n > 1: samples queued once the first has computed the prompt
+    final_only: bool = False              # step() returns the request's output once, when it finishes
 
     @property
     def finished(self) -> bool:
@@ -432,11 +433,14 @@ class LLMEngine:
             return None
         return self.reasoning, prompt_mode(self.reasoning, self.tokenizer, prompt_ids)
 
-    def add_request(self, request_id: str | None, prompt, params: SamplingParams | BeamSearchParams | None = None) -> str:
+    def add_request(self, request_id: str | None, prompt, params: SamplingParams | BeamSearchParams | None = None,
+                    final_only: bool = False) -> str:
         """Queue a request; raises ValueError (naming the field) for invalid input, leaving
         the engine and every other request untouched. BeamSearchParams: a beam search, whose one output
         (when it finishes) holds the beam_width best hypotheses. params None: the model's defaults
-        (default_sampling), max_tokens at most what the context leaves after the prompt."""
+        (default_sampling), max_tokens at most what the context leaves after the prompt. final_only:
+        step() returns this request's output only when it finishes (vLLM's RequestOutputKind.FINAL_ONLY;
+        offline generate() does not need the others, and building one per request per step is O(tokens))."""
         defaulted = params is None
         params = params or SamplingParams(**self.default_sampling)
         if isinstance(params, BeamSearchParams):
@@ -488,7 +492,7 @@ class LLMEngine:
             for s in added:
                 self.scheduler.abort_request(s.request.request_id)
             raise
-        g = _Group(request_id, text, ids, params, seqs, time.monotonic())
+        g = _Group(request_id, text, ids, params, seqs, time.monotonic(), final_only=bool(final_only))
         if hold:
             g.held = seqs[1:]
             self._holding[request_id] = g
@@ -773,6 +777,8 @@ class LLMEngine:
             g = self._groups[rid]
             g.dirty = False
             done = g.finished
+            if g.final_only and not done:
+                continue
             if done and g.finished_at is None:
                 g.finished_at = now
             cached = max(0, min((s.request.num_cached_tokens for s in g.seqs), default=0))
