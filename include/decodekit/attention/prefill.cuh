@@ -7,19 +7,20 @@
 //
 // Work split:
 //  - the rows of a sequence are its (new token, query head of the GQA group) pairs,
-//    row = token * group + head_in_group; a CTA takes kTcRows = 128 consecutive rows of one
-//    sequence and one KV head (grid.y), so each K/V tile it loads serves all its query heads
-//    (128 rows a tile: half the L2 -> SM bytes per FLOP of the 64-row CTAs before; at 400 TFLOP/s
-//    a 64-row CTA needs ~6 TB/s of L2 reads). Tiles are numbered sequence by sequence, the last
+//    row = token * group + head_in_group; a CTA takes 16 W consecutive rows of one sequence and one
+//    KV head (grid.y), so each K/V tile it loads serves all its query heads. W = 8 warps (128 rows)
+//    when the sequences average more than 64 rows (long prefills: half the L2 -> SM bytes per FLOP of
+//    64-row CTAs; at 400 TFLOP/s a 64-row CTA needs ~6 TB/s of L2 reads), else 4 (two CTAs an SM). Tiles are numbered sequence by sequence, the last
 //    (longest, causal) tile of a sequence first so the short ones fill the tail; each CTA finds its
 //    (sequence, tile) by a block-wide prefix sum over the sequences' tile counts (no host-side
 //    metadata, so the launch stays CUDA-graph safe). CTAs past the last tile write the rows of
 //    tokens that lie in no sequence.
-//  - 8 warps, 16 rows each (a warp without rows skips the math). Q fragments stay in registers for
+//  - W warps, 16 rows each (a warp without rows skips the math). Q fragments stay in registers for
 //    the whole loop; keys in tiles of BN = 64 staged in dynamic shared memory kTcStages = 3 deep by
 //    cp.async (LDGSTS, zero fill past the window): two tiles in flight during a tile's math and one
-//    CTA barrier a tile. Warp w issues the loads of the tile's keys 8w .. 8w + 7; its lanes 0-7 look
-//    up those keys' block ids (one table read and division per key, shared by shuffle).
+//    CTA barrier a tile. Warp w issues the loads of the tile's keys KPW w .. KPW w + KPW - 1 (KPW = 64 / W);
+//    its first KPW lanes look up those keys' block ids (one table read and division per key, shared by
+//    shuffle).
 //    fp8 caches: the stages carry the raw e4m3 bytes (half the bytes in flight); a due tile is
 //    widened by the whole CTA into one of two T tiles (hardware pair conversion e4m3x2 -> f16x2;
 //    bf16 through fp32, exact) behind a second barrier; the k scale is folded into the score scale,
@@ -45,20 +46,21 @@
 namespace dk::cuda {
 namespace attn_detail {
 
-constexpr int kTcWarps = 8;
-constexpr int kTcThreads = kTcWarps * 32;
-constexpr int kTcRows = 16 * kTcWarps;  // (token, head) rows per CTA
-constexpr int kTcStages = 3;            // cp.async stages of K/V tiles
+constexpr int kTcStages = 3;  // cp.async stages of K/V tiles
 
-template <int D>
+// W warps a CTA (8: 128 rows, long prefills; 4: 64 rows, short chunks and verification batches, two CTAs an SM)
+template <int D, int W>
 struct TcShape {
+  static constexpr int WARPS = W;
+  static constexpr int THREADS = 32 * W;
+  static constexpr int ROWS = 16 * W;                // (token, head) rows per CTA
   static constexpr int BN = 64;                      // keys per tile
   static constexpr int LD = D + 8;                   // shared row stride in elements (+16 bytes)
   static constexpr int KSTEPS = D / 16;              // k-steps of Q K^T
   static constexpr int SN = BN / 8;                  // n8 tiles of S
   static constexpr int ON = D / 8;                   // n8 tiles of O
   static constexpr int CPR = D / 8;                  // 16-byte (8-element) chunks per K/V row
-  static constexpr int KPW = BN / kTcWarps;          // keys whose loads one warp issues per tile
+  static constexpr int KPW = BN / W;                 // keys whose loads one warp issues per tile
   static constexpr int KPP = 32 / CPR;               // keys one warp-wide pass of chunks covers
   static constexpr int PASSES = KPW / KPP;           // passes per tile (chunks per lane, K and V each)
   static constexpr int TILE = BN * LD;               // elements of one K (or V) T tile
@@ -67,7 +69,7 @@ struct TcShape {
   static constexpr int PASSES8 = KPW / KPP8;         // fp8: passes per raw tile
   static constexpr int RAW = BN * D;                 // fp8: bytes of one raw K (or V) tile
   static_assert((D == 64 || D == 128) && SN % 2 == 0 && ON % 2 == 0, "head_dim 64 or 128");
-  static_assert(KPW <= 32 && PASSES >= 1 && PASSES8 >= 1 && KPW % KPP == 0 && KPW % KPP8 == 0, "tile split");
+  static_assert((W == 4 || W == 8) && KPW <= 32 && PASSES >= 1 && PASSES8 >= 1 && KPW % KPP == 0 && KPW % KPP8 == 0, "tile split");
 };
 
 // T tiles (K and V each) of the prefill kernel: the stages for a cache of T; for fp8, two widened tiles
@@ -78,8 +80,8 @@ constexpr int tc_tile_buffers() { return kIsFp8<C> ? 2 : kTcStages; }
 // Dynamic shared memory of paged_prefill_kernel<T, C, D> (T: 2-byte): its K/V T tiles, then (fp8) the raw stages.
 template <class C, int D>
 constexpr size_t prefill_smem_bytes() {
-  constexpr size_t tiles = size_t(2) * tc_tile_buffers<C>() * TcShape<D>::TILE * 2;
-  constexpr size_t raw = kIsFp8<C> ? size_t(2) * kTcStages * TcShape<D>::RAW : 0;
+  constexpr size_t tiles = size_t(2) * tc_tile_buffers<C>() * TcShape<D, 8>::TILE * 2;  // (tiles do not depend on W)
+  constexpr size_t raw = kIsFp8<C> ? size_t(2) * kTcStages * TcShape<D, 8>::RAW : 0;
   return tiles + raw;
 }
 
@@ -155,14 +157,14 @@ DK_DEVICE int64_t shfl_i64(int64_t v, int src) {
 }
 
 // Grid size (x) that covers every tile and every token outside the sequences, for any
-// query_start_loc: sum_s ceil(n_s * group / kTcRows) <= ceil(n * group / kTcRows) + S, and
+// query_start_loc with `rows` rows a CTA: sum_s ceil(n_s * group / rows) <= ceil(n * group / rows) + S, and
 // the orphan tokens take ceil(T / 16) CTAs at most.
-inline int64_t prefill_grid_x(int64_t num_tokens, int group, int num_seqs) {
-  return (num_tokens * group + kTcRows - 1) / kTcRows + (num_tokens + 15) / 16 + num_seqs + 1;
+inline int64_t prefill_grid_x(int64_t num_tokens, int group, int num_seqs, int rows) {
+  return (num_tokens * group + rows - 1) / rows + (num_tokens + 15) / 16 + num_seqs + 1;
 }
 
-template <class T, class C, int D>
-__global__ void __launch_bounds__(kTcThreads, 1)  // one CTA (8 warps) per SM: up to 255 registers
+template <class T, class C, int D, int W>
+__global__ void __launch_bounds__(32 * W, W == 8 ? 1 : 2)  // 8 (or twice 4) warps an SM: up to 255 registers
 paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
                      float* lse,            // [T, Hq] or null
                      const T* query,        // [T, Hq, D], token stride q_stride, head stride D
@@ -176,8 +178,8 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
                      int num_seqs, int64_t num_tokens, int num_q_heads, int64_t num_blocks, PagedLayout L,
                      float scale, KVScales sc,
                      int window) {          // sliding window (window_first_key; 0: none)
-  using S = TcShape<D>;
-  constexpr int BN = S::BN, LD = S::LD;
+  using S = TcShape<D, W>;
+  constexpr int BN = S::BN, LD = S::LD, kTcThreads = S::THREADS, kTcRows = S::ROWS;
   constexpr bool kF8 = kIsFp8<C>;
   DK_DYNAMIC_SMEM(dsm);
   T* const k_t = reinterpret_cast<T*>(dsm);                                // [buffers][BN][LD]
@@ -297,8 +299,8 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
   const int32_t* table = block_tables + seq * max_blocks;
   const int bs = L.block_size;
   // Stages the K/V rows of keys kt0 .. kt0 + BN - 1 into stage st (zeros outside [kmin, kmax] or for a bad
-  // block id): warp w the keys 8w .. 8w + 7, its lane l < 8 looks up key 8w + l's row (element offset, -1:
-  // none) once, the chunk passes take it by shuffle.
+  // block id): warp w the keys KPW w .. KPW w + KPW - 1, its lane l < KPW looks up key KPW w + l's row
+  // (element offset, -1: none) once, the chunk passes take it by shuffle.
   auto issue = [&](int st, int kt0) {
     int64_t row = -1;
     if (lane < S::KPW) {
@@ -531,14 +533,21 @@ inline cudaError_t dynamic_smem_once(const void* kernel, size_t bytes, std::atom
 #endif
 }
 
-template <class T, class C, int D>
+template <class T, class C, int D, int W>
 cudaError_t paged_prefill_prepare() {
   static std::atomic<uint64_t> done{0};
-  return dynamic_smem_once(reinterpret_cast<const void*>(&paged_prefill_kernel<T, C, D>), prefill_smem_bytes<C, D>(),
-                           done);
+  return dynamic_smem_once(reinterpret_cast<const void*>(&paged_prefill_kernel<T, C, D, W>),
+                           prefill_smem_bytes<C, D>(), done);
 }
 
 }  // namespace attn_detail
+
+// Warps a CTA of the prefill kernel (8: 128 rows; 4: 64): 8 when the sequences average more than 64 rows
+// (tokens x GQA group), else 4 -- a verification batch's or a decode-heavy mix's short sequences would leave
+// most of a 128-row CTA's warps idle, and two 4-warp CTAs fit an SM. Shape-only (CUDA-graph stable).
+inline int prefill_warps(int64_t num_tokens, int group, int num_seqs) {
+  return num_seqs > 0 && num_tokens * group > int64_t(64) * num_seqs ? 8 : 4;
+}
 
 // The tensor-core kernel directly (paged_attention dispatches here; tests and benchmarks may
 // call it for any batch). Same arguments and results as paged_attention without the split-KV
@@ -557,7 +566,8 @@ cudaError_t paged_prefill(T* out,             // [num_tokens, Hq, D] contiguous
                           int num_seqs, int64_t num_tokens, int num_q_heads, int64_t num_blocks, PagedLayout L,
                           float scale, KVScales sc,
                           int window,  // sliding window (0: none)
-                          cudaStream_t stream) {
+                          cudaStream_t stream,
+                          int warps = 0) {  // 4 or 8 warps a CTA (0: prefill_warps; tests force both)
   using namespace attn_detail;
   if constexpr (!kIsMmaType<T>) {
     return cudaErrorInvalidValue;
@@ -566,21 +576,25 @@ cudaError_t paged_prefill(T* out,             // [num_tokens, Hq, D] contiguous
     if (!paged_prefill_head_dim_ok(L.head_dim) || L.num_kv_heads <= 0 || L.block_size <= 0 || num_q_heads <= 0 ||
         num_q_heads % L.num_kv_heads != 0 || L.num_kv_heads > 65535 || num_seqs < 0 || num_tokens > 0x7fffffff ||
         int64_t(max_blocks) * L.block_size > 0x7fffffff || !aligned16(key_cache) ||
-        !aligned16(value_cache) || window < 0)
+        !aligned16(value_cache) || window < 0 || (warps != 0 && warps != 4 && warps != 8))
       return cudaErrorInvalidValue;
-    const int64_t gx = prefill_grid_x(num_tokens, num_q_heads / L.num_kv_heads, num_seqs);
+    const int group = num_q_heads / L.num_kv_heads;
+    const int W = warps != 0 ? warps : prefill_warps(num_tokens, group, num_seqs);
+    const int64_t gx = prefill_grid_x(num_tokens, group, num_seqs, 16 * W);
     if (gx > 0x7fffffff) return cudaErrorInvalidValue;
     const dim3 grid(unsigned(gx), unsigned(L.num_kv_heads));
-#define DK_PREFILL_LAUNCH(D)                                                                                   \
+#define DK_PREFILL_LAUNCH(D, W)                                                                                   \
   {                                                                                                            \
-    const cudaError_t e = paged_prefill_prepare<T, C, D>();                                                    \
+    const cudaError_t e = paged_prefill_prepare<T, C, D, W>();                                                 \
     if (e != cudaSuccess) return e;                                                                            \
-    paged_prefill_kernel<T, C, D><<<grid, kTcThreads, prefill_smem_bytes<C, D>(), stream>>>(                  \
+    paged_prefill_kernel<T, C, D, W><<<grid, 32 * W, prefill_smem_bytes<C, D>(), stream>>>(                   \
         out, lse, query, q_stride, key_cache, value_cache, block_tables, max_blocks, seq_lens, query_start_loc, \
         num_seqs, num_tokens, num_q_heads, num_blocks, L, scale, sc, window);                                   \
   }
-    if (L.head_dim == 64) DK_PREFILL_LAUNCH(64)
-    else DK_PREFILL_LAUNCH(128)
+    if (L.head_dim == 64 && W == 8) DK_PREFILL_LAUNCH(64, 8)
+    else if (L.head_dim == 64) DK_PREFILL_LAUNCH(64, 4)
+    else if (W == 8) DK_PREFILL_LAUNCH(128, 8)
+    else DK_PREFILL_LAUNCH(128, 4)
 #undef DK_PREFILL_LAUNCH
     return cudaGetLastError();
   }
