@@ -119,13 +119,16 @@ void add_case(std::vector<dkb::Case>& cases, const HeadConfig& hc, int S, int ct
   constexpr bool kFp8 = dk::kIsFp8<C>;
   dkb::Case c;
   c.bench = "paged_attention";
-  c.shape = (n_new > 1 ? "prefill S=" + std::to_string(S) + " n=" + std::to_string(n_new)
+  c.shape = (n_new > 1 ? "prefill S=" + std::to_string(S) + " n=" + std::to_string(n_new) +
+                             (ctx != n_new ? " ctx=" + std::to_string(ctx) : "")
                        : "S=" + std::to_string(S) + " ctx=" + std::to_string(ctx)) +
             " heads=" + std::to_string(hq) + "/" + std::to_string(hk) + " d=" + std::to_string(head) +
             (kFp8 ? " kv=fp8" : "");
   c.dtype = dkb::DtypeName<T>::value;
   c.bytes = kv_bytes + 2.0 * q_elems * sizeof(T);  // + q read + out written
-  if (n_new > 1) c.flops = double(S) * hq * 2.0 * head * double(n_new) * double(n_new + 1);
+  // (visible keys: ctx - n_new + 1 + t for new token t)
+  if (n_new > 1)
+    c.flops = 4.0 * S * hq * head * (double(n_new) * (ctx - n_new) + 0.5 * double(n_new) * double(n_new + 1));
   C *kc, *vc;
   T *q, *out;
   c.slot_bytes = carve(nullptr, kc, vc, q, out);
@@ -185,6 +188,9 @@ void add_cases(std::vector<dkb::Case>& cases, bool quick) {
       add_case<T, T>(cases, hc, 4, 4096, 4096);
       if (!quick) add_case<T, T>(cases, hc, 1, 512, 512);
       if (!quick && hc.hq == kConfigs[0].hq) add_case<T, dk::fp8_e4m3_t>(cases, hc, 4, 4096, 4096);
+      // a speculative verification step (5 drafts + 1) over 2048 cached tokens: short sequences, the prefill
+      // kernel's 4-warp CTAs; judged by GB/s (the KV read) against the decode rows
+      if (!quick) add_case<T, T>(cases, hc, 64, 2048, 6);
     }
 #endif
 #if defined(__CUDACC__)
