@@ -68,14 +68,14 @@ def _host_inputs(input_ids: torch.Tensor, md: AttentionMetadata):  # -> (ids [T]
 def load_shard(args, device: torch.device, dtype: torch.dtype, tp: TPGroup | None):
     """(LoadedModel, LlamaModel) of this rank: the weights read as this rank's slices (the whole model
     when tp is None), projection weights quantized at load when asked."""
-    from decodekit.engine.llm_engine import _quantize_projections
+    from decodekit.quant.load import quantize_projections
     from decodekit.loader import load_model
     shard = (lambda cfg: ShardPlan(cfg, tp.rank, tp.world_size)) if tp is not None else None
     loaded = load_model(args.model, dtype=dtype, device=device, progress=args.progress and (tp is None or
                                                                                          tp.rank == 0),
                         keep_quantized=args.keep_quantized(), shard=shard)
     if args.quantization in ("int4-rtn", "fp8"):
-        _quantize_projections(loaded.weights, args.quantization)
+        quantize_projections(loaded.weights, args.quantization)
     plan = shard(loaded.config) if shard else None
     model = LlamaModel(loaded.config, loaded.weights, dtype=dtype, device=device, tp=tp, plan=plan,
                        max_model_len=args.max_model_len)

@@ -19,7 +19,8 @@ import torch
 
 from decodekit.loader import load_model, resolve_model
 from decodekit.models import LlamaModel
-from decodekit.sampling import SamplingParams, SamplingParamsError
+from decodekit.quant.load import quantize_projections
+from decodekit.sampling import SamplingParams
 from decodekit.sampling.beam_search import BeamSearchParams
 from decodekit.sampling.reasoning import get_reasoning_parser, prompt_mode
 from decodekit.sampling.sampler import Sampler, SamplingMetadata, request_seeds, set_global_seed
@@ -32,6 +33,7 @@ from .kv_cache import KVCacheManager
 from .model_runner import ModelRunner
 from .outputs import CompletionOutput, Logprob, RequestOutput
 from .prompt_logprobs import split_prompt_rows
+from .prompts import encode_prompt, truncate_prompt
 from .request import Request, RequestStatus, split_n
 from .scheduler import ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOutput
 from .spec_decode import spec_metrics
@@ -73,26 +75,6 @@ class _Group:
         return all(s.out.finish_reason is not None for s in self.seqs)
 
 
-def _quantize_projections(weights: dict, method: str, lm_head_int8: bool = False) -> None:
-    """--quantization int4-rtn / fp8, in place: the float projection weights (q/k/v/o, gate/up/down)
-    become packed INT4 (round to nearest, groups of 32) or fp8 e4m3 with per-output-channel scales
-    (activations then quantized per token at run time); already-packed ones and those whose K is not
-    a multiple of 32 stay. lm_head_int8 (int4-rtn on the CPU): the LM head too, as INT8 in groups of 32
-    (llama.cpp's Q8_0; the tied embedding with it, its rows decoded on lookup) - with a large vocabulary
-    (Qwen: 152k x hidden) a float head is most of a decode step's bytes."""
-    from decodekit.quant import quantize_int8, quantize_rtn
-    from decodekit.quant.fp8 import quantize_fp8_weight
-    quantize = (lambda w: quantize_rtn(w, 32)) if method == "int4-rtn" else quantize_fp8_weight
-    for name, w in list(weights.items()):
-        if name.endswith("_proj.weight") and isinstance(w, torch.Tensor) and w.dim() == 2 and w.shape[1] % 32 == 0:
-            weights[name] = quantize(w)
-    if lm_head_int8:
-        head = "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"
-        w = weights.get(head)
-        if isinstance(w, torch.Tensor) and w.dim() == 2 and w.shape[1] % 32 == 0:
-            weights[head] = quantize_int8(w)
-
-
 def _physical_memory_bytes() -> int | None:
     """This machine's RAM (None where the OS does not say)."""
     try:
@@ -122,34 +104,6 @@ def released_window(cfg, speculative: str | None, max_model_len: int) -> int | N
     return cfg.sliding_window
 
 
-def truncate_prompt(ids: list[int], k: int | None, max_model_len: int, max_tokens: int | None) -> list[int]:
-    """SamplingParams.truncate_prompt_tokens: the prompt's last k tokens (-1: as many as fit before
-    max_tokens); SamplingParamsError past max_model_len."""
-    if k is None:
-        return ids
-    if k > max_model_len or (k < 1 and k != -1):
-        raise SamplingParamsError("truncate_prompt_tokens", f"must be -1 or in [1, max_model_len={max_model_len}], "
-                                                            f"got {k}")
-    keep = max(1, max_model_len - (max_tokens or 1)) if k == -1 else k
-    return ids[-keep:] if len(ids) > keep else ids
-
-
-def encode_prompt(tokenizer, prompt: str, max_model_len: int, vocab_size: int) -> list[int]:
-    """A text prompt's token ids; ValueError (message "prompt: ...") for text that cannot fit in
-    max_model_len (refused by its length alone, without spending seconds encoding megabytes), invalid
-    Unicode, or ids past the embedding. Thread-safe: the server calls it off its event loop (also with an
-    engine in another process, whose tokenizer it holds)."""
-    limit = tokenizer.max_prompt_chars(max_model_len)
-    if len(prompt) > limit:
-        raise ValueError(f"prompt: {len(prompt)} characters cannot fit in max_model_len={max_model_len} "
-                         f"tokens (at most {limit} characters could)")
-    ids = tokenizer.encode(prompt, add_special_tokens=True)
-    if ids and max(ids) >= vocab_size:  # a tokenizer with more ids than the embedding has rows (loader warned)
-        raise ValueError(f"prompt: encodes to token id {max(ids)}, past the model's embedding (ids must be "
-                         f"in [0, {vocab_size})): the tokenizer has tokens the weights do not")
-    return ids
-
-
 class LLMEngine:
     def __init__(self, args: EngineArgs | None = None, **kwargs):
         self.args = args = args or EngineArgs(**kwargs)
@@ -172,7 +126,7 @@ class LLMEngine:
             loaded = load_model(args.model, dtype=self.dtype, device=self.device, progress=args.progress,
                                 keep_quantized=args.keep_quantized())
             if args.quantization in ("int4-rtn", "fp8"):
-                _quantize_projections(loaded.weights, args.quantization,
+                quantize_projections(loaded.weights, args.quantization,
                                       lm_head_int8=args.quantization == "int4-rtn" and self.device.type == "cpu"
                                       and args.quantize_lm_head)
             self.model = LlamaModel(loaded.config, loaded.weights, dtype=self.dtype, device=self.device,

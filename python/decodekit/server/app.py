@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
-from ..engine.llm_engine import encode_prompt, truncate_prompt
+from ..engine.prompts import encode_prompt, truncate_prompt
 from ..sampling.reasoning import ReasoningStream, get_reasoning_parser, prompt_mode, split_reasoning
 from ..tokenizer.chat import RenderedTooLongError
 from . import protocol as P
@@ -128,7 +128,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                              type="server_error", code="queue_full", headers={"Retry-After": "1"})
 
     async def encoded(prompt):
-        """A text prompt as token ids (engine.llm_engine.encode_prompt) in a worker thread (the tokenizer releases the GIL
+        """A text prompt as token ids (engine.prompts.encode_prompt) in a worker thread (the tokenizer releases the GIL
         on long texts), so neither this event loop nor the engine's step loop waits on a long prompt."""
         if not isinstance(prompt, str):
             return prompt
