@@ -12,7 +12,9 @@
    run that compiled them) and prints a compact table.
 3. Disassembles every object built from csrc/cuda/*.cu (cuobjdump -sass), requires that
    each one holds sm_90a machine code, splits the SASS by function and checks the rules
-   of tools/sass_expectations.json.
+   of tools/sass_expectations.json; fails where ptxas serialised our wgmma instructions (C7520).
+4. Builds and runs tools/wgmma_layout_check.cu (host only): the wgmma operand layouts and descriptors of the
+   prefill kernel, and the CUDA emulator's decoding of them, against CUTLASS CuTe's.
 
 Rule format (tools/sass_expectations.json is a JSON list of these objects):
   {
@@ -156,6 +158,26 @@ _ENTRY = re.compile(r"ptxas info\s*: Compiling entry function '([^']+)' for '(\w
 _PROPS = re.compile(r"ptxas info\s*: Function properties for (\S+)")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"ptxas info\s*: Used (\d+) registers")
+
+
+def wgmma_layout_check(build_dir: str) -> list[str]:
+    """Builds and runs tools/wgmma_layout_check.cu (host only): the prefill kernel's swizzled K/V tiles, its
+    wgmma descriptors and the emulator's decoding of them against CUTLASS CuTe's layouts and make_gmma_desc."""
+    nvcc = os.path.join(build_env.require_cuda_home(), "bin", "nvcc")
+    exe = os.path.join(build_dir, "wgmma_layout_check")
+    cmd = [nvcc, "-std=c++17", "--expt-relaxed-constexpr", "-I", os.path.join(ROOT, "include"), "-I",
+           build_env.cutlass_include_dir(required=True), "-I", os.path.join(ROOT, "tools", "cuda_emu"),
+           os.path.join(ROOT, "tools", "wgmma_layout_check.cu"), "-o", exe]
+    t0 = time.time()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        return [f"wgmma_layout_check.cu does not build: {r.stderr[-2000:]}"]
+    r = subprocess.run([exe], capture_output=True, text=True)
+    # (CuTe's make_gmma_desc prints an error line for the shared address it cannot take on the host; the
+    # check reads the start offsets from the layouts instead)
+    out = [line for line in r.stdout.splitlines() if "cast_smem_ptr_to_uint" not in line]
+    print("\n".join(out[-12:]) + f" ({time.time() - t0:.1f} s)", flush=True)
+    return [] if r.returncode == 0 else ["wgmma layout check failed (tools/wgmma_layout_check.cu)"]
 
 
 def parse_ptxas_log(text: str) -> dict[str, dict[str, dict]]:
@@ -397,6 +419,11 @@ def main() -> int:
         warns = sorted(set(re.findall(r"^.*ptxas (?:warning|error).*$", log_text, re.M)))
         for w in warns:
             print("ptxas:", w.strip())
+        # ptxas serialises warpgroup MMAs it cannot overlap safely (accumulators written on a divergent path, a
+        # branch around them): each wgmma then waits for the previous one. Ours must not (CUTLASS's are its own).
+        for fn in sorted(set(re.findall(r"\(C7520\) Potential Performance Loss: wgmma[^']*'(\w+)'", log_text))):
+            if "cutlass" not in fn:
+                failures.append(f"ptxas serialised the wgmma instructions of {demangle_all([fn]).get(fn, fn)} (C7520)")
     ptxas = update_ptxas_cache(os.path.join(build_dir, "ptxas_info.json"), fresh)
 
     cuobjdump = find_cuobjdump()
@@ -466,6 +493,7 @@ def main() -> int:
           f"{len(rules)} rule(s) from {os.path.relpath(args.expect, ROOT)}")
 
     failures += check_rules(rules, by_name)
+    failures += wgmma_layout_check(build_dir)
     if failures:
         print(f"\nFAIL ({len(failures)}):")
         for f in failures:

@@ -93,12 +93,13 @@ std::shared_ptr<const Meta> make_meta(int S, int ctx, int n_new = 1) {
 // splits > 0 (CUDA decode): that split-KV count instead of the plan's (the sweep of add_cases).
 // variant (CUDA decode, dk::cuda::DecodeKernel): 2 = the tensor-core kernel (decode_tc.cuh; what
 // paged_attention runs for half / bf16), 1 = the SIMT kernel with its prefetch, 0 = without (paged.cuh
-// PF), for the A/B of add_cases (bf16 only).
+// PF), for the A/B of add_cases (bf16 only). wgmma (prefill rows): the prefill kernel's warpgroup-MMA variant
+// (DECODEKIT_PREFILL_ATTN=wgmma) instead of its mma.sync one.
 constexpr int kTensorCoreDecode = 2;
 const char* const kVariantName[] = {" simt", " simt-prefetch", ""};
 template <class T, class C>
 void add_case(std::vector<dkb::Case>& cases, const HeadConfig& hc, int S, int ctx, int n_new = 1, int splits_set = 0,
-              int variant = kTensorCoreDecode) {
+              int variant = kTensorCoreDecode, bool wgmma = false) {
   const int hq = hc.hq, hk = hc.hk, head = hc.head;
   const double kv_bytes = 2.0 * S * ctx * hk * head * sizeof(C);  // K and V rows read
   if (kv_bytes > kMaxKvBytes) return;
@@ -123,7 +124,7 @@ void add_case(std::vector<dkb::Case>& cases, const HeadConfig& hc, int S, int ct
                              (ctx != n_new ? " ctx=" + std::to_string(ctx) : "")
                        : "S=" + std::to_string(S) + " ctx=" + std::to_string(ctx)) +
             " heads=" + std::to_string(hq) + "/" + std::to_string(hk) + " d=" + std::to_string(head) +
-            (kFp8 ? " kv=fp8" : "");
+            (kFp8 ? " kv=fp8" : "") + (wgmma ? " wgmma" : "");
   c.dtype = dkb::DtypeName<T>::value;
   c.bytes = kv_bytes + 2.0 * q_elems * sizeof(T);  // + q read + out written
   // (visible keys: ctx - n_new + 1 + t for new token t)
@@ -166,7 +167,7 @@ void add_case(std::vector<dkb::Case>& cases, const HeadConfig& hc, int S, int ct
           reinterpret_cast<D*>(out), nullptr, reinterpret_cast<const D*>(q), int64_t(hq) * head,
           reinterpret_cast<const DC*>(kc), reinterpret_cast<const DC*>(vc), m->block_tables(meta), m->max_blocks,
           m->seq_lens(meta), m->query_start(meta), S, tokens, hq, m->num_blocks, L, scale, dk::KVScales{}, 0, splits,
-          ws, st);
+          ws, st, wgmma);
     };
     using K = dk::cuda::DecodeKernel;
     if constexpr (std::is_same_v<T, dk::bf16_t>) {  // the A/B variants: bf16 only (compile time)
@@ -182,16 +183,19 @@ void add_case(std::vector<dkb::Case>& cases, const HeadConfig& hc, int S, int ct
 template <class T>
 void add_cases(std::vector<dkb::Case>& cases, bool quick) {
 #if defined(__CUDACC__)
-  // prefill: 4 x 4096 (the target: >= 50% of the bf16 matmul rate) and 1 x 512, fp16/bf16 only
+  // prefill: 4 x 4096 (the target: >= 50% of the bf16 matmul rate) and 1 x 512, fp16/bf16 only; each by mma.sync
+  // (the default) and by wgmma
   if constexpr (sizeof(T) == 2)
-    for (const HeadConfig& hc : kConfigs) {
-      add_case<T, T>(cases, hc, 4, 4096, 4096);
-      if (!quick) add_case<T, T>(cases, hc, 1, 512, 512);
-      if (!quick && hc.hq == kConfigs[0].hq) add_case<T, dk::fp8_e4m3_t>(cases, hc, 4, 4096, 4096);
-      // a speculative verification step (5 drafts + 1) over 2048 cached tokens: short sequences, the prefill
-      // kernel's 4-warp CTAs; judged by GB/s (the KV read) against the decode rows
-      if (!quick) add_case<T, T>(cases, hc, 64, 2048, 6);
-    }
+    for (const HeadConfig& hc : kConfigs)
+      for (bool wg : {false, true}) {
+        add_case<T, T>(cases, hc, 4, 4096, 4096, 0, kTensorCoreDecode, wg);
+        if (!quick) add_case<T, T>(cases, hc, 1, 512, 512, 0, kTensorCoreDecode, wg);
+        if (!quick && hc.hq == kConfigs[0].hq)
+          add_case<T, dk::fp8_e4m3_t>(cases, hc, 4, 4096, 4096, 0, kTensorCoreDecode, wg);
+        // a speculative verification step (5 drafts + 1) over 2048 cached tokens: short sequences, the prefill
+        // kernel's 4-warp CTAs; judged by GB/s (the KV read) against the decode rows
+        if (!quick) add_case<T, T>(cases, hc, 64, 2048, 6, 0, kTensorCoreDecode, wg);
+      }
 #endif
 #if defined(__CUDACC__)
   // Split-KV sweep, bf16 Llama-3 heads: the 2026-12-04 H200 run had the decode kernel's bandwidth rise

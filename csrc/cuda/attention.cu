@@ -21,7 +21,8 @@ static_assert(head_dims_in_sync(), "dk::cuda::kPagedAttentionHeadDims (launchers
   template cudaError_t dk::cuda::paged_attention<T, C>(T*, float*, const T*, int64_t, const C*, const C*,       \
                                                        const int32_t*, int, const int32_t*, const int32_t*, int, \
                                                        int64_t, int, int64_t, dk::PagedLayout, float,            \
-                                                       dk::KVScales, int, int, float*, cudaStream_t, bool);
+                                                       dk::KVScales, int, int, float*, cudaStream_t, bool,    \
+                                                       bool);
 // every activation type with a cache of the same type, and with an fp8 e4m3 cache
 #define DK_INSTANTIATE(T) DK_INSTANTIATE_TC(T, T) DK_INSTANTIATE_TC(T, dk::fp8_e4m3_t)
 DK_CUDA_LAUNCH_TYPES(DK_INSTANTIATE)

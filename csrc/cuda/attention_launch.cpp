@@ -39,6 +39,19 @@ bool tensor_core_decode() {
   return tc;
 }
 
+// DECODEKIT_PREFILL_ATTN = mma (default) | wgmma: the products of the prefill kernel (prefill.cuh) by
+// mma.sync or by sm_90a warpgroup MMAs. Read once.
+bool wgmma_prefill() {
+  static const bool wg = [] {
+    const char* v = std::getenv("DECODEKIT_PREFILL_ATTN");
+    const std::string s = v ? v : "";
+    TORCH_CHECK(s.empty() || s == "mma" || s == "wgmma" || s == "auto",
+                "DECODEKIT_PREFILL_ATTN must be mma, wgmma or auto (mma), not '", s, "'");
+    return s == "wgmma";
+  }();
+  return wg;
+}
+
 void reshape_and_cache_cuda(const at::Tensor& key,        // [T, Hk, D]
                             const at::Tensor& value,      // [T, Hk, D]
                             at::Tensor& key_cache,        // [num_blocks, Hk, block_size, D]
@@ -145,7 +158,7 @@ void paged_attention_cuda(at::Tensor& out,                    // [T, Hq, D]
                                block_tables.data_ptr<int32_t>(), a.max_blocks, seq_lens.data_ptr<int32_t>(),
                                query_start_loc.data_ptr<int32_t>(), a.num_seqs, a.num_tokens, a.num_q_heads,
                                a.num_blocks, L, float(scale), sc, int(a.window), splits, ws, stream,
-                               tensor_core_decode()));
+                               tensor_core_decode(), wgmma_prefill()));
     };
     if (a.fp8) launch(static_cast<dk::fp8_e4m3_t*>(nullptr));
     else launch(static_cast<scalar_t*>(nullptr));

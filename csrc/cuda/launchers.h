@@ -56,7 +56,7 @@ cudaError_t paged_attention(T* out, float* lse, const T* query, int64_t q_stride
                             const C* value_cache, const int32_t* block_tables, int max_blocks, const int32_t* seq_lens,
                             const int32_t* query_start_loc, int num_seqs, int64_t num_tokens, int num_q_heads,
                             int64_t num_blocks, PagedLayout L, float scale, KVScales sc, int window, int num_splits,
-                            float* workspace, cudaStream_t stream, bool tensor_core_decode);
+                            float* workspace, cudaStream_t stream, bool tensor_core_decode, bool wgmma_prefill);
 
 cudaError_t copy_blocks(void* key_cache, void* value_cache, int64_t block_bytes, const int64_t* mapping,
                         int64_t num_pairs, int64_t num_blocks, cudaStream_t stream);

@@ -235,3 +235,58 @@ def test_cuda_decode_kernels(kernel, device, tmp_path):
     r = subprocess.run([sys.executable, str(script), here, os.path.join(here, "..")], env=env, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
+
+
+_PREFILL_KERNEL_SCRIPT = r"""
+import sys, torch
+sys.path[:0] = sys.argv[1:]
+from decodekit import ops
+from decodekit.ops import reference as ref
+from dk_testing import assert_close, randn
+from test_attention import _batch
+gen = torch.Generator().manual_seed(6)
+FP8 = torch.float8_e4m3fn
+# (ctx, new): long prefills (many 128-row CTAs, the ring of key tiles wrapping), a chunk after a cached prefix
+# ending mid-block, a mixed batch (decodes among chunks: 64-row CTAs), a prefill past a 64-key multiple by one
+batches = [([700], [700]), ([3001, 64], [300, 64]), ([37, 300, 17, 1000, 5], [13, 45, 17, 1, 5]), ([129], [129])]
+for hq, hk, d, bs in [(32, 8, 128, 16), (9, 3, 64, 16), (8, 8, 64, 32), (40, 2, 128, 64), (8, 1, 128, 16)]:
+    for ctx, new in batches:
+        for dtype in (torch.bfloat16, torch.float16):
+            for fp8 in (False, True):
+                q, kc, vc, bt, lens, qsl = _batch(ctx, new, hq, hk, d, bs, dtype, "cuda", gen)
+                ks = vs = None
+                if fp8:
+                    kc, vc = (kc.float() * 3).to(FP8), (vc.float() * 3).to(FP8)
+                    ks = torch.rand(hk, generator=gen).add(0.5).cuda()
+                    vs = torch.rand(hk, generator=gen).add(0.5).cuda()
+                out = torch.full_like(q, float("nan"))
+                lse = torch.full((q.shape[0], hq), float("nan"), device="cuda")
+                ops.paged_attention(q, kc, vc, bt, lens, qsl, d ** -0.5, out=out, lse=lse, k_scale=ks, v_scale=vs)
+                want, want_lse = ref.paged_attention(
+                    q.double().cpu(), kc.cpu() if fp8 else kc.double().cpu(), vc.cpu() if fp8 else vc.double().cpu(),
+                    bt.cpu(), lens.cpu(), qsl.cpu(), d ** -0.5, None if ks is None else ks.cpu(),
+                    None if vs is None else vs.cpu())
+                what = f"prefill h{hq}x{hk} d{d} b{bs} ctx {ctx[:3]} {dtype} fp8={fp8}"
+                assert_close(out, want.to(out.device), dtype, what)
+                assert_close(lse, want_lse.to(lse.device), torch.float32, what + " lse")
+print("OK")
+"""
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
+@pytest.mark.parametrize("kernel", ["mma", "wgmma"])
+def test_cuda_prefill_kernels(kernel, device, tmp_path):
+    """Both products of the CUDA prefill kernel -- mma.sync (the default) and sm_90a warpgroup MMAs
+    (DECODEKIT_PREFILL_ATTN=wgmma; read once per process, hence a subprocess each) -- match the float64
+    reference on prefill, chunked-prefill and mixed batches: GQA 4 / 3 / 1 / 20 / 8, head_dim 64 / 128, blocks
+    16 / 32 / 64, bf16 and fp16, bf16/fp16 and fp8 caches (per-head scales)."""
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "prefill_kernel.py"
+    script.write_text(_PREFILL_KERNEL_SCRIPT)
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, DECODEKIT_PREFILL_ATTN=kernel)
+    r = subprocess.run([sys.executable, str(script), here, os.path.join(here, "..")], env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]

@@ -27,6 +27,8 @@
 #include <thread>
 #include <type_traits>
 #include <vector>
+
+#include "wgmma_desc.h"
 #undef __global__
 #undef __device__
 #undef __host__
@@ -76,10 +78,23 @@ struct PendingCopy {
   void* dst;
   unsigned char data[16];
 };
+// A wgmma issued by this thread, not yet retired (its part: the thread's N / 2 accumulators).
+struct WgOp {
+  float* d;                 // the accumulators (N / 2 floats)
+  int n;                    // N
+  bool bf16, tnsp_b, scale_d;
+  bool early;               // computed at issue (else at the wait that retires it)
+  bool chained;             // an earlier op on the same accumulators was still pending at issue
+  uint64_t desc;
+  uint32_t a[4][4];         // A words of the lanes 4 g .. 4 g + 3 (rows g, g + 8 of the warp)
+  float snap[128];          // late: d at issue; early: d after the computation
+};
 struct Fiber {
   void* sp = nullptr;
   std::vector<PendingCopy> cp_open;                 // issued since the last commit
   std::vector<std::vector<PendingCopy>> cp_groups;  // committed, not yet landed (oldest first)
+  std::vector<WgOp> wg_open;                        // wgmma issued since the last commit_group
+  std::vector<std::vector<WgOp>> wg_groups;         // committed, not yet retired
   uint3 tid;
   int lane = 0, warp = 0;
   bool done = false;
@@ -91,6 +106,7 @@ struct Block {
   std::vector<Fiber> fibers;
   Barrier bar;
   std::vector<Barrier> warp_bars;
+  std::vector<Barrier> wg_bars;  // warpgroups (4 consecutive warps; wgmma)
   std::vector<float> shfl;  // one slot per thread
   std::vector<uint32_t> shfl_u;
   std::vector<uint32_t> xbuf;  // warp-collective operand exchange (mma, ldmatrix)
@@ -119,7 +135,7 @@ inline size_t stack_bytes = 64 * 1024;
 // dynamic shared memory (extern __shared__ in the kernels; dk_emu::dynamic_smem() here): thread_local
 // like the static arrays, so that smem_handle's 32-bit offsets reach it
 constexpr size_t kMaxDynamicSmem = 227 * 1024;
-alignas(128) inline thread_local unsigned char dyn_smem_buf[kMaxDynamicSmem];
+alignas(1024) inline thread_local unsigned char dyn_smem_buf[kMaxDynamicSmem];
 inline thread_local size_t dyn_smem_bytes = 0;
 inline unsigned char* dynamic_smem() { return dyn_smem_buf; }
 
@@ -148,6 +164,7 @@ inline void run_block(Block& b, const std::function<void()>& body, int nt, std::
   b.fibers.resize(nt);
   b.bar = Barrier{0, nt, 0};
   b.warp_bars.assign(nt / 32, Barrier{0, 32, 0});
+  b.wg_bars.assign(nt / 128, Barrier{0, 128, 0});
   b.shfl.assign(nt, 0.f);
   b.shfl_u.assign(nt, 0u);
   for (int t = 0; t < nt; ++t) {
@@ -156,6 +173,8 @@ inline void run_block(Block& b, const std::function<void()>& body, int nt, std::
     f.waiting = nullptr;
     f.cp_open.clear();  // copies a previous block never waited for never land
     f.cp_groups.clear();
+    f.wg_open.clear();
+    f.wg_groups.clear();
     f.lane = t % 32;
     f.warp = t / 32;
     f.tid = uint3{unsigned(t % blockDim.x), unsigned((t / blockDim.x) % blockDim.y),
@@ -222,6 +241,11 @@ inline void run_block(Block& b, const std::function<void()>& body, int nt, std::
   // A finished block must not leave a barrier half-arrived (threads that exited early
   // while others synchronised).
   if (b.bar.arrived != 0) { fprintf(stderr, "emulator: __syncthreads with exited threads\n"); abort(); }
+  for (const Fiber& f : b.fibers)
+    if (!f.wg_open.empty() || !f.wg_groups.empty()) {
+      fprintf(stderr, "emulator: a thread exited with wgmma operations never waited for\n");
+      abort();
+    }
 }
 
 template <class K, class... A>
@@ -460,4 +484,110 @@ inline void cp_async_wait(int n) {  // all but the newest n committed groups lan
     f->cp_groups.erase(f->cp_groups.begin());
   }
 }
+
+// ---- wgmma (include/decodekit/common/wgmma.cuh). Shared addresses of descriptors are offsets in the dynamic
+// shared buffer (aligned to 1024 bytes like the GPU's shared window, so the swizzle phase is the same).
+inline uint32_t wgmma_smem_addr(const void* p) {
+  const intptr_t off = reinterpret_cast<intptr_t>(p) - reinterpret_cast<intptr_t>(dyn_smem_buf);
+  if (off < 0 || size_t(off) >= kMaxDynamicSmem) {
+    fprintf(stderr, "emulator: wgmma operand outside dynamic shared memory\n");
+    abort();
+  }
+  return uint32_t(off);
+}
+inline void wgmma_compute(WgOp& op) {
+  const int lane = blk->cur->lane, g = lane / 4, c = 2 * (lane % 4);
+  auto A = [&](int r, int k) {  // row r (0..15) of the warp, column k (0..15)
+    const uint32_t w = op.a[(k % 8) / 2][(r >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)];
+    const uint16_t h = uint16_t(w >> (16 * (k % 2)));
+    return op.bf16 ? bits_to_float<__nv_bfloat16>(h) : bits_to_float<__half>(h);
+  };
+  auto B = [&](int k, int n) {
+    const uint32_t off = wgmma_b_offset(op.desc, op.tnsp_b, k, n);
+    if (off + 2 > dyn_smem_bytes) {
+      fprintf(stderr, "emulator: wgmma B operand read past the dynamic shared memory (%u)\n", off);
+      abort();
+    }
+    uint16_t h;
+    memcpy(&h, dyn_smem_buf + off, 2);
+    return op.bf16 ? bits_to_float<__nv_bfloat16>(h) : bits_to_float<__half>(h);
+  };
+  for (int j = 0; j < op.n / 8; ++j)
+    for (int e = 0; e < 4; ++e) {
+      const int row = g + (e >= 2 ? 8 : 0), col = 8 * j + c + (e & 1);
+      float acc = op.scale_d ? op.d[4 * j + e] : 0.f;
+      for (int k = 0; k < 16; ++k) acc += A(row, k) * B(k, col);
+      op.d[4 * j + e] = acc;
+    }
+}
+inline bool wgmma_pending_on(const float* d) {
+  const Fiber* f = blk->cur;
+  for (const WgOp& o : f->wg_open) if (o.d == d) return true;
+  for (const auto& g : f->wg_groups) for (const WgOp& o : g) if (o.d == d) return true;
+  return false;
+}
+// Issue (warpgroup-collective: every thread of the 4 warps arrives, or the scheduler reports a deadlock).
+template <class T, int N>
+void wgmma_rs(float* d, const uint32_t (&a)[4], uint64_t desc, int tnsp_b, int scale_d) {
+  Block* b = blk;
+  Fiber* f = b->cur;
+  if (b->wg_bars.empty() || b->fibers.size() % 128 != 0) {
+    fprintf(stderr, "emulator: wgmma in a block of %zu threads (warpgroups of 128)\n", b->fibers.size());
+    abort();
+  }
+  const int lane = f->lane;
+  uint32_t* mine = xslot(lane);
+  for (int i = 0; i < 4; ++i) mine[i] = a[i];
+  memcpy(mine + 4, &desc, 8);
+  wait(b->wg_bars[f->warp / 4]);
+  WgOp op{};
+  op.d = d;
+  op.n = N;
+  op.bf16 = std::is_same_v<T, __nv_bfloat16>;
+  op.tnsp_b = tnsp_b != 0;
+  op.scale_d = scale_d != 0;
+  op.desc = desc;
+  const int g = lane / 4;
+  for (int t = 0; t < 4; ++t)
+    for (int i = 0; i < 4; ++i) op.a[t][i] = xslot(4 * g + t)[i];
+  for (int l = 0; l < 32; ++l) {
+    uint64_t other;
+    memcpy(&other, xslot(l) + 4, 8);
+    if (other != desc) {
+      fprintf(stderr, "emulator: wgmma descriptors differ across the warp\n");
+      abort();
+    }
+  }
+  wait(b->wg_bars[f->warp / 4]);
+  op.chained = wgmma_pending_on(d);
+  op.early = !op.chained && (cp_async_mode == kCpEarly || (cp_async_mode == kCpMixed && (cp_rng() & 1)));
+  if (op.early) wgmma_compute(op);
+  memcpy(op.snap, d, sizeof(float) * (N / 2));
+  f->wg_open.push_back(op);
+}
+inline void wgmma_commit() {
+  Fiber* f = blk->cur;
+  f->wg_groups.push_back(std::move(f->wg_open));
+  f->wg_open.clear();
+}
+inline void wgmma_wait(int n) {  // all but the newest n committed groups retire
+  Fiber* f = blk->cur;
+  while (int(f->wg_groups.size()) > n) {
+    std::vector<WgOp> g = std::move(f->wg_groups.front());
+    f->wg_groups.erase(f->wg_groups.begin());
+    for (size_t i = 0; i < g.size(); ++i) {
+      WgOp& op = g[i];
+      bool later = wgmma_pending_on(op.d);
+      for (size_t j = i + 1; j < g.size(); ++j) later |= g[j].d == op.d;
+      // the accumulators must not change between the issue and the retirement (checked where they are known)
+      if ((!op.early && !op.chained) || (op.early && !later))
+        if (memcmp(op.snap, op.d, sizeof(float) * (op.n / 2)) != 0) {
+          fprintf(stderr, "emulator: wgmma accumulators written while the operation was in flight\n");
+          abort();
+        }
+      if (!op.early) wgmma_compute(op);
+    }
+  }
+}
 }  // namespace dk_emu
+

@@ -48,6 +48,7 @@ struct Case {
   int pad_tokens = 0;      // tokens past query_start_loc[S] (out 0, lse -inf)
   bool force_tc = false;   // call the tensor-core kernel (paged_prefill) directly, whatever the batch
   int tc_warps = 0;        // force_tc: the prefill kernel's warps a CTA (4 / 8; 0: the launcher's choice)
+  bool wgmma = false;      // force_tc: the prefill kernel's wgmma variant
   float q_mag = 1.f;       // queries times this (fp16: at most 1e4, its range)
   float scale_mul = 1.f;   // softmax scale times this (negative: the kernels flip Q's signs; 0: uniform weights)
   int window = 0;          // sliding window (0: none); the blocks before each sequence's first window
@@ -139,7 +140,7 @@ template <class T, class KV> void run_attention_impl(const Case& c) {
   cudaError_t err = c.force_tc
       ? cuda::paged_prefill<T, KV>(out.data(), c.with_lse ? lse.data() : nullptr, q.data(), q_stride, kc.data(),
                                    vc.data(), bt.data(), maxb, lens.data(), qsl.data(), S, Tn, Hq, num_blocks, L,
-                                   scale, kvs, c.window, nullptr, c.tc_warps)
+                                   scale, kvs, c.window, nullptr, c.tc_warps, c.wgmma)
       : cuda::paged_attention<T, KV>(out.data(), c.with_lse ? lse.data() : nullptr, q.data(), q_stride, kc.data(),
                                      vc.data(), bt.data(), maxb, lens.data(), qsl.data(), S, Tn, Hq, num_blocks, L,
                                      scale, kvs, c.window, splits, splits > 1 ? ws.data() : nullptr, nullptr,
@@ -504,15 +505,19 @@ static std::vector<Case> extra_cases() {
   win("d256 w17", {70, 300}, {1, 9}, 8, 2, 256, 16, 17);
   for (int d : {64, 128, 256})  // every (head_dim, heads-per-CTA) kernel
     for (int g : {1, 2, 4, 8}) add("cover d" + std::to_string(d) + " g" + std::to_string(g), {29, 6}, {1, 6}, 2 * g, 2, d, 16);
-  // every case forced through the prefill kernel runs with both CTA sizes (128 rows / 8 warps, 64 / 4)
+  // every case forced through the prefill kernel runs with both CTA sizes (128 rows / 8 warps, 64 / 4), by
+  // mma.sync and by wgmma
   const size_t n0 = out.size();
   for (size_t i = 0; i < n0; ++i)
     if (out[i].force_tc) {
-      Case c = out[i];
-      c.tc_warps = 4;
-      c.name += " w4";
       out[i].tc_warps = 8;
-      out.push_back(c);
+      for (int v = 1; v < 4; ++v) {
+        Case c = out[i];
+        c.tc_warps = v & 1 ? 4 : 8;
+        c.wgmma = v >= 2;
+        c.name += std::string(c.wgmma ? " wgmma" : "") + (c.tc_warps == 4 ? " w4" : "");
+        out.push_back(c);
+      }
     }
   return out;
 }

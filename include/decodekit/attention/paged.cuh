@@ -488,7 +488,8 @@ cudaError_t paged_attention_variant(T* out,             // [num_tokens, Hq, D] c
                             int window,          // sliding window: keys per token (0: all, causal)
                             int num_splits,      // paged_attention_num_splits(...) (1: no split)
                             float* workspace,    // paged_attention_workspace_floats(...) floats, or null if 1
-                            cudaStream_t stream) {
+                            cudaStream_t stream,
+                            bool wgmma_prefill = false) {  // prefill batches: paged_prefill's wgmma kernel
   using namespace attn_detail;
   if (num_tokens <= 0) return cudaSuccess;
   if (num_splits < 1 || num_splits > kMaxSplits || (num_splits > 1 && workspace == nullptr))
@@ -500,7 +501,7 @@ cudaError_t paged_attention_variant(T* out,             // [num_tokens, Hq, D] c
   if (paged_attention_uses_prefill_kernel(kIsMmaType<T>, L.head_dim, num_tokens, num_seqs))
     return paged_prefill<T, C>(out, lse, query, q_stride, key_cache, value_cache, block_tables, max_blocks, seq_lens,
                                query_start_loc, num_seqs, num_tokens, num_q_heads, num_blocks, L, scale, sc, window,
-                               stream);
+                               stream, 0, wgmma_prefill);
   const int group = num_q_heads / L.num_kv_heads;
   const int64_t rows = num_tokens * num_q_heads;
   float* part_out = workspace;
@@ -553,20 +554,24 @@ cudaError_t paged_attention_variant(T* out,             // [num_tokens, Hq, D] c
 }
 
 // paged_attention_variant with the decode kernel chosen at run time: tensor_core_decode -> the tensor-core
-// kernel where it applies (DecodeKernel::kTensorCore), else the SIMT prefetch one.
+// kernel where it applies (DecodeKernel::kTensorCore), else the SIMT prefetch one; wgmma_prefill -> prefill
+// batches on the wgmma variant of the prefill kernel (else mma.sync).
 template <class T, class C>
 cudaError_t paged_attention(T* out, float* lse, const T* query, int64_t q_stride, const C* key_cache,
                             const C* value_cache, const int32_t* block_tables, int max_blocks, const int32_t* seq_lens,
                             const int32_t* query_start_loc, int num_seqs, int64_t num_tokens, int num_q_heads,
                             int64_t num_blocks, PagedLayout L, float scale, KVScales sc, int window, int num_splits,
-                            float* workspace, cudaStream_t stream, bool tensor_core_decode) {
+                            float* workspace, cudaStream_t stream, bool tensor_core_decode,
+                            bool wgmma_prefill = false) {
   if (tensor_core_decode)
     return paged_attention_variant<T, C, DecodeKernel::kTensorCore>(
         out, lse, query, q_stride, key_cache, value_cache, block_tables, max_blocks, seq_lens, query_start_loc,
-        num_seqs, num_tokens, num_q_heads, num_blocks, L, scale, sc, window, num_splits, workspace, stream);
+        num_seqs, num_tokens, num_q_heads, num_blocks, L, scale, sc, window, num_splits, workspace, stream,
+        wgmma_prefill);
   return paged_attention_variant<T, C, DecodeKernel::kSimtPrefetch>(
       out, lse, query, q_stride, key_cache, value_cache, block_tables, max_blocks, seq_lens, query_start_loc,
-      num_seqs, num_tokens, num_q_heads, num_blocks, L, scale, sc, window, num_splits, workspace, stream);
+      num_seqs, num_tokens, num_q_heads, num_blocks, L, scale, sc, window, num_splits, workspace, stream,
+      wgmma_prefill);
 }
 
 }  // namespace dk::cuda

@@ -16,11 +16,11 @@
 //    metadata, so the launch stays CUDA-graph safe). CTAs past the last tile write the rows of
 //    tokens that lie in no sequence.
 //  - W warps, 16 rows each (a warp without rows skips the math). Q fragments stay in registers for
-//    the whole loop; keys in tiles of BN = 64 staged in dynamic shared memory kTcStages = 3 deep by
+//    the whole loop; keys in tiles of BN = 64 staged in dynamic shared memory 3 deep (wgmma: 4) by
 //    cp.async (LDGSTS, zero fill past the window): two tiles in flight during a tile's math and one
-//    CTA barrier a tile. Warp w issues the loads of the tile's keys KPW w .. KPW w + KPW - 1 (KPW = 64 / W);
-//    its first KPW lanes look up those keys' block ids (one table read and division per key, shared by
-//    shuffle).
+//    CTA barrier a tile. Warp w issues the loads of the tile's keys KPW w .. KPW w + KPW - 1 (KPW = 64 / W),
+//    32 / KPW lanes a key, each of them looking the key's block id up (one table read and division a lane, no
+//    shuffles) and loading its share of the key's 16-byte chunks.
 //    fp8 caches: the stages carry the raw e4m3 bytes (half the bytes in flight); a due tile is
 //    widened by the whole CTA into one of two T tiles (hardware pair conversion e4m3x2 -> f16x2;
 //    bf16 through fp32, exact) behind a second barrier; the k scale is folded into the score scale,
@@ -29,6 +29,16 @@
 //    ldmatrix (x4; transposed for V); rows padded by 16 bytes so ldmatrix is conflict-free.
 //    P is rounded to T for the second product (as FlashAttention does); the row sums l use the
 //    fp32 P. Online softmax in base 2 per row (each row's 4 lanes reduce with xor shuffles).
+//  - wgmma variant (G; DECODEKIT_PREFILL_ATTN=wgmma, sm_90a): the same CTA, loads and softmax, the two products by
+//    warpgroup MMAs instead (common/wgmma.cuh): warps 4i .. 4i + 3 form warpgroup i over rows 64 i .. 64 i + 63;
+//    S = Q K^T as D / 16 HGMMA.64x64x16 with Q's fragments from registers and K as the K-major B, O += P V as 4
+//    HGMMA.64xDx16 with P from registers and V as the MN-major (transposed) B. The K/V tiles are 128-byte
+//    swizzled in shared memory (TcShape::off, from a 1024-byte boundary; CuTe's Layout_K_SW128_Atom, checked
+//    against CuTe by tools/wgmma_layout_check.cu) instead of padded, fenced to the async proxy before the
+//    barrier that publishes them; S waits for its MMAs (wgmma.wait_group 0), O += P V stays in flight over the
+//    next tile's barrier and load issue (retired by that tile's wait, before O is rescaled). No branch around the
+//    MMAs and no accumulator written on a divergent path (ptxas would serialise them: C7520, refused by
+//    tools/cuda_check.py), so a warpgroup without rows does the math too and O is rescaled every tile.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -42,47 +52,67 @@
 #include "decodekit/common/fp8.h"
 #include "decodekit/common/mma.cuh"
 #include "decodekit/common/vec.cuh"
+#include "decodekit/common/wgmma.cuh"
 
 namespace dk::cuda {
 namespace attn_detail {
 
-constexpr int kTcStages = 3;  // cp.async stages of K/V tiles
+// cp.async stages of K/V tiles, loaded kTcAhead tiles ahead: the tile refilled at iteration it is it - 1's
+// (mma.sync) or it - 2's (wgmma: tile it - 1's O += P V may still be reading its stage)
+template <bool G> inline constexpr int kTcStages = G ? 4 : 3;
+constexpr int kTcAhead = 2;
 
-// W warps a CTA (8: 128 rows, long prefills; 4: 64 rows, short chunks and verification batches, two CTAs an SM)
-template <int D, int W>
+// W warps a CTA (8: 128 rows, long prefills; 4: 64 rows, short chunks and verification batches, two CTAs an SM);
+// G: the products by wgmma (one or two warpgroups; K/V tiles 128-byte swizzled), else mma.sync (padded rows)
+template <int D, int W, bool G = false>
 struct TcShape {
   static constexpr int WARPS = W;
   static constexpr int THREADS = 32 * W;
   static constexpr int ROWS = 16 * W;                // (token, head) rows per CTA
   static constexpr int BN = 64;                      // keys per tile
-  static constexpr int LD = D + 8;                   // shared row stride in elements (+16 bytes)
+  static constexpr int LD = G ? D : D + 8;           // mma.sync: shared row stride in elements (+16 bytes)
   static constexpr int KSTEPS = D / 16;              // k-steps of Q K^T
   static constexpr int SN = BN / 8;                  // n8 tiles of S
   static constexpr int ON = D / 8;                   // n8 tiles of O
   static constexpr int CPR = D / 8;                  // 16-byte (8-element) chunks per K/V row
   static constexpr int KPW = BN / W;                 // keys whose loads one warp issues per tile
-  static constexpr int KPP = 32 / CPR;               // keys one warp-wide pass of chunks covers
-  static constexpr int PASSES = KPW / KPP;           // passes per tile (chunks per lane, K and V each)
+  static constexpr int LPK = 32 / KPW;               // lanes that load one key's rows
+  static constexpr int CPL = CPR / LPK;              // 16-byte chunks a lane loads of a K (and a V) row
   static constexpr int TILE = BN * LD;               // elements of one K (or V) T tile
   static constexpr int CPR8 = D / 16;                // fp8: 16-byte chunks per raw row (D bytes)
-  static constexpr int KPP8 = 32 / CPR8;             // fp8: raw rows one pass covers
-  static constexpr int PASSES8 = KPW / KPP8;         // fp8: passes per raw tile
+  static constexpr int CPL8 = CPR8 / LPK;            // fp8: chunks a lane loads of a raw row
   static constexpr int RAW = BN * D;                 // fp8: bytes of one raw K (or V) tile
   static_assert((D == 64 || D == 128) && SN % 2 == 0 && ON % 2 == 0, "head_dim 64 or 128");
-  static_assert((W == 4 || W == 8) && KPW <= 32 && PASSES >= 1 && PASSES8 >= 1 && KPW % KPP == 0 && KPW % KPP8 == 0, "tile split");
+  static_assert((W == 4 || W == 8) && KPW <= 32 && CPL >= 1 && CPL8 >= 1 && CPR % LPK == 0 && CPR8 % LPK == 0, "tile split");
+  // Element offset of columns col .. col + 7 (col % 8 == 0) of key `key` in a K or V tile. wgmma: 64-column
+  // slabs of BN keys x 128 bytes (SLAB elements apart), 8-key groups of 1024 bytes, each key's 16-byte chunks
+  // XORed with key % 8 (CuTe's Layout_K_SW128_Atom for K as the K-major B of S = Q K^T, the same bytes read as
+  // Layout_MN_SW128_Atom for V as the MN-major B of O = P V); mma.sync: padded rows.
+  static constexpr int SLAB = BN * 64;
+  DK_HD static int off(int key, int col) {
+    if constexpr (G) return (col >> 6) * SLAB + (key >> 3) * 512 + (key & 7) * 64 + ((((col >> 3) & 7) ^ (key & 7)) << 3);
+    else return key * LD + col;
+  }
+  // wgmma descriptors: k-step kk's first element in a tile, LBO and SBO (bytes). K (B of S = Q K^T, K-major): head-dim
+  // columns 16 kk .., 8-key groups 1024 bytes apart (LBO unused: 1 unit); V (B of O += P V, MN-major): keys 16 kk ..
+  // (two 8-key groups), 64-column slabs SLAB elements apart.
+  DK_HD static int k_step_k(int kk) { return (kk >> 2) * SLAB + (kk & 3) * 16; }
+  DK_HD static int k_step_v(int kk) { return kk * 1024; }
+  static constexpr uint32_t K_LBO = 16, K_SBO = 1024, V_LBO = SLAB * 2, V_SBO = 1024;
 };
 
 // T tiles (K and V each) of the prefill kernel: the stages for a cache of T; for fp8, two widened tiles
 // (tile i is widened while tile i - 1's may still be read).
-template <class C>
-constexpr int tc_tile_buffers() { return kIsFp8<C> ? 2 : kTcStages; }
+template <class C, bool G>
+constexpr int tc_tile_buffers() { return kIsFp8<C> ? 2 : kTcStages<G>; }
 
-// Dynamic shared memory of paged_prefill_kernel<T, C, D> (T: 2-byte): its K/V T tiles, then (fp8) the raw stages.
-template <class C, int D>
+// Dynamic shared memory of paged_prefill_kernel<T, C, D, W, G> (T: 2-byte): its K/V T tiles, then (fp8) the raw
+// stages; wgmma: 1024 bytes more, to start the tiles on a swizzle atom.
+template <class C, int D, bool G = false>
 constexpr size_t prefill_smem_bytes() {
-  constexpr size_t tiles = size_t(2) * tc_tile_buffers<C>() * TcShape<D, 8>::TILE * 2;  // (tiles do not depend on W)
-  constexpr size_t raw = kIsFp8<C> ? size_t(2) * kTcStages * TcShape<D, 8>::RAW : 0;
-  return tiles + raw;
+  constexpr size_t tiles = size_t(2) * tc_tile_buffers<C, G>() * TcShape<D, 8, G>::TILE * 2;  // (tiles do not depend on W)
+  constexpr size_t raw = kIsFp8<C> ? size_t(2) * kTcStages<G> * TcShape<D, 8, G>::RAW : 0;
+  return tiles + raw + (G ? 1024 : 0);
 }
 
 // Stages 8 elements of a K row and of a V row (element offset off in the caches) into shared memory by
@@ -94,10 +124,11 @@ DK_DEVICE void stage_kv_chunk(T* kd, T* vd, const T* key_cache, const T* value_c
   cp_async16(vd, ok ? value_cache + off : value_cache, ok ? 16 : 0);
 }
 
-// 16 e4m3 values (byte i of q: element i) as T at dst (16-byte aligned), exact (every e4m3 value is an
-// fp16 and a bf16 value): the hardware pair conversion e4m3x2 -> f16x2, for bf16 then through fp32.
+// 16 e4m3 values (byte i of q: element i) as T, elements 0..7 at lo and 8..15 at hi (16-byte aligned), exact
+// (every e4m3 value is an fp16 and a bf16 value): the hardware pair conversion e4m3x2 -> f16x2, for bf16 then
+// through fp32.
 template <class T>
-DK_DEVICE void fp8x16_widen(T* dst, uint4 q) {
+DK_DEVICE void fp8x16_widen(T* lo, T* hi, uint4 q) {
   const uint32_t w[4] = {q.x, q.y, q.z, q.w};
   uint32_t o[8];
 #pragma unroll
@@ -115,10 +146,11 @@ DK_DEVICE void fp8x16_widen(T* dst, uint4 q) {
     o[i] = pack2<T>(fp8_e4m3_to_float(uint8_t(pair)), fp8_e4m3_to_float(uint8_t(pair >> 8)));
 #endif
   }
-  uint4* d = reinterpret_cast<uint4*>(dst);
-  d[0] = make_uint4(o[0], o[1], o[2], o[3]);
-  d[1] = make_uint4(o[4], o[5], o[6], o[7]);
+  *reinterpret_cast<uint4*>(lo) = make_uint4(o[0], o[1], o[2], o[3]);
+  *reinterpret_cast<uint4*>(hi) = make_uint4(o[4], o[5], o[6], o[7]);
 }
+template <class T>
+DK_DEVICE void fp8x16_widen(T* dst, uint4 q) { fp8x16_widen(dst, dst + 8, q); }
 
 // 2^x by the MUFU unit alone (ex2.approx.ftz: relative error ~2^-22, results below 2^-126 flushed to 0 --
 // softmax weights that small next to the row maximum's 1 add nothing to a float sum); exp2f would add a
@@ -163,7 +195,7 @@ inline int64_t prefill_grid_x(int64_t num_tokens, int group, int num_seqs, int r
   return (num_tokens * group + rows - 1) / rows + (num_tokens + 15) / 16 + num_seqs + 1;
 }
 
-template <class T, class C, int D, int W>
+template <class T, class C, int D, int W, bool G>
 __global__ void __launch_bounds__(32 * W, W == 8 ? 1 : 2)  // 8 (or twice 4) warps an SM: up to 255 registers
 paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
                      float* lse,            // [T, Hq] or null
@@ -178,14 +210,17 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
                      int num_seqs, int64_t num_tokens, int num_q_heads, int64_t num_blocks, PagedLayout L,
                      float scale, KVScales sc,
                      int window) {          // sliding window (window_first_key; 0: none)
-  using S = TcShape<D, W>;
+  using S = TcShape<D, W, G>;
   constexpr int BN = S::BN, LD = S::LD, kTcThreads = S::THREADS, kTcRows = S::ROWS;
   constexpr bool kF8 = kIsFp8<C>;
-  DK_DYNAMIC_SMEM(dsm);
-  T* const k_t = reinterpret_cast<T*>(dsm);                                // [buffers][BN][LD]
-  T* const v_t = k_t + size_t(tc_tile_buffers<C>()) * S::TILE;            // [buffers][BN][LD]
-  unsigned char* const raw = dsm + size_t(2) * tc_tile_buffers<C>() * S::TILE * sizeof(T);  // fp8: [stages][K, V][RAW]
-  __shared__ int kbad_s[kTcStages][BN];  // key's block id outside the cache
+  DK_DYNAMIC_SMEM(dsm0);
+  // (wgmma: the tiles from the next 1024-byte boundary of the shared window, the swizzle atom)
+  unsigned char* const dsm = G ? dsm0 + ((1024u - (wgmma_smem_addr(dsm0) & 1023u)) & 1023u) : dsm0;
+  T* const k_t = reinterpret_cast<T*>(dsm);                                // [buffers][TILE] (S::off)
+  constexpr int ST = kTcStages<G>;
+  T* const v_t = k_t + size_t(tc_tile_buffers<C, G>()) * S::TILE;            // [buffers][BN][LD]
+  unsigned char* const raw = dsm + size_t(2) * tc_tile_buffers<C, G>() * S::TILE * sizeof(T);  // fp8: [stages][K, V][RAW]
+  __shared__ int kbad_s[ST][BN];  // key's block id outside the cache
   __shared__ int64_t scan_s[kTcThreads];
   __shared__ int64_t seq_s, tile_s, total_s;
 
@@ -299,39 +334,45 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
   const int32_t* table = block_tables + seq * max_blocks;
   const int bs = L.block_size;
   // Stages the K/V rows of keys kt0 .. kt0 + BN - 1 into stage st (zeros outside [kmin, kmax] or for a bad
-  // block id): warp w the keys KPW w .. KPW w + KPW - 1, its lane l < KPW looks up key KPW w + l's row
-  // (element offset, -1: none) once, the chunk passes take it by shuffle.
+  // block id): warp w the keys KPW w .. KPW w + KPW - 1, LPK lanes a key, each looking the key's row up
+  // itself (element offset, -1: none; the table reads of a key's lanes coincide) and loading the row's chunks
+  // lane % LPK + LPK i (each pass i reads LPK adjacent chunks of every key's rows).
+  // (The chunks' shared offsets are the same every tile; the sources lie LPK chunks apart: immediate offsets.
+  // Power-of-two block sizes find a key's block by a shift, others by a division.)
+  const int my_key = warp * S::KPW + lane / S::LPK, my_chunk = lane % S::LPK;
+  int soff[kF8 ? 1 : S::CPL];
+#pragma unroll
+  for (int i = 0; i < (kF8 ? 1 : S::CPL); ++i) soff[i] = S::off(my_key, (my_chunk + S::LPK * i) * 8);
+  int bs_shift = -1;
+  if ((bs & (bs - 1)) == 0)
+    for (bs_shift = 0; (1 << bs_shift) < bs; ++bs_shift) {}
   auto issue = [&](int st, int kt0) {
     int64_t row = -1;
-    if (lane < S::KPW) {
-      const int k = kt0 + warp * S::KPW + lane;
-      bool badk = false;
-      if (k >= kmin && k <= kmax) {
-        const int b = k / bs;
-        const int32_t id = __ldg(table + b);
-        if (id >= 0 && id < num_blocks) row = L.row(id, kvh, k - b * bs);
-        else badk = true;
-      }
-      kbad_s[st][warp * S::KPW + lane] = badk;
+    const int k = kt0 + my_key;
+    bool badk = false;
+    if (k >= kmin && k <= kmax) {
+      const int b = bs_shift >= 0 ? k >> bs_shift : k / bs;
+      const int32_t id = __ldg(table + b);
+      if (id >= 0 && id < num_blocks) row = L.row(id, kvh, k - b * bs);
+      else badk = true;
     }
+    if (my_chunk == 0) kbad_s[st][my_key] = badk;
+    const int nbytes = row >= 0 ? 16 : 0;  // (zero fill: the source must still be a valid address, not read)
+    const int64_t src = (row >= 0 ? row : 0) + my_chunk * (kF8 ? 16 : 8);
     if constexpr (kF8) {  // raw bytes, 16 elements a chunk
-      unsigned char* rk = raw + size_t(st) * 2 * S::RAW;
+      unsigned char* rk = raw + size_t(st) * 2 * S::RAW + my_key * D + my_chunk * 16;
 #pragma unroll
-      for (int ps = 0; ps < S::PASSES8; ++ps) {
-        const int kl = ps * S::KPP8 + lane / S::CPR8, c16 = (lane % S::CPR8) * 16;
-        const int64_t r = shfl_i64(row, kl);
-        const int key = warp * S::KPW + kl;
-        cp_async16(rk + key * D + c16, r >= 0 ? key_cache + r + c16 : key_cache, r >= 0 ? 16 : 0);
-        cp_async16(rk + S::RAW + key * D + c16, r >= 0 ? value_cache + r + c16 : value_cache, r >= 0 ? 16 : 0);
+      for (int i = 0; i < S::CPL8; ++i) {
+        cp_async16(rk + S::LPK * 16 * i, key_cache + src + S::LPK * 16 * i, nbytes);
+        cp_async16(rk + S::RAW + S::LPK * 16 * i, value_cache + src + S::LPK * 16 * i, nbytes);
       }
     } else {
+      T* const kd = k_t + size_t(st) * S::TILE;
+      T* const vd = v_t + size_t(st) * S::TILE;
 #pragma unroll
-      for (int ps = 0; ps < S::PASSES; ++ps) {
-        const int kl = ps * S::KPP + lane / S::CPR, c8 = (lane % S::CPR) * 8;
-        const int64_t r = shfl_i64(row, kl);
-        const int key = warp * S::KPW + kl;
-        stage_kv_chunk(k_t + size_t(st) * S::TILE + key * LD + c8, v_t + size_t(st) * S::TILE + key * LD + c8,
-                       key_cache, value_cache, r + c8, r >= 0);
+      for (int i = 0; i < S::CPL; ++i) {
+        cp_async16(kd + soff[i], key_cache + src + S::LPK * 8 * i, nbytes);
+        cp_async16(vd + soff[i], value_cache + src + S::LPK * 8 * i, nbytes);
       }
     }
   };
@@ -361,23 +402,27 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
     w_first = f > w_first ? f : w_first;
     w_last = l2 < w_last ? l2 : w_last;
   }
-  // a warp whose 16 rows are all past the CTA's last row issues its loads and meets the barriers, no math
-  const bool warp_rows = row0 + warp * 16 < rows_total;
+  // a warp (wgmma: a warpgroup) whose rows are all past the CTA's last row issues its loads and meets the
+  // barriers, no math
+  // (wgmma: made visibly warp-uniform, as are the tile bounds: ptxas serialises warpgroup MMAs that lie on a path it
+  // cannot prove convergent)
+  const bool warp_rows = __shfl_sync(0xffffffffu, int(row0 + (G ? warp & ~3 : warp) * 16 < rows_total), 0) != 0;
 
-  const int kt_start = kmin / BN * BN;
-  const int ntiles = kmax >= kt_start ? (kmax - kt_start) / BN + 1 : 0;
+  const int kt_start = __shfl_sync(0xffffffffu, kmin / BN * BN, 0);
+  const int ntiles = __shfl_sync(0xffffffffu, kmax >= kt_start ? (kmax - kt_start) / BN + 1 : 0, 0);
 #pragma unroll
-  for (int i = 0; i < kTcStages - 1; ++i) {
+  for (int i = 0; i < kTcAhead; ++i) {
     if (i < ntiles) issue(i, kt_start + i * BN);
     cp_async_commit();
   }
 #pragma unroll 1
   for (int it = 0; it < ntiles; ++it) {
-    const int st = it % kTcStages;
+    const int st = it % ST;
     const int kt0 = kt_start + it * BN;
-    cp_async_wait<kTcStages - 2>();  // tile it has landed (this thread's copies)
-    __syncthreads();                 // ... every thread's; and every warp is done with tile it - 1
-    if (it + kTcStages - 1 < ntiles) issue((it + kTcStages - 1) % kTcStages, kt0 + (kTcStages - 1) * BN);
+    cp_async_wait<kTcAhead - 1>();  // tile it has landed (this thread's copies)
+    if constexpr (G && !kF8) fence_proxy_async_smem();  // (wgmma reads them through the async proxy)
+    __syncthreads();                 // ... every thread's; and every warp is done with the stage refilled next
+    if (it + kTcAhead < ntiles) issue((it + kTcAhead) % ST, kt0 + kTcAhead * BN);
     cp_async_commit();
     const T* ks = k_t + size_t(kF8 ? it & 1 : st) * S::TILE;
     const T* vs = v_t + size_t(kF8 ? it & 1 : st) * S::TILE;
@@ -387,29 +432,49 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
       T* vw = v_t + size_t(it & 1) * S::TILE;
       for (int i = tid; i < BN * S::CPR8; i += kTcThreads) {
         const int key = i / S::CPR8, c16 = (i - key * S::CPR8) * 16;
-        fp8x16_widen(kw + key * LD + c16, *reinterpret_cast<const uint4*>(rk + key * D + c16));
-        fp8x16_widen(vw + key * LD + c16, *reinterpret_cast<const uint4*>(rk + S::RAW + key * D + c16));
+        fp8x16_widen(kw + S::off(key, c16), kw + S::off(key, c16 + 8), *reinterpret_cast<const uint4*>(rk + key * D + c16));
+        fp8x16_widen(vw + S::off(key, c16), vw + S::off(key, c16 + 8),
+                     *reinterpret_cast<const uint4*>(rk + S::RAW + key * D + c16));
       }
+      if constexpr (G) fence_proxy_async_smem();
       __syncthreads();
     }
-    if (!warp_rows) continue;
+    if (!G && !warp_rows) continue;  // (a wgmma warpgroup does the math: a branch around it serialises the MMAs)
 
     // S = Q K^T (B fragments: K rows via ldmatrix; matrices (n-tile j, d lo), (j, d hi), (j+1, lo), (j+1, hi))
+    // (wgmma: the warpgroup's 64 rows x 64 keys, K as the K-major B, k-step kk at column 16 kk of its slab)
     float s[S::SN][4];
 #pragma unroll
     for (int j = 0; j < S::SN; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
+    if constexpr (G) {
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < S::KSTEPS; ++kk)
+      for (int kk = 0; kk < S::KSTEPS; ++kk)
+        wgmma_rs<T, BN, 0>(s, qa[kk], wgmma_desc_sw128(ks + S::k_step_k(kk), S::K_LBO, S::K_SBO), 1);
+      wgmma_commit();
+      wgmma_wait<0>();  // (also retires the previous tile's O += P V, left in flight over the barrier)
 #pragma unroll
-      for (int j = 0; j < S::SN; j += 2) {
-        uint32_t b[4];
-        ldmatrix_x4(b, ks + ((j + (lane >> 4)) * 8 + (lane & 7)) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
-        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-        mma_m16n8k16<T>(s[j], qa[kk], b0);
-        mma_m16n8k16<T>(s[j + 1], qa[kk], b1);
-      }
+      for (int j = 0; j < S::SN; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) wgmma_fence_operand(s[j][e]);
+#pragma unroll
+      for (int j = 0; j < S::ON; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) wgmma_fence_operand(o[j][e]);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < S::KSTEPS; ++kk)
+#pragma unroll
+        for (int j = 0; j < S::SN; j += 2) {
+          uint32_t b[4];
+          ldmatrix_x4(b, ks + ((j + (lane >> 4)) * 8 + (lane & 7)) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
+          const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+          mma_m16n8k16<T>(s[j], qa[kk], b0);
+          mma_m16n8k16<T>(s[j + 1], qa[kk], b1);
+        }
+    }
 
     // scale, causal mask, online softmax (rows ra: s[.][0..1], rb: s[.][2..3]); a tile inside every row's
     // range with no bad block (warp-uniform) skips the per-element mask
@@ -458,7 +523,9 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
         s[j][e] = p;
         l[h] += p;
       }
-    if (corr[0] != 1.f || corr[1] != 1.f) {  // (lanes agree per row; skipped once the maxima settle)
+    // (lanes agree per row; skipped once the maxima settle; wgmma: always -- accumulators written on a divergent
+    // path serialise the warpgroup MMAs)
+    if (G || corr[0] != 1.f || corr[1] != 1.f) {
 #pragma unroll
       for (int j = 0; j < S::ON; ++j) {
         o[j][0] *= corr[0];
@@ -469,23 +536,51 @@ paged_prefill_kernel(T* out,                // [T, Hq, D] contiguous
     }
 
     // O += P V (A: P rounded to T, the C layout of two n-tiles is the A layout of one k-step;
-    // B: V rows via transposed ldmatrix, matrices (keys lo, d-tile j), (hi, j), (lo, j+1), (hi, j+1))
+    // B: V rows via transposed ldmatrix, matrices (keys lo, d-tile j), (hi, j), (lo, j+1), (hi, j+1);
+    // wgmma: V as the MN-major B, k-step kk = keys 16 kk .. (two 8-key groups), slabs SLAB apart)
+    if constexpr (G) {
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      const uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                              pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      for (int j = 0; j < S::ON; ++j)
 #pragma unroll
-      for (int j = 0; j < S::ON; j += 2) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, vs + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (j + (lane >> 4)) * 8);
-        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-        mma_m16n8k16<T>(o[j], pa, b0);
-        mma_m16n8k16<T>(o[j + 1], pa, b1);
+        for (int e = 0; e < 4; ++e) wgmma_fence_operand(o[j][e]);
+      uint32_t pa[BN / 16][4];  // (all packed before the fence: registers defined between MMAs cost arrives)
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+        pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+        pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+        wgmma_rs<T, D, 1>(o, pa[kk], wgmma_desc_sw128(vs + S::k_step_v(kk), S::V_LBO, S::V_SBO), 1);
+      wgmma_commit();  // retired by the next tile's wait (its stage and widened buffer are not refilled before)
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        const uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                                pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int j = 0; j < S::ON; j += 2) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, vs + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (j + (lane >> 4)) * 8);
+          const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+          mma_m16n8k16<T>(o[j], pa, b0);
+          mma_m16n8k16<T>(o[j + 1], pa, b1);
+        }
       }
     }
   }
   cp_async_wait<0>();
+  if constexpr (G) {
+    wgmma_wait<0>();  // the last tile's O += P V
+#pragma unroll
+    for (int j = 0; j < S::ON; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) wgmma_fence_operand(o[j][e]);
+  }
 
   // ---- row sums and poison flags over each row's 4 lanes, then out = O / l * v_scale
   const float vscale = sc.value(kvh);
@@ -533,11 +628,11 @@ inline cudaError_t dynamic_smem_once(const void* kernel, size_t bytes, std::atom
 #endif
 }
 
-template <class T, class C, int D, int W>
+template <class T, class C, int D, int W, bool G>
 cudaError_t paged_prefill_prepare() {
   static std::atomic<uint64_t> done{0};
-  return dynamic_smem_once(reinterpret_cast<const void*>(&paged_prefill_kernel<T, C, D, W>),
-                           prefill_smem_bytes<C, D>(), done);
+  return dynamic_smem_once(reinterpret_cast<const void*>(&paged_prefill_kernel<T, C, D, W, G>),
+                           prefill_smem_bytes<C, D, G>(), done);
 }
 
 }  // namespace attn_detail
@@ -552,6 +647,8 @@ inline int prefill_warps(int64_t num_tokens, int group, int num_seqs) {
 // The tensor-core kernel directly (paged_attention dispatches here; tests and benchmarks may
 // call it for any batch). Same arguments and results as paged_attention without the split-KV
 // plan; T must be half or bf16 and head_dim 64 or 128 (cudaErrorInvalidValue otherwise).
+// wgmma: the products by warpgroup MMAs (sm_90a; HGMMA) instead of mma.sync (HMMA), the same results up to
+// the order of the fp32 sums.
 template <class T, class C>
 cudaError_t paged_prefill(T* out,             // [num_tokens, Hq, D] contiguous
                           float* lse,         // [num_tokens, Hq] or null
@@ -567,7 +664,8 @@ cudaError_t paged_prefill(T* out,             // [num_tokens, Hq, D] contiguous
                           float scale, KVScales sc,
                           int window,  // sliding window (0: none)
                           cudaStream_t stream,
-                          int warps = 0) {  // 4 or 8 warps a CTA (0: prefill_warps; tests force both)
+                          int warps = 0,       // 4 or 8 warps a CTA (0: prefill_warps; tests force both)
+                          bool wgmma = false) {
   using namespace attn_detail;
   if constexpr (!kIsMmaType<T>) {
     return cudaErrorInvalidValue;
@@ -583,18 +681,22 @@ cudaError_t paged_prefill(T* out,             // [num_tokens, Hq, D] contiguous
     const int64_t gx = prefill_grid_x(num_tokens, group, num_seqs, 16 * W);
     if (gx > 0x7fffffff) return cudaErrorInvalidValue;
     const dim3 grid(unsigned(gx), unsigned(L.num_kv_heads));
-#define DK_PREFILL_LAUNCH(D, W)                                                                                   \
+#define DK_PREFILL_LAUNCH(D, W, G)                                                                                \
   {                                                                                                            \
-    const cudaError_t e = paged_prefill_prepare<T, C, D, W>();                                                 \
+    const cudaError_t e = paged_prefill_prepare<T, C, D, W, G>();                                              \
     if (e != cudaSuccess) return e;                                                                            \
-    paged_prefill_kernel<T, C, D, W><<<grid, 32 * W, prefill_smem_bytes<C, D>(), stream>>>(                   \
+    paged_prefill_kernel<T, C, D, W, G><<<grid, 32 * W, prefill_smem_bytes<C, D, G>(), stream>>>(             \
         out, lse, query, q_stride, key_cache, value_cache, block_tables, max_blocks, seq_lens, query_start_loc, \
         num_seqs, num_tokens, num_q_heads, num_blocks, L, scale, sc, window);                                   \
   }
-    if (L.head_dim == 64 && W == 8) DK_PREFILL_LAUNCH(64, 8)
-    else if (L.head_dim == 64) DK_PREFILL_LAUNCH(64, 4)
-    else if (W == 8) DK_PREFILL_LAUNCH(128, 8)
-    else DK_PREFILL_LAUNCH(128, 4)
+#define DK_PREFILL_WARPS(D, G)                 \
+  if (W == 8) DK_PREFILL_LAUNCH(D, 8, G)       \
+  else DK_PREFILL_LAUNCH(D, 4, G)
+    if (L.head_dim == 64 && wgmma) DK_PREFILL_WARPS(64, true)
+    else if (L.head_dim == 64) DK_PREFILL_WARPS(64, false)
+    else if (wgmma) DK_PREFILL_WARPS(128, true)
+    else DK_PREFILL_WARPS(128, false)
+#undef DK_PREFILL_WARPS
 #undef DK_PREFILL_LAUNCH
     return cudaGetLastError();
   }
