@@ -26,29 +26,27 @@
 
 namespace {
 
+// Whether the environment variable `name` selects `alt` over the default kernel `dflt` (unset, "auto" or dflt:
+// the default; anything else is an error naming the choices).
+bool env_kernel_choice(const char* name, const std::string& dflt, const std::string& alt) {
+  const char* v = std::getenv(name);
+  const std::string s = v ? v : "";
+  TORCH_CHECK(s.empty() || s == dflt || s == alt || s == "auto", name, " must be ", dflt, ", ", alt, " or auto (",
+              dflt, "), not '", s, "'");
+  return s == alt;
+}
+
 // DECODEKIT_DECODE_ATTN = tc (default) | simt: the decode kernel for half / bf16 queries (paged.cuh's
 // DecodeKernel: the tensor-core kernel of decode_tc.cuh, or the SIMT prefetch kernel). Read once.
 bool tensor_core_decode() {
-  static const bool tc = [] {
-    const char* v = std::getenv("DECODEKIT_DECODE_ATTN");
-    const std::string s = v ? v : "";
-    TORCH_CHECK(s.empty() || s == "tc" || s == "simt" || s == "auto",
-                "DECODEKIT_DECODE_ATTN must be tc, simt or auto (tc), not '", s, "'");
-    return s != "simt";
-  }();
+  static const bool tc = !env_kernel_choice("DECODEKIT_DECODE_ATTN", "tc", "simt");
   return tc;
 }
 
 // DECODEKIT_PREFILL_ATTN = mma (default) | wgmma: the products of the prefill kernel (prefill.cuh) by
 // mma.sync or by sm_90a warpgroup MMAs. Read once.
 bool wgmma_prefill() {
-  static const bool wg = [] {
-    const char* v = std::getenv("DECODEKIT_PREFILL_ATTN");
-    const std::string s = v ? v : "";
-    TORCH_CHECK(s.empty() || s == "mma" || s == "wgmma" || s == "auto",
-                "DECODEKIT_PREFILL_ATTN must be mma, wgmma or auto (mma), not '", s, "'");
-    return s == "wgmma";
-  }();
+  static const bool wg = env_kernel_choice("DECODEKIT_PREFILL_ATTN", "mma", "wgmma");
   return wg;
 }
 

@@ -225,15 +225,20 @@ def test_cuda_decode_kernels(kernel, device, tmp_path):
     and the SIMT one (DECODEKIT_DECODE_ATTN=simt; read once per process, hence a subprocess each) -- match
     the float64 reference on decode batches: GQA groups 4, 3, 1, 8 and 20 (two 16-head chunks), head_dim
     64 / 128, block sizes 16 / 32 / 64, one sequence of 1 or 4097 keys (split-KV) and mixed batches."""
+    _run_kernel_script(tmp_path, _DECODE_KERNEL_SCRIPT, {"DECODEKIT_DECODE_ATTN": kernel}, 600)
+
+
+def _run_kernel_script(tmp_path, text: str, env: dict, timeout: int) -> None:
+    """Runs a test script in a fresh process (the kernel choices are read once per process) with `env` added;
+    it must print OK."""
     import os
     import subprocess
     import sys
-    script = tmp_path / "decode_kernel.py"
-    script.write_text(_DECODE_KERNEL_SCRIPT)
+    script = tmp_path / "kernel_script.py"
+    script.write_text(text)
     here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, DECODEKIT_DECODE_ATTN=kernel)
-    r = subprocess.run([sys.executable, str(script), here, os.path.join(here, "..")], env=env, capture_output=True,
-                       text=True, timeout=600)
+    r = subprocess.run([sys.executable, str(script), here, os.path.join(here, "..")], env=dict(os.environ, **env),
+                       capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
 
 
@@ -280,13 +285,4 @@ def test_cuda_prefill_kernels(kernel, device, tmp_path):
     (DECODEKIT_PREFILL_ATTN=wgmma; read once per process, hence a subprocess each) -- match the float64
     reference on prefill, chunked-prefill and mixed batches: GQA 4 / 3 / 1 / 20 / 8, head_dim 64 / 128, blocks
     16 / 32 / 64, bf16 and fp16, bf16/fp16 and fp8 caches (per-head scales)."""
-    import os
-    import subprocess
-    import sys
-    script = tmp_path / "prefill_kernel.py"
-    script.write_text(_PREFILL_KERNEL_SCRIPT)
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, DECODEKIT_PREFILL_ATTN=kernel)
-    r = subprocess.run([sys.executable, str(script), here, os.path.join(here, "..")], env=env, capture_output=True,
-                       text=True, timeout=900)
-    assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
+    _run_kernel_script(tmp_path, _PREFILL_KERNEL_SCRIPT, {"DECODEKIT_PREFILL_ATTN": kernel}, 900)

@@ -116,8 +116,7 @@ constexpr size_t prefill_smem_bytes() {
 }
 
 // Stages 8 elements of a K row and of a V row (element offset off in the caches) into shared memory by
-// cp.async (zeros when !ok). The tensor-core kernels' (this file's and decode_tc.cuh's) staging step for
-// caches of T.
+// cp.async (zeros when !ok). decode_tc.cuh's staging step for caches of T.
 template <class T>
 DK_DEVICE void stage_kv_chunk(T* kd, T* vd, const T* key_cache, const T* value_cache, int64_t off, bool ok) {
   cp_async16(kd, ok ? key_cache + off : key_cache, ok ? 16 : 0);
@@ -179,13 +178,6 @@ DK_DEVICE float positive_score_scale(float sscale, uint32_t (&qa)[KSTEPS][4]) {
     sscale = -sscale;
   }
   return sscale == 0.f ? 1.17549435e-38f : sscale;
-}
-
-// A 64-bit value of lane src (two 32-bit shuffles).
-DK_DEVICE int64_t shfl_i64(int64_t v, int src) {
-  const int lo = __shfl_sync(0xffffffffu, int(uint32_t(uint64_t(v))), src);
-  const int hi = __shfl_sync(0xffffffffu, int(uint32_t(uint64_t(v) >> 32)), src);
-  return int64_t((uint64_t(uint32_t(hi)) << 32) | uint64_t(uint32_t(lo)));
 }
 
 // Grid size (x) that covers every tile and every token outside the sequences, for any
