@@ -18,6 +18,7 @@ static std::mt19937 rng(123);
 static int fails = 0, checks = 0, split_cases = 0, tc_cases = 0, tc_decode_cases = 0;
 // paged_attention's decode kernel for half / bf16 (its tensor_core_decode argument): main runs both
 static bool tc_decode = true;
+static bool wgmma_prefill = false;  // paged_attention's prefill batches on the wgmma variant (the bad-metadata runs)
 
 template <class T> float tol_abs() { return sizeof(T) == 4 ? 2e-5f : std::is_same_v<T, __half> ? 1e-3f : 8e-3f; }
 
@@ -244,7 +245,7 @@ template <class T> void run_bad_metadata(int splits) {
   std::vector<float> ws(size_t(paged_attention_workspace_floats(splits, 6, Hq, D)));
   cuda::paged_attention<T, T>(out.data(), lse.data(), q.data(), Hq * D, kc.data(), vc.data(), bt.data(), maxb,
                               lens.data(), qsl.data(), S, 6, Hq, num_blocks, L, 0.125f, KVScales{}, 0, splits,
-                              splits > 1 ? ws.data() : nullptr, nullptr, tc_decode);
+                              splits > 1 ? ws.data() : nullptr, nullptr, tc_decode, wgmma_prefill);
   ++checks;
   // token 2 (seq 1, i = 0) sees keys 0..18: block 99 is in its window -> NaN; so does token 3.
   for (int t = 0; t < 6; ++t)
@@ -269,7 +270,7 @@ template <class T> void run_bad_block_interior(int D) {
   std::vector<float> lse(size_t(2) * Hq, 7.f);
   cuda::paged_attention<T, T>(out.data(), lse.data(), q.data(), Hq * D, kc.data(), vc.data(), bt.data(), maxb,
                               lens.data(), qsl.data(), 1, 2, Hq, num_blocks, L, 0.125f, KVScales{}, 0, 1, nullptr,
-                              nullptr, tc_decode);
+                              nullptr, tc_decode, wgmma_prefill);
   ++checks;
   for (int t = 0; t < 2; ++t)
     for (int h = 0; h < Hq; ++h)
@@ -531,9 +532,14 @@ template <class T> void run_all(bool full) {
     if (!full && c.name.find(filter) == std::string::npos) continue;
     run_attention<T>(c);
   }
-  run_bad_metadata<T>(1);
-  run_bad_metadata<T>(3);
-  for (int d : {64, 128}) run_bad_block_interior<T>(d);
+  for (bool wg : {false, true}) {  // the prefill kernel's bad-row handling by mma.sync and by wgmma
+    if (wg && !cuda::kIsMmaType<T>) continue;
+    wgmma_prefill = wg;
+    run_bad_metadata<T>(1);
+    run_bad_metadata<T>(3);
+    for (int d : {64, 128}) run_bad_block_interior<T>(d);
+  }
+  wgmma_prefill = false;
   for (int d : {64, 128})
     for (int sp : {1, 3}) run_bad_metadata_decode<T>(sp, d);
   run_cache_fp8<T>();
