@@ -448,6 +448,25 @@ for line in (open(idx).read().splitlines() if os.path.exists(idx) else []):
 json.dump(out, open(path, "w"), indent=1)
 print(f"wrote {path} ({len(out)} binaries)")
 EOF
+  # the prefill kernel by mma.sync and by wgmma, side by side (the DECODEKIT_PREFILL_ATTN default is chosen from these)
+  "$PY" - "$RES/${STAMP}_${SLUG}_cpp_bench.json" "$WORK/key.$PART" <<'EOF'
+import json, sys
+path, keyfile = sys.argv[1:3]
+try:
+    rows = json.load(open(path)).get("bench_attention_cuda", {}).get("json") or []
+except Exception:
+    rows = []
+pre = {}
+for r in rows if isinstance(rows, list) else []:
+    case = str(r.get("case", ""))
+    if case.startswith("prefill") and r.get("tflops"):
+        wg = case.endswith(" wgmma")
+        pre.setdefault((case[:-6] if wg else case, r.get("dtype")), {})["wgmma" if wg else "mma"] = r["tflops"]
+with open(keyfile, "a") as k:
+    for (case, dt), v in sorted(pre.items()):
+        if "n=4096" in case:
+            k.write(f"{case} {dt}: mma {v.get('mma', 0):.0f}, wgmma {v.get('wgmma', 0):.0f} TFLOP/s\n")
+EOF
   local nsel=$(( ok + fail ))
   key "$nsel of ${#bins[@]} binaries run: $ok ok, $fail failed"
   (( nsel == 0 )) && { echo "no bench_* binaries selected in $CMAKE_DIR"; return 3; }
