@@ -134,10 +134,15 @@ inline int workers = 2;
 inline size_t stack_bytes = 64 * 1024;
 // dynamic shared memory (extern __shared__ in the kernels; dk_emu::dynamic_smem() here): thread_local
 // like the static arrays, so that smem_handle's 32-bit offsets reach it
+// The kernels' dynamic shared memory starts kDynSmemOffset bytes into a 1024-byte aligned buffer (the buffer's
+// start playing the shared window's address 0): aligned to 128 bytes as the kernels declare it, not more -- on
+// the GPU static shared memory comes first -- so a kernel that needs more (wgmma's swizzle atoms) must align
+// itself, as on the GPU.
 constexpr size_t kMaxDynamicSmem = 227 * 1024;
-alignas(1024) inline thread_local unsigned char dyn_smem_buf[kMaxDynamicSmem];
+constexpr size_t kDynSmemOffset = 128;
+alignas(1024) inline thread_local unsigned char dyn_smem_buf[kDynSmemOffset + kMaxDynamicSmem];
 inline thread_local size_t dyn_smem_bytes = 0;
-inline unsigned char* dynamic_smem() { return dyn_smem_buf; }
+inline unsigned char* dynamic_smem() { return dyn_smem_buf + kDynSmemOffset; }
 
 inline void wait(Barrier& b) {
   Fiber* f = blk->cur;
@@ -276,7 +281,7 @@ void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t, K kernel, A... arg
     dyn_smem_bytes = smem;
     for (long i; (i = next++) < nblocks;) {
       // poisoned: a kernel must not read dynamic shared memory it did not write
-      memset(dyn_smem_buf, 0xff, smem);
+      memset(dynamic_smem(), 0xff, smem);
       blockIdx = dim3(unsigned(i % g.x), unsigned((i / g.x) % g.y), unsigned(i / (long(g.x) * g.y)));
       run_block(b, body, nt, rng);
     }
@@ -485,11 +490,12 @@ inline void cp_async_wait(int n) {  // all but the newest n committed groups lan
   }
 }
 
-// ---- wgmma (include/decodekit/common/wgmma.cuh). Shared addresses of descriptors are offsets in the dynamic
-// shared buffer (aligned to 1024 bytes like the GPU's shared window, so the swizzle phase is the same).
+// ---- wgmma (include/decodekit/common/wgmma.cuh). Shared addresses of descriptors are offsets from the start of
+// the dynamic shared buffer (1024-byte aligned like the GPU's shared window, so the swizzle phase is the same;
+// the kernel's dynamic memory starts kDynSmemOffset into it, so its own alignment step is exercised).
 inline uint32_t wgmma_smem_addr(const void* p) {
   const intptr_t off = reinterpret_cast<intptr_t>(p) - reinterpret_cast<intptr_t>(dyn_smem_buf);
-  if (off < 0 || size_t(off) >= kMaxDynamicSmem) {
+  if (off < intptr_t(kDynSmemOffset) || size_t(off) >= kDynSmemOffset + kMaxDynamicSmem) {
     fprintf(stderr, "emulator: wgmma operand outside dynamic shared memory\n");
     abort();
   }
@@ -504,7 +510,7 @@ inline void wgmma_compute(WgOp& op) {
   };
   auto B = [&](int k, int n) {
     const uint32_t off = wgmma_b_offset(op.desc, op.tnsp_b, k, n);
-    if (off + 2 > dyn_smem_bytes) {
+    if (off < kDynSmemOffset || off + 2 > kDynSmemOffset + dyn_smem_bytes) {
       fprintf(stderr, "emulator: wgmma B operand read past the dynamic shared memory (%u)\n", off);
       abort();
     }
