@@ -37,14 +37,12 @@ namespace dk::cuda {
 #endif
 
 // Shared-memory address as a wgmma descriptor sees it (its 1024-byte alignment decides the swizzle phase).
+// (The emulator's are offsets in its dynamic shared buffer; mma.cuh's smem_addr on the GPU.)
 DK_DEVICE uint32_t wgmma_smem_addr(const void* p) {
-#if defined(__CUDA_ARCH__)
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-#elif defined(DK_CUDA_EMU)
+#if defined(DK_CUDA_EMU)
   return dk_emu::wgmma_smem_addr(p);
 #else
-  (void)p;
-  return 0;
+  return smem_addr(p);
 #endif
 }
 
