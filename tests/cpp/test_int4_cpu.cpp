@@ -3,7 +3,8 @@
 // larger-M path int4_tiled.h; the portable loop where neither ISA is there) vs. a double-precision
 // reference on the decoded weights (int4_code / int4_weight), for fp32/fp16/bf16, every row-block
 // tail, N not a multiple of the column strip, several K blocks, group sizes 32/64/128, bias / no
-// bias, rows of a strided with NaN padding. Rows 1 .. 8 must also be bitwise the rows computed
+// bias, rows of a strided with NaN padding. bf16 from 9 rows on AMX CPUs (quant_amx.h): the oracle
+// rounds the decoded weight to bf16, as the tile unit's products do. Rows 1 .. 8 must also be bitwise the rows computed
 // alone (speculative verification reproduces plain decoding).
 //
 // CMake builds this file for -march=native and, where the compiler can, for x86-64-v3 (AVX2 + FMA +
@@ -89,10 +90,20 @@ void test_gemm(Rng& rng, const Quant& W, bool int8, int64_t M, bool with_bias, P
 #else
   const bool parts = true;
 #endif
+  // bf16 from 9 rows on an AMX CPU (quant_amx.h): products of the bf16-rounded decoded weight
+#if defined(DK_AMX_QUANT_GEMM)
+  const bool amx = std::is_same_v<T, dk::bf16_t> && path == Path::kEntry && M >= dk::cpu::kTiledQuantGemmMinM &&
+                   dk::cpu::amx_enabled();
+#else
+  const bool amx = false;
+#endif
   const double rel32 = double(K) * 0x1.0p-24;
   std::vector<double> wrow(static_cast<size_t>(K));
   for (int64_t n = 0; n < N; ++n) {
-    for (int64_t k = 0; k < K; ++k) wrow[size_t(k)] = W.w(int8, n, k);
+    for (int64_t k = 0; k < K; ++k) {
+      const double w = W.w(int8, n, k);
+      wrow[size_t(k)] = amx ? double(dk::bf16_to_float(dk::float_to_bf16(float(w)))) : w;
+    }
     for (int64_t r = 0; r < M; ++r) {
       double want = with_bias ? to_d(bias[size_t(n)]) : 0.0, scale = std::fabs(want);
       for (int64_t k = 0; k < K; ++k) {
@@ -102,7 +113,7 @@ void test_gemm(Rng& rng, const Quant& W, bool int8, int64_t M, bool with_bias, P
       }
       CHECK_NEAR(to_d(out[size_t(r * N + n)]), want, store_tol<T>(want, rel32, scale))
           << (int8 ? "int8" : "int4") << TypeInfo<T>::name << "M" << M << "N" << N << "K" << K << "G" << W.G
-          << "row" << r << "col" << n << (path == Path::kEntry ? "entry" : "tiled");
+          << "row" << r << "col" << n << (amx ? "amx" : path == Path::kEntry ? "entry" : "tiled");
     }
   }
   for (int i = 0; i < kGuard; ++i) CHECK(same_bits(out[size_t(M * N + i)], poison<T>())) << "wrote past the output";
@@ -151,7 +162,9 @@ int main() {
       test_rows_alone<dk::bf16_t>(rng, W, int8);
     }
   }
-#if defined(DK_TILED_QUANT_AVX512)
+#if defined(DK_AMX_QUANT_GEMM)
+  std::printf("test_int4_cpu: AVX-512 kernels%s\n", dk::cpu::amx_enabled() ? ", AMX for bf16 from 9 rows" : "");
+#elif defined(DK_TILED_QUANT_AVX512)
   std::printf("test_int4_cpu: AVX-512 kernels\n");
 #elif defined(DK_QUANT_SMALL_M_AVX2)
   std::printf("test_int4_cpu: AVX2 kernels\n");

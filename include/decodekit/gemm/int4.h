@@ -17,6 +17,7 @@
 #include "decodekit/common/macros.h"
 #include "decodekit/gemm/int4_common.h"
 #include "decodekit/gemm/int4_tiled.h"
+#include "decodekit/gemm/quant_amx.h"
 #include "decodekit/gemm/quant_small_m.h"
 #include "decodekit/gemm/quant_small_m_avx2.h"
 #if defined(__AVX512F__)
@@ -179,6 +180,11 @@ void int4_gemm(T* out,                  // [M, N]
   const int64_t M = P.M, N = P.N, K = P.K;
   const int G = P.group_size;
   const int64_t ng = K / G;
+#if defined(DK_AMX_QUANT_GEMM)
+  if constexpr (std::is_same_v<T, bf16_t>)  // bf16 products on the tile unit (quant_amx.h)
+    if (M >= kTiledQuantGemmMinM && K > 0 && int4_gemm_amx(out, a, P.a_stride, qweight, scales, mins, bias, M, N, K, G))
+      return;
+#endif
 #if defined(DK_TILED_QUANT_GEMM)
   if (M >= kTiledQuantGemmMinM && K > 0) {
     int4_gemm_tiled(out, a, P.a_stride, qweight, scales, mins, bias, M, N, K, G);
@@ -331,6 +337,11 @@ void int8_gemm(T* out,                  // [M, N]
   const int64_t M = P.M, N = P.N, K = P.K;
   const int G = P.group_size;
   const int64_t ng = K / G;
+#if defined(DK_AMX_QUANT_GEMM)
+  if constexpr (std::is_same_v<T, bf16_t>)
+    if (M >= kTiledQuantGemmMinM && K > 0 && int8_gemm_amx(out, a, P.a_stride, qweight, scales, bias, M, N, K, G))
+      return;
+#endif
 #if defined(DK_TILED_QUANT_GEMM)
   if (M >= kTiledQuantGemmMinM && K > 0) {
     int8_gemm_tiled(out, a, P.a_stride, qweight, scales, bias, M, N, K, G);
