@@ -11,12 +11,12 @@
 // unchanged) and M >= kTiledQuantGemmMinM (1 .. 8 rows keep the GEMV arithmetic, which
 // speculative verification needs bit for bit).
 //
-// Work: tasks = (chunk of <= kAmxMC rows of a) x (strip of NR = 32 output columns). A task
-// decodes its strip's whole-K panel once into the tile unit's B layout ("VNNI": k pairs
-// interleaved, [K / 2][32][2] bf16, K * 64 bytes: L2) and runs it against every 32-row block of
-// its rows: tiles 0..3 accumulate a 32 x 32 output block over K in steps of 32 (A tiles 4, 5:
-// two 16-row halves of a; B tiles 6, 7: the strip's two 16-column halves). Rows of a are copied
-// once per chunk into a zero-padded buffer (the tile loads read whole 16-row tiles).
+// Work: tasks = (chunk of <= kAmxMC rows of a) x (strip of NR = 32 output columns). The tile unit
+// computes the transpose, C[n][m] = sum_k W[n][k] A[m][k]: a task decodes its strip's 32 weight rows
+// (whole K, row-major bf16, the A operand: tiles 4, 5 = rows 0..15, 16..31) once, and runs them
+// against every 32-row block of its rows of a, which each thread packs once per chunk into the B
+// layout ("VNNI": k pairs interleaved, tiles 6, 7 = rows 0..15, 16..31 of the block, zero rows past
+// M); tiles 0..3 accumulate the 32 x 32 block over K in steps of 32, and the epilogue transposes it.
 // Layouts: include/decodekit/gemm/int4.h. K a multiple of 32 (G is).
 #pragma once
 #include <algorithm>
