@@ -188,7 +188,10 @@ class EngineArgs:
         g.add_argument("--model", default=None,
                        help="GGUF file, HF model directory or random:PRESET (default: embedded SmolLM2-135M-Instruct)")
         g.add_argument("--dtype", default="auto", choices=["auto", *_DTYPES],
-                       help="weight/activation dtype (auto: float32 on CPU, bfloat16 on CUDA)")
+                       help="weight/activation dtype (auto: float32 on CPU, bfloat16 on CUDA). On the CPU float32 is "
+                            "exact (HF-transformers-identical greedy tokens) and batch-invariant; bfloat16 is faster "
+                            "for batches and prefill (on AMX CPUs INT4/INT8 GEMMs of 9+ rows run on the tile unit) "
+                            "but a request's tokens may then depend on what else is in the batch")
         g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
         g.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block (default 16)")
         g.add_argument("--kv-cache-memory", default="1GiB", help="KV-cache size on CPU, e.g. 2GiB (default 1GiB)")
