@@ -356,6 +356,23 @@ inline GumbelArgs gumbel_argmax_args(const at::Tensor& out, const at::Tensor& sc
   return a;
 }
 
+struct ArgmaxArgs {
+  int64_t B, V, row_stride;
+};
+
+// argmax_rows: scores [B, V] float32 (row stride free, V >= 1), out [B] int64 contiguous on its device.
+inline ArgmaxArgs argmax_rows_args(const at::Tensor& out, const at::Tensor& scores) {
+  const char* op = "decodekit::argmax_rows";
+  ArgmaxArgs a{};
+  a.row_stride = Check(op, "scores", scores).dim(2).dtype({at::kFloat}).row_stride();
+  a.B = scores.size(0);
+  a.V = scores.size(1);
+  check_range<int64_t>(op, "batch size (scores.size(0))", a.B, 0, INT32_MAX);
+  check_range<int64_t>(op, "vocab size (scores.size(1))", a.V, 1, INT32_MAX);
+  Check(op, "out", out).dim(1).size(0, a.B, "B").dtype({at::kLong}).device_as(scores, "scores").contiguous();
+  return a;
+}
+
 struct SortArgs {
   int64_t B, V, row_stride;
 };

@@ -69,6 +69,8 @@ TORCH_LIBRARY(decodekit, m) {
   // scores[b, v] + g(seeds[b], positions[b], v) for scores [B, V] float32 (row stride free; -inf:
   // never drawn), Philox stream `stream` in [0, 2^32) (the sampler's noise: 0); ties -> the lowest v.
   m.def("gumbel_argmax(Tensor(a!) out, Tensor scores, Tensor seeds, Tensor positions, int stream) -> ()");
+  // The greedy token of each row: torch.argmax's rule (ties -> lowest index, NaN wins), sampling/argmax.h.
+  m.def("argmax_rows(Tensor(a!) out, Tensor scores) -> ()");
 
   // Stable descending sort of rows (include/decodekit/sampling/sort_desc.h): values [B, V] float32 and
   // indices [B, V] int64 = torch.sort(x, dim=-1, descending=True, stable=True) of x [B, V] float32 (row

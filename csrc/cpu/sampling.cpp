@@ -1,9 +1,10 @@
-// CPU launchers for rejection_sample, gumbel_argmax and sort_desc_stable (the rules in
-// include/decodekit/sampling/rejection.h, gumbel_max.h and sort_desc.h).
+// CPU launchers for rejection_sample, gumbel_argmax, argmax_rows and sort_desc_stable (the rules in
+// include/decodekit/sampling/rejection.h, gumbel_max.h, argmax.h and sort_desc.h).
 #include <torch/library.h>
 
 #include "../op_args.h"
 #include "dispatch.h"
+#include "decodekit/sampling/argmax.h"
 #include "decodekit/sampling/gumbel_max.h"
 #include "decodekit/sampling/rejection.h"
 #include "decodekit/sampling/sort_desc.h"
@@ -60,6 +61,15 @@ void gumbel_argmax_cpu(at::Tensor& out,               // [B] int64
     o[b] = dk::gumbel_argmax_row(x + b * a.row_stride, a.V, uint64_t(seed[b]), uint64_t(pos[b]), a.stream);
 }
 
+void argmax_rows_cpu(at::Tensor& out,            // [B] int64
+                     const at::Tensor& scores) {  // [B, V] float32, row stride free
+  const dk::ArgmaxArgs a = dk::argmax_rows_args(out, scores);
+  const float* x = scores.data_ptr<float>();
+  int64_t* o = out.data_ptr<int64_t>();
+  DK_OMP_PARALLEL_FOR_IF(a.B > 1 && a.B * a.V >= dk::kParallelGrain)
+  for (int64_t b = 0; b < a.B; ++b) o[b] = dk::argmax_row(x + b * a.row_stride, a.V);
+}
+
 void sort_desc_stable_cpu(at::Tensor& values,     // [B, V] float32
                           at::Tensor& indices,    // [B, V] int64
                           const at::Tensor& x) {  // [B, V] float32, row stride free
@@ -74,5 +84,6 @@ void sort_desc_stable_cpu(at::Tensor& values,     // [B, V] float32
 TORCH_LIBRARY_IMPL(decodekit, CPU, m) {
   m.impl("rejection_sample", &rejection_sample_cpu);
   m.impl("gumbel_argmax", &gumbel_argmax_cpu);
+  m.impl("argmax_rows", &argmax_rows_cpu);
   m.impl("sort_desc_stable", &sort_desc_stable_cpu);
 }

@@ -140,6 +140,10 @@ cudaError_t gumbel_argmax_launch(int64_t* out, const float* x, int64_t row_strid
                                  const int64_t* positions, int64_t B, int64_t V, uint32_t stream, int64_t splits,
                                  void* workspace, size_t workspace_bytes, cudaStream_t cuda_stream);
 
+// include/decodekit/sampling/argmax.cuh (defined in sampling.cu)
+cudaError_t argmax_rows_launch(int64_t* out, const float* x, int64_t row_stride, int64_t B, int64_t V,
+                               cudaStream_t stream);
+
 // include/decodekit/sampling/sort_desc.cuh (defined in sampling.cu)
 size_t sort_desc_stable_workspace(int64_t B, int64_t V);
 cudaError_t sort_desc_stable_launch(float* values, int64_t* indices, const float* x, int64_t row_stride, int64_t B,

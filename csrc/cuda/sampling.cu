@@ -1,5 +1,6 @@
-// CUDA rejection_sample, gumbel_argmax and sort_desc_stable kernels (include/decodekit/sampling/
-// rejection.cuh, gumbel_max.cuh, sort_desc.cuh), torch-free; the torch launchers are in sampling_launch.cpp (g++).
+// CUDA rejection_sample, gumbel_argmax, argmax_rows and sort_desc_stable kernels (include/decodekit/sampling/
+// rejection.cuh, gumbel_max.cuh, argmax.cuh, sort_desc.cuh), torch-free; the torch launchers are in sampling_launch.cpp (g++).
+#include "decodekit/sampling/argmax.cuh"
 #include "decodekit/sampling/gumbel_max.cuh"
 #include "decodekit/sampling/rejection.cuh"
 #include "decodekit/sampling/sort_desc.cuh"
@@ -38,4 +39,9 @@ cudaError_t dk::cuda::sort_desc_stable_launch(float* values, int64_t* indices, c
                                               int64_t B, int64_t V, void* workspace, size_t workspace_bytes,
                                               cudaStream_t stream) {
   return sort_desc_stable(values, indices, x, row_stride, B, V, workspace, workspace_bytes, stream);
+}
+
+cudaError_t dk::cuda::argmax_rows_launch(int64_t* out, const float* x, int64_t row_stride, int64_t B, int64_t V,
+                                         cudaStream_t stream) {
+  return argmax_rows(out, x, row_stride, B, V, stream);
 }

@@ -1,4 +1,4 @@
-// Torch launchers for rejection_sample, gumbel_argmax and sort_desc_stable (CUDA dispatch key); the kernels
+// Torch launchers for rejection_sample, gumbel_argmax, argmax_rows and sort_desc_stable (CUDA dispatch key); the kernels
 // are in sampling.cu (include/decodekit/sampling/rejection.cuh, gumbel_max.cuh, sort_desc.cuh). num_draft is not range-checked here (that would need a
 // device-to-host copy): the kernel clamps it to [0, k].
 #include <ATen/core/Tensor.h>
@@ -78,10 +78,22 @@ void sort_desc_stable_cuda(at::Tensor& values,     // [B, V] float32
                                                          bytes, c10::cuda::getCurrentCUDAStream()));
 }
 
+void argmax_rows_cuda(at::Tensor& out,            // [B] int64
+                      const at::Tensor& scores) {  // [B, V] float32, row stride free
+  const char* op = "decodekit::argmax_rows";
+  const dk::ArgmaxArgs a = dk::argmax_rows_args(out, scores);
+  dk::check_cuda(op, "scores", scores);
+  if (a.B == 0) return;
+  c10::cuda::OptionalCUDAGuard guard(scores.device());
+  dk::check_launch(op, dk::cuda::argmax_rows_launch(out.data_ptr<int64_t>(), scores.data_ptr<float>(), a.row_stride,
+                                                    a.B, a.V, c10::cuda::getCurrentCUDAStream()));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(decodekit, CUDA, m) {
   m.impl("rejection_sample", &rejection_sample_cuda);
   m.impl("gumbel_argmax", &gumbel_argmax_cuda);
+  m.impl("argmax_rows", &argmax_rows_cuda);
   m.impl("sort_desc_stable", &sort_desc_stable_cuda);
 }

@@ -5,8 +5,10 @@
 // exact-tie rows), and num_draft outside [0, k] clamped. Also sampling/gumbel_max.cuh
 // (dk::cuda::gumbel_argmax) against the CPU row (dk::gumbel_argmax_row): the same token on flat,
 // peaked, masked, duplicated and special (NaN / +inf / all -inf) rows, strided rows, vocabularies
-// around the CTA and the Philox block.
+// around the CTA and the Philox block. And sampling/argmax.cuh (dk::cuda::argmax_rows) against the CPU
+// scalar rule (dk::argmax_row_scalar): ties, NaNs (the first wins), +-0, +-inf, all -inf, strided rows.
 #include "shim.h"
+#include "decodekit/sampling/argmax.cuh"
 #include "decodekit/sampling/gumbel_max.cuh"
 #include "decodekit/sampling/rejection.cuh"
 
@@ -132,7 +134,36 @@ static void run_gumbel(int B, int64_t V, float scale, float masked, bool dup, in
   }
 }
 
+static void run_argmax(int B, int64_t V, int levels) {
+  const int64_t stride = V + 5;
+  std::vector<float> x(size_t(B * stride), NAN);  // NaN padding past each row: must not be read
+  for (int b = 0; b < B; ++b)
+    for (int64_t v = 0; v < V; ++v) x[size_t(b * stride + v)] = levels ? float(int(rng() % levels)) : float(rng() % 100000) / 7.f;
+  if (B > 4) {
+    x[size_t(V / 2)] = NAN;                                   // row 0: two NaNs, the first wins
+    x[size_t(V - 1)] = NAN;
+    x[size_t(stride + V - 1)] = INFINITY;                      // row 1: +inf last
+    for (int64_t v = 0; v < V; ++v) x[size_t(2 * stride + v)] = -INFINITY;  // row 2: all -inf
+    for (int64_t v = 0; v < V; ++v) x[size_t(3 * stride + v)] = v % 2 ? 0.f : -0.f;  // row 3: +-0 ties
+  }
+  std::vector<int64_t> out(static_cast<size_t>(B), -7), want(static_cast<size_t>(B));
+  for (int b = 0; b < B; ++b) want[size_t(b)] = dk::argmax_row_scalar(&x[size_t(b * stride)], V);
+  const cudaError_t e = dk::cuda::argmax_rows(out.data(), x.data(), stride, B, V, nullptr);
+  ++checks;
+  if (e != cudaSuccess || out != want) {
+    for (int b = 0; b < B; ++b)
+      if (out[size_t(b)] != want[size_t(b)]) {
+        printf("FAIL argmax B=%d V=%ld levels=%d: row %d token %ld, want %ld\n", B, long(V), levels, b,
+               long(out[size_t(b)]), long(want[size_t(b)]));
+        break;
+      }
+    ++fails;
+  }
+}
+
 int main() {
+  for (int64_t V : {1, 2, 31, 32, 33, 255, 256, 257, 4097, 49157})
+    for (int levels : {0, 2, 5}) run_argmax(6, V, levels);
   for (int64_t V : {1, 3, 4, 5, 255, 1024, 1025, 4099, 50000})
     for (float scale : {0.f, 0.3f, 3.f, 30.f}) run_gumbel(6, V, scale, 0.f, false, V % 7);
   run_gumbel(5, 3000, 2.f, 0.98f, false, 0);

@@ -386,6 +386,23 @@ def _gumbel_argmax_fake(out, scores, seeds, positions, stream):
     return None
 
 
+def argmax_rows(scores: torch.Tensor) -> torch.Tensor:  # [B, V] float32 (row stride free) -> [B] int64
+    """The greedy token of each row, torch.argmax(scores, dim=-1)'s rule: ties -> the lowest index, a NaN
+    beats everything (the first NaN), -0.0 == +0.0. The CPU kernel (AVX-512, both cores) is ~10x torch's
+    CPU argmax over a 49k vocabulary; float32 only (other dtypes: torch.argmax)."""
+    if scores.dtype != torch.float32 or scores.dim() != 2 or scores.shape[1] == 0 \
+            or not _has_kernel("argmax_rows", scores.device):
+        return scores.argmax(dim=-1)
+    out = torch.empty(scores.shape[0], dtype=torch.int64, device=scores.device)
+    _ops.argmax_rows(out, scores)
+    return out
+
+
+@torch.library.register_fake("decodekit::argmax_rows")
+def _argmax_rows_fake(out, scores):
+    return None
+
+
 def sort_desc_stable(x: torch.Tensor,  # [B, V] float32 (row stride free)
                      ) -> tuple[torch.Tensor, torch.Tensor]:  # ([B, V] float32, [B, V] int64)
     """torch.sort(x, dim=-1, descending=True, stable=True), bit for bit (ties in position order, NaNs

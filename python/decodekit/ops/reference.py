@@ -491,6 +491,17 @@ def sort_desc_stable(x: torch.Tensor,  # [B, V] float32
 
 # ---- Gumbel-max sampling (include/decodekit/sampling/gumbel_max.h)
 
+def argmax_rows(scores: torch.Tensor) -> torch.Tensor:  # [B, V] float -> [B] int64
+    """The greedy token: the largest value, ties -> the lowest index, the first NaN beats everything,
+    -0.0 == +0.0 (torch.argmax's rule, spelled out so the oracle does not depend on torch's kernel)."""
+    x = scores.double()
+    nan = x.isnan()
+    best = torch.where(nan, torch.full_like(x, float("inf")), x).max(dim=-1, keepdim=True).values
+    hit = nan | ((x == best) & ~nan.any(dim=-1, keepdim=True))
+    idx = torch.arange(x.shape[-1], device=x.device).expand_as(x)
+    return torch.where(hit, idx, torch.full_like(idx, x.shape[-1])).min(dim=-1).values
+
+
 def gumbel_argmax(scores: torch.Tensor,     # [B, V] float32 (-inf: never drawn)
                   seeds: torch.Tensor,      # [B] int64
                   positions: torch.Tensor,  # [B] int64

@@ -49,6 +49,12 @@ from .. import ops
 from .params import SamplingParams
 from .philox import STREAM_SAMPLING, derive_seed
 
+
+def _greedy(x: torch.Tensor) -> torch.Tensor:  # [B, V] -> [B] int64
+    """argmax over the vocabulary (first index on ties): on the CPU the argmax_rows kernel (torch's CPU
+    argmax reads ~1 GB/s: 1.5 ms a step for 32 rows of a 49k vocabulary), on the GPU torch's."""
+    return ops.argmax_rows(x) if x.device.type == "cpu" else x.argmax(dim=-1)
+
 _NEG_INF = float("-inf")
 
 # --------------------------------------------------------------------------- seeds
@@ -514,7 +520,7 @@ class Sampler:
         distributions (one-hot at the argmax on greedy rows) and the processed argmax (None
         unless some row is greedy)."""
         x = self._processed(self._float_logits(logits, md), md)
-        top = x.argmax(dim=-1) if md.any_greedy else None
+        top = _greedy(x) if md.any_greedy else None
         if md.all_greedy:
             return None, torch.zeros_like(x).scatter_(1, top[:, None], 1.0), top
         xs = self._scaled_filtered(x, md)
@@ -551,13 +557,13 @@ class Sampler:
     @classmethod
     def _sample(cls, raw: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         if md.all_greedy and md.no_penalties and md.min_tokens_rows is None and md.no_token_controls:
-            return raw.argmax(dim=-1)                      # the common fast path
+            return _greedy(raw)                            # the common fast path
         x = cls._processed(raw, md)
         if md.all_greedy:
-            return x.argmax(dim=-1)
+            return _greedy(x)
         x = cls._scaled_filtered(x, md)
         tok = ops.gumbel_argmax(x, md.seeds, md.positions, STREAM_SAMPLING)
-        return torch.where(md.greedy, x.argmax(dim=-1), tok) if md.any_greedy else tok
+        return torch.where(md.greedy, _greedy(x), tok) if md.any_greedy else tok
 
     @staticmethod
     def _logprobs(raw: torch.Tensor, token_ids: torch.Tensor, n: int, out: SamplerOutput) -> None:
