@@ -102,3 +102,23 @@ def test_info_lists_the_registered_ops():
     assert r.returncode == 0, r.stderr
     for op in ("paged_attention", "reshape_and_cache", "int4_gemm", "int8_gemm", "copy_blocks", "rms_norm"):
         assert op in r.stdout, r.stdout
+
+
+def test_bench_throughput_rounds_report_ratio_to_batch1(tmp_path):
+    """`bench throughput --rounds 2`: each round's steady-state decode rate over the batch-1 rate measured
+    around it, and their median, in the JSON; a bad --rounds is refused naming the option."""
+    import json
+    out = tmp_path / "thr.json"
+    r = _run("bench", "throughput", "--model", "random:tiny", "--num-prompts", "3", "--input-len", "9",
+             "--output-len", "6", "--rounds", "2", "--peer", "none", "--output-json", str(out))
+    assert r.returncode == 0, r.stderr
+    d = json.loads(out.read_text())["decodekit"]
+    assert len(d["rounds"]) == 2
+    for x in d["rounds"]:
+        assert x["decode_phase_tok_s"] > 0 and x["batch1_decode_tok_s"] > 0
+        assert abs(x["decode_phase_vs_batch1"] - x["decode_phase_tok_s"] / x["batch1_decode_tok_s"]) < 1e-9
+    ratios = sorted(x["decode_phase_vs_batch1"] for x in d["rounds"])
+    assert abs(d["decode_phase_vs_batch1_median"] - sum(ratios) / 2) < 1e-9
+    assert d["prefix_cache_hit_rate"] == 0.0  # fresh prompts every round
+    bad = _run("bench", "throughput", "--model", "random:tiny", "--rounds", "0", "--peer", "none")
+    assert bad.returncode != 0 and "--rounds" in bad.stderr

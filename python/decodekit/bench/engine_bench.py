@@ -8,7 +8,9 @@ latency:    (with --spec: bench/spec_bench.py, speculative vs plain decoding per
 throughput: --num-prompts requests submitted at once (continuous batching): output
             tokens/s and total tokens/s over the whole run, and the steady-state decode rate
             (decode_phase_tok_s: tokens generated in steps that schedule no prompt tokens,
-            over those steps' time).
+            over those steps' time), and that rate over the batch-1 decode rate measured in the
+            same process just before and after (decode_phase_vs_batch1; --rounds N repeats it
+            with fresh prompts and reports the median: a ratio that holds on a drifting machine).
 
 Peers in the same run (--peer hf, default): HF transformers on the same weights (a manual
 greedy loop with its KV cache for latency, batched generate() for throughput), and
@@ -199,17 +201,14 @@ def latency(args) -> dict:
     return res
 
 
-def throughput(args) -> dict:
-    from decodekit.sampling import SamplingParams
-    eng = _engine(args)
-    prompts = _prompts(args, eng.tokenizer, eng.model_config.vocab_size, args.num_prompts)
-    _one_request(eng, prompts[0][:8], 4)
-    p = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
+def _concurrent(eng, prompts: list[list[int]], params) -> dict:
+    """Submits every prompt at once and steps until all finish: elapsed time, steps, and the steady
+    state (steps that schedule no prompt tokens: pure decode batches) time and tokens."""
     t0 = time.perf_counter()
     for pr in prompts:
-        eng.add_request(None, pr, p)
+        eng.add_request(None, pr, params)
     steps = 0
-    dec_t, dec_tok = 0.0, 0  # steady state: steps that schedule no prompt tokens (pure decode batches)
+    dec_t, dec_tok = 0.0, 0
     while eng.has_unfinished_requests():
         g0, ts = eng.stats["generation_tokens"], time.perf_counter()
         eng.step()
@@ -218,18 +217,48 @@ def throughput(args) -> dict:
         if made > 0 and eng.stats["last_step_tokens"] == made:  # one token per sequence: no prompt tokens
             dec_t += time.perf_counter() - ts
             dec_tok += made
-    dt = time.perf_counter() - t0
-    n_out = args.num_prompts * args.output_len
+    return {"elapsed_s": time.perf_counter() - t0, "steps": steps, "dec_t": dec_t, "dec_tok": dec_tok}
+
+
+def throughput(args) -> dict:
+    from decodekit.sampling import SamplingParams
+    eng = _engine(args)
+    n = args.num_prompts
+    # fresh prompts per round (no prefix-cache hits across rounds), one more per round for the batch-1 runs
+    prompts = _prompts(args, eng.tokenizer, eng.model_config.vocab_size, (n + 2) * args.rounds)
+    _one_request(eng, prompts[0][:8], 4)
+    p = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
+    rounds = []
+    for r in range(args.rounds):
+        base = r * (n + 2)
+        # batch-1 decode just before and just after the concurrent run: the ratio holds when the machine drifts
+        b1 = [_one_request(eng, prompts[base + n], args.output_len)[1]]
+        c = _concurrent(eng, prompts[base:base + n], p)
+        b1.append(_one_request(eng, prompts[base + n + 1], args.output_len)[1])
+        dec = c["dec_tok"] / c["dec_t"] if c["dec_t"] > 0 else None
+        one = 2 / sum(b1)  # tokens/s of the mean time per token
+        rounds.append({**c, "decode_phase_tok_s": dec, "batch1_decode_tok_s": one,
+                       "decode_phase_vs_batch1": dec / one if dec else None})
+    first = rounds[0]
+    n_out = n * args.output_len
+    dt = first["elapsed_s"]
+    ratios = [x["decode_phase_vs_batch1"] for x in rounds if x["decode_phase_vs_batch1"]]
     res = {"bench": "throughput", "model": eng.model_source, "device": device_name(eng.device),
-           "dtype": str(eng.dtype).replace("torch.", ""), "num_prompts": args.num_prompts,
+           "dtype": str(eng.dtype).replace("torch.", ""), "num_prompts": n,
            "input_len": args.input_len, "output_len": args.output_len, "threads": torch.get_num_threads(),
            "decodekit": {"elapsed_s": dt, "output_tok_s": n_out / dt,
-                         "total_tok_s": (n_out + args.num_prompts * args.input_len) / dt, "steps": steps,
-                         "decode_phase_tok_s": dec_tok / dec_t if dec_t > 0 else None,
-                         "decode_phase_steps_s": dec_t,
+                         "total_tok_s": (n_out + n * args.input_len) / dt, "steps": first["steps"],
+                         "decode_phase_tok_s": first["decode_phase_tok_s"],
+                         "decode_phase_steps_s": first["dec_t"],
+                         "batch1_decode_tok_s": first["batch1_decode_tok_s"],
+                         "decode_phase_vs_batch1": first["decode_phase_vs_batch1"],
+                         "decode_phase_vs_batch1_median": statistics.median(ratios) if ratios else None,
+                         "rounds": [{k: x[k] for k in ("decode_phase_tok_s", "batch1_decode_tok_s",
+                                                       "decode_phase_vs_batch1", "elapsed_s")} for x in rounds],
                          "prefix_cache_hit_rate": eng.kv_manager.prefix_cache_hit_rate,
                          "preemptions": eng.scheduler.num_preemptions,
                          "kv_cache_blocks": eng.kv_manager.num_blocks}}
+    prompts = prompts[:n]
     if args.peer in ("hf", "all"):
         hf = _hf_model(eng)
         if hf is not None:
@@ -253,6 +282,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-len", type=int, default=128, help="prompt tokens per request (default 128)")
     p.add_argument("--output-len", type=int, default=64, help="generated tokens per request (default 64)")
     p.add_argument("--num-prompts", type=int, default=32, help="requests for throughput (default 32)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="throughput: repeat (batch-1 request, the concurrent run, batch-1 request) this many times with "
+                        "fresh prompts; reports each round's steady-state decode rate over its batch-1 rate and the "
+                        "median (default 1)")
     p.add_argument("--iters", type=int, default=3, help="latency runs, median reported (default 3); with --spec: runs per prompt and "
                         "mode, fastest reported")
     p.add_argument("--dataset", default=None, help="ShareGPT-format JSON or a JSON list of strings (default: random)")
@@ -268,8 +301,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
 def run(kind: str, args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
-    for name in ("input_len", "output_len", "num_prompts", "iters"):
-        if getattr(args, name) < 1:
+    for name in ("input_len", "output_len", "num_prompts", "iters", "rounds"):
+        if getattr(args, name, 1) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
     if not 0.0 <= args.temperature <= 100.0:
         raise ValueError(f"--temperature must be in [0, 100], got {args.temperature}")
