@@ -334,6 +334,27 @@ inline SpecArgs rejection_sample_args(const at::Tensor& out, const at::Tensor& n
   return a;
 }
 
+struct ArgmaxArgs {
+  int64_t B, V, row_stride;
+};
+
+// scores [B, V] float32 (row stride free, 1 <= V < 2^31, B < 2^31) and out [B] int64 contiguous on
+// scores' device: the checks argmax_rows and gumbel_argmax share.
+inline ArgmaxArgs score_rows_args(const char* op, const at::Tensor& out, const at::Tensor& scores) {
+  ArgmaxArgs a{};
+  a.row_stride = Check(op, "scores", scores).dim(2).dtype({at::kFloat}).row_stride();
+  a.B = scores.size(0);
+  a.V = scores.size(1);
+  check_range<int64_t>(op, "batch size (scores.size(0))", a.B, 0, INT32_MAX);
+  check_range<int64_t>(op, "vocab size (scores.size(1))", a.V, 1, INT32_MAX);
+  Check(op, "out", out).dim(1).size(0, a.B, "B").dtype({at::kLong}).device_as(scores, "scores").contiguous();
+  return a;
+}
+
+inline ArgmaxArgs argmax_rows_args(const at::Tensor& out, const at::Tensor& scores) {
+  return score_rows_args("decodekit::argmax_rows", out, scores);
+}
+
 struct GumbelArgs {
   int64_t B, V, row_stride;
   uint32_t stream;
@@ -342,34 +363,12 @@ struct GumbelArgs {
 inline GumbelArgs gumbel_argmax_args(const at::Tensor& out, const at::Tensor& scores, const at::Tensor& seeds,
                                      const at::Tensor& positions, int64_t stream) {
   const char* op = "decodekit::gumbel_argmax";
-  GumbelArgs a{};
-  a.row_stride = Check(op, "scores", scores).dim(2).dtype({at::kFloat}).row_stride();
-  a.B = scores.size(0);
-  a.V = scores.size(1);
-  check_range<int64_t>(op, "batch size (scores.size(0))", a.B, 0, INT32_MAX);
-  check_range<int64_t>(op, "vocab size (scores.size(1))", a.V, 1, INT32_MAX);
+  const ArgmaxArgs r = score_rows_args(op, out, scores);
+  GumbelArgs a{r.B, r.V, r.row_stride, 0};
   check_range<int64_t>(op, "stream", stream, 0, UINT32_MAX);
   a.stream = uint32_t(stream);
   for (auto [t, name] : {std::pair{&seeds, "seeds"}, std::pair{&positions, "positions"}})
     Check(op, name, *t).dim(1).size(0, a.B, "B").dtype({at::kLong}).device_as(scores, "scores").contiguous();
-  Check(op, "out", out).dim(1).size(0, a.B, "B").dtype({at::kLong}).device_as(scores, "scores").contiguous();
-  return a;
-}
-
-struct ArgmaxArgs {
-  int64_t B, V, row_stride;
-};
-
-// argmax_rows: scores [B, V] float32 (row stride free, V >= 1), out [B] int64 contiguous on its device.
-inline ArgmaxArgs argmax_rows_args(const at::Tensor& out, const at::Tensor& scores) {
-  const char* op = "decodekit::argmax_rows";
-  ArgmaxArgs a{};
-  a.row_stride = Check(op, "scores", scores).dim(2).dtype({at::kFloat}).row_stride();
-  a.B = scores.size(0);
-  a.V = scores.size(1);
-  check_range<int64_t>(op, "batch size (scores.size(0))", a.B, 0, INT32_MAX);
-  check_range<int64_t>(op, "vocab size (scores.size(1))", a.V, 1, INT32_MAX);
-  Check(op, "out", out).dim(1).size(0, a.B, "B").dtype({at::kLong}).device_as(scores, "scores").contiguous();
   return a;
 }
 

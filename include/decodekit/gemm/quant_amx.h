@@ -72,6 +72,16 @@ struct alignas(64) AmxTileConfig {
 // Lanes 0 .. min(n, 16) - 1 (n >= 1).
 DK_FORCE_INLINE __mmask16 lanes16(int64_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1); }
 
+// row(j, n, dst) for each weight row n = n0 + j (j < 32) of a strip, dst its K decoded values; rows
+// past N are zeros.
+template <class Row>
+DK_FORCE_INLINE void amx_strip_rows(uint16_t* wp, int64_t N, int64_t K, int64_t n0, Row row) {
+  for (int j = 0; j < 32; ++j) {
+    if (n0 + j >= N) std::memset(wp + j * K, 0, size_t(K) * 2);
+    else row(n0 + j, wp + j * K);
+  }
+}
+
 // wp[j][k] = bf16(w[n0 + j, k]) for all k, j < 32 (rows past N: 0): row by row, 16 code bytes
 // at a time (32 codes: the low nibbles are elements c .. c + 15 of a group, the high ones
 // c + G / 2 ..), each d * q + m rounded once in fp32, then to bf16 (RNE).
@@ -83,13 +93,7 @@ inline void amx_decode_int4(uint16_t* wp,            // [32][K]
   const int64_t ng = K / G;
   const int half = G / 2;
   const __m512i low4 = _mm512_set1_epi32(15);
-  for (int j = 0; j < 32; ++j) {
-    uint16_t* dst = wp + j * K;
-    if (n0 + j >= N) {
-      std::memset(dst, 0, size_t(K) * 2);
-      continue;
-    }
-    const int64_t n = n0 + j;
+  amx_strip_rows(wp, N, K, n0, [&](int64_t n, uint16_t* dst) {
     const uint8_t* q = qweight + n * (K / 2);
     alignas(64) float sc[16], mn[16];  // 16 groups' scales / mins: broadcast from memory below
     for (int64_t g = 0; g < ng; ++g) {
@@ -112,7 +116,7 @@ inline void amx_decode_int4(uint16_t* wp,            // [32][K]
                             reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(hi)));
       }
     }
-  }
+  });
 }
 
 inline void amx_decode_int8(uint16_t* wp,           // [32][K]
@@ -120,13 +124,7 @@ inline void amx_decode_int8(uint16_t* wp,           // [32][K]
                             const half_t* scales,   // [N, K / G]
                             int64_t N, int64_t K, int G, int64_t n0) {
   const int64_t ng = K / G;
-  for (int j = 0; j < 32; ++j) {
-    uint16_t* dst = wp + j * K;
-    if (n0 + j >= N) {
-      std::memset(dst, 0, size_t(K) * 2);
-      continue;
-    }
-    const int64_t n = n0 + j;
+  amx_strip_rows(wp, N, K, n0, [&](int64_t n, uint16_t* dst) {
     const int8_t* q = qweight + n * K;
     alignas(64) float sc[16];
     for (int64_t g = 0; g < ng; ++g) {
@@ -139,28 +137,50 @@ inline void amx_decode_int8(uint16_t* wp,           // [32][K]
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + g * G + c), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)));
       }
     }
+  });
+}
+
+// r[i] (16 dwords each) -> r[j][i] = old r[i][j]: a 16 x 16 transpose of 32-bit elements.
+DK_FORCE_INLINE void transpose16_epi32(__m512i (&r)[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {  // 2 x 2 blocks of dwords
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // 4 x 4 blocks
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 16; i += 8)  // 128-bit lanes: 8 x 8 blocks
+    for (int j = 0; j < 4; ++j) {
+      t[i + j] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0x88);
+      t[i + j + 4] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0xdd);
+    }
+  for (int j = 0; j < 8; ++j) {  // 256-bit halves: 16 x 16
+    r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
+    r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xdd);
   }
 }
 
 // Rows m0 .. m0 + rows of a in the tile unit's B layout ("VNNI": k pairs interleaved), per block
-// of 16 rows: ap[b][k / 2][i][k % 2] = a[m0 + 16 b + i][k] (zeros past the last row).
+// of 16 rows: ap[b][k / 2][i] = the bf16 pair (k, k + 1) of row m0 + 16 b + i (zeros past the last
+// row). Per 16 rows x 32 k, the rows' 16 pairs (one vector a row) are transposed in registers so
+// each pair row is one 64-byte store.
 inline void amx_pack_rows(uint32_t* ap,        // [rows_pad / 16][K / 2][16] bf16 pairs
                           const bf16_t* a,     // [M, K], row stride a_stride
                           int64_t a_stride, int64_t m0, int64_t rows, int64_t rows_pad, int64_t K) {
   const int64_t pairs = K / 2;
-  for (int64_t r = 0; r < rows_pad; ++r) {
-    uint32_t* dst = ap + (r / 16) * pairs * 16 + r % 16;
-    if (r >= rows) {
-      for (int64_t p = 0; p < pairs; ++p) dst[p * 16] = 0;
-      continue;
+  for (int64_t b = 0; b < rows_pad / 16; ++b)
+    for (int64_t k = 0; k < K; k += 32) {
+      __m512i v[16];
+      for (int i = 0; i < 16; ++i)
+        v[i] = b * 16 + i < rows ? _mm512_loadu_si512(a + (m0 + b * 16 + i) * a_stride + k) : _mm512_setzero_si512();
+      transpose16_epi32(v);  // v[j]: pair j of the chunk for rows 0..15
+      uint32_t* dst = ap + b * pairs * 16 + (k / 2) * 16;
+      for (int j = 0; j < 16; ++j) _mm512_store_si512(dst + j * 16, v[j]);
     }
-    const bf16_t* src = a + (m0 + r) * a_stride;
-    for (int64_t p = 0; p < pairs; ++p) {
-      uint32_t v;
-      std::memcpy(&v, src + 2 * p, 4);
-      dst[p * 16] = v;
-    }
-  }
 }
 
 // out[m, n] = bf16(sum_k a[m, k] * wb[n, k] (+ bias[n])) with decode(wp, n0) writing strip n0's
