@@ -7,6 +7,8 @@ own conftest.py, so `from dk_testing import` would be ambiguous).
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -37,6 +39,19 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
     e = expected.double().cpu()
     assert not torch.isnan(a).any(), f"{what}: output has NaN (unwritten poison?)"
     torch.testing.assert_close(a, e, **TOL[dtype], msg=lambda m: f"{what} [{dtype}]: {m}")
+
+
+def cpu_amx_expected() -> bool:
+    """Whether the CPU's bf16 INT4/INT8 GEMMs of 9+ rows run on the AMX tile unit (gemm/quant_amx.h), with
+    the decoded weight rounded to bf16 (as CUDA's tensor cores): a CPU with AMX, a -march=native build
+    (setup.py's default) and DECODEKIT_CPU_AMX not 0."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return ("amx_bf16" in flags and "amx_tile" in flags and os.environ.get("DECODEKIT_CPU_AMX", "1") != "0"
+            and os.environ.get("DECODEKIT_NATIVE", "1") != "0" and not os.environ.get("DECODEKIT_MARCH"))
 
 
 def randn(shape, dtype, device, gen: torch.Generator, scale: float = 1.0) -> torch.Tensor:

@@ -16,23 +16,12 @@ import textwrap
 import pytest
 import torch
 
-from dk_testing import random_int4_weight, randn, strided_rows
+from dk_testing import cpu_amx_expected, random_int4_weight, randn, strided_rows
 from decodekit import ops
 from decodekit.ops import reference as ref
 
 
-def _cpu_has_amx() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return False
-    return "amx_bf16" in flags.split() and "amx_tile" in flags.split()
-
-
-# The AMX kernels are compiled in by -march=native (setup.py's default) on a CPU that has AMX.
-AMX_EXPECTED = (_cpu_has_amx() and os.environ.get("DECODEKIT_CPU_AMX", "1") != "0"
-                and os.environ.get("DECODEKIT_NATIVE", "1") != "0" and not os.environ.get("DECODEKIT_MARCH"))
+AMX_EXPECTED = cpu_amx_expected()
 
 
 def _weight8(N, K, G, gen):
