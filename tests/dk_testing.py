@@ -123,3 +123,12 @@ def random_int4_weight(N: int, K: int, G: int, device, gen: torch.Generator):
     s = (torch.rand(N, K // G, generator=gen) * 0.05 + 0.005).half()
     m = (torch.randn(N, K // G, generator=gen) * 0.2).half()
     return Int4Weight(q.to(device), s.to(device), m.to(device), G)
+
+
+def random_int8_weight(N: int, K: int, G: int, device, gen: torch.Generator):
+    """A packed INT8 weight [N, K] (decodekit.quant.Int8Weight, GGUF Q8_0's layout) with random codes and
+    small positive scales, groups of G."""
+    from decodekit.quant import Int8Weight
+    q = torch.randint(-128, 128, (N, K), generator=gen, dtype=torch.int8)
+    s = (torch.rand(N, K // G, generator=gen) * 0.01 + 0.001).half()
+    return Int8Weight(q.to(device), s.to(device), G)

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.library import opcheck
 
-from dk_testing import random_int4_weight, DEVICES, DTYPES, TOL, cuda_kernel_names, cuda_only, randn, strided_rows
+from dk_testing import random_int4_weight, random_int8_weight, DEVICES, DTYPES, TOL, cuda_kernel_names, cuda_only, randn, strided_rows
 from decodekit import ops
 from decodekit.ops import reference as ref
 from decodekit.quant import Int4Weight, from_gguf_q4_0, from_gguf_q4_1, to_gguf_q4_1
@@ -290,11 +290,7 @@ def test_int4_opcheck(device, gen):
 
 # ---- INT8 weight-only (GGUF Q8_0) ---------------------------------------------------------
 
-def _weight8(N, K, G, device, gen):
-    from decodekit.quant import Int8Weight
-    q = torch.randint(-128, 128, (N, K), generator=gen, dtype=torch.int8)
-    s = (torch.rand(N, K // G, generator=gen) * 0.01 + 0.001).half()
-    return Int8Weight(q.to(device), s.to(device), G)
+_weight8 = random_int8_weight
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -16,19 +16,12 @@ import textwrap
 import pytest
 import torch
 
-from dk_testing import cpu_amx_expected, random_int4_weight, randn, strided_rows
+from dk_testing import cpu_amx_expected, random_int4_weight, random_int8_weight, randn, strided_rows
 from decodekit import ops
 from decodekit.ops import reference as ref
 
 
 AMX_EXPECTED = cpu_amx_expected()
-
-
-def _weight8(N, K, G, gen):
-    from decodekit.quant import Int8Weight
-    q = torch.randint(-128, 128, (N, K), generator=gen, dtype=torch.int8)
-    s = (torch.rand(N, K // G, generator=gen) * 0.01 + 0.001).half()
-    return Int8Weight(q, s, G)
 
 
 def _decoded(w) -> torch.Tensor:
@@ -51,7 +44,7 @@ def _match_fraction(out, a, wd, bias) -> tuple[float, float]:
 
 
 def _run(kind, M, N, K, G, with_bias, gen):
-    w = random_int4_weight(N, K, G, "cpu", gen) if kind == "int4" else _weight8(N, K, G, gen)
+    w = random_int4_weight(N, K, G, "cpu", gen) if kind == "int4" else random_int8_weight(N, K, G, "cpu", gen)
     a, _ = strided_rows(M, K, torch.bfloat16, "cpu", gen)
     bias = randn((N,), torch.bfloat16, "cpu", gen) if with_bias else None
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
@@ -106,7 +99,7 @@ def test_bf16_rows_1_to_8_keep_the_gemv_arithmetic(kind, gen):
     """Speculative verification needs rows 1 .. 8 to give each row the bits it gets alone: the AMX path
     starts at 9 rows, below it bf16 stays on the GEMV's arithmetic whatever the machine."""
     N, K, G = 130, 512, 32
-    w = random_int4_weight(N, K, G, "cpu", gen) if kind == "int4" else _weight8(N, K, G, gen)
+    w = random_int4_weight(N, K, G, "cpu", gen) if kind == "int4" else random_int8_weight(N, K, G, "cpu", gen)
     a = randn((8, K), torch.bfloat16, "cpu", gen)
     fn = ops.int4_gemm if kind == "int4" else ops.int8_gemm
     alone = torch.cat([fn(a[i:i + 1], w, None) for i in range(8)])

@@ -27,8 +27,10 @@
 
 #include "decodekit/gemm/int4_tiled.h"
 
-#if defined(DK_TILED_QUANT_AVX512) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && \
-    defined(__linux__)
+#include "decodekit/common/avx512.h"  // lanes_mask, load16, store16
+
+#if defined(DK_TILED_QUANT_AVX512) && defined(DK_AVX512_LOAD_STORE16) && defined(__AMX_TILE__) && \
+    defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
 #define DK_AMX_QUANT_GEMM 1
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -69,9 +71,6 @@ struct alignas(64) AmxTileConfig {
   }
 };
 
-// Lanes 0 .. min(n, 16) - 1 (n >= 1).
-DK_FORCE_INLINE __mmask16 lanes16(int64_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1); }
-
 // row(j, n, dst) for each weight row n = n0 + j (j < 32) of a strip, dst its K decoded values; rows
 // past N are zeros.
 template <class Row>
@@ -98,9 +97,9 @@ inline void amx_decode_int4(uint16_t* wp,            // [32][K]
     alignas(64) float sc[16], mn[16];  // 16 groups' scales / mins: broadcast from memory below
     for (int64_t g = 0; g < ng; ++g) {
       if (g % 16 == 0) {
-        const __mmask16 gm = lanes16(ng - g);
-        _mm512_store_ps(sc, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(gm, scales + n * ng + g)));
-        _mm512_store_ps(mn, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(gm, mins + n * ng + g)));
+        const __mmask16 gm = lanes_mask(ng - g);
+        _mm512_store_ps(sc, load16(scales + n * ng + g, gm));
+        _mm512_store_ps(mn, load16(mins + n * ng + g, gm));
       }
       const __m512 d = _mm512_set1_ps(sc[g % 16]), m = _mm512_set1_ps(mn[g % 16]);
       for (int c = 0; c < half; c += 16) {
@@ -129,7 +128,7 @@ inline void amx_decode_int8(uint16_t* wp,           // [32][K]
     alignas(64) float sc[16];
     for (int64_t g = 0; g < ng; ++g) {
       if (g % 16 == 0)
-        _mm512_store_ps(sc, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes16(ng - g), scales + n * ng + g)));
+        _mm512_store_ps(sc, load16(scales + n * ng + g, lanes_mask(ng - g)));
       const __m512 d = _mm512_set1_ps(sc[g % 16]);
       for (int c = 0; c < G; c += 16) {  // d * q is exact in fp32
         const __m512 x = _mm512_mul_ps(
@@ -228,11 +227,8 @@ bool amx_quant_gemm(bf16_t* out,         // [M, N]
     __mmask16 col_mask[2];
     __m512 bias_f[2];
     for (int h = 0; h < 2; ++h) {
-      const int valid = std::clamp(cols - 16 * h, 0, 16);
-      col_mask[h] = __mmask16((1u << valid) - 1);
-      bias_f[h] = bias ? _mm512_castsi512_ps(_mm512_slli_epi32(
-                             _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(col_mask[h], bias + n0 + 16 * h)), 16))
-                       : _mm512_setzero_ps();
+      col_mask[h] = lanes_mask(std::max(cols - 16 * h, 0));
+      bias_f[h] = bias ? load16(bias + n0 + 16 * h, col_mask[h]) : _mm512_setzero_ps();
     }
     for (int64_t r0 = 0; r0 < rows_pad; r0 += 32) {
       const bool two = r0 + 16 < rows_pad;  // a second block of 16 rows of a
@@ -261,12 +257,12 @@ bool amx_quant_gemm(bf16_t* out,         // [M, N]
         _tile_stored(3, cb + 16 * 32 + 16, 128);
       }
       const int64_t rr = std::min<int64_t>(32, rows - r0);
-      for (int64_t i = 0; i < rr; ++i) {  // + bias in fp32, one RNE rounding to bf16 (as from_float)
+      for (int64_t i = 0; i < rr; ++i) {  // + bias in fp32, one rounding to bf16 (from_float's, store16)
         bf16_t* o = out + (m0 + r0 + i) * N + n0;
         for (int h = 0; h < 2; ++h) {
           __m512 v = _mm512_i32gather_ps(col_idx, cb + 16 * h * 32 + i, 4);
           if (bias) v = _mm512_add_ps(v, bias_f[h]);
-          _mm256_mask_storeu_epi16(o + 16 * h, col_mask[h], reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+          store16(o + 16 * h, v, col_mask[h]);
         }
       }
     }

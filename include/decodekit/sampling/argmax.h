@@ -1,12 +1,12 @@
 // argmax_rows: the greedy token of each row of logits, torch.argmax's rule: the largest value, ties
 // -> the lowest index, a NaN beats everything (the first NaN wins), -0.0 == +0.0. Written once as an
-// order-preserving 32-bit key (argmax_key) so the CPU (AVX-512 or scalar) and CUDA kernels compare
+// order-preserving 32-bit key (argmax_key: sort_desc.h's key, reversed) so the CPU (AVX-512 or scalar) and CUDA kernels compare
 // the same integers: the row's token is the lowest index whose key is the row's largest key.
 #pragma once
 #include <cstdint>
-#include <cstring>
 
 #include "decodekit/common/macros.h"
+#include "decodekit/sampling/sort_desc.h"
 #if defined(__AVX512F__) && !defined(__CUDACC__)
 #include <immintrin.h>
 #endif
@@ -14,14 +14,8 @@
 namespace dk {
 
 // x's rank as an unsigned key: NaN (any payload) -> 0xffffffff above +inf; -0.0 and +0.0 -> the
-// same key; otherwise a < b as floats <=> key(a) < key(b).
-DK_HD uint32_t argmax_key(float x) {
-  uint32_t u;
-  memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0xffffffffu;  // NaN
-  if (u == 0x80000000u) u = 0;                              // -0.0 as +0.0
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
+// same key; otherwise a < b as floats <=> key(a) < key(b). The sampler's sort key reversed.
+DK_HD uint32_t argmax_key(float x) { return ~sort_desc_key(x); }
 
 // The scalar rule over one row (x[0 .. V), contiguous); V >= 1.
 DK_HD int64_t argmax_row_scalar(const float* x, int64_t V) {

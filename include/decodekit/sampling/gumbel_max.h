@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "decodekit/common/macros.h"
+#include "decodekit/sampling/argmax.h"
 #include "decodekit/sampling/philox.h"
 
 // The skips' slack assumes logf within a few ulp: fast-math logs (__logf) are not.
@@ -125,16 +126,9 @@ DK_HD void gumbel_offer_block_w(W w, int64_t j, int n, int64_t skip, uint64_t se
 
 // One row of V logits (x: contiguous), on one thread: the token of the header's rule.
 inline int64_t gumbel_argmax_row(const float* x, int64_t V, uint64_t seed, uint64_t position, uint32_t stream) {
-  int64_t first = 0;
-  float xmax = -INFINITY;
-  for (int64_t v = 0; v < V; ++v) {
-    if (x[v] != x[v]) return v;  // NaN
-    if (x[v] > xmax) {
-      xmax = x[v];
-      first = v;
-    }
-  }
-  if (!(xmax > -INFINITY) || xmax == INFINITY) return first;
+  const int64_t first = argmax_row(x, V);  // the first NaN, else the first maximum
+  const float xmax = x[first];
+  if (!(xmax > -INFINITY) || xmax == INFINITY) return first;  // NaN, every logit -inf, or +inf
   float best = xmax + token_gumbel(seed, position, uint32_t(first), stream);
   int64_t bi = first;
   auto xv = [x](int64_t v) { return x[v]; };
