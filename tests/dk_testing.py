@@ -54,6 +54,15 @@ def cpu_amx_expected() -> bool:
             and os.environ.get("DECODEKIT_NATIVE", "1") != "0" and not os.environ.get("DECODEKIT_MARCH"))
 
 
+def cpu_amx_exact_expected() -> bool:
+    """Whether the CPU's fp32 / fp16 INT4/INT8 GEMMs of 9+ rows run on the AMX int8 unit with exact integer
+    products (gemm/quant_amx_exact.h): cpu_amx_expected() and AMX-INT8."""
+    if not cpu_amx_expected():
+        return False
+    with open("/proc/cpuinfo") as f:
+        return "amx_int8" in next((line for line in f if line.startswith("flags")), "").split()
+
+
 def randn(shape, dtype, device, gen: torch.Generator, scale: float = 1.0) -> torch.Tensor:
     """Fresh random values (never zeros), drawn in fp32 then rounded to dtype."""
     return (torch.randn(shape, generator=gen) * scale).to(dtype).to(device)

@@ -4,7 +4,8 @@
 // reference on the decoded weights (int4_code / int4_weight), for fp32/fp16/bf16, every row-block
 // tail, N not a multiple of the column strip, several K blocks, group sizes 32/64/128, bias / no
 // bias, rows of a strided with NaN padding. bf16 from 9 rows on AMX CPUs (quant_amx.h): the oracle
-// rounds the decoded weight to bf16, as the tile unit's products do. Rows 1 .. 8 must also be bitwise the rows computed
+// rounds the decoded weight to bf16, as the tile unit's products do; fp32 / fp16 from 9 rows there
+// (quant_amx_exact.h): the bound adds each block's fixed-point error. Rows 1 .. 8 must also be bitwise the rows computed
 // alone (speculative verification reproduces plain decoding).
 //
 // CMake builds this file for -march=native and, where the compiler can, for x86-64-v3 (AVX2 + FMA +
@@ -86,7 +87,7 @@ void test_gemm(Rng& rng, const Quant& W, bool int8, int64_t M, bool with_bias, P
   gemm(path, W, int8, out.data(), a.data(), lda, bp, M);
   // the tiled kernel's bound uses sum |a w|; the row kernels' (entry, M <= 8) sum |a| (|d q| + |min|)
 #if defined(DK_TILED_QUANT_GEMM)
-  const bool parts = path == Path::kEntry && M < dk::cpu::kTiledQuantGemmMinM;
+  const bool parts = path == Path::kEntry && (M < dk::cpu::kTiledQuantGemmMinM || !std::is_same_v<T, dk::bf16_t>);
 #else
   const bool parts = true;
 #endif
@@ -97,6 +98,15 @@ void test_gemm(Rng& rng, const Quant& W, bool int8, int64_t M, bool with_bias, P
 #else
   const bool amx = false;
 #endif
+  // fp32 / fp16 from 9 rows on an AMX CPU (quant_amx_exact.h): each 32-element block of a row is a
+  // 23-bit fixed point, |a - a'| <= 2^-22 max |a| over the block; the products are exact, the block
+  // sums scaled as the row kernels' (parts)
+#if defined(DK_AMX_EXACT_GEMM)
+  const bool exact = !std::is_same_v<T, dk::bf16_t> && path == Path::kEntry && M >= dk::cpu::kTiledQuantGemmMinM &&
+                     dk::cpu::amx_enabled();
+#else
+  const bool exact = false;
+#endif
   const double rel32 = double(K) * 0x1.0p-24;
   std::vector<double> wrow(static_cast<size_t>(K));
   for (int64_t n = 0; n < N; ++n) {
@@ -105,15 +115,23 @@ void test_gemm(Rng& rng, const Quant& W, bool int8, int64_t M, bool with_bias, P
       wrow[size_t(k)] = amx ? double(dk::bf16_to_float(dk::float_to_bf16(float(w)))) : w;
     }
     for (int64_t r = 0; r < M; ++r) {
-      double want = with_bias ? to_d(bias[size_t(n)]) : 0.0, scale = std::fabs(want);
+      double want = with_bias ? to_d(bias[size_t(n)]) : 0.0, scale = std::fabs(want), fixed = 0.0;
       for (int64_t k = 0; k < K; ++k) {
         const double x = to_d(a[size_t(r * lda + k)]), p = x * wrow[size_t(k)];
         want += p;
         scale += parts ? std::fabs(x) * W.part_abs(int8, n, k) : std::fabs(p);
       }
-      CHECK_NEAR(to_d(out[size_t(r * N + n)]), want, store_tol<T>(want, rel32, scale))
+      for (int64_t b = 0; exact && b < K / 32; ++b) {  // the fixed-point error of each block
+        double amax = 0.0, wsum = 0.0;
+        for (int64_t k = b * 32; k < b * 32 + 32; ++k) {
+          amax = std::max(amax, std::fabs(to_d(a[size_t(r * lda + k)])));
+          wsum += W.part_abs(int8, n, k);
+        }
+        fixed += 0x1.0p-22 * amax * wsum;
+      }
+      CHECK_NEAR(to_d(out[size_t(r * N + n)]), want, store_tol<T>(want, rel32, scale) + fixed)
           << (int8 ? "int8" : "int4") << TypeInfo<T>::name << "M" << M << "N" << N << "K" << K << "G" << W.G
-          << "row" << r << "col" << n << (amx ? "amx" : path == Path::kEntry ? "entry" : "tiled");
+          << "row" << r << "col" << n << (amx ? "amx" : exact ? "amx-exact" : path == Path::kEntry ? "entry" : "tiled");
     }
   }
   for (int i = 0; i < kGuard; ++i) CHECK(same_bits(out[size_t(M * N + i)], poison<T>())) << "wrote past the output";
@@ -163,7 +181,12 @@ int main() {
     }
   }
 #if defined(DK_AMX_QUANT_GEMM)
-  std::printf("test_int4_cpu: AVX-512 kernels%s\n", dk::cpu::amx_enabled() ? ", AMX for bf16 from 9 rows" : "");
+  std::printf("test_int4_cpu: AVX-512 kernels%s\n", !dk::cpu::amx_enabled() ? ""
+#if defined(DK_AMX_EXACT_GEMM)
+                                                   : ", AMX from 9 rows (bf16; fp32 / fp16 exact products)");
+#else
+                                                   : ", AMX for bf16 from 9 rows");
+#endif
 #elif defined(DK_TILED_QUANT_AVX512)
   std::printf("test_int4_cpu: AVX-512 kernels\n");
 #elif defined(DK_QUANT_SMALL_M_AVX2)

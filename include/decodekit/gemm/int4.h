@@ -18,6 +18,7 @@
 #include "decodekit/gemm/int4_common.h"
 #include "decodekit/gemm/int4_tiled.h"
 #include "decodekit/gemm/quant_amx.h"
+#include "decodekit/gemm/quant_amx_exact.h"
 #include "decodekit/gemm/quant_small_m.h"
 #include "decodekit/gemm/quant_small_m_avx2.h"
 #if defined(__AVX512F__)
@@ -185,6 +186,12 @@ void int4_gemm(T* out,                  // [M, N]
     if (M >= kTiledQuantGemmMinM && K > 0 && int4_gemm_amx(out, a, P.a_stride, qweight, scales, mins, bias, M, N, K, G))
       return;
 #endif
+#if defined(DK_AMX_EXACT_GEMM)
+  if constexpr (!std::is_same_v<T, bf16_t>)  // fp32 / fp16: exact integer products on the tile unit
+    if (M >= kTiledQuantGemmMinM && K > 0 &&
+        int4_gemm_amx_exact(out, a, P.a_stride, qweight, scales, mins, bias, M, N, K, G))
+      return;
+#endif
 #if defined(DK_TILED_QUANT_GEMM)
   if (M >= kTiledQuantGemmMinM && K > 0) {
     int4_gemm_tiled(out, a, P.a_stride, qweight, scales, mins, bias, M, N, K, G);
@@ -340,6 +347,11 @@ void int8_gemm(T* out,                  // [M, N]
 #if defined(DK_AMX_QUANT_GEMM)
   if constexpr (std::is_same_v<T, bf16_t>)
     if (M >= kTiledQuantGemmMinM && K > 0 && int8_gemm_amx(out, a, P.a_stride, qweight, scales, bias, M, N, K, G))
+      return;
+#endif
+#if defined(DK_AMX_EXACT_GEMM)
+  if constexpr (!std::is_same_v<T, bf16_t>)
+    if (M >= kTiledQuantGemmMinM && K > 0 && int8_gemm_amx_exact(out, a, P.a_stride, qweight, scales, bias, M, N, K, G))
       return;
 #endif
 #if defined(DK_TILED_QUANT_GEMM)

@@ -190,7 +190,8 @@ class EngineArgs:
         g.add_argument("--dtype", default="auto", choices=["auto", *_DTYPES],
                        help="weight/activation dtype (auto: float32 on CPU, bfloat16 on CUDA). On the CPU float32 is "
                             "exact (HF-transformers-identical greedy tokens) and batch-invariant; bfloat16 is faster "
-                            "for batches and prefill (on AMX CPUs INT4/INT8 GEMMs of 9+ rows run on the tile unit) "
+                            "for batches and prefill (on AMX CPUs INT4/INT8 GEMMs of 9+ rows run bf16 products on the tile unit; "
+                            "float32 runs exact integer products there) "
                             "but a request's tokens may then depend on what else is in the batch")
         g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
         g.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block (default 16)")
