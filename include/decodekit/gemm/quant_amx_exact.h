@@ -136,20 +136,6 @@ inline void amx_exact_pack(AmxExactBlock* ap,  // [rows_pad / 16][K / 32]
     }
 }
 
-// The tile shapes: 0..2 C (16 x 16 int32), 3 W (16 weight rows x 32 bytes), 4..6 the activation
-// digits (8 k-quads x 16 rows x 4 bytes).
-struct alignas(64) AmxExactTileConfig {
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-  AmxExactTileConfig() {
-    for (int t = 0; t < 3; ++t) colsb[t] = 64, rows[t] = 16;
-    colsb[3] = 32, rows[3] = 16;
-    for (int t = 4; t < 7; ++t) colsb[t] = 64, rows[t] = 8;
-  }
-};
-
 // A strip of 16 weight rows: codes row j, block b = the bytes at codes + j * stride + b * block_bytes
 // (INT8: 32 codes, the weight itself for full strips; INT4: the 32 codes q then 16 q, 64 bytes, decoded
 // into a thread buffer), sc[j * nb + b] = d, mn[j * nb + b] = min (INT4) in fp32; rows past N: zeros.
@@ -205,26 +191,36 @@ struct AmxExactScratch {
   }
 };
 
-// out[m, n] = sum_k a[m, k] w[n, k] (+ bias[n]) for an INT4 weight, on the tile unit (semantics at the
-// top). Tasks: (chunk of rows of a) x (32 output columns: two strips). Per block of K, tile 4 / 5 = the
-// strips' codes [q | 16 q] (16 x 64 bytes), tiles 6 / 7 = the digits (E0, E1) / (E2, E3): TDPBUSD
-// gives C_lo = sum q (16 E1 + E0) and C_hi = sum q (16 E3 + E2) (tiles 0, 1: strip 0; 2, 3: strip 1),
-// R = 2^12 C_hi + C_lo exactly in int32, then one rounding.
-template <class T, class Decode>
-bool amx_exact_gemm_int4(T* out,         // [M, N]
-                         const T* a,     // [M, K], row stride a_stride
-                         int64_t a_stride,
-                         const T* bias,  // [N] or null
-                         int64_t M, int64_t N, int64_t K, Decode decode) {
+// acc[j] (lane i: weight row n0 + j x row r0 + i) -> out rows r0 .. r0 + rows, columns n0 .. n0 + cols
+// (+ bias in fp32, one rounding to T).
+template <class T>
+DK_FORCE_INLINE void amx_exact_store(T* out, int64_t N, const __m512 (&acc)[16], int64_t r0, int64_t rows,
+                                     int64_t n0, int64_t cols, const T* bias) {
+  if (cols <= 0) return;
+  const __mmask16 col_mask = lanes_mask(cols);
+  const __m512 bias_f = bias ? load16(bias + n0, col_mask) : _mm512_setzero_ps();
+  __m512i tr[16];
+  for (int j = 0; j < 16; ++j) tr[j] = _mm512_castps_si512(acc[j]);
+  transpose16_epi32(tr);  // tr[i], lane j: row r0 + i x column n0 + j
+  for (int64_t i = 0; i < std::min<int64_t>(16, rows); ++i)
+    store16(out + (r0 + i) * N + n0, bias ? _mm512_add_ps(_mm512_castsi512_ps(tr[i]), bias_f) : _mm512_castsi512_ps(tr[i]),
+            col_mask);
+}
+
+// The work split of both kernels: tasks = (chunk of <= kAmxExactMC rows of a) x (kCols output columns),
+// handed out dynamically; a thread packs a chunk's rows when its task is on another chunk (so each
+// thread reads a once per chunk), then body(scratch, A, mb, m0, rows, n0) for each 16-row block mb
+// (A: its packed blocks). False when the tile unit is not available.
+template <bool kInt4, int kCols, class T, class Body>
+bool amx_exact_run(const T* a,  // [M, K], row stride a_stride
+                   int64_t a_stride, int64_t M, int64_t N, int64_t K, const AmxTileConfig& cfg, Body body) {
   if (K % 32 != 0 || !amx_enabled()) return false;
   const int64_t nb = K / 32;
-  const int64_t tasks_n = (N + 31) / 32;
+  const int64_t tasks_n = (N + kCols - 1) / kCols;
   const int64_t nmb = (M + kAmxExactMC - 1) / kAmxExactMC;
   const int64_t mc = std::min<int64_t>(kAmxExactMC, (M + 15) / 16 * 16);
-  const bool parallel = M * N * K >= kParallelGrain;
-#pragma omp parallel if (parallel)
+#pragma omp parallel if (M * N * K >= kParallelGrain)
   {
-  const AmxTileConfig cfg;  // every tile 16 x 64 bytes
   _tile_loadconfig(&cfg);
   AmxExactScratch sc(K, mc);
   int64_t packed = -1;  // the row chunk in sc.ap
@@ -232,154 +228,130 @@ bool amx_exact_gemm_int4(T* out,         // [M, N]
   for (int64_t t = 0; t < nmb * tasks_n; ++t) {
     const int64_t ib = t / tasks_n, m0 = ib * kAmxExactMC, rows = std::min(kAmxExactMC, M - m0);
     const int64_t rows_pad = (rows + 15) / 16 * 16;
-    if (ib != packed) amx_exact_pack<true>(sc.ap, a, a_stride, m0, rows, rows_pad, K);
+    if (ib != packed) amx_exact_pack<kInt4>(sc.ap, a, a_stride, m0, rows, rows_pad, K);
     packed = ib;
-    const int64_t n0 = (t % tasks_n) * 32;
-    decode(sc.strip[0], n0);
-    decode(sc.strip[1], n0 + 16);
-    const AmxExactStrip& s0 = sc.strip[0];
-    const AmxExactStrip& s1 = sc.strip[1];
-    for (int64_t mb = 0; mb < rows_pad / 16; ++mb) {
-      const AmxExactBlock* A = sc.ap + mb * nb;
-      __m512 acc[2][16];  // acc[h][j], lane i: weight row n0 + 16 h + j x row m0 + 16 mb + i
-      for (int h = 0; h < 2; ++h)
-        for (int j = 0; j < 16; ++j) acc[h][j] = _mm512_setzero_ps();
-      for (int64_t b = 0; b < nb; ++b) {
-        _tile_loadd(4, s0.codes + b * 64, s0.stride);
-        _tile_loadd(5, s1.codes + b * 64, s1.stride);
-        _tile_loadd(6, A[b].digit[0], 64);
-        _tile_loadd(7, A[b].digit[2], 64);
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        _tile_dpbusd(0, 4, 6);
-        _tile_dpbusd(1, 4, 7);
-        _tile_dpbusd(2, 5, 6);
-        _tile_dpbusd(3, 5, 7);
-        int32_t* c = sc.cb + (b % 2) * 1024;  // two buffers: the next block's stores need not wait
-        _tile_stored(0, c, 64);
-        _tile_stored(1, c + 256, 64);
-        _tile_stored(2, c + 512, 64);
-        _tile_stored(3, c + 768, 64);
-        const __m512 s = _mm512_load_ps(A[b].s), sum = _mm512_load_ps(A[b].sum);
-        for (int h = 0; h < 2; ++h) {
-          const AmxExactStrip& st = sc.strip[h];
-          for (int j = 0; j < 16; ++j) {
-            const __m512i lo = _mm512_load_si512(c + h * 512 + j * 16), hi = _mm512_load_si512(c + h * 512 + 256 + j * 16);
-            const __m512 r = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(hi, 12), lo));
-            acc[h][j] = _mm512_fmadd_ps(r, _mm512_mul_ps(_mm512_set1_ps(st.sc[j * nb + b]), s), acc[h][j]);
-            acc[h][j] = _mm512_fmadd_ps(_mm512_set1_ps(st.mn[j * nb + b]), sum, acc[h][j]);
-          }
-        }
-      }
-      const int64_t rr = std::min<int64_t>(16, rows - mb * 16);
-      for (int h = 0; h < 2; ++h) {
-        const int cols = int(std::min<int64_t>(16, N - n0 - 16 * h));
-        if (cols <= 0) break;
-        const __mmask16 col_mask = lanes_mask(cols);
-        const __m512 bias_f = bias ? load16(bias + n0 + 16 * h, col_mask) : _mm512_setzero_ps();
-        __m512i tr[16];
-        for (int j = 0; j < 16; ++j) tr[j] = _mm512_castps_si512(acc[h][j]);
-        transpose16_epi32(tr);  // tr[i], lane j: row i x column n0 + 16 h + j
-        for (int64_t i = 0; i < rr; ++i) {  // + bias in fp32, one rounding to T
-          __m512 v = _mm512_castsi512_ps(tr[i]);
-          if (bias) v = _mm512_add_ps(v, bias_f);
-          store16(out + (m0 + mb * 16 + i) * N + n0 + 16 * h, v, col_mask);
-        }
-      }
-    }
+    const int64_t n0 = (t % tasks_n) * kCols;
+    for (int64_t mb = 0; mb < rows_pad / 16; ++mb) body(sc, sc.ap + mb * nb, mb == 0, m0 + mb * 16, rows - mb * 16, n0);
   }
   _tile_release();
   }
   return true;
 }
 
-// The same for an INT8 weight (codes s8: 16 q does not fit a byte): three base-256 digits, tiles 4..6
-// (8 k-quads each), TDPBSSD into tiles 0..2, R = 2^16 C2 + (2^8 C1 + C0) in fp32 (two roundings); one
-// strip of 16 columns per task. The loop over K is software-pipelined: block b + 1's products run on
-// the tile unit while the vector units scale block b's (stored to the other half of cb).
+// out[m, n] = sum_k a[m, k] w[n, k] (+ bias[n]) for an INT4 weight, on the tile unit (semantics at the
+// top). 32 output columns (two strips) per task. Per block of K, tile 4 / 5 = the strips' codes
+// [q | 16 q] (16 x 64 bytes), tiles 6 / 7 = the digits (E0, E1) / (E2, E3): TDPBUSD gives
+// C_lo = sum q (16 E1 + E0) and C_hi = sum q (16 E3 + E2) (tiles 0, 1: strip 0; 2, 3: strip 1),
+// R = 2^12 C_hi + C_lo exactly in int32, then one rounding.
+template <class T, class Decode>
+bool amx_exact_gemm_int4(T* out,         // [M, N]
+                         const T* a,     // [M, K], row stride a_stride
+                         int64_t a_stride,
+                         const T* bias,  // [N] or null
+                         int64_t M, int64_t N, int64_t K, Decode decode) {
+  const int64_t nb = K / 32;
+  const AmxTileConfig cfg;  // every tile 16 x 64 bytes
+  return amx_exact_run<true, 32>(a, a_stride, M, N, K, cfg, [&](AmxExactScratch& sc, const AmxExactBlock* A,
+                                                                  bool first, int64_t r0, int64_t rows, int64_t n0) {
+    if (first) {  // the task's strips, for all its row blocks
+      decode(sc.strip[0], n0);
+      decode(sc.strip[1], n0 + 16);
+    }
+    const AmxExactStrip& s0 = sc.strip[0];
+    const AmxExactStrip& s1 = sc.strip[1];
+    __m512 acc[2][16];  // acc[h][j], lane i: weight row n0 + 16 h + j x row r0 + i
+    for (int h = 0; h < 2; ++h)
+      for (int j = 0; j < 16; ++j) acc[h][j] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      _tile_loadd(4, s0.codes + b * 64, s0.stride);
+      _tile_loadd(5, s1.codes + b * 64, s1.stride);
+      _tile_loadd(6, A[b].digit[0], 64);
+      _tile_loadd(7, A[b].digit[2], 64);
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      _tile_dpbusd(0, 4, 6);
+      _tile_dpbusd(1, 4, 7);
+      _tile_dpbusd(2, 5, 6);
+      _tile_dpbusd(3, 5, 7);
+      int32_t* c = sc.cb + (b % 2) * 1024;  // two buffers: the next block's stores need not wait
+      _tile_stored(0, c, 64);
+      _tile_stored(1, c + 256, 64);
+      _tile_stored(2, c + 512, 64);
+      _tile_stored(3, c + 768, 64);
+      const __m512 s = _mm512_load_ps(A[b].s), sum = _mm512_load_ps(A[b].sum);
+      for (int h = 0; h < 2; ++h) {
+        const AmxExactStrip& st = sc.strip[h];
+        for (int j = 0; j < 16; ++j) {
+          const __m512i lo = _mm512_load_si512(c + h * 512 + j * 16), hi = _mm512_load_si512(c + h * 512 + 256 + j * 16);
+          const __m512 r = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(hi, 12), lo));
+          acc[h][j] = _mm512_fmadd_ps(r, _mm512_mul_ps(_mm512_set1_ps(st.sc[j * nb + b]), s), acc[h][j]);
+          acc[h][j] = _mm512_fmadd_ps(_mm512_set1_ps(st.mn[j * nb + b]), sum, acc[h][j]);
+        }
+      }
+    }
+    for (int h = 0; h < 2; ++h)
+      amx_exact_store(out, N, acc[h], r0, rows, n0 + 16 * h, std::min<int64_t>(16, N - n0 - 16 * h), bias);
+  });
+}
+
+// The same for an INT8 weight (codes s8: 16 q does not fit a byte): three base-256 digits, tile 3 the
+// strip's codes (16 x 32 bytes), tiles 4..6 the digits (8 k-quads each), TDPBSSD into tiles 0..2,
+// R = 2^16 C2 + (2^8 C1 + C0) in fp32 (two roundings); 16 output columns per task. The loop over K is
+// software-pipelined: block b + 1's products run on the tile unit while the vector units scale block
+// b's (stored to the other half of cb).
 template <class T, class Decode>
 bool amx_exact_gemm_int8(T* out,         // [M, N]
                          const T* a,     // [M, K], row stride a_stride
                          int64_t a_stride,
                          const T* bias,  // [N] or null
                          int64_t M, int64_t N, int64_t K, Decode decode) {
-  if (K % 32 != 0 || !amx_enabled()) return false;
   const int64_t nb = K / 32;
-  const int64_t strips = (N + 15) / 16;
-  const int64_t nmb = (M + kAmxExactMC - 1) / kAmxExactMC;
-  const int64_t mc = std::min<int64_t>(kAmxExactMC, (M + 15) / 16 * 16);
-  const bool parallel = M * N * K >= kParallelGrain;
-#pragma omp parallel if (parallel)
-  {
-  const AmxExactTileConfig cfg;
-  _tile_loadconfig(&cfg);
-  AmxExactScratch sc(K, mc);
-  AmxExactStrip& strip = sc.strip[0];
-  int64_t packed = -1;  // the row chunk in sc.ap
-#pragma omp for schedule(dynamic, 1)
-  for (int64_t t = 0; t < nmb * strips; ++t) {
-    const int64_t ib = t / strips, m0 = ib * kAmxExactMC, rows = std::min(kAmxExactMC, M - m0);
-    const int64_t rows_pad = (rows + 15) / 16 * 16;
-    if (ib != packed) amx_exact_pack<false>(sc.ap, a, a_stride, m0, rows, rows_pad, K);
-    packed = ib;
-    const int64_t n0 = (t % strips) * 16;
-    const int cols = int(std::min<int64_t>(16, N - n0));
-    decode(strip, n0);
-    const __mmask16 col_mask = lanes_mask(cols);
-    const __m512 bias_f = bias ? load16(bias + n0, col_mask) : _mm512_setzero_ps();
-    for (int64_t mb = 0; mb < rows_pad / 16; ++mb) {
-      const AmxExactBlock* A = sc.ap + mb * nb;
-      auto products = [&](int64_t b) {  // block b's three digit products
-        _tile_loadd(3, strip.codes + b * 32, strip.stride);
-        _tile_loadd(4, A[b].digit[0], 64);
-        _tile_loadd(5, A[b].digit[1], 64);
-        _tile_loadd(6, A[b].digit[2], 64);
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_dpbssd(0, 3, 4);
-        _tile_dpbssd(1, 3, 5);
-        _tile_dpbssd(2, 3, 6);
-      };
-      auto store = [&](int64_t b) {
-        int32_t* c = sc.cb + (b % 2) * 768;
-        _tile_stored(0, c, 64);
-        _tile_stored(1, c + 256, 64);
-        _tile_stored(2, c + 512, 64);
-      };
-      __m512 acc[16];  // acc[j], lane i: weight row n0 + j x row m0 + 16 mb + i
-      for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
-      products(0);
-      store(0);
-      for (int64_t b = 0; b < nb; ++b) {
-        if (b + 1 < nb) products(b + 1);
-        const int32_t* c = sc.cb + (b % 2) * 768;
-        const __m512 s = _mm512_load_ps(A[b].s);
-        for (int j = 0; j < 16; ++j) {
-          const __m512i c0 = _mm512_load_si512(c + j * 16), c1 = _mm512_load_si512(c + 256 + j * 16),
-                        c2 = _mm512_load_si512(c + 512 + j * 16);
-          const __m512 r = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c2), _mm512_set1_ps(65536.f),
-                                           _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(c1, 8), c0)));
-          acc[j] = _mm512_fmadd_ps(r, _mm512_mul_ps(_mm512_set1_ps(strip.sc[j * nb + b]), s), acc[j]);
-        }
-        if (b + 1 < nb) store(b + 1);
+  AmxTileConfig cfg;
+  cfg.colsb[3] = 32;
+  for (int t = 4; t < 7; ++t) cfg.rows[t] = 8;
+  return amx_exact_run<false, 16>(a, a_stride, M, N, K, cfg, [&](AmxExactScratch& sc, const AmxExactBlock* A,
+                                                                   bool first, int64_t r0, int64_t rows, int64_t n0) {
+    AmxExactStrip& strip = sc.strip[0];
+    if (first) decode(strip, n0);
+    auto products = [&](int64_t b) {  // block b's three digit products
+      _tile_loadd(3, strip.codes + b * 32, strip.stride);
+      _tile_loadd(4, A[b].digit[0], 64);
+      _tile_loadd(5, A[b].digit[1], 64);
+      _tile_loadd(6, A[b].digit[2], 64);
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_dpbssd(0, 3, 4);
+      _tile_dpbssd(1, 3, 5);
+      _tile_dpbssd(2, 3, 6);
+    };
+    auto store = [&](int64_t b) {
+      int32_t* c = sc.cb + (b % 2) * 768;
+      _tile_stored(0, c, 64);
+      _tile_stored(1, c + 256, 64);
+      _tile_stored(2, c + 512, 64);
+    };
+    __m512 acc[16];  // acc[j], lane i: weight row n0 + j x row r0 + i
+    for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+    products(0);
+    store(0);
+    for (int64_t b = 0; b < nb; ++b) {
+      if (b + 1 < nb) products(b + 1);
+      const int32_t* c = sc.cb + (b % 2) * 768;
+      const __m512 s = _mm512_load_ps(A[b].s);
+      for (int j = 0; j < 16; ++j) {
+        const __m512i c0 = _mm512_load_si512(c + j * 16), c1 = _mm512_load_si512(c + 256 + j * 16),
+                      c2 = _mm512_load_si512(c + 512 + j * 16);
+        const __m512 r = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c2), _mm512_set1_ps(65536.f),
+                                         _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(c1, 8), c0)));
+        acc[j] = _mm512_fmadd_ps(r, _mm512_mul_ps(_mm512_set1_ps(strip.sc[j * nb + b]), s), acc[j]);
       }
-      __m512i tr[16];
-      for (int j = 0; j < 16; ++j) tr[j] = _mm512_castps_si512(acc[j]);
-      transpose16_epi32(tr);  // tr[i], lane j: row i x column n0 + j
-      const int64_t rr = std::min<int64_t>(16, rows - mb * 16);
-      for (int64_t i = 0; i < rr; ++i) {  // + bias in fp32, one rounding to T
-        __m512 v = _mm512_castsi512_ps(tr[i]);
-        if (bias) v = _mm512_add_ps(v, bias_f);
-        store16(out + (m0 + mb * 16 + i) * N + n0, v, col_mask);
-      }
+      if (b + 1 < nb) store(b + 1);
     }
-  }
-  _tile_release();
-  }
-  return true;
+    amx_exact_store(out, N, acc, r0, rows, n0, std::min<int64_t>(16, N - n0), bias);
+  });
 }
 
 // Strip n0's 16 rows of an INT4 weight (layout: int4.h): per 32-element block the codes q, then 16 q.
