@@ -30,8 +30,9 @@ namespace dk {
 namespace cpu {
 
 // From this many rows of a, int4_gemm / int8_gemm decode each weight panel once to fp32 and run
-// the register-blocked fp32 kernel (int4_tiled.h); fewer rows decode in registers: one row by the
-// GEMV below, 2 .. 8 by the register-blocked kernels of quant_small_m.h.
+// the register-blocked fp32 kernel (int4_tiled.h), or on AMX CPUs the tile unit (bf16: quant_amx.h;
+// fp32 / fp16: exact integer products, quant_amx_exact.h); fewer rows decode in registers: one row by
+// the GEMV below, 2 .. 8 by the register-blocked kernels of quant_small_m.h.
 constexpr int64_t kTiledQuantGemmMinM = 9;
 
 struct Int4GemmParams {
