@@ -281,8 +281,10 @@ bool amx_exact_gemm_int4(T* out,         // [M, N]
       _tile_stored(2, c + 512, 64);
       _tile_stored(3, c + 768, 64);
       const __m512 s = _mm512_load_ps(A[b].s), sum = _mm512_load_ps(A[b].sum);
+#pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
         const AmxExactStrip& st = sc.strip[h];
+#pragma GCC unroll 16
         for (int j = 0; j < 16; ++j) {
           const __m512i lo = _mm512_load_si512(c + h * 512 + j * 16), hi = _mm512_load_si512(c + h * 512 + 256 + j * 16);
           const __m512 r = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(hi, 12), lo));
