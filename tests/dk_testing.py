@@ -41,15 +41,20 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
     torch.testing.assert_close(a, e, **TOL[dtype], msg=lambda m: f"{what} [{dtype}]: {m}")
 
 
+def _cpu_flags() -> list[str]:
+    """The CPU's feature flags (/proc/cpuinfo), [] where unreadable."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return []
+
+
 def cpu_amx_expected() -> bool:
     """Whether the CPU's bf16 INT4/INT8 GEMMs of 9+ rows run on the AMX tile unit (gemm/quant_amx.h), with
     the decoded weight rounded to bf16 (as CUDA's tensor cores): a CPU with AMX, a -march=native build
     (setup.py's default) and DECODEKIT_CPU_AMX not 0."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:
-        return False
+    flags = _cpu_flags()
     return ("amx_bf16" in flags and "amx_tile" in flags and os.environ.get("DECODEKIT_CPU_AMX", "1") != "0"
             and os.environ.get("DECODEKIT_NATIVE", "1") != "0" and not os.environ.get("DECODEKIT_MARCH"))
 
@@ -57,10 +62,7 @@ def cpu_amx_expected() -> bool:
 def cpu_amx_exact_expected() -> bool:
     """Whether the CPU's fp32 / fp16 INT4/INT8 GEMMs of 9+ rows run on the AMX int8 unit with exact integer
     products (gemm/quant_amx_exact.h): cpu_amx_expected() and AMX-INT8."""
-    if not cpu_amx_expected():
-        return False
-    with open("/proc/cpuinfo") as f:
-        return "amx_int8" in next((line for line in f if line.startswith("flags")), "").split()
+    return cpu_amx_expected() and "amx_int8" in _cpu_flags()
 
 
 def randn(shape, dtype, device, gen: torch.Generator, scale: float = 1.0) -> torch.Tensor:

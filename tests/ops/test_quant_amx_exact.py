@@ -19,6 +19,7 @@ import torch
 
 from dk_testing import cpu_amx_exact_expected, random_int4_weight, random_int8_weight, randn, strided_rows
 from decodekit import ops
+from decodekit.ops import reference as ref
 
 
 EXACT_EXPECTED = cpu_amx_exact_expected()
@@ -30,10 +31,7 @@ def _codes(w) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(codes [N, K] float64, per-block scales [N, K / 32], per-block mins or None) of a packed weight."""
     G = w.group_size
     if hasattr(w, "mins"):
-        qw = w.qweight.view(torch.uint8).to(torch.int64)
-        N = qw.shape[0]
-        g = qw.view(N, -1, G // 2)
-        codes = torch.cat([g & 15, g >> 4], dim=2).reshape(N, -1)  # group: low nibbles, then high
+        codes = ref._int4_codes(w.qweight, G).reshape(w.qweight.shape[0], -1).to(torch.int64)
         mins = w.mins.float().double().repeat_interleave(G // 32, dim=1)
     else:
         codes, mins = w.qweight.to(torch.int64), None

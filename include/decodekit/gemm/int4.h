@@ -41,16 +41,6 @@ struct Int4GemmParams {
   int64_t a_stride;    // row stride of a (elements)
 };
 
-// n fp16 values as fp32 (hardware conversion where available; exact either way).
-inline void half_row_to_float(const half_t* src, float* dst, int64_t n) {
-#if defined(__AVX512F__) && defined(__F16C__)
-  for (int64_t i = 0; i < n; i += 16)  // the tail too in one masked convert (not a software fp16 decode)
-    _mm512_mask_storeu_ps(dst + i, lanes_mask(n - i), half16_lanes(src + i, n - i));
-#else
-  for (int64_t i = 0; i < n; ++i) dst[i] = half_to_float(src[i].bits);
-#endif
-}
-
 #if defined(__AVX512F__)
 // res[r] += sum_g sc[g] * sum_i a_r[g*G + i] * q[g*G + i] for MM rows of a (row stride K), G a
 // multiple of 32: each 16 code bytes are widened once, scaled once, and used by all MM rows.

@@ -8,8 +8,8 @@
 // weight of int4_dequantize / int8_dequantize (scale * q + min, one rounding), rounded to bf16
 // (RNE) for the tile unit, fp32 accumulation (the hardware's order), bias added in fp32, one
 // rounding of the output. Only for bf16 activations (fp32 / fp16 activations run exact integer
-// products on the AMX int8 unit instead: quant_amx_exact.h) and M >= kTiledQuantGemmMinM (1 .. 8 rows keep the GEMV arithmetic, which
-// speculative verification needs bit for bit).
+// products on the AMX int8 unit instead: quant_amx_exact.h) and M >= kTiledQuantGemmMinM (1 .. 8
+// rows keep the GEMV arithmetic, which speculative verification needs bit for bit).
 //
 // Work: tasks = (chunk of <= kAmxMC rows of a) x (strip of NR = 32 output columns). The tile unit
 // computes the transpose, C[n][m] = sum_k W[n][k] A[m][k]: a task decodes its strip's 32 weight rows

@@ -34,6 +34,7 @@
 // Work: tasks = (chunk of <= kAmxExactMC rows of a) x (32 or 16 output columns), as quant_amx.h.
 #pragma once
 #include "decodekit/gemm/quant_amx.h"
+#include "decodekit/gemm/quant_small_m.h"  // half_row_to_float
 
 #if defined(DK_AMX_QUANT_GEMM) && defined(__AMX_INT8__)
 #define DK_AMX_EXACT_GEMM 1
@@ -147,24 +148,15 @@ struct AmxExactStrip {
   uint8_t* buf;    // [16][2 K] the thread's code buffer
 };
 
-// n fp16 -> fp32 (hardware conversion, masked tail).
-DK_FORCE_INLINE void amx_exact_halves(float* dst, const half_t* src, int64_t n) {
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = lanes_mask(n - i);
-    _mm512_mask_storeu_ps(dst + i, m, load16(src + i, m));
-  }
-}
-
 // The per-row scale (and min) of every 32-element block: a group's values repeated G / 32 times.
 DK_FORCE_INLINE void amx_exact_block_scales(float* dst, const half_t* src, int64_t K, int G) {
   const int64_t ng = K / G;
   if (G == 32) {
-    amx_exact_halves(dst, src, ng);
+    half_row_to_float(src, dst, ng);
     return;
   }
   for (int64_t g = 0; g < ng; ++g) {
-    float v;
-    amx_exact_halves(&v, src + g, 1);
+    const float v = half_to_float(src[g].bits);  // one per G >= 64 elements: scalar
     for (int c = 0; c < G / 32; ++c) dst[g * (G / 32) + c] = v;
   }
 }

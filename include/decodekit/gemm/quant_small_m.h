@@ -36,6 +36,20 @@ DK_FORCE_INLINE __m512 half16_lanes(const half_t* p, int64_t n) {
 #endif
 }
 
+#endif
+
+// n fp16 values as fp32 (hardware conversion where available; exact either way).
+inline void half_row_to_float(const half_t* src, float* dst, int64_t n) {
+#if defined(__AVX512F__) && defined(__F16C__)
+  for (int64_t i = 0; i < n; i += 16)  // the tail too in one masked convert (not a software fp16 decode)
+    _mm512_mask_storeu_ps(dst + i, lanes_mask(n - i), half16_lanes(src + i, n - i));
+#else
+  for (int64_t i = 0; i < n; ++i) dst[i] = half_to_float(src[i].bits);
+#endif
+}
+
+#if defined(__AVX512F__) && defined(__F16C__)
+
 // INT4's per-row minimum term sum_g min[g] * asum[g] over n groups, as 16 lanes (lane i: groups i,
 // i + 16, ..., fma in that order; lanes past n zero), added to the row's accumulator before its one
 // reduction (reduce16_rows).
