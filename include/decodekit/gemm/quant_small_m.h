@@ -97,6 +97,11 @@ DK_FORCE_INLINE __m512 int4_codes_ps() {
   return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 }
 
+// 16 int8 codes as fp32 lanes (exact).
+DK_FORCE_INLINE __m512 int8x16_to_ps(const int8_t* q) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))));
+}
+
 // A register tile's shape as a type (to pass to a generic lambda): NB weight rows x MM activation rows.
 template <int NB, int MM>
 struct Tile {
@@ -111,6 +116,16 @@ DK_FORCE_INLINE void small_m_begin(int64_t nb, int64_t N, int64_t (&rows)[NB], _
     rows[j] = std::min<int64_t>(nb * NB + j, N - 1);
     for (int r = 0; r < MM; ++r) acc[j][r] = _mm512_setzero_ps();
   }
+}
+
+// sc[j][i] = the scale of group g0 + i of weight row rows[j] as fp32 (i < gn <= 16): converted 16 groups at a
+// time, so that the group loop reads each scale as a broadcast load instead of a convert + broadcast per
+// group and weight row (the GEMV's way, gemv_rows_g32_avx512). Exact, so the same bits either way.
+template <int NB>
+DK_FORCE_INLINE void small_m_scales(const half_t* scales, int64_t ng, int64_t g0, int64_t gn,
+                                    const int64_t (&rows)[NB], float (&sc)[NB][16]) {
+  DK_UNROLL_ALL
+  for (int j = 0; j < NB; ++j) half_row_to_float(scales + rows[j] * ng + g0, sc[j], gn);
 }
 
 // out[r, n] = reduce16(acc[j][r] + extra(n, r)) (+ bias[n]) for the block's real rows, the GEMV's
@@ -159,16 +174,21 @@ void int4_small_m_block(T* out, int64_t out_stride, const float* a, const float*
     int64_t rows[NB];
     __m512 acc[NB][MM];
     small_m_begin(nb, N, rows, acc);
-    for (int64_t g = 0; g < ng; ++g) {
-      DK_UNROLL_ALL
-      for (int j = 0; j < NB; ++j) {
-        const uint8_t* q = qweight + rows[j] * (K / 2) + g * half;
-        prefetch_row_ahead(q + NB * (K / 2), g * half);
-        const __m512 t = _mm512_mul_ps(codes, _mm512_set1_ps(_cvtsh_ss(scales[rows[j] * ng + g].bits)));
-        // elements g*G + c.. (low nibbles), g*G + half + c.. (high); the first chunk outside the
-        // loop (G = 32: the only one) keeps the accumulators in registers
-        int4_chunk_fma<MM>(q, t, a + g * G, K, half, acc[j]);
-        for (int64_t c = 16; c < half; c += 16) int4_chunk_fma<MM>(q + c, t, a + g * G + c, K, half, acc[j]);
+    alignas(64) float sc[NB][16];  // sc[j][i]: weight row j's scale of group g0 + i
+    for (int64_t g0 = 0; g0 < ng; g0 += 16) {
+      const int64_t gn = std::min<int64_t>(16, ng - g0);
+      small_m_scales(scales, ng, g0, gn, rows, sc);
+      for (int64_t g = g0; g < g0 + gn; ++g) {
+        DK_UNROLL_ALL
+        for (int j = 0; j < NB; ++j) {
+          const uint8_t* q = qweight + rows[j] * (K / 2) + g * half;
+          prefetch_row_ahead(q + NB * (K / 2), g * half);
+          const __m512 t = _mm512_mul_ps(codes, _mm512_set1_ps(sc[j][g - g0]));
+          // elements g*G + c.. (low nibbles), g*G + half + c.. (high); the first chunk outside the
+          // loop (G = 32: the only one) keeps the accumulators in registers
+          int4_chunk_fma<MM>(q, t, a + g * G, K, half, acc[j]);
+          for (int64_t c = 16; c < half; c += 16) int4_chunk_fma<MM>(q + c, t, a + g * G + c, K, half, acc[j]);
+        }
       }
     }
     small_m_end<true>(out, out_stride, bias, nb, N, rows, acc,
@@ -176,8 +196,10 @@ void int4_small_m_block(T* out, int64_t out_stride, const float* a, const float*
   }
 }
 
-// INT8 (w = scale * q), the GEMV's arithmetic (int8_gemv_g32_avx512): per group the unscaled 16-lane dot
-// t = q_0 * a_0 (+ fma q_c * a_c, chunk by chunk), then acc = fma(t, scale, acc); G a multiple of 32.
+// INT8 (w = scale * q), the GEMV's arithmetic (int8_gemv_g32_avx512): per 16-code chunk the decoded weights
+// w = q * d (exact: 8 x 11 significant bits), then acc = fma(w, a, acc) chunk by chunk; G a multiple of 32.
+// Per 32 weights: 4 decode uops (2 widen-convert pairs) and 2 scale multiplies shared by the MM rows, 2 FMAs
+// per row (an unscaled dot per group then fma(dot, d, acc) took 3 a row).
 template <int NB, int MM, class T>
 void int8_small_m_block(T* out, int64_t out_stride, const float* a, const int8_t* qweight, const half_t* scales,
                         const T* bias, int64_t N, int64_t K, int G) {
@@ -187,27 +209,22 @@ void int8_small_m_block(T* out, int64_t out_stride, const float* a, const int8_t
     int64_t rows[NB];
     __m512 acc[NB][MM];
     small_m_begin(nb, N, rows, acc);
-    for (int64_t g = 0; g < ng; ++g) {
-      DK_UNROLL_ALL
-      for (int j = 0; j < NB; ++j) {
-        const int8_t* q = qweight + rows[j] * K + g * G;
-        prefetch_row_ahead(q + NB * K, g * G);
-        __m512 t[MM];
-        for (int c = 0; c < G; c += 32) {
-          const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + c))));
-          const __m512 q1 =
-              _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + c + 16))));
-          const float* ag = a + g * G + c;
-          DK_UNROLL_ALL
-          for (int r = 0; r < MM; ++r) {
-            const __m512 p = _mm512_loadu_ps(ag + r * K);
-            t[r] = _mm512_fmadd_ps(q1, _mm512_loadu_ps(ag + r * K + 16),
-                                   c == 0 ? _mm512_mul_ps(q0, p) : _mm512_fmadd_ps(q0, p, t[r]));
+    alignas(64) float sc[NB][16];  // sc[j][i]: weight row j's scale of group g0 + i
+    for (int64_t g0 = 0; g0 < ng; g0 += 16) {
+      const int64_t gn = std::min<int64_t>(16, ng - g0);
+      small_m_scales(scales, ng, g0, gn, rows, sc);
+      for (int64_t g = g0; g < g0 + gn; ++g) {
+        DK_UNROLL_ALL
+        for (int j = 0; j < NB; ++j) {
+          const int8_t* q = qweight + rows[j] * K + g * G;
+          prefetch_row_ahead(q + NB * K, g * G);
+          const __m512 d = _mm512_set1_ps(sc[j][g - g0]);
+          for (int c = 0; c < G; c += 16) {
+            const __m512 w = _mm512_mul_ps(int8x16_to_ps(q + c), d);
+            DK_UNROLL_ALL
+            for (int r = 0; r < MM; ++r) acc[j][r] = _mm512_fmadd_ps(w, _mm512_loadu_ps(a + r * K + g * G + c), acc[j][r]);
           }
         }
-        const __m512 d = _mm512_set1_ps(_cvtsh_ss(scales[rows[j] * ng + g].bits));
-        DK_UNROLL_ALL
-        for (int r = 0; r < MM; ++r) acc[j][r] = _mm512_fmadd_ps(t[r], d, acc[j][r]);
       }
     }
     small_m_end<false>(out, out_stride, bias, nb, N, rows, acc, [](int64_t, int) { return _mm512_setzero_ps(); });
@@ -216,12 +233,15 @@ void int8_small_m_block(T* out, int64_t out_stride, const float* a, const int8_t
 
 // Row counts 1 .. 8 (compile-time so the accumulators stay in registers). INT4: 4 weight rows per
 // block up to 5 activation rows (swept 2..12 on one Xeon core, cache-resident SmolLM2 shapes: M = 5 is
-// 1.14x faster at 4 than at 2); 6 .. 8 rows as two passes over the weights, 3 + 3, 4 + 3, 4 + 4 (SmolLM2's
-// 30 layers from DRAM on 2 EPYC cores, mean of 6 alternations: M = 6 8.27 -> 7.78 ms, 7 9.81 -> 8.29,
-// 8 12.60 -> 9.10 against one pass at 2 weight rows per block: the 4-row blocks keep the activation
-// chunks in registers, which the one-pass 2 x 7 tile cannot, and the second weight read is mostly from
-// L3). Each row's arithmetic is the GEMV's either way. INT8: 4 up to 4, 2 beyond (at most 16
-// accumulators; two passes gained <= 5% there). Returns false for other M / G.
+// 1.14x faster at 4 than at 2); 6 rows in one pass of 3 weight rows per block (after the scales became
+// broadcast loads: 1.08-1.17x the 3 + 3 passes, tools/ab_quant_gemm.sh on a 2-core Sapphire Rapids);
+// 7 .. 8 rows as two passes over the weights, 4 + 3, 4 + 4 (SmolLM2's 30 layers from DRAM on 2 EPYC
+// cores, mean of 6 alternations: M = 7 9.81 -> 8.29, 8 12.60 -> 9.10 ms against one pass at 2 weight
+// rows per block: the 4-row blocks keep the activation chunks in registers, which the one-pass 2 x 7
+// tile cannot, and the second weight read is mostly from L3; one pass of 3 x 7, 2 x 7, 2 x 8 or 3 x 8
+// measured 0.71-0.96x on Sapphire Rapids). Each row's arithmetic is the GEMV's either way. INT8: 4 up
+// to 4, 2 beyond (at most 16 accumulators; two passes gained <= 5% there; 4 x 5, 4 x 6, 3 x 7, 3 x 8
+// measured no better). Returns false for other M / G.
 template <class T>
 bool int4_gemm_small_m(T* out, const float* a, const float* asum, const uint8_t* qweight, const half_t* scales,
                        const half_t* mins, const T* bias, int64_t M, int64_t N, int64_t K, int G) {
@@ -238,7 +258,7 @@ bool int4_gemm_small_m(T* out, const float* a, const float* asum, const uint8_t*
     case 3: rows(Tile<4, 3>{}, 0); return true;
     case 4: rows(Tile<4, 4>{}, 0); return true;
     case 5: rows(Tile<4, 5>{}, 0); return true;
-    case 6: rows(Tile<4, 3>{}, 0); rows(Tile<4, 3>{}, 3); return true;
+    case 6: rows(Tile<3, 6>{}, 0); return true;
     case 7: rows(Tile<4, 4>{}, 0); rows(Tile<4, 3>{}, 4); return true;
     case 8: rows(Tile<4, 4>{}, 0); rows(Tile<4, 4>{}, 4); return true;
     default: return false;
