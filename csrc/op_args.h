@@ -425,17 +425,27 @@ inline void kv_cache_shape(const char* op, const at::Tensor& key_cache, const at
       .device_as(key_cache, "key_cache").contiguous();
 }
 
+// Whether a CPU kernel takes a 16-bit (Half / BFloat16) cache under Float32 activations (a float32 model
+// with a bfloat16 / float16 KV cache: half the cache's bytes; the rows are rounded to nearest even on write).
+inline bool kv_cache_mixed(const at::Tensor& key_cache, at::ScalarType act) {
+  const auto c = key_cache.scalar_type();
+  return key_cache.device().is_cpu() && act == at::kFloat && (c == at::kHalf || c == at::kBFloat16);
+}
+
 // The KV cache's element type against the activations' (key/value or query, dtype `act`):
 // the same dtype, or fp8 e4m3 (then k_scale / v_scale: float32 [1] (per tensor) or
-// [num_kv_heads] (per KV head), each independently, on the cache's device; absent = 1.0).
+// [num_kv_heads] (per KV head), each independently, on the cache's device; absent = 1.0), or on
+// the CPU a Half / BFloat16 cache under Float32 activations (kv_cache_mixed).
 // Returns whether the cache is fp8 (no scales allowed otherwise).
 inline bool kv_cache_scales(const char* op, const at::Tensor& key_cache, at::ScalarType act, const char* act_name,
                             const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
                             int num_kv_heads) {
   const bool fp8 = key_cache.scalar_type() == at::kFloat8_e4m3fn;
   if (!fp8) {
-    TORCH_CHECK(key_cache.scalar_type() == act, op, ": 'key_cache' is ", key_cache.scalar_type(), " but '", act_name,
-                "' is ", act, " (the cache holds the activations' dtype, or Float8_e4m3fn)");
+    TORCH_CHECK(key_cache.scalar_type() == act || kv_cache_mixed(key_cache, act), op, ": 'key_cache' is ",
+                key_cache.scalar_type(), " but '", act_name, "' is ", act,
+                " (the cache holds the activations' dtype or Float8_e4m3fn; on the CPU a Float32 '", act_name,
+                "' may also use a BFloat16 or Half cache)");
     TORCH_CHECK(!k_scale.has_value() && !v_scale.has_value(), op,
                 ": 'k_scale'/'v_scale' are only for an fp8 (Float8_e4m3fn) KV cache, got a ", key_cache.scalar_type(),
                 " cache");

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -14,6 +15,18 @@
 #include "decodekit/attention/cpu.h"
 
 namespace {
+
+// f(C{}) with C the cache's element type for activations T (checked by kv_cache_scales): fp8, T itself,
+// or for float activations a 16-bit cache (kv_cache_mixed).
+template <class T, class F>
+void with_cache_type(const at::Tensor& key_cache, bool fp8, F&& f) {
+  if (fp8) return f(dk::fp8_e4m3_t{});
+  if constexpr (std::is_same_v<T, float>) {
+    if (key_cache.scalar_type() == at::kBFloat16) return f(dk::bf16_t{});
+    if (key_cache.scalar_type() == at::kHalf) return f(dk::half_t{});
+  }
+  f(T{});
+}
 
 void reshape_and_cache_cpu(const at::Tensor& key,        // [T, Hk, D]
                            const at::Tensor& value,      // [T, Hk, D]
@@ -31,14 +44,12 @@ void reshape_and_cache_cpu(const at::Tensor& key,        // [T, Hk, D]
                 " is outside the cache (num_blocks * block_size = ", num_slots, ")");
   const dk::PagedLayout L{a.num_kv_heads, a.block_size, a.head_dim};
   DK_CPU_DISPATCH_FLOATING(key.scalar_type(), "decodekit::reshape_and_cache", [&] {
-    if (a.fp8)
-      dk::cpu::reshape_and_cache<scalar_t, dk::fp8_e4m3_t>(
-          dk_ptr<scalar_t>(key), dk_ptr<scalar_t>(value), a.k_stride, a.v_stride, dk_ptr<dk::fp8_e4m3_t>(key_cache),
-          dk_ptr<dk::fp8_e4m3_t>(value_cache), slots, a.num_tokens, L, a.kv);
-    else
-      dk::cpu::reshape_and_cache<scalar_t>(dk_ptr<scalar_t>(key), dk_ptr<scalar_t>(value), a.k_stride, a.v_stride,
-                                           dk_ptr<scalar_t>(key_cache), dk_ptr<scalar_t>(value_cache), slots,
-                                           a.num_tokens, L);
+    with_cache_type<scalar_t>(key_cache, a.fp8, [&](auto cache_tag) {
+      using C = decltype(cache_tag);
+      dk::cpu::reshape_and_cache<scalar_t, C>(dk_ptr<scalar_t>(key), dk_ptr<scalar_t>(value), a.k_stride,
+                                              a.v_stride, dk_ptr<C>(key_cache), dk_ptr<C>(value_cache), slots,
+                                              a.num_tokens, L, a.kv);
+    });
   });
 }
 
@@ -82,13 +93,11 @@ void paged_attention_cpu(at::Tensor& out,                    // [T, Hq, D]
                                   dk::PagedLayout{a.num_kv_heads, a.block_size, a.head_dim}, a.window};
   float* lse_ptr = lse.has_value() ? lse->data_ptr<float>() : nullptr;
   DK_CPU_DISPATCH_FLOATING(query.scalar_type(), op, [&] {
-    if (a.fp8)
-      dk::cpu::paged_attention<scalar_t, dk::fp8_e4m3_t>(
-          dk_ptr<scalar_t>(out), lse_ptr, dk_ptr<scalar_t>(query), dk_ptr<dk::fp8_e4m3_t>(key_cache),
-          dk_ptr<dk::fp8_e4m3_t>(value_cache), bt, lens, qsl, P, a.kv);
-    else
-      dk::cpu::paged_attention<scalar_t>(dk_ptr<scalar_t>(out), lse_ptr, dk_ptr<scalar_t>(query),
-                                         dk_ptr<scalar_t>(key_cache), dk_ptr<scalar_t>(value_cache), bt, lens, qsl, P);
+    with_cache_type<scalar_t>(key_cache, a.fp8, [&](auto cache_tag) {
+      using C = decltype(cache_tag);
+      dk::cpu::paged_attention<scalar_t, C>(dk_ptr<scalar_t>(out), lse_ptr, dk_ptr<scalar_t>(query),
+                                            dk_ptr<C>(key_cache), dk_ptr<C>(value_cache), bt, lens, qsl, P, a.kv);
+    });
   });
 }
 

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "check.h"
@@ -127,6 +128,10 @@ template <class T>
 void run_all_caches(Rng& rng, const Case& c) {
   run_case<T, T>(rng, c);
   run_case<T, dk::fp8_e4m3_t>(rng, c);
+  if constexpr (std::is_same_v<T, float>) {  // a float32 model's 16-bit cache (--kv-cache-dtype bfloat16|float16)
+    run_case<T, dk::bf16_t>(rng, c);
+    run_case<T, dk::half_t>(rng, c);
+  }
 }
 
 }  // namespace

@@ -116,6 +116,36 @@ def test_fp8_kv_cache_stays_close_to_hf(llm, hf_model):
     assert top1 >= 0.85 and top5 == 1.0, f"fp8 KV, teacher-forced on HF's greedy tokens: top-1 {top1:.3f}, top-5 {top5:.3f}"
 
 
+@pytest.mark.parametrize("kv", ["bfloat16", "float16"])
+def test_16bit_kv_cache_for_fp32_model_stays_close_to_hf(llm, hf_model, kv):
+    """kv_cache_dtype bfloat16 / float16 under the float32 model (CPU): half the cache's bytes, so twice the
+    blocks in the same memory; K and V rounded once when written (8 / 11 significant bits), so the
+    teacher-forced next-token argmax on HF's greedy continuations stays HF's nearly always, and the first
+    generated token's logprobs stay within a few hundredths of a nat of HF's (fp8 above: ~0.7)."""
+    from decodekit import LLM
+    llm16 = LLM(None, dtype="float32", device="cpu", kv_cache_memory="256MiB", kv_cache_dtype=kv, seed=0)
+    llm32 = LLM(None, dtype="float32", device="cpu", kv_cache_memory="256MiB", seed=0)
+    assert llm16.engine.runner.kv_caches[0][0].dtype == getattr(torch, kv)
+    assert llm16.engine.kv_manager.num_blocks == 2 * llm32.engine.kv_manager.num_blocks
+    n = 12
+    forced, want = [], []
+    for p in _prompts(llm):
+        theirs, _ = _hf_greedy(hf_model, p, n)
+        for k in range(n):
+            forced.append({"prompt_token_ids": p + theirs[:k]})
+            want.append(theirs[k])
+    outs = llm16.generate(forced, SamplingParams(temperature=0, max_tokens=1, logprobs=5))
+    top1 = sum(o.outputs[0].token_ids[0] == w for o, w in zip(outs, want)) / len(want)
+    top5 = sum(w in o.outputs[0].logprobs[0] for o, w in zip(outs, want)) / len(want)
+    assert top1 >= 0.97 and top5 == 1.0, f"{kv} KV, teacher-forced on HF's greedy tokens: top-1 {top1:.3f}, top-5 {top5:.3f}"
+    ids = llm.tokenizer.encode("The quick brown fox jumps over the lazy")
+    lp = llm16.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=1, logprobs=5))[0]
+    with torch.no_grad():
+        ref = torch.log_softmax(hf_model(torch.tensor([ids])).logits[0, -1].double(), -1)
+    worst = max(abs(v.logprob - ref[tok].item()) for tok, v in lp.outputs[0].logprobs[0].items())
+    assert worst < 0.05, f"{kv} KV: first-token logprobs {worst:.4f} nats from HF's"
+
+
 def test_prompt_logprobs_match_hf(llm, hf_model):
     """prompt_logprobs: per prompt position after the first, the token's logprob, rank and the top-3 from
     transformers' full forward (float64 log-softmax; the same 1e-3 as the generated tokens' logprobs); a

@@ -151,3 +151,19 @@ def test_kv_cache_memory_beyond_the_machine_is_refused():
     """Was: the process was OOM-killed (SIGKILL) allocating the pool, no error at all."""
     with pytest.raises(ValueError, match=r"kv_cache_memory \(.* GiB\) exceeds this machine's memory"):
         embedded_llm(kv_cache_memory="1000000GiB")
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(dtype="bfloat16", kv_cache_dtype="float16"),
+     r"kv_cache_dtype='float16' needs a float16 model, or a float32 model on the CPU; this engine runs bfloat16"),
+    (dict(dtype="float16", kv_cache_dtype="bfloat16"), r"kv_cache_dtype='bfloat16' needs a bfloat16 model"),
+    (dict(kv_cache_dtype="int8"), r"kv_cache_dtype must be one of auto, fp8, fp8_e4m3, bfloat16, float16"),
+])
+def test_kv_cache_dtype_combinations_the_kernels_lack_are_refused_up_front(kw, match):
+    """A 16-bit KV cache under another 16-bit model (or on CUDA under float32) has no kernel: refused when the
+    arguments are made, naming the field, before any model is loaded."""
+    from decodekit.engine.args import EngineArgs
+    with pytest.raises(ValueError, match=match):
+        EngineArgs(device="cpu", **kw)
+    EngineArgs(device="cpu", dtype="bfloat16", kv_cache_dtype="bfloat16")   # the model's own dtype: fine
+    EngineArgs(device="cpu", dtype="float32", kv_cache_dtype="float16")

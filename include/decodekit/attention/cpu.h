@@ -86,7 +86,8 @@ inline void cache_row_to_float(const C* src, float* dst, int n) {
   }
 }
 
-// T: the activations' storage type; C: the cache's (T, or fp8_e4m3_t: x / scale quantized).
+// T: the activations' storage type; C: the cache's (T; fp8_e4m3_t: x / scale quantized; or for float
+// activations bf16_t / half_t: each element rounded to nearest even).
 template <class T, class C = T>
 void reshape_and_cache(const T* key,              // [T, Hk, D], token stride k_stride
                        const T* value,            // [T, Hk, D], token stride v_stride
@@ -109,9 +110,14 @@ void reshape_and_cache(const T* key,              // [T, Hk, D], token stride k_
           key_cache[dst + d].bits = quantize_fp8_e4m3(to_float(k[d]), ks);
           value_cache[dst + d].bits = quantize_fp8_e4m3(to_float(v[d]), vs);
         }
-      } else {
+      } else if constexpr (std::is_same_v<T, C>) {
         std::copy_n(k, D, key_cache + dst);
         std::copy_n(v, D, value_cache + dst);
+      } else {
+        for (int d = 0; d < D; ++d) {
+          key_cache[dst + d] = from_float<C>(to_float(k[d]));
+          value_cache[dst + d] = from_float<C>(to_float(v[d]));
+        }
       }
     }
   }
@@ -185,8 +191,9 @@ struct PagedAttentionParams {
 // One work item: sequence s, KV head h, new-token rows [t0, t1) of that sequence.
 struct AttnWork { int s, h; int64_t t0, t1; };
 
-// T: query/out storage type; C: the cache's (T, or fp8_e4m3_t read as float(q) * scale:
-// k_scale is folded into the pre-scaled query, v_scale into the final normalisation).
+// T: query/out storage type; C: the cache's (T; fp8_e4m3_t read as float(q) * scale: k_scale is folded
+// into the pre-scaled query, v_scale into the final normalisation; or for float queries bf16_t / half_t,
+// read by the same vector kernel as a bf16 / fp16 model's cache).
 template <class T, class C = T>
 void paged_attention(T* out,                      // [T, Hq, D] contiguous
                      float* lse,                  // [T, Hq] or null

@@ -36,7 +36,7 @@ def parse_bytes(value) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "bfloat16", "float16")
 WEIGHT_FORMATS = ("auto", "packed", "dequantized")
 QUANTIZATIONS = (None, "int4-rtn", "int4-gptq", "fp8")
 # Default k per drafter. n-gram drafts cost nothing to make, so its cap is higher: k + 1 = 7 rows
@@ -56,7 +56,8 @@ class EngineArgs:
     device: str = "auto"                  # auto: cuda if available else cpu
     block_size: int = 16
     kv_cache_memory: str | int = "1GiB"   # CPU: bytes of KV cache
-    kv_cache_dtype: str = "auto"          # auto: the model's dtype; fp8 (= fp8_e4m3): half the bytes of bf16
+    kv_cache_dtype: str = "auto"          # auto: the model's dtype; fp8 (= fp8_e4m3): half the bytes of bf16;
+                                          # bfloat16 / float16: a float32 model's cache at half the bytes (CPU)
     quantization: str | None = None       # "int4-rtn" / "int4-gptq" / "fp8": quantize projection weights at load
     quantize_lm_head: bool = True         # int4-rtn on the CPU: the LM head too, as INT8 (Q8_0); False keeps it float
     weight_format: str = "auto"           # GGUF Q4_0/Q4_1/Q8_0: "packed" (INT4/INT8 kernels), "dequantized";
@@ -100,6 +101,8 @@ class EngineArgs:
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128; got {self.block_size!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}; got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype in ("bfloat16", "float16"):
+            self.resolved_kv_cache_dtype()   # ValueError where the model's dtype and device cannot take it
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {', '.join(str(q) for q in QUANTIZATIONS)}; "
                              f"got {self.quantization!r}")
@@ -172,10 +175,19 @@ class EngineArgs:
         return dev.type == "cpu" and _has_kernel("int4_gemm", dev)
 
     def resolved_kv_cache_dtype(self) -> torch.dtype:
-        """The KV cache's element type: the model's dtype, or float8_e4m3fn (scales: LlamaModel.calibrate_kv_scales)."""
+        """The KV cache's element type: the model's dtype (auto), float8_e4m3fn (scales:
+        LlamaModel.calibrate_kv_scales), or bfloat16 / float16: the model's own dtype, or on the CPU a
+        float32 model's cache at half the bytes (each K/V element rounded to nearest even when written)."""
         if self.kv_cache_dtype == "auto":
             return self.resolved_dtype()
-        return torch.float8_e4m3fn
+        if self.kv_cache_dtype in ("fp8", "fp8_e4m3"):
+            return torch.float8_e4m3fn
+        kv, model, dev = getattr(torch, self.kv_cache_dtype), self.resolved_dtype(), self.resolved_device()
+        if kv != model and not (model == torch.float32 and dev.type == "cpu"):
+            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} needs a {self.kv_cache_dtype} model, or a float32 "
+                             f"model on the CPU; this engine runs {str(model).replace('torch.', '')} on {dev.type} "
+                             f"(use auto or fp8)")
+        return kv
 
     def resolved_dtype(self) -> torch.dtype:
         if self.dtype == "auto":
@@ -197,9 +209,11 @@ class EngineArgs:
         g.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block (default 16)")
         g.add_argument("--kv-cache-memory", default="1GiB", help="KV-cache size on CPU, e.g. 2GiB (default 1GiB)")
         g.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
-                       help="KV-cache element type: auto (the model's dtype) or fp8 (e4m3 with per-layer, "
+                       help="KV-cache element type: auto (the model's dtype); fp8 (e4m3 with per-layer, "
                             "per-KV-head scales calibrated by one prefill at start-up: half the bytes of a 16-bit "
-                            "cache, a quarter of fp32, so more tokens and faster long-context decode)")
+                            "cache, a quarter of fp32, so more tokens and faster long-context decode); bfloat16 / "
+                            "float16 (on the CPU a float32 model's cache at half the bytes, K/V rounded once; "
+                            "elsewhere only the model's own dtype)")
         g.add_argument("--quantization", default=None, choices=["int4-rtn", "int4-gptq", "fp8"],
                        help="quantize a float checkpoint's projection weights at load: int4-rtn (round to nearest, "
                             "groups of 32, fp16 scale and min; decoded by the INT4 kernels) or int4-gptq (GPTQ "

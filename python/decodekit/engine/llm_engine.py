@@ -140,7 +140,7 @@ class LLMEngine:
             self._quantize_gptq()
         self.draft_model = self._load_draft_model() if args.speculative == "draft" else None
         kv_dtype = args.resolved_kv_cache_dtype()
-        self.model.set_kv_cache_dtype(kv_dtype, self._calibrate_kv_scales() if kv_dtype != self.dtype else None)
+        self.model.set_kv_cache_dtype(kv_dtype, self._calibrate_kv_scales() if kv_dtype == torch.float8_e4m3fn else None)
         self.max_model_len = resolve_max_model_len(args.max_model_len, cfg)
         num_blocks = self._num_kv_blocks()
         self.kv_manager = KVCacheManager(num_blocks, args.block_size, args.enable_prefix_caching)

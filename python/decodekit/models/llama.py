@@ -175,9 +175,13 @@ class LlamaModel:
                            kv_scales: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
         """The KV cache's element type: the model's dtype, or float8_e4m3fn, which stores x / scale
         with per-layer, per-KV-head scales (k_scale, v_scale: [num_kv_heads] float32 each; from
-        calibrate_kv_scales, or 1 when not given)."""
-        if kv_dtype not in (self.dtype, torch.float8_e4m3fn):
-            raise ValueError(f"kv cache dtype must be the model's {self.dtype} or float8_e4m3fn, got {kv_dtype}")
+        calibrate_kv_scales, or 1 when not given), or for a float32 model on the CPU bfloat16 / float16
+        (the attention kernels read the 16-bit cache under fp32 queries)."""
+        mixed = (self.dtype == torch.float32 and self.device.type == "cpu"
+                 and kv_dtype in (torch.bfloat16, torch.float16))
+        if kv_dtype not in (self.dtype, torch.float8_e4m3fn) and not mixed:
+            raise ValueError(f"kv cache dtype must be the model's {self.dtype} or float8_e4m3fn (or, for a float32 "
+                             f"model on the CPU, bfloat16 / float16), got {kv_dtype}")
         self.kv_dtype = kv_dtype
         if kv_dtype != torch.float8_e4m3fn:
             self.kv_scales = [(None, None)] * self.config.num_layers
