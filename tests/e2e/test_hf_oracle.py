@@ -92,6 +92,21 @@ def test_logprobs_match_hf(llm, hf_model):
     assert list(lp)[0] == int(ref.argmax())
 
 
+def _teacher_forced_hits(other, llm, hf_model, n: int = 12) -> tuple[float, float]:
+    """At every position of HF's own greedy continuation (n tokens) of each prompt, whether `other`
+    predicts HF's next token as its argmax (top-1) and within its top 5: the two hit rates."""
+    forced, want = [], []
+    for p in _prompts(llm):
+        theirs, _ = _hf_greedy(hf_model, p, n)
+        for k in range(n):
+            forced.append({"prompt_token_ids": p + theirs[:k]})
+            want.append(theirs[k])
+    outs = other.generate(forced, SamplingParams(temperature=0, max_tokens=1, logprobs=5))
+    top1 = sum(o.outputs[0].token_ids[0] == w for o, w in zip(outs, want)) / len(want)
+    top5 = sum(w in o.outputs[0].logprobs[0] for o, w in zip(outs, want)) / len(want)
+    return top1, top5
+
+
 def test_fp8_kv_cache_stays_close_to_hf(llm, hf_model):
     """An fp8 (e4m3) KV cache, with per-head scales calibrated at start-up, rounds K and V to 3
     mantissa bits (first-token logprobs move by up to ~0.7 nats on this 135M model), so free
@@ -103,16 +118,7 @@ def test_fp8_kv_cache_stays_close_to_hf(llm, hf_model):
     assert llm8.engine.runner.kv_caches[0][0].dtype == torch.float8_e4m3fn
     ks, vs = llm8.engine.model.kv_scales[0]
     assert ks.shape == (llm8.engine.model_config.num_kv_heads,) and bool((ks > 0).all() and (vs > 0).all())
-    n = 12
-    forced, want = [], []
-    for p in _prompts(llm):
-        theirs, _ = _hf_greedy(hf_model, p, n)
-        for k in range(n):
-            forced.append({"prompt_token_ids": p + theirs[:k]})
-            want.append(theirs[k])
-    outs = llm8.generate(forced, SamplingParams(temperature=0, max_tokens=1, logprobs=5))
-    top1 = sum(o.outputs[0].token_ids[0] == w for o, w in zip(outs, want)) / len(want)
-    top5 = sum(w in o.outputs[0].logprobs[0] for o, w in zip(outs, want)) / len(want)
+    top1, top5 = _teacher_forced_hits(llm8, llm, hf_model)
     assert top1 >= 0.85 and top5 == 1.0, f"fp8 KV, teacher-forced on HF's greedy tokens: top-1 {top1:.3f}, top-5 {top5:.3f}"
 
 
@@ -127,16 +133,7 @@ def test_16bit_kv_cache_for_fp32_model_stays_close_to_hf(llm, hf_model, kv):
     llm32 = LLM(None, dtype="float32", device="cpu", kv_cache_memory="256MiB", seed=0)
     assert llm16.engine.runner.kv_caches[0][0].dtype == getattr(torch, kv)
     assert llm16.engine.kv_manager.num_blocks == 2 * llm32.engine.kv_manager.num_blocks
-    n = 12
-    forced, want = [], []
-    for p in _prompts(llm):
-        theirs, _ = _hf_greedy(hf_model, p, n)
-        for k in range(n):
-            forced.append({"prompt_token_ids": p + theirs[:k]})
-            want.append(theirs[k])
-    outs = llm16.generate(forced, SamplingParams(temperature=0, max_tokens=1, logprobs=5))
-    top1 = sum(o.outputs[0].token_ids[0] == w for o, w in zip(outs, want)) / len(want)
-    top5 = sum(w in o.outputs[0].logprobs[0] for o, w in zip(outs, want)) / len(want)
+    top1, top5 = _teacher_forced_hits(llm16, llm, hf_model)
     assert top1 >= 0.97 and top5 == 1.0, f"{kv} KV, teacher-forced on HF's greedy tokens: top-1 {top1:.3f}, top-5 {top5:.3f}"
     ids = llm.tokenizer.encode("The quick brown fox jumps over the lazy")
     lp = llm16.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=1, logprobs=5))[0]
