@@ -182,8 +182,9 @@ class EngineArgs:
             return self.resolved_dtype()
         if self.kv_cache_dtype in ("fp8", "fp8_e4m3"):
             return torch.float8_e4m3fn
+        from decodekit.ops import kv_cache_dtype_ok
         kv, model, dev = getattr(torch, self.kv_cache_dtype), self.resolved_dtype(), self.resolved_device()
-        if kv != model and not (model == torch.float32 and dev.type == "cpu"):
+        if not kv_cache_dtype_ok(model, kv, dev):
             raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} needs a {self.kv_cache_dtype} model, or a float32 "
                              f"model on the CPU; this engine runs {str(model).replace('torch.', '')} on {dev.type} "
                              f"(use auto or fp8)")

@@ -177,9 +177,7 @@ class LlamaModel:
         with per-layer, per-KV-head scales (k_scale, v_scale: [num_kv_heads] float32 each; from
         calibrate_kv_scales, or 1 when not given), or for a float32 model on the CPU bfloat16 / float16
         (the attention kernels read the 16-bit cache under fp32 queries)."""
-        mixed = (self.dtype == torch.float32 and self.device.type == "cpu"
-                 and kv_dtype in (torch.bfloat16, torch.float16))
-        if kv_dtype not in (self.dtype, torch.float8_e4m3fn) and not mixed:
+        if not ops.kv_cache_dtype_ok(self.dtype, kv_dtype, self.device):
             raise ValueError(f"kv cache dtype must be the model's {self.dtype} or float8_e4m3fn (or, for a float32 "
                              f"model on the CPU, bfloat16 / float16), got {kv_dtype}")
         self.kv_dtype = kv_dtype

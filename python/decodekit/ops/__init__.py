@@ -492,6 +492,15 @@ def _has_kernel_for(op: str, key: str) -> bool:  # registrations are fixed once 
     return torch._C._dispatch_has_kernel_for_dispatch_key(f"decodekit::{op}", key)
 
 
+def kv_cache_dtype_ok(act: torch.dtype, kv: torch.dtype, device: torch.device | str) -> bool:
+    """Whether reshape_and_cache / paged_attention take a KV cache of dtype `kv` under activations of dtype
+    `act` on `device`: the activations' own dtype, float8_e4m3fn, or on the CPU a bfloat16 / float16 cache
+    under float32 (csrc/op_args.h: kv_cache_scales, kv_cache_mixed)."""
+    mixed = (torch.device(device).type == "cpu" and act == torch.float32
+             and kv in (torch.bfloat16, torch.float16))
+    return kv in (act, torch.float8_e4m3fn) or mixed
+
+
 def reshape_and_cache(key: torch.Tensor,          # [T, Hk, D] (token stride free)
                       value: torch.Tensor,        # [T, Hk, D] (token stride free)
                       key_cache: torch.Tensor,    # [num_blocks, Hk, block_size, D], written in place
