@@ -53,11 +53,12 @@ struct LayerOps {
   }
 };
 
-// A projection: [qweight, scales, mins] (INT4), [qweight, scales] (INT8) or [weight] (dense, the
-// activations' dtype); returns its rows N.
+// A projection: [qweight, scales, mins (, packed)] (INT4; packed: int4_gemm's), [qweight, scales] (INT8) or
+// [weight] (dense, the activations' dtype); returns its rows N.
 int64_t proj_rows(const char* name, at::TensorList w) {
-  if (w.empty() || w.size() > 3)
-    fail(name, "must hold 3 tensors (INT4: qweight, scales, mins), 2 (INT8: qweight, scales) or 1 (a dense "
+  if (w.empty() || w.size() > 4)
+    fail(name, "must hold 3 or 4 tensors (INT4: qweight, scales, mins, optionally int4_gemm's packed copy), 2 "
+               "(INT8: qweight, scales) or 1 (a dense "
                "weight), got " + std::to_string(w.size()));
   dk::Check(kOp, name, w[0]).dim(2);
   return w[0].size(0);
@@ -69,7 +70,8 @@ int64_t proj_rows(const char* name, at::TensorList w) {
 // everything else at::linear.
 void project(const LayerOps& ops, at::Tensor& out, const at::Tensor& a, at::TensorList w, int64_t group_size,
              const OptTensor& bias) {
-  if (w.size() == 3) return ops.int4.call(out, a, w[0], w[1], w[2], group_size, bias, std::nullopt);
+  if (w.size() == 3 || w.size() == 4)
+    return ops.int4.call(out, a, w[0], w[1], w[2], group_size, bias, w.size() == 4 ? OptTensor(w[3]) : std::nullopt);
   if (w.size() == 2) return ops.int8.call(out, a, w[0], w[1], group_size, bias);
   const int64_t M = a.size(0);
   const at::ScalarType st = a.scalar_type();

@@ -11,6 +11,7 @@
 #include "check.h"
 #include "decodekit/attention/common.h"  // KVScales
 #include "decodekit/gemm/dense_cpu.h"      // DenseDtype
+#include "decodekit/gemm/amx_rows_layout.h"      // amx_rows_packed_bytes
 #include "decodekit/gemm/int4_marlin_pack.h"  // int4_marlin_packed_bytes
 
 namespace dk {
@@ -229,12 +230,35 @@ inline GemmArgs int4_marlin_pack_args(const at::Tensor& out, const at::Tensor& q
   return g;
 }
 
-// int4_gemm's optional packed copy: int4_marlin_packed_bytes(N, K, G) / 2 elements of a's dtype on a's device.
-inline void int4_gemm_packed_check(const char* op, const at::Tensor& packed, const at::Tensor& a, const GemmArgs& g,
+// int4_gemm's optional packed copy: either int4_marlin_packed_bytes(N, K, G) / 2 elements of a's dtype on a's
+// device (the CUDA Marlin-style kernel's), or, on the CPU, amx_rows_packed_bytes(N, K, G) uint8
+// (int4_amx_rows_pack's). Returns whether it is the latter.
+inline bool int4_gemm_packed_check(const char* op, const at::Tensor& packed, const at::Tensor& a, const GemmArgs& g,
                                    int64_t group_size) {
+  if (packed.scalar_type() == at::kByte && a.is_cpu()) {
+    Check(op, "packed", packed).dim(1).size(0, dk::cpu::amx_rows_packed_bytes(g.N, g.K, int(group_size)),
+                                           "amx_rows_packed_bytes(N, K, group_size) (int4_amx_rows_pack)")
+        .device_as(a, "a").contiguous();
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(packed.data_ptr()) % 64 == 0, op,
+                ": 'packed' (int4_amx_rows_pack's layout) must start 64-byte aligned (a fresh tensor, not a view)");
+    return true;
+  }
   Check(op, "packed", packed).dim(1).size(0, int4_marlin_packed_bytes(g.N, g.K, int(group_size)) / 2,
                                          "int4_marlin_packed_bytes(N, K, group_size) / 2")
       .dtype_as(a, "a").device_as(a, "a").contiguous();
+  return false;
+}
+
+// int4_amx_rows_pack: out [amx_rows_packed_bytes(N, K, G)] uint8 on the CPU from int4_gemm's qweight / scales / mins.
+inline GemmArgs int4_amx_rows_pack_args(const at::Tensor& out, const at::Tensor& qweight, const at::Tensor& scales,
+                                        const at::Tensor& mins, int64_t group_size) {
+  const char* op = "decodekit::int4_amx_rows_pack";
+  Check(op, "qweight", qweight).dim(2);
+  GemmArgs g = quant_weight_args(op, qweight, scales, &mins, group_size, 2 * qweight.size(1));
+  Check(op, "out", out).dim(1).size(0, dk::cpu::amx_rows_packed_bytes(g.N, g.K, int(group_size)),
+                                     "amx_rows_packed_bytes(N, K, group_size)")
+      .dtype({at::kByte}).device_as(qweight, "qweight").contiguous();
+  return g;
 }
 
 // int4_gemm_marlin: a [M, K] (row stride free, float16 / bfloat16), packed [int4_marlin_packed_bytes / 2] of

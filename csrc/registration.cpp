@@ -34,7 +34,9 @@ TORCH_LIBRARY(decodekit, m) {
   // qweight [N, K/2] uint8 (group-split nibbles), scales / mins [N, K/G] float16:
   // w = scale * q + min (include/decodekit/gemm/int4.h). int4_dequantize writes w [N, K].
   // packed: optionally the same weight in int4_marlin_pack's layout for a's dtype (CUDA: the Marlin-style
-  // kernel reads it instead where the dispatch table picks that kernel; elsewhere unused).
+  // kernel reads it instead where the dispatch table picks that kernel; the CPU ignores it), or in
+  // int4_amx_rows_pack's (CPU: float32 / float16 activations of 1 .. 16 rows then run on the AMX int8 unit with
+  // the exact integer products that 9+ rows get anyway, so a row's bits do not depend on the row count).
   m.def("int4_gemm(Tensor(a!) out, Tensor a, Tensor qweight, Tensor scales, Tensor mins, int group_size, "
         "Tensor? bias, Tensor? packed=None) -> ()");
   m.def("int4_dequantize(Tensor(a!) out, Tensor qweight, Tensor scales, Tensor mins, int group_size) -> ()");
@@ -44,6 +46,11 @@ TORCH_LIBRARY(decodekit, m) {
   // int4_gemm_marlin: out [M, N] = a [M, K] @ w^T (+ bias [N]) from such a buffer `packed` of a's dtype, n = N,
   // k = K (CUDA: M <= 64; the CPU kernel, for tests, decodes each weight as the CUDA kernel rounds it).
   m.def("int4_marlin_pack(Tensor(a!) out, Tensor qweight, Tensor scales, Tensor mins, int group_size) -> ()");
+  // The CPU's copy for int4_gemm's 1 .. 16-row AMX kernel (include/decodekit/gemm/amx_rows_layout.h): out
+  // [amx_rows_packed_bytes(N, K, G)] uint8 from qweight / scales / mins (CPU only).
+  m.def("int4_amx_rows_pack(Tensor(a!) out, Tensor qweight, Tensor scales, Tensor mins, int group_size) -> ()");
+  // Whether this build and CPU run that kernel (AMX-INT8 in a native build, DECODEKIT_CPU_AMX not 0).
+  m.def("int4_amx_rows_available() -> bool");
   m.def("int4_gemm_marlin(Tensor(a!) out, Tensor a, Tensor packed, int n, int k, int group_size, Tensor? bias) -> ()");
   // INT8 weight-only (GGUF Q8_0): w = scale * q, qweight [N, K] int8, scales [N, K/G] float16.
   // int8_dequantize_rows writes out [R, K] = the rows `ids` [R] int64 of w (the embedding lookup).
@@ -112,8 +119,8 @@ TORCH_LIBRARY(decodekit, m) {
   //   out = silu_and_mul(hidden @ Wgate_up^T) @ Wdown^T
   // hidden [T, hidden] contiguous (overwritten), residual [T, hidden], out [T, hidden]; workspace
   // [>= T * (2 q + 2 kv + 3 I)] of hidden's dtype (q = num_heads * head_dim, kv = num_kv_heads *
-  // head_dim, I = intermediate size); each weight [qweight, scales, mins] (INT4) or [qweight, scales]
-  // (INT8), int4_gemm's / int8_gemm's operands, with its group size in group_sizes (qkv, o, gate_up,
+  // head_dim, I = intermediate size); each weight [qweight, scales, mins (, packed)] (INT4) or [qweight,
+  // scales] (INT8), int4_gemm's / int8_gemm's operands, with its group size in group_sizes (qkv, o, gate_up,
   // down); the attention arguments are paged_attention's and reshape_and_cache's. On CUDA only the
   // shapes int4_gemm / int8_gemm's CUDA kernels take (the others raise there).
   m.def(

@@ -38,11 +38,12 @@ void int4_gemm_cpu(at::Tensor& out,                        // [M, N]
                    const at::Tensor& mins,                 // [N, K / G] float16
                    int64_t group_size,
                    const std::optional<at::Tensor>& bias,     // [N]
-                   const std::optional<at::Tensor>& packed) {  // the CUDA kernel's layout: unused here
+                   const std::optional<at::Tensor>& packed) {  // int4_amx_rows_pack's copy (the CUDA one: unused)
   const dk::GemmArgs g = dk::quant_gemm_args("decodekit::int4_gemm", out, a, qweight, scales, &mins, group_size, bias);
-  if (packed.has_value()) dk::int4_gemm_packed_check("decodekit::int4_gemm", *packed, a, g, group_size);
+  const bool amx_rows = packed.has_value() && dk::int4_gemm_packed_check("decodekit::int4_gemm", *packed, a, g, group_size);
   if (g.M == 0 || g.N == 0) return;
-  const dk::cpu::Int4GemmParams P{g.M, g.N, g.K, int(group_size), g.a_stride};
+  const dk::cpu::Int4GemmParams P{g.M, g.N, g.K, int(group_size), g.a_stride,
+                                  amx_rows ? packed->data_ptr<uint8_t>() : nullptr};
   DK_CPU_DISPATCH_FLOATING(a.scalar_type(), "decodekit::int4_gemm", [&] {
     dk::cpu::int4_gemm<scalar_t>(dk_ptr<scalar_t>(out), dk_ptr<scalar_t>(a), qweight.data_ptr<uint8_t>(),
                                  dk_ptr<dk::half_t>(scales), dk_ptr<dk::half_t>(mins),
@@ -61,6 +62,17 @@ void int4_dequantize_cpu(at::Tensor& out,            // [N, K]
     dk::cpu::int4_dequantize<scalar_t>(dk_ptr<scalar_t>(out), qweight.data_ptr<uint8_t>(), dk_ptr<dk::half_t>(scales),
                                        dk_ptr<dk::half_t>(mins), g.N, g.K, int(group_size));
   });
+}
+
+// The repacked copy the CPU's 1 .. 16-row AMX kernel reads (include/decodekit/gemm/amx_rows_layout.h).
+void int4_amx_rows_pack_cpu(at::Tensor& out,            // [amx_rows_packed_bytes(N, K, G)] uint8
+                            const at::Tensor& qweight,  // [N, K / 2] uint8
+                            const at::Tensor& scales,   // [N, K / G] float16
+                            const at::Tensor& mins,     // [N, K / G] float16
+                            int64_t group_size) {
+  const dk::GemmArgs g = dk::int4_amx_rows_pack_args(out, qweight, scales, mins, group_size);
+  dk::cpu::amx_rows_pack_int4(out.data_ptr<uint8_t>(), qweight.data_ptr<uint8_t>(), dk_ptr<dk::half_t>(scales),
+                              dk_ptr<dk::half_t>(mins), g.N, g.K, int(group_size));
 }
 
 // The packed layout of the CUDA Marlin-style kernel (include/decodekit/gemm/int4_marlin_pack.h), word by word.
@@ -168,10 +180,22 @@ TORCH_LIBRARY_IMPL(decodekit, CPU, m) {
   m.impl("int4_gemm", &int4_gemm_cpu);
   m.impl("int4_dequantize", &int4_dequantize_cpu);
   m.impl("int4_marlin_pack", &int4_marlin_pack_cpu);
+  m.impl("int4_amx_rows_pack", &int4_amx_rows_pack_cpu);
   m.impl("int4_gemm_marlin", &int4_gemm_marlin_cpu);
   m.impl("quantize_fp8", &quantize_fp8_cpu);
   m.impl("fp8_gemm", &fp8_gemm_cpu);
 }
 
+bool int4_amx_rows_available() {
+#if defined(DK_AMX_EXACT_GEMM)
+  return dk::cpu::amx_enabled();
+#else
+  return false;
+#endif
+}
+
 // No tensor arguments.
-TORCH_LIBRARY_IMPL(decodekit, CompositeExplicitAutograd, m) { m.impl("dense_route", &dense_route); }
+TORCH_LIBRARY_IMPL(decodekit, CompositeExplicitAutograd, m) {
+  m.impl("dense_route", &dense_route);
+  m.impl("int4_amx_rows_available", &int4_amx_rows_available);
+}

@@ -23,8 +23,9 @@ CASES = {  # name: (context lengths incl. new tokens, new tokens per sequence)
     "mixed": ([37, 50, 1], [13, 50, 1]),  # a prefill chunk starting mid-block, a whole prompt, a decode
 }
 # weight formats per projection (qkv, o, gate_up, down): int4 with a group size, int8 (G = 32), or dense
+# ("a": INT4 with the CPU's AMX copy, ops.prepare_amx_rows: the fused layer gets it as the 4th operand)
 FORMATS = {"int4-g32": ("i4/32",) * 4, "mixed": ("i4/64", "i8", "i4/32", "i8"), "dense": ("dense",) * 4,
-           "dense-mixed": ("dense", "i4/32", "i8", "dense")}
+           "dense-mixed": ("dense", "i4/32", "i8", "dense"), "int4-amx": ("i4/32a", "i4/64a", "i8", "i4/64a")}
 
 
 def _packed(fmt: str, n: int, k: int, gen: torch.Generator, dtype=torch.float32):
@@ -35,7 +36,7 @@ def _packed(fmt: str, n: int, k: int, gen: torch.Generator, dtype=torch.float32)
         scales = (w.view(n, k // 32, 32).abs().amax(2) / 127).clamp_min(1e-6).half()
         q = torch.round(w.view(n, k // 32, 32) / scales.float()[:, :, None]).clamp(-127, 127).to(torch.int8)
         return Int8Weight(q.view(n, k).contiguous(), scales.contiguous(), 32)
-    return quantize_rtn(w, int(fmt.split("/")[1]))
+    return quantize_rtn(w, int(fmt.split("/")[1].rstrip("a")))
 
 
 def _layer(hq, hk, d, fmts, bias, dtype, device, gen, qk=False):
@@ -44,6 +45,9 @@ def _layer(hq, hk, d, fmts, bias, dtype, device, gen, qk=False):
     ws = [_packed(f, n, k, gen, dtype) for f, (n, k) in zip(fmts, [(q + 2 * kv, HIDDEN), (HIDDEN, q),
                                                                   (2 * INTER, HIDDEN), (HIDDEN, INTER)])]
     ws = [w.to(device) for w in ws]
+    for f, w in zip(fmts, ws):
+        if f.endswith("a") and w.device.type == "cpu" and ops.int4_amx_rows_available():
+            ops.prepare_amx_rows(w)
     qkv_bias = randn((q + 2 * kv,), dtype, device, gen, 0.1) if bias else None
     norms = [(1 + 0.1 * torch.randn(HIDDEN, generator=gen)).to(dtype).to(device) for _ in range(2)]
     if qk:
@@ -276,10 +280,12 @@ def test_decoder_layer_errors(gen):
         call(heads=6)
     with pytest.raises(RuntimeError, match="'group_sizes' must hold 4"):
         call(groups=(32, 32, 32))
-    with pytest.raises(RuntimeError, match="'qkv_weight' must hold 3 tensors"):
+    with pytest.raises(RuntimeError, match="'qkv_weight' must hold 3 or 4 tensors"):
         call(qkv=[])
-    with pytest.raises(RuntimeError, match="'qkv_weight' must hold 3 tensors"):
-        call(qkv=operands[0][0] + [operands[0][0][0]])
+    with pytest.raises(RuntimeError, match="'qkv_weight' must hold 3 or 4 tensors"):
+        call(qkv=operands[0][0][:3] + [operands[0][0][0]] * 2)
+    with pytest.raises(RuntimeError, match="'packed'"):  # a 4th INT4 operand is int4_gemm's packed copy
+        call(qkv=operands[0][0][:3] + [operands[0][0][0]])
     with pytest.raises(RuntimeError, match="'q_norm / k_norm' must be given both or neither"):
         call(qk=(torch.ones(d), None))
     with pytest.raises(RuntimeError, match="weight"):   # rms_norm names the head norm's wrong length

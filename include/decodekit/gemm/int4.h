@@ -19,6 +19,7 @@
 #include "decodekit/gemm/int4_tiled.h"
 #include "decodekit/gemm/quant_amx.h"
 #include "decodekit/gemm/quant_amx_exact.h"
+#include "decodekit/gemm/quant_amx_rows.h"
 #include "decodekit/gemm/quant_small_m.h"
 #include "decodekit/gemm/quant_small_m_avx2.h"
 #if defined(__AVX512F__)
@@ -39,6 +40,10 @@ struct Int4GemmParams {
   int64_t M, N, K;
   int group_size;      // 32, 64 or 128
   int64_t a_stride;    // row stride of a (elements)
+  // The weight's copy in quant_amx_rows.h's layout, or null: fp32 / fp16 activations of 1 .. 16 rows then run
+  // on the AMX int8 unit with quant_amx_exact.h's semantics (the ones rows >= 9 get anyway), so that every
+  // row count gives a row the same bits (decoding = speculative verification = batches).
+  const uint8_t* amx_rows = nullptr;
 };
 
 #if defined(__AVX512F__)
@@ -177,8 +182,10 @@ void int4_gemm(T* out,                  // [M, N]
       return;
 #endif
 #if defined(DK_AMX_EXACT_GEMM)
+  if constexpr (!std::is_same_v<T, bf16_t>)  // 1 .. 16 rows from the repacked copy (quant_amx_rows.h)
+    if (P.amx_rows && M <= kAmxRowsDispatchM && amx_rows_int4(out, a, P.a_stride, P.amx_rows, bias, M, N, K, G)) return;
   if constexpr (!std::is_same_v<T, bf16_t>)  // fp32 / fp16: exact integer products on the tile unit
-    if (M >= kTiledQuantGemmMinM && K > 0 &&
+    if ((M >= kTiledQuantGemmMinM || P.amx_rows) && K > 0 &&
         int4_gemm_amx_exact(out, a, P.a_stride, qweight, scales, mins, bias, M, N, K, G))
       return;
 #endif

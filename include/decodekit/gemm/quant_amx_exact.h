@@ -61,6 +61,48 @@ DK_FORCE_INLINE __m512i sext_low(__m512i x, int bits) {  // the low `bits` bits 
   return _mm512_srai_epi32(_mm512_slli_epi32(x, 32 - bits), 32 - bits);
 }
 
+// The per-element arithmetic of the semantics, shared with quant_amx_rows.h (which lays the lanes out
+// differently): up = 21 - e from a block's max |x| bit pattern (0 lanes: all-zero or non-finite), and the
+// block's s = 2^(e - 21) (0: all zero; NaN: non-finite).
+struct AmxExactExp {
+  __mmask16 bad, zero;
+  __m512 up;
+};
+DK_FORCE_INLINE AmxExactExp amx_exact_exp(__m512i amax) {
+  const __mmask16 bad = _mm512_cmpge_epu32_mask(amax, _mm512_set1_epi32(0x7f800000));
+  const __mmask16 zero = _mm512_cmpeq_epi32_mask(amax, _mm512_setzero_si512());
+  // e = floor(log2 max |x|) (exact for subnormals too); 0 for all-zero and non-finite lanes
+  const __m512 e = _mm512_maskz_getexp_ps(__mmask16(~(bad | zero)), _mm512_castsi512_ps(amax));
+  return {bad, zero, _mm512_sub_ps(_mm512_set1_ps(float(kAmxExactShift)), e)};
+}
+DK_FORCE_INLINE __m512 amx_exact_s(const AmxExactExp& x) {
+  return _mm512_mask_mov_ps(_mm512_maskz_scalef_ps(__mmask16(~x.zero), _mm512_set1_ps(1.f),
+                                                   _mm512_sub_ps(_mm512_setzero_ps(), x.up)),
+                            x.bad, _mm512_set1_ps(__builtin_nanf("")));
+}
+// I = rne(x 2^up) (x: fp32 bit patterns).
+DK_FORCE_INLINE __m512i amx_exact_fixed(__m512i x, __m512 up) {
+  return _mm512_cvtps_epi32(_mm512_scalef_ps(_mm512_castsi512_ps(x), up));
+}
+// INT4's digits of I: L = sext12(I), H = (I - L) / 2^12; E0 = L mod 16 (0..15: E1 = (L - E0) / 16 stays in
+// -128..127), E2 = H mod 16, E3 = (H - E2) / 16 (|H| <= 2^10).
+DK_FORCE_INLINE void amx_exact_int4_digits(__m512i I, __m512i (&e)[4]) {
+  const __m512i L = sext_low(I, 12), H = _mm512_srai_epi32(_mm512_sub_epi32(I, L), 12);
+  const __m512i low4 = _mm512_set1_epi32(15);
+  e[0] = _mm512_and_si512(L, low4);
+  e[2] = _mm512_and_si512(H, low4);
+  e[1] = _mm512_srai_epi32(_mm512_sub_epi32(L, e[0]), 4);
+  e[3] = _mm512_srai_epi32(_mm512_sub_epi32(H, e[2]), 4);
+}
+// INT8's: D0 = sext8(I), t = (I - D0) / 2^8, D1 = sext8(t), D2 = (t - D1) / 2^8, each valid in its low byte
+// (D0's low byte is I's, D1's is t's, which is what is returned for them).
+DK_FORCE_INLINE void amx_exact_int8_digits(__m512i I, __m512i (&d)[3]) {
+  const __m512i t = _mm512_srai_epi32(_mm512_sub_epi32(I, sext_low(I, 8)), 8);
+  d[0] = I;
+  d[1] = t;
+  d[2] = _mm512_srai_epi32(_mm512_sub_epi32(t, sext_low(t, 8)), 8);
+}
+
 // x[k] (lanes: 16 rows) -> 4 lanes' digits of k = 4j .. 4j + 3 as the dwords of one B-operand row.
 DK_FORCE_INLINE __m512i amx_exact_bytes4(__m512i d0, __m512i d1, __m512i d2, __m512i d3) {
   const __m512i b0 = _mm512_and_si512(d0, _mm512_set1_epi32(0xff));
@@ -77,7 +119,7 @@ inline void amx_exact_pack(AmxExactBlock* ap,  // [rows_pad / 16][K / 32]
                            const T* a,         // [M, K], row stride a_stride
                            int64_t a_stride, int64_t m0, int64_t rows, int64_t rows_pad, int64_t K) {
   const int64_t nb = K / 32;
-  const __m512i abs_bits = _mm512_set1_epi32(0x7fffffff), inf_bits = _mm512_set1_epi32(0x7f800000);
+  const __m512i abs_bits = _mm512_set1_epi32(0x7fffffff);
   for (int64_t mb = 0; mb < rows_pad / 16; ++mb)
     for (int64_t b = 0; b < nb; ++b) {
       __m512i x[32];  // x[k], lane i: element k of the block in row mb * 16 + i (fp32 bits)
@@ -96,42 +138,22 @@ inline void amx_exact_pack(AmxExactBlock* ap,  // [rows_pad / 16][K / 32]
       // max |x| per lane on the bit patterns: NaN > inf > every finite value
       __m512i amax = _mm512_setzero_si512();
       for (int k = 0; k < 32; ++k) amax = _mm512_max_epu32(amax, _mm512_and_si512(x[k], abs_bits));
-      const __mmask16 bad = _mm512_cmpge_epu32_mask(amax, inf_bits);
-      const __mmask16 zero = _mm512_cmpeq_epi32_mask(amax, _mm512_setzero_si512());
-      // e = floor(log2 max |x|) (exact for subnormals too); 0 for all-zero and non-finite lanes
-      const __m512 e = _mm512_maskz_getexp_ps(__mmask16(~(bad | zero)), _mm512_castsi512_ps(amax));
-      const __m512 up = _mm512_sub_ps(_mm512_set1_ps(float(kAmxExactShift)), e);  // 21 - e
+      const AmxExactExp ex = amx_exact_exp(amax);
       AmxExactBlock& B = ap[mb * nb + b];
       __m512i isum = _mm512_setzero_si512();
       __m512i dg[4][4];
       for (int k = 0; k < 32; ++k) {
-        const __m512i I = _mm512_cvtps_epi32(_mm512_scalef_ps(_mm512_castsi512_ps(x[k]), up));  // RNE
+        const __m512i I = amx_exact_fixed(x[k], ex.up);
         isum = _mm512_add_epi32(isum, I);
-        if constexpr (kInt4) {  // L = sext12(I), H = (I - L) / 2^12; E0 = L mod 16 (0..15: E1 = (L - E0) / 16
-                                // stays in -128..127), E2 = H mod 16, E3 = (H - E2) / 16 (|H| <= 2^10)
-          const __m512i L = sext_low(I, 12), H = _mm512_srai_epi32(_mm512_sub_epi32(I, L), 12);
-          const __m512i low4 = _mm512_set1_epi32(15);
-          const __m512i e0 = _mm512_and_si512(L, low4), e2 = _mm512_and_si512(H, low4);
-          dg[0][k % 4] = e0;
-          dg[1][k % 4] = _mm512_srai_epi32(_mm512_sub_epi32(L, e0), 4);
-          dg[2][k % 4] = e2;
-          dg[3][k % 4] = _mm512_srai_epi32(_mm512_sub_epi32(H, e2), 4);
-        } else {  // D0 = sext8(I), t = (I - D0) / 2^8, D1 = sext8(t), D2 = (t - D1) / 2^8 (the packing
-                  // keeps the low bytes: D0's is I's, D1's is t's)
-          const __m512i d0 = sext_low(I, 8);
-          const __m512i t = _mm512_srai_epi32(_mm512_sub_epi32(I, d0), 8);
-          dg[0][k % 4] = I;
-          dg[1][k % 4] = t;
-          dg[2][k % 4] = _mm512_srai_epi32(_mm512_sub_epi32(t, sext_low(t, 8)), 8);
-        }
+        __m512i d[4];
+        if constexpr (kInt4) amx_exact_int4_digits(I, d);
+        else amx_exact_int8_digits(I, reinterpret_cast<__m512i(&)[3]>(d));
+        for (int t = 0; t < (kInt4 ? 4 : 3); ++t) dg[t][k % 4] = d[t];
         if (k % 4 == 3)
-          for (int d = 0; d < (kInt4 ? 4 : 3); ++d)
-            _mm512_store_si512(B.digit[d][k / 4], amx_exact_bytes4(dg[d][0], dg[d][1], dg[d][2], dg[d][3]));
+          for (int t = 0; t < (kInt4 ? 4 : 3); ++t)
+            _mm512_store_si512(B.digit[t][k / 4], amx_exact_bytes4(dg[t][0], dg[t][1], dg[t][2], dg[t][3]));
       }
-      const __m512 nan = _mm512_set1_ps(__builtin_nanf(""));
-      const __m512 s = _mm512_mask_mov_ps(_mm512_maskz_scalef_ps(__mmask16(~zero), _mm512_set1_ps(1.f),
-                                                                 _mm512_sub_ps(_mm512_setzero_ps(), up)),
-                                          bad, nan);
+      const __m512 s = amx_exact_s(ex);
       _mm512_store_ps(B.s, s);
       _mm512_store_ps(B.sum, _mm512_mul_ps(_mm512_cvtepi32_ps(isum), s));
     }

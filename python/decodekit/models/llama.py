@@ -144,16 +144,25 @@ class LlamaModel:
     def refresh_fused_layers(self) -> None:
         """(Re)reads decoder_layer's operands from self.layers: after construction and whenever a
         caller replaces a layer's weights (the GPTQ quantizer)."""
+        self.prepare_packed_gemms()  # first: the fused layers' operands include the CPU's copies
         self.layer_operands = [self._layer_operands(L) for L in self.layers]
         self.fused_layers = (self.device.type == "cpu" and os.environ.get("DECODEKIT_FUSED_LAYERS", "1") != "0"
                              and self.cache_head_dim == self.config.head_dim  # decoder_layer: unpadded rows
                              and all(o is not None for o in self.layer_operands))
-        self.prepare_packed_gemms()
 
     def prepare_packed_gemms(self) -> None:
-        """On CUDA with fp16 / bf16 activations: each packed INT4 projection's copy in the layout of the
-        Marlin-style kernel (decodekit.ops.int4_marlin_packed), made now, before the engine profiles memory
-        and captures CUDA graphs, rather than on a first decode step."""
+        """Each packed INT4 projection's second copy for the kernel that reads it, made now, before the engine
+        profiles memory and captures CUDA graphs, rather than on a first decode step: on CUDA with fp16 / bf16
+        activations the Marlin-style kernel's (decodekit.ops.int4_marlin_packed); on a CPU with AMX-INT8 and
+        float32 / float16 activations the 1..16-row AMX kernel's (decodekit.ops.prepare_amx_rows: every row
+        count then computes a row with the same bits)."""
+        if (self.device.type == "cpu" and self.dtype in (torch.float32, torch.float16) and self.tp is None
+                and ops.int4_amx_rows_available()):
+            for L in self.layers:
+                for w in (L.qkv, L.o, L.gate_up, L.down):
+                    if isinstance(w, Int4Weight):
+                        ops.prepare_amx_rows(w)
+            return
         if self.device.type != "cuda" or self.dtype not in (torch.float16, torch.bfloat16) or ops._marlin_mode() != "auto":
             return
         for L in self.layers:

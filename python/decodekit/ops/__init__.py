@@ -146,7 +146,7 @@ def _quant_gemm(a, weight, bias, out):
         if int8:
             _ops.int8_gemm(out, a, weight.qweight, weight.scales, weight.group_size, bias)
         else:
-            packed = int4_marlin_packed(weight, a.dtype) if _marlin_packed_route(a) else None
+            packed = int4_marlin_packed(weight, a.dtype) if _marlin_packed_route(a) else _amx_rows_copy(weight, a)
             _ops.int4_gemm(out, a, weight.qweight, weight.scales, weight.mins, weight.group_size, bias, packed)
         return out
     mins = () if int8 else (weight.mins,)
@@ -189,6 +189,41 @@ def _marlin_packed_route(a: torch.Tensor) -> bool:
     return (a.device.type == "cuda" and a.dtype in (torch.float16, torch.bfloat16) and a.dim() == 2
             and 0 < a.shape[0] <= _MARLIN_MAX_M and _marlin_mode() == "auto"
             and _has_kernel("int4_marlin_pack", a.device))
+
+
+# The CPU's INT4 copy for int4_gemm's 1..16-row AMX kernel (include/decodekit/gemm/quant_amx_rows.h): on a CPU
+# with AMX-INT8, float32 / float16 activations of 1..16 rows then get the exact integer products that 9+ rows get
+# anyway (quant_amx_exact.h), so a row's bits no longer depend on how many rows come with it (decoding =
+# speculative verification = batches), and 1..16 rows run ~1.5-2x faster than the fp32 GEMV / small-M
+# kernels (bench/results/20261206-*_cpu_xeon_amx_rows.md). A second copy of the INT4 weight (about its size),
+# made at load (LlamaModel.prepare_packed_gemms). DECODEKIT_CPU_AMX_ROWS=0: no copy (the GEMV arithmetic for
+# 1..8 rows, as before).
+def int4_amx_rows_available() -> bool:
+    """Whether int4_gemm would run its AMX 1..16-row kernel on this CPU (AMX-INT8, a native build,
+    DECODEKIT_CPU_AMX not 0) and DECODEKIT_CPU_AMX_ROWS is not 0."""
+    return (os.environ.get("DECODEKIT_CPU_AMX_ROWS", "1") != "0" and _has_kernel("int4_amx_rows_pack", torch.device("cpu"))
+            and bool(_ops.int4_amx_rows_available()))
+
+
+def int4_amx_rows_pack(weight: Int4Weight) -> torch.Tensor:  # [amx_rows_packed_bytes(N, K, G)] uint8, CPU
+    """The weight (stored column order) in the layout of the CPU's AMX 1..16-row INT4 kernel."""
+    if weight.device.type != "cpu":
+        raise ValueError(f"int4_amx_rows_pack: the weight must be on the CPU, got {weight.device}")
+    N, K = weight.shape
+    out = torch.empty(reference.amx_rows_packed_bytes(N, K, weight.group_size), dtype=torch.uint8)
+    _ops.int4_amx_rows_pack(out, weight.qweight, weight.scales, weight.mins, weight.group_size)
+    return out
+
+
+def prepare_amx_rows(weight: Int4Weight) -> None:
+    """Make and keep the weight's int4_amx_rows_pack copy: int4_gemm passes it to the kernel from then on."""
+    w = weight.stored()
+    if "_amx_rows" not in w.__dict__:
+        w.__dict__["_amx_rows"] = int4_amx_rows_pack(w)
+
+
+def _amx_rows_copy(weight: Int4Weight, a: torch.Tensor) -> torch.Tensor | None:
+    return weight.__dict__.get("_amx_rows") if a.device.type == "cpu" else None
 
 
 def int4_marlin_pack(weight: Int4Weight, dtype: torch.dtype) -> torch.Tensor:  # [packed bytes / 2] of dtype
@@ -312,6 +347,11 @@ def _int8_dequantize_rows_fake(out, qweight, scales, group_size, ids):
 
 @torch.library.register_fake("decodekit::int4_gemm")
 def _int4_gemm_fake(out, a, qweight, scales, mins, group_size, bias, packed=None):
+    return None
+
+
+@torch.library.register_fake("decodekit::int4_amx_rows_pack")
+def _int4_amx_rows_pack_fake(out, qweight, scales, mins, group_size):
     return None
 
 
@@ -609,7 +649,8 @@ def projection_operands(weight) -> tuple[list[torch.Tensor], int] | None:
     act-order), ([qweight, scales], G) for INT8, ([weight], 0) for a dense tensor; None for any
     other (fp8, act-order INT4)."""
     if isinstance(weight, Int4Weight) and weight.perm is None:
-        return [weight.qweight, weight.scales, weight.mins], weight.group_size
+        packed = weight.__dict__.get("_amx_rows")  # prepare_amx_rows
+        return [weight.qweight, weight.scales, weight.mins] + ([packed] if packed is not None else []), weight.group_size
     if isinstance(weight, Int8Weight):
         return [weight.qweight, weight.scales], weight.group_size
     if isinstance(weight, torch.Tensor) and weight.dim() == 2:

@@ -367,6 +367,40 @@ def int4_gemm(a: torch.Tensor,            # [M, K]
     return out if bias is None else out + bias.to(out.dtype)
 
 
+# ---- the CPU's repacked INT4 copy for int4_gemm's 1..16-row AMX kernel (include/decodekit/gemm/amx_rows_layout.h)
+
+def amx_rows_strips(n: int) -> int:
+    return -(-n // 32) * 2
+
+
+def amx_rows_packed_bytes(n: int, k: int, group_size: int) -> int:
+    S = amx_rows_strips(n)
+    return S * (k // 32) * 256 + 2 * S * (k // group_size) * 32
+
+
+def int4_amx_rows_pack(qweight: torch.Tensor,  # [N, K/2] uint8 (int4.h's layout)
+                       scales: torch.Tensor,   # [N, K/G] float16
+                       mins: torch.Tensor,     # [N, K/G] float16
+                       group_size: int,
+                       ) -> torch.Tensor:      # [amx_rows_packed_bytes(N, K, G)] uint8
+    """Strips of 16 weight rows (an even number, zero rows past N) x blocks of 32 features: 256 bytes each,
+    byte p = tile byte p | tile byte 256 + p << 4, tile byte 64 j + 4 n + i = q[16 s + n][32 b + 4 j + i];
+    then scales, then mins as [strips][K / G][16] float16."""
+    N, half = qweight.shape
+    K, G = 2 * half, group_size
+    S, nb = amx_rows_strips(N), K // 32
+    q = torch.zeros(S * 16, K, dtype=torch.uint8)
+    q[:N] = _int4_codes(qweight.cpu(), G).reshape(N, K)
+    tile = q.view(S, 16, nb, 8, 4).permute(0, 2, 3, 1, 4).reshape(S, nb, 512)  # [s][b][j][n][i]
+    codes = (tile[:, :, :256] | (tile[:, :, 256:] << 4)).reshape(-1)
+    parts = [codes]
+    for t in (scales, mins):
+        v = torch.zeros(S * 16, K // G, dtype=torch.float16)
+        v[:N] = t.cpu()
+        parts.append(v.view(S, 16, K // G).permute(0, 2, 1).reshape(-1).view(torch.uint8))
+    return torch.cat(parts).to(qweight.device)
+
+
 # ---- the packed layout of the CUDA Marlin-style INT4 kernel (include/decodekit/gemm/int4_marlin_pack.h)
 
 MARLIN_UNIT = 128  # output and input features of a unit

@@ -19,7 +19,10 @@ class PackedWeight:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in vars(self).values() if isinstance(t, torch.Tensor))
+        """The weight's own bytes (what a decode step reads); kernel-layout copies cached on the object
+        (decodekit.ops.int4_marlin_packed, prepare_amx_rows) are not counted."""
+        return sum(t.numel() * t.element_size() for f in dataclasses.fields(self)
+                   for t in [getattr(self, f.name)] if isinstance(t, torch.Tensor))
 
     def clone(self):
         """An owning copy (of a view such as .rows(a, b), so the weight it was cut from can be freed)."""

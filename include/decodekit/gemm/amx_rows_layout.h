@@ -1,0 +1,73 @@
+// The layout of quant_amx_rows.h's repacked INT4 weight (plain C++: also for the op argument checks):
+//   codes [S = amx_rows_strips(N)][K / 32][256] bytes: strip s = weight rows 16 s .. 16 s + 15, block b =
+//     k 32 b .. 32 b + 31; byte p's low nibble is B-tile byte p, its high nibble B-tile byte 256 + p,
+//     where B-tile byte 64 j + 4 n + i = q[16 s + n][32 b + 4 j + i] (j < 8: 8 rows of the tile unit's
+//     "VNNI" operand, 4 consecutive k of a weight row in a dword);
+//   then scales, then mins [S][K / G][16] fp16: the strip's 16 rows' values per group (rows past N: zero,
+//     as their codes).
+#pragma once
+#include <cstdint>
+
+#include "decodekit/common/dtype.h"
+#include "decodekit/common/macros.h"
+
+namespace dk {
+namespace cpu {
+
+// Strips of 16 weight rows in the packed layout: an even number (a task takes two; the last may be zeros).
+constexpr int64_t amx_rows_strips(int64_t N) { return (N + 31) / 32 * 2; }
+
+// Bytes of the packed copy of an [N, K] INT4 weight of group size G: codes, then scales, then mins.
+constexpr int64_t amx_rows_codes_bytes(int64_t N, int64_t K) { return amx_rows_strips(N) * (K / 32) * 256; }
+constexpr int64_t amx_rows_scales_bytes(int64_t N, int64_t K, int G) { return amx_rows_strips(N) * (K / G) * 32; }
+constexpr int64_t amx_rows_packed_bytes(int64_t N, int64_t K, int G) {
+  return amx_rows_codes_bytes(N, K) + 2 * amx_rows_scales_bytes(N, K, G);
+}
+
+// The packed copy's three parts (packed: 32-byte aligned, as torch's allocations are).
+struct AmxRowsWeight {
+  const uint8_t* codes;   // [S][K / 32][256]
+  const half_t* scales;   // [S][K / G][16]
+  const half_t* mins;     // [S][K / G][16]
+  AmxRowsWeight(const uint8_t* packed, int64_t N, int64_t K, int G)
+      : codes(packed),
+        scales(reinterpret_cast<const half_t*>(packed + amx_rows_codes_bytes(N, K))),
+        mins(reinterpret_cast<const half_t*>(packed + amx_rows_codes_bytes(N, K) + amx_rows_scales_bytes(N, K, G))) {}
+};
+
+// Byte i of the packed copy of an INT4 weight (int4.h layout: qweight [N, K / 2] group-split nibbles,
+// scales / mins [N, K / G] fp16), i < amx_rows_packed_bytes(N, K, G). Plain C++, one byte at a time: runs
+// once at load time (and is the layout's definition for tests).
+inline uint8_t amx_rows_packed_byte(const uint8_t* qweight, const half_t* scales, const half_t* mins, int64_t N,
+                                    int64_t K, int G, int64_t i) {
+  const int64_t nb = K / 32, ng = K / G, half = G / 2;
+  auto code = [&](int64_t n, int64_t k) -> int {  // q[n][k] (0 past N)
+    if (n >= N) return 0;
+    const int64_t c = k % G;
+    const uint8_t byte = qweight[n * (K / 2) + (k / G) * half + (c % half)];
+    return c < half ? byte & 15 : byte >> 4;
+  };
+  const int64_t cb = amx_rows_codes_bytes(N, K), sb = amx_rows_scales_bytes(N, K, G);
+  if (i < cb) {  // strip s, block b, byte p: B-tile bytes p (low nibble) and 256 + p (high)
+    const int64_t s = i / (nb * 256), b = i / 256 % nb;
+    const int p = int(i % 256), t = p + 256;
+    return uint8_t(code(16 * s + p % 64 / 4, 32 * b + 4 * (p / 64) + p % 4) |
+                   code(16 * s + t % 64 / 4, 32 * b + 4 * (t / 64) + t % 4) << 4);
+  }
+  const half_t* src = i < cb + sb ? scales : mins;
+  const int64_t j = (i - cb) % sb / 2;  // the fp16 value: strip s, group g, row n
+  const int64_t s = j / (ng * 16), g = j / 16 % ng, row = 16 * s + j % 16;
+  const uint16_t bits = row < N ? src[row * ng + g].bits : 0;
+  return uint8_t((i - cb) % 2 ? bits >> 8 : bits & 0xff);
+}
+
+inline void amx_rows_pack_int4(uint8_t* packed,  // [amx_rows_packed_bytes(N, K, G)]
+                               const uint8_t* qweight, const half_t* scales, const half_t* mins, int64_t N,
+                               int64_t K, int G) {
+  const int64_t bytes = amx_rows_packed_bytes(N, K, G);
+  DK_OMP_PARALLEL_FOR_IF(bytes >= (int64_t(1) << 20))
+  for (int64_t i = 0; i < bytes; ++i) packed[i] = amx_rows_packed_byte(qweight, scales, mins, N, K, G, i);
+}
+
+}  // namespace cpu
+}  // namespace dk

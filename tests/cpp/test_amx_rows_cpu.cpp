@@ -1,0 +1,165 @@
+// include/decodekit/gemm/quant_amx_rows.h: the INT4 repack (every code, scale and min where the layout
+// says, zeros past N) and, on CPUs with the AMX int8 tile unit, the 1..16-row kernel against
+// quant_amx_exact.h's kernel called with the same rows: bit for bit (the promise that lets a decoding row
+// and a verification row agree), on awkward shapes: N below / not a multiple of 16 or 32, K an odd
+// number of blocks, G 32 / 64 / 128, bias, strided rows of a, fp32 and fp16 activations, zero blocks,
+// NaN / inf elements, magnitudes from 2^-60 to 2^60. Outputs are poisoned before each run. Also a loose
+// float64 check (|out - sum a w| <= 1e-5 sum |a w|) so that both kernels being wrong alike still fails.
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "check.h"
+#include "decodekit/gemm/int4.h"
+#include "decodekit/gemm/quant_amx_rows.h"
+
+namespace {
+
+using dk::half_t;
+
+struct Int4 {
+  int64_t N, K;
+  int G;
+  std::vector<uint8_t> q;  // [N, K / 2] int4.h layout
+  std::vector<half_t> s, m;
+  uint8_t code(int64_t n, int64_t k) const {
+    const int64_t g = k / G, c = k % G, half = G / 2;
+    const uint8_t b = q[size_t(n * (K / 2) + g * half + c % half)];
+    return c < half ? uint8_t(b & 15) : uint8_t(b >> 4);
+  }
+  double w(int64_t n, int64_t k) const {  // d q + min, as the kernels' semantics (not rounded)
+    const int64_t i = n * (K / G) + k / G;
+    return double(dk::half_to_float(s[size_t(i)].bits)) * code(n, k) + double(dk::half_to_float(m[size_t(i)].bits));
+  }
+};
+
+Int4 random_int4(std::mt19937& rng, int64_t N, int64_t K, int G) {
+  Int4 w{N, K, G, std::vector<uint8_t>(size_t(N * K / 2)), std::vector<half_t>(size_t(N * K / G)), {}};
+  for (auto& x : w.q) x = uint8_t(rng());
+  w.m.resize(w.s.size());
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (size_t i = 0; i < w.s.size(); ++i) {
+    w.s[i] = dk::from_float<half_t>(0.02f * u(rng));
+    w.m[i] = dk::from_float<half_t>(0.1f * u(rng));
+  }
+  return w;
+}
+
+std::vector<uint8_t> pack(const Int4& w) {
+  std::vector<uint8_t> p(size_t(dk::cpu::amx_rows_packed_bytes(w.N, w.K, w.G)), 0xee);
+  dk::cpu::amx_rows_pack_int4(p.data(), w.q.data(), w.s.data(), w.m.data(), w.N, w.K, w.G);
+  return p;
+}
+
+// The layout, read back independently of the kernel: B-tile byte 64 j + 4 n + i of (strip s, block b) is
+// q[16 s + n][32 b + 4 j + i]; tile bytes 0..255 in the low nibbles, 256..511 in the high ones.
+void test_pack(std::mt19937& rng) {
+  for (int t = 0; t < 24; ++t) {
+    const int G = 32 << (t % 3);
+    const int64_t N = 1 + int64_t(rng() % 90), K = G * (1 + int64_t(rng() % 5));
+    const Int4 w = random_int4(rng, N, K, G);
+    const std::vector<uint8_t> packed = pack(w);
+    const dk::cpu::AmxRowsWeight p(packed.data(), N, K, G);
+    const int64_t S = dk::cpu::amx_rows_strips(N), nb = K / 32, ng = K / G;
+    CHECK(int64_t(packed.size()) == (S * nb * 256 + 2 * S * ng * 32)) << "bytes" << packed.size();
+    CHECK(S % 2 == 0 && S * 16 >= N && (S - 2) * 16 < N) << "strips" << S << "N" << N;
+    long long bad = 0;
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t b = 0; b < nb; ++b)
+        for (int t2 = 0; t2 < 512; ++t2) {
+          const uint8_t byte = p.codes[(s * nb + b) * 256 + t2 % 256];
+          const int got = t2 < 256 ? byte & 15 : byte >> 4;
+          const int64_t n = 16 * s + t2 % 64 / 4, k = 32 * b + 4 * (t2 / 64) + t2 % 4;
+          bad += got != (n < N ? w.code(n, k) : 0);
+        }
+    CHECK(bad == 0) << bad << "codes misplaced, N" << N << "K" << K << "G" << G;
+    bad = 0;
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t g = 0; g < ng; ++g)
+        for (int n = 0; n < 16; ++n) {
+          const int64_t row = 16 * s + n;
+          const int64_t i = (s * ng + g) * 16 + n;
+          const uint16_t ws = row < N ? w.s[size_t(row * ng + g)].bits : 0, wm = row < N ? w.m[size_t(row * ng + g)].bits : 0;
+          bad += p.scales[i].bits != ws || p.mins[i].bits != wm;
+        }
+    CHECK(bad == 0) << bad << "scales / mins misplaced, N" << N << "K" << K << "G" << G;
+  }
+}
+
+#if defined(DK_AMX_EXACT_GEMM)
+template <class T>
+void test_kernel(std::mt19937& rng, int cases) {
+  std::normal_distribution<float> nd;
+  for (int t = 0; t < cases; ++t) {
+    const int G = 32 << (rng() % 3);
+    const int64_t N = 1 + int64_t(rng() % 200), K = G * (1 + int64_t(rng() % (768 / G))), M = 1 + t % 16;
+    const int64_t a_stride = K + (t % 3 == 1 ? 5 : 0);
+    const Int4 w = random_int4(rng, N, K, G);
+    const std::vector<uint8_t> p = pack(w);
+    std::vector<T> a(size_t(M * a_stride), dk::from_float<T>(NAN));
+    std::vector<T> bias(static_cast<size_t>(N));
+    for (int64_t r = 0; r < M; ++r) {
+      const int scale = std::is_same_v<T, float> ? int(rng() % 121) - 60 : int(rng() % 21) - 10;
+      for (int64_t k = 0; k < K; ++k) a[size_t(r * a_stride + k)] = dk::from_float<T>(std::ldexp(nd(rng), scale));
+    }
+    if (t % 5 == 2) for (int k = 0; k < 32; ++k) a[size_t(k)] = dk::from_float<T>(0.f);  // an all-zero block
+    const bool special = t % 9 == 4;  // a NaN or an infinity in the last row
+    if (special) a[size_t((M - 1) * a_stride + K / 2)] = dk::from_float<T>(t % 2 ? NAN : INFINITY);
+    for (auto& x : bias) x = dk::from_float<T>(nd(rng));
+    const T* bp = t % 2 ? bias.data() : nullptr;
+    std::vector<T> want(size_t(M * N), dk::from_float<T>(-77.f)), got(size_t(M * N), dk::from_float<T>(-99.f));
+    const bool ok1 = dk::cpu::int4_gemm_amx_exact<T>(want.data(), a.data(), a_stride, w.q.data(), w.s.data(),
+                                                     w.m.data(), bp, M, N, K, G);
+    const bool ok2 = dk::cpu::amx_rows_int4<T>(got.data(), a.data(), a_stride, p.data(), bp, M, N, K, G);
+    CHECK(ok1 && ok2) << "kernels ran" << ok1 << ok2;
+    long long diff = 0, far = 0;
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t n = 0; n < N; ++n) {
+        const double x = dk_test::to_d(got[size_t(r * N + n)]), y = dk_test::to_d(want[size_t(r * N + n)]);
+        const bool both_nan = std::isnan(x) && std::isnan(y);
+        diff += !both_nan && std::memcmp(&got[size_t(r * N + n)], &want[size_t(r * N + n)], sizeof(T)) != 0;
+        if (special && r == M - 1) {
+          far += !std::isnan(x);  // a non-finite element makes its row NaN
+          continue;
+        }
+        // bound: the fixed point's rounding (<= 2^-22 max |a| of a block per element) plus fp32 sums
+        double exact = bp ? dk_test::to_d(bias[size_t(n)]) : 0.0, mag = std::fabs(exact), fix = 0.0;
+        for (int64_t b = 0; b < K / 32; ++b) {
+          double amax = 0.0, wsum = 0.0;
+          for (int64_t k = 32 * b; k < 32 * b + 32; ++k) {
+            const double av = dk_test::to_d(a[size_t(r * a_stride + k)]), wv = w.w(n, k);
+            exact += av * wv;
+            mag += std::fabs(av * wv);
+            amax = std::max(amax, std::fabs(av));
+            wsum += std::fabs(wv);
+          }
+          fix += std::ldexp(amax, -22) * wsum;
+        }
+        const double tol = 1e-5 * (mag + fix) + 1.01 * fix +
+                           (std::is_same_v<T, float> ? 0.0 : std::ldexp(std::fabs(exact), -10) + std::ldexp(1.0, -24)) + 1e-300;  // fp16: an ulp, subnormals too
+        far += !(std::fabs(x - exact) <= tol);
+      }
+    CHECK(diff == 0) << diff << "outputs differ from int4_gemm_amx_exact: M" << M << "N" << N << "K" << K << "G" << G;
+    CHECK(far == 0) << far << "outputs far from float64: M" << M << "N" << N << "K" << K << "G" << G;
+  }
+}
+#endif
+
+}  // namespace
+
+int main() {
+  std::mt19937 rng(20261206);
+  test_pack(rng);
+#if defined(DK_AMX_EXACT_GEMM)
+  if (dk::cpu::amx_enabled()) {
+    test_kernel<float>(rng, 96);
+    test_kernel<half_t>(rng, 48);
+  } else {
+    std::printf("test_amx_rows_cpu: no AMX tile unit: kernel cases skipped (the repack tested)\n");
+  }
+#else
+  std::printf("test_amx_rows_cpu: built without AMX int8: kernel cases skipped (the repack tested)\n");
+#endif
+  return dk_test::finish("test_amx_rows_cpu");
+}

@@ -1,0 +1,139 @@
+"""The CPU's repacked INT4 copy and int4_gemm's 1..16-row AMX kernel (include/decodekit/gemm/quant_amx_rows.h).
+
+With the copy (int4_amx_rows_pack, passed as int4_gemm's `packed`), float32 / float16 activations of 1..16 rows
+run on the AMX int8 unit with quant_amx_exact.h's semantics -- the ones 9+ rows get anyway -- so a row's bits do
+not depend on how many rows come with it: checked bit for bit against the float64 emulation of those semantics
+(test_quant_amx_exact._emulate) and against the same rows inside batches of every size. The layout itself is
+checked against the pure-torch reference (ops.reference.int4_amx_rows_pack) on any CPU.
+"""
+import pytest
+import torch
+
+from dk_testing import cpu_amx_exact_expected, random_int4_weight, randn, strided_rows
+from decodekit import ops
+from decodekit.ops import reference as ref
+from test_quant_amx_exact import _agreement, _emulate
+
+needs_amx = pytest.mark.skipif(not (cpu_amx_exact_expected() and ops.int4_amx_rows_available()),
+                               reason="no AMX int8 on this CPU (or DECODEKIT_CPU_AMX=0 / a non-native build)")
+
+
+def _packed(w):
+    out = torch.full((ref.amx_rows_packed_bytes(*w.shape, w.group_size),), 0xEE, dtype=torch.uint8)
+    torch.ops.decodekit.int4_amx_rows_pack(out, w.qweight, w.scales, w.mins, w.group_size)
+    return out
+
+
+def _gemm(a, w, packed, bias=None):
+    out = torch.full((a.shape[0], w.shape[0]), float("nan"), dtype=a.dtype)
+    torch.ops.decodekit.int4_gemm(out, a, w.qweight, w.scales, w.mins, w.group_size, bias, packed)
+    return out
+
+
+@pytest.mark.parametrize("N,K,G", [(1, 32, 32), (15, 64, 64), (17, 128, 128), (33, 96, 32), (130, 576, 32),
+                                   (200, 384, 128), (576, 1536, 64)])
+def test_pack_matches_reference(N, K, G, gen):
+    w = random_int4_weight(N, K, G, "cpu", gen)
+    got = _packed(w)
+    want = ref.int4_amx_rows_pack(w.qweight, w.scales, w.mins, G)
+    assert got.shape == want.shape == (ref.amx_rows_packed_bytes(N, K, G),)
+    assert torch.equal(got, want)
+
+
+def test_pack_reference_places_every_code(gen):
+    """The reference against the layout's definition (amx_rows_layout.h), code by code."""
+    N, K, G = 21, 64, 32
+    w = random_int4_weight(N, K, G, "cpu", gen)
+    q = ref._int4_codes(w.qweight, G).reshape(N, K)
+    packed = ref.int4_amx_rows_pack(w.qweight, w.scales, w.mins, G)
+    S, nb = ref.amx_rows_strips(N), K // 32
+    for s in range(S):
+        for b in range(nb):
+            for t in range(512):
+                byte = int(packed[(s * nb + b) * 256 + t % 256])
+                code = byte & 15 if t < 256 else byte >> 4
+                n, k = 16 * s + t % 64 // 4, 32 * b + 4 * (t // 64) + t % 4
+                assert code == (int(q[n, k]) if n < N else 0), (s, b, t)
+    scales = packed[S * nb * 256:].view(torch.float16)[:S * (K // G) * 16].view(S, K // G, 16)
+    assert torch.equal(scales.permute(0, 2, 1).reshape(S * 16, K // G)[:N], w.scales)
+
+
+@needs_amx
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("M", list(range(1, 17)))
+def test_rows_match_the_exact_semantics(M, dtype, gen):
+    N, K, G = 77 + M, 32 * (3 + M % 4), 32 if M % 3 else 64  # odd N, K an odd or even number of blocks
+    K = (K + G - 1) // G * G
+    w = random_int4_weight(N, K, G, "cpu", gen)
+    a, _ = strided_rows(M, K, dtype, "cpu", gen)
+    if M > 1:
+        a[1] *= 1e-3 if dtype == torch.float16 else 1e-20  # a row of its own exponent
+    a[0, :32] = 0.0                                          # an all-zero block
+    bias = randn((N,), dtype, "cpu", gen) if M % 2 else None
+    out = _gemm(a, w, _packed(w), bias)
+    assert not out.isnan().any(), "unwritten (NaN-poisoned) outputs"
+    frac, ulps = _agreement(out, _emulate(a, w, bias, dtype))
+    assert frac >= 0.999 and ulps <= 1.0, f"{frac:.5f} of the outputs bitwise, {ulps:.2f} ulps"
+
+
+@needs_amx
+def test_rows_do_not_depend_on_the_row_count(gen):
+    """Every row count 1..40 (the AMX rows kernel to 16, quant_amx_exact.h beyond) gives a row the same bits;
+    without the copy, 1..8 rows keep the GEMV arithmetic and differ."""
+    N, K, G = 130, 576, 32
+    w = random_int4_weight(N, K, G, "cpu", gen)
+    packed = _packed(w)
+    a = randn((40, K), torch.float32, "cpu", gen)
+    full = _gemm(a, w, packed)
+    for m in range(1, 40):
+        for r0 in {0, 40 - m, (40 - m) // 2}:
+            assert torch.equal(_gemm(a[r0:r0 + m].contiguous(), w, packed), full[r0:r0 + m]), (m, r0)
+    assert not torch.equal(_gemm(a[:1].contiguous(), w, None), full[:1])
+
+
+@needs_amx
+def test_non_finite_rows(gen):
+    N, K, G = 45, 192, 32
+    w = random_int4_weight(N, K, G, "cpu", gen)
+    packed = _packed(w)
+    a = randn((5, K), torch.float32, "cpu", gen)
+    clean = _gemm(a, w, packed)
+    a[1, 100], a[3, 0] = float("inf"), float("nan")
+    out = _gemm(a, w, packed)
+    assert out[1].isnan().all() and out[3].isnan().all()
+    assert torch.equal(out[[0, 2, 4]], clean[[0, 2, 4]])
+
+
+def test_wrong_copy_is_refused(gen):
+    w = random_int4_weight(40, 64, 32, "cpu", gen)
+    a = randn((2, 64), torch.float32, "cpu", gen)
+    bad = torch.zeros(ref.amx_rows_packed_bytes(40, 64, 32) - 1, dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match="packed.*amx_rows_packed_bytes"):
+        _gemm(a, w, bad)
+    with pytest.raises(RuntimeError, match="out.*amx_rows_packed_bytes"):
+        torch.ops.decodekit.int4_amx_rows_pack(bad, w.qweight, w.scales, w.mins, 32)
+
+
+def test_opcheck(gen):
+    w = random_int4_weight(33, 64, 32, "cpu", gen)
+    out = torch.empty(ref.amx_rows_packed_bytes(33, 64, 32), dtype=torch.uint8)
+    torch.library.opcheck(torch.ops.decodekit.int4_amx_rows_pack.default, (out, w.qweight, w.scales, w.mins, 32))
+    a = randn((3, 64), torch.float32, "cpu", gen)
+    torch.library.opcheck(torch.ops.decodekit.int4_gemm.default,
+                          (torch.empty(3, 33), a, w.qweight, w.scales, w.mins, 32, None, _packed(w)))
+
+
+@needs_amx
+def test_model_uses_the_copy(gguf_path, monkeypatch):
+    """LlamaModel.prepare_packed_gemms gives every INT4 projection of a float32 CPU model its copy (the fused
+    decoder_layer gets it as the 4th operand); DECODEKIT_CPU_AMX_ROWS=0 makes none."""
+    from decodekit.loader import load_model
+    from decodekit.models import LlamaModel
+    lm = load_model(gguf_path, progress=False, keep_quantized=True)
+    model = LlamaModel(lm.config, dict(lm.weights))
+    ws = [w for L in model.layers for w in (L.qkv, L.o, L.gate_up, L.down)]
+    assert ws and all("_amx_rows" in w.__dict__ for w in ws)
+    assert all(len(w) == 4 for op in model.layer_operands for w in op[:4])
+    monkeypatch.setenv("DECODEKIT_CPU_AMX_ROWS", "0")
+    model = LlamaModel(lm.config, dict(lm.weights))
+    assert not any("_amx_rows" in w.__dict__ for L in model.layers for w in (L.qkv, L.o, L.gate_up, L.down))
