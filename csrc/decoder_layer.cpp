@@ -40,7 +40,7 @@ struct LayerOps {
   Op<void(T_&, T_&, CT, double)> add_norm{"decodekit::fused_add_rms_norm"};
   Op<void(T_&, CT, CT, double)> norm{"decodekit::rms_norm"};
   Op<void(T_&, CT, CT, CT, CT, int64_t, CO, CO)> int4{"decodekit::int4_gemm"};
-  Op<void(T_&, CT, CT, CT, int64_t, CO)> int8{"decodekit::int8_gemm"};
+  Op<void(T_&, CT, CT, CT, int64_t, CO, CO)> int8{"decodekit::int8_gemm"};
   Op<void(T_&, CT, CT, CO)> dense{"decodekit::dense_gemm"};
   Op<void(CT, T_&, CO, CT, int64_t, bool)> rope{"decodekit::rotary_embedding"};
   Op<void(CT, CT, T_&, T_&, CT, CO, CO)> cache{"decodekit::reshape_and_cache"};
@@ -72,7 +72,7 @@ void project(const LayerOps& ops, at::Tensor& out, const at::Tensor& a, at::Tens
              const OptTensor& bias) {
   if (w.size() == 3 || w.size() == 4)
     return ops.int4.call(out, a, w[0], w[1], w[2], group_size, bias, w.size() == 4 ? OptTensor(w[3]) : std::nullopt);
-  if (w.size() == 2) return ops.int8.call(out, a, w[0], w[1], group_size, bias);
+  if (w.size() == 2) return ops.int8.call(out, a, w[0], w[1], group_size, bias, std::nullopt);
   const int64_t M = a.size(0);
   const at::ScalarType st = a.scalar_type();
   if (a.is_cpu() && (st == at::kFloat || st == at::kBFloat16 || st == at::kHalf)) {

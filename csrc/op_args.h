@@ -249,6 +249,29 @@ inline bool int4_gemm_packed_check(const char* op, const at::Tensor& packed, con
   return false;
 }
 
+// int8_gemm's optional packed copy: amx_rows_int8_packed_bytes(N, K, G) uint8 on the CPU (int8_amx_rows_pack's),
+// 64-byte aligned; ignored on CUDA (checked the same way).
+inline void int8_gemm_packed_check(const char* op, const at::Tensor& packed, const at::Tensor& a, const GemmArgs& g,
+                                   int64_t group_size) {
+  Check(op, "packed", packed).dim(1).size(0, dk::cpu::amx_rows_int8_packed_bytes(g.N, g.K, int(group_size)),
+                                         "amx_rows_int8_packed_bytes(N, K, group_size) (int8_amx_rows_pack)")
+      .dtype({at::kByte}).device_as(a, "a").contiguous();
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(packed.data_ptr()) % 64 == 0, op,
+              ": 'packed' (int8_amx_rows_pack's layout) must start 64-byte aligned (a fresh tensor, not a view)");
+}
+
+// int8_amx_rows_pack: out [amx_rows_int8_packed_bytes(N, K, G)] uint8 on the CPU from int8_gemm's qweight / scales.
+inline GemmArgs int8_amx_rows_pack_args(const at::Tensor& out, const at::Tensor& qweight, const at::Tensor& scales,
+                                        int64_t group_size) {
+  const char* op = "decodekit::int8_amx_rows_pack";
+  Check(op, "qweight", qweight).dim(2);
+  GemmArgs g = quant_weight_args(op, qweight, scales, nullptr, group_size, qweight.size(1));
+  Check(op, "out", out).dim(1).size(0, dk::cpu::amx_rows_int8_packed_bytes(g.N, g.K, int(group_size)),
+                                     "amx_rows_int8_packed_bytes(N, K, group_size)")
+      .dtype({at::kByte}).device_as(qweight, "qweight").contiguous();
+  return g;
+}
+
 // int4_amx_rows_pack: out [amx_rows_packed_bytes(N, K, G)] uint8 on the CPU from int4_gemm's qweight / scales / mins.
 inline GemmArgs int4_amx_rows_pack_args(const at::Tensor& out, const at::Tensor& qweight, const at::Tensor& scales,
                                         const at::Tensor& mins, int64_t group_size) {

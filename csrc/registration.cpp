@@ -54,7 +54,11 @@ TORCH_LIBRARY(decodekit, m) {
   m.def("int4_gemm_marlin(Tensor(a!) out, Tensor a, Tensor packed, int n, int k, int group_size, Tensor? bias) -> ()");
   // INT8 weight-only (GGUF Q8_0): w = scale * q, qweight [N, K] int8, scales [N, K/G] float16.
   // int8_dequantize_rows writes out [R, K] = the rows `ids` [R] int64 of w (the embedding lookup).
-  m.def("int8_gemm(Tensor(a!) out, Tensor a, Tensor qweight, Tensor scales, int group_size, Tensor? bias) -> ()");
+  // packed: optionally int8_amx_rows_pack's copy (CPU: float32 / float16 activations of 1 .. 8 rows then run on
+  // the AMX int8 unit with the exact integer products 9+ rows get anyway; CUDA ignores it).
+  m.def("int8_gemm(Tensor(a!) out, Tensor a, Tensor qweight, Tensor scales, int group_size, Tensor? bias, "
+        "Tensor? packed=None) -> ()");
+  m.def("int8_amx_rows_pack(Tensor(a!) out, Tensor qweight, Tensor scales, int group_size) -> ()");
   m.def("int8_dequantize_rows(Tensor(a!) out, Tensor qweight, Tensor scales, int group_size, Tensor ids) -> ()");
   // fp8 e4m3 W8A8 (include/decodekit/gemm/fp8_gemm.h): quantize_fp8 writes the per-token dynamic
   // quantization of input [M, K] (row stride free): out [M, K] Float8_e4m3fn, scale [M] float32

@@ -64,6 +64,16 @@ void int4_dequantize_cpu(at::Tensor& out,            // [N, K]
   });
 }
 
+// The INT8 one (the LM head's).
+void int8_amx_rows_pack_cpu(at::Tensor& out,            // [amx_rows_int8_packed_bytes(N, K, G)] uint8
+                            const at::Tensor& qweight,  // [N, K] int8
+                            const at::Tensor& scales,   // [N, K / G] float16
+                            int64_t group_size) {
+  const dk::GemmArgs g = dk::int8_amx_rows_pack_args(out, qweight, scales, group_size);
+  dk::cpu::amx_rows_pack_int8(out.data_ptr<uint8_t>(), qweight.data_ptr<int8_t>(), dk_ptr<dk::half_t>(scales), g.N,
+                              g.K, int(group_size));
+}
+
 // The repacked copy the CPU's 1 .. 16-row AMX kernel reads (include/decodekit/gemm/amx_rows_layout.h).
 void int4_amx_rows_pack_cpu(at::Tensor& out,            // [amx_rows_packed_bytes(N, K, G)] uint8
                             const at::Tensor& qweight,  // [N, K / 2] uint8
@@ -118,11 +128,14 @@ void int8_gemm_cpu(at::Tensor& out,                        // [M, N]
                    const at::Tensor& qweight,              // [N, K] int8
                    const at::Tensor& scales,               // [N, K / G] float16
                    int64_t group_size,
-                   const std::optional<at::Tensor>& bias) {  // [N]
+                   const std::optional<at::Tensor>& bias,     // [N]
+                   const std::optional<at::Tensor>& packed) {  // int8_amx_rows_pack's copy
   const char* op = "decodekit::int8_gemm";
   const dk::GemmArgs g = dk::quant_gemm_args(op, out, a, qweight, scales, nullptr, group_size, bias);
+  if (packed.has_value()) dk::int8_gemm_packed_check(op, *packed, a, g, group_size);
   if (g.M == 0 || g.N == 0) return;
-  const dk::cpu::Int4GemmParams P{g.M, g.N, g.K, int(group_size), g.a_stride};
+  const dk::cpu::Int4GemmParams P{g.M, g.N, g.K, int(group_size), g.a_stride,
+                                  packed.has_value() ? packed->data_ptr<uint8_t>() : nullptr};
   DK_CPU_DISPATCH_FLOATING(a.scalar_type(), op, [&] {
     dk::cpu::int8_gemm<scalar_t>(dk_ptr<scalar_t>(out), dk_ptr<scalar_t>(a), qweight.data_ptr<int8_t>(),
                                  dk_ptr<dk::half_t>(scales), bias.has_value() ? dk_ptr<scalar_t>(*bias) : nullptr, P);
@@ -181,6 +194,7 @@ TORCH_LIBRARY_IMPL(decodekit, CPU, m) {
   m.impl("int4_dequantize", &int4_dequantize_cpu);
   m.impl("int4_marlin_pack", &int4_marlin_pack_cpu);
   m.impl("int4_amx_rows_pack", &int4_amx_rows_pack_cpu);
+  m.impl("int8_amx_rows_pack", &int8_amx_rows_pack_cpu);
   m.impl("int4_gemm_marlin", &int4_gemm_marlin_cpu);
   m.impl("quantize_fp8", &quantize_fp8_cpu);
   m.impl("fp8_gemm", &fp8_gemm_cpu);

@@ -296,9 +296,11 @@ void int8_gemm_cuda(at::Tensor& out,                        // [M, N]
                     const at::Tensor& qweight,              // [N, K] int8
                     const at::Tensor& scales,               // [N, K / G] float16
                     int64_t group_size,
-                    const std::optional<at::Tensor>& bias) {  // [N]
+                    const std::optional<at::Tensor>& bias,     // [N]
+                    const std::optional<at::Tensor>& packed) {  // the CPU's AMX copy: unused here
   const char* op = "decodekit::int8_gemm";
   const dk::GemmArgs g = dk::quant_gemm_args(op, out, a, qweight, scales, nullptr, group_size, bias);
+  if (packed.has_value()) dk::int8_gemm_packed_check(op, *packed, a, g, group_size);
   dk::check_cuda(op, "a", a);
   dk::check_range<int64_t>(op, "a.size(0) (M) on CUDA", g.M, 0, dk::cuda::kQuantGemvMaxM);
   if (g.M == 0 || g.N == 0) return;

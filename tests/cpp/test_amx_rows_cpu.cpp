@@ -1,5 +1,5 @@
-// include/decodekit/gemm/quant_amx_rows.h: the INT4 repack (every code, scale and min where the layout
-// says, zeros past N) and, on CPUs with the AMX int8 tile unit, the 1..16-row kernel against
+// include/decodekit/gemm/quant_amx_rows.h: the INT4 / INT8 repacks (every code, scale and min where the layout
+// says, zeros past N) and, on CPUs with the AMX int8 tile unit, the 1..16-row (INT8: 1..8) kernels against
 // quant_amx_exact.h's kernel called with the same rows: bit for bit (the promise that lets a decoding row
 // and a verification row agree), on awkward shapes: N below / not a multiple of 16 or 32, K an odd
 // number of blocks, G 32 / 64 / 128, bias, strided rows of a, fp32 and fp16 activations, zero blocks,
@@ -87,7 +87,69 @@ void test_pack(std::mt19937& rng) {
   }
 }
 
+// The INT8 copy against its definition: B-tile byte 64 j + 4 n + i of (strip s, block b) = q[16 s + n][32 b + 4 j + i].
+void test_pack_int8(std::mt19937& rng) {
+  for (int t = 0; t < 12; ++t) {
+    const int G = 32 << (t % 3);
+    const int64_t N = 1 + int64_t(rng() % 70), K = G * (1 + int64_t(rng() % 4));
+    std::vector<int8_t> q(size_t(N * K));
+    for (auto& x : q) x = int8_t(rng());
+    std::vector<half_t> sc(size_t(N * K / G));
+    for (auto& x : sc) x.bits = uint16_t(rng());
+    std::vector<uint8_t> p(size_t(dk::cpu::amx_rows_int8_packed_bytes(N, K, G)), 0xee);
+    dk::cpu::amx_rows_pack_int8(p.data(), q.data(), sc.data(), N, K, G);
+    const int64_t S = dk::cpu::amx_rows_strips(N), nb = K / 32, ng = K / G;
+    long long bad = 0;
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t b = 0; b < nb; ++b)
+        for (int j = 0; j < 8; ++j)
+          for (int n = 0; n < 16; ++n)
+            for (int i = 0; i < 4; ++i) {
+              const int8_t got = int8_t(p[size_t((s * nb + b) * 512 + 64 * j + 4 * n + i)]);
+              bad += got != (16 * s + n < N ? q[size_t((16 * s + n) * K + 32 * b + 4 * j + i)] : 0);
+            }
+    const half_t* ps = reinterpret_cast<const half_t*>(p.data() + S * nb * 512);
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t g = 0; g < ng; ++g)
+        for (int n = 0; n < 16; ++n)
+          bad += ps[(s * ng + g) * 16 + n].bits != (16 * s + n < N ? sc[size_t((16 * s + n) * ng + g)].bits : 0);
+    CHECK(bad == 0) << bad << "INT8 bytes misplaced, N" << N << "K" << K << "G" << G;
+  }
+}
+
 #if defined(DK_AMX_EXACT_GEMM)
+// INT8 rows 1..8 against quant_amx_exact.h's kernel, bit for bit (its own float64 emulation is in
+// tests/ops/test_quant_amx_exact.py).
+void test_kernel_int8(std::mt19937& rng, int cases) {
+  std::normal_distribution<float> nd;
+  for (int t = 0; t < cases; ++t) {
+    const int G = 32 << (rng() % 3);
+    const int64_t N = 1 + int64_t(rng() % 150), K = G * (1 + int64_t(rng() % (640 / G))), M = 1 + t % 8;
+    const int64_t a_stride = K + (t % 3 == 1 ? 3 : 0);
+    std::vector<int8_t> q(size_t(N * K));
+    for (auto& x : q) x = int8_t(rng());
+    std::vector<half_t> sc(size_t(N * K / G));
+    for (auto& x : sc) x = dk::from_float<half_t>(0.01f * nd(rng));
+    std::vector<uint8_t> p(size_t(dk::cpu::amx_rows_int8_packed_bytes(N, K, G)));
+    dk::cpu::amx_rows_pack_int8(p.data(), q.data(), sc.data(), N, K, G);
+    std::vector<float> a(size_t(M * a_stride), NAN), bias(static_cast<size_t>(N));
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t k = 0; k < K; ++k) a[size_t(r * a_stride + k)] = std::ldexp(nd(rng), int(rng() % 41) - 20);
+    if (t % 5 == 2) for (int k = 0; k < 32; ++k) a[size_t(k)] = 0.f;
+    if (t % 7 == 3) a[size_t((M - 1) * a_stride + K / 3)] = INFINITY;
+    for (auto& x : bias) x = nd(rng);
+    const float* bp = t % 2 ? bias.data() : nullptr;
+    std::vector<float> want(size_t(M * N), -77.f), got(size_t(M * N), -99.f);
+    const bool ok1 = dk::cpu::int8_gemm_amx_exact<float>(want.data(), a.data(), a_stride, q.data(), sc.data(), bp, M, N, K, G);
+    const bool ok2 = dk::cpu::amx_rows_int8<float>(got.data(), a.data(), a_stride, p.data(), bp, M, N, K, G);
+    CHECK(ok1 && ok2) << "kernels ran" << ok1 << ok2;
+    long long diff = 0;
+    for (size_t i = 0; i < want.size(); ++i)
+      diff += std::memcmp(&got[i], &want[i], 4) != 0 && !(std::isnan(got[i]) && std::isnan(want[i]));
+    CHECK(diff == 0) << diff << "INT8 outputs differ from int8_gemm_amx_exact: M" << M << "N" << N << "K" << K << "G" << G;
+  }
+}
+
 template <class T>
 void test_kernel(std::mt19937& rng, int cases) {
   std::normal_distribution<float> nd;
@@ -151,10 +213,12 @@ void test_kernel(std::mt19937& rng, int cases) {
 int main() {
   std::mt19937 rng(20261206);
   test_pack(rng);
+  test_pack_int8(rng);
 #if defined(DK_AMX_EXACT_GEMM)
   if (dk::cpu::amx_enabled()) {
     test_kernel<float>(rng, 96);
     test_kernel<half_t>(rng, 48);
+    test_kernel_int8(rng, 64);
   } else {
     std::printf("test_amx_rows_cpu: no AMX tile unit: kernel cases skipped (the repack tested)\n");
   }

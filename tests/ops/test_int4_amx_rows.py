@@ -1,4 +1,5 @@
-"""The CPU's repacked INT4 copy and int4_gemm's 1..16-row AMX kernel (include/decodekit/gemm/quant_amx_rows.h).
+"""The CPU's repacked INT4 / INT8 copies and int4_gemm's 1..12-row / int8_gemm's 1..8-row AMX kernels
+(include/decodekit/gemm/quant_amx_rows.h).
 
 With the copy (int4_amx_rows_pack, passed as int4_gemm's `packed`), float32 / float16 activations of 1..16 rows
 run on the AMX int8 unit with quant_amx_exact.h's semantics -- the ones 9+ rows get anyway -- so a row's bits do
@@ -9,7 +10,7 @@ checked against the pure-torch reference (ops.reference.int4_amx_rows_pack) on a
 import pytest
 import torch
 
-from dk_testing import cpu_amx_exact_expected, random_int4_weight, randn, strided_rows
+from dk_testing import cpu_amx_exact_expected, random_int4_weight, random_int8_weight, randn, strided_rows
 from decodekit import ops
 from decodekit.ops import reference as ref
 from test_quant_amx_exact import _agreement, _emulate
@@ -134,6 +135,61 @@ def test_model_uses_the_copy(gguf_path, monkeypatch):
     ws = [w for L in model.layers for w in (L.qkv, L.o, L.gate_up, L.down)]
     assert ws and all("_amx_rows" in w.__dict__ for w in ws)
     assert all(len(w) == 4 for op in model.layer_operands for w in op[:4])
+    assert "_amx_rows" in model.lm_head.__dict__  # the Q8_0 LM head's INT8 copy
     monkeypatch.setenv("DECODEKIT_CPU_AMX_ROWS", "0")
     model = LlamaModel(lm.config, dict(lm.weights))
     assert not any("_amx_rows" in w.__dict__ for L in model.layers for w in (L.qkv, L.o, L.gate_up, L.down))
+
+
+# ---- INT8 (the LM head's Q8_0)
+
+def _packed8(w):
+    out = torch.full((ref.amx_rows_int8_packed_bytes(*w.shape, w.group_size),), 0xEE, dtype=torch.uint8)
+    torch.ops.decodekit.int8_amx_rows_pack(out, w.qweight, w.scales, w.group_size)
+    return out
+
+
+def _gemm8(a, w, packed, bias=None):
+    out = torch.full((a.shape[0], w.shape[0]), float("nan"), dtype=a.dtype)
+    torch.ops.decodekit.int8_gemm(out, a, w.qweight, w.scales, w.group_size, bias, packed)
+    return out
+
+
+@pytest.mark.parametrize("N,K,G", [(1, 32, 32), (17, 64, 64), (33, 384, 128), (130, 576, 32)])
+def test_int8_pack_matches_reference(N, K, G, gen):
+    w = random_int8_weight(N, K, G, "cpu", gen)
+    assert torch.equal(_packed8(w), ref.int8_amx_rows_pack(w.qweight, w.scales, G))
+
+
+@needs_amx
+@pytest.mark.parametrize("M", list(range(1, 12)))
+def test_int8_rows_match_the_exact_semantics(M, gen):
+    N, K, G = 90 + M, 32 * (5 + M % 3), 32
+    w = random_int8_weight(N, K, G, "cpu", gen)
+    a, _ = strided_rows(M, K, torch.float32, "cpu", gen)
+    a[0, :32] = 0.0
+    bias = randn((N,), torch.float32, "cpu", gen) if M % 2 else None
+    out = _gemm8(a, w, _packed8(w), bias)
+    assert not out.isnan().any()
+    frac, ulps = _agreement(out, _emulate(a, w, bias, torch.float32))
+    assert frac >= 0.999 and ulps <= 1.0, f"{frac:.5f} of the outputs bitwise, {ulps:.2f} ulps"
+
+
+@needs_amx
+def test_int8_rows_do_not_depend_on_the_row_count(gen):
+    w = random_int8_weight(200, 576, 32, "cpu", gen)
+    packed = _packed8(w)
+    a = randn((20, 576), torch.float32, "cpu", gen)
+    full = _gemm8(a, w, packed)
+    for m in range(1, 20):
+        assert torch.equal(_gemm8(a[20 - m:].contiguous(), w, packed), full[20 - m:]), m
+
+
+def test_int8_wrong_copy_is_refused(gen):
+    w = random_int8_weight(40, 64, 32, "cpu", gen)
+    a = randn((2, 64), torch.float32, "cpu", gen)
+    with pytest.raises(RuntimeError, match="packed.*amx_rows_int8_packed_bytes"):
+        _gemm8(a, w, torch.zeros(ref.amx_rows_int8_packed_bytes(40, 64, 32) + 64, dtype=torch.uint8))
+    torch.library.opcheck(torch.ops.decodekit.int8_amx_rows_pack.default,
+                          (torch.empty(ref.amx_rows_int8_packed_bytes(40, 64, 32), dtype=torch.uint8),
+                           w.qweight, w.scales, 32))

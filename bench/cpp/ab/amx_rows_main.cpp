@@ -4,7 +4,8 @@
 // drift (+-30%) hits both alike. Workloads, M rows:
 //   layers   SmolLM2-135M's 30 layers of Q4_1 projections (qkv 960x576, o 576x576, gate_up 3072x576,
 //            down 576x1536), every layer its own weights (66 MB: from memory, as in decoding);
-//   hot      gate_up 3072x576 called again and again (cache-resident: the kernels' compute).
+//   hot      gate_up 3072x576 called again and again (cache-resident: the kernels' compute);
+//   lm_head  the tied Q8_0 LM head 49152x576 (int8_gemm without / with its copy, up to 8 rows).
 // Prints best / median time per side and b's speedup (median of the per-round ratios), checks that the sides
 // agree to 1e-3 (they are different arithmetics up to 8 rows, the same bits from 9). Build and run:
 // tools/ab_amx_rows.sh [M ...]. Needs a CPU with AMX-INT8 (else side b falls back to side a's kernels).
@@ -21,6 +22,7 @@
 namespace {
 
 struct Weight {
+  int int8 = 0;
   int64_t N, K;
   std::vector<uint8_t> q, packed;
   std::vector<dk::half_t> s, m;
@@ -35,6 +37,14 @@ struct Weight {
     }
     packed.resize(size_t(dk::cpu::amx_rows_packed_bytes(N, K, 32)));
     dk::cpu::amx_rows_pack_int4(packed.data(), q.data(), s.data(), m.data(), N, K, 32);
+  }
+  Weight(std::mt19937& rng, int64_t N_, int64_t K_, int) : int8(1), N(N_), K(K_) {  // INT8 (Q8_0)
+    q.resize(size_t(N * K));
+    for (auto& x : q) x = uint8_t(rng());
+    s.resize(size_t(N * K / 32));
+    for (auto& x : s) x.bits = uint16_t(0x2000 + (rng() & 0xff));
+    packed.resize(size_t(dk::cpu::amx_rows_int8_packed_bytes(N, K, 32)));
+    dk::cpu::amx_rows_pack_int8(packed.data(), reinterpret_cast<const int8_t*>(q.data()), s.data(), N, K, 32);
   }
 };
 
@@ -55,7 +65,11 @@ void run(const char* name, const std::vector<const Weight*>& ws, int64_t M, int 
       const double t0 = now_ms();
       for (const Weight* w : ws) {
         dk::cpu::Int4GemmParams P{M, w->N, w->K, 32, w->K, side ? w->packed.data() : nullptr};
-        dk::cpu::int4_gemm<float>(o[side].data(), a.data(), w->q.data(), w->s.data(), w->m.data(), nullptr, P);
+        if (w->int8)
+          dk::cpu::int8_gemm<float>(o[side].data(), a.data(), reinterpret_cast<const int8_t*>(w->q.data()),
+                                    w->s.data(), nullptr, P);
+        else
+          dk::cpu::int4_gemm<float>(o[side].data(), a.data(), w->q.data(), w->s.data(), w->m.data(), nullptr, P);
       }
       dt[side] = now_ms() - t0;
     }
@@ -88,9 +102,11 @@ int main(int argc, char** argv) {
     for (const auto& sh : shapes) layers.emplace_back(rng, sh[0], sh[1]);
   std::vector<const Weight*> all;
   for (const Weight& w : layers) all.push_back(&w);
+  const Weight lm(rng, 49152, 576, 8);
   for (int64_t M : Ms) {
     run("layers", all, M, 30);
     run("hot", {&layers[2]}, M, 1000);
+    if (M <= 8) run("lm_head", {&lm}, M, 30);
   }
   return 0;
 }

@@ -1,10 +1,13 @@
-// The layout of quant_amx_rows.h's repacked INT4 weight (plain C++: also for the op argument checks):
+// The layouts of quant_amx_rows.h's repacked INT4 / INT8 weights (plain C++: also for the op argument checks).
+// INT4:
 //   codes [S = amx_rows_strips(N)][K / 32][256] bytes: strip s = weight rows 16 s .. 16 s + 15, block b =
 //     k 32 b .. 32 b + 31; byte p's low nibble is B-tile byte p, its high nibble B-tile byte 256 + p,
 //     where B-tile byte 64 j + 4 n + i = q[16 s + n][32 b + 4 j + i] (j < 8: 8 rows of the tile unit's
 //     "VNNI" operand, 4 consecutive k of a weight row in a dword);
 //   then scales, then mins [S][K / G][16] fp16: the strip's 16 rows' values per group (rows past N: zero,
 //     as their codes).
+// INT8 (GGUF Q8_0): codes [S][K / 32][512] int8, byte 64 j + 4 n + i = q[16 s + n][32 b + 4 j + i] (the B tile
+//   itself, loaded straight from the copy), then scales [S][K / G][16] fp16.
 #pragma once
 #include <cstdint>
 
@@ -67,6 +70,33 @@ inline void amx_rows_pack_int4(uint8_t* packed,  // [amx_rows_packed_bytes(N, K,
   const int64_t bytes = amx_rows_packed_bytes(N, K, G);
   DK_OMP_PARALLEL_FOR_IF(bytes >= (int64_t(1) << 20))
   for (int64_t i = 0; i < bytes; ++i) packed[i] = amx_rows_packed_byte(qweight, scales, mins, N, K, G, i);
+}
+
+constexpr int64_t amx_rows_int8_codes_bytes(int64_t N, int64_t K) { return amx_rows_strips(N) * (K / 32) * 512; }
+constexpr int64_t amx_rows_int8_packed_bytes(int64_t N, int64_t K, int G) {
+  return amx_rows_int8_codes_bytes(N, K) + amx_rows_scales_bytes(N, K, G);
+}
+
+// Byte i < amx_rows_int8_packed_bytes(N, K, G) of the INT8 copy (qweight [N, K] int8, scales [N, K / G] fp16).
+inline uint8_t amx_rows_int8_packed_byte(const int8_t* qweight, const half_t* scales, int64_t N, int64_t K, int G,
+                                         int64_t i) {
+  const int64_t nb = K / 32, ng = K / G, cb = amx_rows_int8_codes_bytes(N, K);
+  if (i < cb) {
+    const int64_t s = i / (nb * 512), b = i / 512 % nb;
+    const int t = int(i % 512), n = t % 64 / 4;
+    return 16 * s + n < N ? uint8_t(qweight[(16 * s + n) * K + 32 * b + 4 * (t / 64) + t % 4]) : uint8_t(0);
+  }
+  const int64_t j = (i - cb) / 2;
+  const int64_t s = j / (ng * 16), g = j / 16 % ng, row = 16 * s + j % 16;
+  const uint16_t bits = row < N ? scales[row * ng + g].bits : 0;
+  return uint8_t((i - cb) % 2 ? bits >> 8 : bits & 0xff);
+}
+
+inline void amx_rows_pack_int8(uint8_t* packed,  // [amx_rows_int8_packed_bytes(N, K, G)]
+                               const int8_t* qweight, const half_t* scales, int64_t N, int64_t K, int G) {
+  const int64_t bytes = amx_rows_int8_packed_bytes(N, K, G);
+  DK_OMP_PARALLEL_FOR_IF(bytes >= (int64_t(1) << 20))
+  for (int64_t i = 0; i < bytes; ++i) packed[i] = amx_rows_int8_packed_byte(qweight, scales, N, K, G, i);
 }
 
 }  // namespace cpu

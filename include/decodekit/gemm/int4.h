@@ -347,8 +347,11 @@ void int8_gemm(T* out,                  // [M, N]
       return;
 #endif
 #if defined(DK_AMX_EXACT_GEMM)
+  if constexpr (!std::is_same_v<T, bf16_t>)  // 1 .. 8 rows from the repacked copy (quant_amx_rows.h)
+    if (P.amx_rows && M <= kAmxRowsInt8MaxM && amx_rows_int8(out, a, P.a_stride, P.amx_rows, bias, M, N, K, G)) return;
   if constexpr (!std::is_same_v<T, bf16_t>)
-    if (M >= kTiledQuantGemmMinM && K > 0 && int8_gemm_amx_exact(out, a, P.a_stride, qweight, scales, bias, M, N, K, G))
+    if ((M >= kTiledQuantGemmMinM || P.amx_rows) && K > 0 &&
+        int8_gemm_amx_exact(out, a, P.a_stride, qweight, scales, bias, M, N, K, G))
       return;
 #endif
 #if defined(DK_TILED_QUANT_GEMM)

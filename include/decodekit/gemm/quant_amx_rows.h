@@ -1,5 +1,5 @@
-// INT4 weight-only GEMM for 1 .. 16 rows of fp32 / fp16 activations (decoding, speculative verification,
-// small batches) on the AMX int8 tile unit, with quant_amx_exact.h's exact integer products and its
+// INT4 (1 .. 16 rows) and INT8 (1 .. 8 rows: the Q8_0 LM head, further down) weight-only GEMMs for fp32 / fp16
+// activations (decoding, speculative verification, small batches) on the AMX int8 tile unit, with quant_amx_exact.h's exact integer products and its
 // semantics to the bit (a 23-bit fixed point I per row and 32-element block of a, R = sum_k I_k q_k exact,
 // fma(fl(R), d s, acc), fma(min, S, acc); see that header): a row's outputs are the same whether it comes
 // alone, with 6 draft rows or in a batch of 40 (which quant_amx_exact.h serves).
@@ -229,6 +229,15 @@ inline AmxRowsScratch& amx_rows_scratch() {
     _tile_dpbsud(tc, ta, tb);                    \
     _tile_stored(tc, c, 64);                     \
   } while (0)
+// The same with signed B bytes (INT8 codes).
+#define DK_AMX_ROWS_PRODUCT_SS(ta, tb, tc, a, b, c) \
+  do {                                           \
+    _tile_loadd(ta, a, 64);                      \
+    _tile_loadd(tb, b, 64);                      \
+    _tile_zero(tc);                              \
+    _tile_dpbssd(tc, ta, tb);                    \
+    _tile_stored(tc, c, 64);                     \
+  } while (0)
 
 // One row of a without the tile unit, the same integers: per block and 16 weight rows, VPDPBUSD of the
 // codes (the B tile's rows, one k-quad of 16 rows a register) with each digit's 4 bytes broadcast gives
@@ -313,7 +322,7 @@ void amx_rows_int4_mm(T* out,                 // [M, N]
           int i = 0;
           if constexpr (MM <= kAmxRowsPairM) {  // blocks 2 j, 2 j + 1: one product, C rows 0.. and 4 MM..
             uint8_t* flat = scr.bt[0];  // block i's 8 rows at 512 i: a pair is one 16-row B tile
-            if (kc & 1) std::memset(flat + 512 * kc, 0, 512);  // a lone last block: its partner's codes zero
+            if (kc & 1) std::memset(flat + 512 * size_t(kc), 0, 512);  // a lone last block: its partner's codes zero
             for (int j = 0; 2 * j < kc; j += 2) {
               DK_AMX_ROWS_PRODUCT(0, 2, 4, ap[b0 + 2 * j].row[0], flat + 1024 * j, scr.cb[j]);
               if (2 * j + 2 < kc) DK_AMX_ROWS_PRODUCT(1, 3, 5, ap[b0 + 2 * j + 2].row[0], flat + 1024 * (j + 1), scr.cb[j + 1]);
@@ -392,7 +401,6 @@ void amx_rows_int4_mm(T* out,                 // [M, N]
     _tile_release();
   }
 }
-#undef DK_AMX_ROWS_PRODUCT
 
 // out[m, n] = sum_k a[m, k] w[n, k] (+ bias[n]) for M <= 16 rows, bit for bit quant_amx_exact.h's
 // int4_gemm_amx_exact. False (nothing written) when the tile unit is unavailable or M / K do not fit.
@@ -425,6 +433,175 @@ bool amx_rows_int4(T* out,        // [M, N]
     default: return false;
   }
 }
+
+// ---- INT8 (GGUF Q8_0, the LM head): quant_amx_exact.h's INT8 semantics, R = fma(fl(C_2), 2^16, fl(2^8 C_1 +
+// C_0)) with C_t = sum_k q_k D_t,k (base-256 digits of I), then fma(R, d s, acc); the B tile straight from
+// the copy (amx_rows_layout.h). A rows: digit t of row m at t M + m (t = 0, 1; also t = 2 up to 5 rows, else
+// at 16 + m: a second A tile); up to 2 rows two blocks per product (block 2 i + 1's rows from 3 M, bytes 32..).
+constexpr int64_t kAmxRowsInt8MaxM = 8;
+
+template <class T>
+inline void amx_rows_pack_a_int8(AmxRowsBlock* ap, const T* a, int64_t a_stride, int64_t M, int64_t K) {
+  const int64_t nb = K / 32;
+  const bool pair = M <= kAmxRowsPairM;
+  const __m512i abs_bits = _mm512_set1_epi32(0x7fffffff);
+  for (int64_t b = 0; b < nb; ++b) {
+    AmxRowsBlock& P = ap[pair ? b & ~int64_t(1) : b];
+    const int prow = pair && (b & 1) ? int(3 * M) : 0, pbyte = pair && (b & 1) ? 32 : 0;
+    if (pair && !(b & 1)) std::memset(P.row, 0, size_t(6 * M * 64));
+    for (int64_t m = 0; m < M; ++m) {
+      const T* p = a + m * a_stride + b * 32;
+      const __m512i x[2] = {_mm512_castps_si512(load16(p, __mmask16(0xffff))),
+                            _mm512_castps_si512(load16(p + 16, __mmask16(0xffff)))};
+      const uint32_t amax_s = _mm512_reduce_max_epu32(
+          _mm512_max_epu32(_mm512_and_si512(x[0], abs_bits), _mm512_and_si512(x[1], abs_bits)));
+      const AmxExactExp ex = amx_exact_exp(_mm512_set1_epi32(int32_t(amax_s)));
+      for (int h = 0; h < 2; ++h) {
+        __m512i d[3];
+        amx_exact_int8_digits(amx_exact_fixed(x[h], ex.up), d);
+        for (int t = 0; t < 3; ++t) {
+          uint8_t* row = P.row[t < 2 || M <= 5 ? prow + t * M + m : 16 + m] + pbyte;
+          _mm_store_si128(reinterpret_cast<__m128i*>(row + 16 * h), _mm512_cvtepi32_epi8(d[t]));
+        }
+      }
+      ap[b].s[m] = _mm512_cvtss_f32(amx_exact_s(ex));
+    }
+  }
+}
+
+// Tiles: up to 2 rows A 0 / 1 (6 M rows), B 2 / 3 (16 rows: two blocks), C 4 / 5, alternating; up to 5 rows
+// A 0 / 1 (3 M rows x 32 bytes), B 2 / 3 (8 rows), C 4 / 5; 6..8 rows A 0 (2 M rows) + 1 (M rows), B 2, C 4 + 5.
+struct alignas(64) AmxRowsInt8TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+  explicit AmxRowsInt8TileConfig(int m) {
+    const bool pair = m <= kAmxRowsPairM, one = m <= 5;
+    for (int t = 0; t < 6; ++t) colsb[t] = 64;
+    colsb[0] = colsb[1] = uint16_t(pair ? 64 : 32);
+    rows[0] = rows[1] = uint8_t(pair ? 6 * m : one ? 3 * m : 2 * m);
+    if (!one) rows[1] = uint8_t(m);
+    rows[2] = rows[3] = uint8_t(pair ? 16 : 8);
+    rows[4] = rows[5] = rows[0];
+    if (!one) rows[5] = uint8_t(m);
+  }
+};
+
+// C rows -> accumulators: c01 + 16 (t M + m) = C_t (t = 0, 1), c2 + 16 m = C_2.
+template <int MM>
+DK_FORCE_INLINE void amx_rows_scale_int8(__m512 (&acc)[MM], const int32_t* c01, const int32_t* c2, __m512 d,
+                                         const AmxRowsBlock& A) {
+  DK_UNROLL_ALL
+  for (int m = 0; m < MM; ++m) {
+    const __m512i v0 = _mm512_load_si512(c01 + 16 * m), v1 = _mm512_load_si512(c01 + 16 * (MM + m)),
+                  v2 = _mm512_load_si512(c2 + 16 * m);
+    const __m512 r = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v2), _mm512_set1_ps(65536.f),
+                                     _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(v1, 8), v0)));
+    acc[m] = _mm512_fmadd_ps(r, _mm512_mul_ps(d, _mm512_set1_ps(A.s[m])), acc[m]);
+  }
+}
+
+template <int MM, class T>
+void amx_rows_int8_mm(T* out, const AmxRowsBlock* ap, const uint8_t* codes, const half_t* scales, const T* bias,
+                      int64_t N, int64_t K, int G) {
+  const int64_t S = amx_rows_strips(N), nb = K / 32, ng = K / G;
+  const AmxRowsInt8TileConfig cfg(MM);
+  constexpr bool kPair = MM <= kAmxRowsPairM, kOne = MM <= 5;
+#pragma omp parallel if (S > 2 && N * K >= kParallelGrain)
+  {
+    _tile_loadconfig(&cfg);
+    AmxRowsScratch& scr = amx_rows_scratch();
+#pragma omp for schedule(static)
+    for (int64_t s = 0; s < S; ++s) {
+      __m512 acc[MM];
+      DK_UNROLL_ALL
+      for (int m = 0; m < MM; ++m) acc[m] = _mm512_setzero_ps();
+      const uint8_t* cs = codes + s * nb * 512;
+      const int64_t chunks = (nb + kAmxRowsKC - 1) / kAmxRowsKC, even = (nb + chunks - 1) / chunks;
+      const int64_t step = kPair ? even + (even & 1) : even;
+      for (int64_t b0 = 0; b0 < nb; b0 += step) {
+        const int kc = int(std::min<int64_t>(step, nb - b0));
+        if constexpr (kPair) {  // C of pair j in cb[j]: rows 0.. block 2 j, 3 MM.. block 2 j + 1
+          for (int j = 0; 2 * j < kc; ++j) {
+            const int64_t b = b0 + 2 * j;
+            for (int o = 0; o < 1024; o += 64) _mm_prefetch(reinterpret_cast<const char*>(cs + b * 512) + 2 * kAmxRowsPrefetch + o, _MM_HINT_T0);
+            if (2 * j + 1 < kc) {
+              if (j % 2 == 0) DK_AMX_ROWS_PRODUCT_SS(0, 2, 4, ap[b].row[0], cs + b * 512, scr.cb[j]);
+              else DK_AMX_ROWS_PRODUCT_SS(1, 3, 5, ap[b].row[0], cs + b * 512, scr.cb[j]);
+            } else {  // a lone last block: its partner's codes zero (A's half is zero too)
+              std::memcpy(scr.bt[0], cs + b * 512, 512);
+              std::memset(scr.bt[0] + 512, 0, 512);
+              DK_AMX_ROWS_PRODUCT_SS(0, 2, 4, ap[b].row[0], scr.bt[0], scr.cb[j]);
+            }
+          }
+          for (int i = 0; i < kc; ++i) {
+            const int32_t* c = scr.cb[i / 2] + (i & 1) * 16 * 3 * MM;
+            amx_rows_scale_int8(acc, c, c + 16 * 2 * MM, amx_rows_half16(scales + (s * ng + (b0 + i) * 32 / G) * 16),
+                                ap[b0 + i]);
+          }
+        } else if constexpr (kOne) {
+          for (int i = 0; i < kc; ++i) {
+            const int64_t b = b0 + i;
+            for (int o = 0; o < 512; o += 64) _mm_prefetch(reinterpret_cast<const char*>(cs + b * 512) + 2 * kAmxRowsPrefetch + o, _MM_HINT_T0);
+            if (i % 2 == 0) DK_AMX_ROWS_PRODUCT_SS(0, 2, 4, ap[b].row[0], cs + b * 512, scr.cb[i]);
+            else DK_AMX_ROWS_PRODUCT_SS(1, 3, 5, ap[b].row[0], cs + b * 512, scr.cb[i]);
+          }
+          for (int i = 0; i < kc; ++i)
+            amx_rows_scale_int8(acc, scr.cb[i], scr.cb[i] + 16 * 2 * MM,
+                                amx_rows_half16(scales + (s * ng + (b0 + i) * 32 / G) * 16), ap[b0 + i]);
+        } else {  // C_0, C_1 in cb[2 i] (2 MM rows), C_2 in cb[2 i + 1]
+          const int kc2 = std::min(kc, int(kAmxRowsKC / 2));
+          for (int64_t c0 = b0; c0 < b0 + kc; c0 += kc2) {
+            const int n2 = int(std::min<int64_t>(kc2, b0 + kc - c0));
+            for (int i = 0; i < n2; ++i) {
+              const int64_t b = c0 + i;
+              for (int o = 0; o < 512; o += 64) _mm_prefetch(reinterpret_cast<const char*>(cs + b * 512) + 2 * kAmxRowsPrefetch + o, _MM_HINT_T0);
+              _tile_loadd(0, ap[b].row[0], 64);
+              _tile_loadd(1, ap[b].row[16], 64);
+              _tile_loadd(2, cs + b * 512, 64);
+              _tile_zero(4);
+              _tile_zero(5);
+              _tile_dpbssd(4, 0, 2);
+              _tile_dpbssd(5, 1, 2);
+              _tile_stored(4, scr.cb[2 * i], 64);
+              _tile_stored(5, scr.cb[2 * i + 1], 64);
+            }
+            for (int i = 0; i < n2; ++i)
+              amx_rows_scale_int8(acc, scr.cb[2 * i], scr.cb[2 * i + 1],
+                                  amx_rows_half16(scales + (s * ng + (c0 + i) * 32 / G) * 16), ap[c0 + i]);
+          }
+        }
+      }
+      amx_rows_store(out, N, 16 * s, acc, bias);
+    }
+    _tile_release();
+  }
+}
+
+// out[m, n] = sum_k a[m, k] w[n, k] (+ bias[n]) for an INT8 weight and M <= 8 rows, bit for bit quant_amx_exact.h's
+// int8_gemm_amx_exact. False (nothing written) when the tile unit is unavailable or M / K do not fit.
+template <class T>
+bool amx_rows_int8(T* out, const T* a, int64_t a_stride,
+                   const uint8_t* packed,  // [amx_rows_int8_packed_bytes(N, K, G)] (amx_rows_pack_int8)
+                   const T* bias, int64_t M, int64_t N, int64_t K, int G) {
+  if (M < 1 || M > kAmxRowsInt8MaxM || K % 32 != 0 || K == 0 || !amx_enabled()) return false;
+  thread_local std::vector<AmxRowsBlock> ap;
+  if (ap.size() < size_t(K / 32)) ap.resize(size_t(K / 32));
+  amx_rows_pack_a_int8(ap.data(), a, a_stride, M, K);
+  const half_t* scales = reinterpret_cast<const half_t*>(packed + amx_rows_int8_codes_bytes(N, K));
+  switch (M) {
+#define DK_AMX_ROWS_CASE(mm) \
+  case mm: amx_rows_int8_mm<mm>(out, ap.data(), packed, scales, bias, N, K, G); return true;
+    DK_AMX_ROWS_CASE(1) DK_AMX_ROWS_CASE(2) DK_AMX_ROWS_CASE(3) DK_AMX_ROWS_CASE(4)
+    DK_AMX_ROWS_CASE(5) DK_AMX_ROWS_CASE(6) DK_AMX_ROWS_CASE(7) DK_AMX_ROWS_CASE(8)
+#undef DK_AMX_ROWS_CASE
+    default: return false;
+  }
+}
+
+#undef DK_AMX_ROWS_PRODUCT
+#undef DK_AMX_ROWS_PRODUCT_SS
 
 #endif  // DK_AMX_EXACT_GEMM
 

@@ -162,6 +162,8 @@ class LlamaModel:
                 for w in (L.qkv, L.o, L.gate_up, L.down):
                     if isinstance(w, Int4Weight):
                         ops.prepare_amx_rows(w)
+            if isinstance(self.lm_head, Int8Weight):  # (INT8 layer weights keep the GEMV: decoder_layer's operands)
+                ops.prepare_amx_rows(self.lm_head)
             return
         if self.device.type != "cuda" or self.dtype not in (torch.float16, torch.bfloat16) or ops._marlin_mode() != "auto":
             return

@@ -144,7 +144,7 @@ def _quant_gemm(a, weight, bias, out):
         return _packed_dense(a, weight, bias, out)  # past the CUDA kernels' rows, or INT4 prefill-sized rows
     if _has_kernel("int8_gemm" if int8 else "int4_gemm", a.device):
         if int8:
-            _ops.int8_gemm(out, a, weight.qweight, weight.scales, weight.group_size, bias)
+            _ops.int8_gemm(out, a, weight.qweight, weight.scales, weight.group_size, bias, _amx_rows_copy(weight, a))
         else:
             packed = int4_marlin_packed(weight, a.dtype) if _marlin_packed_route(a) else _amx_rows_copy(weight, a)
             _ops.int4_gemm(out, a, weight.qweight, weight.scales, weight.mins, weight.group_size, bias, packed)
@@ -215,14 +215,29 @@ def int4_amx_rows_pack(weight: Int4Weight) -> torch.Tensor:  # [amx_rows_packed_
     return out
 
 
-def prepare_amx_rows(weight: Int4Weight) -> None:
-    """Make and keep the weight's int4_amx_rows_pack copy: int4_gemm passes it to the kernel from then on."""
+def int8_amx_rows_pack(weight: Int8Weight) -> torch.Tensor:  # [amx_rows_int8_packed_bytes(N, K, G)] uint8, CPU
+    """An INT8 weight in the layout of the CPU's AMX 1..8-row INT8 kernel (the B tiles themselves)."""
+    if weight.qweight.device.type != "cpu":
+        raise ValueError(f"int8_amx_rows_pack: the weight must be on the CPU, got {weight.qweight.device}")
+    N, K = weight.shape
+    out = torch.empty(reference.amx_rows_int8_packed_bytes(N, K, weight.group_size), dtype=torch.uint8)
+    _ops.int8_amx_rows_pack(out, weight.qweight, weight.scales, weight.group_size)
+    return out
+
+
+def prepare_amx_rows(weight: Int4Weight | Int8Weight) -> None:
+    """Make and keep the weight's AMX copy (int4_amx_rows_pack / int8_amx_rows_pack): int4_gemm / int8_gemm pass
+    it to the kernel from then on."""
+    if isinstance(weight, Int8Weight):
+        if "_amx_rows" not in weight.__dict__:
+            weight.__dict__["_amx_rows"] = int8_amx_rows_pack(weight)
+        return
     w = weight.stored()
     if "_amx_rows" not in w.__dict__:
         w.__dict__["_amx_rows"] = int4_amx_rows_pack(w)
 
 
-def _amx_rows_copy(weight: Int4Weight, a: torch.Tensor) -> torch.Tensor | None:
+def _amx_rows_copy(weight, a: torch.Tensor) -> torch.Tensor | None:
     return weight.__dict__.get("_amx_rows") if a.device.type == "cpu" else None
 
 
@@ -336,7 +351,12 @@ def int8_dequantize(weight: Int8Weight, dtype: torch.dtype = torch.float32) -> t
 
 
 @torch.library.register_fake("decodekit::int8_gemm")
-def _int8_gemm_fake(out, a, qweight, scales, group_size, bias):
+def _int8_gemm_fake(out, a, qweight, scales, group_size, bias, packed=None):
+    return None
+
+
+@torch.library.register_fake("decodekit::int8_amx_rows_pack")
+def _int8_amx_rows_pack_fake(out, qweight, scales, group_size):
     return None
 
 

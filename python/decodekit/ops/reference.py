@@ -401,6 +401,27 @@ def int4_amx_rows_pack(qweight: torch.Tensor,  # [N, K/2] uint8 (int4.h's layout
     return torch.cat(parts).to(qweight.device)
 
 
+def amx_rows_int8_packed_bytes(n: int, k: int, group_size: int) -> int:
+    S = amx_rows_strips(n)
+    return S * (k // 32) * 512 + S * (k // group_size) * 32
+
+
+def int8_amx_rows_pack(qweight: torch.Tensor,  # [N, K] int8
+                       scales: torch.Tensor,   # [N, K/G] float16
+                       group_size: int,
+                       ) -> torch.Tensor:      # [amx_rows_int8_packed_bytes(N, K, G)] uint8
+    """Strips of 16 rows x blocks of 32 features, 512 bytes each: byte 64 j + 4 n + i = q[16 s + n][32 b + 4 j + i];
+    then scales as [strips][K / G][16] float16 (zero rows past N)."""
+    N, K = qweight.shape
+    G, S, nb = group_size, amx_rows_strips(N), K // 32
+    q = torch.zeros(S * 16, K, dtype=torch.int8)
+    q[:N] = qweight.cpu()
+    codes = q.view(S, 16, nb, 8, 4).permute(0, 2, 3, 1, 4).reshape(-1).view(torch.uint8)
+    v = torch.zeros(S * 16, K // G, dtype=torch.float16)
+    v[:N] = scales.cpu()
+    return torch.cat([codes, v.view(S, 16, K // G).permute(0, 2, 1).reshape(-1).view(torch.uint8)]).to(qweight.device)
+
+
 # ---- the packed layout of the CUDA Marlin-style INT4 kernel (include/decodekit/gemm/int4_marlin_pack.h)
 
 MARLIN_UNIT = 128  # output and input features of a unit
