@@ -154,8 +154,8 @@ class LlamaModel:
         """Each packed INT4 projection's second copy for the kernel that reads it, made now, before the engine
         profiles memory and captures CUDA graphs, rather than on a first decode step: on CUDA with fp16 / bf16
         activations the Marlin-style kernel's (decodekit.ops.int4_marlin_packed); on a CPU with AMX-INT8 and
-        float32 / float16 activations the 1..16-row AMX kernel's (decodekit.ops.prepare_amx_rows: every row
-        count then computes a row with the same bits)."""
+        float32 / float16 activations the few-row AMX kernels' (decodekit.ops.prepare_amx_rows, for the INT4
+        projections and an INT8 LM head: every row count then computes a row with the same bits)."""
         if (self.device.type == "cpu" and self.dtype in (torch.float32, torch.float16) and self.tp is None
                 and ops.int4_amx_rows_available()):
             for L in self.layers:

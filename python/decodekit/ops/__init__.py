@@ -199,8 +199,8 @@ def _marlin_packed_route(a: torch.Tensor) -> bool:
 # made at load (LlamaModel.prepare_packed_gemms). DECODEKIT_CPU_AMX_ROWS=0: no copy (the GEMV arithmetic for
 # 1..8 rows, as before).
 def int4_amx_rows_available() -> bool:
-    """Whether int4_gemm would run its AMX 1..16-row kernel on this CPU (AMX-INT8, a native build,
-    DECODEKIT_CPU_AMX not 0) and DECODEKIT_CPU_AMX_ROWS is not 0."""
+    """Whether int4_gemm / int8_gemm would run their AMX few-row kernels on this CPU (AMX-INT8, a native build,
+    DECODEKIT_CPU_AMX not 0) and DECODEKIT_CPU_AMX_ROWS is not 0 (the INT8 LM head's copy follows the same rule)."""
     return (os.environ.get("DECODEKIT_CPU_AMX_ROWS", "1") != "0" and _has_kernel("int4_amx_rows_pack", torch.device("cpu"))
             and bool(_ops.int4_amx_rows_available()))
 
