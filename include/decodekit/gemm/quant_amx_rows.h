@@ -61,12 +61,23 @@ constexpr int64_t kAmxRowsQuadM = 4;  // up to 4 rows: each digit its own A row 
 constexpr int64_t kAmxRowsPairM = 2;  // up to 2 rows: two blocks per tile product
 constexpr int amx_rows_hi(int64_t M) { return M <= 8 ? std::max(int(M), 2) : 16; }
 
+// One row's 32-element block at p as fp32 bit patterns x (elements 0..15, 16..31) and its exponent (amx_exact_exp
+// of its largest |x|, the same for every lane).
+template <class T>
+DK_FORCE_INLINE AmxExactExp amx_rows_load_block(const T* p, __m512i (&x)[2]) {
+  const __m512i abs_bits = _mm512_set1_epi32(0x7fffffff);
+  x[0] = _mm512_castps_si512(load16(p, __mmask16(0xffff)));
+  x[1] = _mm512_castps_si512(load16(p + 16, __mmask16(0xffff)));
+  const uint32_t amax = _mm512_reduce_max_epu32(
+      _mm512_max_epu32(_mm512_and_si512(x[0], abs_bits), _mm512_and_si512(x[1], abs_bits)));
+  return amx_exact_exp(_mm512_set1_epi32(int32_t(amax)));
+}
+
 template <class T>
 inline void amx_rows_pack_a(AmxRowsBlock* ap,  // [K / 32]
                             const T* a, int64_t a_stride, int64_t M, int64_t K) {
   const int64_t nb = K / 32;
   const int hi_row = amx_rows_hi(M);
-  const __m512i abs_bits = _mm512_set1_epi32(0x7fffffff);
   const bool pair = M <= kAmxRowsPairM;
   for (int64_t b = 0; b < nb; ++b) {
     AmxRowsBlock& B = ap[b];
@@ -76,12 +87,8 @@ inline void amx_rows_pack_a(AmxRowsBlock* ap,  // [K / 32]
     const int prow = pair && (b & 1) ? int(4 * M) : 0, pbyte = pair && (b & 1) ? 32 : 0;
     if (pair && !(b & 1)) std::memset(P.row, 0, size_t(8 * M * 64));
     for (int64_t m = 0; m < M; ++m) {
-      const T* p = a + m * a_stride + b * 32;
-      const __m512i x[2] = {_mm512_castps_si512(load16(p, __mmask16(0xffff))),
-                            _mm512_castps_si512(load16(p + 16, __mmask16(0xffff)))};
-      const uint32_t amax_s = _mm512_reduce_max_epu32(
-          _mm512_max_epu32(_mm512_and_si512(x[0], abs_bits), _mm512_and_si512(x[1], abs_bits)));
-      const AmxExactExp ex = amx_exact_exp(_mm512_set1_epi32(int32_t(amax_s)));
+      __m512i x[2];
+      const AmxExactExp ex = amx_rows_load_block(a + m * a_stride + b * 32, x);
       __m512i isum = _mm512_setzero_si512();
       uint8_t* lo = B.row[m];
       uint8_t* hi = B.row[hi_row + m];
@@ -322,7 +329,7 @@ void amx_rows_int4_mm(T* out,                 // [M, N]
           int i = 0;
           if constexpr (MM <= kAmxRowsPairM) {  // blocks 2 j, 2 j + 1: one product, C rows 0.. and 4 MM..
             uint8_t* flat = scr.bt[0];  // block i's 8 rows at 512 i: a pair is one 16-row B tile
-            if (kc & 1) std::memset(flat + 512 * size_t(kc), 0, 512);  // a lone last block: its partner's codes zero
+            if (kc & 1) std::memset(scr.bt[(kc / 2) & (kAmxRowsKC - 1)] + 512, 0, 512);  // a lone last block: its partner's codes zero (at flat + 512 kc)
             for (int j = 0; 2 * j < kc; j += 2) {
               DK_AMX_ROWS_PRODUCT(0, 2, 4, ap[b0 + 2 * j].row[0], flat + 1024 * j, scr.cb[j]);
               if (2 * j + 2 < kc) DK_AMX_ROWS_PRODUCT(1, 3, 5, ap[b0 + 2 * j + 2].row[0], flat + 1024 * (j + 1), scr.cb[j + 1]);
@@ -444,18 +451,13 @@ template <class T>
 inline void amx_rows_pack_a_int8(AmxRowsBlock* ap, const T* a, int64_t a_stride, int64_t M, int64_t K) {
   const int64_t nb = K / 32;
   const bool pair = M <= kAmxRowsPairM;
-  const __m512i abs_bits = _mm512_set1_epi32(0x7fffffff);
   for (int64_t b = 0; b < nb; ++b) {
     AmxRowsBlock& P = ap[pair ? b & ~int64_t(1) : b];
     const int prow = pair && (b & 1) ? int(3 * M) : 0, pbyte = pair && (b & 1) ? 32 : 0;
     if (pair && !(b & 1)) std::memset(P.row, 0, size_t(6 * M * 64));
     for (int64_t m = 0; m < M; ++m) {
-      const T* p = a + m * a_stride + b * 32;
-      const __m512i x[2] = {_mm512_castps_si512(load16(p, __mmask16(0xffff))),
-                            _mm512_castps_si512(load16(p + 16, __mmask16(0xffff)))};
-      const uint32_t amax_s = _mm512_reduce_max_epu32(
-          _mm512_max_epu32(_mm512_and_si512(x[0], abs_bits), _mm512_and_si512(x[1], abs_bits)));
-      const AmxExactExp ex = amx_exact_exp(_mm512_set1_epi32(int32_t(amax_s)));
+      __m512i x[2];
+      const AmxExactExp ex = amx_rows_load_block(a + m * a_stride + b * 32, x);
       for (int h = 0; h < 2; ++h) {
         __m512i d[3];
         amx_exact_int8_digits(amx_exact_fixed(x[h], ex.up), d);
