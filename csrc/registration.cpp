@@ -35,7 +35,7 @@ TORCH_LIBRARY(decodekit, m) {
   // w = scale * q + min (include/decodekit/gemm/int4.h). int4_dequantize writes w [N, K].
   // packed: optionally the same weight in int4_marlin_pack's layout for a's dtype (CUDA: the Marlin-style
   // kernel reads it instead where the dispatch table picks that kernel; the CPU ignores it), or in
-  // int4_amx_rows_pack's (CPU: float32 / float16 activations of 1 .. 16 rows then run on the AMX int8 unit with
+  // int4_amx_rows_pack's (CPU: float32 / float16 activations of 1 .. 12 rows then run on the AMX int8 unit with
   // the exact integer products that 9+ rows get anyway, so a row's bits do not depend on the row count).
   m.def("int4_gemm(Tensor(a!) out, Tensor a, Tensor qweight, Tensor scales, Tensor mins, int group_size, "
         "Tensor? bias, Tensor? packed=None) -> ()");
@@ -46,7 +46,7 @@ TORCH_LIBRARY(decodekit, m) {
   // int4_gemm_marlin: out [M, N] = a [M, K] @ w^T (+ bias [N]) from such a buffer `packed` of a's dtype, n = N,
   // k = K (CUDA: M <= 64; the CPU kernel, for tests, decodes each weight as the CUDA kernel rounds it).
   m.def("int4_marlin_pack(Tensor(a!) out, Tensor qweight, Tensor scales, Tensor mins, int group_size) -> ()");
-  // The CPU's copy for int4_gemm's 1 .. 16-row AMX kernel (include/decodekit/gemm/amx_rows_layout.h): out
+  // The CPU's copy for int4_gemm's 1 .. 12-row AMX kernels (include/decodekit/gemm/amx_rows_layout.h): out
   // [amx_rows_packed_bytes(N, K, G)] uint8 from qweight / scales / mins (CPU only).
   m.def("int4_amx_rows_pack(Tensor(a!) out, Tensor qweight, Tensor scales, Tensor mins, int group_size) -> ()");
   // Whether this build and CPU run that kernel (AMX-INT8 in a native build, DECODEKIT_CPU_AMX not 0).

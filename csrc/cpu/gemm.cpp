@@ -74,7 +74,7 @@ void int8_amx_rows_pack_cpu(at::Tensor& out,            // [amx_rows_int8_packed
                               g.K, int(group_size));
 }
 
-// The repacked copy the CPU's 1 .. 16-row AMX kernel reads (include/decodekit/gemm/amx_rows_layout.h).
+// The repacked copy the CPU's few-row AMX INT4 kernels read (include/decodekit/gemm/amx_rows_layout.h).
 void int4_amx_rows_pack_cpu(at::Tensor& out,            // [amx_rows_packed_bytes(N, K, G)] uint8
                             const at::Tensor& qweight,  // [N, K / 2] uint8
                             const at::Tensor& scales,   // [N, K / G] float16

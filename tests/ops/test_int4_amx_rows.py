@@ -1,7 +1,7 @@
 """The CPU's repacked INT4 / INT8 copies and int4_gemm's 1..12-row / int8_gemm's 1..8-row AMX kernels
 (include/decodekit/gemm/quant_amx_rows.h).
 
-With the copy (int4_amx_rows_pack, passed as int4_gemm's `packed`), float32 / float16 activations of 1..16 rows
+With the copy (int4_amx_rows_pack, passed as int4_gemm's `packed`), float32 / float16 activations of 1..12 rows
 run on the AMX int8 unit with quant_amx_exact.h's semantics -- the ones 9+ rows get anyway -- so a row's bits do
 not depend on how many rows come with it: checked bit for bit against the float64 emulation of those semantics
 (test_quant_amx_exact._emulate) and against the same rows inside batches of every size. The layout itself is

@@ -40,7 +40,7 @@ struct Int4GemmParams {
   int64_t M, N, K;
   int group_size;      // 32, 64 or 128
   int64_t a_stride;    // row stride of a (elements)
-  // The weight's copy in quant_amx_rows.h's layout, or null: fp32 / fp16 activations of 1 .. 16 rows then run
+  // The weight's copy in quant_amx_rows.h's layout, or null: fp32 / fp16 activations of 1 .. 12 rows then run
   // on the AMX int8 unit with quant_amx_exact.h's semantics (the ones rows >= 9 get anyway), so that every
   // row count gives a row the same bits (decoding = speculative verification = batches).
   const uint8_t* amx_rows = nullptr;
@@ -182,7 +182,7 @@ void int4_gemm(T* out,                  // [M, N]
       return;
 #endif
 #if defined(DK_AMX_EXACT_GEMM)
-  if constexpr (!std::is_same_v<T, bf16_t>)  // 1 .. 16 rows from the repacked copy (quant_amx_rows.h)
+  if constexpr (!std::is_same_v<T, bf16_t>)  // 1 .. 12 rows from the repacked copy (quant_amx_rows.h)
     if (P.amx_rows && M <= kAmxRowsDispatchM && amx_rows_int4(out, a, P.a_stride, P.amx_rows, bias, M, N, K, G)) return;
   if constexpr (!std::is_same_v<T, bf16_t>)  // fp32 / fp16: exact integer products on the tile unit
     if ((M >= kTiledQuantGemmMinM || P.amx_rows) && K > 0 &&

@@ -191,13 +191,13 @@ def _marlin_packed_route(a: torch.Tensor) -> bool:
             and _has_kernel("int4_marlin_pack", a.device))
 
 
-# The CPU's INT4 copy for int4_gemm's 1..16-row AMX kernel (include/decodekit/gemm/quant_amx_rows.h): on a CPU
-# with AMX-INT8, float32 / float16 activations of 1..16 rows then get the exact integer products that 9+ rows get
-# anyway (quant_amx_exact.h), so a row's bits no longer depend on how many rows come with it (decoding =
-# speculative verification = batches), and 1..16 rows run ~1.5-2x faster than the fp32 GEMV / small-M
-# kernels (bench/results/20261206-*_cpu_xeon_amx_rows.md). A second copy of the INT4 weight (about its size),
-# made at load (LlamaModel.prepare_packed_gemms). DECODEKIT_CPU_AMX_ROWS=0: no copy (the GEMV arithmetic for
-# 1..8 rows, as before).
+# The CPU's INT4 / INT8 copies for int4_gemm's 1..12-row and int8_gemm's 1..8-row AMX kernels
+# (include/decodekit/gemm/quant_amx_rows.h): on a CPU with AMX-INT8, float32 / float16 activations of that many
+# rows then get the exact integer products that 9+ rows get anyway (quant_amx_exact.h), so a row's bits no longer
+# depend on how many rows come with it (decoding = speculative verification = batches), and 1..8 rows run
+# 1.2-1.8x (INT4 layers) / 1.5-2.8x (INT8 LM head) faster than the fp32 GEMV / small-M kernels
+# (bench/results/20261206-1747_cpu_xeon_amx_rows.md). A second copy of the weight (about its size), made at load
+# (LlamaModel.prepare_packed_gemms). DECODEKIT_CPU_AMX_ROWS=0: no copies (the GEMV arithmetic for 1..8 rows).
 def int4_amx_rows_available() -> bool:
     """Whether int4_gemm / int8_gemm would run their AMX few-row kernels on this CPU (AMX-INT8, a native build,
     DECODEKIT_CPU_AMX not 0) and DECODEKIT_CPU_AMX_ROWS is not 0 (the INT8 LM head's copy follows the same rule)."""
@@ -206,7 +206,7 @@ def int4_amx_rows_available() -> bool:
 
 
 def int4_amx_rows_pack(weight: Int4Weight) -> torch.Tensor:  # [amx_rows_packed_bytes(N, K, G)] uint8, CPU
-    """The weight (stored column order) in the layout of the CPU's AMX 1..16-row INT4 kernel."""
+    """The weight (stored column order) in the layout of the CPU's AMX few-row INT4 kernels."""
     if weight.device.type != "cpu":
         raise ValueError(f"int4_amx_rows_pack: the weight must be on the CPU, got {weight.device}")
     N, K = weight.shape
