@@ -41,6 +41,17 @@ def test_pack_matches_reference(N, K, G, gen):
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("N,K,G", [(1, 32, 32), (15, 64, 64), (45, 384, 128), (130, 576, 32)])
+def test_copies_round_trip(N, K, G, gen):
+    """The converters both ways: unpack(pack(w)) == w exactly, INT4 and INT8."""
+    w = random_int4_weight(N, K, G, "cpu", gen)
+    q, s, m = ref.int4_amx_rows_unpack(_packed(w), N, K, G)
+    assert torch.equal(q, w.qweight) and torch.equal(s, w.scales) and torch.equal(m, w.mins)
+    w8 = random_int8_weight(N, K, G, "cpu", gen)
+    q8, s8 = ref.int8_amx_rows_unpack(ref.int8_amx_rows_pack(w8.qweight, w8.scales, G), N, K, G)
+    assert torch.equal(q8, w8.qweight) and torch.equal(s8, w8.scales)
+
+
 def test_pack_reference_places_every_code(gen):
     """The reference against the layout's definition (amx_rows_layout.h), code by code."""
     N, K, G = 21, 64, 32

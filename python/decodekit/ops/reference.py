@@ -401,6 +401,23 @@ def int4_amx_rows_pack(qweight: torch.Tensor,  # [N, K/2] uint8 (int4.h's layout
     return torch.cat(parts).to(qweight.device)
 
 
+def int4_amx_rows_unpack(packed: torch.Tensor,  # [amx_rows_packed_bytes(n, k, G)] uint8
+                         n: int, k: int, group_size: int,
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # qweight [n, k/2], scales, mins
+    """The inverse of int4_amx_rows_pack: int4.h's qweight (group-split nibbles), scales / mins [n, k/G] float16."""
+    G, S, nb = group_size, amx_rows_strips(n), k // 32
+    p = packed.cpu()
+    cb, sb = S * nb * 256, S * (k // G) * 32
+    codes = p[:cb].view(S, nb, 256)
+    tile = torch.cat([codes & 15, codes >> 4], dim=2)  # [s][b][512] B-tile bytes
+    q = tile.view(S, nb, 8, 16, 4).permute(0, 3, 1, 2, 4).reshape(S * 16, k)[:n]
+    q = q.view(n, k // G, 2, G // 2)  # within a group: low nibbles are the first half
+    qweight = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(n, k // 2)
+    parts = [p[cb + i * sb:cb + (i + 1) * sb].view(torch.float16).view(S, k // G, 16).permute(0, 2, 1)
+             .reshape(S * 16, k // G)[:n] for i in range(2)]
+    return qweight.contiguous().to(packed.device), parts[0].contiguous(), parts[1].contiguous()
+
+
 def amx_rows_int8_packed_bytes(n: int, k: int, group_size: int) -> int:
     S = amx_rows_strips(n)
     return S * (k // 32) * 512 + S * (k // group_size) * 32
@@ -420,6 +437,17 @@ def int8_amx_rows_pack(qweight: torch.Tensor,  # [N, K] int8
     v = torch.zeros(S * 16, K // G, dtype=torch.float16)
     v[:N] = scales.cpu()
     return torch.cat([codes, v.view(S, 16, K // G).permute(0, 2, 1).reshape(-1).view(torch.uint8)]).to(qweight.device)
+
+
+def int8_amx_rows_unpack(packed: torch.Tensor,  # [amx_rows_int8_packed_bytes(n, k, G)] uint8
+                         n: int, k: int, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:  # qweight, scales
+    """The inverse of int8_amx_rows_pack: qweight [n, k] int8, scales [n, k/G] float16."""
+    G, S, nb = group_size, amx_rows_strips(n), k // 32
+    p = packed.cpu()
+    cb = S * nb * 512
+    q = p[:cb].view(torch.int8).view(S, nb, 8, 16, 4).permute(0, 3, 1, 2, 4).reshape(S * 16, k)[:n]
+    sc = p[cb:].view(torch.float16).view(S, k // G, 16).permute(0, 2, 1).reshape(S * 16, k // G)[:n]
+    return q.contiguous().to(packed.device), sc.contiguous()
 
 
 # ---- the packed layout of the CUDA Marlin-style INT4 kernel (include/decodekit/gemm/int4_marlin_pack.h)
