@@ -173,16 +173,18 @@ def test_int8_pack_matches_reference(N, K, G, gen):
 
 
 @needs_amx
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("M", list(range(1, 12)))
-def test_int8_rows_match_the_exact_semantics(M, gen):
-    N, K, G = 90 + M, 32 * (5 + M % 3), 32
+def test_int8_rows_match_the_exact_semantics(M, dtype, gen):
+    N, K, G = 90 + M, 32 * (5 + M % 3), 32 << (M % 3)
+    K = (K + G - 1) // G * G
     w = random_int8_weight(N, K, G, "cpu", gen)
-    a, _ = strided_rows(M, K, torch.float32, "cpu", gen)
+    a, _ = strided_rows(M, K, dtype, "cpu", gen)
     a[0, :32] = 0.0
-    bias = randn((N,), torch.float32, "cpu", gen) if M % 2 else None
+    bias = randn((N,), dtype, "cpu", gen) if M % 2 else None
     out = _gemm8(a, w, _packed8(w), bias)
     assert not out.isnan().any()
-    frac, ulps = _agreement(out, _emulate(a, w, bias, torch.float32))
+    frac, ulps = _agreement(out, _emulate(a, w, bias, dtype))
     assert frac >= 0.999 and ulps <= 1.0, f"{frac:.5f} of the outputs bitwise, {ulps:.2f} ulps"
 
 
