@@ -230,17 +230,23 @@ inline GemmArgs int4_marlin_pack_args(const at::Tensor& out, const at::Tensor& q
   return g;
 }
 
+// A CPU AMX copy passed as `packed` (int4_amx_rows_pack's / int8_amx_rows_pack's): `bytes` uint8 on a's device,
+// contiguous and 64-byte aligned (the kernels' aligned loads; a fresh tensor, not a view).
+inline void amx_rows_packed_check(const char* op, const at::Tensor& packed, const at::Tensor& a, int64_t bytes,
+                                  const char* what) {
+  Check(op, "packed", packed).dim(1).size(0, bytes, what).dtype({at::kByte}).device_as(a, "a").contiguous();
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(packed.data_ptr()) % 64 == 0, op,
+              ": 'packed' (an AMX rows copy) must start 64-byte aligned (a fresh tensor, not a view)");
+}
+
 // int4_gemm's optional packed copy: either int4_marlin_packed_bytes(N, K, G) / 2 elements of a's dtype on a's
 // device (the CUDA Marlin-style kernel's), or, on the CPU, amx_rows_packed_bytes(N, K, G) uint8
 // (int4_amx_rows_pack's). Returns whether it is the latter.
 inline bool int4_gemm_packed_check(const char* op, const at::Tensor& packed, const at::Tensor& a, const GemmArgs& g,
                                    int64_t group_size) {
   if (packed.scalar_type() == at::kByte && a.is_cpu()) {
-    Check(op, "packed", packed).dim(1).size(0, dk::cpu::amx_rows_packed_bytes(g.N, g.K, int(group_size)),
-                                           "amx_rows_packed_bytes(N, K, group_size) (int4_amx_rows_pack)")
-        .device_as(a, "a").contiguous();
-    TORCH_CHECK(reinterpret_cast<uintptr_t>(packed.data_ptr()) % 64 == 0, op,
-                ": 'packed' (int4_amx_rows_pack's layout) must start 64-byte aligned (a fresh tensor, not a view)");
+    amx_rows_packed_check(op, packed, a, dk::cpu::amx_rows_packed_bytes(g.N, g.K, int(group_size)),
+                          "amx_rows_packed_bytes(N, K, group_size) (int4_amx_rows_pack)");
     return true;
   }
   Check(op, "packed", packed).dim(1).size(0, int4_marlin_packed_bytes(g.N, g.K, int(group_size)) / 2,
@@ -253,11 +259,8 @@ inline bool int4_gemm_packed_check(const char* op, const at::Tensor& packed, con
 // 64-byte aligned; ignored on CUDA (checked the same way).
 inline void int8_gemm_packed_check(const char* op, const at::Tensor& packed, const at::Tensor& a, const GemmArgs& g,
                                    int64_t group_size) {
-  Check(op, "packed", packed).dim(1).size(0, dk::cpu::amx_rows_int8_packed_bytes(g.N, g.K, int(group_size)),
-                                         "amx_rows_int8_packed_bytes(N, K, group_size) (int8_amx_rows_pack)")
-      .dtype({at::kByte}).device_as(a, "a").contiguous();
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(packed.data_ptr()) % 64 == 0, op,
-              ": 'packed' (int8_amx_rows_pack's layout) must start 64-byte aligned (a fresh tensor, not a view)");
+  amx_rows_packed_check(op, packed, a, dk::cpu::amx_rows_int8_packed_bytes(g.N, g.K, int(group_size)),
+                        "amx_rows_int8_packed_bytes(N, K, group_size) (int8_amx_rows_pack)");
 }
 
 // int8_amx_rows_pack: out [amx_rows_int8_packed_bytes(N, K, G)] uint8 on the CPU from int8_gemm's qweight / scales.

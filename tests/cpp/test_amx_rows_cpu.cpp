@@ -46,6 +46,50 @@ Int4 random_int4(std::mt19937& rng, int64_t N, int64_t K, int G) {
   return w;
 }
 
+using dk::cpu::amx_rows_codes_bytes;
+using dk::cpu::amx_rows_int8_codes_bytes;
+using dk::cpu::amx_rows_scales_bytes;
+
+// Byte i of the INT4 copy (int4.h layout: qweight [N, K / 2] group-split nibbles, scales / mins [N, K / G] fp16),
+// i < amx_rows_packed_bytes(N, K, G): amx_rows_layout.h's definition, byte by byte (the packers' oracle).
+uint8_t amx_rows_packed_byte(const uint8_t* qweight, const half_t* scales, const half_t* mins, int64_t N,
+                                    int64_t K, int G, int64_t i) {
+  const int64_t nb = K / 32, ng = K / G, half = G / 2;
+  auto code = [&](int64_t n, int64_t k) -> int {  // q[n][k] (0 past N)
+    if (n >= N) return 0;
+    const int64_t c = k % G;
+    const uint8_t byte = qweight[n * (K / 2) + (k / G) * half + (c % half)];
+    return c < half ? byte & 15 : byte >> 4;
+  };
+  const int64_t cb = amx_rows_codes_bytes(N, K), sb = amx_rows_scales_bytes(N, K, G);
+  if (i < cb) {  // strip s, block b, byte p: B-tile bytes p (low nibble) and 256 + p (high)
+    const int64_t s = i / (nb * 256), b = i / 256 % nb;
+    const int p = int(i % 256), t = p + 256;
+    return uint8_t(code(16 * s + p % 64 / 4, 32 * b + 4 * (p / 64) + p % 4) |
+                   code(16 * s + t % 64 / 4, 32 * b + 4 * (t / 64) + t % 4) << 4);
+  }
+  const half_t* src = i < cb + sb ? scales : mins;
+  const int64_t j = (i - cb) % sb / 2;  // the fp16 value: strip s, group g, row n
+  const int64_t s = j / (ng * 16), g = j / 16 % ng, row = 16 * s + j % 16;
+  const uint16_t bits = row < N ? src[row * ng + g].bits : 0;
+  return uint8_t((i - cb) % 2 ? bits >> 8 : bits & 0xff);
+}
+
+// Byte i < amx_rows_int8_packed_bytes(N, K, G) of the INT8 copy (qweight [N, K] int8, scales [N, K / G] fp16).
+uint8_t amx_rows_int8_packed_byte(const int8_t* qweight, const half_t* scales, int64_t N, int64_t K, int G,
+                                         int64_t i) {
+  const int64_t nb = K / 32, ng = K / G, cb = amx_rows_int8_codes_bytes(N, K);
+  if (i < cb) {
+    const int64_t s = i / (nb * 512), b = i / 512 % nb;
+    const int t = int(i % 512), n = t % 64 / 4;
+    return 16 * s + n < N ? uint8_t(qweight[(16 * s + n) * K + 32 * b + 4 * (t / 64) + t % 4]) : uint8_t(0);
+  }
+  const int64_t j = (i - cb) / 2;
+  const int64_t s = j / (ng * 16), g = j / 16 % ng, row = 16 * s + j % 16;
+  const uint16_t bits = row < N ? scales[row * ng + g].bits : 0;
+  return uint8_t((i - cb) % 2 ? bits >> 8 : bits & 0xff);
+}
+
 std::vector<uint8_t> pack(const Int4& w) {
   std::vector<uint8_t> p(size_t(dk::cpu::amx_rows_packed_bytes(w.N, w.K, w.G)), 0xee);
   dk::cpu::amx_rows_pack_int4(p.data(), w.q.data(), w.s.data(), w.m.data(), w.N, w.K, w.G);
@@ -65,7 +109,7 @@ void test_pack(std::mt19937& rng) {
     CHECK(int64_t(packed.size()) == (S * nb * 256 + 2 * S * ng * 32)) << "bytes" << packed.size();
     long long defn = 0;  // the fast packer against the layout's byte-by-byte definition
     for (int64_t i = 0; i < int64_t(packed.size()); ++i)
-      defn += packed[size_t(i)] != dk::cpu::amx_rows_packed_byte(w.q.data(), w.s.data(), w.m.data(), N, K, G, i);
+      defn += packed[size_t(i)] != amx_rows_packed_byte(w.q.data(), w.s.data(), w.m.data(), N, K, G, i);
     CHECK(defn == 0) << defn << "bytes differ from amx_rows_packed_byte";
     CHECK(S % 2 == 0 && S * 16 >= N && (S - 2) * 16 < N) << "strips" << S << "N" << N;
     long long bad = 0;
@@ -105,7 +149,7 @@ void test_pack_int8(std::mt19937& rng) {
     const int64_t S = dk::cpu::amx_rows_strips(N), nb = K / 32, ng = K / G;
     long long bad = 0;
     for (int64_t i = 0; i < int64_t(p.size()); ++i)
-      bad += p[size_t(i)] != dk::cpu::amx_rows_int8_packed_byte(q.data(), sc.data(), N, K, G, i);
+      bad += p[size_t(i)] != amx_rows_int8_packed_byte(q.data(), sc.data(), N, K, G, i);
     for (int64_t s = 0; s < S; ++s)
       for (int64_t b = 0; b < nb; ++b)
         for (int j = 0; j < 8; ++j)

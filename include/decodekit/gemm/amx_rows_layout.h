@@ -38,33 +38,7 @@ struct AmxRowsWeight {
         mins(reinterpret_cast<const half_t*>(packed + amx_rows_codes_bytes(N, K) + amx_rows_scales_bytes(N, K, G))) {}
 };
 
-// Byte i of the packed copy of an INT4 weight (int4.h layout: qweight [N, K / 2] group-split nibbles,
-// scales / mins [N, K / G] fp16), i < amx_rows_packed_bytes(N, K, G). Plain C++, one byte at a time: runs
-// once at load time (and is the layout's definition for tests).
-inline uint8_t amx_rows_packed_byte(const uint8_t* qweight, const half_t* scales, const half_t* mins, int64_t N,
-                                    int64_t K, int G, int64_t i) {
-  const int64_t nb = K / 32, ng = K / G, half = G / 2;
-  auto code = [&](int64_t n, int64_t k) -> int {  // q[n][k] (0 past N)
-    if (n >= N) return 0;
-    const int64_t c = k % G;
-    const uint8_t byte = qweight[n * (K / 2) + (k / G) * half + (c % half)];
-    return c < half ? byte & 15 : byte >> 4;
-  };
-  const int64_t cb = amx_rows_codes_bytes(N, K), sb = amx_rows_scales_bytes(N, K, G);
-  if (i < cb) {  // strip s, block b, byte p: B-tile bytes p (low nibble) and 256 + p (high)
-    const int64_t s = i / (nb * 256), b = i / 256 % nb;
-    const int p = int(i % 256), t = p + 256;
-    return uint8_t(code(16 * s + p % 64 / 4, 32 * b + 4 * (p / 64) + p % 4) |
-                   code(16 * s + t % 64 / 4, 32 * b + 4 * (t / 64) + t % 4) << 4);
-  }
-  const half_t* src = i < cb + sb ? scales : mins;
-  const int64_t j = (i - cb) % sb / 2;  // the fp16 value: strip s, group g, row n
-  const int64_t s = j / (ng * 16), g = j / 16 % ng, row = 16 * s + j % 16;
-  const uint16_t bits = row < N ? src[row * ng + g].bits : 0;
-  return uint8_t((i - cb) % 2 ? bits >> 8 : bits & 0xff);
-}
-
-// The whole copy (the same bytes as amx_rows_packed_byte, a strip at a time: ~20x faster, it runs at load).
+// The whole copy, at load (tests/cpp/test_amx_rows_cpu.cpp checks it against the byte-by-byte definition).
 inline void amx_rows_pack_int4(uint8_t* packed,  // [amx_rows_packed_bytes(N, K, G)]
                                const uint8_t* qweight, const half_t* scales, const half_t* mins, int64_t N,
                                int64_t K, int G) {
@@ -100,22 +74,7 @@ constexpr int64_t amx_rows_int8_packed_bytes(int64_t N, int64_t K, int G) {
   return amx_rows_int8_codes_bytes(N, K) + amx_rows_scales_bytes(N, K, G);
 }
 
-// Byte i < amx_rows_int8_packed_bytes(N, K, G) of the INT8 copy (qweight [N, K] int8, scales [N, K / G] fp16).
-inline uint8_t amx_rows_int8_packed_byte(const int8_t* qweight, const half_t* scales, int64_t N, int64_t K, int G,
-                                         int64_t i) {
-  const int64_t nb = K / 32, ng = K / G, cb = amx_rows_int8_codes_bytes(N, K);
-  if (i < cb) {
-    const int64_t s = i / (nb * 512), b = i / 512 % nb;
-    const int t = int(i % 512), n = t % 64 / 4;
-    return 16 * s + n < N ? uint8_t(qweight[(16 * s + n) * K + 32 * b + 4 * (t / 64) + t % 4]) : uint8_t(0);
-  }
-  const int64_t j = (i - cb) / 2;
-  const int64_t s = j / (ng * 16), g = j / 16 % ng, row = 16 * s + j % 16;
-  const uint16_t bits = row < N ? scales[row * ng + g].bits : 0;
-  return uint8_t((i - cb) % 2 ? bits >> 8 : bits & 0xff);
-}
-
-// The whole copy (the bytes of amx_rows_int8_packed_byte, a strip at a time).
+// The whole INT8 copy, at load (checked the same way).
 inline void amx_rows_pack_int8(uint8_t* packed,  // [amx_rows_int8_packed_bytes(N, K, G)]
                                const int8_t* qweight, const half_t* scales, int64_t N, int64_t K, int G) {
   const int64_t S = amx_rows_strips(N), nb = K / 32, ng = K / G;

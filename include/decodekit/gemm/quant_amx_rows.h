@@ -57,6 +57,12 @@ struct AmxRowsBlock {
   alignas(64) float s[16];
   alignas(64) float sum[16];
 };
+// The calling thread's packed rows of a, >= K / 32 blocks (zero-filled when grown: padding rows stay finite).
+inline std::vector<AmxRowsBlock>& amx_rows_a_blocks(int64_t K) {
+  thread_local std::vector<AmxRowsBlock> ap;
+  if (ap.size() < size_t(K / 32)) ap.resize(size_t(K / 32));
+  return ap;
+}
 constexpr int64_t kAmxRowsQuadM = 4;  // up to 4 rows: each digit its own A row (see amx_rows_int4_mm)
 constexpr int64_t kAmxRowsPairM = 2;  // up to 2 rows: two blocks per tile product
 constexpr int amx_rows_hi(int64_t M) { return M <= 8 ? std::max(int(M), 2) : 16; }
@@ -173,10 +179,11 @@ DK_FORCE_INLINE void amx_rows_store(T* out, int64_t N, int64_t n0, const __m512 
   for (int m = 0; m < MM; ++m) store16(out + m * N + n0, bias ? _mm512_add_ps(acc[m], bias_f) : acc[m], cols);
 }
 
-// Tile shapes. Up to 8 rows (kMerged): tiles 0, 1 = A (2 M rows: lo then hi), 2, 3 = B, 4, 5 = C (2 M rows),
-// double-buffered by block parity so that one block's loads and products overlap the previous block's
-// (tile registers are not renamed). 9..16 rows: 2 / 3 = A lo / hi (M rows), 4 / 5 = the two strips' B,
-// 0, 1 = strip 0's C lo / hi, 6, 7 = strip 1's. Rows >= 2 (1-row tiles measured 1.5x slower).
+// Tile shapes. Up to 8 rows: tiles 0, 1 = A, 2, 3 = B, 4, 5 = C, two sets used alternately so that one
+// product's loads overlap the previous one's (tile registers are not renamed); A / B / C rows per the layouts
+// at the top (pair: 8 M / 16 / 8 M, quad: 4 M (32 bytes) / 8 / 4 M, up to 8 rows: 2 M / 16 / 2 M). 9..16 rows:
+// 2 / 3 = A lo / hi (M rows), 4 / 5 = the two strips' B, 0, 1 = strip 0's C lo / hi, 6, 7 = strip 1's. Rows
+// >= 2 (1-row tiles measured 1.5x slower).
 struct alignas(64) AmxRowsTileConfig {
   uint8_t palette = 1, start_row = 0;
   uint8_t reserved[14] = {};
@@ -199,24 +206,27 @@ struct alignas(64) AmxRowsTileConfig {
   }
 };
 
-// A thread's buffers for a chunk of blocks: expanded B tiles, stored C tiles (1 KB each). Each chunk runs
-// in three phases (expand the weights, tile products, scale into the accumulators) so that no tile load
-// reads bytes the vector units have just stored and no vector load reads a C tile just stored: each such
-// hand-over stalled ~100 cycles (one 3072 x 576 projection at M = 1 on one core: 156 -> 77 us).
 // Software prefetch distance in the packed copy's bytes (its codes; the scales and mins 1 / 8 of it): the
 // hardware prefetchers alone left the kernels 0.77-0.85x the fp32 GEMV (which prefetches a row ahead) on
 // weights streamed from memory, 2 KB ahead made them 1.25-1.35x (one row) and 1.3-1.9x (2..7 rows) faster.
 constexpr int kAmxRowsPrefetch = 2048;
 
-// Prefetch the block at codes (256 bytes) and, with its group's scales / mins at sg, those.
-DK_FORCE_INLINE void amx_rows_prefetch(const uint8_t* codes, const half_t* sc, const half_t* mn, bool scales) {
-  const char* f = reinterpret_cast<const char*>(codes) + kAmxRowsPrefetch;
-  for (int o = 0; o < 256; o += 64) _mm_prefetch(f + o, _MM_HINT_T0);
+// Prefetch `bytes` bytes at p + kAmxRowsPrefetch (and with `scales`, the group scales / mins at sc / mn that far
+// ahead over 8: the copy's scales are 1 / 8 of its codes).
+DK_FORCE_INLINE void amx_rows_prefetch(const void* p, int bytes, const half_t* sc = nullptr, const half_t* mn = nullptr,
+                                       bool scales = false) {
+  const char* f = static_cast<const char*>(p) + kAmxRowsPrefetch;
+  for (int o = 0; o < bytes; o += 64) _mm_prefetch(f + o, _MM_HINT_T0);
   if (scales) {
     _mm_prefetch(reinterpret_cast<const char*>(sc) + kAmxRowsPrefetch / 8, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(mn) + kAmxRowsPrefetch / 8, _MM_HINT_T0);
+    if (mn) _mm_prefetch(reinterpret_cast<const char*>(mn) + kAmxRowsPrefetch / 8, _MM_HINT_T0);
   }
 }
+
+// A thread's buffers for a chunk of blocks: expanded B tiles, stored C tiles (1 KB each). Each chunk runs
+// in three phases (expand the weights, tile products, scale into the accumulators) so that no tile load
+// reads bytes the vector units have just stored and no vector load reads a C tile just stored: each such
+// hand-over stalled ~100 cycles (one 3072 x 576 projection at M = 1 on one core: 156 -> 77 us).
 constexpr int kAmxRowsKC = 16;  // blocks per chunk up to 8 rows (B 16 KB + C 16 KB: L1); 9..16 rows: 4
 struct AmxRowsScratch {
   alignas(64) uint8_t bt[kAmxRowsKC][1024];
@@ -227,23 +237,15 @@ inline AmxRowsScratch& amx_rows_scratch() {
   return s;
 }
 
-// C = A B on one tile set: A tile ta from a, B tile tb from b, C tile tc stored to c.
-#define DK_AMX_ROWS_PRODUCT(ta, tb, tc, a, b, c) \
-  do {                                           \
-    _tile_loadd(ta, a, 64);                      \
-    _tile_loadd(tb, b, 64);                      \
-    _tile_zero(tc);                              \
-    _tile_dpbsud(tc, ta, tb);                    \
-    _tile_stored(tc, c, 64);                     \
-  } while (0)
-// The same with signed B bytes (INT8 codes).
-#define DK_AMX_ROWS_PRODUCT_SS(ta, tb, tc, a, b, c) \
-  do {                                           \
-    _tile_loadd(ta, a, 64);                      \
-    _tile_loadd(tb, b, 64);                      \
-    _tile_zero(tc);                              \
-    _tile_dpbssd(tc, ta, tb);                    \
-    _tile_stored(tc, c, 64);                     \
+// C = A B on one tile set: A tile ta from a, B tile tb from b, C tile tc stored to c; dp: _tile_dpbsud (INT4 codes,
+// unsigned) or _tile_dpbssd (INT8 codes, signed).
+#define DK_AMX_ROWS_PRODUCT(dp, ta, tb, tc, a, b, c) \
+  do {                                               \
+    _tile_loadd(ta, a, 64);                          \
+    _tile_loadd(tb, b, 64);                          \
+    _tile_zero(tc);                                  \
+    dp(tc, ta, tb);                                  \
+    _tile_stored(tc, c, 64);                         \
   } while (0)
 
 // One row of a without the tile unit, the same integers: per block and 16 weight rows, VPDPBUSD of the
@@ -268,7 +270,7 @@ void amx_rows_int4_vnni1(T* out,                 // [1, N]
       const int prow = (b & 1) ? 4 : 0, pbyte = (b & 1) ? 32 : 0;  // the pair layout at M = 1
       __m512i c[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
       const int64_t sg = (s * ng + b * 32 / G) * 16;
-      amx_rows_prefetch(cs + b * 256, W.scales + sg, W.mins + sg, b % 2 == 0);
+      amx_rows_prefetch(cs + b * 256, 256, W.scales + sg, W.mins + sg, b % 2 == 0);
       DK_UNROLL_ALL
       for (int r = 0; r < 4; ++r) {
         const __m512i p = _mm512_loadu_si512(cs + b * 256 + 64 * r);
@@ -321,7 +323,7 @@ void amx_rows_int4_mm(T* out,                 // [M, N]
           const int kc = int(std::min<int64_t>(step, nb - b0));
           for (int i = 0; i < kc; ++i) {
             const int64_t sg = (s * ng + (b0 + i) * 32 / G) * 16;
-            amx_rows_prefetch(cs + (b0 + i) * 256, pscales + sg, pmins + sg, i % 2 == 0);
+            amx_rows_prefetch(cs + (b0 + i) * 256, 256, pscales + sg, pmins + sg, i % 2 == 0);
             if constexpr (MM <= kAmxRowsPairM) amx_rows_expand8(scr.bt[0] + 512 * i, cs + (b0 + i) * 256);
             else if constexpr (MM <= kAmxRowsQuadM) amx_rows_expand8(scr.bt[i], cs + (b0 + i) * 256);
             else amx_rows_expand(scr.bt[i], cs + (b0 + i) * 256);
@@ -331,8 +333,8 @@ void amx_rows_int4_mm(T* out,                 // [M, N]
             uint8_t* flat = scr.bt[0];  // block i's 8 rows at 512 i: a pair is one 16-row B tile
             if (kc & 1) std::memset(scr.bt[(kc / 2) & (kAmxRowsKC - 1)] + 512, 0, 512);  // a lone last block: its partner's codes zero (at flat + 512 kc)
             for (int j = 0; 2 * j < kc; j += 2) {
-              DK_AMX_ROWS_PRODUCT(0, 2, 4, ap[b0 + 2 * j].row[0], flat + 1024 * j, scr.cb[j]);
-              if (2 * j + 2 < kc) DK_AMX_ROWS_PRODUCT(1, 3, 5, ap[b0 + 2 * j + 2].row[0], flat + 1024 * (j + 1), scr.cb[j + 1]);
+              DK_AMX_ROWS_PRODUCT(_tile_dpbsud, 0, 2, 4, ap[b0 + 2 * j].row[0], flat + 1024 * j, scr.cb[j]);
+              if (2 * j + 2 < kc) DK_AMX_ROWS_PRODUCT(_tile_dpbsud, 1, 3, 5, ap[b0 + 2 * j + 2].row[0], flat + 1024 * (j + 1), scr.cb[j + 1]);
             }
             for (i = 0; i < kc; ++i) {
               const int64_t sg = (s * ng + (b0 + i) * 32 / G) * 16;
@@ -342,10 +344,10 @@ void amx_rows_int4_mm(T* out,                 // [M, N]
             continue;
           }
           for (; i + 2 <= kc; i += 2) {  // tile sets (0, 2, 4) and (1, 3, 5) alternate: the hardware overlaps them
-            DK_AMX_ROWS_PRODUCT(0, 2, 4, ap[b0 + i].row[0], scr.bt[i], scr.cb[i]);
-            DK_AMX_ROWS_PRODUCT(1, 3, 5, ap[b0 + i + 1].row[0], scr.bt[i + 1], scr.cb[i + 1]);
+            DK_AMX_ROWS_PRODUCT(_tile_dpbsud, 0, 2, 4, ap[b0 + i].row[0], scr.bt[i], scr.cb[i]);
+            DK_AMX_ROWS_PRODUCT(_tile_dpbsud, 1, 3, 5, ap[b0 + i + 1].row[0], scr.bt[i + 1], scr.cb[i + 1]);
           }
-          if (i < kc) DK_AMX_ROWS_PRODUCT(0, 2, 4, ap[b0 + i].row[0], scr.bt[i], scr.cb[i]);
+          if (i < kc) DK_AMX_ROWS_PRODUCT(_tile_dpbsud, 0, 2, 4, ap[b0 + i].row[0], scr.bt[i], scr.cb[i]);
           for (i = 0; i < kc; ++i) {
             const int64_t sg = (s * ng + (b0 + i) * 32 / G) * 16;
             amx_rows_scale<MM, MM <= kAmxRowsQuadM>(acc, scr.cb[i], scr.cb[i] + 16 * R, amx_rows_half16(pscales + sg),
@@ -367,7 +369,7 @@ void amx_rows_int4_mm(T* out,                 // [M, N]
           for (int i = 0; i < kc; ++i) {
             for (int h = 0; h < 2; ++h) {
               const int64_t sg = ((2 * sp + h) * ng + (b0 + i) * 32 / G) * 16;
-              amx_rows_prefetch(cs + (h * nb + b0 + i) * 256, pscales + sg, pmins + sg, i % 2 == 0);
+              amx_rows_prefetch(cs + (h * nb + b0 + i) * 256, 256, pscales + sg, pmins + sg, i % 2 == 0);
               amx_rows_expand(scr.bt[2 * i + h], cs + (h * nb + b0 + i) * 256);
             }
           }
@@ -419,8 +421,7 @@ bool amx_rows_int4(T* out,        // [M, N]
                    const T* bias,          // [N] or null
                    int64_t M, int64_t N, int64_t K, int G) {
   if (M < 1 || M > kAmxRowsMaxM || K % 32 != 0 || K == 0 || !amx_enabled()) return false;
-  thread_local std::vector<AmxRowsBlock> ap;  // zero-filled when grown: padding rows stay finite
-  if (ap.size() < size_t(K / 32)) ap.resize(size_t(K / 32));
+  std::vector<AmxRowsBlock>& ap = amx_rows_a_blocks(K);
   amx_rows_pack_a(ap.data(), a, a_stride, M, K);
   const AmxRowsWeight W(packed, N, K, G);
 #if defined(__AVX512VNNI__)
@@ -527,14 +528,14 @@ void amx_rows_int8_mm(T* out, const AmxRowsBlock* ap, const uint8_t* codes, cons
         if constexpr (kPair) {  // C of pair j in cb[j]: rows 0.. block 2 j, 3 MM.. block 2 j + 1
           for (int j = 0; 2 * j < kc; ++j) {
             const int64_t b = b0 + 2 * j;
-            for (int o = 0; o < 1024; o += 64) _mm_prefetch(reinterpret_cast<const char*>(cs + b * 512) + 2 * kAmxRowsPrefetch + o, _MM_HINT_T0);
+            amx_rows_prefetch(cs + b * 512 + kAmxRowsPrefetch, 1024);  // (4 KB ahead: 512 bytes a block)
             if (2 * j + 1 < kc) {
-              if (j % 2 == 0) DK_AMX_ROWS_PRODUCT_SS(0, 2, 4, ap[b].row[0], cs + b * 512, scr.cb[j]);
-              else DK_AMX_ROWS_PRODUCT_SS(1, 3, 5, ap[b].row[0], cs + b * 512, scr.cb[j]);
+              if (j % 2 == 0) DK_AMX_ROWS_PRODUCT(_tile_dpbssd, 0, 2, 4, ap[b].row[0], cs + b * 512, scr.cb[j]);
+              else DK_AMX_ROWS_PRODUCT(_tile_dpbssd, 1, 3, 5, ap[b].row[0], cs + b * 512, scr.cb[j]);
             } else {  // a lone last block: its partner's codes zero (A's half is zero too)
               std::memcpy(scr.bt[0], cs + b * 512, 512);
               std::memset(scr.bt[0] + 512, 0, 512);
-              DK_AMX_ROWS_PRODUCT_SS(0, 2, 4, ap[b].row[0], scr.bt[0], scr.cb[j]);
+              DK_AMX_ROWS_PRODUCT(_tile_dpbssd, 0, 2, 4, ap[b].row[0], scr.bt[0], scr.cb[j]);
             }
           }
           for (int i = 0; i < kc; ++i) {
@@ -545,9 +546,9 @@ void amx_rows_int8_mm(T* out, const AmxRowsBlock* ap, const uint8_t* codes, cons
         } else if constexpr (kOne) {
           for (int i = 0; i < kc; ++i) {
             const int64_t b = b0 + i;
-            for (int o = 0; o < 512; o += 64) _mm_prefetch(reinterpret_cast<const char*>(cs + b * 512) + 2 * kAmxRowsPrefetch + o, _MM_HINT_T0);
-            if (i % 2 == 0) DK_AMX_ROWS_PRODUCT_SS(0, 2, 4, ap[b].row[0], cs + b * 512, scr.cb[i]);
-            else DK_AMX_ROWS_PRODUCT_SS(1, 3, 5, ap[b].row[0], cs + b * 512, scr.cb[i]);
+            amx_rows_prefetch(cs + b * 512 + kAmxRowsPrefetch, 512);
+            if (i % 2 == 0) DK_AMX_ROWS_PRODUCT(_tile_dpbssd, 0, 2, 4, ap[b].row[0], cs + b * 512, scr.cb[i]);
+            else DK_AMX_ROWS_PRODUCT(_tile_dpbssd, 1, 3, 5, ap[b].row[0], cs + b * 512, scr.cb[i]);
           }
           for (int i = 0; i < kc; ++i)
             amx_rows_scale_int8(acc, scr.cb[i], scr.cb[i] + 16 * 2 * MM,
@@ -558,7 +559,7 @@ void amx_rows_int8_mm(T* out, const AmxRowsBlock* ap, const uint8_t* codes, cons
             const int n2 = int(std::min<int64_t>(kc2, b0 + kc - c0));
             for (int i = 0; i < n2; ++i) {
               const int64_t b = c0 + i;
-              for (int o = 0; o < 512; o += 64) _mm_prefetch(reinterpret_cast<const char*>(cs + b * 512) + 2 * kAmxRowsPrefetch + o, _MM_HINT_T0);
+              amx_rows_prefetch(cs + b * 512 + kAmxRowsPrefetch, 512);
               _tile_loadd(0, ap[b].row[0], 64);
               _tile_loadd(1, ap[b].row[16], 64);
               _tile_loadd(2, cs + b * 512, 64);
@@ -588,8 +589,7 @@ bool amx_rows_int8(T* out, const T* a, int64_t a_stride,
                    const uint8_t* packed,  // [amx_rows_int8_packed_bytes(N, K, G)] (amx_rows_pack_int8)
                    const T* bias, int64_t M, int64_t N, int64_t K, int G) {
   if (M < 1 || M > kAmxRowsInt8MaxM || K % 32 != 0 || K == 0 || !amx_enabled()) return false;
-  thread_local std::vector<AmxRowsBlock> ap;
-  if (ap.size() < size_t(K / 32)) ap.resize(size_t(K / 32));
+  std::vector<AmxRowsBlock>& ap = amx_rows_a_blocks(K);
   amx_rows_pack_a_int8(ap.data(), a, a_stride, M, K);
   const half_t* scales = reinterpret_cast<const half_t*>(packed + amx_rows_int8_codes_bytes(N, K));
   switch (M) {
@@ -603,7 +603,6 @@ bool amx_rows_int8(T* out, const T* a, int64_t a_stride,
 }
 
 #undef DK_AMX_ROWS_PRODUCT
-#undef DK_AMX_ROWS_PRODUCT_SS
 
 #endif  // DK_AMX_EXACT_GEMM
 
