@@ -181,31 +181,42 @@ inline GemmArgs dense_gemm_args(const at::Tensor& out, const at::Tensor& a, cons
 // Weight-only quantized GEMMs (include/decodekit/gemm/int4.h): scales (and INT4 mins) [N, K/G]
 // float16, group_size G in {32, 64, 128}. `codes` is qweight's byte columns per K: 1/2 (INT4
 // nibbles, uint8) or 1 (INT8, int8).
+// copy_only: the weight is held only as its CPU AMX copy (passed as 'packed'): qweight [N, 0], scales / mins [N, 0].
 inline GemmArgs quant_weight_args(const char* op, const at::Tensor& qweight, const at::Tensor& scales,
-                                  const at::Tensor* mins, int64_t group_size, int64_t K) {
+                                  const at::Tensor* mins, int64_t group_size, int64_t K, bool copy_only = false) {
   TORCH_CHECK(group_size == 32 || group_size == 64 || group_size == 128, op,
               ": 'group_size' must be 32, 64 or 128, got ", group_size);
   TORCH_CHECK(K % group_size == 0, op, ": K = ", K, " must be a multiple of group_size = ", group_size);
   GemmArgs g{};
   g.K = K;
-  if (mins)
-    Check(op, "qweight", qweight).dim(2).size(1, K / 2, "K / 2").dtype({at::kByte}).contiguous();
-  else
-    Check(op, "qweight", qweight).dim(2).size(1, K, "K").dtype({at::kChar}).contiguous();
+  const int64_t qk = copy_only ? 0 : mins ? K / 2 : K, sk = copy_only ? 0 : K / group_size;
+  const char* qk_what = copy_only ? "0 (the weight held in 'packed' alone)" : mins ? "K / 2" : "K";
+  Check(op, "qweight", qweight).dim(2).size(1, qk, qk_what).dtype({mins ? at::kByte : at::kChar}).contiguous();
   g.N = qweight.size(0);
   for (auto [t, name] : {std::pair{&scales, "scales"}, std::pair{mins, "mins"}})
     if (t)
-      Check(op, name, *t).dim(2).size(0, g.N, "N = qweight.size(0)").size(1, K / group_size, "K / group_size")
+      Check(op, name, *t).dim(2).size(0, g.N, "N = qweight.size(0)").size(1, sk, copy_only ? "0" : "K / group_size")
           .dtype({at::kHalf}).device_as(qweight, "qweight").contiguous();
   return g;
+}
+
+// Whether int4_gemm / int8_gemm's / int8_dequantize_rows's weight is held only as its CPU AMX copy: qweight
+// [N, 0] for K > 0 with a uint8 'packed' on the CPU (decodekit.ops.prepare_amx_rows(..., drop_stored=True)).
+inline bool quant_copy_only(const char* op, const at::Tensor& qweight, int64_t K,
+                            const std::optional<at::Tensor>& packed) {
+  if (qweight.dim() != 2 || qweight.size(1) != 0 || K == 0) return false;
+  TORCH_CHECK(packed.has_value() && packed->scalar_type() == at::kByte && packed->is_cpu(), op,
+              ": 'qweight' is [N, 0] (a weight held only as its AMX copy): 'packed' must be that copy, uint8 on the "
+              "CPU (decodekit.ops.prepare_amx_rows)");
+  return true;
 }
 
 // int4_gemm (mins given) / int8_gemm (mins null): a [M, K] (row stride free), out [M, N], bias [N].
 inline GemmArgs quant_gemm_args(const char* op, const at::Tensor& out, const at::Tensor& a, const at::Tensor& qweight,
                                 const at::Tensor& scales, const at::Tensor* mins, int64_t group_size,
-                                const std::optional<at::Tensor>& bias) {
+                                const std::optional<at::Tensor>& bias, bool copy_only = false) {
   Check(op, "a", a).dim(2).dtype(kFloatTypes).last_dim_contiguous();
-  GemmArgs g = quant_weight_args(op, qweight, scales, mins, group_size, a.size(1));
+  GemmArgs g = quant_weight_args(op, qweight, scales, mins, group_size, a.size(1), copy_only);
   Check(op, "qweight", qweight).device_as(a, "a");
   g.M = a.size(0);
   g.a_stride = g.M > 1 ? a.stride(0) : g.K;
@@ -446,9 +457,9 @@ inline SortArgs sort_desc_stable_args(const at::Tensor& values, const at::Tensor
 // ids [R] int64; the ids' range is the device launcher's business).
 inline GemmArgs quant_dequantize_args(const char* op, const at::Tensor& out, const at::Tensor& qweight,
                                       const at::Tensor& scales, const at::Tensor* mins, int64_t group_size,
-                                      const at::Tensor* ids) {
+                                      const at::Tensor* ids, bool copy_only = false) {
   Check(op, "out", out).dim(2).dtype(kFloatTypes).device_as(qweight, "qweight").contiguous();
-  GemmArgs g = quant_weight_args(op, qweight, scales, mins, group_size, out.size(1));
+  GemmArgs g = quant_weight_args(op, qweight, scales, mins, group_size, out.size(1), copy_only);
   if (ids)
     Check(op, "ids", *ids).dim(1).size(0, out.size(0), "out.size(0)").dtype({at::kLong}).device_as(qweight, "qweight")
         .contiguous();

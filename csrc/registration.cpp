@@ -36,7 +36,9 @@ TORCH_LIBRARY(decodekit, m) {
   // packed: optionally the same weight in int4_marlin_pack's layout for a's dtype (CUDA: the Marlin-style
   // kernel reads it instead where the dispatch table picks that kernel; the CPU ignores it), or in
   // int4_amx_rows_pack's (CPU: float32 / float16 activations of 1 .. 12 rows then run on the AMX int8 unit with
-  // the exact integer products that 9+ rows get anyway, so a row's bits do not depend on the row count).
+  // the exact integer products that 9+ rows get anyway, so a row's bits do not depend on the row count). With
+  // that CPU copy, qweight may be [N, 0] and scales / mins [N, 0]: the weight held only as the copy (any M reads it;
+  // decodekit.ops.prepare_amx_rows(weight, drop_stored=True)); int8_gemm / int8_dequantize_rows likewise.
   m.def("int4_gemm(Tensor(a!) out, Tensor a, Tensor qweight, Tensor scales, Tensor mins, int group_size, "
         "Tensor? bias, Tensor? packed=None) -> ()");
   m.def("int4_dequantize(Tensor(a!) out, Tensor qweight, Tensor scales, Tensor mins, int group_size) -> ()");
@@ -53,13 +55,15 @@ TORCH_LIBRARY(decodekit, m) {
   m.def("int4_amx_rows_available() -> bool");
   m.def("int4_gemm_marlin(Tensor(a!) out, Tensor a, Tensor packed, int n, int k, int group_size, Tensor? bias) -> ()");
   // INT8 weight-only (GGUF Q8_0): w = scale * q, qweight [N, K] int8, scales [N, K/G] float16.
-  // int8_dequantize_rows writes out [R, K] = the rows `ids` [R] int64 of w (the embedding lookup).
+  // int8_dequantize_rows writes out [R, K] = the rows `ids` [R] int64 of w (the embedding lookup; packed: the
+  // CPU's copy below, read when qweight is [N, 0]).
   // packed: optionally int8_amx_rows_pack's copy (CPU: float32 / float16 activations of 1 .. 8 rows then run on
   // the AMX int8 unit with the exact integer products 9+ rows get anyway; CUDA ignores it).
   m.def("int8_gemm(Tensor(a!) out, Tensor a, Tensor qweight, Tensor scales, int group_size, Tensor? bias, "
         "Tensor? packed=None) -> ()");
   m.def("int8_amx_rows_pack(Tensor(a!) out, Tensor qweight, Tensor scales, int group_size) -> ()");
-  m.def("int8_dequantize_rows(Tensor(a!) out, Tensor qweight, Tensor scales, int group_size, Tensor ids) -> ()");
+  m.def("int8_dequantize_rows(Tensor(a!) out, Tensor qweight, Tensor scales, int group_size, Tensor ids, "
+        "Tensor? packed=None) -> ()");
   // fp8 e4m3 W8A8 (include/decodekit/gemm/fp8_gemm.h): quantize_fp8 writes the per-token dynamic
   // quantization of input [M, K] (row stride free): out [M, K] Float8_e4m3fn, scale [M] float32
   // (max |x| / 448). fp8_gemm: out [M, N] = (a [M, K] @ weight [N, K]^T) * a_scale [M] * w_scale [N]

@@ -39,14 +39,18 @@ void int4_gemm_cpu(at::Tensor& out,                        // [M, N]
                    int64_t group_size,
                    const std::optional<at::Tensor>& bias,     // [N]
                    const std::optional<at::Tensor>& packed) {  // int4_amx_rows_pack's copy (the CUDA one: unused)
-  const dk::GemmArgs g = dk::quant_gemm_args("decodekit::int4_gemm", out, a, qweight, scales, &mins, group_size, bias);
-  const bool amx_rows = packed.has_value() && dk::int4_gemm_packed_check("decodekit::int4_gemm", *packed, a, g, group_size);
+  const char* op = "decodekit::int4_gemm";
+  const bool copy_only = dk::quant_copy_only(op, qweight, a.dim() == 2 ? a.size(1) : 0, packed);
+  const dk::GemmArgs g = dk::quant_gemm_args(op, out, a, qweight, scales, &mins, group_size, bias, copy_only);
+  const bool amx_rows = packed.has_value() && dk::int4_gemm_packed_check(op, *packed, a, g, group_size);
   if (g.M == 0 || g.N == 0) return;
   const dk::cpu::Int4GemmParams P{g.M, g.N, g.K, int(group_size), g.a_stride,
                                   amx_rows ? packed->data_ptr<uint8_t>() : nullptr};
-  DK_CPU_DISPATCH_FLOATING(a.scalar_type(), "decodekit::int4_gemm", [&] {
-    dk::cpu::int4_gemm<scalar_t>(dk_ptr<scalar_t>(out), dk_ptr<scalar_t>(a), qweight.data_ptr<uint8_t>(),
-                                 dk_ptr<dk::half_t>(scales), dk_ptr<dk::half_t>(mins),
+  DK_CPU_DISPATCH_FLOATING(a.scalar_type(), op, [&] {
+    dk::cpu::int4_gemm<scalar_t>(dk_ptr<scalar_t>(out), dk_ptr<scalar_t>(a),
+                                 copy_only ? nullptr : qweight.data_ptr<uint8_t>(),
+                                 copy_only ? nullptr : dk_ptr<dk::half_t>(scales),
+                                 copy_only ? nullptr : dk_ptr<dk::half_t>(mins),
                                  bias.has_value() ? dk_ptr<scalar_t>(*bias) : nullptr, P);
   });
 }
@@ -131,14 +135,17 @@ void int8_gemm_cpu(at::Tensor& out,                        // [M, N]
                    const std::optional<at::Tensor>& bias,     // [N]
                    const std::optional<at::Tensor>& packed) {  // int8_amx_rows_pack's copy
   const char* op = "decodekit::int8_gemm";
-  const dk::GemmArgs g = dk::quant_gemm_args(op, out, a, qweight, scales, nullptr, group_size, bias);
+  const bool copy_only = dk::quant_copy_only(op, qweight, a.dim() == 2 ? a.size(1) : 0, packed);
+  const dk::GemmArgs g = dk::quant_gemm_args(op, out, a, qweight, scales, nullptr, group_size, bias, copy_only);
   if (packed.has_value()) dk::int8_gemm_packed_check(op, *packed, a, g, group_size);
   if (g.M == 0 || g.N == 0) return;
   const dk::cpu::Int4GemmParams P{g.M, g.N, g.K, int(group_size), g.a_stride,
                                   packed.has_value() ? packed->data_ptr<uint8_t>() : nullptr};
   DK_CPU_DISPATCH_FLOATING(a.scalar_type(), op, [&] {
-    dk::cpu::int8_gemm<scalar_t>(dk_ptr<scalar_t>(out), dk_ptr<scalar_t>(a), qweight.data_ptr<int8_t>(),
-                                 dk_ptr<dk::half_t>(scales), bias.has_value() ? dk_ptr<scalar_t>(*bias) : nullptr, P);
+    dk::cpu::int8_gemm<scalar_t>(dk_ptr<scalar_t>(out), dk_ptr<scalar_t>(a),
+                                 copy_only ? nullptr : qweight.data_ptr<int8_t>(),
+                                 copy_only ? nullptr : dk_ptr<dk::half_t>(scales),
+                                 bias.has_value() ? dk_ptr<scalar_t>(*bias) : nullptr, P);
   });
 }
 
@@ -146,15 +153,21 @@ void int8_dequantize_rows_cpu(at::Tensor& out,            // [R, K]
                               const at::Tensor& qweight,  // [N, K] int8
                               const at::Tensor& scales,   // [N, K / G] float16
                               int64_t group_size,
-                              const at::Tensor& ids) {    // [R] int64
+                              const at::Tensor& ids,      // [R] int64
+                              const std::optional<at::Tensor>& packed) {  // int8_amx_rows_pack's copy
   const char* op = "decodekit::int8_dequantize_rows";
-  const dk::GemmArgs g = dk::quant_dequantize_args(op, out, qweight, scales, nullptr, group_size, &ids);
+  const bool copy_only = dk::quant_copy_only(op, qweight, out.dim() == 2 ? out.size(1) : 0, packed);
+  const dk::GemmArgs g = dk::quant_dequantize_args(op, out, qweight, scales, nullptr, group_size, &ids, copy_only);
+  if (packed.has_value())
+    dk::amx_rows_packed_check(op, *packed, out, dk::cpu::amx_rows_int8_packed_bytes(g.N, g.K, int(group_size)),
+                              "amx_rows_int8_packed_bytes(N, K, group_size) (int8_amx_rows_pack)");
   const int64_t* id = ids.data_ptr<int64_t>();
   for (int64_t r = 0; r < ids.size(0); ++r)
     TORCH_CHECK(id[r] >= 0 && id[r] < g.N, op, ": 'ids'[", r, "] = ", id[r], " is outside [0, ", g.N, ")");
   DK_CPU_DISPATCH_FLOATING(out.scalar_type(), op, [&] {
-    dk::cpu::int8_dequantize_rows<scalar_t>(dk_ptr<scalar_t>(out), qweight.data_ptr<int8_t>(),
-                                            dk_ptr<dk::half_t>(scales), id, ids.size(0), g.K, int(group_size));
+    dk::cpu::int8_dequantize_rows<scalar_t>(dk_ptr<scalar_t>(out), copy_only ? nullptr : qweight.data_ptr<int8_t>(),
+                                            copy_only ? nullptr : dk_ptr<dk::half_t>(scales), id, ids.size(0), g.K,
+                                            int(group_size), copy_only ? packed->data_ptr<uint8_t>() : nullptr, g.N);
   });
 }
 

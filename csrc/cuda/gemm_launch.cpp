@@ -336,8 +336,10 @@ void int8_dequantize_rows_cuda(at::Tensor& out,            // [R, K]
                                const at::Tensor& qweight,  // [N, K] int8
                                const at::Tensor& scales,   // [N, K / G] float16
                                int64_t group_size,
-                               const at::Tensor& ids) {    // [R] int64 (outside [0, N): NaN rows, no host check)
+                               const at::Tensor& ids,      // [R] int64 (outside [0, N): NaN rows, no host check)
+                               const std::optional<at::Tensor>& packed) {  // the CPU's AMX copy: not on CUDA
   const char* op = "decodekit::int8_dequantize_rows";
+  TORCH_CHECK(!packed.has_value(), op, ": 'packed' (an AMX copy of the weight) is CPU only");
   const dk::GemmArgs g = dk::quant_dequantize_args(op, out, qweight, scales, nullptr, group_size, &ids);
   dk::check_cuda(op, "qweight", qweight);
   c10::cuda::OptionalCUDAGuard guard(out.device());

@@ -5,7 +5,11 @@
 // number of blocks, G 32 / 64 / 128, bias, strided rows of a, fp32 and fp16 activations, zero blocks,
 // NaN / inf elements, magnitudes from 2^-60 to 2^60. Outputs are poisoned before each run. Also a loose
 // float64 check (|out - sum a w| <= 1e-5 sum |a w|) so that both kernels being wrong alike still fails.
+// Also: the inverse converters, quant_amx_exact.h's kernels reading the copy's strips (13+ rows) bit for bit
+// those on int4.h's layout, and every int4_gemm / int8_gemm / int8_dequantize_rows route with the weight held
+// only as its copy (qweight null) bit for bit the same call with the weight.
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -167,6 +171,78 @@ void test_pack_int8(std::mt19937& rng) {
   }
 }
 
+// The inverse converters (a weight held only as its copy): unpack(pack(w)) == w, INT4 and INT8.
+void test_unpack(std::mt19937& rng) {
+  for (int t = 0; t < 12; ++t) {
+    const int G = 32 << (t % 3);
+    const int64_t N = 1 + int64_t(rng() % 90), K = G * (1 + int64_t(rng() % 5));
+    const Int4 w = random_int4(rng, N, K, G);
+    const std::vector<uint8_t> p = pack(w);
+    std::vector<uint8_t> q(w.q.size(), 0x5a);
+    std::vector<half_t> s(w.s.size(), half_t{0x7e00}), m(w.m.size(), half_t{0x7e00});
+    dk::cpu::amx_rows_unpack_int4(q.data(), s.data(), m.data(), p.data(), N, K, G);
+    long long bad = 0;
+    for (size_t i = 0; i < q.size(); ++i) bad += q[i] != w.q[i];
+    for (size_t i = 0; i < s.size(); ++i) bad += s[i].bits != w.s[i].bits || m[i].bits != w.m[i].bits;
+    CHECK(bad == 0) << bad << "INT4 unpack differs, N" << N << "K" << K << "G" << G;
+    std::vector<int8_t> q8(size_t(N * K)), u8(q8.size(), 99);
+    for (auto& x : q8) x = int8_t(rng());
+    std::vector<half_t> s8(size_t(N * K / G)), v8(s8.size(), half_t{0x7e00});
+    for (auto& x : s8) x.bits = uint16_t(rng());
+    std::vector<uint8_t> p8(size_t(dk::cpu::amx_rows_int8_packed_bytes(N, K, G)));
+    dk::cpu::amx_rows_pack_int8(p8.data(), q8.data(), s8.data(), N, K, G);
+    dk::cpu::amx_rows_unpack_int8(u8.data(), v8.data(), p8.data(), N, K, G);
+    bad = 0;
+    for (size_t i = 0; i < q8.size(); ++i) bad += q8[i] != u8[i];
+    for (size_t i = 0; i < s8.size(); ++i) bad += s8[i].bits != v8[i].bits;
+    CHECK(bad == 0) << bad << "INT8 unpack differs, N" << N << "K" << K << "G" << G;
+  }
+}
+
+// int4_gemm / int8_gemm / int8_dequantize_rows with the weight held only as its copy (qweight null) against the
+// same calls with the weight too: bit for bit, every route (1..12 rows, 13+ from the copy's strips, bf16's and
+// a CPU without the tile unit: the copy unpacked first), T = float / half / bf16.
+template <class T>
+void test_copy_only(std::mt19937& rng) {
+  std::normal_distribution<float> nd;
+  const int64_t Ms[] = {1, 3, 8, 12, 13, 17, 40};
+  for (int t = 0; t < 14; ++t) {
+    const int G = 32 << (t % 3);
+    const int64_t N = 1 + int64_t(rng() % 100), K = G * (1 + int64_t(rng() % (512 / G))), M = Ms[t % 7];
+    const Int4 w = random_int4(rng, N, K, G);
+    const std::vector<uint8_t> p = pack(w);
+    std::vector<int8_t> q8(size_t(N * K));
+    for (auto& x : q8) x = int8_t(rng());
+    std::vector<half_t> s8(size_t(N * K / G));
+    for (auto& x : s8) x = dk::from_float<half_t>(0.01f * nd(rng));
+    std::vector<uint8_t> p8(size_t(dk::cpu::amx_rows_int8_packed_bytes(N, K, G)));
+    dk::cpu::amx_rows_pack_int8(p8.data(), q8.data(), s8.data(), N, K, G);
+    std::vector<T> a(size_t(M * K)), bias(static_cast<size_t>(N));
+    for (auto& x : a) x = dk::from_float<T>(nd(rng));
+    for (auto& x : bias) x = dk::from_float<T>(nd(rng));
+    const T* bp = t % 2 ? bias.data() : nullptr;
+    long long diff = 0;
+    for (int int8 = 0; int8 < 2; ++int8) {
+      std::vector<T> want(size_t(M * N), dk::from_float<T>(-77.f)), got(size_t(M * N), dk::from_float<T>(-99.f));
+      const dk::cpu::Int4GemmParams P{M, N, K, G, K, int8 ? p8.data() : p.data()};
+      if (int8) {
+        dk::cpu::int8_gemm<T>(want.data(), a.data(), q8.data(), s8.data(), bp, P);
+        dk::cpu::int8_gemm<T>(got.data(), a.data(), nullptr, nullptr, bp, P);
+      } else {
+        dk::cpu::int4_gemm<T>(want.data(), a.data(), w.q.data(), w.s.data(), w.m.data(), bp, P);
+        dk::cpu::int4_gemm<T>(got.data(), a.data(), nullptr, nullptr, nullptr, bp, P);
+      }
+      for (size_t i = 0; i < want.size(); ++i) diff += std::memcmp(&got[i], &want[i], sizeof(T)) != 0;
+    }
+    const int64_t ids[] = {N - 1, 0, N / 2, N - 1};
+    std::vector<T> want(size_t(4 * K), dk::from_float<T>(-77.f)), got(size_t(4 * K), dk::from_float<T>(-99.f));
+    dk::cpu::int8_dequantize_rows<T>(want.data(), q8.data(), s8.data(), ids, 4, K, G);
+    dk::cpu::int8_dequantize_rows<T>(got.data(), nullptr, nullptr, ids, 4, K, G, p8.data(), N);
+    for (size_t i = 0; i < want.size(); ++i) diff += std::memcmp(&got[i], &want[i], sizeof(T)) != 0;
+    CHECK(diff == 0) << diff << "copy-only outputs differ: M" << M << "N" << N << "K" << K << "G" << G;
+  }
+}
+
 #if defined(DK_AMX_EXACT_GEMM)
 // INT8 rows 1..8 against quant_amx_exact.h's kernel, bit for bit (its own float64 emulation is in
 // tests/ops/test_quant_amx_exact.py).
@@ -256,6 +332,41 @@ void test_kernel(std::mt19937& rng, int cases) {
     CHECK(far == 0) << far << "outputs far from float64: M" << M << "N" << N << "K" << K << "G" << G;
   }
 }
+// quant_amx_exact.h's kernels reading the copy's strips (amx_rows_exact_int4 / _int8, 13+ rows with a copy) against
+// the same kernels on int4.h's layout: bit for bit, any M.
+template <class T>
+void test_copy_exact(std::mt19937& rng) {
+  std::normal_distribution<float> nd;
+  const int64_t Ms[] = {9, 13, 16, 17, 33, 100, 129};
+  for (int t = 0; t < 21; ++t) {
+    const int G = 32 << (t % 3);
+    const int64_t N = 1 + int64_t(rng() % 150), K = G * (1 + int64_t(rng() % (640 / G))), M = Ms[t % 7];
+    const int64_t a_stride = K + (t % 2 ? 3 : 0);
+    const Int4 w = random_int4(rng, N, K, G);
+    const std::vector<uint8_t> p = pack(w);
+    std::vector<int8_t> q8(size_t(N * K));
+    for (auto& x : q8) x = int8_t(rng());
+    std::vector<half_t> s8(size_t(N * K / G));
+    for (auto& x : s8) x = dk::from_float<half_t>(0.01f * nd(rng));
+    std::vector<uint8_t> p8(size_t(dk::cpu::amx_rows_int8_packed_bytes(N, K, G)));
+    dk::cpu::amx_rows_pack_int8(p8.data(), q8.data(), s8.data(), N, K, G);
+    std::vector<T> a(size_t(M * a_stride), dk::from_float<T>(NAN)), bias(static_cast<size_t>(N));
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t k = 0; k < K; ++k) a[size_t(r * a_stride + k)] = dk::from_float<T>(nd(rng));
+    for (auto& x : bias) x = dk::from_float<T>(nd(rng));
+    const T* bp = t % 2 ? bias.data() : nullptr;
+    std::vector<T> want(size_t(M * N)), got(size_t(M * N));
+    long long diff = 0;
+    bool ok = dk::cpu::int4_gemm_amx_exact<T>(want.data(), a.data(), a_stride, w.q.data(), w.s.data(), w.m.data(), bp,
+                                              M, N, K, G);
+    ok = ok && dk::cpu::amx_rows_exact_int4<T>(got.data(), a.data(), a_stride, p.data(), bp, M, N, K, G);
+    for (size_t i = 0; i < want.size(); ++i) diff += std::memcmp(&got[i], &want[i], sizeof(T)) != 0;
+    ok = ok && dk::cpu::int8_gemm_amx_exact<T>(want.data(), a.data(), a_stride, q8.data(), s8.data(), bp, M, N, K, G);
+    ok = ok && dk::cpu::amx_rows_exact_int8<T>(got.data(), a.data(), a_stride, p8.data(), bp, M, N, K, G);
+    for (size_t i = 0; i < want.size(); ++i) diff += std::memcmp(&got[i], &want[i], sizeof(T)) != 0;
+    CHECK(ok && diff == 0) << diff << "outputs from the copy's strips differ: M" << M << "N" << N << "K" << K << "G" << G;
+  }
+}
 #endif
 
 }  // namespace
@@ -264,11 +375,17 @@ int main() {
   std::mt19937 rng(20261206);
   test_pack(rng);
   test_pack_int8(rng);
+  test_unpack(rng);
+  test_copy_only<float>(rng);
+  test_copy_only<half_t>(rng);
+  test_copy_only<dk::bf16_t>(rng);
 #if defined(DK_AMX_EXACT_GEMM)
   if (dk::cpu::amx_enabled()) {
     test_kernel<float>(rng, 96);
     test_kernel<half_t>(rng, 48);
     test_kernel_int8(rng, 64);
+    test_copy_exact<float>(rng);
+    test_copy_exact<half_t>(rng);
   } else {
     std::printf("test_amx_rows_cpu: no AMX tile unit: kernel cases skipped (the repack tested)\n");
   }

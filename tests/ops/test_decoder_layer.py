@@ -23,9 +23,11 @@ CASES = {  # name: (context lengths incl. new tokens, new tokens per sequence)
     "mixed": ([37, 50, 1], [13, 50, 1]),  # a prefill chunk starting mid-block, a whole prompt, a decode
 }
 # weight formats per projection (qkv, o, gate_up, down): int4 with a group size, int8 (G = 32), or dense
-# ("a": INT4 with the CPU's AMX copy, ops.prepare_amx_rows: the fused layer gets it as the 4th operand)
+# ("a": INT4 with the CPU's AMX copy, ops.prepare_amx_rows: the fused layer gets it as the 4th operand; "o": held
+# only as that copy, drop_stored=True: qweight / scales / mins are [N, 0] placeholders)
 FORMATS = {"int4-g32": ("i4/32",) * 4, "mixed": ("i4/64", "i8", "i4/32", "i8"), "dense": ("dense",) * 4,
-           "dense-mixed": ("dense", "i4/32", "i8", "dense"), "int4-amx": ("i4/32a", "i4/64a", "i8", "i4/64a")}
+           "dense-mixed": ("dense", "i4/32", "i8", "dense"), "int4-amx": ("i4/32a", "i4/64a", "i8", "i4/64a"),
+           "int4-copy-only": ("i4/32o", "i4/64o", "i8", "i4/64o")}
 
 
 def _packed(fmt: str, n: int, k: int, gen: torch.Generator, dtype=torch.float32):
@@ -36,7 +38,7 @@ def _packed(fmt: str, n: int, k: int, gen: torch.Generator, dtype=torch.float32)
         scales = (w.view(n, k // 32, 32).abs().amax(2) / 127).clamp_min(1e-6).half()
         q = torch.round(w.view(n, k // 32, 32) / scales.float()[:, :, None]).clamp(-127, 127).to(torch.int8)
         return Int8Weight(q.view(n, k).contiguous(), scales.contiguous(), 32)
-    return quantize_rtn(w, int(fmt.split("/")[1].rstrip("a")))
+    return quantize_rtn(w, int(fmt.split("/")[1].rstrip("ao")))
 
 
 def _layer(hq, hk, d, fmts, bias, dtype, device, gen, qk=False):
@@ -46,8 +48,8 @@ def _layer(hq, hk, d, fmts, bias, dtype, device, gen, qk=False):
                                                                   (2 * INTER, HIDDEN), (HIDDEN, INTER)])]
     ws = [w.to(device) for w in ws]
     for f, w in zip(fmts, ws):
-        if f.endswith("a") and w.device.type == "cpu" and ops.int4_amx_rows_available():
-            ops.prepare_amx_rows(w)
+        if f[-1] in "ao" and w.device.type == "cpu" and ops.int4_amx_rows_available():
+            ops.prepare_amx_rows(w, drop_stored=f.endswith("o"))
     qkv_bias = randn((q + 2 * kv,), dtype, device, gen, 0.1) if bias else None
     norms = [(1 + 0.1 * torch.randn(HIDDEN, generator=gen)).to(dtype).to(device) for _ in range(2)]
     if qk:

@@ -144,7 +144,7 @@ def test_model_uses_the_copy(gguf_path, monkeypatch):
     lm = load_model(gguf_path, progress=False, keep_quantized=True)
     model = LlamaModel(lm.config, dict(lm.weights))
     ws = [w for L in model.layers for w in (L.qkv, L.o, L.gate_up, L.down)]
-    assert ws and all("_amx_rows" in w.__dict__ for w in ws)
+    assert ws and all("_amx_rows" in w.__dict__ and w.copy_only is not None for w in ws)
     assert all(len(w) == 4 for op in model.layer_operands for w in op[:4])
     assert "_amx_rows" in model.lm_head.__dict__  # the Q8_0 LM head's INT8 copy
     monkeypatch.setenv("DECODEKIT_CPU_AMX_ROWS", "0")

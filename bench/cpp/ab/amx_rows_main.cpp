@@ -1,11 +1,12 @@
-// In-process A/B of the CPU's INT4 GEMM for 1..16 rows of fp32 activations: int4_gemm without the repacked
+// In-process A/B of the CPU's INT4 GEMM for M rows of fp32 activations: int4_gemm without the repacked
 // copy (side a: the fp32 GEMV / small-M kernels up to 8 rows, quant_amx_exact.h's transposed AMX kernel from 9)
-// against int4_gemm with it (side b: quant_amx_rows.h), timed call by call alternately so that a shared VM's
+// against int4_gemm with it (side b: quant_amx_rows.h up to 12 rows (INT8: 8), then the transposed kernel
+// decoding its strips from the copy instead of int4.h's layout), timed call by call alternately so that a shared VM's
 // drift (+-30%) hits both alike. Workloads, M rows:
 //   layers   SmolLM2-135M's 30 layers of Q4_1 projections (qkv 960x576, o 576x576, gate_up 3072x576,
 //            down 576x1536), every layer its own weights (66 MB: from memory, as in decoding);
 //   hot      gate_up 3072x576 called again and again (cache-resident: the kernels' compute);
-//   lm_head  the tied Q8_0 LM head 49152x576 (int8_gemm without / with its copy, up to 8 rows).
+//   lm_head  the tied Q8_0 LM head 49152x576 (int8_gemm without / with its copy).
 // Prints best / median time per side and b's speedup (median of the per-round ratios), checks that the sides
 // agree to 1e-3 (they are different arithmetics up to 8 rows, the same bits from 9). Build and run:
 // tools/ab_amx_rows.sh [M ...]. Needs a CPU with AMX-INT8 (else side b falls back to side a's kernels).
@@ -106,7 +107,7 @@ int main(int argc, char** argv) {
   for (int64_t M : Ms) {
     run("layers", all, M, 30);
     run("hot", {&layers[2]}, M, 1000);
-    if (M <= 8) run("lm_head", {&lm}, M, 30);
+    run("lm_head", {&lm}, M, M <= 16 ? 30 : 10);
   }
   return 0;
 }

@@ -93,5 +93,54 @@ inline void amx_rows_pack_int8(uint8_t* packed,  // [amx_rows_int8_packed_bytes(
   }
 }
 
+// The inverses (the copy as the only stored form of a weight: rows of an op's fallback, tests): qweight [N, K / 2]
+// (int4.h's group-split nibbles), scales / mins [N, K / G] fp16 from amx_rows_pack_int4's copy.
+inline void amx_rows_unpack_int4(uint8_t* qweight, half_t* scales, half_t* mins,  // [N, K / 2], [N, K / G] x 2
+                                 const uint8_t* packed, int64_t N, int64_t K, int G) {
+  const int64_t nb = K / 32, ng = K / G, half = G / 2;
+  const half_t* ps = reinterpret_cast<const half_t*>(packed + amx_rows_codes_bytes(N, K));
+  const half_t* pm = ps + amx_rows_strips(N) * ng * 16;
+  DK_OMP_PARALLEL_FOR_IF(N * K >= (int64_t(1) << 16))
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t s = n / 16, r = n % 16;
+    uint8_t* row = qweight + n * (K / 2);
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* src = packed + (s * nb + b) * 256;
+      const int64_t w0 = 32 * b % G;
+      uint8_t* grp = row + (32 * b / G) * half;
+      for (int c = 0; c < 32; ++c) {
+        const int t = 64 * (c / 4) + 4 * int(r) + c % 4;  // B-tile byte
+        const uint8_t q = t < 256 ? src[t] & 15 : src[t - 256] >> 4;
+        const int64_t w = w0 + c;
+        if (w < half)
+          grp[w] = uint8_t((grp[w] & 0xf0) | q);
+        else
+          grp[w - half] = uint8_t((grp[w - half] & 0x0f) | q << 4);
+      }
+    }
+    for (int64_t g = 0; g < ng; ++g) {
+      scales[n * ng + g] = ps[(s * ng + g) * 16 + r];
+      mins[n * ng + g] = pm[(s * ng + g) * 16 + r];
+    }
+  }
+}
+
+// One row n of an INT8 copy: q [K] int8, s [K / G] fp16 (the embedding lookup of a weight held only as its copy).
+inline void amx_rows_row_int8(int8_t* q, half_t* s, const uint8_t* packed, int64_t N, int64_t K, int G, int64_t n) {
+  const int64_t nb = K / 32, ng = K / G, st = n / 16, r = n % 16;
+  for (int64_t b = 0; b < nb; ++b)
+    for (int j = 0; j < 8; ++j)
+      for (int i = 0; i < 4; ++i) q[32 * b + 4 * j + i] = int8_t(packed[(st * nb + b) * 512 + 64 * j + 4 * r + i]);
+  const half_t* ps = reinterpret_cast<const half_t*>(packed + amx_rows_int8_codes_bytes(N, K));
+  for (int64_t g = 0; g < ng; ++g) s[g] = ps[(st * ng + g) * 16 + r];
+}
+
+// qweight [N, K] int8, scales [N, K / G] fp16 from amx_rows_pack_int8's copy.
+inline void amx_rows_unpack_int8(int8_t* qweight, half_t* scales,  // [N, K], [N, K / G]
+                                 const uint8_t* packed, int64_t N, int64_t K, int G) {
+  DK_OMP_PARALLEL_FOR_IF(N * K >= (int64_t(1) << 16))
+  for (int64_t n = 0; n < N; ++n) amx_rows_row_int8(qweight + n * K, scales + n * (K / G), packed, N, K, G, n);
+}
+
 }  // namespace cpu
 }  // namespace dk

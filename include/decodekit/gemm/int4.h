@@ -42,7 +42,8 @@ struct Int4GemmParams {
   int64_t a_stride;    // row stride of a (elements)
   // The weight's copy in quant_amx_rows.h's layout, or null: fp32 / fp16 activations of 1 .. 12 rows then run
   // on the AMX int8 unit with quant_amx_exact.h's semantics (the ones rows >= 9 get anyway), so that every
-  // row count gives a row the same bits (decoding = speculative verification = batches).
+  // row count gives a row the same bits (decoding = speculative verification = batches). With it, qweight /
+  // scales / mins may be null: the weight held only as the copy (other routes unpack it first).
   const uint8_t* amx_rows = nullptr;
 };
 
@@ -178,17 +179,28 @@ void int4_gemm(T* out,                  // [M, N]
   const int64_t ng = K / G;
 #if defined(DK_AMX_QUANT_GEMM)
   if constexpr (std::is_same_v<T, bf16_t>)  // bf16 products on the tile unit (quant_amx.h)
-    if (M >= kTiledQuantGemmMinM && K > 0 && int4_gemm_amx(out, a, P.a_stride, qweight, scales, mins, bias, M, N, K, G))
+    if (qweight && M >= kTiledQuantGemmMinM && K > 0 &&
+        int4_gemm_amx(out, a, P.a_stride, qweight, scales, mins, bias, M, N, K, G))
       return;
 #endif
 #if defined(DK_AMX_EXACT_GEMM)
-  if constexpr (!std::is_same_v<T, bf16_t>)  // 1 .. 12 rows from the repacked copy (quant_amx_rows.h)
+  if constexpr (!std::is_same_v<T, bf16_t>) {  // fp32 / fp16: exact integer products on the tile unit
     if (P.amx_rows && M <= kAmxRowsDispatchM && amx_rows_int4(out, a, P.a_stride, P.amx_rows, bias, M, N, K, G)) return;
-  if constexpr (!std::is_same_v<T, bf16_t>)  // fp32 / fp16: exact integer products on the tile unit
-    if ((M >= kTiledQuantGemmMinM || P.amx_rows) && K > 0 &&
+    if (P.amx_rows && K > 0 && amx_rows_exact_int4(out, a, P.a_stride, P.amx_rows, bias, M, N, K, G)) return;
+    if (qweight && M >= kTiledQuantGemmMinM && K > 0 &&
         int4_gemm_amx_exact(out, a, P.a_stride, qweight, scales, mins, bias, M, N, K, G))
       return;
+  }
 #endif
+  if (!qweight) {  // held only as the copy and no kernel above took it (bf16, no tile unit): unpack it
+    std::vector<uint8_t> q(size_t(N * K / 2));
+    std::vector<half_t> sm(size_t(2 * N * ng));
+    amx_rows_unpack_int4(q.data(), sm.data(), sm.data() + N * ng, P.amx_rows, N, K, G);
+    Int4GemmParams Q = P;
+    Q.amx_rows = nullptr;
+    int4_gemm(out, a, q.data(), sm.data(), sm.data() + N * ng, bias, Q);
+    return;
+  }
 #if defined(DK_TILED_QUANT_GEMM)
   if (M >= kTiledQuantGemmMinM && K > 0) {
     int4_gemm_tiled(out, a, P.a_stride, qweight, scales, mins, bias, M, N, K, G);
@@ -343,17 +355,27 @@ void int8_gemm(T* out,                  // [M, N]
   const int64_t ng = K / G;
 #if defined(DK_AMX_QUANT_GEMM)
   if constexpr (std::is_same_v<T, bf16_t>)
-    if (M >= kTiledQuantGemmMinM && K > 0 && int8_gemm_amx(out, a, P.a_stride, qweight, scales, bias, M, N, K, G))
+    if (qweight && M >= kTiledQuantGemmMinM && K > 0 && int8_gemm_amx(out, a, P.a_stride, qweight, scales, bias, M, N, K, G))
       return;
 #endif
 #if defined(DK_AMX_EXACT_GEMM)
-  if constexpr (!std::is_same_v<T, bf16_t>)  // 1 .. 8 rows from the repacked copy (quant_amx_rows.h)
+  if constexpr (!std::is_same_v<T, bf16_t>) {  // 1 .. 8 rows from the repacked copy (quant_amx_rows.h), then 9+
     if (P.amx_rows && M <= kAmxRowsInt8MaxM && amx_rows_int8(out, a, P.a_stride, P.amx_rows, bias, M, N, K, G)) return;
-  if constexpr (!std::is_same_v<T, bf16_t>)
-    if ((M >= kTiledQuantGemmMinM || P.amx_rows) && K > 0 &&
+    if (P.amx_rows && K > 0 && amx_rows_exact_int8(out, a, P.a_stride, P.amx_rows, bias, M, N, K, G)) return;
+    if (qweight && M >= kTiledQuantGemmMinM && K > 0 &&
         int8_gemm_amx_exact(out, a, P.a_stride, qweight, scales, bias, M, N, K, G))
       return;
+  }
 #endif
+  if (!qweight) {  // held only as the copy and no kernel above took it: unpack it
+    std::vector<int8_t> q(size_t(N * K));
+    std::vector<half_t> sc(size_t(N * ng));
+    amx_rows_unpack_int8(q.data(), sc.data(), P.amx_rows, N, K, G);
+    Int4GemmParams Q = P;
+    Q.amx_rows = nullptr;
+    int8_gemm(out, a, q.data(), sc.data(), bias, Q);
+    return;
+  }
 #if defined(DK_TILED_QUANT_GEMM)
   if (M >= kTiledQuantGemmMinM && K > 0) {
     int8_gemm_tiled(out, a, P.a_stride, qweight, scales, bias, M, N, K, G);
@@ -414,17 +436,29 @@ void int8_gemm(T* out,                  // [M, N]
 }
 
 // Decodes rows of an INT8 weight: w [R, K] of T for the rows ids[0..R) (all N rows when ids is
-// null): the embedding lookup of a Q8_0 table and the large-M path.
+// null): the embedding lookup of a Q8_0 table and the large-M path. packed (with N): the weight held only as
+// its AMX copy (amx_rows_layout.h; qweight / scales unused), each row gathered from it first.
 template <class T>
 void int8_dequantize_rows(T* w, const int8_t* qweight, const half_t* scales, const int64_t* ids, int64_t R,
-                          int64_t K, int G) {
+                          int64_t K, int G, const uint8_t* packed = nullptr, int64_t N = 0) {
   const int64_t ng = K / G;
   DK_OMP_PARALLEL_FOR_IF(R * K >= kParallelGrain)
   for (int64_t r = 0; r < R; ++r) {
-    const int64_t n = ids ? ids[r] : r;
+    int64_t n = ids ? ids[r] : r;
     const int8_t* q = qweight + n * K;
+    const half_t* sc = scales;
+    std::vector<int8_t> qrow;
+    std::vector<half_t> srow;
+    if (packed) {
+      qrow.resize(size_t(K));
+      srow.resize(size_t(ng));
+      amx_rows_row_int8(qrow.data(), srow.data(), packed, N, K, G, n);
+      q = qrow.data();
+      sc = srow.data();
+      n = 0;
+    }
     for (int64_t g = 0; g < ng; ++g) {
-      const float d = half_to_float(scales[n * ng + g].bits);
+      const float d = half_to_float(sc[n * ng + g].bits);
       float buf[128];  // one group (G <= 128)
       int i = 0;
 #if defined(__AVX512F__)

@@ -602,6 +602,127 @@ bool amx_rows_int8(T* out, const T* a, int64_t a_stride,
   }
 }
 
+// ---- 9+ rows from the copy (quant_amx_exact.h's kernels, its strip decoders reading the copy instead of int4.h's
+// layout): a weight held only as its copy runs every row count, and rows of any M keep their bits.
+// Per 32-element block the copy holds a B tile of 16 weight rows, 8 dword rows (k quads) of 16 dwords: transposed
+// to 16 rows of 8 dwords = each weight row's 32 codes (INT4: then 16 q, as amx_exact_decode_int4 writes them).
+// (A full 16 x 16 transpose with 8 zero rows measured 0.72-0.79x the int4.h decoder at 13-16 rows.)
+// z[j] (j < 8): the B tile's dword row j (k quad j of weight rows 0..15) -> x[i] (i < 4): the 8 dwords (32 bytes)
+// of weight row i then those of row 4 + i; x[4 + i]: rows 8 + i, 12 + i. Two 4 x 4 dword transposes per 128-bit
+// lane (row 4 L + i's k quads 0..3 / 4..7 in lane L of r[i] / r[4 + i]), then lanes paired: 24 shuffles.
+DK_FORCE_INLINE void amx_rows_tile_to_rows(const __m512i (&z)[8], __m512i (&x)[8]) {
+  __m512i r[8];
+  for (int h = 0; h < 2; ++h) {
+    const __m512i* y = z + 4 * h;
+    const __m512i t0 = _mm512_unpacklo_epi32(y[0], y[1]), t1 = _mm512_unpackhi_epi32(y[0], y[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(y[2], y[3]), t3 = _mm512_unpackhi_epi32(y[2], y[3]);
+    r[4 * h + 0] = _mm512_unpacklo_epi64(t0, t2);
+    r[4 * h + 1] = _mm512_unpackhi_epi64(t0, t2);
+    r[4 * h + 2] = _mm512_unpacklo_epi64(t1, t3);
+    r[4 * h + 3] = _mm512_unpackhi_epi64(t1, t3);
+  }
+  const __m512i lo = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0), hi = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
+  for (int i = 0; i < 4; ++i) {
+    x[i] = _mm512_permutex2var_epi64(r[i], lo, r[4 + i]);
+    x[4 + i] = _mm512_permutex2var_epi64(r[i], hi, r[4 + i]);
+  }
+}
+
+// The strip's block scales (and mins): [K / G][16] fp16 of the copy -> fp32 [16][K / 32] (a group's value
+// repeated G / 32 times), 16 groups at a time through a 16 x 16 transpose (scalar stores measured 0.6x).
+DK_FORCE_INLINE void amx_rows_strip_scales(float* dst, const half_t* src, int64_t K, int G) {
+  const int64_t ng = K / G, nb = K / 32;
+  const int rep = G / 32;
+  __m512i idx[4];  // lane l of segment r: group (16 r + l) / rep of the 16
+  for (int r = 0; r < rep; ++r) {
+    alignas(64) int32_t v[16];
+    for (int l = 0; l < 16; ++l) v[l] = (16 * r + l) / rep;
+    idx[r] = _mm512_load_si512(v);
+  }
+  for (int64_t g0 = 0; g0 < ng; g0 += 16) {
+    const int cnt = int(std::min<int64_t>(16, ng - g0));
+    __m512i v[16];
+    for (int i = 0; i < 16; ++i)
+      v[i] = i < cnt ? _mm512_castps_si512(_mm512_cvtph_ps(
+                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + (g0 + i) * 16))))
+                     : _mm512_setzero_si512();
+    transpose16_epi32(v);  // v[j], lane i: weight row j, group g0 + i
+    for (int j = 0; j < 16; ++j)
+      for (int r = 0; r < rep && 16 * r < cnt * rep; ++r)
+        _mm512_mask_storeu_epi32(dst + j * nb + g0 * rep + 16 * r, lanes_mask(std::min(16, cnt * rep - 16 * r)),
+                                 rep == 1 ? v[j] : _mm512_permutexvar_epi32(idx[r], v[j]));
+  }
+}
+
+// Strip n0 / 16 of an INT4 copy into the thread buffer: the bytes amx_exact_decode_int4 gives (rows past N: zeros,
+// as the copy holds them).
+inline void amx_rows_decode_strip_int4(AmxExactStrip& st, const uint8_t* packed, int64_t N, int64_t K, int G,
+                                       int64_t n0) {
+  const int64_t nb = K / 32, ng = K / G, s = n0 / 16;
+  const AmxRowsWeight w(packed, N, K, G);
+  st.codes = st.buf;
+  st.stride = 2 * K;
+  const __m512i low4 = _mm512_set1_epi8(15);
+  const uint8_t* src = w.codes + s * nb * 256;
+  for (int64_t b = 0; b < nb; ++b, src += 256) {
+    __m512i z[8], x[8];
+    for (int j = 0; j < 4; ++j) {  // byte p: low nibble B-tile byte p, high nibble byte 256 + p
+      const __m512i v = _mm512_loadu_si512(src + 64 * j);
+      z[j] = _mm512_and_si512(v, low4);
+      z[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+    }
+    amx_rows_tile_to_rows(z, x);
+    uint8_t* o = st.buf + b * 64;
+    for (int i = 0; i < 8; ++i) {  // a row's 64 bytes: its 32 codes, then 16 q (q <= 15: still a byte)
+      const __m512i x16 = _mm512_slli_epi16(x[i], 4);
+      const int64_t n = i < 4 ? i : i + 4;  // x[i]: rows n, n + 4
+      _mm512_storeu_si512(o + n * 2 * K, _mm512_shuffle_i64x2(x[i], x16, _MM_SHUFFLE(1, 0, 1, 0)));
+      _mm512_storeu_si512(o + (n + 4) * 2 * K, _mm512_shuffle_i64x2(x[i], x16, _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+  }
+  amx_rows_strip_scales(st.sc, w.scales + s * ng * 16, K, G);
+  amx_rows_strip_scales(st.mn, w.mins + s * ng * 16, K, G);
+}
+
+// The same for an INT8 copy: 16 rows of K codes.
+inline void amx_rows_decode_strip_int8(AmxExactStrip& st, const uint8_t* packed, int64_t N, int64_t K, int G,
+                                       int64_t n0) {
+  const int64_t nb = K / 32, ng = K / G, s = n0 / 16;
+  st.codes = st.buf;
+  st.stride = K;
+  const uint8_t* src = packed + s * nb * 512;
+  for (int64_t b = 0; b < nb; ++b, src += 512) {
+    __m512i z[8], x[8];
+    for (int j = 0; j < 8; ++j) z[j] = _mm512_loadu_si512(src + 64 * j);
+    amx_rows_tile_to_rows(z, x);
+    uint8_t* o = st.buf + b * 32;
+    for (int i = 0; i < 8; ++i) {
+      const int64_t n = i < 4 ? i : i + 4;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + n * K), _mm512_castsi512_si256(x[i]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + (n + 4) * K), _mm512_extracti64x4_epi64(x[i], 1));
+    }
+  }
+  const half_t* sc = reinterpret_cast<const half_t*>(packed + amx_rows_int8_codes_bytes(N, K));
+  amx_rows_strip_scales(st.sc, sc + s * ng * 16, K, G);
+}
+
+// int4_gemm_amx_exact / int8_gemm_amx_exact on the copy: the same bits (any M; used from 9 / 13 rows).
+template <class T>
+bool amx_rows_exact_int4(T* out, const T* a, int64_t a_stride, const uint8_t* packed, const T* bias, int64_t M,
+                         int64_t N, int64_t K, int G) {
+  return amx_exact_gemm_int4(out, a, a_stride, bias, M, N, K, [&](AmxExactStrip& st, int64_t n0) {
+    amx_rows_decode_strip_int4(st, packed, N, K, G, n0);
+  });
+}
+
+template <class T>
+bool amx_rows_exact_int8(T* out, const T* a, int64_t a_stride, const uint8_t* packed, const T* bias, int64_t M,
+                         int64_t N, int64_t K, int G) {
+  return amx_exact_gemm_int8(out, a, a_stride, bias, M, N, K, [&](AmxExactStrip& st, int64_t n0) {
+    amx_rows_decode_strip_int8(st, packed, N, K, G, n0);
+  });
+}
+
 #undef DK_AMX_ROWS_PRODUCT
 
 #endif  // DK_AMX_EXACT_GEMM

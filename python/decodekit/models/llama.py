@@ -155,15 +155,17 @@ class LlamaModel:
         profiles memory and captures CUDA graphs, rather than on a first decode step: on CUDA with fp16 / bf16
         activations the Marlin-style kernel's (decodekit.ops.int4_marlin_packed); on a CPU with AMX-INT8 and
         float32 / float16 activations the few-row AMX kernels' (decodekit.ops.prepare_amx_rows, for the INT4
-        projections and an INT8 LM head: every row count then computes a row with the same bits)."""
+        projections and an INT8 LM head: every row count then computes a row with the same bits; the copy is then
+        all that is held of the weight, PackedWeight.copy_only: one copy in memory, not two)."""
         if (self.device.type == "cpu" and self.dtype in (torch.float32, torch.float16) and self.tp is None
                 and ops.int4_amx_rows_available()):
             for L in self.layers:
                 for w in (L.qkv, L.o, L.gate_up, L.down):
                     if isinstance(w, Int4Weight):
-                        ops.prepare_amx_rows(w)
+                        ops.prepare_amx_rows(w, drop_stored=True)
             if isinstance(self.lm_head, Int8Weight):  # (INT8 layer weights keep the GEMV: decoder_layer's operands)
-                ops.prepare_amx_rows(self.lm_head)
+                ops.prepare_amx_rows(self.lm_head, drop_stored=True)
+            ops.release_freed_host_memory()
             return
         if self.device.type != "cuda" or self.dtype not in (torch.float16, torch.bfloat16) or ops._marlin_mode() != "auto":
             return

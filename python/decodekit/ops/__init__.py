@@ -20,7 +20,7 @@ _ops = torch.ops.decodekit
 
 # the CPU's AMX copies of quantized weights (ops/amx_rows.py)
 from .amx_rows import (_amx_rows_copy, int4_amx_rows_available, int4_amx_rows_pack,  # noqa: E402,F401
-                       int8_amx_rows_pack, prepare_amx_rows)
+                       int8_amx_rows_pack, prepare_amx_rows, release_freed_host_memory)
 
 
 def rms_norm(x: torch.Tensor,        # [..., hidden]
@@ -148,10 +148,10 @@ def _quant_gemm(a, weight, bias, out):
         return _packed_dense(a, weight, bias, out)  # past the CUDA kernels' rows, or INT4 prefill-sized rows
     if _has_kernel("int8_gemm" if int8 else "int4_gemm", a.device):
         if int8:
-            _ops.int8_gemm(out, a, weight.qweight, weight.scales, weight.group_size, bias, _amx_rows_copy(weight, a))
+            _ops.int8_gemm(out, a, *weight.operands(), weight.group_size, bias, _amx_rows_copy(weight, a))
         else:
             packed = int4_marlin_packed(weight, a.dtype) if _marlin_packed_route(a) else _amx_rows_copy(weight, a)
-            _ops.int4_gemm(out, a, weight.qweight, weight.scales, weight.mins, weight.group_size, bias, packed)
+            _ops.int4_gemm(out, a, *weight.operands(), weight.group_size, bias, packed)
         return out
     mins = () if int8 else (weight.mins,)
     ref = reference.int8_gemm if int8 else reference.int4_gemm
@@ -293,10 +293,10 @@ def int8_embedding(ids: torch.Tensor,            # [T] int64
     """Rows `ids` of an INT8 table, decoded (the embedding lookup of a Q8_0 token table)."""
     if _has_kernel("int8_dequantize_rows", weight.device):
         out = torch.empty(ids.shape[0], weight.shape[1], dtype=dtype, device=weight.device)
-        _ops.int8_dequantize_rows(out, weight.qweight, weight.scales, weight.group_size, ids.to(weight.device))
+        held = weight.copy_only  # the weight held only as its AMX copy: the op reads the copy
+        _ops.int8_dequantize_rows(out, *weight.operands(), weight.group_size, ids.to(weight.device), held and held.copy)
         return out
-    q, s = weight.qweight[ids], weight.scales[ids]
-    return reference.int8_dequantize(q, s, weight.group_size).to(dtype)
+    return reference.int8_dequantize(weight.qweight[ids], weight.scales[ids], weight.group_size).to(dtype)
 
 
 def int8_dequantize(weight: Int8Weight, dtype: torch.dtype = torch.float32) -> torch.Tensor:  # [N, K]
@@ -315,7 +315,7 @@ def _int8_amx_rows_pack_fake(out, qweight, scales, group_size):
 
 
 @torch.library.register_fake("decodekit::int8_dequantize_rows")
-def _int8_dequantize_rows_fake(out, qweight, scales, group_size, ids):
+def _int8_dequantize_rows_fake(out, qweight, scales, group_size, ids, packed=None):
     return None
 
 
@@ -624,8 +624,8 @@ def projection_operands(weight) -> tuple[list[torch.Tensor], int] | None:
     other (fp8, act-order INT4)."""
     if isinstance(weight, Int4Weight) and weight.perm is None:
         packed = weight.__dict__.get("_amx_rows")  # prepare_amx_rows
-        return [weight.qweight, weight.scales, weight.mins] + ([packed] if packed is not None else []), weight.group_size
-    if isinstance(weight, Int8Weight):
+        return [*weight.operands()] + ([packed] if packed is not None else []), weight.group_size
+    if isinstance(weight, Int8Weight) and weight.copy_only is None:
         return [weight.qweight, weight.scales], weight.group_size
     if isinstance(weight, torch.Tensor) and weight.dim() == 2:
         return [weight], 0

@@ -44,9 +44,12 @@ class Int4Weight(PackedWeight):
             raise ValueError(f"INT4 weight perm must be int64 [{2 * half}], got {self.perm.dtype} "
                              f"{tuple(self.perm.shape)}")
 
+    _OPERANDS = ("qweight", "scales", "mins")
+
     @property
     def shape(self) -> tuple[int, int]:
-        return self.qweight.shape[0], 2 * self.qweight.shape[1]
+        co = self.copy_only
+        return co.shape if co is not None else (self.qweight.shape[0], 2 * self.qweight.shape[1])
 
     def to(self, device) -> "Int4Weight":
         perm = None if self.perm is None else self.perm.to(device)
