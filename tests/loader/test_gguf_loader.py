@@ -243,3 +243,34 @@ def test_qwen3_head_norms(make_gguf):
         return
     for name, t in m.weights.items():
         assert torch.equal(t, ref[name]), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_q8_0_projections_stay_packed(make_gguf, tiny, dtype):
+    """A Q8_0 file's projections stay packed INT8 (int8_gemm, byte for byte the file's blocks) like its embedding /
+    LM head; the engine on them (packed by default on the CPU; fp32 on AMX CPUs: held only as the AMX copies)
+    decodes the tokens of the same file dequantized."""
+    import gguf
+
+    from decodekit import LLM, SamplingParams, ops
+    from decodekit.quant import Int8Weight
+    cfg, weights = tiny
+    path = make_gguf("tiny-q8-proj.gguf", cfg=cfg, weights=weights, qtype=gguf.GGMLQuantizationType.Q8_0)
+    packed = load_model(path, progress=False, keep_quantized=True, dtype=dtype).weights
+    plain = load_model(path, progress=False, dtype=dtype).weights
+    projections = [n for n in packed if n.endswith("_proj.weight")]
+    assert projections and all(isinstance(packed[n], Int8Weight) for n in projections)
+    for n in projections:
+        assert torch.equal(ops.int8_dequantize(packed[n], dtype), plain[n]), n
+    p = SamplingParams(temperature=0, max_tokens=12)
+    prompt = {"prompt_token_ids": [3, 9, 27, 81, 5]}
+    outs = {}
+    for fmt in ("packed", "dequantized"):
+        llm = LLM(model=path, weight_format=fmt, dtype="float32" if dtype == torch.float32 else "bfloat16")
+        outs[fmt] = llm.generate(prompt, p)[0].outputs[0].token_ids
+        if fmt == "packed":
+            qkv = llm.engine.model.layers[0].qkv
+            assert isinstance(qkv, Int8Weight)  # q / k / v fused, still packed
+            if dtype == torch.float32 and ops.int4_amx_rows_available():
+                assert qkv.copy_only is not None and llm.engine.model.fused_layers
+    assert outs["packed"] == outs["dequantized"]

@@ -27,14 +27,14 @@ CASES = {  # name: (context lengths incl. new tokens, new tokens per sequence)
 # only as that copy, drop_stored=True: qweight / scales / mins are [N, 0] placeholders)
 FORMATS = {"int4-g32": ("i4/32",) * 4, "mixed": ("i4/64", "i8", "i4/32", "i8"), "dense": ("dense",) * 4,
            "dense-mixed": ("dense", "i4/32", "i8", "dense"), "int4-amx": ("i4/32a", "i4/64a", "i8", "i4/64a"),
-           "int4-copy-only": ("i4/32o", "i4/64o", "i8", "i4/64o")}
+           "int4-copy-only": ("i4/32o", "i4/64o", "i8", "i4/64o"), "int8-amx": ("i8o", "i8a", "i8o", "i8")}
 
 
 def _packed(fmt: str, n: int, k: int, gen: torch.Generator, dtype=torch.float32):
     w = torch.randn(n, k, generator=gen) * k ** -0.5
     if fmt == "dense":
         return w.to(dtype)
-    if fmt == "i8":
+    if fmt.startswith("i8"):
         scales = (w.view(n, k // 32, 32).abs().amax(2) / 127).clamp_min(1e-6).half()
         q = torch.round(w.view(n, k // 32, 32) / scales.float()[:, :, None]).clamp(-127, 127).to(torch.int8)
         return Int8Weight(q.view(n, k).contiguous(), scales.contiguous(), 32)

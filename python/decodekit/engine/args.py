@@ -225,7 +225,7 @@ class EngineArgs:
                        help="with --quantization int4-rtn on the CPU, keep the LM head (and a tied embedding) in float "
                             "instead of INT8 groups of 32 (llama.cpp's Q8_0)")
         g.add_argument("--weight-format", default="auto", choices=list(WEIGHT_FORMATS),
-                       help="GGUF Q4_0/Q4_1 projections and Q8_0 embedding: packed (INT4/INT8 kernels read "
+                       help="GGUF Q4_0/Q4_1/Q8_0 projections and Q8_0 embedding: packed (INT4/INT8 kernels read "
                             "~4.5/8.5 bits per weight) or dequantized at load; auto: packed on the CPU (CUDA: opt-in)")
         g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                        help="fraction of GPU memory the engine may use (default 0.9)")

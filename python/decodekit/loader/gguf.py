@@ -372,7 +372,7 @@ def config_from_gguf(meta: dict[str, Any], infos: list[GGUFTensorInfo], source: 
 
 # Linear-layer weights that may stay packed (keep_quantized): the projections, not the embedding.
 _PACKABLE_SUFFIXES = ("_proj.weight",)
-# Q8_0 tables that may stay packed: the token embedding (rows decoded on lookup) and the LM head.
+# Q8_0 tensors that may stay packed: the projections, the token embedding (rows decoded on lookup) and the LM head.
 _PACKABLE_INT8 = ("model.embed_tokens.weight", "lm_head.weight")
 
 
@@ -427,7 +427,7 @@ def unfuse_infos(cfg: ModelConfig, infos: list[GGUFTensorInfo], source: str) -> 
 def load_gguf(path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
               progress_bar: bool = True, keep_quantized: bool = False, shard=None):
     """(config, weights, tokenizer) of a GGUF file; weights dequantized tensor by tensor, except,
-    with keep_quantized, the Q4_0 / Q4_1 projection weights and the Q8_0 embedding / LM head:
+    with keep_quantized, the Q4_0 / Q4_1 / Q8_0 projection weights and the Q8_0 embedding / LM head:
     those become packed decodekit.quant.Int4Weight / Int8Weight (byte for byte the file's blocks)."""
     from ..tokenizer import Tokenizer
 
@@ -466,7 +466,8 @@ def load_gguf(path: str, dtype: torch.dtype = torch.float32, device: str | torch
             conv = from_gguf_q4_1 if info.type_name == "Q4_1" else from_gguf_q4_0
             weights[info.hf_name] = conv(info.raw_bytes(), info.shape).to(device)
             continue
-        if keep_quantized and info.type_name == "Q8_0" and info.hf_name in _PACKABLE_INT8:
+        if keep_quantized and info.type_name == "Q8_0" and (info.hf_name in _PACKABLE_INT8 or
+                                                            info.hf_name.endswith(_PACKABLE_SUFFIXES)):
             from ..quant import from_gguf_q8_0
             weights[info.hf_name] = from_gguf_q8_0(info.raw_bytes(), info.shape).to(device)
             continue

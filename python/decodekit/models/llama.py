@@ -98,7 +98,10 @@ class LlamaModel:
             if (all(isinstance(p, Int4Weight) for p in parts) and len({p.group_size for p in parts}) == 1
                     and Int4Weight.same_perm(parts)):
                 return Int4Weight.cat(parts)
-            return torch.cat([ops.int4_dequantize(p, dtype) if isinstance(p, Int4Weight) else p for p in parts], 0)
+            if all(isinstance(p, Int8Weight) for p in parts) and len({p.group_size for p in parts}) == 1:
+                return Int8Weight.cat(parts)  # GGUF Q8_0 projections
+            return torch.cat([ops.int4_dequantize(p, dtype) if isinstance(p, Int4Weight) else
+                              ops.int8_dequantize(p, dtype) if isinstance(p, Int8Weight) else p for p in parts], 0)
 
         self.embed = take("model.embed_tokens.weight")  # [vocab, hidden]
         self.layers: list[LayerWeights] = []
@@ -154,16 +157,16 @@ class LlamaModel:
         """Each packed INT4 projection's second copy for the kernel that reads it, made now, before the engine
         profiles memory and captures CUDA graphs, rather than on a first decode step: on CUDA with fp16 / bf16
         activations the Marlin-style kernel's (decodekit.ops.int4_marlin_packed); on a CPU with AMX-INT8 and
-        float32 / float16 activations the few-row AMX kernels' (decodekit.ops.prepare_amx_rows, for the INT4
+        float32 / float16 activations the few-row AMX kernels' (decodekit.ops.prepare_amx_rows, for the INT4 / INT8
         projections and an INT8 LM head: every row count then computes a row with the same bits; the copy is then
         all that is held of the weight, PackedWeight.copy_only: one copy in memory, not two)."""
         if (self.device.type == "cpu" and self.dtype in (torch.float32, torch.float16) and self.tp is None
                 and ops.int4_amx_rows_available()):
             for L in self.layers:
                 for w in (L.qkv, L.o, L.gate_up, L.down):
-                    if isinstance(w, Int4Weight):
+                    if isinstance(w, (Int4Weight, Int8Weight)):
                         ops.prepare_amx_rows(w, drop_stored=True)
-            if isinstance(self.lm_head, Int8Weight):  # (INT8 layer weights keep the GEMV: decoder_layer's operands)
+            if isinstance(self.lm_head, Int8Weight):
                 ops.prepare_amx_rows(self.lm_head, drop_stored=True)
             ops.release_freed_host_memory()
             return

@@ -619,14 +619,12 @@ def _paged_attention_fake(out, query, key_cache, value_cache, block_tables, seq_
 # --- one decoder layer per call (packed INT4 / INT8 projections) -------------------------
 
 def projection_operands(weight) -> tuple[list[torch.Tensor], int] | None:
-    """decoder_layer's form of a projection weight: ([qweight, scales, mins], G) for INT4 (not
-    act-order), ([qweight, scales], G) for INT8, ([weight], 0) for a dense tensor; None for any
-    other (fp8, act-order INT4)."""
-    if isinstance(weight, Int4Weight) and weight.perm is None:
+    """decoder_layer's form of a projection weight: ([qweight, scales, mins (, packed)], G) for INT4 (not
+    act-order), ([qweight, scales (, packed)], G) for INT8 (packed: the CPU's AMX copy), ([weight], 0) for a
+    dense tensor; None for any other (fp8, act-order INT4)."""
+    if isinstance(weight, Int8Weight) or (isinstance(weight, Int4Weight) and weight.perm is None):
         packed = weight.__dict__.get("_amx_rows")  # prepare_amx_rows
         return [*weight.operands()] + ([packed] if packed is not None else []), weight.group_size
-    if isinstance(weight, Int8Weight) and weight.copy_only is None:
-        return [weight.qweight, weight.scales], weight.group_size
     if isinstance(weight, torch.Tensor) and weight.dim() == 2:
         return [weight], 0
     return None

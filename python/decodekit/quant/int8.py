@@ -36,6 +36,14 @@ class Int8Weight(PackedWeight):
     def to(self, device) -> "Int8Weight":
         return Int8Weight(self.qweight.to(device), self.scales.to(device), self.group_size)
 
+    @staticmethod
+    def cat(parts: list["Int8Weight"]) -> "Int8Weight":
+        """Rows of several weights stacked (fused QKV / gate-up projections)."""
+        G = parts[0].group_size
+        if any(p.group_size != G or p.shape[1] != parts[0].shape[1] for p in parts):
+            raise ValueError("Int8Weight.cat: all parts need the same K and group_size")
+        return Int8Weight(torch.cat([p.qweight for p in parts]), torch.cat([p.scales for p in parts]), G)
+
 
 def from_gguf_q8_0(raw: np.ndarray, shape: tuple[int, int]) -> Int8Weight:
     """GGUF Q8_0 rows (uint8 [N, K/32 * 34]) -> Int8Weight (G = 32)."""
