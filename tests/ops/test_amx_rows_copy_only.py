@@ -151,3 +151,26 @@ def test_model_holds_one_copy(gguf_path, monkeypatch):
     lm = load_model(gguf_path, progress=False, keep_quantized=True)
     plain = LlamaModel(lm.config, dict(lm.weights))
     assert 1.0 <= nbytes / held(plain)[1] < 1.01
+
+
+def test_engine_never_rebuilds_the_fields(monkeypatch):
+    """Serving from copy-only weights reads the copies only: prefill, decode, a speculative verification and a batch
+    run without rebuilding any dropped field (that would cost a whole weight's unpack per call)."""
+    if not ops.int4_amx_rows_available():
+        pytest.skip("no AMX int8 on this CPU: no copies are made")
+    from decodekit import LLM, SamplingParams
+    from decodekit.ops import reference
+
+    llm = LLM(speculative="ngram", num_speculative_tokens=4)
+    model = llm.engine.model
+    assert model.layers[0].qkv.copy_only is not None and model.lm_head.copy_only is not None
+
+    def no_unpack(*args):
+        raise AssertionError("a dropped field was rebuilt while serving")
+    monkeypatch.setattr(reference, "int4_amx_rows_unpack", no_unpack)  # (what the rebuild calls)
+    monkeypatch.setattr(reference, "int8_amx_rows_unpack", no_unpack)
+    with pytest.raises(AssertionError, match="rebuilt"):  # the trap works
+        model.layers[0].qkv.qweight
+    outs = llm.generate(["Repeat: one two three one two three one two three", "Hi"] * 2,
+                        SamplingParams(temperature=0, max_tokens=24))
+    assert all(len(o.outputs[0].token_ids) > 0 for o in outs)
