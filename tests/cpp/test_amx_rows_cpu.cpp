@@ -171,6 +171,23 @@ void test_pack_int8(std::mt19937& rng) {
   }
 }
 
+// A random INT8 weight (codes, fp16 scales ~N(0, 0.01^2)) and its AMX copy.
+struct Int8Copy {
+  std::vector<int8_t> q;
+  std::vector<half_t> s;
+  std::vector<uint8_t> p;
+};
+
+Int8Copy random_int8_copy(std::mt19937& rng, int64_t N, int64_t K, int G) {
+  std::normal_distribution<float> nd;
+  Int8Copy c{std::vector<int8_t>(size_t(N * K)), std::vector<half_t>(size_t(N * K / G)),
+             std::vector<uint8_t>(size_t(dk::cpu::amx_rows_int8_packed_bytes(N, K, G)))};
+  for (auto& x : c.q) x = int8_t(rng());
+  for (auto& x : c.s) x = dk::from_float<half_t>(0.01f * nd(rng));
+  dk::cpu::amx_rows_pack_int8(c.p.data(), c.q.data(), c.s.data(), N, K, G);
+  return c;
+}
+
 // The inverse converters (a weight held only as its copy): unpack(pack(w)) == w, INT4 and INT8.
 void test_unpack(std::mt19937& rng) {
   for (int t = 0; t < 12; ++t) {
@@ -211,12 +228,10 @@ void test_copy_only(std::mt19937& rng) {
     const int64_t N = 1 + int64_t(rng() % 100), K = G * (1 + int64_t(rng() % (512 / G))), M = Ms[t % 7];
     const Int4 w = random_int4(rng, N, K, G);
     const std::vector<uint8_t> p = pack(w);
-    std::vector<int8_t> q8(size_t(N * K));
-    for (auto& x : q8) x = int8_t(rng());
-    std::vector<half_t> s8(size_t(N * K / G));
-    for (auto& x : s8) x = dk::from_float<half_t>(0.01f * nd(rng));
-    std::vector<uint8_t> p8(size_t(dk::cpu::amx_rows_int8_packed_bytes(N, K, G)));
-    dk::cpu::amx_rows_pack_int8(p8.data(), q8.data(), s8.data(), N, K, G);
+    const Int8Copy c8 = random_int8_copy(rng, N, K, G);
+    const std::vector<int8_t>& q8 = c8.q;
+    const std::vector<half_t>& s8 = c8.s;
+    const std::vector<uint8_t>& p8 = c8.p;
     std::vector<T> a(size_t(M * K)), bias(static_cast<size_t>(N));
     for (auto& x : a) x = dk::from_float<T>(nd(rng));
     for (auto& x : bias) x = dk::from_float<T>(nd(rng));
@@ -344,12 +359,10 @@ void test_copy_exact(std::mt19937& rng) {
     const int64_t a_stride = K + (t % 2 ? 3 : 0);
     const Int4 w = random_int4(rng, N, K, G);
     const std::vector<uint8_t> p = pack(w);
-    std::vector<int8_t> q8(size_t(N * K));
-    for (auto& x : q8) x = int8_t(rng());
-    std::vector<half_t> s8(size_t(N * K / G));
-    for (auto& x : s8) x = dk::from_float<half_t>(0.01f * nd(rng));
-    std::vector<uint8_t> p8(size_t(dk::cpu::amx_rows_int8_packed_bytes(N, K, G)));
-    dk::cpu::amx_rows_pack_int8(p8.data(), q8.data(), s8.data(), N, K, G);
+    const Int8Copy c8 = random_int8_copy(rng, N, K, G);
+    const std::vector<int8_t>& q8 = c8.q;
+    const std::vector<half_t>& s8 = c8.s;
+    const std::vector<uint8_t>& p8 = c8.p;
     std::vector<T> a(size_t(M * a_stride), dk::from_float<T>(NAN)), bias(static_cast<size_t>(N));
     for (int64_t r = 0; r < M; ++r)
       for (int64_t k = 0; k < K; ++k) a[size_t(r * a_stride + k)] = dk::from_float<T>(nd(rng));
