@@ -274,3 +274,9 @@ def test_q8_0_projections_stay_packed(make_gguf, tiny, dtype):
             if dtype == torch.float32 and ops.int4_amx_rows_available():
                 assert qkv.copy_only is not None and llm.engine.model.fused_layers
     assert outs["packed"] == outs["dequantized"]
+    if dtype == torch.float32:  # tensor parallel: the packed Q8_0 shards (rows / K blocks of the file) decode alike
+        llm = LLM(model=path, weight_format="packed", tensor_parallel_size=2)
+        try:
+            assert llm.generate(prompt, p)[0].outputs[0].token_ids == outs["packed"]
+        finally:
+            llm.shutdown()
