@@ -59,9 +59,9 @@ struct LayerOps {
 bool is_int8(at::TensorList w) { return w.size() >= 2 && w[0].scalar_type() == at::kChar; }
 
 int64_t proj_rows(const char* name, at::TensorList w) {
-  if (w.empty() || w.size() > 4 || (is_int8(w) && w.size() > 3))
+  if (w.empty() || w.size() > 4 || (is_int8(w) ? w.size() > 3 : w.size() == 2))
     fail(name, "must hold 3 or 4 tensors (INT4: qweight, scales, mins, optionally int4_gemm's packed copy), 2 or 3 "
-               "(INT8: qweight, scales, optionally int8_gemm's packed copy) or 1 (a dense weight), got " +
+               "(INT8: int8 qweight, scales, optionally int8_gemm's packed copy) or 1 (a dense weight), got " +
                    std::to_string(w.size()));
   dk::Check(kOp, name, w[0]).dim(2);
   return w[0].size(0);
@@ -73,10 +73,10 @@ int64_t proj_rows(const char* name, at::TensorList w) {
 // everything else at::linear.
 void project(const LayerOps& ops, at::Tensor& out, const at::Tensor& a, at::TensorList w, int64_t group_size,
              const OptTensor& bias) {
-  if (is_int8(w)) return ops.int8.call(out, a, w[0], w[1], group_size, bias, w.size() == 3 ? OptTensor(w[2]) : std::nullopt);
+  if (is_int8(w))
+    return ops.int8.call(out, a, w[0], w[1], group_size, bias, w.size() == 3 ? OptTensor(w[2]) : std::nullopt);
   if (w.size() == 3 || w.size() == 4)
     return ops.int4.call(out, a, w[0], w[1], w[2], group_size, bias, w.size() == 4 ? OptTensor(w[3]) : std::nullopt);
-  if (w.size() == 2) return ops.int8.call(out, a, w[0], w[1], group_size, bias, std::nullopt);
   const int64_t M = a.size(0);
   const at::ScalarType st = a.scalar_type();
   if (a.is_cpu() && (st == at::kFloat || st == at::kBFloat16 || st == at::kHalf)) {

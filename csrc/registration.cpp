@@ -128,9 +128,10 @@ TORCH_LIBRARY(decodekit, m) {
   // hidden [T, hidden] contiguous (overwritten), residual [T, hidden], out [T, hidden]; workspace
   // [>= T * (2 q + 2 kv + 3 I)] of hidden's dtype (q = num_heads * head_dim, kv = num_kv_heads *
   // head_dim, I = intermediate size); each weight [qweight, scales, mins (, packed)] (INT4) or [qweight,
-  // scales (, packed)] (INT8: told apart by qweight's int8 dtype), int4_gemm's / int8_gemm's operands, with its group size in group_sizes (qkv, o, gate_up,
-  // down); the attention arguments are paged_attention's and reshape_and_cache's. On CUDA only the
-  // shapes int4_gemm / int8_gemm's CUDA kernels take (the others raise there).
+  // scales (, packed)] (INT8: told apart by qweight's int8 dtype), int4_gemm's / int8_gemm's operands, with its
+  // group size in group_sizes (qkv, o, gate_up, down); the attention arguments are paged_attention's and
+  // reshape_and_cache's. On CUDA only the shapes int4_gemm / int8_gemm's CUDA kernels take (the others raise
+  // there).
   m.def(
       "decoder_layer(Tensor(a!) out, Tensor(b!) hidden, Tensor(c!) residual, Tensor(d!) workspace, "
       "Tensor(e!) key_cache, Tensor(f!) value_cache, Tensor[] qkv_weight, Tensor? qkv_bias, Tensor[] o_weight, "

@@ -10,6 +10,7 @@
 //   itself, loaded straight from the copy), then scales [S][K / G][16] fp16.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "decodekit/common/dtype.h"
 #include "decodekit/common/macros.h"
@@ -103,22 +104,16 @@ inline void amx_rows_unpack_int4(uint8_t* qweight, half_t* scales, half_t* mins,
   DK_OMP_PARALLEL_FOR_IF(N * K >= (int64_t(1) << 16))
   for (int64_t n = 0; n < N; ++n) {
     const int64_t s = n / 16, r = n % 16;
-    uint8_t* row = qweight + n * (K / 2);
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* src = packed + (s * nb + b) * 256;
-      const int64_t w0 = 32 * b % G;
-      uint8_t* grp = row + (32 * b / G) * half;
+    std::vector<uint8_t> q(static_cast<size_t>(K));  // row n's codes: B-tile byte 64 j + 4 r + i of each block
+    for (int64_t b = 0; b < nb; ++b)
       for (int c = 0; c < 32; ++c) {
-        const int t = 64 * (c / 4) + 4 * int(r) + c % 4;  // B-tile byte
-        const uint8_t q = t < 256 ? src[t] & 15 : src[t - 256] >> 4;
-        const int64_t w = w0 + c;
-        if (w < half)
-          grp[w] = uint8_t((grp[w] & 0xf0) | q);
-        else
-          grp[w - half] = uint8_t((grp[w - half] & 0x0f) | q << 4);
+        const int t = 64 * (c / 4) + 4 * int(r) + c % 4;
+        const uint8_t byte = packed[(s * nb + b) * 256 + t % 256];
+        q[size_t(32 * b + c)] = t < 256 ? byte & 15 : byte >> 4;
       }
-    }
-    for (int64_t g = 0; g < ng; ++g) {
+    for (int64_t g = 0; g < ng; ++g) {  // group-split nibbles: element i low, half + i high
+      for (int64_t i = 0; i < half; ++i)
+        qweight[n * (K / 2) + g * half + i] = uint8_t(q[size_t(g * G + i)] | q[size_t(g * G + half + i)] << 4);
       scales[n * ng + g] = ps[(s * ng + g) * 16 + r];
       mins[n * ng + g] = pm[(s * ng + g) * 16 + r];
     }

@@ -355,7 +355,8 @@ void int8_gemm(T* out,                  // [M, N]
   const int64_t ng = K / G;
 #if defined(DK_AMX_QUANT_GEMM)
   if constexpr (std::is_same_v<T, bf16_t>)
-    if (qweight && M >= kTiledQuantGemmMinM && K > 0 && int8_gemm_amx(out, a, P.a_stride, qweight, scales, bias, M, N, K, G))
+    if (qweight && M >= kTiledQuantGemmMinM && K > 0 &&
+        int8_gemm_amx(out, a, P.a_stride, qweight, scales, bias, M, N, K, G))
       return;
 #endif
 #if defined(DK_AMX_EXACT_GEMM)
@@ -447,9 +448,9 @@ void int8_dequantize_rows(T* w, const int8_t* qweight, const half_t* scales, con
     int64_t n = ids ? ids[r] : r;
     const int8_t* q = qweight + n * K;
     const half_t* sc = scales;
-    std::vector<int8_t> qrow;
-    std::vector<half_t> srow;
-    if (packed) {
+    if (packed) {  // (the thread's row buffers: no allocation per lookup)
+      thread_local std::vector<int8_t> qrow;
+      thread_local std::vector<half_t> srow;
       qrow.resize(size_t(K));
       srow.resize(size_t(ng));
       amx_rows_row_int8(qrow.data(), srow.data(), packed, N, K, G, n);

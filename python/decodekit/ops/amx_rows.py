@@ -48,8 +48,8 @@ def int4_amx_rows_pack(weight: Int4Weight) -> torch.Tensor:  # [amx_rows_packed_
 
 def int8_amx_rows_pack(weight: Int8Weight) -> torch.Tensor:  # [amx_rows_int8_packed_bytes(N, K, G)] uint8, CPU
     """An INT8 weight in the layout of the CPU's AMX 1..8-row INT8 kernel (the B tiles themselves)."""
-    if weight.qweight.device.type != "cpu":
-        raise ValueError(f"int8_amx_rows_pack: the weight must be on the CPU, got {weight.qweight.device}")
+    if weight.device.type != "cpu":
+        raise ValueError(f"int8_amx_rows_pack: the weight must be on the CPU, got {weight.device}")
     N, K = weight.shape
     out = torch.empty(reference.amx_rows_int8_packed_bytes(N, K, weight.group_size), dtype=torch.uint8)
     _ops.int8_amx_rows_pack(out, weight.qweight, weight.scales, weight.group_size)
