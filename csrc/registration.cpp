@@ -54,6 +54,10 @@ TORCH_LIBRARY(decodekit, m) {
   // Whether this build and CPU run that kernel (AMX-INT8 in a native build, DECODEKIT_CPU_AMX not 0).
   m.def("int4_amx_rows_available() -> bool");
   m.def("int4_gemm_marlin(Tensor(a!) out, Tensor a, Tensor packed, int n, int k, int group_size, Tensor? bias) -> ()");
+  // int4_marlin_dequantize: out [R, k] (packed's dtype) = rows [row0, row0 + R) of the weight held in `packed`
+  // (int4_marlin_pack's layout), each as the Marlin-style kernel rounds it: w = round_T(s_T q + m_T) (a model
+  // holding its INT4 weights as that copy alone decodes chunks of them for cuBLAS past the kernel's 64 rows).
+  m.def("int4_marlin_dequantize(Tensor(a!) out, Tensor packed, int n, int k, int group_size, int row0=0) -> ()");
   // INT8 weight-only (GGUF Q8_0): w = scale * q, qweight [N, K] int8, scales [N, K/G] float16.
   // int8_dequantize_rows writes out [R, K] = the rows `ids` [R] int64 of w (the embedding lookup; packed: the
   // CPU's copy below, read when qweight is [N, 0]).

@@ -3,7 +3,7 @@
 #include <ATen/ops/matmul.h>
 #include <torch/library.h>
 
-#include "../op_args.h"
+#include "../op_args_marlin.h"
 #include "dispatch.h"
 #include "decodekit/gemm/dense_cpu.h"
 #include "decodekit/gemm/fp8_gemm.h"
@@ -121,10 +121,29 @@ void int4_gemm_marlin_cpu(at::Tensor& out,                        // [M, N]
   const uint8_t* p = static_cast<const uint8_t*>(packed.data_ptr());
   DK_OMP_PARALLEL_FOR_IF(g.N * g.K > (1 << 16))
   for (int64_t r = 0; r < g.N; ++r)
-    for (int64_t c = 0; c < g.K; ++c) wp[r * g.K + c] = dk::int4_marlin_weight(p, g.K, int(group_size), bf16, r, c);
+    for (int64_t c = 0; c < g.K; c += 8) {
+      uint16_t v[8];
+      dk::int4_marlin_weights8(p, g.K, int(group_size), bf16, r, c, v);
+      for (int j = 0; j < 8; ++j) wp[r * g.K + c + j] = bf16 ? dk::bf16_to_float(v[j]) : dk::half_to_float(v[j]);
+    }
   at::Tensor res = at::matmul(a.to(at::kFloat), w.t());
   if (bias.has_value()) res.add_(bias->to(at::kFloat));
   out.copy_(res);
+}
+
+// Rows [row0, row0 + R) of the weight held in the Marlin layout, as the CUDA kernel rounds each weight
+// (int4_marlin_weights8: the same bits as the CUDA op).
+void int4_marlin_dequantize_cpu(at::Tensor& out,           // [R, K] float16 / bfloat16 (packed's dtype)
+                                const at::Tensor& packed,  // [int4_marlin_packed_bytes / 2]
+                                int64_t n, int64_t k, int64_t group_size, int64_t row0) {
+  const dk::GemmArgs g = dk::int4_marlin_dequantize_args(out, packed, n, k, group_size, row0);
+  const bool bf16 = packed.scalar_type() == at::kBFloat16;
+  uint16_t* o = static_cast<uint16_t*>(out.data_ptr());
+  const uint8_t* p = static_cast<const uint8_t*>(packed.data_ptr());
+  DK_OMP_PARALLEL_FOR_IF(g.M * g.K > (1 << 16))
+  for (int64_t r = 0; r < g.M; ++r)
+    for (int64_t c = 0; c < g.K; c += 8)
+      dk::int4_marlin_weights8(p, g.K, int(group_size), bf16, row0 + r, c, o + r * g.K + c);
 }
 
 void int8_gemm_cpu(at::Tensor& out,                        // [M, N]
@@ -209,6 +228,7 @@ TORCH_LIBRARY_IMPL(decodekit, CPU, m) {
   m.impl("int4_amx_rows_pack", &int4_amx_rows_pack_cpu);
   m.impl("int8_amx_rows_pack", &int8_amx_rows_pack_cpu);
   m.impl("int4_gemm_marlin", &int4_gemm_marlin_cpu);
+  m.impl("int4_marlin_dequantize", &int4_marlin_dequantize_cpu);
   m.impl("quantize_fp8", &quantize_fp8_cpu);
   m.impl("fp8_gemm", &fp8_gemm_cpu);
 }

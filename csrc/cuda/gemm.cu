@@ -40,3 +40,7 @@ template cudaError_t dk::cuda::int4_marlin_pack<__half>(__half*, const uint8_t*,
                                                         int64_t, int, cudaStream_t);
 template cudaError_t dk::cuda::int4_marlin_pack<__nv_bfloat16>(__nv_bfloat16*, const uint8_t*, const __half*,
                                                                const __half*, int64_t, int64_t, int, cudaStream_t);
+template cudaError_t dk::cuda::int4_marlin_dequantize<__half>(__half*, const __half*, int64_t, int64_t, int, int64_t,
+                                                              int64_t, cudaStream_t);
+template cudaError_t dk::cuda::int4_marlin_dequantize<__nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*, int64_t,
+                                                                     int64_t, int, int64_t, int64_t, cudaStream_t);

@@ -16,7 +16,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "../op_args.h"
+#include "../op_args_marlin.h"
 #include "dispatch.h"
 #include "launchers.h"
 
@@ -60,16 +60,19 @@ Sm90Policy sm90_policy(const char* op) {
               "' must be one of 'auto', 'always', 'never'");
 }
 
-// DECODEKIT_INT4_MARLIN: "auto" (default): int4_gemm takes the Marlin-style kernel for M <= 64 where the table
-// and the call allow it, on the packed copy when one is given (decodekit.ops passes the weight's, made at model
-// load), else on int4.h's layout; "unpacked": always int4.h's layout (A/B measurements); "never": the GEMV /
-// mma.sync kernels (tests, benchmarks, a fallback). Read per call.
+// DECODEKIT_INT4_MARLIN: "auto" (default) / "both": int4_gemm takes the Marlin-style kernel for M <= 64 where the
+// table and the call allow it, on the packed copy when one is given (decodekit.ops passes the weight's, made at
+// model load; "auto" models hold their weights as that copy alone and call int4_gemm_marlin), else on int4.h's
+// layout; "unpacked": always int4.h's layout (A/B measurements); "never": the GEMV / mma.sync kernels (tests,
+// benchmarks, a fallback). Read per call.
 bool want_marlin(const char* op) {
   const char* v = std::getenv("DECODEKIT_INT4_MARLIN");
-  if (v == nullptr || *v == 0 || std::strcmp(v, "auto") == 0 || std::strcmp(v, "unpacked") == 0) return true;
+  if (v == nullptr || *v == 0 || std::strcmp(v, "auto") == 0 || std::strcmp(v, "both") == 0 ||
+      std::strcmp(v, "unpacked") == 0)
+    return true;
   if (std::strcmp(v, "never") == 0) return false;
   TORCH_CHECK(false, op, ": environment variable DECODEKIT_INT4_MARLIN = '", v,
-              "' must be 'auto', 'unpacked' or 'never'");
+              "' must be 'auto', 'both', 'unpacked' or 'never'");
 }
 bool marlin_unpacked_only() {
   const char* v = std::getenv("DECODEKIT_INT4_MARLIN");
@@ -291,6 +294,25 @@ void int4_gemm_marlin_cuda(at::Tensor& out,                        // [M, N]
   launch_marlin(op, out, a, g, int(group_size), bias, &packed, nullptr, nullptr, nullptr);
 }
 
+// int4_marlin_dequantize: rows of a weight held in the Marlin layout alone (gemm/int4_marlin.cuh).
+void int4_marlin_dequantize_cuda(at::Tensor& out,           // [R, K] packed's dtype
+                                 const at::Tensor& packed,  // [int4_marlin_packed_bytes / 2]
+                                 int64_t n, int64_t k, int64_t group_size, int64_t row0) {
+  const char* op = "decodekit::int4_marlin_dequantize";
+  const dk::GemmArgs g = dk::int4_marlin_dequantize_args(out, packed, n, k, group_size, row0);
+  dk::check_cuda(op, "packed", packed);
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0, op, ": 'out' must start 16-byte aligned");
+  c10::cuda::OptionalCUDAGuard guard(out.device());
+  auto run = [&](auto type_tag) {
+    using T = decltype(type_tag);
+    dk::check_launch(op, dk::cuda::int4_marlin_dequantize<T>(dk::cuda_ptr<T>(out), dk::cuda_ptr<T>(packed), n, k,
+                                                             int(group_size), row0, g.M,
+                                                             c10::cuda::getCurrentCUDAStream()));
+  };
+  if (out.scalar_type() == at::kHalf) run(__half{});
+  else run(__nv_bfloat16{});
+}
+
 void int8_gemm_cuda(at::Tensor& out,                        // [M, N]
                     const at::Tensor& a,                    // [M, K]
                     const at::Tensor& qweight,              // [N, K] int8
@@ -410,6 +432,7 @@ TORCH_LIBRARY_IMPL(decodekit, CUDA, m) {
   m.impl("int4_dequantize", &int4_dequantize_cuda);
   m.impl("int4_marlin_pack", &int4_marlin_pack_cuda);
   m.impl("int4_gemm_marlin", &int4_gemm_marlin_cuda);
+  m.impl("int4_marlin_dequantize", &int4_marlin_dequantize_cuda);
   m.impl("quantize_fp8", &quantize_fp8_cuda);
   m.impl("fp8_gemm", &fp8_gemm_cuda);
 }

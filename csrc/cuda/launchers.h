@@ -99,6 +99,10 @@ cudaError_t int4_gemm_marlin_packed(T* out, const T* a, int64_t a_stride, const 
 template <class T>
 cudaError_t int4_marlin_pack(T* out, const uint8_t* qweight, const __half* scales, const __half* mins, int64_t N,
                              int64_t K, int G, cudaStream_t stream);
+// rows [row0, row0 + R) of a packed weight decoded to out [R, K] (16-byte aligned), as the kernel rounds them
+template <class T>
+cudaError_t int4_marlin_dequantize(T* out, const T* packed, int64_t N, int64_t K, int G, int64_t row0, int64_t R,
+                                   cudaStream_t stream);
 
 // include/decodekit/gemm/fp8_gemm.cuh: fp8 e4m3 W8A8
 template <class T>

@@ -187,9 +187,9 @@ def test_int4_gemm_marlin_graph_streams_and_policy(device, monkeypatch, gen):
     assert not any("marlin" in n for n in names), names
     _check_gemm(out, buf[:, 1:], w, None, torch.bfloat16)
     monkeypatch.setenv("DECODEKIT_INT4_MARLIN", "sometimes")  # decodekit.ops reads it first (the packed route)
-    with pytest.raises(ValueError, match="DECODEKIT_INT4_MARLIN = 'sometimes' must be 'auto', 'unpacked' or 'never'"):
+    with pytest.raises(ValueError, match="DECODEKIT_INT4_MARLIN = 'sometimes' must be 'auto', 'both', 'unpacked' or 'never'"):
         ops.int4_gemm(a, w, None)
-    with pytest.raises(RuntimeError, match="DECODEKIT_INT4_MARLIN = 'sometimes' must be 'auto', 'unpacked' or 'never'"):
+    with pytest.raises(RuntimeError, match="DECODEKIT_INT4_MARLIN = 'sometimes' must be 'auto', 'both', 'unpacked' or 'never'"):
         torch.ops.decodekit.int4_gemm(out, a, w.qweight, w.scales, w.mins, w.group_size, None)
 
 

@@ -159,7 +159,7 @@ def test_int4_linear_takes_packed_marlin_on_cuda(dtype, device, monkeypatch, gen
     names = cuda_kernel_names(lambda: ops.linear(a65, w))
     assert not any("marlin" in n for n in names), names
     monkeypatch.setenv("DECODEKIT_INT4_MARLIN", "sometimes")
-    with pytest.raises(ValueError, match="DECODEKIT_INT4_MARLIN = 'sometimes' must be 'auto', 'unpacked' or 'never'"):
+    with pytest.raises(ValueError, match="DECODEKIT_INT4_MARLIN = 'sometimes' must be 'auto', 'both', 'unpacked' or 'never'"):
         ops.linear(a, w)
 
 

@@ -145,6 +145,21 @@ template <class T> void run_marlin(int M, int64_t N, int64_t K, int G, int a_pad
         }
         if (got != want) pbad = true;
       }
+    // int4_marlin_dequantize: rows [r0, N) (all, a third on) of the pack, bit for bit its weights (poisoned out)
+    for (const int64_t r0 : {int64_t(0), N / 3}) {
+      const int64_t R = N - r0;
+      std::vector<T> dq(size_t(R * K), Conv<T>::store(NAN));
+      pbad |= cuda::int4_marlin_dequantize<T>(dq.data(), reinterpret_cast<const T*>(host.data()), N, K, G, r0, R,
+                                              nullptr) != cudaSuccess;
+      for (int64_t r = 0; r < R && !pbad; ++r)
+        for (int64_t k = 0; k < K && !pbad; ++k)
+          pbad |= ld(dq[size_t(r * K + k)]) != double(int4_marlin_weight(pb, K, G, bf, r0 + r, k));
+      if (r0 == 0)  // out of range rows, a misaligned out: refused
+        pbad |= cuda::int4_marlin_dequantize<T>(dq.data(), reinterpret_cast<const T*>(host.data()), N, K, G, 1, N,
+                                                nullptr) != cudaErrorInvalidValue ||
+                cuda::int4_marlin_dequantize<T>(dq.data() + 1, reinterpret_cast<const T*>(host.data()), N, K, G, 0, 1,
+                                                nullptr) != cudaErrorInvalidValue;
+    }
     if (!pbad && memcmp(pout.data(), out.data(), out.size() * sizeof(T)) != 0) pbad = true;
     if (pbad) printf("FAIL marlin packed %s M=%d N=%ld K=%ld G=%d ctas=%d: status %d / %d, or differs from the "
                      "unpacked kernel / the pack\n", tname<T>(), M, long(N), long(K), G, ctas, int(ep), int(ek));

@@ -599,4 +599,37 @@ cudaError_t int4_marlin_pack(T* out, const uint8_t* qweight, const __half* scale
   return cudaGetLastError();
 }
 
+// int4_marlin_dequantize: rows [row0, row0 + R) of the weight held in int4_marlin_pack.h's layout, [R, K] in T,
+// each weight as the Marlin-style kernel rounds it (int4_marlin_weights8: the CPU op's bits); one thread per
+// 8 outputs (one 16-byte store; a unit's bytes come through L1 / L2).
+template <class T>
+__global__ void int4_marlin_dequantize_kernel(uint4* __restrict__ out,               // [R, K / 8]
+                                              const uint8_t* __restrict__ packed,    // [packed bytes]
+                                              int64_t R, int64_t K, int G, int64_t row0) {
+  constexpr bool kBf16 = !std::is_same_v<T, __half>;
+  const int64_t per_row = K / 8, total = R * per_row;
+  for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = t / per_row, k0 = (t - r * per_row) * 8;
+    alignas(16) uint16_t v[8];
+    int4_marlin_weights8(packed, K, G, kBf16, row0 + r, k0, v);
+    out[t] = *reinterpret_cast<const uint4*>(v);
+  }
+}
+
+// out: [R, K] contiguous, 16-byte aligned; packed: int4_marlin_packed_bytes(N, K, G) bytes for T; T: __half or
+// __nv_bfloat16; 0 <= row0 <= N - R.
+template <class T>
+cudaError_t int4_marlin_dequantize(T* out, const T* packed, int64_t N, int64_t K, int G, int64_t row0, int64_t R,
+                                   cudaStream_t stream) {
+  if (N <= 0 || K <= 0 || (G != 32 && G != 64 && G != 128) || K % G != 0 || row0 < 0 || R < 0 || row0 + R > N ||
+      reinterpret_cast<uintptr_t>(out) % 16 != 0)
+    return cudaErrorInvalidValue;
+  if (R == 0) return cudaSuccess;
+  const int threads = 256;
+  const int64_t blocks = std::min<int64_t>((R * (K / 8) + threads - 1) / threads, int64_t(1) << 20);
+  int4_marlin_dequantize_kernel<T><<<unsigned(blocks), threads, 0, stream>>>(
+      reinterpret_cast<uint4*>(out), reinterpret_cast<const uint8_t*>(packed), R, K, G, row0);
+  return cudaGetLastError();
+}
+
 }  // namespace dk::cuda

@@ -76,28 +76,49 @@ DK_HD uint32_t int4_marlin_packed_word(const uint8_t* qweight, const uint16_t* s
   return uint32_t(sc) | uint32_t(mn) << 16;
 }
 
-// Weight (n, k) of a packed buffer (bytes, G, K): round_T(s_T * q + m_T) as a float, rounded once like the
-// kernel's fused multiply-add in T (q < 16, s_T and m_T fp16 / bf16: q s + m is exact in double).
-DK_HD float int4_marlin_weight(const uint8_t* packed, int64_t K, int G, bool bf16, int64_t n, int64_t k) {
-  const int ub = int4_marlin_unit_bytes(G);
-  const int64_t nt = n / kMarlinUnitN, kt = k / kMarlinUnitK;
-  const uint8_t* unit = packed + (nt * int4_marlin_k_tiles(K) + kt) * ub;
-  const int row = int(n - nt * kMarlinUnitN), kk = int(k - kt * kMarlinUnitK);
-  const int gi = kk / G, i = kk - gi * G, half = G / 2;  // int4.h: byte gi*G/2 + i % half, high nibble past half
-  const uint8_t b = unit[int4_marlin_code_pos(row, gi * half + (i < half ? i : i - half))];
-  const int q = i < half ? (b & 15) : (b >> 4);
-  const uint8_t* sp = unit + kMarlinCodeBytes + 4 * (gi * kMarlinUnitN + row);
-  const uint16_t sb = uint16_t(sp[0] | sp[1] << 8), mb = uint16_t(sp[2] | sp[3] << 8);
+// round_T(q * s + m) as T's bits (T = fp16 / bf16; s, m T's bits): rounded once, like the kernel's fused
+// multiply-add in T (q < 16 and s, m of 11 / 8 significant bits: q s + m is exact in double; to float with
+// round-to-odd, whose 13+ spare bits keep T's round-to-nearest-even exact, then to T).
+DK_HD uint16_t int4_marlin_fma_bits(int q, uint16_t sb, uint16_t mb, bool bf16) {
   const double s = bf16 ? bf16_to_float(sb) : half_to_float(sb), m = bf16 ? bf16_to_float(mb) : half_to_float(mb);
   const double w = double(q) * s + m;
-  // one rounding to T: to float with round-to-odd (its 13+ spare bits keep T's rounding exact), then RNE
   float f = float(w);
   if (double(f) != w) {
     uint32_t u = float_to_bits(f);
     if (f > 0 ? double(f) > w : double(f) < w) --u;  // toward zero: the truncation
     f = bits_to_float(u | 1u);
   }
-  return bf16 ? bf16_to_float(float_to_bf16(f)) : half_to_float(float_to_half(f));
+  return bf16 ? float_to_bf16(f) : float_to_half(f);
+}
+
+// Weights (n, k0 .. k0 + 7) of a packed buffer (bytes, G, K) as T's bits, k0 a multiple of 8 (one run of
+// 8 code bytes of one group half, inside one unit): int4_marlin_dequantize's 16-byte pieces.
+DK_HD void int4_marlin_weights8(const uint8_t* packed, int64_t K, int G, bool bf16, int64_t n, int64_t k0,
+                                uint16_t* out) {
+  const int ub = int4_marlin_unit_bytes(G);
+  const int64_t nt = n / kMarlinUnitN, kt = k0 / kMarlinUnitK;
+  const uint8_t* unit = packed + (nt * int4_marlin_k_tiles(K) + kt) * ub;
+  const int row = int(n - nt * kMarlinUnitN), kk = int(k0 - kt * kMarlinUnitK);
+  const int gi = kk / G, i = kk - gi * G, half = G / 2;  // int4.h: byte gi*G/2 + i % half, high nibble past half
+  const int byte0 = gi * half + (i < half ? i : i - half), shift = i < half ? 0 : 4;
+  const uint8_t* sp = unit + kMarlinCodeBytes + 4 * (gi * kMarlinUnitN + row);
+  const uint16_t sb = uint16_t(sp[0] | sp[1] << 8), mb = uint16_t(sp[2] | sp[3] << 8);
+  for (int j = 0; j < 8; ++j)
+    out[j] = int4_marlin_fma_bits((unit[int4_marlin_code_pos(row, byte0 + j)] >> shift) & 15, sb, mb, bf16);
+}
+
+// Weight (n, k) of a packed buffer (bytes, G, K): round_T(s_T * q + m_T) as a float (int4_marlin_fma_bits).
+DK_HD float int4_marlin_weight(const uint8_t* packed, int64_t K, int G, bool bf16, int64_t n, int64_t k) {
+  const int ub = int4_marlin_unit_bytes(G);
+  const int64_t nt = n / kMarlinUnitN, kt = k / kMarlinUnitK;
+  const uint8_t* unit = packed + (nt * int4_marlin_k_tiles(K) + kt) * ub;
+  const int row = int(n - nt * kMarlinUnitN), kk = int(k - kt * kMarlinUnitK);
+  const int gi = kk / G, i = kk - gi * G, half = G / 2;
+  const uint8_t b = unit[int4_marlin_code_pos(row, gi * half + (i < half ? i : i - half))];
+  const int q = i < half ? (b & 15) : (b >> 4);
+  const uint8_t* sp = unit + kMarlinCodeBytes + 4 * (gi * kMarlinUnitN + row);
+  const uint16_t w = int4_marlin_fma_bits(q, uint16_t(sp[0] | sp[1] << 8), uint16_t(sp[2] | sp[3] << 8), bf16);
+  return bf16 ? bf16_to_float(w) : half_to_float(w);
 }
 
 }  // namespace dk

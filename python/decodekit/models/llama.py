@@ -156,7 +156,8 @@ class LlamaModel:
     def prepare_packed_gemms(self) -> None:
         """Each packed INT4 projection's second copy for the kernel that reads it, made now, before the engine
         profiles memory and captures CUDA graphs, rather than on a first decode step: on CUDA with fp16 / bf16
-        activations the Marlin-style kernel's (decodekit.ops.int4_marlin_packed); on a CPU with AMX-INT8 and
+        activations the Marlin-style kernel's (decodekit.ops.prepare_marlin: then all that is held of the weight,
+        DECODEKIT_INT4_MARLIN=auto, not under TP); on a CPU with AMX-INT8 and
         float32 / float16 activations the few-row AMX kernels' (decodekit.ops.prepare_amx_rows, for the INT4 / INT8
         projections and an INT8 LM head: every row count then computes a row with the same bits; the copy is then
         all that is held of the weight, PackedWeight.copy_only: one copy in memory, not two)."""
@@ -170,12 +171,22 @@ class LlamaModel:
                 ops.prepare_amx_rows(self.lm_head, drop_stored=True)
             ops.release_freed_host_memory()
             return
-        if self.device.type != "cuda" or self.dtype not in (torch.float16, torch.bfloat16) or ops._marlin_mode() != "auto":
+        mode = ops._marlin_mode()
+        if self.device.type != "cuda" or self.dtype not in (torch.float16, torch.bfloat16) or mode not in ("auto", "both"):
             return
+        # "auto": the copy alone (not under TP: gemm_allreduce reads int4.h's layout; act-order weights keep theirs)
+        drop = mode == "auto" and self.tp is None
+        self.hold_marlin_copies(drop)
+        if drop:
+            torch.cuda.empty_cache()  # the freed int4.h tensors: the engine's memory profile sees them free
+
+    def hold_marlin_copies(self, drop_stored: bool) -> None:
+        """Each packed INT4 projection's copy for the CUDA Marlin-style kernel in the model's dtype (fp16 / bf16;
+        decodekit.ops.prepare_marlin), with drop_stored all that is held of it (then call refresh_fused_layers)."""
         for L in self.layers:
             for w in (L.qkv, L.o, L.gate_up, L.down):
                 if isinstance(w, Int4Weight):
-                    ops.int4_marlin_packed(w.stored(), self.dtype)
+                    ops.prepare_marlin(w, self.dtype, drop_stored=drop_stored and w.shape[0] <= ops.MARLIN_MAX_N)
 
     @staticmethod
     def _layer_operands(L: LayerWeights):

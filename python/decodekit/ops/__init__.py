@@ -7,7 +7,6 @@ allocate once and CUDA graphs can capture the ops. The wrappers here allocate wh
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
@@ -18,9 +17,13 @@ from . import reference  # noqa: F401
 
 _ops = torch.ops.decodekit
 
-# the CPU's AMX copies of quantized weights (ops/amx_rows.py)
+from ._dispatch import _has_kernel, _has_kernel_for  # noqa: E402,F401
+# the CPU's AMX copies of quantized weights (ops/amx_rows.py); the CUDA Marlin kernel's copies (ops/marlin.py)
 from .amx_rows import (_amx_rows_copy, int4_amx_rows_available, int4_amx_rows_pack,  # noqa: E402,F401
                        int8_amx_rows_pack, prepare_amx_rows, release_freed_host_memory)
+from .marlin import (_MARLIN_MAX_M, MARLIN_MAX_N, _int4_dense_rows, _marlin_mode,  # noqa: E402,F401
+                     _marlin_packed_route, int4_gemm_marlin, int4_marlin_dequantize, int4_marlin_pack, int4_marlin_packed,
+                     marlin_copy_gemm, marlin_copy_only, prepare_marlin)
 
 
 def rms_norm(x: torch.Tensor,        # [..., hidden]
@@ -144,6 +147,8 @@ def _quant_gemm(a, weight, bias, out):
     int8 = isinstance(weight, Int8Weight)
     if out is None:
         out = torch.empty(a.shape[0], weight.shape[0], dtype=a.dtype, device=a.device)
+    if not int8 and marlin_copy_only(weight) is not None:  # held as the CUDA Marlin kernel's copy alone
+        return marlin_copy_gemm(a, weight, bias, out)
     if a.device.type == "cuda" and (not _cuda_quant_kernel(a, weight) or (not int8 and _int4_dense_rows(a))):
         return _packed_dense(a, weight, bias, out)  # past the CUDA kernels' rows, or INT4 prefill-sized rows
     if _has_kernel("int8_gemm" if int8 else "int4_gemm", a.device):
@@ -156,84 +161,6 @@ def _quant_gemm(a, weight, bias, out):
     mins = () if int8 else (weight.mins,)
     ref = reference.int8_gemm if int8 else reference.int4_gemm
     out.copy_(ref(a, weight.qweight, weight.scales, *mins, weight.group_size, bias))
-    return out
-
-
-# DECODEKIT_INT4_MARLIN: "auto" (default): on CUDA, INT4 GEMMs with fp16 / bf16 activations and M <= 64 pass
-# int4_gemm the weight's copy in the packed layout of the Marlin-style kernel (int4_marlin_pack: a second,
-# CUDA-only copy, made once per weight and dtype), which the kernel reads where the dispatch table picks it
-# (csrc/cuda/gemm_launch.cpp); "unpacked": no copy (the kernel on int4.h's layout; A/B measurements); "never":
-# not that kernel. Read per call.
-# DECODEKIT_INT4_LARGE_M: "dense" (default): on CUDA, INT4 GEMMs past 64 rows (prefill) decode the weight in
-# chunks of <= 64 MiB (int4_dequantize) and run cuBLAS: the H200 run of 2026-12-04 measured the INT4 kernels
-# there at 0.2-0.5x cuBLAS bf16 on the decoded weight (bench/bench_quant.py "int4_gemm vs cuBLAS bf16", M = 64
-# to 4096: e.g. 191 vs 38 us at M = 128, 1497 vs 682 us at M = 4096 for 4096 x 14336), and decoding costs about
-# one read of the packed weight plus one write of the dense one; "kernel": the INT4 kernels at any M.
-_MARLIN_MAX_M = 64
-
-
-def _int4_dense_rows(a: torch.Tensor) -> bool:
-    if a.shape[0] <= _MARLIN_MAX_M:
-        return False
-    v = os.environ.get("DECODEKIT_INT4_LARGE_M", "") or "dense"
-    if v not in ("dense", "kernel"):
-        raise ValueError(f"environment variable DECODEKIT_INT4_LARGE_M = {v!r} must be 'dense' or 'kernel'")
-    return v == "dense"
-
-
-def _marlin_mode() -> str:
-    v = os.environ.get("DECODEKIT_INT4_MARLIN", "") or "auto"
-    if v not in ("auto", "unpacked", "never"):
-        raise ValueError(f"environment variable DECODEKIT_INT4_MARLIN = {v!r} must be 'auto', 'unpacked' or 'never'")
-    return v
-
-
-def _marlin_packed_route(a: torch.Tensor) -> bool:
-    """Whether int4_gemm gets the packed copy: CUDA, fp16 / bf16, the Marlin kernel's rows."""
-    return (a.device.type == "cuda" and a.dtype in (torch.float16, torch.bfloat16) and a.dim() == 2
-            and 0 < a.shape[0] <= _MARLIN_MAX_M and _marlin_mode() == "auto"
-            and _has_kernel("int4_marlin_pack", a.device))
-
-
-def int4_marlin_pack(weight: Int4Weight, dtype: torch.dtype) -> torch.Tensor:  # [packed bytes / 2] of dtype
-    """The weight in the packed layout of the Marlin-style CUDA kernel for activations of `dtype` (float16 /
-    bfloat16; include/decodekit/gemm/int4_marlin_pack.h), on the weight's device. Act-order weights: the
-    stored order (callers gather the activations, as for int4_gemm)."""
-    if dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(f"int4_marlin_pack: dtype must be float16 or bfloat16, got {dtype}")
-    N, K = weight.shape
-    out = torch.empty(reference.int4_marlin_packed_bytes(N, K, weight.group_size) // 2, dtype=dtype,
-                      device=weight.device)
-    if _has_kernel("int4_marlin_pack", weight.device):
-        _ops.int4_marlin_pack(out, weight.qweight, weight.scales, weight.mins, weight.group_size)
-    else:
-        out.copy_(reference.int4_marlin_pack(weight.qweight, weight.scales, weight.mins, weight.group_size, dtype))
-    return out
-
-
-def int4_marlin_packed(weight: Int4Weight, dtype: torch.dtype) -> torch.Tensor | None:
-    """int4_marlin_pack(weight, dtype), made once and kept on the weight (None while a CUDA graph is being
-    captured and it was not made before: the caller takes another kernel; models make it at load,
-    LlamaModel.prepare_packed_gemms)."""
-    cache = weight.__dict__.setdefault("_marlin", {})
-    packed = cache.get(dtype)
-    if packed is None:
-        if weight.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        packed = cache[dtype] = int4_marlin_pack(weight, dtype)
-    return packed
-
-
-def int4_gemm_marlin(a: torch.Tensor,       # [M, K] float16 / bfloat16 (row stride free; CUDA: M <= 64)
-                     packed: torch.Tensor,  # [int4_marlin_packed_bytes(N, K, G) / 2] of a's dtype
-                     n: int, k: int, group_size: int,
-                     bias: torch.Tensor | None = None,  # [N]
-                     out: torch.Tensor | None = None,   # [M, N]
-                     ) -> torch.Tensor:
-    """a @ w^T (+ bias) with w = round_T(s_T q + m_T) from the packed layout (int4_marlin_pack)."""
-    if out is None:
-        out = torch.empty(a.shape[0], n, dtype=a.dtype, device=a.device)
-    _ops.int4_gemm_marlin(out, a, packed, n, k, group_size, bias)
     return out
 
 
@@ -280,6 +207,9 @@ def int4_dequantize(weight: Int4Weight, dtype: torch.dtype = torch.float32) -> t
         out = torch.empty_like(w)
         out[:, weight.perm] = w
         return out
+    held = marlin_copy_only(weight)
+    if held is not None:
+        return int4_marlin_dequantize(held.copy, *weight.shape, weight.group_size).to(dtype)
     if _has_kernel("int4_dequantize", weight.device):
         out = torch.empty(weight.shape, dtype=dtype, device=weight.device)
         _ops.int4_dequantize(out, weight.qweight, weight.scales, weight.mins, weight.group_size)
@@ -326,16 +256,6 @@ def _int4_gemm_fake(out, a, qweight, scales, mins, group_size, bias, packed=None
 
 @torch.library.register_fake("decodekit::int4_amx_rows_pack")
 def _int4_amx_rows_pack_fake(out, qweight, scales, mins, group_size):
-    return None
-
-
-@torch.library.register_fake("decodekit::int4_marlin_pack")
-def _int4_marlin_pack_fake(out, qweight, scales, mins, group_size):
-    return None
-
-
-@torch.library.register_fake("decodekit::int4_gemm_marlin")
-def _int4_gemm_marlin_fake(out, a, packed, n, k, group_size, bias):
     return None
 
 
@@ -497,15 +417,6 @@ def _dense_gemm_fake(out, a, weight, bias):
 # --- paged KV cache and attention --------------------------------------------------------
 # KV cache per layer: K and V each [num_blocks, num_kv_heads, block_size, head_dim].
 
-def _has_kernel(op: str, device: torch.device) -> bool:
-    return _has_kernel_for(op, "CUDA" if device.type == "cuda" else "CPU")
-
-
-@functools.lru_cache(maxsize=None)
-def _has_kernel_for(op: str, key: str) -> bool:  # registrations are fixed once _C is loaded
-    return torch._C._dispatch_has_kernel_for_dispatch_key(f"decodekit::{op}", key)
-
-
 def kv_cache_dtype_ok(act: torch.dtype, kv: torch.dtype, device: torch.device | str) -> bool:
     """Whether reshape_and_cache / paged_attention take a KV cache of dtype `kv` under activations of dtype
     `act` on `device`: the activations' own dtype, float8_e4m3fn, or on the CPU a bfloat16 / float16 cache
@@ -621,8 +532,9 @@ def _paged_attention_fake(out, query, key_cache, value_cache, block_tables, seq_
 def projection_operands(weight) -> tuple[list[torch.Tensor], int] | None:
     """decoder_layer's form of a projection weight: ([qweight, scales, mins (, packed)], G) for INT4 (not
     act-order), ([qweight, scales (, packed)], G) for INT8 (packed: the CPU's AMX copy), ([weight], 0) for a
-    dense tensor; None for any other (fp8, act-order INT4)."""
-    if isinstance(weight, Int8Weight) or (isinstance(weight, Int4Weight) and weight.perm is None):
+    dense tensor; None for any other (fp8, act-order INT4, INT4 held as its CUDA Marlin copy alone)."""
+    if isinstance(weight, Int8Weight) or (isinstance(weight, Int4Weight) and weight.perm is None
+                                          and marlin_copy_only(weight) is None):
         packed = weight.__dict__.get("_amx_rows")  # prepare_amx_rows
         return [*weight.operands()] + ([packed] if packed is not None else []), weight.group_size
     if isinstance(weight, torch.Tensor) and weight.dim() == 2:

@@ -508,14 +508,36 @@ def int4_marlin_unpack(packed: torch.Tensor,  # [int4_marlin_packed_bytes / 2] f
     return qweight.contiguous(), pairs[:, :, 0].contiguous(), pairs[:, :, 1].contiguous()
 
 
+def _round_once(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float64 -> dtype (float16 / bfloat16) rounded once to nearest even (torch rounds through float32: twice):
+    to float32 with round-to-odd, whose spare bits keep the second rounding exact."""
+    f = w.float()
+    inexact = f.double() != w
+    u = f.view(torch.int32)
+    u = torch.where(inexact & (f.double().abs() > w.abs()), u - 1, u)  # toward zero: the truncation
+    return torch.where(inexact, u | 1, u).view(torch.float32).to(dtype)
+
+
+def int4_marlin_dequantize(packed: torch.Tensor,  # [int4_marlin_packed_bytes / 2] float16 / bfloat16
+                           n: int, k: int, group_size: int,
+                           row0: int = 0, rows: int | None = None,
+                           ) -> torch.Tensor:  # [rows, k] of packed's dtype
+    """Rows [row0, row0 + rows) of the weight held in `packed`: w = round_T(s_T * q + m_T), rounded once (the
+    Marlin-style kernel's fused multiply-add in T; q s + m is exact in float64)."""
+    rows = n - row0 if rows is None else rows
+    qweight, s, m = int4_marlin_unpack(packed, n, k, group_size)
+    r = slice(row0, row0 + rows)
+    codes = _int4_codes(qweight[r], group_size).double()
+    w = (codes * s[r].double()[:, :, None] + m[r].double()[:, :, None]).reshape(rows, k)
+    return _round_once(w, packed.dtype).to(packed.device)
+
+
 def int4_gemm_marlin(a: torch.Tensor,       # [M, K] float16 / bfloat16 (or float64: the oracle, weights as below)
                      packed: torch.Tensor,  # [int4_marlin_packed_bytes / 2] float16 / bfloat16
                      n: int, k: int, group_size: int,
                      bias: torch.Tensor | None = None) -> torch.Tensor:  # [M, N] in a's dtype
     """a @ w^T with w = round_T(s_T * q + m_T) (T = packed's dtype: the kernel's one fused multiply-add)."""
-    qweight, s, m = int4_marlin_unpack(packed, n, k, group_size)
-    codes = _int4_codes(qweight, group_size).double()
-    w = (codes * s.double()[:, :, None] + m.double()[:, :, None]).reshape(n, k).to(packed.dtype)
+    w = int4_marlin_dequantize(packed, n, k, group_size)
     out = a @ w.to(device=a.device, dtype=a.dtype).T
     return out if bias is None else out + bias.to(out.dtype)
 

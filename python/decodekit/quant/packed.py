@@ -11,8 +11,9 @@ import torch
 
 @dataclasses.dataclass(frozen=True)
 class CopyOnly:
-    """How a weight whose stored tensors were dropped for a kernel-layout copy of the same values is held (the
-    CPU's AMX copy: decodekit.ops.prepare_amx_rows(..., drop_stored=True)): its logical shape, the copy, the
+    """How a weight whose stored tensors were dropped for a kernel-layout copy of the same values is held (kind
+    "amx_rows": the CPU's AMX copy, decodekit.ops.prepare_amx_rows(..., drop_stored=True); "marlin": the CUDA
+    Marlin-style kernel's, decodekit.ops.prepare_marlin(..., drop_stored=True)): its logical shape, the copy, the
     placeholders the ops take for the dropped operands (qweight [N, 0], scales [N, 0] (, mins [N, 0]): "read
     `packed`") and unpack() -> the dropped fields rebuilt from the copy (fresh tensors: the slow, rare paths --
     dequantize, rows / to / clone, export; the GEMM and embedding ops read the copy itself)."""
@@ -20,6 +21,7 @@ class CopyOnly:
     copy: torch.Tensor
     operands: tuple[torch.Tensor, ...]
     unpack: Callable[[], dict[str, torch.Tensor]]
+    kind: str = "amx_rows"
 
 
 class PackedWeight:
