@@ -11,7 +11,8 @@ CUDA 8). Bytes counted: the packed weight
 
 CUDA, the issue's rows (M = 1, 4, 16, 32, 64, 128, 512, 4096; Llama-3-8B QKV 6144x4096 and down 4096x14336;
 bf16; the 70B projections in bench/cpp/bench_quant.cpp): "int4 ops route" rows time decodekit.ops.int4_gemm as
-the engine calls it (the packed Marlin copy to 64 rows, decode + cuBLAS beyond: DECODEKIT_INT4_LARGE_M), the
+the engine calls it on a weight held as its packed Marlin copy alone (the Marlin kernel to 64 rows, the copy
+decoded by int4_marlin_dequantize + cuBLAS beyond), the
 "int4_gemm" rows the raw op's dispatch table of
 csrc/cuda/gemm_launch.cpp (INT4 g128: the Marlin-style kernel to 64 rows, int4_gemm_mma below 128, the CUTLASS
 sm90 mixed-input kernel from 128; fp8: mma.sync below 128, CUTLASS QGMMA from 128) in GB/s of the copy
@@ -184,11 +185,11 @@ def case_cuda_large(ctx: BenchContext, kind: str, N: int, K: int, M: int) -> lis
     rows = [Result.from_timings(f"{kind}_gemm vs cuBLAS bf16", case, dtype, dev, t, flops=flops, nbytes=nbytes,
                                 peer="torch linear (bf16, cuBLAS) on the decoded weight", peer_timing=tp,
                                 rotate_bytes=tensor_bytes(sets), max_rel_err=err, peer_rel_err=peer_err)]
-    if kind == "int4":  # the engine's route (decodekit.ops): packed Marlin copy to 64 rows, decode + cuBLAS beyond
+    if kind == "int4":  # the engine's route (decodekit.ops) on a weight held as its Marlin copy alone, as a
+        # CUDA model holds it: the Marlin kernel to 64 rows, int4_marlin_dequantize + cuBLAS beyond
         wmap = {st[2].data_ptr(): Int4Weight(st[2], st[3], st[4], 128) for st in sets}
         for wo in wmap.values():
-            if M <= 64:
-                ops.int4_marlin_packed(wo, dtype)  # made once, as at model load
+            ops.prepare_marlin(wo, dtype, drop_stored=True)  # made once, as at model load
         route = lambda x, o, q, s, m: ops.int4_gemm(x, wmap[q.data_ptr()], None, out=o)  # noqa: E731
         route(*sets[0])
         r_err = check_close(sets[0][1], ref, dtype, f"int4 ops route M={M} {N}x{K}")
