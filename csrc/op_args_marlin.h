@@ -53,6 +53,8 @@ inline GemmArgs int4_marlin_dequantize_args(const at::Tensor& out, const at::Ten
   Check(op, "packed", packed).dim(1).size(0, int4_marlin_packed_bytes(n, k, int(group_size)) / 2,
                                          "int4_marlin_packed_bytes(n, k, group_size) / 2")
       .dtype({at::kHalf, at::kBFloat16}).contiguous();
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(packed.data_ptr()) % 4 == 0, op,
+              ": 'packed' must start 4-byte aligned (its codes are read as 32-bit words)");
   Check(op, "out", out).dim(2).size(1, k, "k").dtype_as(packed, "packed").device_as(packed, "packed").contiguous();
   check_range<int64_t>(op, "out.size(0) (rows)", out.size(0), 0, n);
   check_range<int64_t>(op, "row0", row0, 0, n - out.size(0));

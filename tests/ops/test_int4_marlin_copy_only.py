@@ -90,6 +90,9 @@ def test_int4_marlin_dequantize_bad_input(device, gen):
         d(out, packed[:-8], 200, 192, 64, 0)
     with pytest.raises(RuntimeError, match="'group_size' must be 32, 64 or 128"):
         d(out, packed, 200, 192, 48, 0)
+    shifted = torch.empty(packed.numel() + 1, dtype=packed.dtype, device=device)[1:]
+    with pytest.raises(RuntimeError, match="'packed' must start 4-byte aligned"):
+        d(out, shifted, 200, 192, 64, 0)
     with pytest.raises(RuntimeError, match="k = 160 must be a multiple of group_size = 64"):
         d(out[:, :160], packed, 200, 160, 64, 0)
 

@@ -600,8 +600,9 @@ cudaError_t int4_marlin_pack(T* out, const uint8_t* qweight, const __half* scale
 }
 
 // int4_marlin_dequantize: rows [row0, row0 + R) of the weight held in int4_marlin_pack.h's layout, [R, K] in T,
-// each weight as the Marlin-style kernel rounds it (int4_marlin_weights8: the CPU op's bits); one thread per
-// 8 outputs (one 16-byte store; a unit's bytes come through L1 / L2).
+// each weight as the Marlin-style kernel rounds it; one thread per 8 outputs (one 16-byte store): the codes by
+// four 32-bit loads (int4_marlin_codes8; a unit's bytes come through L1 / L2), w = q s + m by one HFMA2 per pair
+// (fused: rounded once, the bits of the CPU op's int4_marlin_fma_bits; the host emulator runs that instead).
 template <class T>
 __global__ void int4_marlin_dequantize_kernel(uint4* __restrict__ out,               // [R, K / 8]
                                               const uint8_t* __restrict__ packed,    // [packed bytes]
@@ -610,19 +611,40 @@ __global__ void int4_marlin_dequantize_kernel(uint4* __restrict__ out,          
   const int64_t per_row = K / 8, total = R * per_row;
   for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = t / per_row, k0 = (t - r * per_row) * 8;
-    alignas(16) uint16_t v[8];
-    int4_marlin_weights8(packed, K, G, kBf16, row0 + r, k0, v);
+    int q[8];
+    uint32_t pair;
+    int4_marlin_codes8(packed, K, G, row0 + r, k0, q, &pair);
+    alignas(16) uint32_t v[4];
+#if defined(__CUDA_ARCH__)
+    using T2 = std::conditional_t<kBf16, __nv_bfloat162, __half2>;
+    T2 s2, m2;
+    const uint32_t ss = (pair & 0xffffu) * 0x10001u, mm = (pair >> 16) * 0x10001u;
+    memcpy(&s2, &ss, 4);
+    memcpy(&m2, &mm, 4);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      T2 q2;
+      if constexpr (kBf16) q2 = __floats2bfloat162_rn(float(q[2 * j]), float(q[2 * j + 1]));  // exact: q < 16
+      else q2 = __floats2half2_rn(float(q[2 * j]), float(q[2 * j + 1]));
+      const T2 w2 = __hfma2(q2, s2, m2);
+      memcpy(&v[j], &w2, 4);
+    }
+#else
+    for (int j = 0; j < 4; ++j)
+      v[j] = uint32_t(int4_marlin_fma_bits(q[2 * j], uint16_t(pair), uint16_t(pair >> 16), kBf16)) |
+             uint32_t(int4_marlin_fma_bits(q[2 * j + 1], uint16_t(pair), uint16_t(pair >> 16), kBf16)) << 16;
+#endif
     out[t] = *reinterpret_cast<const uint4*>(v);
   }
 }
 
-// out: [R, K] contiguous, 16-byte aligned; packed: int4_marlin_packed_bytes(N, K, G) bytes for T; T: __half or
+// out: [R, K] contiguous, 16-byte aligned; packed (4-byte aligned): int4_marlin_packed_bytes(N, K, G) bytes for T; T: __half or
 // __nv_bfloat16; 0 <= row0 <= N - R.
 template <class T>
 cudaError_t int4_marlin_dequantize(T* out, const T* packed, int64_t N, int64_t K, int G, int64_t row0, int64_t R,
                                    cudaStream_t stream) {
   if (N <= 0 || K <= 0 || (G != 32 && G != 64 && G != 128) || K % G != 0 || row0 < 0 || R < 0 || row0 + R > N ||
-      reinterpret_cast<uintptr_t>(out) % 16 != 0)
+      reinterpret_cast<uintptr_t>(out) % 16 != 0 || reinterpret_cast<uintptr_t>(packed) % 4 != 0)
     return cudaErrorInvalidValue;
   if (R == 0) return cudaSuccess;
   const int threads = 256;

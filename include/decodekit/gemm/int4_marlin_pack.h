@@ -91,20 +91,36 @@ DK_HD uint16_t int4_marlin_fma_bits(int q, uint16_t sb, uint16_t mb, bool bf16) 
   return bf16 ? float_to_bf16(f) : float_to_half(f);
 }
 
-// Weights (n, k0 .. k0 + 7) of a packed buffer (bytes, G, K) as T's bits, k0 a multiple of 8 (one run of
-// 8 code bytes of one group half, inside one unit): int4_marlin_dequantize's 16-byte pieces.
-DK_HD void int4_marlin_weights8(const uint8_t* packed, int64_t K, int G, bool bf16, int64_t n, int64_t k0,
-                                uint16_t* out) {
-  const int ub = int4_marlin_unit_bytes(G);
+// The 8 codes of weights (n, k0 .. k0 + 7) of a packed buffer (bytes, G, K), k0 a multiple of 8 (one run of 8
+// code bytes of one group half, inside one unit), and their group's (scale, min) pair as T's bits (low, high
+// 16 bits of *pair). The run's bytes lie two per lane in 4 lanes' 16-byte groups (int4_marlin_code_pos: bytes
+// b, b + 1 of a pair of lanes' words at offsets h and h + 2): four 32-bit loads.
+DK_HD void int4_marlin_codes8(const uint8_t* packed, int64_t K, int G, int64_t n, int64_t k0, int* q,
+                              uint32_t* pair) {
   const int64_t nt = n / kMarlinUnitN, kt = k0 / kMarlinUnitK;
-  const uint8_t* unit = packed + (nt * int4_marlin_k_tiles(K) + kt) * ub;
+  const uint8_t* unit = packed + (nt * int4_marlin_k_tiles(K) + kt) * int4_marlin_unit_bytes(G);
   const int row = int(n - nt * kMarlinUnitN), kk = int(k0 - kt * kMarlinUnitK);
   const int gi = kk / G, i = kk - gi * G, half = G / 2;  // int4.h: byte gi*G/2 + i % half, high nibble past half
   const int byte0 = gi * half + (i < half ? i : i - half), shift = i < half ? 0 : 4;
-  const uint8_t* sp = unit + kMarlinCodeBytes + 4 * (gi * kMarlinUnitN + row);
-  const uint16_t sb = uint16_t(sp[0] | sp[1] << 8), mb = uint16_t(sp[2] | sp[3] << 8);
-  for (int j = 0; j < 8; ++j)
-    out[j] = int4_marlin_fma_bits((unit[int4_marlin_code_pos(row, byte0 + j)] >> shift) & 15, sb, mb, bf16);
+  const int pos = int4_marlin_code_pos(row, byte0);  // lane 4 (row % 8), byte h of chunk byte0 / 16's word
+  const int h = pos & 1;
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(unit + (pos & ~3));
+  for (int u = 0; u < 4; ++u) {  // bytes byte0 + 2u, + 2u + 1: lane + u, word bytes h, h + 2
+    const uint32_t x = w[4 * u] >> (8 * h + shift);
+    q[2 * u] = int(x & 15);
+    q[2 * u + 1] = int((x >> 16) & 15);
+  }
+  *pair = *reinterpret_cast<const uint32_t*>(unit + kMarlinCodeBytes + 4 * (gi * kMarlinUnitN + row));
+}
+
+// Weights (n, k0 .. k0 + 7) as T's bits, each rounded once (int4_marlin_fma_bits): int4_marlin_dequantize's
+// 16-byte pieces on the CPU (the CUDA kernel: the same codes, one HFMA2 per pair).
+DK_HD void int4_marlin_weights8(const uint8_t* packed, int64_t K, int G, bool bf16, int64_t n, int64_t k0,
+                                uint16_t* out) {
+  int q[8];
+  uint32_t pair;
+  int4_marlin_codes8(packed, K, G, n, k0, q, &pair);
+  for (int j = 0; j < 8; ++j) out[j] = int4_marlin_fma_bits(q[j], uint16_t(pair), uint16_t(pair >> 16), bf16);
 }
 
 // Weight (n, k) of a packed buffer (bytes, G, K): round_T(s_T * q + m_T) as a float (int4_marlin_fma_bits).
