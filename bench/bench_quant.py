@@ -198,6 +198,19 @@ def case_cuda_large(ctx: BenchContext, kind: str, N: int, K: int, M: int) -> lis
                                         nbytes=nbytes, peer="torch linear (bf16, cuBLAS) on the decoded weight",
                                         peer_timing=tp, rotate_bytes=tensor_bytes(sets), max_rel_err=r_err,
                                         peer_rel_err=peer_err))
+        if 64 < M <= 512:  # the experiment: Marlin launches over 64-row slices instead of decode + cuBLAS
+            os.environ["DECODEKIT_INT4_MARLIN_SLICED_MAX_M"] = str(M)
+            try:
+                route(*sets[0])
+                s_err = check_close(sets[0][1], ref, dtype, f"int4 sliced Marlin M={M} {N}x{K}")
+                ts = ctx.time(route, sets)
+            finally:
+                del os.environ["DECODEKIT_INT4_MARLIN_SLICED_MAX_M"]
+            rows.append(Result.from_timings("int4 ops route, Marlin in 64-row slices vs cuBLAS bf16", case, dtype,
+                                            dev, ts, flops=flops, nbytes=nbytes,
+                                            peer="torch linear (bf16, cuBLAS) on the decoded weight", peer_timing=tp,
+                                            rotate_bytes=tensor_bytes(sets), max_rel_err=s_err,
+                                            peer_rel_err=peer_err))
     if kind == "fp8":
         def scaled_mm(a, q, sa, sw):
             return torch._scaled_mm(a, q.t(), scale_a=sa[:, None], scale_b=sw[None, :], out_dtype=dtype)

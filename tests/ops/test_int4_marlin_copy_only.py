@@ -135,6 +135,29 @@ def test_int4_gemm_on_marlin_copy_only(M, dtype, device, monkeypatch, gen):
     _check_gemm(got32, a.float(), packed, N, K, G, bias, torch.float32)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_marlin_copy_sliced_rows(device, monkeypatch, gen):
+    """DECODEKIT_INT4_MARLIN_SLICED_MAX_M: up to that many rows run the Marlin kernel over 64-row slices (the
+    last partial) instead of the decoded chunks; a bad value is a clear error."""
+    N, K, G = 200, 384, 128
+    w, held = _held(N, K, G, torch.bfloat16, device, gen)
+    a = randn((150, K), torch.bfloat16, device, gen)
+    bias = randn((N,), torch.bfloat16, device, gen)
+    monkeypatch.setenv("DECODEKIT_INT4_MARLIN_SLICED_MAX_M", "150")
+    got = torch.full((150, N), float("nan"), dtype=torch.bfloat16, device=device)
+    ops.int4_gemm(a, held, bias, out=got)
+    _check_gemm(got, a, held.copy_only.copy, N, K, G, bias, torch.bfloat16)
+    for m0 in (0, 64, 128):  # each slice: bitwise the kernel on those rows alone
+        assert torch.equal(got[m0:m0 + 64], ops.int4_gemm(a[m0:m0 + 64], held, bias))
+    if device == "cuda":
+        names = cuda_kernel_names(lambda: ops.int4_gemm(a, held, bias))
+        assert not any("int4_marlin_dequantize" in n for n in names), names
+    for bad in ("32", "lots"):
+        monkeypatch.setenv("DECODEKIT_INT4_MARLIN_SLICED_MAX_M", bad)
+        with pytest.raises(ValueError, match="DECODEKIT_INT4_MARLIN_SLICED_MAX_M = .* must be an integer >= 64"):
+            ops.int4_gemm(a, held, bias)
+
+
 @pytest.mark.parametrize("dtype", HALF_TYPES)
 def test_marlin_copy_only_fields_rebuilt(dtype, gen):
     """The dropped fields come back from the copy (the float16 copy: exactly; bfloat16: the scale pairs the

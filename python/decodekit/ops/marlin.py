@@ -31,6 +31,10 @@ _ops = torch.ops.decodekit
 # one read of the packed weight plus one write of the dense one; "kernel": the INT4 kernels at any M (not for
 # copy-only weights: they have only the Marlin kernel, to 64 rows).
 _MARLIN_MAX_M = 64
+# DECODEKIT_INT4_MARLIN_SLICED_MAX_M (default 64: off): a weight held as its Marlin copy alone runs up to this many
+# rows as Marlin launches over 64-row slices (each re-reads the weight, mostly from L2) instead of decoding it for
+# cuBLAS: an experiment for 65..~256 rows, where the decode's write of the dense weight costs about as much as
+# cuBLAS's GEMM; bench_quant's "sliced" rows measure it against the decoded route.
 MARLIN_MAX_N = 65536 * 128  # the kernel's column counters (mma_plan.h: kMarlinMaxColumns): weights held as the copy alone
 _DENSE_CHUNK_BYTES = 64 << 20
 
@@ -42,6 +46,14 @@ def _int4_dense_rows(a: torch.Tensor) -> bool:
     if v not in ("dense", "kernel"):
         raise ValueError(f"environment variable DECODEKIT_INT4_LARGE_M = {v!r} must be 'dense' or 'kernel'")
     return v == "dense"
+
+
+def _sliced_max_m() -> int:
+    v = os.environ.get("DECODEKIT_INT4_MARLIN_SLICED_MAX_M", "") or str(_MARLIN_MAX_M)
+    if not v.isdigit() or int(v) < _MARLIN_MAX_M:
+        raise ValueError(f"environment variable DECODEKIT_INT4_MARLIN_SLICED_MAX_M = {v!r} must be an integer "
+                         f">= {_MARLIN_MAX_M}")
+    return int(v)
 
 
 def _marlin_mode() -> str:
@@ -146,12 +158,14 @@ def marlin_copy_gemm(a: torch.Tensor,       # [M, K] (row stride free)
     M = a.shape[0]
     if M == 0:
         return out
-    if a.dtype == copy.dtype and M <= _MARLIN_MAX_M and _has_kernel("int4_gemm_marlin", a.device):
+    if a.dtype == copy.dtype and M <= _sliced_max_m() and _has_kernel("int4_gemm_marlin", a.device):
         esize = a.element_size()
         if a.stride(1) != 1 or (M > 1 and a.stride(0) * esize % 16) or a.data_ptr() % 16:
             a = a.clone(memory_format=torch.contiguous_format)  # the kernel's 16-byte loads
         dst = out if out.is_contiguous() else torch.empty(M, N, dtype=out.dtype, device=out.device)
-        _ops.int4_gemm_marlin(dst, a, copy, N, K, G, bias)
+        for m0 in range(0, M, _MARLIN_MAX_M):  # one launch up to 64 rows
+            m1 = min(M, m0 + _MARLIN_MAX_M)
+            _ops.int4_gemm_marlin(dst[m0:m1], a[m0:m1], copy, N, K, G, bias)
         if dst is not out:
             out.copy_(dst)
         return out
