@@ -24,6 +24,15 @@ def _json_object(text: str) -> dict:
     return v
 
 
+def dense_weights_too_large(num_params: int, dtype: torch.dtype, gpu_bytes: int, gpu_memory_utilization: float,
+                            tensor_parallel_size: int = 1) -> bool:
+    """Whether a model's weights, dequantized to dtype and split over the ranks, would take more than half of one
+    GPU's budget (gpu_bytes x gpu_memory_utilization): then a quantized checkpoint stays packed (keep_quantized),
+    leaving the rest for the KV cache and activations."""
+    dense = num_params * torch.empty((), dtype=dtype).element_size() / max(1, tensor_parallel_size)
+    return dense > 0.5 * gpu_bytes * gpu_memory_utilization
+
+
 def parse_bytes(value) -> int:
     """1073741824, "1GiB", "512MiB", "2g" -> bytes."""
     if isinstance(value, bool):
@@ -165,14 +174,28 @@ class EngineArgs:
         return torch.device(self.device)
 
     def keep_quantized(self) -> bool:
-        """Whether GGUF 4-bit weights stay packed: asked for, or (auto) the device has a kernel."""
+        """Whether quantized checkpoints' weights (GGUF Q4_0 / Q4_1 / Q8_0, GPTQ / AWQ) stay packed: asked for, or
+        (auto) on the CPU (its kernels are tested and measured faster than dense weights), and on CUDA when the
+        dequantized weights would take more than half of this GPU's gpu_memory_utilization budget (a 70B GPTQ
+        checkpoint: 140 GB dense, 35 GB packed); a model that fits dense is dequantized (the H200 run of
+        2026-12-04 measured bf16 decode faster than the INT4 kernels: 162 vs 122 tok/s on Llama-3-8B)."""
         if self.weight_format != "auto":
             return self.weight_format == "packed"
-        # auto: the CPU (its kernels are tested and measured faster); the first CUDA GEMV kernels
-        # (include/decodekit/gemm/int4.cuh) are opt-in (--weight-format packed) until measured on a GPU
         from decodekit.ops import _has_kernel
         dev = self.resolved_device()
-        return dev.type == "cpu" and _has_kernel("int4_gemm", dev)
+        if not _has_kernel("int4_gemm", dev):
+            return False
+        if dev.type == "cpu":
+            return True
+        try:
+            from decodekit.loader import load_config
+            from decodekit.loader.random import num_params
+            n = num_params(load_config(self.model))
+        except Exception:  # the loader reports a missing / malformed model itself
+            return False
+        total = torch.cuda.get_device_properties(dev).total_memory
+        return dense_weights_too_large(n, self.resolved_dtype(), total, self.gpu_memory_utilization,
+                                       self.tensor_parallel_size)
 
     def resolved_kv_cache_dtype(self) -> torch.dtype:
         """The KV cache's element type: the model's dtype (auto), float8_e4m3fn (scales:
@@ -226,7 +249,8 @@ class EngineArgs:
                             "instead of INT8 groups of 32 (llama.cpp's Q8_0)")
         g.add_argument("--weight-format", default="auto", choices=list(WEIGHT_FORMATS),
                        help="GGUF Q4_0/Q4_1/Q8_0 projections and Q8_0 embedding: packed (INT4/INT8 kernels read "
-                            "~4.5/8.5 bits per weight) or dequantized at load; auto: packed on the CPU (CUDA: opt-in)")
+                            "~4.5/8.5 bits per weight) or dequantized at load; auto: packed on the CPU, on CUDA when the "
+                            "dequantized weights would take over half the GPU memory budget (GPTQ / AWQ likewise)")
         g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                        help="fraction of GPU memory the engine may use (default 0.9)")
         g.add_argument("--max-model-len", type=int, default=None,

@@ -123,8 +123,12 @@ class LLMEngine:
         else:
             # Loaded straight onto the engine's device (large random presets are drawn there; the model
             # pops each tensor as it takes it, so weights never exist twice).
+            keep = args.keep_quantized()
+            if keep and self.device.type == "cuda" and args.weight_format == "auto":
+                log.info("quantized weights kept packed on %s: dequantized they would take over half of the "
+                         "gpu_memory_utilization budget (--weight-format dequantized to force it)", self.device)
             loaded = load_model(args.model, dtype=self.dtype, device=self.device, progress=args.progress,
-                                keep_quantized=args.keep_quantized())
+                                keep_quantized=keep)
             if args.quantization in ("int4-rtn", "fp8"):
                 quantize_projections(loaded.weights, args.quantization,
                                       lm_head_int8=args.quantization == "int4-rtn" and self.device.type == "cpu"
