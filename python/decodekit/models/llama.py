@@ -172,7 +172,8 @@ class LlamaModel:
             ops.release_freed_host_memory()
             return
         mode = ops._marlin_mode()
-        if self.device.type != "cuda" or self.dtype not in (torch.float16, torch.bfloat16) or mode not in ("auto", "both"):
+        if (self.device.type != "cuda" or self.dtype not in (torch.float16, torch.bfloat16)
+                or mode not in ("auto", "both")):
             return
         # "auto": the copy alone (not under TP: gemm_allreduce reads int4.h's layout; act-order weights keep theirs)
         drop = mode == "auto" and self.tp is None

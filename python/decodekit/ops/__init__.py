@@ -22,8 +22,8 @@ from ._dispatch import _has_kernel, _has_kernel_for  # noqa: E402,F401
 from .amx_rows import (_amx_rows_copy, int4_amx_rows_available, int4_amx_rows_pack,  # noqa: E402,F401
                        int8_amx_rows_pack, prepare_amx_rows, release_freed_host_memory)
 from .marlin import (_MARLIN_MAX_M, MARLIN_MAX_N, _int4_dense_rows, _marlin_mode,  # noqa: E402,F401
-                     _marlin_packed_route, int4_gemm_marlin, int4_marlin_dequantize, int4_marlin_pack, int4_marlin_packed,
-                     marlin_copy_gemm, marlin_copy_only, prepare_marlin)
+                     _marlin_packed_route, int4_gemm_marlin, int4_marlin_dequantize, int4_marlin_pack,
+                     int4_marlin_packed, marlin_copy_gemm, marlin_copy_only, prepare_marlin)
 
 
 def rms_norm(x: torch.Tensor,        # [..., hidden]

@@ -35,7 +35,7 @@ _MARLIN_MAX_M = 64
 # rows as Marlin launches over 64-row slices (each re-reads the weight, mostly from L2) instead of decoding it for
 # cuBLAS: an experiment for 65..~256 rows, where the decode's write of the dense weight costs about as much as
 # cuBLAS's GEMM; bench_quant's "sliced" rows measure it against the decoded route.
-MARLIN_MAX_N = 65536 * 128  # the kernel's column counters (mma_plan.h: kMarlinMaxColumns): weights held as the copy alone
+MARLIN_MAX_N = 65536 * 128  # the kernel's column counters (mma_plan.h: kMarlinMaxColumns): copy-only weights' N
 _DENSE_CHUNK_BYTES = 64 << 20
 
 
