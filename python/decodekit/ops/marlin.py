@@ -31,11 +31,11 @@ _ops = torch.ops.decodekit
 # one read of the packed weight plus one write of the dense one; "kernel": the INT4 kernels at any M (not for
 # copy-only weights: they have only the Marlin kernel, to 64 rows).
 _MARLIN_MAX_M = 64
+MARLIN_MAX_N = 65536 * 128  # the kernel's column counters (mma_plan.h: kMarlinMaxColumns): copy-only weights' N
 # DECODEKIT_INT4_MARLIN_SLICED_MAX_M (default 64: off): a weight held as its Marlin copy alone runs up to this many
 # rows as Marlin launches over 64-row slices (each re-reads the weight, mostly from L2) instead of decoding it for
 # cuBLAS: an experiment for 65..~256 rows, where the decode's write of the dense weight costs about as much as
 # cuBLAS's GEMM; bench_quant's "sliced" rows measure it against the decoded route.
-MARLIN_MAX_N = 65536 * 128  # the kernel's column counters (mma_plan.h: kMarlinMaxColumns): copy-only weights' N
 _DENSE_CHUNK_BYTES = 64 << 20
 
 
