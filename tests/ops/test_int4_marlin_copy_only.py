@@ -160,17 +160,18 @@ def test_marlin_copy_sliced_rows(device, monkeypatch, gen):
 
 @pytest.mark.parametrize("dtype", HALF_TYPES)
 def test_marlin_copy_only_fields_rebuilt(dtype, gen):
-    """The dropped fields come back from the copy (the float16 copy: exactly; bfloat16: the scale pairs the
-    kernel uses, rounded to bfloat16); dequantize / rows / to / clone / pickle keep working; nbytes is the copy's;
-    decoder_layer does not take it (projection_operands None); act-order weights keep their tensors."""
+    """The dropped fields come back exactly (codes from the copy; scales / mins from it for a float16 copy, from
+    host memory for a bfloat16 one, whose pairs are rounded); int4_dequantize gives the copy's weights (what the
+    kernels compute); rows / pickle keep working; nbytes is the copy's; decoder_layer does not take it
+    (projection_operands None); act-order weights keep their tensors."""
     N, K, G = 130, 256, 64
     w, held = _held(N, K, G, dtype, "cpu", gen)
     packed = held.copy_only.copy
     assert held.nbytes == packed.numel() * 2
     assert torch.equal(held.qweight, w.qweight)
-    assert torch.equal(held.scales, w.scales.to(dtype).half()) and torch.equal(held.mins, w.mins.to(dtype).half())
-    if dtype == torch.float16:
-        assert torch.equal(held.scales, w.scales)
+    assert torch.equal(held.scales, w.scales) and torch.equal(held.mins, w.mins)
+    if dtype == torch.bfloat16:
+        assert not torch.equal(w.scales.to(dtype).half(), w.scales)  # the copy's pairs alone would not do
     want = ref.int4_marlin_dequantize(packed, N, K, G).float()
     assert torch.equal(ops.int4_dequantize(held, torch.float32), want)
     assert torch.equal(held.rows(3, 9).qweight, w.qweight[3:9])

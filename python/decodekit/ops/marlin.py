@@ -104,8 +104,8 @@ def prepare_marlin(weight: Int4Weight, dtype: torch.dtype, drop_stored: bool = F
     """Make and keep the weight's packed copy for activations of `dtype` (int4_marlin_packed). drop_stored: then
     hold the weight as that copy alone (PackedWeight.copy_only: its qweight / scales / mins are freed; int4_gemm
     runs the Marlin-style kernel on the copy to 64 rows and decodes chunks of it for more (marlin_copy_gemm);
-    other readers get the fields rebuilt from it: for a bfloat16 copy the scales / mins as the kernel uses them,
-    rounded to bfloat16). Not for act-order weights (their stored-order object shares the tensors)."""
+    other readers get the fields rebuilt from it, exactly: a bfloat16 copy's float16 scales / mins are kept in host
+    memory). Not for act-order weights (their stored-order object shares the tensors)."""
     w = weight.stored()
     copy = int4_marlin_packed(w, dtype)
     if not drop_stored or w.copy_only is not None or weight.perm is not None:
@@ -113,12 +113,18 @@ def prepare_marlin(weight: Int4Weight, dtype: torch.dtype, drop_stored: bool = F
     (N, K), G = w.shape, w.group_size
     operands = tuple(torch.empty(N, 0, dtype=dt, device=copy.device)
                      for dt in (torch.uint8, torch.float16, torch.float16))
-    w.drop_stored(CopyOnly((N, K), copy, operands, functools.partial(_unpack, copy, N, K, G), kind="marlin"))
+    # a bfloat16 copy holds the scale pairs rounded to bfloat16: the float16 originals stay in host memory (1/16
+    # of the codes' bytes at G = 128), so that rebuilt fields (export, `decodekit quantize`) lose nothing
+    host = (w.scales.cpu(), w.mins.cpu()) if dtype != torch.float16 else None
+    w.drop_stored(CopyOnly((N, K), copy, operands, functools.partial(_unpack, copy, N, K, G, host), kind="marlin"))
 
 
-def _unpack(copy: torch.Tensor, N: int, K: int, G: int) -> dict:
-    """A Marlin-copy-only weight's dropped fields rebuilt from its copy (module level: picklable)."""
+def _unpack(copy: torch.Tensor, N: int, K: int, G: int, host: tuple | None = None) -> dict:
+    """A Marlin-copy-only weight's dropped fields rebuilt from its copy (module level: picklable); host: the
+    float16 scales / mins kept for a bfloat16 copy."""
     qweight, scales, mins = reference.int4_marlin_unpack(copy, N, K, G)
+    if host is not None:
+        scales, mins = host
     return {"qweight": qweight.to(copy.device), "scales": scales.to(device=copy.device, dtype=torch.float16),
             "mins": mins.to(device=copy.device, dtype=torch.float16)}
 
