@@ -136,6 +136,20 @@ def random_int4_weight(N: int, K: int, G: int, device, gen: torch.Generator):
     return Int4Weight(q.to(device), s.to(device), m.to(device), G)
 
 
+def check_marlin_gemm(got, a, packed, N: int, K: int, G: int, bias, dtype) -> None:
+    """|got - ref| <= tol (1 + |a| |w|) for a @ w^T (+ bias) on a weight held in int4_marlin_pack's layout: fp32
+    accumulation plus the output's rounding, the weights exactly the kernel's round_T(s_T q + m_T) (float64:
+    reference.int4_gemm_marlin); poisoned (NaN) outputs fail."""
+    from decodekit.ops import reference as ref
+    want = ref.int4_gemm_marlin(a.cpu().double(), packed.cpu(), N, K, G, None if bias is None else bias.cpu().double())
+    wd = ref.int4_marlin_dequantize(packed.cpu(), N, K, G).double()
+    mag = a.cpu().double().abs() @ wd.abs().T + (0 if bias is None else bias.cpu().double().abs())
+    g = got.cpu().double()
+    assert not g.isnan().any(), "unwritten (NaN-poisoned) outputs"
+    err = ((g - want).abs() / (TOL[dtype]["atol"] + (TOL[dtype]["rtol"] + 2e-6) * mag)).max().item()
+    assert err <= 1.0, f"error {err:.3f} of the tolerance"
+
+
 def random_int8_weight(N: int, K: int, G: int, device, gen: torch.Generator):
     """A packed INT8 weight [N, K] (decodekit.quant.Int8Weight, GGUF Q8_0's layout) with random codes and
     small positive scales, groups of G."""

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.library import opcheck
 
-from dk_testing import random_int4_weight, DEVICES, TOL, cuda_kernel_names, cuda_only, randn
+from dk_testing import check_marlin_gemm, random_int4_weight, DEVICES, TOL, cuda_kernel_names, cuda_only, randn
 from decodekit import ops
 from decodekit.ops import reference as ref
 from decodekit.quant import Int4Weight
@@ -41,20 +41,6 @@ def test_int4_marlin_pack(N, K, G, dtype, device, gen):
     assert torch.equal(ref.int4_marlin_pack(q, s, m, G, dtype).view(torch.int16), want.view(torch.int16))
 
 
-def _check(out, a, packed, N, K, G, bias, dtype):
-    """|out - ref| <= tol (1 + |a| |w|): fp32 accumulation plus the output's rounding, the weights exactly the
-    kernel's round_T(s_T q + m_T) (reference.int4_gemm_marlin in float64)."""
-    want = ref.int4_gemm_marlin(a.cpu().double(), packed.cpu(), N, K, G, None if bias is None else bias.cpu().double())
-    wd = ref.int4_gemm_marlin(torch.eye(K, dtype=torch.float64), packed.cpu(), N, K, G).T  # [N, K] weights
-    mag = a.cpu().double().abs() @ wd.abs().T
-    if bias is not None:
-        mag += bias.cpu().double().abs()
-    got = out.cpu().double()
-    assert not got.isnan().any(), "unwritten (NaN-poisoned) outputs"
-    err = ((got - want).abs() / (TOL[dtype]["atol"] + (TOL[dtype]["rtol"] + 2e-6) * mag)).max().item()
-    assert err <= 1.0, f"int4_gemm_marlin error {err:.3f} of the tolerance"
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", HALF_TYPES)
 @pytest.mark.parametrize("M", [1, 3, 16, 17, 33, 64])
@@ -68,7 +54,7 @@ def test_int4_gemm_marlin_op(N, K, G, M, dtype, device, gen):
     bias = randn((N,), dtype, device, gen) if M % 2 else None
     out = torch.full((M, N), float("nan"), dtype=dtype, device=device)
     ops.int4_gemm_marlin(a, packed, N, K, G, bias, out=out)
-    _check(out, a, packed, N, K, G, bias, dtype)
+    check_marlin_gemm(out, a, packed, N, K, G, bias, dtype)
     if device == "cuda":  # deterministic, and the same numbers as the kernel on int4.h's layout
         assert torch.equal(ops.int4_gemm_marlin(a, packed, N, K, G, bias), out)
 

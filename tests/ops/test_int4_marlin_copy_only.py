@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.library import opcheck
 
-from dk_testing import random_int4_weight, DEVICES, TOL, cuda_kernel_names, cuda_only, randn
+from dk_testing import check_marlin_gemm, random_int4_weight, DEVICES, cuda_kernel_names, cuda_only, randn
 from decodekit import ops
 from decodekit.ops import reference as ref
 from decodekit.quant import Int4Weight
@@ -97,17 +97,6 @@ def test_int4_marlin_dequantize_bad_input(device, gen):
         d(out[:, :160], packed, 200, 160, 64, 0)
 
 
-def _check_gemm(got, a, packed, N, K, G, bias, dtype):
-    """|got - ref| <= tol (1 + |a| |w|) against float64 on the copy's weights (reference.int4_gemm_marlin)."""
-    want = ref.int4_gemm_marlin(a.cpu().double(), packed.cpu(), N, K, G, None if bias is None else bias.cpu().double())
-    wd = ref.int4_marlin_dequantize(packed.cpu(), N, K, G).double()
-    mag = a.cpu().double().abs() @ wd.abs().T + (0 if bias is None else bias.cpu().double().abs())
-    g = got.cpu().double()
-    assert not g.isnan().any(), "unwritten (NaN-poisoned) outputs"
-    err = ((g - want).abs() / (TOL[dtype]["atol"] + (TOL[dtype]["rtol"] + 2e-6) * mag)).max().item()
-    assert err <= 1.0, f"error {err:.3f} of the tolerance"
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", HALF_TYPES)
 @pytest.mark.parametrize("M", [1, 3, 17, 64, 65, 200])
@@ -127,12 +116,12 @@ def test_int4_gemm_on_marlin_copy_only(M, dtype, device, monkeypatch, gen):
     wide = torch.full((M, N + 5), float("nan"), dtype=dtype, device=device)
     out = wide[:, 2:N + 2]
     assert ops.int4_gemm(a, held, bias, out=out) is out
-    _check_gemm(out, a, packed, N, K, G, bias, dtype)
+    check_marlin_gemm(out, a, packed, N, K, G, bias, dtype)
     assert wide[:, :2].isnan().all() and wide[:, N + 2:].isnan().all()  # nothing written outside out
-    _check_gemm(ops.linear(a, held, bias), a, packed, N, K, G, bias, dtype)
+    check_marlin_gemm(ops.linear(a, held, bias), a, packed, N, K, G, bias, dtype)
     got32 = ops.int4_gemm(a.float(), held, None if bias is None else bias.float())
     assert got32.dtype == torch.float32
-    _check_gemm(got32, a.float(), packed, N, K, G, bias, torch.float32)
+    check_marlin_gemm(got32, a.float(), packed, N, K, G, bias, torch.float32)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -146,7 +135,7 @@ def test_marlin_copy_sliced_rows(device, monkeypatch, gen):
     monkeypatch.setenv("DECODEKIT_INT4_MARLIN_SLICED_MAX_M", "150")
     got = torch.full((150, N), float("nan"), dtype=torch.bfloat16, device=device)
     ops.int4_gemm(a, held, bias, out=got)
-    _check_gemm(got, a, held.copy_only.copy, N, K, G, bias, torch.bfloat16)
+    check_marlin_gemm(got, a, held.copy_only.copy, N, K, G, bias, torch.bfloat16)
     for m0 in (0, 64, 128):  # each slice: bitwise the kernel on those rows alone
         assert torch.equal(got[m0:m0 + 64], ops.int4_gemm(a[m0:m0 + 64], held, bias))
     if device == "cuda":
@@ -200,7 +189,7 @@ def test_marlin_copy_only_routes_on_cuda(device, monkeypatch, gen):
     a = randn((300, K), torch.bfloat16, device, gen)
     names = cuda_kernel_names(lambda: ops.linear(a, held))
     assert any("int4_marlin_dequantize" in n for n in names) and not any("int4_gemm" in n for n in names), names
-    _check_gemm(ops.linear(a, held), a, held.copy_only.copy, N, K, G, None, torch.bfloat16)
+    check_marlin_gemm(ops.linear(a, held), a, held.copy_only.copy, N, K, G, None, torch.bfloat16)
     a5, out = randn((5, K), torch.bfloat16, device, gen), torch.empty(5, N, dtype=torch.bfloat16, device=device)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
