@@ -243,11 +243,11 @@ def fp32_logprobs():
     return _prompt_logprobs(embedded_llm(kv_cache_memory="64MiB"))
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_engine_on_marlin_copies_cpu(dtype, fp32_logprobs, monkeypatch):
+@pytest.mark.parametrize("dtype, columns_only", [("bfloat16", False), ("float16", False), ("bfloat16", True)])
+def test_engine_on_marlin_copies_cpu(dtype, columns_only, fp32_logprobs, monkeypatch):
     """The model-level route of a CUDA model, run on the CPU: the embedded model (Q4_1 projections kept packed)
     in a 16-bit dtype, then its projections held as their Marlin copies alone (LlamaModel.hold_marlin_copies,
-    what prepare_packed_gemms does on CUDA): decode steps through int4_gemm_marlin, the prompts (41-48 tokens,
+    what prepare_packed_gemms does on CUDA; under TP qkv / gate_up alone): decode steps through int4_gemm_marlin, the prompts (41-48 tokens,
     several in one step) through decoded chunks; the fused CPU layer steps aside. The prompt tokens' logprobs stay
     as close to the float32 model's as the 16-bit model's own (measured: bfloat16 mean |diff| 0.029 before,
     0.032 on the copies; float16 0.0030 / 0.0037: the copy's weights are rounded to the 16-bit type, as the
@@ -263,10 +263,12 @@ def test_engine_on_marlin_copies_cpu(dtype, fp32_logprobs, monkeypatch):
         d = [abs(a - b) for xs, rs in zip(_prompt_logprobs(llm), fp32_logprobs) for a, b in zip(xs, rs)]
         return sum(d) / len(d)
     err_before = err()
-    model.hold_marlin_copies(True)
+    model.hold_marlin_copies(True, columns_only=columns_only)  # columns_only: what a TP rank holds
     model.refresh_fused_layers()
-    ws = [w for L in model.layers for w in (L.qkv, L.o, L.gate_up, L.down)]
-    assert all(ops.marlin_copy_only(w) is not None for w in ws) and not model.fused_layers
+    for L in model.layers:
+        for w, row_parallel in ((L.qkv, False), (L.o, True), (L.gate_up, False), (L.down, True)):
+            assert (ops.marlin_copy_only(w) is None) == (columns_only and row_parallel)
+    assert not model.fused_layers
     err_after = err()
     assert err_after <= 1.5 * err_before + 0.002, (err_before, err_after)
     assert all(len(o.outputs[0].token_ids) == 8 for o in llm.generate(PROMPTS, params))

@@ -157,7 +157,7 @@ class LlamaModel:
         """Each packed INT4 projection's second copy for the kernel that reads it, made now, before the engine
         profiles memory and captures CUDA graphs, rather than on a first decode step: on CUDA with fp16 / bf16
         activations the Marlin-style kernel's (decodekit.ops.prepare_marlin: then all that is held of the weight,
-        DECODEKIT_INT4_MARLIN=auto, not under TP); on a CPU with AMX-INT8 and
+        DECODEKIT_INT4_MARLIN=auto; under TP of the column-parallel ones); on a CPU with AMX-INT8 and
         float32 / float16 activations the few-row AMX kernels' (decodekit.ops.prepare_amx_rows, for the INT4 / INT8
         projections and an INT8 LM head: every row count then computes a row with the same bits; the copy is then
         all that is held of the weight, PackedWeight.copy_only: one copy in memory, not two)."""
@@ -175,19 +175,22 @@ class LlamaModel:
         if (self.device.type != "cuda" or self.dtype not in (torch.float16, torch.bfloat16)
                 or mode not in ("auto", "both")):
             return
-        # "auto": the copy alone (not under TP: gemm_allreduce reads int4.h's layout; act-order weights keep theirs)
-        drop = mode == "auto" and self.tp is None
-        self.hold_marlin_copies(drop)
+        # "auto": the copy alone (under TP the column-parallel qkv / gate_up only: the row-parallel o / down go
+        # through gemm_allreduce or column chunks, which read int4.h's layout; act-order weights keep theirs)
+        drop = mode == "auto"
+        self.hold_marlin_copies(drop, columns_only=self.tp is not None)
         if drop:
             torch.cuda.empty_cache()  # the freed int4.h tensors: the engine's memory profile sees them free
 
-    def hold_marlin_copies(self, drop_stored: bool) -> None:
+    def hold_marlin_copies(self, drop_stored: bool, columns_only: bool = False) -> None:
         """Each packed INT4 projection's copy for the CUDA Marlin-style kernel in the model's dtype (fp16 / bf16;
-        decodekit.ops.prepare_marlin), with drop_stored all that is held of it (then call refresh_fused_layers)."""
+        decodekit.ops.prepare_marlin), with drop_stored all that is held of it (columns_only: of qkv / gate_up
+        alone); then call refresh_fused_layers."""
         for L in self.layers:
-            for w in (L.qkv, L.o, L.gate_up, L.down):
+            for w, row_parallel in ((L.qkv, False), (L.o, True), (L.gate_up, False), (L.down, True)):
                 if isinstance(w, Int4Weight):
-                    ops.prepare_marlin(w, self.dtype, drop_stored=drop_stored and w.shape[0] <= ops.MARLIN_MAX_N)
+                    drop = drop_stored and w.shape[0] <= ops.MARLIN_MAX_N and not (columns_only and row_parallel)
+                    ops.prepare_marlin(w, self.dtype, drop_stored=drop)
 
     @staticmethod
     def _layer_operands(L: LayerWeights):
