@@ -151,7 +151,7 @@ def test_marlin_copy_only_fields_rebuilt(dtype, gen):
     """The dropped fields come back exactly (codes from the copy; scales / mins from it for a float16 copy, from
     host memory for a bfloat16 one, whose pairs are rounded); int4_dequantize gives the copy's weights (what the
     kernels compute); rows / pickle keep working; nbytes is the copy's; decoder_layer does not take it
-    (projection_operands None); act-order weights keep their tensors."""
+    (projection_operands None); act-order weights are held as the copy of their stored column order."""
     N, K, G = 130, 256, 64
     w, held = _held(N, K, G, dtype, "cpu", gen)
     packed = held.copy_only.copy
@@ -166,11 +166,26 @@ def test_marlin_copy_only_fields_rebuilt(dtype, gen):
     back = pickle.loads(pickle.dumps(held))
     assert torch.equal(ops.int4_dequantize(back, torch.float32), want)
     assert ops.projection_operands(held) is None
+
+    # act-order: the weight and its stored-order object (sharing the tensors) both held as the copy
     perm = torch.randperm(K, generator=gen)
     wa = Int4Weight(w.qweight.clone(), w.scales.clone(), w.mins.clone(), G, perm)
+    plain = Int4Weight(w.qweight.clone(), w.scales.clone(), w.mins.clone(), G, perm)
     ops.prepare_marlin(wa, dtype, drop_stored=True)
-    assert wa.copy_only is None and wa.stored().copy_only is None
-    assert wa.stored().__dict__["_marlin"][dtype] is not None  # the copy made, the tensors kept
+    assert ops.marlin_copy_only(wa) is not None and ops.marlin_copy_only(wa.stored()) is not None
+    assert "qweight" not in wa.__dict__ and "qweight" not in wa.stored().__dict__ and wa.shape == (N, K)
+    assert torch.equal(wa.qweight, w.qweight) and torch.equal(wa.scales, w.scales) and torch.equal(wa.perm, perm)
+    copy_w = ref.int4_marlin_dequantize(wa.stored().copy_only.copy, N, K, G).float()  # stored column order
+    unperm = torch.empty_like(copy_w)
+    unperm[:, perm] = copy_w
+    assert torch.equal(ops.int4_dequantize(wa, torch.float32), unperm)
+    for M in (5, 70):
+        x = randn((M, K), dtype, "cpu", gen)
+        got = ops.linear(x, wa)
+        check_marlin_gemm(got, x.index_select(1, perm), wa.stored().copy_only.copy, N, K, G, None, dtype)
+        want_plain = ops.linear(x, plain)  # int4.h's route: the same weights up to the copy's rounding to dtype
+        assert (got.float() - want_plain.float()).abs().max() <= 0.05 * want_plain.float().abs().max() + 0.05
+    assert ops.projection_operands(wa) is None
 
 
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])

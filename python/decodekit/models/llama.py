@@ -176,7 +176,7 @@ class LlamaModel:
                 or mode not in ("auto", "both")):
             return
         # "auto": the copy alone (under TP the column-parallel qkv / gate_up only: the row-parallel o / down go
-        # through gemm_allreduce or column chunks, which read int4.h's layout; act-order weights keep theirs)
+        # through gemm_allreduce or column chunks, which read int4.h's layout)
         drop = mode == "auto"
         self.hold_marlin_copies(drop, columns_only=self.tp is not None)
         if drop:

@@ -105,10 +105,11 @@ def prepare_marlin(weight: Int4Weight, dtype: torch.dtype, drop_stored: bool = F
     hold the weight as that copy alone (PackedWeight.copy_only: its qweight / scales / mins are freed; int4_gemm
     runs the Marlin-style kernel on the copy to 64 rows and decodes chunks of it for more (marlin_copy_gemm);
     other readers get the fields rebuilt from it, exactly: a bfloat16 copy's float16 scales / mins are kept in host
-    memory). Not for act-order weights (their stored-order object shares the tensors)."""
+    memory). Act-order weights: the copy is of the stored column order; the weight and its stored-order object
+    (which share the tensors) are both held as it (int4_gemm gathers the activations first, as always)."""
     w = weight.stored()
     copy = int4_marlin_packed(w, dtype)
-    if not drop_stored or w.copy_only is not None or weight.perm is not None:
+    if not drop_stored or w.copy_only is not None:
         return
     (N, K), G = w.shape, w.group_size
     operands = tuple(torch.empty(N, 0, dtype=dt, device=copy.device)
@@ -116,7 +117,10 @@ def prepare_marlin(weight: Int4Weight, dtype: torch.dtype, drop_stored: bool = F
     # a bfloat16 copy holds the scale pairs rounded to bfloat16: the float16 originals stay in host memory (1/16
     # of the codes' bytes at G = 128), so that rebuilt fields (export, `decodekit quantize`) lose nothing
     host = (w.scales.cpu(), w.mins.cpu()) if dtype != torch.float16 else None
-    w.drop_stored(CopyOnly((N, K), copy, operands, functools.partial(_unpack, copy, N, K, G, host), kind="marlin"))
+    held = CopyOnly((N, K), copy, operands, functools.partial(_unpack, copy, N, K, G, host), kind="marlin")
+    w.drop_stored(held)
+    if weight is not w:
+        weight.drop_stored(held)  # its fields are the stored object's: rebuilt from the copy too (perm is kept)
 
 
 def _unpack(copy: torch.Tensor, N: int, K: int, G: int, host: tuple | None = None) -> dict:
