@@ -106,8 +106,18 @@ void int4_marlin_pack_cpu(at::Tensor& out,            // [int4_marlin_packed_byt
   for (int64_t w = 0; w < words; ++w) o[w] = dk::int4_marlin_packed_word(q, s, m, g.N, g.K, int(group_size), bf16, w);
 }
 
-// int4_gemm_marlin on the CPU (tests: the layout and the kernel's weight values): each weight decoded from the
-// packed buffer exactly as the CUDA kernel rounds it (int4_marlin_weight), then an fp32 GEMM.
+// Rows [row0, row0 + R) of a weight held in the Marlin layout as T's bits [R, K], each rounded as the CUDA kernel
+// rounds it (int4_marlin_weights8: the CUDA op's bits).
+void marlin_decode_rows(uint16_t* o, const at::Tensor& packed, int64_t K, int G, int64_t row0, int64_t R) {
+  const bool bf16 = packed.scalar_type() == at::kBFloat16;
+  const uint8_t* p = static_cast<const uint8_t*>(packed.data_ptr());
+  DK_OMP_PARALLEL_FOR_IF(R * K > (1 << 16))
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < K; c += 8) dk::int4_marlin_weights8(p, K, G, bf16, row0 + r, c, o + r * K + c);
+}
+
+// int4_gemm_marlin on the CPU (tests: the layout and the kernel's weight values): the weights decoded as the CUDA
+// kernel rounds them, then an fp32 GEMM.
 void int4_gemm_marlin_cpu(at::Tensor& out,                        // [M, N]
                           const at::Tensor& a,                    // [M, K]
                           const at::Tensor& packed,               // [int4_marlin_packed_bytes / 2]
@@ -115,35 +125,18 @@ void int4_gemm_marlin_cpu(at::Tensor& out,                        // [M, N]
                           const std::optional<at::Tensor>& bias) {  // [N]
   const dk::GemmArgs g = dk::int4_gemm_marlin_args(out, a, packed, n, k, group_size, bias);
   if (g.M == 0) return;
-  const bool bf16 = a.scalar_type() == at::kBFloat16;
-  at::Tensor w = at::empty({g.N, g.K}, a.options().dtype(at::kFloat));
-  float* wp = w.data_ptr<float>();
-  const uint8_t* p = static_cast<const uint8_t*>(packed.data_ptr());
-  DK_OMP_PARALLEL_FOR_IF(g.N * g.K > (1 << 16))
-  for (int64_t r = 0; r < g.N; ++r)
-    for (int64_t c = 0; c < g.K; c += 8) {
-      uint16_t v[8];
-      dk::int4_marlin_weights8(p, g.K, int(group_size), bf16, r, c, v);
-      for (int j = 0; j < 8; ++j) wp[r * g.K + c + j] = bf16 ? dk::bf16_to_float(v[j]) : dk::half_to_float(v[j]);
-    }
-  at::Tensor res = at::matmul(a.to(at::kFloat), w.t());
+  at::Tensor w = at::empty({g.N, g.K}, packed.options());
+  marlin_decode_rows(static_cast<uint16_t*>(w.data_ptr()), packed, g.K, int(group_size), 0, g.N);
+  at::Tensor res = at::matmul(a.to(at::kFloat), w.to(at::kFloat).t());
   if (bias.has_value()) res.add_(bias->to(at::kFloat));
   out.copy_(res);
 }
 
-// Rows [row0, row0 + R) of the weight held in the Marlin layout, as the CUDA kernel rounds each weight
-// (int4_marlin_weights8: the same bits as the CUDA op).
 void int4_marlin_dequantize_cpu(at::Tensor& out,           // [R, K] float16 / bfloat16 (packed's dtype)
                                 const at::Tensor& packed,  // [int4_marlin_packed_bytes / 2]
                                 int64_t n, int64_t k, int64_t group_size, int64_t row0) {
   const dk::GemmArgs g = dk::int4_marlin_dequantize_args(out, packed, n, k, group_size, row0);
-  const bool bf16 = packed.scalar_type() == at::kBFloat16;
-  uint16_t* o = static_cast<uint16_t*>(out.data_ptr());
-  const uint8_t* p = static_cast<const uint8_t*>(packed.data_ptr());
-  DK_OMP_PARALLEL_FOR_IF(g.M * g.K > (1 << 16))
-  for (int64_t r = 0; r < g.M; ++r)
-    for (int64_t c = 0; c < g.K; c += 8)
-      dk::int4_marlin_weights8(p, g.K, int(group_size), bf16, row0 + r, c, o + r * g.K + c);
+  marlin_decode_rows(static_cast<uint16_t*>(out.data_ptr()), packed, g.K, int(group_size), row0, g.M);
 }
 
 void int8_gemm_cpu(at::Tensor& out,                        // [M, N]

@@ -103,7 +103,7 @@ def test_int4_gemm_on_marlin_copy_only(M, dtype, device, monkeypatch, gen):
     """int4_gemm / linear on a weight held as its Marlin copy alone: the kernel to 64 rows, decoded chunks (three,
     the last partial) past them; strided and misaligned activations, a column-slice `out`, bias; float32
     activations on the 16-bit copy (decoded, cast)."""
-    monkeypatch.setattr(ops.marlin, "_DENSE_CHUNK_BYTES", 1)  # 128-row chunks: N = 300 -> 128, 128, 44
+    monkeypatch.setattr(ops, "_dense_chunk_rows", lambda x, K: 128)  # N = 300 -> chunks of 128, 128, 44
     N, K, G = 300, 576, 32
     w, held = _held(N, K, G, dtype, device, gen)
     assert held.copy_only.kind == "marlin" and "qweight" not in held.__dict__ and held.shape == (N, K)

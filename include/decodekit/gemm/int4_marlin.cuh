@@ -611,11 +611,11 @@ __global__ void int4_marlin_dequantize_kernel(uint4* __restrict__ out,          
   const int64_t per_row = K / 8, total = R * per_row;
   for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = t / per_row, k0 = (t - r * per_row) * 8;
+    alignas(16) uint32_t v[4];
+#if defined(__CUDA_ARCH__)
     int q[8];
     uint32_t pair;
     int4_marlin_codes8(packed, K, G, row0 + r, k0, q, &pair);
-    alignas(16) uint32_t v[4];
-#if defined(__CUDA_ARCH__)
     using T2 = std::conditional_t<kBf16, __nv_bfloat162, __half2>;
     T2 s2, m2;
     const uint32_t ss = (pair & 0xffffu) * 0x10001u, mm = (pair >> 16) * 0x10001u;
@@ -630,16 +630,14 @@ __global__ void int4_marlin_dequantize_kernel(uint4* __restrict__ out,          
       memcpy(&v[j], &w2, 4);
     }
 #else
-    for (int j = 0; j < 4; ++j)
-      v[j] = uint32_t(int4_marlin_fma_bits(q[2 * j], uint16_t(pair), uint16_t(pair >> 16), kBf16)) |
-             uint32_t(int4_marlin_fma_bits(q[2 * j + 1], uint16_t(pair), uint16_t(pair >> 16), kBf16)) << 16;
+    int4_marlin_weights8(packed, K, G, kBf16, row0 + r, k0, reinterpret_cast<uint16_t*>(v));
 #endif
     out[t] = *reinterpret_cast<const uint4*>(v);
   }
 }
 
-// out: [R, K] contiguous, 16-byte aligned; packed (4-byte aligned): int4_marlin_packed_bytes(N, K, G) bytes for T; T: __half or
-// __nv_bfloat16; 0 <= row0 <= N - R.
+// out: [R, K] contiguous, 16-byte aligned; packed (4-byte aligned): int4_marlin_packed_bytes(N, K, G) bytes
+// for T; T: __half or __nv_bfloat16; 0 <= row0 <= N - R.
 template <class T>
 cudaError_t int4_marlin_dequantize(T* out, const T* packed, int64_t N, int64_t K, int G, int64_t row0, int64_t R,
                                    cudaStream_t stream) {

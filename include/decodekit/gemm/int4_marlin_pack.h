@@ -123,18 +123,11 @@ DK_HD void int4_marlin_weights8(const uint8_t* packed, int64_t K, int G, bool bf
   for (int j = 0; j < 8; ++j) out[j] = int4_marlin_fma_bits(q[j], uint16_t(pair), uint16_t(pair >> 16), bf16);
 }
 
-// Weight (n, k) of a packed buffer (bytes, G, K): round_T(s_T * q + m_T) as a float (int4_marlin_fma_bits).
+// Weight (n, k) of a packed buffer (bytes, G, K): round_T(s_T * q + m_T) as a float (the tests' per-weight view).
 DK_HD float int4_marlin_weight(const uint8_t* packed, int64_t K, int G, bool bf16, int64_t n, int64_t k) {
-  const int ub = int4_marlin_unit_bytes(G);
-  const int64_t nt = n / kMarlinUnitN, kt = k / kMarlinUnitK;
-  const uint8_t* unit = packed + (nt * int4_marlin_k_tiles(K) + kt) * ub;
-  const int row = int(n - nt * kMarlinUnitN), kk = int(k - kt * kMarlinUnitK);
-  const int gi = kk / G, i = kk - gi * G, half = G / 2;
-  const uint8_t b = unit[int4_marlin_code_pos(row, gi * half + (i < half ? i : i - half))];
-  const int q = i < half ? (b & 15) : (b >> 4);
-  const uint8_t* sp = unit + kMarlinCodeBytes + 4 * (gi * kMarlinUnitN + row);
-  const uint16_t w = int4_marlin_fma_bits(q, uint16_t(sp[0] | sp[1] << 8), uint16_t(sp[2] | sp[3] << 8), bf16);
-  return bf16 ? bf16_to_float(w) : half_to_float(w);
+  uint16_t v[8];
+  int4_marlin_weights8(packed, K, G, bf16, n, k & ~int64_t(7), v);
+  return bf16 ? bf16_to_float(v[k & 7]) : half_to_float(v[k & 7]);
 }
 
 }  // namespace dk

@@ -29,7 +29,7 @@ def dense_weights_too_large(num_params: int, dtype: torch.dtype, gpu_bytes: int,
     """Whether a model's weights, dequantized to dtype and split over the ranks, would take more than half of one
     GPU's budget (gpu_bytes x gpu_memory_utilization): then a quantized checkpoint stays packed (keep_quantized),
     leaving the rest for the KV cache and activations."""
-    dense = num_params * torch.empty((), dtype=dtype).element_size() / max(1, tensor_parallel_size)
+    dense = num_params * dtype.itemsize / max(1, tensor_parallel_size)
     return dense > 0.5 * gpu_bytes * gpu_memory_utilization
 
 

@@ -23,7 +23,7 @@ from .amx_rows import (_amx_rows_copy, int4_amx_rows_available, int4_amx_rows_pa
                        int8_amx_rows_pack, prepare_amx_rows, release_freed_host_memory)
 from .marlin import (_MARLIN_MAX_M, MARLIN_MAX_N, _int4_dense_rows, _marlin_mode,  # noqa: E402,F401
                      _marlin_packed_route, int4_gemm_marlin, int4_marlin_dequantize, int4_marlin_pack,
-                     int4_marlin_packed, marlin_copy_gemm, marlin_copy_only, prepare_marlin)
+                     int4_marlin_packed, marlin_copy_only, marlin_copy_rows, prepare_marlin)
 
 
 def rms_norm(x: torch.Tensor,        # [..., hidden]
@@ -148,7 +148,7 @@ def _quant_gemm(a, weight, bias, out):
     if out is None:
         out = torch.empty(a.shape[0], weight.shape[0], dtype=a.dtype, device=a.device)
     if not int8 and marlin_copy_only(weight) is not None:  # held as the CUDA Marlin kernel's copy alone
-        return marlin_copy_gemm(a, weight, bias, out)
+        return out if marlin_copy_rows(a, weight, bias, out) else _packed_dense(a, weight, bias, out)
     if a.device.type == "cuda" and (not _cuda_quant_kernel(a, weight) or (not int8 and _int4_dense_rows(a))):
         return _packed_dense(a, weight, bias, out)  # past the CUDA kernels' rows, or INT4 prefill-sized rows
     if _has_kernel("int8_gemm" if int8 else "int4_gemm", a.device):
@@ -176,18 +176,28 @@ def _cuda_quant_rows_ok(rows: int, dtype: torch.dtype, int4: bool) -> bool:
     return rows <= _CUDA_QUANT_GEMV_MAX_M or (int4 and dtype in (torch.float16, torch.bfloat16))
 
 
+def _dense_chunk_rows(x: torch.Tensor, K: int) -> int:
+    """_packed_dense's rows a chunk: CUDA <= 64 MiB decoded, the CPU a few MB (at least 256 rows)."""
+    return max(256, ((64 << 20) // (x.element_size() * K)) if x.device.type == "cuda" else ((4 << 20) // (4 * K)))
+
+
 def _packed_dense(x, weight, bias, out):
     """x @ w^T for a packed weight decoded a chunk of rows at a time, each chunk through the dense path:
     CPU (no kernel for the shape) a few MB (cache-resident, no whole-weight buffer to allocate and fault
     in); CUDA (INT4 prefill-sized rows, or rows no kernel takes) up to 64 MiB, so that cuBLAS gets a few
-    large GEMMs (one for most projections, written straight into out)."""
+    large GEMMs (one for most projections, written straight into out). A weight held as its CUDA Marlin copy
+    alone: the chunks decoded from the copy (int4_marlin_dequantize)."""
     N, K = weight.shape
     cuda = x.device.type == "cuda"
-    chunk = max(256, ((64 << 20) // (x.element_size() * K)) if cuda else ((4 << 20) // (4 * K)))
+    held = marlin_copy_only(weight)
+    chunk = _dense_chunk_rows(x, K)
     for n0 in range(0, N, chunk):
         n1 = min(N, n0 + chunk)
-        part = weight.rows(n0, n1)
-        w = int8_dequantize(part, x.dtype) if isinstance(part, Int8Weight) else int4_dequantize(part, x.dtype)
+        if held is not None:
+            w = int4_marlin_dequantize(held.copy, N, K, weight.group_size, n0, n1 - n0).to(x.dtype)
+        else:
+            part = weight.rows(n0, n1)
+            w = int8_dequantize(part, x.dtype) if isinstance(part, Int8Weight) else int4_dequantize(part, x.dtype)
         b = None if bias is None else bias[n0:n1]
         if cuda and n0 == 0 and n1 == N and out.is_contiguous():
             if b is None:

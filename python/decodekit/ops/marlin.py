@@ -36,7 +36,6 @@ MARLIN_MAX_N = 65536 * 128  # the kernel's column counters (mma_plan.h: kMarlinM
 # rows as Marlin launches over 64-row slices (each re-reads the weight, mostly from L2) instead of decoding it for
 # cuBLAS: an experiment for 65..~256 rows, where the decode's write of the dense weight costs about as much as
 # cuBLAS's GEMM; bench_quant's "sliced" rows measure it against the decoded route.
-_DENSE_CHUNK_BYTES = 64 << 20
 
 
 def _int4_dense_rows(a: torch.Tensor) -> bool:
@@ -103,7 +102,7 @@ def int4_marlin_packed(weight: Int4Weight, dtype: torch.dtype) -> torch.Tensor |
 def prepare_marlin(weight: Int4Weight, dtype: torch.dtype, drop_stored: bool = False) -> None:
     """Make and keep the weight's packed copy for activations of `dtype` (int4_marlin_packed). drop_stored: then
     hold the weight as that copy alone (PackedWeight.copy_only: its qweight / scales / mins are freed; int4_gemm
-    runs the Marlin-style kernel on the copy to 64 rows and decodes chunks of it for more (marlin_copy_gemm);
+    runs the Marlin-style kernel on the copy to 64 rows (marlin_copy_rows) and decodes chunks of it for more;
     other readers get the fields rebuilt from it, exactly: a bfloat16 copy's float16 scales / mins are kept in host
     memory). Act-order weights: the copy is of the stored column order; the weight and its stored-order object
     (which share the tensors) are both held as it (int4_gemm gathers the activations first, as always)."""
@@ -156,44 +155,30 @@ def int4_marlin_dequantize(packed: torch.Tensor,  # [int4_marlin_packed_bytes(n,
     return out
 
 
-def marlin_copy_gemm(a: torch.Tensor,       # [M, K] (row stride free)
+def marlin_copy_rows(a: torch.Tensor,       # [M, K] (row stride free)
                      weight: Int4Weight,    # [N, K] held as its Marlin copy alone (prepare_marlin)
                      bias: torch.Tensor | None,  # [N]
                      out: torch.Tensor,     # [M, N]
-                     ) -> torch.Tensor:
-    """a @ w^T (+ bias), w = round_T(s_T q + m_T) from the copy: the Marlin-style kernel for 1..64 rows of the
-    copy's dtype, else chunks of <= 64 MiB decoded (int4_marlin_dequantize, cast to a's dtype) for cuBLAS / the
-    CPU's dense GEMM."""
+                     ) -> bool:
+    """out = a @ w^T (+ bias) by the Marlin-style kernel on the copy when it takes a: 1..64 rows (or the
+    DECODEKIT_INT4_MARLIN_SLICED_MAX_M experiment's) of the copy's dtype; False otherwise (the caller decodes
+    chunks of the copy: decodekit.ops._packed_dense)."""
     copy, (N, K), G = weight.copy_only.copy, weight.shape, weight.group_size
     M = a.shape[0]
+    if not (a.dtype == copy.dtype and M <= _sliced_max_m() and _has_kernel("int4_gemm_marlin", a.device)):
+        return False
     if M == 0:
-        return out
-    if a.dtype == copy.dtype and M <= _sliced_max_m() and _has_kernel("int4_gemm_marlin", a.device):
-        esize = a.element_size()
-        if a.stride(1) != 1 or (M > 1 and a.stride(0) * esize % 16) or a.data_ptr() % 16:
-            a = a.clone(memory_format=torch.contiguous_format)  # the kernel's 16-byte loads
-        dst = out if out.is_contiguous() else torch.empty(M, N, dtype=out.dtype, device=out.device)
-        for m0 in range(0, M, _MARLIN_MAX_M):  # one launch up to 64 rows
-            m1 = min(M, m0 + _MARLIN_MAX_M)
-            _ops.int4_gemm_marlin(dst[m0:m1], a[m0:m1], copy, N, K, G, bias)
-        if dst is not out:
-            out.copy_(dst)
-        return out
-    chunk = max(128, _DENSE_CHUNK_BYTES // (copy.element_size() * K) // 128 * 128)
-    for n0 in range(0, N, chunk):
-        n1 = min(N, n0 + chunk)
-        w = int4_marlin_dequantize(copy, N, K, G, n0, n1 - n0)
-        if w.dtype != a.dtype:
-            w = w.to(a.dtype)
-        b = None if bias is None else bias[n0:n1]
-        if n0 == 0 and n1 == N and out.is_contiguous():
-            if b is None:
-                torch.mm(a, w.t(), out=out)
-            else:
-                torch.addmm(b, a, w.t(), out=out)
-        else:
-            out[:, n0:n1] = torch.nn.functional.linear(a, w, b)
-    return out
+        return True
+    esize = a.element_size()
+    if a.stride(1) != 1 or (M > 1 and a.stride(0) * esize % 16) or a.data_ptr() % 16:
+        a = a.clone(memory_format=torch.contiguous_format)  # the kernel's 16-byte loads
+    dst = out if out.is_contiguous() else torch.empty(M, N, dtype=out.dtype, device=out.device)
+    for m0 in range(0, M, _MARLIN_MAX_M):  # one launch up to 64 rows
+        m1 = min(M, m0 + _MARLIN_MAX_M)
+        _ops.int4_gemm_marlin(dst[m0:m1], a[m0:m1], copy, N, K, G, bias)
+    if dst is not out:
+        out.copy_(dst)
+    return True
 
 
 def int4_gemm_marlin(a: torch.Tensor,       # [M, K] float16 / bfloat16 (row stride free; CUDA: M <= 64)
