@@ -382,6 +382,63 @@ void test_copy_exact(std::mt19937& rng) {
 }
 #endif
 
+#if defined(DK_AMX_EXACT_GEMM) && defined(DK_AMX_QUANT_GEMM)
+// quant_amx_rows_bf16.h: the bf16 strips decoded from the copy bit for bit quant_amx.h's amx_decode_int4 / _int8
+// on int4.h's layout (plain AVX-512: runs without the tile unit too), rows past N zeros; with the tile unit,
+// bf16 activations on a weight with its copy: 1..12 rows (INT8: 1..8) the fp32 rows' exact bits rounded once to
+// bf16, more rows int4_gemm_amx / int8_gemm_amx on int4.h's layout bit for bit.
+void test_bf16(std::mt19937& rng) {
+  std::normal_distribution<float> nd;
+  for (int t = 0; t < 18; ++t) {
+    const int G = 32 << (t % 3);
+    const int64_t N = 1 + int64_t(rng() % 150), K = G * (1 + int64_t(rng() % (640 / G)));
+    const Int4 w = random_int4(rng, N, K, G);
+    const std::vector<uint8_t> p = pack(w);
+    const Int8Copy c8 = random_int8_copy(rng, N, K, G);
+    long long diff = 0;
+    for (int64_t n0 = 0; n0 < N; n0 += 32) {
+      std::vector<uint16_t> want(size_t(32 * K), 0x7fc1), got(size_t(32 * K), 0x7fc2);
+      dk::cpu::amx_decode_int4(want.data(), w.q.data(), w.s.data(), w.m.data(), N, K, G, n0);
+      dk::cpu::amx_rows_decode_bf16_int4(got.data(), p.data(), N, K, G, n0);
+      diff += std::memcmp(want.data(), got.data(), want.size() * 2) != 0;
+      std::fill(want.begin(), want.end(), 0x7fc1);
+      std::fill(got.begin(), got.end(), 0x7fc2);
+      dk::cpu::amx_decode_int8(want.data(), c8.q.data(), c8.s.data(), N, K, G, n0);
+      dk::cpu::amx_rows_decode_bf16_int8(got.data(), c8.p.data(), N, K, G, n0);
+      diff += std::memcmp(want.data(), got.data(), want.size() * 2) != 0;
+    }
+    CHECK(diff == 0) << diff << "bf16 strips decoded from the copy differ: N" << N << "K" << K << "G" << G;
+    if (!dk::cpu::amx_enabled()) continue;
+    for (const int64_t M : {int64_t(1 + t % 12), int64_t(13 + 7 * t)}) {
+      std::vector<dk::bf16_t> a(size_t(M * K)), bias(static_cast<size_t>(N));
+      std::vector<float> af(a.size()), bf(bias.size());
+      for (size_t i = 0; i < a.size(); ++i) af[i] = dk::to_float(a[i] = dk::from_float<dk::bf16_t>(nd(rng)));
+      for (size_t i = 0; i < bias.size(); ++i) bf[i] = dk::to_float(bias[i] = dk::from_float<dk::bf16_t>(nd(rng)));
+      const bool b = t % 2;
+      for (int int8 = 0; int8 < 2; ++int8) {
+        const dk::cpu::Int4GemmParams P{M, N, K, G, K, int8 ? c8.p.data() : p.data()}, Q{M, N, K, G, K, nullptr};
+        std::vector<dk::bf16_t> got(size_t(M * N), dk::from_float<dk::bf16_t>(-99.f)), want(got.size());
+        std::vector<float> wf(got.size());
+        const bool few = M <= (int8 ? dk::cpu::kAmxRowsInt8MaxM : dk::cpu::kAmxRowsDispatchM);
+        if (int8) {
+          dk::cpu::int8_gemm<dk::bf16_t>(got.data(), a.data(), nullptr, nullptr, b ? bias.data() : nullptr, P);
+          if (few) dk::cpu::int8_gemm<float>(wf.data(), af.data(), nullptr, nullptr, b ? bf.data() : nullptr, P);
+          else dk::cpu::int8_gemm<dk::bf16_t>(want.data(), a.data(), c8.q.data(), c8.s.data(), b ? bias.data() : nullptr, Q);
+        } else {
+          dk::cpu::int4_gemm<dk::bf16_t>(got.data(), a.data(), nullptr, nullptr, nullptr, b ? bias.data() : nullptr, P);
+          if (few) dk::cpu::int4_gemm<float>(wf.data(), af.data(), nullptr, nullptr, nullptr, b ? bf.data() : nullptr, P);
+          else dk::cpu::int4_gemm<dk::bf16_t>(want.data(), a.data(), w.q.data(), w.s.data(), w.m.data(),
+                                              b ? bias.data() : nullptr, Q);
+        }
+        if (few) for (size_t i = 0; i < wf.size(); ++i) want[i] = dk::from_float<dk::bf16_t>(wf[i]);
+        for (size_t i = 0; i < got.size(); ++i) diff += std::memcmp(&got[i], &want[i], 2) != 0;
+        CHECK(diff == 0) << diff << "bf16 rows on the copy differ: int8" << int8 << "M" << M << "N" << N << "K" << K;
+      }
+    }
+  }
+}
+#endif
+
 }  // namespace
 
 int main() {
@@ -392,6 +449,9 @@ int main() {
   test_copy_only<float>(rng);
   test_copy_only<half_t>(rng);
   test_copy_only<dk::bf16_t>(rng);
+#if defined(DK_AMX_EXACT_GEMM) && defined(DK_AMX_QUANT_GEMM)
+  test_bf16(rng);
+#endif
 #if defined(DK_AMX_EXACT_GEMM)
   if (dk::cpu::amx_enabled()) {
     test_kernel<float>(rng, 96);

@@ -47,6 +47,31 @@ def test_gemm_bitwise_the_weights_own(kind, N, K, G, dtype, gen):
         assert torch.equal(got, want), (M, (got.float() - want.float()).abs().max().item())
 
 
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+@pytest.mark.parametrize("N,K,G", SHAPES)
+def test_bf16_rows_on_the_copy(kind, N, K, G, gen):
+    """bf16 activations on a weight with its AMX copy (quant_amx_rows_bf16.h): up to the few-row limit (INT4 12, INT8
+    8 rows) the float32 rows' exact-integer bits rounded once to bf16 (bf16 -> fp32 is exact), so a row's bits do
+    not depend on the row count there; past it quant_amx.h's bf16 products on strips decoded from the copy, bit for
+    bit those decoded from the weight's own tensors."""
+    if not ops.int4_amx_rows_available():
+        pytest.skip("no AMX int8 on this CPU: bf16 takes the copy-unpacking route")
+    w, only = _pair(kind, N, K, G, gen)
+    plain = type(w)(**{f: getattr(w, f).clone() for f in w._OPERANDS}, group_size=G)  # no copy
+    gemm = ops.int4_gemm if kind == "int4" else ops.int8_gemm
+    few = 12 if kind == "int4" else 8
+    for M in (1, 2, 5, few - 1, few, few + 1, 16, 40, 131):
+        a, _ = strided_rows(M, K, torch.bfloat16, "cpu", gen)
+        bias = randn((N,), torch.bfloat16, "cpu", gen) if M % 2 else None
+        got = gemm(a, only, bias, torch.full((M, N), float("nan"), dtype=torch.bfloat16))
+        assert torch.equal(got, gemm(a, w, bias)), M
+        if M <= few:
+            want = gemm(a.float(), only, None if bias is None else bias.float()).to(torch.bfloat16)
+        else:
+            want = gemm(a, plain, bias)
+        assert torch.equal(got, want), (M, (got.float() - want.float()).abs().max().item())
+
+
 @pytest.mark.parametrize("N,K,G", SHAPES)
 def test_embedding_rows(N, K, G, gen):
     w, only = _pair("int8", N, K, G, gen)

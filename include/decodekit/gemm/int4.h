@@ -20,6 +20,7 @@
 #include "decodekit/gemm/quant_amx.h"
 #include "decodekit/gemm/quant_amx_exact.h"
 #include "decodekit/gemm/quant_amx_rows.h"
+#include "decodekit/gemm/quant_amx_rows_bf16.h"
 #include "decodekit/gemm/quant_small_m.h"
 #include "decodekit/gemm/quant_small_m_avx2.h"
 #if defined(__AVX512F__)
@@ -42,8 +43,10 @@ struct Int4GemmParams {
   int64_t a_stride;    // row stride of a (elements)
   // The weight's copy in quant_amx_rows.h's layout, or null: fp32 / fp16 activations of 1 .. 12 rows then run
   // on the AMX int8 unit with quant_amx_exact.h's semantics (the ones rows >= 9 get anyway), so that every
-  // row count gives a row the same bits (decoding = speculative verification = batches). With it, qweight /
-  // scales / mins may be null: the weight held only as the copy (other routes unpack it first).
+  // row count gives a row the same bits (decoding = speculative verification = batches); bf16 activations: the
+  // same up to 12 (INT8: 8) rows, then quant_amx.h's bf16 products on strips decoded from the copy
+  // (quant_amx_rows_bf16.h). With it, qweight / scales / mins may be null: the weight held only as the copy
+  // (other routes unpack it first).
   const uint8_t* amx_rows = nullptr;
 };
 
@@ -178,10 +181,17 @@ void int4_gemm(T* out,                  // [M, N]
   const int G = P.group_size;
   const int64_t ng = K / G;
 #if defined(DK_AMX_QUANT_GEMM)
-  if constexpr (std::is_same_v<T, bf16_t>)  // bf16 products on the tile unit (quant_amx.h)
+  if constexpr (std::is_same_v<T, bf16_t>) {  // bf16 products on the tile unit (quant_amx.h)
+#if defined(DK_AMX_EXACT_GEMM)
+    if (P.amx_rows && K > 0) {  // the copy (quant_amx_rows_bf16.h): few rows exact, then bf16 products
+      if (M <= kAmxRowsDispatchM && amx_rows_int4(out, a, P.a_stride, P.amx_rows, bias, M, N, K, G)) return;
+      if (M > kAmxRowsDispatchM && amx_rows_bf16_int4(out, a, P.a_stride, P.amx_rows, bias, M, N, K, G)) return;
+    }
+#endif
     if (qweight && M >= kTiledQuantGemmMinM && K > 0 &&
         int4_gemm_amx(out, a, P.a_stride, qweight, scales, mins, bias, M, N, K, G))
       return;
+  }
 #endif
 #if defined(DK_AMX_EXACT_GEMM)
   if constexpr (!std::is_same_v<T, bf16_t>) {  // fp32 / fp16: exact integer products on the tile unit
@@ -354,10 +364,17 @@ void int8_gemm(T* out,                  // [M, N]
   const int G = P.group_size;
   const int64_t ng = K / G;
 #if defined(DK_AMX_QUANT_GEMM)
-  if constexpr (std::is_same_v<T, bf16_t>)
+  if constexpr (std::is_same_v<T, bf16_t>) {
+#if defined(DK_AMX_EXACT_GEMM)
+    if (P.amx_rows && K > 0) {  // the copy (quant_amx_rows_bf16.h), as int4_gemm
+      if (M <= kAmxRowsInt8MaxM && amx_rows_int8(out, a, P.a_stride, P.amx_rows, bias, M, N, K, G)) return;
+      if (M > kAmxRowsInt8MaxM && amx_rows_bf16_int8(out, a, P.a_stride, P.amx_rows, bias, M, N, K, G)) return;
+    }
+#endif
     if (qweight && M >= kTiledQuantGemmMinM && K > 0 &&
         int8_gemm_amx(out, a, P.a_stride, qweight, scales, bias, M, N, K, G))
       return;
+  }
 #endif
 #if defined(DK_AMX_EXACT_GEMM)
   if constexpr (!std::is_same_v<T, bf16_t>) {  // 1 .. 8 rows from the repacked copy (quant_amx_rows.h), then 9+

@@ -157,11 +157,11 @@ class LlamaModel:
         """Each packed INT4 projection's second copy for the kernel that reads it, made now, before the engine
         profiles memory and captures CUDA graphs, rather than on a first decode step: on CUDA with fp16 / bf16
         activations the Marlin-style kernel's (decodekit.ops.prepare_marlin: then all that is held of the weight,
-        DECODEKIT_INT4_MARLIN=auto; under TP of the column-parallel ones); on a CPU with AMX-INT8 and
-        float32 / float16 activations the few-row AMX kernels' (decodekit.ops.prepare_amx_rows, for the INT4 / INT8
+        DECODEKIT_INT4_MARLIN=auto; under TP of the column-parallel ones); on a CPU with AMX-INT8 the few-row
+        AMX kernels' (any float dtype; decodekit.ops.prepare_amx_rows, for the INT4 / INT8
         projections and an INT8 LM head: every row count then computes a row with the same bits; the copy is then
         all that is held of the weight, PackedWeight.copy_only: one copy in memory, not two)."""
-        if (self.device.type == "cpu" and self.dtype in (torch.float32, torch.float16) and self.tp is None
+        if (self.device.type == "cpu" and self.dtype in (torch.float32, torch.float16, torch.bfloat16) and self.tp is None
                 and ops.int4_amx_rows_available()):
             for L in self.layers:
                 for w in (L.qkv, L.o, L.gate_up, L.down):
