@@ -59,6 +59,15 @@ def cpu_amx_expected() -> bool:
             and os.environ.get("DECODEKIT_NATIVE", "1") != "0" and not os.environ.get("DECODEKIT_MARCH"))
 
 
+def cpu_bf16_products_expected() -> bool:
+    """Whether the CPU's bf16 INT4/INT8 GEMMs of 9+ rows multiply the decoded weight rounded to bf16: on the AMX tile
+    unit (cpu_amx_expected) or, without it, with AVX512-BF16's VDPBF16PS (gemm/int4_tiled_bf16.h: AMD Zen 4 / 5; a
+    -march=native build and DECODEKIT_CPU_BF16_DOT not 0)."""
+    dot = ("avx512_bf16" in _cpu_flags() and os.environ.get("DECODEKIT_CPU_BF16_DOT", "1") != "0"
+           and os.environ.get("DECODEKIT_NATIVE", "1") != "0" and not os.environ.get("DECODEKIT_MARCH"))
+    return cpu_amx_expected() or dot
+
+
 def cpu_amx_exact_expected() -> bool:
     """Whether the CPU's fp32 / fp16 INT4/INT8 GEMMs of 9+ rows run on the AMX int8 unit with exact integer
     products (gemm/quant_amx_exact.h): cpu_amx_expected() and AMX-INT8."""

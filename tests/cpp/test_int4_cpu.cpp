@@ -4,7 +4,8 @@
 // reference on the decoded weights (int4_code / int4_weight), for fp32/fp16/bf16, every row-block
 // tail, N not a multiple of the column strip, several K blocks, group sizes 32/64/128, bias / no
 // bias, rows of a strided with NaN padding. bf16 from 9 rows on AMX CPUs (quant_amx.h): the oracle
-// rounds the decoded weight to bf16, as the tile unit's products do; fp32 / fp16 from 9 rows there
+// rounds the decoded weight to bf16, as the tile unit's products do (and VDPBF16PS's on AVX512-BF16 CPUs without
+// AMX: int4_tiled_bf16.h, also called directly at every M); fp32 / fp16 from 9 rows there
 // (quant_amx_exact.h): the bound adds each block's fixed-point error. Rows 1 .. 8 must also be bitwise the rows computed
 // alone (speculative verification reproduces plain decoding).
 //
@@ -57,7 +58,7 @@ struct Quant {  // one random weight, both formats' codes
   }
 };
 
-enum class Path { kEntry, kTiled };
+enum class Path { kEntry, kTiled, kTiledBf16 };
 
 // out = a @ w^T (+ bias) through int4_gemm / int8_gemm (entry) or the tiled kernel itself.
 template <class T>
@@ -69,6 +70,16 @@ void gemm(Path path, const Quant& W, bool int8, T* out, const T* a, int64_t lda,
     else dk::cpu::int4_gemm<T>(out, a, W.q4.data(), W.s.data(), W.m.data(), bias, P);
     return;
   }
+#if defined(DK_TILED_QUANT_BF16)
+  if constexpr (std::is_same_v<T, dk::bf16_t>)
+    if (path == Path::kTiledBf16) {
+      const bool ran = int8 ? dk::cpu::int8_gemm_tiled_bf16(out, a, lda, W.q8.data(), W.s.data(), bias, M, N, K, W.G)
+                            : dk::cpu::int4_gemm_tiled_bf16(out, a, lda, W.q4.data(), W.s.data(), W.m.data(), bias, M,
+                                                            N, K, W.G);
+      CHECK(ran) << "int4_gemm_tiled_bf16 did not run";
+      return;
+    }
+#endif
 #if defined(DK_TILED_QUANT_GEMM)
   if (int8) dk::cpu::int8_gemm_tiled<T>(out, a, lda, W.q8.data(), W.s.data(), bias, M, N, K, W.G);
   else dk::cpu::int4_gemm_tiled<T>(out, a, lda, W.q4.data(), W.s.data(), W.m.data(), bias, M, N, K, W.G);
@@ -91,12 +102,16 @@ void test_gemm(Rng& rng, const Quant& W, bool int8, int64_t M, bool with_bias, P
 #else
   const bool parts = true;
 #endif
-  // bf16 from 9 rows on an AMX CPU (quant_amx.h): products of the bf16-rounded decoded weight
+  // bf16 from 9 rows on an AMX CPU (quant_amx.h) or one with AVX512-BF16 (int4_tiled_bf16.h): products of the
+  // bf16-rounded decoded weight
+  [[maybe_unused]] const bool entry_bf16 = std::is_same_v<T, dk::bf16_t> && path == Path::kEntry && M >= dk::cpu::kTiledQuantGemmMinM;
 #if defined(DK_AMX_QUANT_GEMM)
-  const bool amx = std::is_same_v<T, dk::bf16_t> && path == Path::kEntry && M >= dk::cpu::kTiledQuantGemmMinM &&
-                   dk::cpu::amx_enabled();
+  bool amx = entry_bf16 && dk::cpu::amx_enabled();
 #else
-  const bool amx = false;
+  bool amx = false;
+#endif
+#if defined(DK_TILED_QUANT_BF16)
+  amx = amx || path == Path::kTiledBf16 || (entry_bf16 && dk::cpu::bf16_dot_enabled());
 #endif
   // fp32 / fp16 from 9 rows on an AMX CPU (quant_amx_exact.h): each 32-element block of a row is a
   // 23-bit fixed point, |a - a'| <= 2^-22 max |a| over the block; the products are exact, the block
@@ -131,7 +146,7 @@ void test_gemm(Rng& rng, const Quant& W, bool int8, int64_t M, bool with_bias, P
       }
       CHECK_NEAR(to_d(out[size_t(r * N + n)]), want, store_tol<T>(want, rel32, scale) + fixed)
           << (int8 ? "int8" : "int4") << TypeInfo<T>::name << "M" << M << "N" << N << "K" << K << "G" << W.G
-          << "row" << r << "col" << n << (amx ? "amx" : exact ? "amx-exact" : path == Path::kEntry ? "entry" : "tiled");
+          << "row" << r << "col" << n << (amx ? "bf16 products" : exact ? "amx-exact" : path == Path::kEntry ? "entry" : "tiled");
     }
   }
   for (int i = 0; i < kGuard; ++i) CHECK(same_bits(out[size_t(M * N + i)], poison<T>())) << "wrote past the output";
@@ -175,6 +190,9 @@ int main() {
           test_gemm<dk::half_t>(rng, W, int8, M, !with_bias, path);
           test_gemm<dk::bf16_t>(rng, W, int8, M, with_bias, path);
         }
+#if defined(DK_TILED_QUANT_BF16)
+        test_gemm<dk::bf16_t>(rng, W, int8, M, !with_bias, Path::kTiledBf16);
+#endif
       }
       test_rows_alone<float>(rng, W, int8);
       test_rows_alone<dk::bf16_t>(rng, W, int8);
@@ -187,6 +205,8 @@ int main() {
 #else
                                                    : ", AMX for bf16 from 9 rows");
 #endif
+#elif defined(DK_TILED_QUANT_BF16)
+  std::printf("test_int4_cpu: AVX-512 kernels, AVX512-BF16 products for bf16 from 9 rows\n");
 #elif defined(DK_TILED_QUANT_AVX512)
   std::printf("test_int4_cpu: AVX-512 kernels\n");
 #elif defined(DK_QUANT_SMALL_M_AVX2)

@@ -1,12 +1,14 @@
-"""The CPU's AMX path for bf16 activations (include/decodekit/gemm/quant_amx.h): from 9 rows, int4_gemm /
-int8_gemm with bf16 `a` run their products on the tile unit with the decoded weight rounded to bf16
-(as the CUDA kernels' tensor cores do), fp32 accumulation, bias in fp32, one rounding of the output.
+"""The CPU's bf16 products for bf16 activations: from 9 rows, int4_gemm / int8_gemm with bf16 `a` run their
+products on the AMX tile unit (include/decodekit/gemm/quant_amx.h) or, on CPUs with AVX512-BF16 but no AMX, with
+VDPBF16PS (gemm/int4_tiled_bf16.h), the decoded weight rounded to bf16 (as the CUDA kernels' tensor cores do),
+fp32 accumulation, bias in fp32, one rounding of the output.
 
 The general error bound (|a| |w| relative, TOL[bf16]) is checked for every CPU path by test_int4.py;
 here the oracle is exact about the semantics: each output is the bf16 rounding of the float64 product
 with the bf16-rounded weight, except where fp32 accumulation lands within an ulp's sliver of a rounding
 boundary. The same outputs against the unrounded weight differ in a large fraction of places, so the
-test tells the two paths apart. With DECODEKIT_CPU_AMX=0 (or without AMX) the fp32 kernels serve bf16.
+test tells the two paths apart. With DECODEKIT_CPU_AMX=0 DECODEKIT_CPU_BF16_DOT=0 (or neither instruction set) the
+fp32 kernels serve bf16.
 """
 import os
 import subprocess
@@ -16,12 +18,12 @@ import textwrap
 import pytest
 import torch
 
-from dk_testing import cpu_amx_expected, random_int4_weight, random_int8_weight, randn, strided_rows
+from dk_testing import cpu_bf16_products_expected, random_int4_weight, random_int8_weight, randn, strided_rows
 from decodekit import ops
 from decodekit.ops import reference as ref
 
 
-AMX_EXPECTED = cpu_amx_expected()
+BF16_PRODUCTS_EXPECTED = cpu_bf16_products_expected()
 
 
 def _decoded(w) -> torch.Tensor:
@@ -53,7 +55,8 @@ def _run(kind, M, N, K, G, with_bias, gen):
     return out, a, _decoded(w), bias
 
 
-@pytest.mark.skipif(not AMX_EXPECTED, reason="no AMX on this CPU (or DECODEKIT_CPU_AMX=0 / a non-native build)")
+@pytest.mark.skipif(not BF16_PRODUCTS_EXPECTED,
+                    reason="neither AMX nor AVX512-BF16 on this CPU (or both turned off / a non-native build)")
 @pytest.mark.parametrize("kind", ["int4", "int8"])
 @pytest.mark.parametrize("M, N, K, G, with_bias", [
     (9, 67, 192, 64, True),       # fewest rows on the AMX path, one 16-row tile (7 zero rows), N tail
@@ -62,7 +65,7 @@ def _run(kind, M, N, K, G, with_bias, gen):
     (37, 130, 1024, 128, False),  # 3 tiles, long K, G = 128 (4 chunks of 16 codes a group)
     (300, 96, 640, 64, True),     # two row chunks of <= 256 (the second one 44 rows)
 ])
-def test_amx_products_use_bf16_weights(kind, M, N, K, G, with_bias, gen):
+def test_bf16_products_use_bf16_weights(kind, M, N, K, G, with_bias, gen):
     out, a, wd, bias = _run(kind, M, N, K, G, with_bias, gen)
     frac_b, ulps_b = _match_fraction(out, a, wd.bfloat16(), bias)
     frac_w, _ = _match_fraction(out, a, wd, bias)
@@ -73,7 +76,8 @@ def test_amx_products_use_bf16_weights(kind, M, N, K, G, with_bias, gen):
 
 
 def test_amx_off_uses_fp32_weights():
-    """DECODEKIT_CPU_AMX=0: bf16 activations from 9 rows go to the fp32 tiled kernel (unrounded weights)."""
+    """DECODEKIT_CPU_AMX=0 DECODEKIT_CPU_BF16_DOT=0: bf16 activations from 9 rows go to the fp32 tiled kernel
+    (unrounded weights)."""
     code = textwrap.dedent("""
         import sys, torch
         sys.path[:0] = [{tests!r}, {ops!r}]
@@ -85,7 +89,7 @@ def test_amx_off_uses_fp32_weights():
         print(fw, uw, fb)
     """).format(tests=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                ops=os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, DECODEKIT_CPU_AMX="0")
+    env = dict(os.environ, DECODEKIT_CPU_AMX="0", DECODEKIT_CPU_BF16_DOT="0")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                        cwd=os.path.dirname(os.path.dirname(__file__)))
     assert r.returncode == 0, r.stderr[-2000:]

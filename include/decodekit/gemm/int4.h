@@ -17,6 +17,7 @@
 #include "decodekit/common/macros.h"
 #include "decodekit/gemm/int4_common.h"
 #include "decodekit/gemm/int4_tiled.h"
+#include "decodekit/gemm/int4_tiled_bf16.h"
 #include "decodekit/gemm/quant_amx.h"
 #include "decodekit/gemm/quant_amx_exact.h"
 #include "decodekit/gemm/quant_amx_rows.h"
@@ -202,6 +203,12 @@ void int4_gemm(T* out,                  // [M, N]
       return;
   }
 #endif
+#if defined(DK_TILED_QUANT_BF16)
+  if constexpr (std::is_same_v<T, bf16_t>)  // no tile unit: bf16 products on AVX512-BF16 (int4_tiled_bf16.h)
+    if (qweight && M >= kTiledQuantGemmMinM && K > 0 &&
+        int4_gemm_tiled_bf16(out, a, P.a_stride, qweight, scales, mins, bias, M, N, K, G))
+      return;
+#endif
   if (!qweight) {  // held only as the copy and no kernel above took it (bf16, no tile unit): unpack it
     std::vector<uint8_t> q(size_t(N * K / 2));
     std::vector<half_t> sm(size_t(2 * N * ng));
@@ -384,6 +391,12 @@ void int8_gemm(T* out,                  // [M, N]
         int8_gemm_amx_exact(out, a, P.a_stride, qweight, scales, bias, M, N, K, G))
       return;
   }
+#endif
+#if defined(DK_TILED_QUANT_BF16)
+  if constexpr (std::is_same_v<T, bf16_t>)  // no tile unit: bf16 products on AVX512-BF16 (int4_tiled_bf16.h)
+    if (qweight && M >= kTiledQuantGemmMinM && K > 0 &&
+        int8_gemm_tiled_bf16(out, a, P.a_stride, qweight, scales, bias, M, N, K, G))
+      return;
 #endif
   if (!qweight) {  // held only as the copy and no kernel above took it: unpack it
     std::vector<int8_t> q(size_t(N * K));

@@ -1,0 +1,216 @@
+// INT4 / INT8 weight-only GEMM for bf16 activations on CPUs with AVX512-BF16 but no AMX tile unit (AMD Zen 4 /
+// Zen 5; Intel Cooper Lake; Sapphire Rapids with DECODEKIT_CPU_AMX=0): int4_tiled.h's BLIS-style tiling with
+// bf16 products, VDPBF16PS (two bf16 x bf16 products a lane into fp32), twice the fp32 FMA's multiply-adds per
+// instruction, so bf16 prefill is no longer bound by fp32 FMAs.
+//
+// Semantics: quant_amx.h's, out = bf16(sum_k a[m, k] * bf16(w[n, k]) + bias[n]) with w[n, k] the fp32 decoded
+// weight (scale * q + min, one rounding; INT8 scale * q, exact) rounded to bf16 (RNE), the products exact in
+// fp32 and summed in fp32 in the hardware's order (VDPBF16PS: denormal inputs read as zero), bias added in fp32,
+// one rounding of the output: a bf16 model computes the same thing on either kind of CPU, up to the order of
+// the fp32 sums. Used from kTiledQuantGemmMinM rows (fewer rows keep the GEMV arithmetic).
+//
+// Panel: 32 output columns x kc of K decoded once as bf16 pairs, bp[k / 2][j] = (w[n0 + j, k], w[n0 + j, k + 1])
+// (the low half the even k), 16 KB at kc = 256; the micro-kernel (MR = 12 rows x NR = 32 columns, 24 fp32
+// accumulators) broadcasts a row's (a[k], a[k + 1]) pair straight from the bf16 rows of a.
+// DECODEKIT_CPU_BF16_DOT=0 turns it off (the fp32 tiled kernel then serves bf16, as before).
+#pragma once
+#include <cstdlib>
+#include <cstring>
+
+#include "decodekit/common/avx512.h"  // lanes_mask, store16
+#include "decodekit/gemm/int4_tiled.h"
+
+#if defined(DK_TILED_QUANT_AVX512) && defined(DK_AVX512_LOAD_STORE16) && defined(__AVX512BF16__)
+#define DK_TILED_QUANT_BF16 1
+#endif
+
+namespace dk {
+namespace cpu {
+
+#if defined(DK_TILED_QUANT_BF16)
+
+inline bool bf16_dot_enabled() {
+  static const bool ok = [] {
+    const char* env = std::getenv("DECODEKIT_CPU_BF16_DOT");
+    return !(env && std::strcmp(env, "0") == 0);
+  }();
+  return ok;
+}
+
+// 16 columns' fp32 values of k (x0) and k + 1 (x1) as 16 bf16 pairs (RNE), x0 in each dword's low half.
+DK_FORCE_INLINE __m512i tile_bf16_pairs(__m512 x0, __m512 x1) {
+  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                       21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(idx, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(x1, x0)));
+}
+
+// c[r][:] = init[:] + sum_k a[r][k] * bp[k][:] (init: c itself when null) for R rows, kc even.
+template <int R>
+inline void tile_kernel_bf16(float* c,             // [R][NR], row stride ldc
+                             int64_t ldc,
+                             const bf16_t* a,      // [R][kc], row stride lda (k0 even)
+                             int64_t lda,
+                             const uint32_t* bp,   // [kc / 2][NR] bf16 pairs
+                             int64_t kc,
+                             const float* init) {  // [NR] or null
+  __m512 c0[R], c1[R];
+  for (int r = 0; r < R; ++r) {
+    c0[r] = _mm512_loadu_ps(init ? init : c + r * ldc);
+    c1[r] = _mm512_loadu_ps(init ? init + 16 : c + r * ldc + 16);
+  }
+  for (int64_t p = 0; p < kc / 2; ++p) {
+    const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_load_si512(bp + p * kTileNR));
+    const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_load_si512(bp + p * kTileNR + 16));
+    for (int r = 0; r < R; ++r) {
+      int32_t pair;
+      std::memcpy(&pair, a + r * lda + 2 * p, 4);
+      const __m512bh av = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
+      c0[r] = _mm512_dpbf16_ps(c0[r], av, b0);
+      c1[r] = _mm512_dpbf16_ps(c1[r], av, b1);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(c + r * ldc, c0[r]);
+    _mm512_storeu_ps(c + r * ldc + 16, c1[r]);
+  }
+}
+
+inline void tile_kernel_bf16_rows(int rows, float* c, int64_t ldc, const bf16_t* a, int64_t lda, const uint32_t* bp,
+                                  int64_t kc, const float* init) {
+  switch (rows) {
+#define DK_TILE_CASE(R) \
+    case R: return tile_kernel_bf16<R>(c, ldc, a, lda, bp, kc, init);
+    DK_TILE_CASE(1) DK_TILE_CASE(2) DK_TILE_CASE(3) DK_TILE_CASE(4) DK_TILE_CASE(5) DK_TILE_CASE(6)
+    DK_TILE_CASE(7) DK_TILE_CASE(8) DK_TILE_CASE(9) DK_TILE_CASE(10) DK_TILE_CASE(11)
+#undef DK_TILE_CASE
+    default: return tile_kernel_bf16<kTileMR>(c, ldc, a, lda, bp, kc, init);
+  }
+}
+
+// bp[(k - k0) / 2][j] = the bf16 pair (w[n0 + j, k], w[n0 + j, k + 1]) for even k in [k0, k0 + kc), j < NR
+// (zeros for rows past N): tile_decode_int4's gathers and arithmetic, rounded to bf16 in pairs.
+inline void tile_decode_int4_bf16(uint32_t* bp,            // [kc / 2][NR]
+                                  const uint8_t* qweight,  // [N, K / 2]
+                                  const half_t* scales,    // [N, K / G]
+                                  const half_t* mins,      // [N, K / G]
+                                  int64_t N, int64_t K, int G, int64_t n0, int64_t k0, int64_t kc) {
+  const int64_t ng = K / G;
+  const int half = G / 2;
+  const __m512i low4 = _mm512_set1_epi32(15);
+  for (int h = 0; h < kTileNR / 16; ++h) {
+    const int64_t nb = n0 + 16 * h;
+    const TileRows rows(nb, N, K / 2);
+    const uint8_t* base = qweight + std::min(nb, N - 1) * (K / 2);
+    alignas(64) float st[16 * 8], mt[16 * 8];
+    rows.groups(st, scales, nb, ng, k0 / G, int(kc / G));
+    rows.groups(mt, mins, nb, ng, k0 / G, int(kc / G));
+    for (int64_t g = k0 / G; g < (k0 + kc) / G; ++g) {
+      const __m512 d = TileRows::column(st, int(g - k0 / G)), m = TileRows::column(mt, int(g - k0 / G));
+      uint32_t* dst = bp + (g * G - k0) / 2 * kTileNR + 16 * h;
+      for (int c = 0; c < half; c += 4) {  // bytes g*half + c .. +3: elements c + j (low nibble), half + c + j (high)
+        const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows.mask, rows.offsets,
+                                                      base + g * half + c, 1);
+        __m512 lo[4], hi[4];
+        for (int j = 0; j < 4; ++j) {
+          lo[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * j), low4)), d, m);
+          hi[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * j + 4), low4)), d, m);
+        }
+        for (int j = 0; j < 4; j += 2) {  // c and half are even: (c + j, c + j + 1) is a pair
+          _mm512_store_si512(dst + (c + j) / 2 * kTileNR, tile_bf16_pairs(lo[j], lo[j + 1]));
+          _mm512_store_si512(dst + (half + c + j) / 2 * kTileNR, tile_bf16_pairs(hi[j], hi[j + 1]));
+        }
+      }
+    }
+  }
+}
+
+inline void tile_decode_int8_bf16(uint32_t* bp,           // [kc / 2][NR]
+                                  const int8_t* qweight,  // [N, K]
+                                  const half_t* scales,   // [N, K / G]
+                                  int64_t N, int64_t K, int G, int64_t n0, int64_t k0, int64_t kc) {
+  const int64_t ng = K / G;
+  for (int h = 0; h < kTileNR / 16; ++h) {
+    const int64_t nb = n0 + 16 * h;
+    const TileRows rows(nb, N, K);
+    const int8_t* base = qweight + std::min(nb, N - 1) * K;
+    alignas(64) float st[16 * 8];
+    rows.groups(st, scales, nb, ng, k0 / G, int(kc / G));
+    for (int64_t g = k0 / G; g < (k0 + kc) / G; ++g) {
+      const __m512 d = TileRows::column(st, int(g - k0 / G));
+      uint32_t* dst = bp + (g * G - k0) / 2 * kTileNR + 16 * h;
+      for (int c = 0; c < G; c += 4) {
+        const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows.mask, rows.offsets,
+                                                      base + g * G + c, 1);
+        __m512 w[4];
+        for (int j = 0; j < 4; ++j)  // byte j, sign-extended; d * q is exact
+          w[j] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * j), 24)), d);
+        _mm512_store_si512(dst + c / 2 * kTileNR, tile_bf16_pairs(w[0], w[1]));
+        _mm512_store_si512(dst + (c + 2) / 2 * kTileNR, tile_bf16_pairs(w[2], w[3]));
+      }
+    }
+  }
+}
+
+// out[m, n] = bf16(sum_k a[m, k] * bf16(w[n, k]) + bias[n]) with decode(bp, n0, k0, kc) writing the panel.
+// False (nothing written) when turned off.
+template <class Decode>
+bool tiled_quant_gemm_bf16(bf16_t* out,         // [M, N]
+                           const bf16_t* a,     // [M, K], row stride a_stride
+                           int64_t a_stride,
+                           const bf16_t* bias,  // [N] or null
+                           int64_t M, int64_t N, int64_t K, int G, Decode decode) {
+  if (!bf16_dot_enabled() || K % 32 != 0) return false;
+  constexpr int MR = kTileMR, NR = kTileNR;
+  const TilePlan plan(M, N, K, G, MR, NR);
+#pragma omp parallel if (plan.parallel)
+  {
+  std::vector<float> bp_buf, c_buf, init_buf;
+  uint32_t* bp = reinterpret_cast<uint32_t*>(tile_buffer(bp_buf, plan.kc / 2 * NR));
+  float* cb = tile_buffer(c_buf, plan.mc * NR);
+  float* init = tile_buffer(init_buf, NR);
+#pragma omp for schedule(dynamic, 1)
+  for (int64_t t = 0; t < plan.nmb * plan.groups; ++t) {
+    const int64_t ib = t / plan.groups, m0 = ib * plan.mc, rows = std::min(plan.mc, M - m0);
+    const bf16_t* ab = a + m0 * a_stride;
+    const int64_t s1 = std::min(plan.strips, (t % plan.groups + 1) * plan.per_group);
+    for (int64_t s = (t % plan.groups) * plan.per_group; s < s1; ++s) {
+      const int64_t n0 = s * NR;
+      const int cols = int(std::min<int64_t>(NR, N - n0));
+      for (int j = 0; j < NR; ++j) init[j] = bias && j < cols ? to_float(bias[n0 + j]) : 0.f;
+      for (int64_t k0 = 0; k0 < K; k0 += plan.kc) {
+        const int64_t kcur = std::min(plan.kc, K - k0);
+        decode(bp, n0, k0, kcur);
+        for (int64_t r0 = 0; r0 < rows; r0 += MR)
+          tile_kernel_bf16_rows(int(std::min<int64_t>(MR, rows - r0)), cb + r0 * NR, NR, ab + r0 * a_stride + k0,
+                                a_stride, bp, kcur, k0 == 0 ? init : nullptr);
+      }
+      const __mmask16 m0s = lanes_mask(std::min(cols, 16)), m1s = lanes_mask(std::max(cols - 16, 0));
+      for (int64_t r = 0; r < rows; ++r) {  // one rounding to bf16 (store16: float_to_bf16's RNE)
+        store16(out + (m0 + r) * N + n0, _mm512_loadu_ps(cb + r * NR), m0s);
+        if (cols > 16) store16(out + (m0 + r) * N + n0 + 16, _mm512_loadu_ps(cb + r * NR + 16), m1s);
+      }
+    }
+  }
+  }
+  return true;
+}
+
+inline bool int4_gemm_tiled_bf16(bf16_t* out, const bf16_t* a, int64_t a_stride, const uint8_t* qweight,
+                                 const half_t* scales, const half_t* mins, const bf16_t* bias, int64_t M, int64_t N,
+                                 int64_t K, int G) {
+  return tiled_quant_gemm_bf16(out, a, a_stride, bias, M, N, K, G, [&](uint32_t* bp, int64_t n0, int64_t k0, int64_t kc) {
+    tile_decode_int4_bf16(bp, qweight, scales, mins, N, K, G, n0, k0, kc);
+  });
+}
+
+inline bool int8_gemm_tiled_bf16(bf16_t* out, const bf16_t* a, int64_t a_stride, const int8_t* qweight,
+                                 const half_t* scales, const bf16_t* bias, int64_t M, int64_t N, int64_t K, int G) {
+  return tiled_quant_gemm_bf16(out, a, a_stride, bias, M, N, K, G, [&](uint32_t* bp, int64_t n0, int64_t k0, int64_t kc) {
+    tile_decode_int8_bf16(bp, qweight, scales, N, K, G, n0, k0, kc);
+  });
+}
+
+#endif  // DK_TILED_QUANT_BF16
+
+}  // namespace cpu
+}  // namespace dk
