@@ -4,8 +4,12 @@
 // All arithmetic in fp32; one rounding to the storage type at each store.
 #pragma once
 #include <cmath>
+#include <type_traits>
 #include <vector>
 #include "decodekit/common/dtype.h"
+#if defined(__AVX512F__)
+#include "decodekit/common/avx512.h"  // load16 / store16 (fp16 rows: the scalar conversions do not vectorize)
+#endif
 
 namespace dk {
 
@@ -26,6 +30,21 @@ void rms_norm(T* DK_RESTRICT out,          // [rows, hidden], contiguous
   for (int64_t r = 0; r < rows; ++r) {
     const T* x = in + r * in_stride;
     T* y = out + r * int64_t(hidden);
+#if defined(DK_AVX512_LOAD_STORE16)
+    if constexpr (std::is_same_v<T, half_t>) {  // the same arithmetic, 16 lanes at a time
+      __m512 acc = _mm512_setzero_ps();
+      for (int i = 0; i < hidden; i += 16) {
+        const __m512 v = load16(x + i, lanes_mask(hidden - i));
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(v, v));
+      }
+      const __m512 inv = _mm512_set1_ps(rms_inv(_mm512_reduce_add_ps(acc), hidden, eps));
+      for (int i = 0; i < hidden; i += 16) {
+        const __mmask16 m = lanes_mask(hidden - i);
+        store16(y + i, _mm512_mul_ps(_mm512_mul_ps(load16(x + i, m), inv), load16(weight + i, m)), m);
+      }
+      continue;
+    }
+#endif
     float ss = 0.f;
 #pragma omp simd reduction(+ : ss)
     for (int i = 0; i < hidden; ++i) {
@@ -47,12 +66,30 @@ void fused_add_rms_norm(T* DK_RESTRICT x,          // [rows, hidden], row stride
                         int64_t rows, int hidden, float eps) {
 #pragma omp parallel if (rows * hidden >= kParallelGrain)
   {
-    std::vector<float> z(hidden);  // the unrounded sum, one row per thread
+    std::vector<float> z((hidden + 15) / 16 * 16);  // the unrounded sum, one row per thread
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       T* xr = x + r * x_stride;
       T* rr = residual + r * r_stride;
       float* zr = z.data();
+#if defined(DK_AVX512_LOAD_STORE16)
+      if constexpr (std::is_same_v<T, half_t>) {  // the same arithmetic, 16 lanes at a time
+        __m512 acc = _mm512_setzero_ps();
+        for (int i = 0; i < hidden; i += 16) {
+          const __mmask16 m = lanes_mask(hidden - i);
+          const __m512 v = _mm512_add_ps(load16(xr + i, m), load16(rr + i, m));
+          _mm512_storeu_ps(zr + i, v);  // (z holds hidden rounded up to 16: see below)
+          store16(rr + i, v, m);
+          acc = _mm512_add_ps(acc, _mm512_mul_ps(v, v));
+        }
+        const __m512 inv = _mm512_set1_ps(rms_inv(_mm512_reduce_add_ps(acc), hidden, eps));
+        for (int i = 0; i < hidden; i += 16) {
+          const __mmask16 m = lanes_mask(hidden - i);
+          store16(xr + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(zr + i), inv), load16(weight + i, m)), m);
+        }
+        continue;
+      }
+#endif
       float ss = 0.f;
 #pragma omp simd reduction(+ : ss)
       for (int i = 0; i < hidden; ++i) {

@@ -3,7 +3,12 @@
 // NeoX style rotates pairs (i, i + rot_dim/2); GPT-J style rotates (2i, 2i + 1).
 // Elements past rot_dim (partial rotary) are left unchanged.
 #pragma once
+#include <type_traits>
+
 #include "decodekit/common/dtype.h"
+#if defined(__AVX512F__)
+#include "decodekit/common/avx512.h"  // load16 / store16 (fp16 heads: the scalar conversions do not vectorize)
+#endif
 
 namespace dk {
 
@@ -30,6 +35,19 @@ inline void rope_heads(T* base, int64_t head_stride, int num_heads, const float*
   const int half = rot_dim / 2;
   for (int h = 0; h < num_heads; ++h) {
     T* p = base + h * head_stride;
+#if defined(DK_AVX512_LOAD_STORE16)
+    if constexpr (std::is_same_v<T, half_t>)
+      if (is_neox) {  // rope_rotate's arithmetic, 16 pairs at a time
+        for (int i = 0; i < half; i += 16) {
+          const __mmask16 m = lanes_mask(half - i);
+          const __m512 x = load16(p + i, m), y = load16(p + i + half, m);
+          const __m512 c = _mm512_maskz_loadu_ps(m, cs + i), s = _mm512_maskz_loadu_ps(m, cs + half + i);
+          store16(p + i, _mm512_sub_ps(_mm512_mul_ps(x, c), _mm512_mul_ps(y, s)), m);
+          store16(p + i + half, _mm512_add_ps(_mm512_mul_ps(y, c), _mm512_mul_ps(x, s)), m);
+        }
+        continue;
+      }
+#endif
     if (is_neox) {
 #pragma omp simd
       for (int i = 0; i < half; ++i) {
