@@ -1,6 +1,7 @@
 // CPU fp8 e4m3 W8A8 GEMM (include/decodekit/gemm/fp8_gemm.h: the AVX-512 or AVX2 kernel, or the portable
-// loop) vs. a float64 reference on the same codes: M 1 .. 17 (every row-block tail), N odd, K a multiple
-// of 16, of 8 only, and of neither (the portable loop), per-row / per-column scales, bias or none,
+// loop; from 9 rows, with AVX512-BF16, the tiled bf16-product kernel) vs. a float64 reference on the same codes:
+// M 1 .. 40 (every row-block tail), N odd or over two 32-column strips, K a multiple of 32, of 8 only, and of
+// neither (the portable loop), per-row / per-column scales, bias or none,
 // fp32 / fp16 / bf16 outputs, output guard poisoned.
 //
 // CMake builds it for -march=native, x86-64-v3 (AVX2, no AVX-512; skipped, exit 77, without AVX2) and
@@ -62,13 +63,17 @@ void test_gemm(Rng& rng, int64_t M, int64_t N, int64_t K, bool with_bias) {
 int main() {
   skip_without_avx2("test_fp8_gemm_cpu");
   Rng rng(5);
-  for (int64_t K : {576, 200, 13})
-    for (int64_t M : {1, 2, 3, 4, 5, 8, 17}) {
-      test_gemm<float>(rng, M, 37, K, M % 2);
-      test_gemm<dk::half_t>(rng, M, 37, K, !(M % 2));
-      test_gemm<dk::bf16_t>(rng, M, 37, K, true);
-    }
-#if defined(DK_FP8_GEMM_AVX512)
+  for (int64_t K : {576, 200, 13, 96})
+    for (int64_t M : {1, 2, 3, 4, 5, 8, 9, 13, 17, 40})
+      for (int64_t N : {37, 70}) {  // 70: two column strips of 32 and a tail of 6
+        if (N == 70 && M % 2) continue;
+        test_gemm<float>(rng, M, N, K, M % 2);
+        test_gemm<dk::half_t>(rng, M, N, K, !(M % 2));
+        test_gemm<dk::bf16_t>(rng, M, N, K, true);
+      }
+#if defined(DK_FP8_GEMM_AVX512) && defined(DK_TILED_QUANT_BF16)
+  std::printf("test_fp8_gemm_cpu: AVX-512 kernel, bf16 products from %d rows\n", int(dk::cpu::kFp8TiledMinM));
+#elif defined(DK_FP8_GEMM_AVX512)
   std::printf("test_fp8_gemm_cpu: AVX-512 kernel\n");
 #elif defined(DK_AVX2)
   std::printf("test_fp8_gemm_cpu: AVX2 kernel\n");

@@ -18,6 +18,7 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__F16C__)
 #include <immintrin.h>
 #define DK_FP8_GEMM_AVX512 1
+#include "decodekit/gemm/int4_tiled_bf16.h"  // DK_TILED_QUANT_BF16: 9+ rows as bf16 products (exact here)
 #else
 #include "decodekit/common/avx2.h"  // DK_AVX2: the 8-lane version of the same kernel
 #endif
@@ -82,6 +83,68 @@ inline void fp8_dot_rows(const float* af, int64_t K, const uint8_t* wr, float* r
   }
   for (int r = 0; r < MM; ++r) res[r] = _mm512_reduce_add_ps(acc[r]) * 256.f;
 }
+#if defined(DK_TILED_QUANT_BF16)
+// 9+ rows on AVX512-BF16: e4m3 values are exact in bf16 (4 significant bits, exponents in range), so VDPBF16PS's
+// products are the exact products of the rows kernel above and only the order of the fp32 sums differs; codes are
+// taken as bf16 x 2^-8 (fp8x16_to_ps_scaled's trick), the sums scaled back by 2^16 (exact), then the same
+// epilogue (sum * a_scale * w_scale + bias, one rounding to T). int4_tiled_bf16.h's tiling: 1.8-1.9x the fp32
+// FMA rate. Rows 1 .. 8 keep the rows kernel (a row's bits there do not depend on the row count).
+constexpr int64_t kFp8TiledMinM = 9;
+
+// One e4m3 code a 32-bit lane (0..255) as fp32 x 2^-8.
+DK_FORCE_INLINE __m512 fp8_lanes_to_ps_scaled(__m512i b) {
+  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 8);
+  const __m512i mag = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x7f)), 7);
+  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_or_si512(sign, mag)));
+}
+
+// bp[(k - k0) / 2][j] = the pair (w[n0 + j, k], w[n0 + j, k + 1]) as bf16 x 2^-8, zeros for rows past N.
+inline void tile_decode_fp8_bf16(uint32_t* bp,          // [kc / 2][NR]
+                                 const uint8_t* w,      // [N, K] e4m3
+                                 int64_t N, int64_t K, int64_t n0, int64_t k0, int64_t kc) {
+  const __m512i byte = _mm512_set1_epi32(0xff);
+  for (int h = 0; h < kTileNR / 16; ++h) {
+    const int64_t nb = n0 + 16 * h;
+    const TileRows rows(nb, N, K);
+    const uint8_t* base = w + std::min(nb, N - 1) * K + k0;
+    for (int64_t c = 0; c < kc; c += 4) {  // 4 codes of 16 rows a gather
+      const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows.mask, rows.offsets, base + c, 1);
+      __m512 f[4];
+      for (int j = 0; j < 4; ++j) f[j] = fp8_lanes_to_ps_scaled(_mm512_and_si512(_mm512_srli_epi32(v, 8 * j), byte));
+      _mm512_store_si512(bp + c / 2 * kTileNR + 16 * h, tile_bf16_pairs(f[0], f[1]));
+      _mm512_store_si512(bp + (c / 2 + 1) * kTileNR + 16 * h, tile_bf16_pairs(f[2], f[3]));
+    }
+  }
+}
+
+template <class T>
+bool fp8_gemm_tiled_bf16(T* out, const uint8_t* a, const float* a_scale, const uint8_t* w, const float* w_scale,
+                         const T* bias, int64_t M, int64_t N, int64_t K) {
+  if (!bf16_dot_enabled() || K % 32 != 0 || K == 0) return false;
+  tiled_bf16_gemm(
+      M, N, K, 32,
+      [&](int64_t m0, int64_t rows, int64_t& lda) {  // the row block's codes as bf16 x 2^-8, in a thread buffer
+        thread_local std::vector<bf16_t> buf;
+        if (buf.size() < size_t(rows * K)) buf.resize(size_t(rows * K));
+        for (int64_t i = 0; i < rows * K; i += 16)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(buf.data() + i),
+                              reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(fp8x16_to_ps_scaled(a + m0 * K + i))));
+        lda = K;
+        return buf.data();
+      },
+      [](int64_t, int, float* init) { std::fill(init, init + kTileNR, 0.f); },
+      [&](uint32_t* bp, int64_t n0, int64_t k0, int64_t kc) { tile_decode_fp8_bf16(bp, w, N, K, n0, k0, kc); },
+      [&](int64_t m0, int64_t rows, int64_t n0, int cols, const float* cb) {
+        for (int64_t r = 0; r < rows; ++r)
+          for (int j = 0; j < cols; ++j) {
+            const float sum = cb[r * kTileNR + j] * 65536.f;  // the exact products' fp32 sum, unscaled
+            const float b = bias ? to_float(bias[n0 + j]) : 0.f;
+            out[(m0 + r) * N + n0 + j] = from_float<T>(sum * a_scale[m0 + r] * w_scale[n0 + j] + b);
+          }
+      });
+  return true;
+}
+#endif
 #elif defined(DK_AVX2)
 constexpr int64_t kFp8DotLanes = 8;
 // fp8x16_to_ps_scaled on 8 codes (AVX2 without AVX-512).
@@ -112,6 +175,9 @@ void fp8_gemm(T* out,                 // [M, N]
               const float* w_scale,   // [N]
               const T* bias,          // [N] or null
               int64_t M, int64_t N, int64_t K) {
+#if defined(DK_TILED_QUANT_BF16)
+  if (M >= kFp8TiledMinM && fp8_gemm_tiled_bf16(out, a, a_scale, w, w_scale, bias, M, N, K)) return;
+#endif
   const float* lut = fp8_table().v;
   std::vector<float> af(size_t(M * K));  // activations decoded once
   for (int64_t i = 0; i < M * K; ++i) af[size_t(i)] = lut[a[i]];

@@ -151,6 +151,46 @@ inline void tile_decode_int8_bf16(uint32_t* bp,           // [kc / 2][NR]
   }
 }
 
+// The tiled bf16-product GEMM's task loop (plan: int4_tiled.h's TilePlan with G the K-block granule): per task
+// a_rows(m0, rows, lda) gives the task's rows of a as bf16 (row stride lda; called once per row block and thread),
+// per 32-column strip init(n0, cols, init) the accumulators' start, decode(bp, n0, k0, kc) each K block's panel,
+// and store(m0, rows, n0, cols, cb) the strip's fp32 sums cb [rows][NR].
+template <class ARows, class Init, class Decode, class Store>
+void tiled_bf16_gemm(int64_t M, int64_t N, int64_t K, int G, ARows a_rows, Init init_fn, Decode decode, Store store) {
+  constexpr int MR = kTileMR, NR = kTileNR;
+  const TilePlan plan(M, N, K, G, MR, NR);
+#pragma omp parallel if (plan.parallel)
+  {
+  std::vector<float> bp_buf, c_buf, init_buf;
+  uint32_t* bp = reinterpret_cast<uint32_t*>(tile_buffer(bp_buf, plan.kc / 2 * NR));
+  float* cb = tile_buffer(c_buf, plan.mc * NR);
+  float* init = tile_buffer(init_buf, NR);
+  int64_t block = -1;  // the row block a_rows last gave
+  const bf16_t* ab = nullptr;
+  int64_t lda = 0;
+#pragma omp for schedule(dynamic, 1)
+  for (int64_t t = 0; t < plan.nmb * plan.groups; ++t) {
+    const int64_t ib = t / plan.groups, m0 = ib * plan.mc, rows = std::min(plan.mc, M - m0);
+    if (ib != block) ab = a_rows(m0, rows, lda);
+    block = ib;
+    const int64_t s1 = std::min(plan.strips, (t % plan.groups + 1) * plan.per_group);
+    for (int64_t s = (t % plan.groups) * plan.per_group; s < s1; ++s) {
+      const int64_t n0 = s * NR;
+      const int cols = int(std::min<int64_t>(NR, N - n0));
+      init_fn(n0, cols, init);
+      for (int64_t k0 = 0; k0 < K; k0 += plan.kc) {
+        const int64_t kcur = std::min(plan.kc, K - k0);
+        decode(bp, n0, k0, kcur);
+        for (int64_t r0 = 0; r0 < rows; r0 += MR)
+          tile_kernel_bf16_rows(int(std::min<int64_t>(MR, rows - r0)), cb + r0 * NR, NR, ab + r0 * lda + k0, lda, bp,
+                                kcur, k0 == 0 ? init : nullptr);
+      }
+      store(m0, rows, n0, cols, cb);
+    }
+  }
+  }
+}
+
 // out[m, n] = bf16(sum_k a[m, k] * bf16(w[n, k]) + bias[n]) with decode(bp, n0, k0, kc) writing the panel.
 // False (nothing written) when turned off.
 template <class Decode>
@@ -160,38 +200,23 @@ bool tiled_quant_gemm_bf16(bf16_t* out,         // [M, N]
                            const bf16_t* bias,  // [N] or null
                            int64_t M, int64_t N, int64_t K, int G, Decode decode) {
   if (!bf16_dot_enabled() || K % 32 != 0) return false;
-  constexpr int MR = kTileMR, NR = kTileNR;
-  const TilePlan plan(M, N, K, G, MR, NR);
-#pragma omp parallel if (plan.parallel)
-  {
-  std::vector<float> bp_buf, c_buf, init_buf;
-  uint32_t* bp = reinterpret_cast<uint32_t*>(tile_buffer(bp_buf, plan.kc / 2 * NR));
-  float* cb = tile_buffer(c_buf, plan.mc * NR);
-  float* init = tile_buffer(init_buf, NR);
-#pragma omp for schedule(dynamic, 1)
-  for (int64_t t = 0; t < plan.nmb * plan.groups; ++t) {
-    const int64_t ib = t / plan.groups, m0 = ib * plan.mc, rows = std::min(plan.mc, M - m0);
-    const bf16_t* ab = a + m0 * a_stride;
-    const int64_t s1 = std::min(plan.strips, (t % plan.groups + 1) * plan.per_group);
-    for (int64_t s = (t % plan.groups) * plan.per_group; s < s1; ++s) {
-      const int64_t n0 = s * NR;
-      const int cols = int(std::min<int64_t>(NR, N - n0));
-      for (int j = 0; j < NR; ++j) init[j] = bias && j < cols ? to_float(bias[n0 + j]) : 0.f;
-      for (int64_t k0 = 0; k0 < K; k0 += plan.kc) {
-        const int64_t kcur = std::min(plan.kc, K - k0);
-        decode(bp, n0, k0, kcur);
-        for (int64_t r0 = 0; r0 < rows; r0 += MR)
-          tile_kernel_bf16_rows(int(std::min<int64_t>(MR, rows - r0)), cb + r0 * NR, NR, ab + r0 * a_stride + k0,
-                                a_stride, bp, kcur, k0 == 0 ? init : nullptr);
-      }
-      const __mmask16 m0s = lanes_mask(std::min(cols, 16)), m1s = lanes_mask(std::max(cols - 16, 0));
-      for (int64_t r = 0; r < rows; ++r) {  // one rounding to bf16 (store16: float_to_bf16's RNE)
-        store16(out + (m0 + r) * N + n0, _mm512_loadu_ps(cb + r * NR), m0s);
-        if (cols > 16) store16(out + (m0 + r) * N + n0 + 16, _mm512_loadu_ps(cb + r * NR + 16), m1s);
-      }
-    }
-  }
-  }
+  tiled_bf16_gemm(
+      M, N, K, G,
+      [&](int64_t m0, int64_t, int64_t& lda) {
+        lda = a_stride;
+        return a + m0 * a_stride;
+      },
+      [&](int64_t n0, int cols, float* init) {
+        for (int j = 0; j < kTileNR; ++j) init[j] = bias && j < cols ? to_float(bias[n0 + j]) : 0.f;
+      },
+      decode,
+      [&](int64_t m0, int64_t rows, int64_t n0, int cols, const float* cb) {
+        const __mmask16 m0s = lanes_mask(std::min(cols, 16)), m1s = lanes_mask(std::max(cols - 16, 0));
+        for (int64_t r = 0; r < rows; ++r) {  // one rounding to bf16 (store16: float_to_bf16's RNE)
+          store16(out + (m0 + r) * N + n0, _mm512_loadu_ps(cb + r * kTileNR), m0s);
+          if (cols > 16) store16(out + (m0 + r) * N + n0 + 16, _mm512_loadu_ps(cb + r * kTileNR + 16), m1s);
+        }
+      });
   return true;
 }
 
