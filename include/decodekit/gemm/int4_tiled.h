@@ -73,6 +73,22 @@ constexpr int kTileMR = 12;          // rows of a per micro-kernel (broadcast)
 constexpr int kTileNR = 32;          // output columns per micro-kernel (two 16-wide vectors)
 constexpr int64_t kTileKC = 256;     // K per decoded panel: kTileKC * kTileNR * 4 B = 32 KB
 
+// A micro-kernel's 2R accumulators (rows of NR = 32 columns, row stride ldc): from init (all rows) or c itself.
+template <int R>
+DK_FORCE_INLINE void tile_acc_load(__m512 (&c0)[R], __m512 (&c1)[R], const float* c, int64_t ldc, const float* init) {
+  for (int r = 0; r < R; ++r) {
+    c0[r] = _mm512_loadu_ps(init ? init : c + r * ldc);
+    c1[r] = _mm512_loadu_ps(init ? init + 16 : c + r * ldc + 16);
+  }
+}
+template <int R>
+DK_FORCE_INLINE void tile_acc_store(const __m512 (&c0)[R], const __m512 (&c1)[R], float* c, int64_t ldc) {
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(c + r * ldc, c0[r]);
+    _mm512_storeu_ps(c + r * ldc + 16, c1[r]);
+  }
+}
+
 // c[r][:] = init[:] + sum_k a[r][k] * bp[k][:] (init: c itself when null) for the R rows of
 // one block: 2R accumulators; per k two weight vectors and R broadcasts feed 2R FMAs.
 template <int R>
@@ -84,10 +100,7 @@ inline void tile_kernel(float* c,             // [R][NR], row stride ldc
                         int64_t kc,
                         const float* init) {  // [NR] or null
   __m512 c0[R], c1[R];
-  for (int r = 0; r < R; ++r) {
-    c0[r] = _mm512_loadu_ps(init ? init : c + r * ldc);
-    c1[r] = _mm512_loadu_ps(init ? init + 16 : c + r * ldc + 16);
-  }
+  tile_acc_load(c0, c1, c, ldc, init);
   for (int64_t k = 0; k < kc; ++k) {
     const __m512 b0 = _mm512_load_ps(bp + k * kTileNR), b1 = _mm512_load_ps(bp + k * kTileNR + 16);
     for (int r = 0; r < R; ++r) {
@@ -96,10 +109,7 @@ inline void tile_kernel(float* c,             // [R][NR], row stride ldc
       c1[r] = _mm512_fmadd_ps(av, b1, c1[r]);
     }
   }
-  for (int r = 0; r < R; ++r) {
-    _mm512_storeu_ps(c + r * ldc, c0[r]);
-    _mm512_storeu_ps(c + r * ldc + 16, c1[r]);
-  }
+  tile_acc_store(c0, c1, c, ldc);
 }
 
 inline void tile_kernel_rows(int rows, float* c, int64_t ldc, const float* a, int64_t lda, const float* bp,
@@ -141,13 +151,15 @@ struct TileRows {
   }
 };
 
-// bp[k - k0][j] = w[n0 + j, k] for k in [k0, k0 + kc), j < NR (0 for rows past N). Each gather
-// fetches 4 code bytes of 16 rows: 8 decoded k of INT4 (4 low nibbles, 4 high), 4 of INT8.
-inline void tile_decode_int4(float* bp,               // [kc][NR]
-                             const uint8_t* qweight,  // [N, K / 2]
-                             const half_t* scales,    // [N, K / G]
-                             const half_t* mins,      // [N, K / G]
-                             int64_t N, int64_t K, int G, int64_t n0, int64_t k0, int64_t kc) {
+// A panel's decoded weights, 4 code bytes of 16 rows a gather (lanes past N read nothing and decode to 0):
+// emit(h, c, lo, hi) with lo[j] / hi[j] (j < 4) the fp32 weights of rows n0 + 16 h .. + 15 at element g G + c + j
+// and g G + G / 2 + c + j (c relative to k0: group-split nibbles), each d q + m rounded once (as int4_weight).
+template <class Emit>
+DK_FORCE_INLINE void tile_decode_int4_each(const uint8_t* qweight,  // [N, K / 2]
+                                           const half_t* scales,    // [N, K / G]
+                                           const half_t* mins,      // [N, K / G]
+                                           int64_t N, int64_t K, int G, int64_t n0, int64_t k0, int64_t kc,
+                                           Emit emit) {
   const int64_t ng = K / G;
   const int half = G / 2;
   const __m512i low4 = _mm512_set1_epi32(15);
@@ -160,26 +172,26 @@ inline void tile_decode_int4(float* bp,               // [kc][NR]
     rows.groups(mt, mins, nb, ng, k0 / G, int(kc / G));
     for (int64_t g = k0 / G; g < (k0 + kc) / G; ++g) {
       const __m512 d = TileRows::column(st, int(g - k0 / G)), m = TileRows::column(mt, int(g - k0 / G));
-      float* dst = bp + (g * G - k0) * kTileNR + 16 * h;
       for (int c = 0; c < half; c += 4) {  // bytes g*half + c .. +3: elements g*G + c + j (low), + half (high)
         const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows.mask, rows.offsets,
                                                       base + g * half + c, 1);
-        for (int j = 0; j < 4; ++j) {
-          const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(v, 8 * j), low4);
-          const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(v, 8 * j + 4), low4);
-          // d * q + m: the product is exact, so the fused form rounds once, as int4_weight
-          _mm512_store_ps(dst + (c + j) * kTileNR, _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), d, m));
-          _mm512_store_ps(dst + (half + c + j) * kTileNR, _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), d, m));
+        __m512 lo[4], hi[4];
+        for (int j = 0; j < 4; ++j) {  // d * q + m: the product is exact, so the fused form rounds once
+          lo[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * j), low4)), d, m);
+          hi[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * j + 4), low4)), d, m);
         }
+        emit(h, g * G - k0 + c, g * G - k0 + half + c, lo, hi);
       }
     }
   }
 }
 
-inline void tile_decode_int8(float* bp,              // [kc][NR]
-                             const int8_t* qweight,  // [N, K]
-                             const half_t* scales,   // [N, K / G]
-                             int64_t N, int64_t K, int G, int64_t n0, int64_t k0, int64_t kc) {
+// The same for INT8: emit(h, c, w) with w[j] the weights of element k0 + c + j (d q, exact).
+template <class Emit>
+DK_FORCE_INLINE void tile_decode_int8_each(const int8_t* qweight,  // [N, K]
+                                           const half_t* scales,   // [N, K / G]
+                                           int64_t N, int64_t K, int G, int64_t n0, int64_t k0, int64_t kc,
+                                           Emit emit) {
   const int64_t ng = K / G;
   for (int h = 0; h < kTileNR / 16; ++h) {
     const int64_t nb = n0 + 16 * h;
@@ -189,17 +201,40 @@ inline void tile_decode_int8(float* bp,              // [kc][NR]
     rows.groups(st, scales, nb, ng, k0 / G, int(kc / G));
     for (int64_t g = k0 / G; g < (k0 + kc) / G; ++g) {
       const __m512 d = TileRows::column(st, int(g - k0 / G));
-      float* dst = bp + (g * G - k0) * kTileNR + 16 * h;
       for (int c = 0; c < G; c += 4) {
         const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows.mask, rows.offsets,
                                                       base + g * G + c, 1);
-        for (int j = 0; j < 4; ++j) {  // byte j, sign-extended; d * q is exact
-          const __m512i q = _mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * j), 24);
-          _mm512_store_ps(dst + (c + j) * kTileNR, _mm512_mul_ps(_mm512_cvtepi32_ps(q), d));
-        }
+        __m512 w[4];
+        for (int j = 0; j < 4; ++j)  // byte j, sign-extended; d * q is exact
+          w[j] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * j), 24)), d);
+        emit(h, g * G - k0 + c, w);
       }
     }
   }
+}
+
+// bp[k - k0][j] = w[n0 + j, k] for k in [k0, k0 + kc), j < NR (0 for rows past N).
+inline void tile_decode_int4(float* bp,               // [kc][NR]
+                             const uint8_t* qweight,  // [N, K / 2]
+                             const half_t* scales,    // [N, K / G]
+                             const half_t* mins,      // [N, K / G]
+                             int64_t N, int64_t K, int G, int64_t n0, int64_t k0, int64_t kc) {
+  tile_decode_int4_each(qweight, scales, mins, N, K, G, n0, k0, kc,
+                        [&](int h, int64_t lo_k, int64_t hi_k, const __m512 (&lo)[4], const __m512 (&hi)[4]) {
+                          for (int j = 0; j < 4; ++j) {
+                            _mm512_store_ps(bp + (lo_k + j) * kTileNR + 16 * h, lo[j]);
+                            _mm512_store_ps(bp + (hi_k + j) * kTileNR + 16 * h, hi[j]);
+                          }
+                        });
+}
+
+inline void tile_decode_int8(float* bp,              // [kc][NR]
+                             const int8_t* qweight,  // [N, K]
+                             const half_t* scales,   // [N, K / G]
+                             int64_t N, int64_t K, int G, int64_t n0, int64_t k0, int64_t kc) {
+  tile_decode_int8_each(qweight, scales, N, K, G, n0, k0, kc, [&](int h, int64_t c, const __m512 (&w)[4]) {
+    for (int j = 0; j < 4; ++j) _mm512_store_ps(bp + (c + j) * kTileNR + 16 * h, w[j]);
+  });
 }
 
 #endif  // DK_TILED_QUANT_AVX512

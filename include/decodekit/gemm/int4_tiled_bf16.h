@@ -54,10 +54,7 @@ inline void tile_kernel_bf16(float* c,             // [R][NR], row stride ldc
                              int64_t kc,
                              const float* init) {  // [NR] or null
   __m512 c0[R], c1[R];
-  for (int r = 0; r < R; ++r) {
-    c0[r] = _mm512_loadu_ps(init ? init : c + r * ldc);
-    c1[r] = _mm512_loadu_ps(init ? init + 16 : c + r * ldc + 16);
-  }
+  tile_acc_load(c0, c1, c, ldc, init);
   for (int64_t p = 0; p < kc / 2; ++p) {
     const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_load_si512(bp + p * kTileNR));
     const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_load_si512(bp + p * kTileNR + 16));
@@ -69,10 +66,7 @@ inline void tile_kernel_bf16(float* c,             // [R][NR], row stride ldc
       c1[r] = _mm512_dpbf16_ps(c1[r], av, b1);
     }
   }
-  for (int r = 0; r < R; ++r) {
-    _mm512_storeu_ps(c + r * ldc, c0[r]);
-    _mm512_storeu_ps(c + r * ldc + 16, c1[r]);
-  }
+  tile_acc_store(c0, c1, c, ldc);
 }
 
 inline void tile_kernel_bf16_rows(int rows, float* c, int64_t ldc, const bf16_t* a, int64_t lda, const uint32_t* bp,
@@ -88,67 +82,30 @@ inline void tile_kernel_bf16_rows(int rows, float* c, int64_t ldc, const bf16_t*
 }
 
 // bp[(k - k0) / 2][j] = the bf16 pair (w[n0 + j, k], w[n0 + j, k + 1]) for even k in [k0, k0 + kc), j < NR
-// (zeros for rows past N): tile_decode_int4's gathers and arithmetic, rounded to bf16 in pairs.
+// (zeros for rows past N): tile_decode_int4's values, rounded to bf16 in pairs (c and G / 2 are even).
 inline void tile_decode_int4_bf16(uint32_t* bp,            // [kc / 2][NR]
                                   const uint8_t* qweight,  // [N, K / 2]
                                   const half_t* scales,    // [N, K / G]
                                   const half_t* mins,      // [N, K / G]
                                   int64_t N, int64_t K, int G, int64_t n0, int64_t k0, int64_t kc) {
-  const int64_t ng = K / G;
-  const int half = G / 2;
-  const __m512i low4 = _mm512_set1_epi32(15);
-  for (int h = 0; h < kTileNR / 16; ++h) {
-    const int64_t nb = n0 + 16 * h;
-    const TileRows rows(nb, N, K / 2);
-    const uint8_t* base = qweight + std::min(nb, N - 1) * (K / 2);
-    alignas(64) float st[16 * 8], mt[16 * 8];
-    rows.groups(st, scales, nb, ng, k0 / G, int(kc / G));
-    rows.groups(mt, mins, nb, ng, k0 / G, int(kc / G));
-    for (int64_t g = k0 / G; g < (k0 + kc) / G; ++g) {
-      const __m512 d = TileRows::column(st, int(g - k0 / G)), m = TileRows::column(mt, int(g - k0 / G));
-      uint32_t* dst = bp + (g * G - k0) / 2 * kTileNR + 16 * h;
-      for (int c = 0; c < half; c += 4) {  // bytes g*half + c .. +3: elements c + j (low nibble), half + c + j (high)
-        const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows.mask, rows.offsets,
-                                                      base + g * half + c, 1);
-        __m512 lo[4], hi[4];
-        for (int j = 0; j < 4; ++j) {
-          lo[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * j), low4)), d, m);
-          hi[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * j + 4), low4)), d, m);
-        }
-        for (int j = 0; j < 4; j += 2) {  // c and half are even: (c + j, c + j + 1) is a pair
-          _mm512_store_si512(dst + (c + j) / 2 * kTileNR, tile_bf16_pairs(lo[j], lo[j + 1]));
-          _mm512_store_si512(dst + (half + c + j) / 2 * kTileNR, tile_bf16_pairs(hi[j], hi[j + 1]));
-        }
-      }
-    }
-  }
+  tile_decode_int4_each(qweight, scales, mins, N, K, G, n0, k0, kc,
+                        [&](int h, int64_t lo_k, int64_t hi_k, const __m512 (&lo)[4], const __m512 (&hi)[4]) {
+                          uint32_t* p = bp + 16 * h;
+                          for (int j = 0; j < 4; j += 2) {
+                            _mm512_store_si512(p + (lo_k + j) / 2 * kTileNR, tile_bf16_pairs(lo[j], lo[j + 1]));
+                            _mm512_store_si512(p + (hi_k + j) / 2 * kTileNR, tile_bf16_pairs(hi[j], hi[j + 1]));
+                          }
+                        });
 }
 
 inline void tile_decode_int8_bf16(uint32_t* bp,           // [kc / 2][NR]
                                   const int8_t* qweight,  // [N, K]
                                   const half_t* scales,   // [N, K / G]
                                   int64_t N, int64_t K, int G, int64_t n0, int64_t k0, int64_t kc) {
-  const int64_t ng = K / G;
-  for (int h = 0; h < kTileNR / 16; ++h) {
-    const int64_t nb = n0 + 16 * h;
-    const TileRows rows(nb, N, K);
-    const int8_t* base = qweight + std::min(nb, N - 1) * K;
-    alignas(64) float st[16 * 8];
-    rows.groups(st, scales, nb, ng, k0 / G, int(kc / G));
-    for (int64_t g = k0 / G; g < (k0 + kc) / G; ++g) {
-      const __m512 d = TileRows::column(st, int(g - k0 / G));
-      uint32_t* dst = bp + (g * G - k0) / 2 * kTileNR + 16 * h;
-      for (int c = 0; c < G; c += 4) {
-        const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows.mask, rows.offsets,
-                                                      base + g * G + c, 1);
-        __m512 w[4];
-        for (int j = 0; j < 4; ++j)  // byte j, sign-extended; d * q is exact
-          w[j] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * j), 24)), d);
-        _mm512_store_si512(dst + c / 2 * kTileNR, tile_bf16_pairs(w[0], w[1]));
-        _mm512_store_si512(dst + (c + 2) / 2 * kTileNR, tile_bf16_pairs(w[2], w[3]));
-      }
-    }
-  }
+  tile_decode_int8_each(qweight, scales, N, K, G, n0, k0, kc, [&](int h, int64_t c, const __m512 (&w)[4]) {
+    _mm512_store_si512(bp + c / 2 * kTileNR + 16 * h, tile_bf16_pairs(w[0], w[1]));
+    _mm512_store_si512(bp + (c + 2) / 2 * kTileNR + 16 * h, tile_bf16_pairs(w[2], w[3]));
+  });
 }
 
 // The tiled bf16-product GEMM's task loop (plan: int4_tiled.h's TilePlan with G the K-block granule): per task

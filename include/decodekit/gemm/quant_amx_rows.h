@@ -628,6 +628,20 @@ DK_FORCE_INLINE void amx_rows_tile_to_rows(const __m512i (&z)[8], __m512i (&x)[8
   }
 }
 
+// One 256-byte INT4 block of the copy (16 weight rows x 32 k) as rows: x[i] = rows n, n + 4 (n = i < 4 ? i : i + 4),
+// each row's 32 codes in k order (amx_rows_tile_to_rows of the B tile's bytes; byte p: low nibble B-tile byte p, high
+// nibble byte 256 + p).
+DK_FORCE_INLINE void amx_rows_int4_block_rows(const uint8_t* src, __m512i (&x)[8]) {
+  const __m512i low4 = _mm512_set1_epi8(15);
+  __m512i z[8];
+  for (int j = 0; j < 4; ++j) {
+    const __m512i v = _mm512_loadu_si512(src + 64 * j);
+    z[j] = _mm512_and_si512(v, low4);
+    z[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+  }
+  amx_rows_tile_to_rows(z, x);
+}
+
 // The strip's block scales (and mins): [K / G][16] fp16 of the copy -> fp32 [16][K / 32] (a group's value
 // repeated G / 32 times), 16 groups at a time through a 16 x 16 transpose (scalar stores measured 0.6x).
 DK_FORCE_INLINE void amx_rows_strip_scales(float* dst, const half_t* src, int64_t K, int G) {
@@ -662,16 +676,10 @@ inline void amx_rows_decode_strip_int4(AmxExactStrip& st, const uint8_t* packed,
   const AmxRowsWeight w(packed, N, K, G);
   st.codes = st.buf;
   st.stride = 2 * K;
-  const __m512i low4 = _mm512_set1_epi8(15);
   const uint8_t* src = w.codes + s * nb * 256;
   for (int64_t b = 0; b < nb; ++b, src += 256) {
-    __m512i z[8], x[8];
-    for (int j = 0; j < 4; ++j) {  // byte p: low nibble B-tile byte p, high nibble byte 256 + p
-      const __m512i v = _mm512_loadu_si512(src + 64 * j);
-      z[j] = _mm512_and_si512(v, low4);
-      z[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-    }
-    amx_rows_tile_to_rows(z, x);
+    __m512i x[8];
+    amx_rows_int4_block_rows(src, x);
     uint8_t* o = st.buf + b * 64;
     for (int i = 0; i < 8; ++i) {  // a row's 64 bytes: its 32 codes, then 16 q (q <= 15: still a byte)
       const __m512i x16 = _mm512_slli_epi16(x[i], 4);

@@ -33,7 +33,6 @@ inline void amx_rows_decode_bf16_int4(uint16_t* wp,            // [32][K]
   const AmxRowsWeight w(packed, N, K, G);
   float* sc = amx_rows_bf16_scale_buffer(K);
   float* mn = sc + 16 * nb;
-  const __m512i low4 = _mm512_set1_epi8(15);
   for (int h = 0; h < 2; ++h) {
     const int64_t s = n0 / 16 + h;
     amx_rows_strip_scales(sc, w.scales + s * ng * 16, K, G);
@@ -41,13 +40,8 @@ inline void amx_rows_decode_bf16_int4(uint16_t* wp,            // [32][K]
     const uint8_t* src = w.codes + s * nb * 256;
     uint16_t* dst = wp + 16 * h * K;
     for (int64_t b = 0; b < nb; ++b, src += 256) {
-      __m512i z[8], x[8];
-      for (int j = 0; j < 4; ++j) {  // byte p: low nibble B-tile byte p, high nibble byte 256 + p
-        const __m512i v = _mm512_loadu_si512(src + 64 * j);
-        z[j] = _mm512_and_si512(v, low4);
-        z[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-      }
-      amx_rows_tile_to_rows(z, x);  // x[i]: rows n, n + 4 (n = i < 4 ? i : i + 4), 32 codes each
+      __m512i x[8];
+      amx_rows_int4_block_rows(src, x);  // x[i]: rows n, n + 4 (n = i < 4 ? i : i + 4), 32 codes each
       for (int i = 0; i < 8; ++i)
         for (int u = 0; u < 2; ++u) {
           const int64_t n = (i < 4 ? i : i + 4) + 4 * u;
