@@ -55,16 +55,19 @@ def cpu_amx_expected() -> bool:
     the decoded weight rounded to bf16 (as CUDA's tensor cores): a CPU with AMX, a -march=native build
     (setup.py's default) and DECODEKIT_CPU_AMX not 0."""
     flags = _cpu_flags()
-    return ("amx_bf16" in flags and "amx_tile" in flags and os.environ.get("DECODEKIT_CPU_AMX", "1") != "0"
-            and os.environ.get("DECODEKIT_NATIVE", "1") != "0" and not os.environ.get("DECODEKIT_MARCH"))
+    return "amx_bf16" in flags and "amx_tile" in flags and os.environ.get("DECODEKIT_CPU_AMX", "1") != "0" and _native()
+
+
+def _native() -> bool:
+    """Whether the extension was built for this CPU (setup.py's -march=native default)."""
+    return os.environ.get("DECODEKIT_NATIVE", "1") != "0" and not os.environ.get("DECODEKIT_MARCH")
 
 
 def cpu_bf16_products_expected() -> bool:
     """Whether the CPU's bf16 INT4/INT8 GEMMs of 9+ rows multiply the decoded weight rounded to bf16: on the AMX tile
     unit (cpu_amx_expected) or, without it, with AVX512-BF16's VDPBF16PS (gemm/int4_tiled_bf16.h: AMD Zen 4 / 5; a
     -march=native build and DECODEKIT_CPU_BF16_DOT not 0)."""
-    dot = ("avx512_bf16" in _cpu_flags() and os.environ.get("DECODEKIT_CPU_BF16_DOT", "1") != "0"
-           and os.environ.get("DECODEKIT_NATIVE", "1") != "0" and not os.environ.get("DECODEKIT_MARCH"))
+    dot = "avx512_bf16" in _cpu_flags() and os.environ.get("DECODEKIT_CPU_BF16_DOT", "1") != "0" and _native()
     return cpu_amx_expected() or dot
 
 

@@ -31,7 +31,7 @@ void rms_norm(T* DK_RESTRICT out,          // [rows, hidden], contiguous
     const T* x = in + r * in_stride;
     T* y = out + r * int64_t(hidden);
 #if defined(DK_AVX512_LOAD_STORE16)
-    if constexpr (std::is_same_v<T, half_t>) {  // the same arithmetic, 16 lanes at a time
+    if constexpr (std::is_same_v<T, half_t>) {  // fp16 only: fp32 / bf16 vectorize by themselves
       __m512 acc = _mm512_setzero_ps();
       for (int i = 0; i < hidden; i += 16) {
         const __m512 v = load16(x + i, lanes_mask(hidden - i));
@@ -73,7 +73,7 @@ void fused_add_rms_norm(T* DK_RESTRICT x,          // [rows, hidden], row stride
       T* rr = residual + r * r_stride;
       float* zr = z.data();
 #if defined(DK_AVX512_LOAD_STORE16)
-      if constexpr (std::is_same_v<T, half_t>) {  // the same arithmetic, 16 lanes at a time
+      if constexpr (std::is_same_v<T, half_t>) {  // fp16 only: fp32 / bf16 vectorize by themselves
         __m512 acc = _mm512_setzero_ps();
         for (int i = 0; i < hidden; i += 16) {
           const __mmask16 m = lanes_mask(hidden - i);

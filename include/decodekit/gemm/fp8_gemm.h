@@ -65,11 +65,14 @@ constexpr int64_t kFp8DotLanes = 16;
 // subnormals alike, since e4m3's exponent range fits fp16's), widened by vcvtph2ps. (The NaN
 // codes come out as 480 * 2^-8; the quantizers never produce them from finite inputs, and a NaN
 // input row has a NaN scale, which the epilogue propagates.)
+// fp8_lanes_to_ps_scaled: one code a 32-bit lane (0..255).
+DK_FORCE_INLINE __m512 fp8_lanes_to_ps_scaled(__m512i b) {
+  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 8);
+  const __m512i mag = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x7f)), 7);
+  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_or_si512(sign, mag)));
+}
 inline __m512 fp8x16_to_ps_scaled(const uint8_t* p) {
-  const __m256i h = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x80)), 8);
-  const __m256i mag = _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7f)), 7);
-  return _mm512_cvtph_ps(_mm256_or_si256(sign, mag));
+  return fp8_lanes_to_ps_scaled(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
 // Rows m0 .. m0 + MM of out for weight row n: sum_k af[m][k] * w[k] * 2^-8 with 16-wide FMAs.
@@ -90,13 +93,6 @@ inline void fp8_dot_rows(const float* af, int64_t K, const uint8_t* wr, float* r
 // epilogue (sum * a_scale * w_scale + bias, one rounding to T). int4_tiled_bf16.h's tiling: 1.8-1.9x the fp32
 // FMA rate. Rows 1 .. 8 keep the rows kernel (a row's bits there do not depend on the row count).
 constexpr int64_t kFp8TiledMinM = 9;
-
-// One e4m3 code a 32-bit lane (0..255) as fp32 x 2^-8.
-DK_FORCE_INLINE __m512 fp8_lanes_to_ps_scaled(__m512i b) {
-  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 8);
-  const __m512i mag = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x7f)), 7);
-  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_or_si512(sign, mag)));
-}
 
 // bp[(k - k0) / 2][j] = the pair (w[n0 + j, k], w[n0 + j, k + 1]) as bf16 x 2^-8, zeros for rows past N.
 inline void tile_decode_fp8_bf16(uint32_t* bp,          // [kc / 2][NR]

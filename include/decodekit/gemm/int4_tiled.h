@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "decodekit/common/dtype.h"
@@ -112,16 +113,21 @@ inline void tile_kernel(float* c,             // [R][NR], row stride ldc
   tile_acc_store(c0, c1, c, ldc);
 }
 
+// f(std::integral_constant<int, rows>) for rows < kTileMR, else with kTileMR: compile-time row counts keep a
+// micro-kernel's accumulators in registers.
+template <int R = 1, class F>
+DK_FORCE_INLINE void tile_rows_switch(int rows, F&& f) {
+  if constexpr (R < kTileMR) {
+    if (rows == R) return f(std::integral_constant<int, R>{});
+    return tile_rows_switch<R + 1>(rows, f);
+  } else {
+    return f(std::integral_constant<int, kTileMR>{});
+  }
+}
+
 inline void tile_kernel_rows(int rows, float* c, int64_t ldc, const float* a, int64_t lda, const float* bp,
                              int64_t kc, const float* init) {
-  switch (rows) {  // compile-time row counts keep the accumulators in registers
-#define DK_TILE_CASE(R) \
-    case R: return tile_kernel<R>(c, ldc, a, lda, bp, kc, init);
-    DK_TILE_CASE(1) DK_TILE_CASE(2) DK_TILE_CASE(3) DK_TILE_CASE(4) DK_TILE_CASE(5) DK_TILE_CASE(6)
-    DK_TILE_CASE(7) DK_TILE_CASE(8) DK_TILE_CASE(9) DK_TILE_CASE(10) DK_TILE_CASE(11)
-#undef DK_TILE_CASE
-    default: return tile_kernel<kTileMR>(c, ldc, a, lda, bp, kc, init);
-  }
+  tile_rows_switch(rows, [&](auto R) { tile_kernel<decltype(R)::value>(c, ldc, a, lda, bp, kc, init); });
 }
 
 // The 16 rows n0 .. n0 + 16 of a strip: lanes past N masked off (their gathers read nothing and
@@ -240,8 +246,6 @@ inline void tile_decode_int8(float* bp,              // [kc][NR]
 #endif  // DK_TILED_QUANT_AVX512
 
 #if defined(DK_TILED_QUANT_GEMM)
-// out[m, n] = sum_k a[m, k] * w[n, k] (+ bias[n]) with decode(bp, n0, k0, kc) writing the
-// decoded panel (tile_decode_int4 / _int8 bound to a weight). K a multiple of G (and of 4).
 // The tasks of a tiled GEMM: (block of mc rows of a) x (group of per_group NR-column strips), K in blocks of kc.
 struct TilePlan {
   int64_t strips, mc, nmb, per_group, groups, kc;
@@ -269,6 +273,54 @@ struct TilePlan {
   }
 };
 
+// The task loop of the tiled GEMMs (fp32 here, bf16 products in int4_tiled_bf16.h). Per task a_rows(m0, rows, lda)
+// gives the task's rows of a (row stride lda; called once per row block and thread); per NR-column strip
+// init(n0, cols, init) sets the accumulators' start and target(m0, n0, cols, cb, ldc) where the sums go (cb, the
+// thread's [mc][NR] buffer, or out itself); each K block decode(bp, n0, k0, kc) writes the panel (Panel elements)
+// and kernel(rows, c, ldc, a, lda, bp, kc, init) adds its products; store(m0, rows, n0, cols, c) ends the strip.
+// kPack: k values a Panel element holds (fp32: 1, bf16 pairs: 2).
+template <class Panel, int kPack, class ARows, class Init, class Target, class Decode, class Kernel, class Store>
+void tiled_gemm_tasks(const TilePlan& plan, int MR, int NR, int64_t M, int64_t N, int64_t K, ARows a_rows, Init init_fn,
+                      Target target, Decode decode, Kernel kernel, Store store) {
+  static_assert(sizeof(Panel) == sizeof(float), "tiled_gemm_tasks: 4-byte panel elements");
+#pragma omp parallel if (plan.parallel)
+  {
+  std::vector<float> bp_buf, c_buf, init_buf;  // this thread's panel, partial sums and bias strip
+  Panel* bp = reinterpret_cast<Panel*>(tile_buffer(bp_buf, plan.kc / kPack * NR));
+  float* cb = tile_buffer(c_buf, plan.mc * NR);
+  float* init = tile_buffer(init_buf, NR);
+  int64_t block = -1;  // the row block a_rows last gave
+  decltype(a_rows(0, 0, std::declval<int64_t&>())) ab = nullptr;
+  int64_t lda = 0;
+#pragma omp for schedule(dynamic, 1)
+  for (int64_t t = 0; t < plan.nmb * plan.groups; ++t) {
+    const int64_t ib = t / plan.groups, m0 = ib * plan.mc, rows = std::min(plan.mc, M - m0);
+    if (ib != block) ab = a_rows(m0, rows, lda);
+    block = ib;
+    const int64_t s1 = std::min(plan.strips, (t % plan.groups + 1) * plan.per_group);
+    for (int64_t s = (t % plan.groups) * plan.per_group; s < s1; ++s) {
+      const int64_t n0 = s * NR;
+      const int cols = int(std::min<int64_t>(NR, N - n0));
+      init_fn(n0, cols, init);
+      int64_t ldc = NR;
+      float* c = target(m0, n0, cols, cb, ldc);
+      for (int64_t k0 = 0; k0 < K; k0 += plan.kc) {
+        const int64_t kcur = std::min(plan.kc, K - k0);
+        decode(bp, n0, k0, kcur);
+        for (int64_t r0 = 0; r0 < rows; r0 += MR)
+          kernel(int(std::min<int64_t>(MR, rows - r0)), c + r0 * ldc, ldc, ab + r0 * lda + k0, lda, bp, kcur,
+                 k0 == 0 ? init : nullptr);
+      }
+      store(m0, rows, n0, cols, c);
+    }
+  }
+  }
+}
+
+// out[m, n] = sum_k a[m, k] * w[n, k] (+ bias[n]) with decode(bp, n0, k0, kc) writing the
+// decoded panel (tile_decode_int4 / _int8 bound to a weight). K a multiple of G (and of 4).
+// fp32 a is read in place and full fp32 strips written by the micro-kernel itself; bf16 / fp16 rows are
+// converted to fp32 once per row block and thread, other outputs go through the fp32 strip buffer.
 template <class T, class Decode>
 void tiled_quant_gemm(T* out,          // [M, N]
                       const T* a,      // [M, K], row stride a_stride
@@ -276,55 +328,37 @@ void tiled_quant_gemm(T* out,          // [M, N]
                       const T* bias,   // [N] or null
                       int64_t M, int64_t N, int64_t K, int G, Decode decode) {
   constexpr int MR = kTileMR, NR = kTileNR;
-  const TilePlan plan(M, N, K, G, MR, NR);
-  const int64_t strips = plan.strips, mc = plan.mc, nmb = plan.nmb, per_group = plan.per_group,
-                groups = plan.groups, kc = plan.kc;
-  const bool parallel = plan.parallel;
-#pragma omp parallel if (parallel)
-  {
-  // this thread's rows of a in fp32 (unless T is float), decoded panel, partial sums, bias strip
-  std::vector<float> af_buf, bp_buf, c_buf, init_buf;
-  float* af = std::is_same_v<T, float> ? nullptr : tile_buffer(af_buf, mc * K);
-  float* bp = tile_buffer(bp_buf, kc * NR);
-  float* cb = tile_buffer(c_buf, mc * NR);
-  float* init = tile_buffer(init_buf, NR);
-  int64_t converted = -1;  // the row block in af
-#pragma omp for schedule(dynamic, 1)
-  for (int64_t t = 0; t < nmb * groups; ++t) {
-    const int64_t ib = t / groups, m0 = ib * mc, rows = std::min(mc, M - m0);
-    const float* ab;  // [rows, K], row stride lda
-    int64_t lda;
-    if constexpr (std::is_same_v<T, float>) {
-      ab = a + m0 * a_stride;
-      lda = a_stride;
-    } else {
-      if (ib != converted) tile_rows_to_float(af, a + m0 * a_stride, a_stride, rows, K);
-      converted = ib;
-      ab = af;
-      lda = K;
-    }
-    const int64_t s1 = std::min(strips, (t % groups + 1) * per_group);
-    for (int64_t s = (t % groups) * per_group; s < s1; ++s) {
-      const int64_t n0 = s * NR;
-      const int cols = int(std::min<int64_t>(NR, N - n0));
-      for (int j = 0; j < NR; ++j) init[j] = bias && j < cols ? to_float(bias[n0 + j]) : 0.f;
-      // fp32 output, whole strip: the kernel writes out itself; else partial sums in cb
-      const bool direct = std::is_same_v<T, float> && cols == NR;
-      float* c = direct ? reinterpret_cast<float*>(out) + m0 * N + n0 : cb;
-      const int64_t ldc = direct ? N : NR;
-      for (int64_t k0 = 0; k0 < K; k0 += kc) {
-        const int64_t kcur = std::min(kc, K - k0);
-        decode(bp, n0, k0, kcur);
-        for (int64_t r0 = 0; r0 < rows; r0 += MR)
-          tile_kernel_rows(int(std::min<int64_t>(MR, rows - r0)), c + r0 * ldc, ldc, ab + r0 * lda + k0, lda, bp,
-                           kcur, k0 == 0 ? init : nullptr);
-      }
-      if (!direct)
+  constexpr bool f32 = std::is_same_v<T, float>;
+  tiled_gemm_tasks<float, 1>(
+      TilePlan(M, N, K, G, MR, NR), MR, NR, M, N, K,
+      [&](int64_t m0, int64_t rows, int64_t& lda) -> const float* {
+        if constexpr (f32) {
+          lda = a_stride;
+          return a + m0 * a_stride;
+        } else {
+          thread_local std::vector<float> buf;
+          float* af = tile_buffer(buf, rows * K);
+          tile_rows_to_float(af, a + m0 * a_stride, a_stride, rows, K);
+          lda = K;
+          return af;
+        }
+      },
+      [&](int64_t n0, int cols, float* init) {
+        for (int j = 0; j < NR; ++j) init[j] = bias && j < cols ? to_float(bias[n0 + j]) : 0.f;
+      },
+      [&](int64_t m0, int64_t n0, int cols, float* cb, int64_t& ldc) {
+        if (!f32 || cols < NR) return cb;
+        ldc = N;  // fp32 output, whole strip: the kernel writes out itself
+        return reinterpret_cast<float*>(out) + m0 * N + n0;
+      },
+      decode,
+      [](int rows, float* c, int64_t ldc, const float* ar, int64_t lda, const float* bp, int64_t kc,
+         const float* init) { tile_kernel_rows(rows, c, ldc, ar, lda, bp, kc, init); },
+      [&](int64_t m0, int64_t rows, int64_t n0, int cols, const float* c) {
+        if (f32 && cols == NR) return;
         for (int64_t r = 0; r < rows; ++r)
-          for (int j = 0; j < cols; ++j) out[(m0 + r) * N + n0 + j] = from_float<T>(cb[r * NR + j]);
-    }
-  }
-  }
+          for (int j = 0; j < cols; ++j) out[(m0 + r) * N + n0 + j] = from_float<T>(c[r * NR + j]);
+      });
 }
 
 template <class T>

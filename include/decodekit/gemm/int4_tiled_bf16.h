@@ -71,14 +71,7 @@ inline void tile_kernel_bf16(float* c,             // [R][NR], row stride ldc
 
 inline void tile_kernel_bf16_rows(int rows, float* c, int64_t ldc, const bf16_t* a, int64_t lda, const uint32_t* bp,
                                   int64_t kc, const float* init) {
-  switch (rows) {
-#define DK_TILE_CASE(R) \
-    case R: return tile_kernel_bf16<R>(c, ldc, a, lda, bp, kc, init);
-    DK_TILE_CASE(1) DK_TILE_CASE(2) DK_TILE_CASE(3) DK_TILE_CASE(4) DK_TILE_CASE(5) DK_TILE_CASE(6)
-    DK_TILE_CASE(7) DK_TILE_CASE(8) DK_TILE_CASE(9) DK_TILE_CASE(10) DK_TILE_CASE(11)
-#undef DK_TILE_CASE
-    default: return tile_kernel_bf16<kTileMR>(c, ldc, a, lda, bp, kc, init);
-  }
+  tile_rows_switch(rows, [&](auto R) { tile_kernel_bf16<decltype(R)::value>(c, ldc, a, lda, bp, kc, init); });
 }
 
 // bp[(k - k0) / 2][j] = the bf16 pair (w[n0 + j, k], w[n0 + j, k + 1]) for even k in [k0, k0 + kc), j < NR
@@ -108,44 +101,17 @@ inline void tile_decode_int8_bf16(uint32_t* bp,           // [kc / 2][NR]
   });
 }
 
-// The tiled bf16-product GEMM's task loop (plan: int4_tiled.h's TilePlan with G the K-block granule): per task
-// a_rows(m0, rows, lda) gives the task's rows of a as bf16 (row stride lda; called once per row block and thread),
-// per 32-column strip init(n0, cols, init) the accumulators' start, decode(bp, n0, k0, kc) each K block's panel,
-// and store(m0, rows, n0, cols, cb) the strip's fp32 sums cb [rows][NR].
+// int4_tiled.h's task loop with bf16 products: a_rows(m0, rows, lda) the task's rows of a as bf16 (row stride
+// lda), init(n0, cols, init) the accumulators' start, decode(bp, n0, k0, kc) each K block's bf16-pair panel, and
+// store(m0, rows, n0, cols, cb) the strip's fp32 sums cb [rows][NR].
 template <class ARows, class Init, class Decode, class Store>
 void tiled_bf16_gemm(int64_t M, int64_t N, int64_t K, int G, ARows a_rows, Init init_fn, Decode decode, Store store) {
-  constexpr int MR = kTileMR, NR = kTileNR;
-  const TilePlan plan(M, N, K, G, MR, NR);
-#pragma omp parallel if (plan.parallel)
-  {
-  std::vector<float> bp_buf, c_buf, init_buf;
-  uint32_t* bp = reinterpret_cast<uint32_t*>(tile_buffer(bp_buf, plan.kc / 2 * NR));
-  float* cb = tile_buffer(c_buf, plan.mc * NR);
-  float* init = tile_buffer(init_buf, NR);
-  int64_t block = -1;  // the row block a_rows last gave
-  const bf16_t* ab = nullptr;
-  int64_t lda = 0;
-#pragma omp for schedule(dynamic, 1)
-  for (int64_t t = 0; t < plan.nmb * plan.groups; ++t) {
-    const int64_t ib = t / plan.groups, m0 = ib * plan.mc, rows = std::min(plan.mc, M - m0);
-    if (ib != block) ab = a_rows(m0, rows, lda);
-    block = ib;
-    const int64_t s1 = std::min(plan.strips, (t % plan.groups + 1) * plan.per_group);
-    for (int64_t s = (t % plan.groups) * plan.per_group; s < s1; ++s) {
-      const int64_t n0 = s * NR;
-      const int cols = int(std::min<int64_t>(NR, N - n0));
-      init_fn(n0, cols, init);
-      for (int64_t k0 = 0; k0 < K; k0 += plan.kc) {
-        const int64_t kcur = std::min(plan.kc, K - k0);
-        decode(bp, n0, k0, kcur);
-        for (int64_t r0 = 0; r0 < rows; r0 += MR)
-          tile_kernel_bf16_rows(int(std::min<int64_t>(MR, rows - r0)), cb + r0 * NR, NR, ab + r0 * lda + k0, lda, bp,
-                                kcur, k0 == 0 ? init : nullptr);
-      }
-      store(m0, rows, n0, cols, cb);
-    }
-  }
-  }
+  tiled_gemm_tasks<uint32_t, 2>(
+      TilePlan(M, N, K, G, kTileMR, kTileNR), kTileMR, kTileNR, M, N, K, a_rows, init_fn,
+      [](int64_t, int64_t, int, float* cb, int64_t&) { return cb; }, decode,
+      [](int rows, float* c, int64_t ldc, const bf16_t* ar, int64_t lda, const uint32_t* bp, int64_t kc,
+         const float* init) { tile_kernel_bf16_rows(rows, c, ldc, ar, lda, bp, kc, init); },
+      store);
 }
 
 // out[m, n] = bf16(sum_k a[m, k] * bf16(w[n, k]) + bias[n]) with decode(bp, n0, k0, kc) writing the panel.
@@ -180,16 +146,18 @@ bool tiled_quant_gemm_bf16(bf16_t* out,         // [M, N]
 inline bool int4_gemm_tiled_bf16(bf16_t* out, const bf16_t* a, int64_t a_stride, const uint8_t* qweight,
                                  const half_t* scales, const half_t* mins, const bf16_t* bias, int64_t M, int64_t N,
                                  int64_t K, int G) {
-  return tiled_quant_gemm_bf16(out, a, a_stride, bias, M, N, K, G, [&](uint32_t* bp, int64_t n0, int64_t k0, int64_t kc) {
-    tile_decode_int4_bf16(bp, qweight, scales, mins, N, K, G, n0, k0, kc);
-  });
+  return tiled_quant_gemm_bf16(out, a, a_stride, bias, M, N, K, G,
+                               [&](uint32_t* bp, int64_t n0, int64_t k0, int64_t kc) {
+                                 tile_decode_int4_bf16(bp, qweight, scales, mins, N, K, G, n0, k0, kc);
+                               });
 }
 
 inline bool int8_gemm_tiled_bf16(bf16_t* out, const bf16_t* a, int64_t a_stride, const int8_t* qweight,
                                  const half_t* scales, const bf16_t* bias, int64_t M, int64_t N, int64_t K, int G) {
-  return tiled_quant_gemm_bf16(out, a, a_stride, bias, M, N, K, G, [&](uint32_t* bp, int64_t n0, int64_t k0, int64_t kc) {
-    tile_decode_int8_bf16(bp, qweight, scales, N, K, G, n0, k0, kc);
-  });
+  return tiled_quant_gemm_bf16(out, a, a_stride, bias, M, N, K, G,
+                               [&](uint32_t* bp, int64_t n0, int64_t k0, int64_t kc) {
+                                 tile_decode_int8_bf16(bp, qweight, scales, N, K, G, n0, k0, kc);
+                               });
 }
 
 #endif  // DK_TILED_QUANT_BF16

@@ -161,8 +161,8 @@ class LlamaModel:
         AMX kernels' (any float dtype; decodekit.ops.prepare_amx_rows, for the INT4 / INT8
         projections and an INT8 LM head: every row count then computes a row with the same bits; the copy is then
         all that is held of the weight, PackedWeight.copy_only: one copy in memory, not two)."""
-        if (self.device.type == "cpu" and self.dtype in (torch.float32, torch.float16, torch.bfloat16) and self.tp is None
-                and ops.int4_amx_rows_available()):
+        if (self.device.type == "cpu" and self.dtype in (torch.float32, torch.float16, torch.bfloat16)
+                and self.tp is None and ops.int4_amx_rows_available()):
             for L in self.layers:
                 for w in (L.qkv, L.o, L.gate_up, L.down):
                     if isinstance(w, (Int4Weight, Int8Weight)):

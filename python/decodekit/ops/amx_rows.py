@@ -23,9 +23,9 @@ def _has_cpu_kernel(op: str) -> bool:
 # The CPU's INT4 / INT8 copies for int4_gemm's 1..12-row and int8_gemm's 1..8-row AMX kernels
 # (include/decodekit/gemm/quant_amx_rows.h): on a CPU with AMX-INT8, float32 / float16 activations of that many
 # rows then get the exact integer products that 9+ rows get anyway (quant_amx_exact.h; bf16 activations get them
-# up to 12 / 8 rows, then quant_amx.h's bf16 products on strips decoded from the copy: quant_amx_rows_bf16.h), so a row's bits no longer
-# depend on how many rows come with it (decoding = speculative verification = batches), and 1..8 rows run
-# 1.2-1.8x (INT4 layers) / 1.5-2.8x (INT8 LM head) faster than the fp32 GEMV / small-M kernels
+# up to 12 / 8 rows, then quant_amx.h's bf16 products on strips decoded from the copy: quant_amx_rows_bf16.h), so
+# a row's bits no longer depend on how many rows come with it (decoding = speculative verification = batches),
+# and 1..8 rows run 1.2-1.8x (INT4 layers) / 1.5-2.8x (INT8 LM head) faster than the fp32 GEMV / small-M kernels
 # (bench/results/20261206-1747_cpu_xeon_amx_rows.md). Made at load (LlamaModel.prepare_packed_gemms), which then
 # drops the weight's own tensors: the copy is read for every row count (13+ rows: quant_amx_exact.h's kernels
 # decoding strips from it, bit for bit those on int4.h's layout). DECODEKIT_CPU_AMX_ROWS=0: no copies (the GEMV
