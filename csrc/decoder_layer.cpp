@@ -5,9 +5,12 @@
 // alike. What it saves is the per-op cost of the Python path (argument wrapping, dispatch from
 // Python, allocation): about ten op calls per layer become one (SmolLM2: 30 layers per token).
 // Semantics and oracle: decodekit.ops.reference.decoder_layer.
+#include <algorithm>
+
 #include <torch/library.h>
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include "op_args.h"
@@ -39,8 +42,8 @@ using CO = const OptTensor&;
 struct LayerOps {
   Op<void(T_&, T_&, CT, double)> add_norm{"decodekit::fused_add_rms_norm"};
   Op<void(T_&, CT, CT, double)> norm{"decodekit::rms_norm"};
-  Op<void(T_&, CT, CT, CT, CT, int64_t, CO, CO)> int4{"decodekit::int4_gemm"};
-  Op<void(T_&, CT, CT, CT, int64_t, CO, CO)> int8{"decodekit::int8_gemm"};
+  Op<void(T_&, CT, CT, CT, CT, int64_t, CO, CO, int64_t)> int4{"decodekit::int4_gemm"};
+  Op<void(T_&, CT, CT, CT, int64_t, CO, CO, int64_t)> int8{"decodekit::int8_gemm"};
   Op<void(T_&, CT, CT, CO)> dense{"decodekit::dense_gemm"};
   Op<void(CT, T_&, CO, CT, int64_t, bool)> rope{"decodekit::rotary_embedding"};
   Op<void(CT, CT, T_&, T_&, CT, CO, CO)> cache{"decodekit::reshape_and_cache"};
@@ -67,16 +70,16 @@ int64_t proj_rows(const char* name, at::TensorList w) {
   return w[0].size(0);
 }
 
-// out [T, N] = a [T, K] @ w^T (+ bias), routed as ops.linear routes it (python/decodekit/ops/__init__.py),
-// so the result is bitwise the op-by-op path's: int4_gemm / int8_gemm for packed weights; dense fp32 /
-// bf16 / fp16 on the CPU by dk::cpu::dense_route (dense_gemm, an fp32 GEMM on upcast operands, or torch's);
-// everything else at::linear.
-void project(const LayerOps& ops, at::Tensor& out, const at::Tensor& a, at::TensorList w, int64_t group_size,
-             const OptTensor& bias) {
+// out [T, N] = a [T, K] @ w^T (+ bias) through one op (dense: by dense_route: dense_gemm, an fp32 GEMM on upcast
+// operands, or torch's; everything else at::linear).
+void project_once(const LayerOps& ops, at::Tensor& out, const at::Tensor& a, at::TensorList w, int64_t group_size,
+                  const OptTensor& bias, int64_t decode_rows) {
   if (is_int8(w))
-    return ops.int8.call(out, a, w[0], w[1], group_size, bias, w.size() == 3 ? OptTensor(w[2]) : std::nullopt);
+    return ops.int8.call(out, a, w[0], w[1], group_size, bias, w.size() == 3 ? OptTensor(w[2]) : std::nullopt,
+                         decode_rows);
   if (w.size() == 3 || w.size() == 4)
-    return ops.int4.call(out, a, w[0], w[1], w[2], group_size, bias, w.size() == 4 ? OptTensor(w[3]) : std::nullopt);
+    return ops.int4.call(out, a, w[0], w[1], w[2], group_size, bias, w.size() == 4 ? OptTensor(w[3]) : std::nullopt,
+                         decode_rows);
   const int64_t M = a.size(0);
   const at::ScalarType st = a.scalar_type();
   if (a.is_cpu() && (st == at::kFloat || st == at::kBFloat16 || st == at::kHalf)) {
@@ -86,6 +89,36 @@ void project(const LayerOps& ops, at::Tensor& out, const at::Tensor& a, at::Tens
     return;
   }
   out.copy_(at::linear(a, w[0], bias));
+}
+
+// out [T, N] = a [T, K] @ w^T (+ bias), routed as ops.linear routes it (python/decodekit/ops/__init__.py), so the
+// result is bitwise the op-by-op path's: int4_gemm / int8_gemm for packed weights (decode_rows passed on: they split
+// the rows themselves), dense weights as project_once. Batch invariance for dense weights (decode_rows >= 0, CPU):
+// the decode rows in blocks of dense_route's dense_gemm rows (its tiles give a row the same bits at any row count),
+// the prompt rows as one block of at least kPrefillRowsMin (zero rows appended; past dense_gemm's rows torch's GEMM,
+// which promises no invariance).
+void project(const LayerOps& ops, at::Tensor& out, const at::Tensor& a, at::TensorList w, int64_t group_size,
+             const OptTensor& bias, int64_t decode_rows) {
+  const bool dense = w.size() == 1;
+  if (!dense || decode_rows < 0 || !a.is_cpu()) return project_once(ops, out, a, w, group_size, bias, decode_rows);
+  const int64_t M = a.size(0), P = dk::cpu::kPrefillRowsMin;
+  const int64_t B = std::max<int64_t>(1, std::min(dk::cpu::kDenseRouteMaxM,
+                                                  dk::cpu::dense_route(dk::dense_dtype(a.scalar_type())).dense_max_m));
+  for (int64_t m0 = 0; m0 < decode_rows; m0 += B) {
+    const int64_t rows = std::min(B, decode_rows - m0);
+    at::Tensor o = out.narrow(0, m0, rows);
+    project_once(ops, o, a.narrow(0, m0, rows), w, group_size, bias, -1);
+  }
+  const int64_t p = M - decode_rows;
+  if (p >= P) {
+    at::Tensor o = out.narrow(0, decode_rows, p);
+    project_once(ops, o, a.narrow(0, decode_rows, p), w, group_size, bias, -1);
+  } else if (p > 0) {
+    at::Tensor ap = at::zeros({P, a.size(1)}, a.options()), op = at::empty({P, out.size(1)}, out.options());
+    ap.narrow(0, 0, p).copy_(a.narrow(0, decode_rows, p));
+    project_once(ops, op, ap, w, group_size, bias, -1);
+    out.narrow(0, decode_rows, p).copy_(op.narrow(0, 0, p));
+  }
 }
 
 void decoder_layer(at::Tensor& out,                  // [T, hidden]: the MLP's output
@@ -115,7 +148,8 @@ void decoder_layer(at::Tensor& out,                  // [T, hidden]: the MLP's o
                    const OptTensor& v_scale,
                    int64_t sliding_window,             // paged_attention's (0: none)
                    const OptTensor& q_norm,            // [head_dim] Qwen3: RMSNorm weight of each query head
-                   const OptTensor& k_norm) {          // [head_dim] and of each key head (both or neither)
+                   const OptTensor& k_norm,            // [head_dim] and of each key head (both or neither)
+                   int64_t decode_rows) {              // rows [0, decode_rows): decode-phase (project); -1: none
   const LayerOps& ops = LayerOps::get();
   dk::Check(kOp, "hidden", hidden).dim(2).contiguous();
   const int64_t T = hidden.size(0), H = hidden.size(1);
@@ -144,6 +178,8 @@ void decoder_layer(at::Tensor& out,                  // [T, hidden]: the MLP's o
     fail("workspace", "must have at least T * (2 q + 2 kv + 3 I) = " + std::to_string(need) +
                                                 " elements, got " + std::to_string(workspace.numel()));
   if (q_norm.has_value() != k_norm.has_value()) fail("q_norm / k_norm", "must be given both or neither");
+  if (decode_rows < -1 || decode_rows > T)
+    fail("decode_rows", "must be in [-1, T = " + std::to_string(T) + "], got " + std::to_string(decode_rows));
   if (T == 0) return;
 
   const at::Tensor flat = workspace.view({-1});
@@ -153,7 +189,7 @@ void decoder_layer(at::Tensor& out,                  // [T, hidden]: the MLP's o
   at::Tensor act = flat.narrow(0, T * (2 * q + 2 * kv + 2 * I), T * I).view({T, I});
 
   if (add_input) ops.add_norm.call(hidden, residual, input_norm, eps);
-  project(ops, qkv, hidden, qkv_weight, group_sizes[0], qkv_bias);
+  project(ops, qkv, hidden, qkv_weight, group_sizes[0], qkv_bias, decode_rows);
   at::Tensor qv = qkv.narrow(1, 0, q);
   const OptTensor k = qkv.narrow(1, q, kv);  // [T, kv]: rope in place, then cached
   if (q_norm.has_value()) {  // each head normed on its own (as the Python path: rms_norm of [T * heads, D] rows)
@@ -173,11 +209,11 @@ void decoder_layer(at::Tensor& out,                  // [T, hidden]: the MLP's o
                  key_cache, value_cache, slot_mapping, k_scale, v_scale);
   ops.attn.call(attn, qv.view({T, num_heads, head_dim}), key_cache, value_cache, block_tables, seq_lens,
                 query_start_loc, scale, std::nullopt, k_scale, v_scale, sliding_window);
-  project(ops, hidden, attn.view({T, q}), o_weight, group_sizes[1], std::nullopt);  // hidden <- o-proj
+  project(ops, hidden, attn.view({T, q}), o_weight, group_sizes[1], std::nullopt, decode_rows);  // hidden <- o-proj
   ops.add_norm.call(hidden, residual, post_norm, eps);
-  project(ops, gate_up, hidden, gate_up_weight, group_sizes[2], std::nullopt);
+  project(ops, gate_up, hidden, gate_up_weight, group_sizes[2], std::nullopt, decode_rows);
   ops.silu_mul.call(act, gate_up);
-  project(ops, out, act, down_weight, group_sizes[3], std::nullopt);
+  project(ops, out, act, down_weight, group_sizes[3], std::nullopt, decode_rows);
 }
 
 }  // namespace

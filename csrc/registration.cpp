@@ -39,8 +39,12 @@ TORCH_LIBRARY(decodekit, m) {
   // the exact integer products that 9+ rows get anyway, so a row's bits do not depend on the row count). With
   // that CPU copy, qweight may be [N, 0] and scales / mins [N, 0]: the weight held only as the copy (any M reads it;
   // decodekit.ops.prepare_amx_rows(weight, drop_stored=True)); int8_gemm / int8_dequantize_rows likewise.
+  // decode_rows (CPU; CUDA ignores it): batch invariance. Rows [0, decode_rows) are decode-phase rows, each computed
+  // with the bits it gets alone (the GEMV's arithmetic, or the AMX copy's, whose semantics hold at every row count);
+  // rows [decode_rows, M) are prompt rows, run as one block of at least 17 rows (zero rows appended to fewer) on the
+  // many-row kernels, where a row's bits do not depend on the rows beside it; -1: every row by the row count.
   m.def("int4_gemm(Tensor(a!) out, Tensor a, Tensor qweight, Tensor scales, Tensor mins, int group_size, "
-        "Tensor? bias, Tensor? packed=None) -> ()");
+        "Tensor? bias, Tensor? packed=None, int decode_rows=-1) -> ()");
   m.def("int4_dequantize(Tensor(a!) out, Tensor qweight, Tensor scales, Tensor mins, int group_size) -> ()");
   // The packed layout of the CUDA Marlin-style INT4 kernel (include/decodekit/gemm/int4_marlin_pack.h: contiguous
   // 128 x 128 units, codes in the lanes' order, scale / min pairs inside, in the activations' type): out
@@ -64,7 +68,7 @@ TORCH_LIBRARY(decodekit, m) {
   // packed: optionally int8_amx_rows_pack's copy (CPU: float32 / float16 activations of 1 .. 8 rows then run on
   // the AMX int8 unit with the exact integer products 9+ rows get anyway; CUDA ignores it).
   m.def("int8_gemm(Tensor(a!) out, Tensor a, Tensor qweight, Tensor scales, int group_size, Tensor? bias, "
-        "Tensor? packed=None) -> ()");
+        "Tensor? packed=None, int decode_rows=-1) -> ()");
   m.def("int8_amx_rows_pack(Tensor(a!) out, Tensor qweight, Tensor scales, int group_size) -> ()");
   m.def("int8_dequantize_rows(Tensor(a!) out, Tensor qweight, Tensor scales, int group_size, Tensor ids, "
         "Tensor? packed=None) -> ()");
@@ -134,7 +138,11 @@ TORCH_LIBRARY(decodekit, m) {
   // head_dim, I = intermediate size); each weight [qweight, scales, mins (, packed)] (INT4) or [qweight,
   // scales (, packed)] (INT8: told apart by qweight's int8 dtype), int4_gemm's / int8_gemm's operands, with its
   // group size in group_sizes (qkv, o, gate_up, down); the attention arguments are paged_attention's and
-  // reshape_and_cache's. On CUDA only the shapes int4_gemm / int8_gemm's CUDA kernels take (the others raise
+  // reshape_and_cache's. decode_rows: rows [0, decode_rows) are decode-phase rows (a decode step's or a
+  // verification pass's; -1: none marked): on the CPU every projection gives them their one-row bits and runs
+  // the other rows as one block of at least 17 (int4_gemm's decode_rows; dense weights: dense_gemm's row blocks;
+  // include/decodekit/gemm/dense_cpu.h); CUDA ignores it.
+  // On CUDA only the shapes int4_gemm / int8_gemm's CUDA kernels take (the others raise
   // there).
   m.def(
       "decoder_layer(Tensor(a!) out, Tensor(b!) hidden, Tensor(c!) residual, Tensor(d!) workspace, "
@@ -143,7 +151,7 @@ TORCH_LIBRARY(decodekit, m) {
       "bool add_input, float eps, Tensor positions, Tensor cos_sin_cache, bool is_neox, Tensor slot_mapping, "
       "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, int num_heads, int num_kv_heads, "
       "int head_dim, float scale, Tensor? k_scale=None, Tensor? v_scale=None, int sliding_window=0, "
-      "Tensor? q_norm=None, Tensor? k_norm=None) -> ()");
+      "Tensor? q_norm=None, Tensor? k_norm=None, int decode_rows=-1) -> ()");
 
   // Custom AllReduce over peer-mapped buffers (include/decodekit/comm/allreduce.h; driver:
   // decodekit.distributed.custom_allreduce.CustomAllReduce). buffer_ptrs / signal_ptrs: [world_size]

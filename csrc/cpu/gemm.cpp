@@ -10,6 +10,13 @@
 #include "decodekit/gemm/int4.h"
 #include "decodekit/gemm/int4_marlin_pack.h"
 
+// decode_rows' blocks stay on the row-invariant kernels of every route (include/decodekit/gemm/dense_cpu.h)
+namespace dkc = dk::cpu;
+static_assert(dkc::kDecodeRowBlock < dkc::kTiledQuantGemmMinM && dkc::kDecodeRowBlock < dkc::kFp8TiledMinM &&
+              dkc::kDecodeRowBlock <= dkc::kBf16DotDenseMaxM && dkc::kDecodeRowBlock <= dkc::kDenseRouteMaxM &&
+              dkc::kPrefillRowsMin >= dkc::kTiledQuantGemmMinM && dkc::kPrefillRowsMin >= dkc::kFp8TiledMinM &&
+              dkc::kPrefillRowsMin > dkc::kAmxRowsDispatchM && dkc::kPrefillRowsMin >= dkc::kTiledVectorMinM);
+
 namespace {
 
 void dense_gemm_cpu(at::Tensor& out,                       // [M, N]
@@ -38,14 +45,16 @@ void int4_gemm_cpu(at::Tensor& out,                        // [M, N]
                    const at::Tensor& mins,                 // [N, K / G] float16
                    int64_t group_size,
                    const std::optional<at::Tensor>& bias,     // [N]
-                   const std::optional<at::Tensor>& packed) {  // int4_amx_rows_pack's copy (the CUDA one: unused)
+                   const std::optional<at::Tensor>& packed,  // int4_amx_rows_pack's copy (the CUDA one: unused)
+                   int64_t decode_rows) {                    // batch invariance: Int4GemmParams::decode_rows
   const char* op = "decodekit::int4_gemm";
   const bool copy_only = dk::quant_copy_only(op, qweight, a.dim() == 2 ? a.size(1) : 0, packed);
   const dk::GemmArgs g = dk::quant_gemm_args(op, out, a, qweight, scales, &mins, group_size, bias, copy_only);
   const bool amx_rows = packed.has_value() && dk::int4_gemm_packed_check(op, *packed, a, g, group_size);
+  dk::check_range<int64_t>(op, "decode_rows", decode_rows, -1, g.M);
   if (g.M == 0 || g.N == 0) return;
   const dk::cpu::Int4GemmParams P{g.M, g.N, g.K, int(group_size), g.a_stride,
-                                  amx_rows ? packed->data_ptr<uint8_t>() : nullptr};
+                                  amx_rows ? packed->data_ptr<uint8_t>() : nullptr, decode_rows};
   DK_CPU_DISPATCH_FLOATING(a.scalar_type(), op, [&] {
     dk::cpu::int4_gemm<scalar_t>(dk_ptr<scalar_t>(out), dk_ptr<scalar_t>(a),
                                  copy_only ? nullptr : qweight.data_ptr<uint8_t>(),
@@ -145,14 +154,16 @@ void int8_gemm_cpu(at::Tensor& out,                        // [M, N]
                    const at::Tensor& scales,               // [N, K / G] float16
                    int64_t group_size,
                    const std::optional<at::Tensor>& bias,     // [N]
-                   const std::optional<at::Tensor>& packed) {  // int8_amx_rows_pack's copy
+                   const std::optional<at::Tensor>& packed,  // int8_amx_rows_pack's copy
+                   int64_t decode_rows) {                    // as int4_gemm's
   const char* op = "decodekit::int8_gemm";
   const bool copy_only = dk::quant_copy_only(op, qweight, a.dim() == 2 ? a.size(1) : 0, packed);
   const dk::GemmArgs g = dk::quant_gemm_args(op, out, a, qweight, scales, nullptr, group_size, bias, copy_only);
   if (packed.has_value()) dk::int8_gemm_packed_check(op, *packed, a, g, group_size);
+  dk::check_range<int64_t>(op, "decode_rows", decode_rows, -1, g.M);
   if (g.M == 0 || g.N == 0) return;
   const dk::cpu::Int4GemmParams P{g.M, g.N, g.K, int(group_size), g.a_stride,
-                                  packed.has_value() ? packed->data_ptr<uint8_t>() : nullptr};
+                                  packed.has_value() ? packed->data_ptr<uint8_t>() : nullptr, decode_rows};
   DK_CPU_DISPATCH_FLOATING(a.scalar_type(), op, [&] {
     dk::cpu::int8_gemm<scalar_t>(dk_ptr<scalar_t>(out), dk_ptr<scalar_t>(a),
                                  copy_only ? nullptr : qweight.data_ptr<int8_t>(),

@@ -151,8 +151,9 @@ void gemm_allreduce_int4_cuda(at::Tensor& out,                               // 
         [&] {  // int4_gemm's own CUDA routing (GEMV / tensor-core kernels)
           static auto gemm = c10::Dispatcher::singleton().findSchemaOrThrow("decodekit::int4_gemm", "")
                                  .typed<void(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                             const at::Tensor&, int64_t, const std::optional<at::Tensor>&)>();
-          gemm.call(out, a, qweight, scales, mins, group_size, add_bias ? bias : std::nullopt);
+                                             const at::Tensor&, int64_t, const std::optional<at::Tensor>&,
+                                             const std::optional<at::Tensor>&, int64_t)>();
+          gemm.call(out, a, qweight, scales, mins, group_size, add_bias ? bias : std::nullopt, std::nullopt, -1);
         },
         residual, norm_weight, eps, stream);
   });

@@ -202,7 +202,8 @@ void int4_gemm_cuda(at::Tensor& out,                        // [M, N]
                     const at::Tensor& mins,                 // [N, K / G] float16
                     int64_t group_size,
                     const std::optional<at::Tensor>& bias,     // [N]
-                    const std::optional<at::Tensor>& packed) {  // int4_marlin_pack's layout for a's dtype
+                    const std::optional<at::Tensor>& packed,  // int4_marlin_pack's layout for a's dtype
+                    int64_t /*decode_rows*/) {                // the CPU's batch invariance: ignored here
   const char* op = "decodekit::int4_gemm";
   const dk::GemmArgs g = dk::quant_gemm_args(op, out, a, qweight, scales, &mins, group_size, bias);
   dk::check_cuda(op, "a", a);
@@ -319,7 +320,8 @@ void int8_gemm_cuda(at::Tensor& out,                        // [M, N]
                     const at::Tensor& scales,               // [N, K / G] float16
                     int64_t group_size,
                     const std::optional<at::Tensor>& bias,     // [N]
-                    const std::optional<at::Tensor>& packed) {  // the CPU's AMX copy: unused here
+                    const std::optional<at::Tensor>& packed,  // the CPU's AMX copy: unused here
+                    int64_t /*decode_rows*/) {                // the CPU's batch invariance: ignored here
   const char* op = "decodekit::int8_gemm";
   const dk::GemmArgs g = dk::quant_gemm_args(op, out, a, qweight, scales, nullptr, group_size, bias);
   if (packed.has_value()) dk::int8_gemm_packed_check(op, *packed, a, g, group_size);

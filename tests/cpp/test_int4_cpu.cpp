@@ -97,19 +97,24 @@ void test_gemm(Rng& rng, const Quant& W, bool int8, int64_t M, bool with_bias, P
   std::vector<T> out(size_t(M * N) + kGuard, poison<T>());
   gemm(path, W, int8, out.data(), a.data(), lda, bp, M);
   // the tiled kernel's bound uses sum |a w|; the row kernels' (entry, M <= 8) sum |a| (|d q| + |min|)
+  // bf16 through the entry past the few-row kernels: the tile unit from kTiledQuantGemmMinM rows (AMX CPUs), else
+  // the tiled kernels from kTiledVectorMinM
+  constexpr bool kBf16 = std::is_same_v<T, dk::bf16_t>;
+#if defined(DK_AMX_QUANT_GEMM)
+  const bool amx_bf16 = kBf16 && path == Path::kEntry && M >= dk::cpu::kTiledQuantGemmMinM && dk::cpu::amx_enabled();
+#else
+  const bool amx_bf16 = false;
+#endif
+  const int64_t bf16_tiled_min = amx_bf16 ? dk::cpu::kTiledQuantGemmMinM : dk::cpu::kTiledVectorMinM;
 #if defined(DK_TILED_QUANT_GEMM)
-  const bool parts = path == Path::kEntry && (M < dk::cpu::kTiledQuantGemmMinM || !std::is_same_v<T, dk::bf16_t>);
+  const bool parts = path == Path::kEntry && (M < bf16_tiled_min || !kBf16);
 #else
   const bool parts = true;
 #endif
-  // bf16 from 9 rows on an AMX CPU (quant_amx.h) or one with AVX512-BF16 (int4_tiled_bf16.h): products of the
+  // bf16 there on an AMX CPU (quant_amx.h) or one with AVX512-BF16 (int4_tiled_bf16.h): products of the
   // bf16-rounded decoded weight
-  [[maybe_unused]] const bool entry_bf16 = std::is_same_v<T, dk::bf16_t> && path == Path::kEntry && M >= dk::cpu::kTiledQuantGemmMinM;
-#if defined(DK_AMX_QUANT_GEMM)
-  bool amx = entry_bf16 && dk::cpu::amx_enabled();
-#else
-  bool amx = false;
-#endif
+  [[maybe_unused]] const bool entry_bf16 = kBf16 && path == Path::kEntry && M >= bf16_tiled_min;
+  bool amx = amx_bf16;
 #if defined(DK_TILED_QUANT_BF16)
   amx = amx || path == Path::kTiledBf16 || (entry_bf16 && dk::cpu::bf16_dot_enabled());
 #endif
@@ -180,7 +185,7 @@ int main() {
   for (const auto& sh : shapes) {
     const Quant W(rng, sh[0], sh[1], int(sh[2]));
     for (bool int8 : {false, true}) {
-      for (int64_t M : {1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 24, 37, 100}) {
+      for (int64_t M : {1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 16, 17, 24, 37, 100}) {
         const bool with_bias = (M + int8) % 2;
         for (Path path : {Path::kEntry, Path::kTiled}) {
 #if !defined(DK_TILED_QUANT_GEMM)

@@ -151,6 +151,27 @@ def test_running_first_then_waiting_share_one_budget():
     assert [(x.request_id, x.num_new_tokens) for x in out.scheduled] == [("a", 1), ("b", 7)]
 
 
+def test_decode_phase_requests_lead_the_step(monkeypatch):
+    """A running request still in its prefill (here capped per step: prompt logprobs pending) is scheduled after
+    the decoding ones admitted after it, so a step's decode rows lead its batch (ModelRunner marks them for batch
+    invariance); order kept within each kind."""
+    import decodekit.engine.scheduler as sched
+    monkeypatch.setattr(sched, "PROMPT_LOGPROBS_CHUNK", 4)
+    s, kv, model = make(budget=32)
+    a, b, c = req("a", 20, 5), req("b", 3, 5, start=5), req("c", 2, 5, start=9)
+    a.prompt_logprobs_pending = True
+    for r in (a, b, c):
+        s.add_request(r)
+    out, _ = step(s, model)      # a: 4 of its 20 prompt tokens; b, c: whole prompts
+    assert [(x.request_id, x.is_decode) for x in out.scheduled] == [("a", False), ("b", False), ("c", False)]
+    out, _ = step(s, model)      # b, c decode ahead of a's next prompt chunk
+    assert [(x.request_id, x.is_decode) for x in out.scheduled] == [("b", True), ("c", True), ("a", False)]
+    s.add_request(req("d", 4, 5, start=13))
+    out, _ = step(s, model)
+    assert [(x.request_id, x.is_decode, x.num_new_tokens) for x in out.scheduled] == [
+        ("b", True, 1), ("c", True, 1), ("a", False, 4), ("d", False, 4)]
+
+
 def test_max_num_seqs():
     s, kv, model = make(max_seqs=2)
     for i in range(4):

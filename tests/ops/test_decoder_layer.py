@@ -82,13 +82,14 @@ def _inputs(ctx_lens, new_lens, hk, d, bs, kv_dtype, dtype, device, gen):
     return hidden, residual, kc, vc, md
 
 
-def _unfused(hidden, residual, kc, vc, ws, qkv_bias, norms, add_input, hq, hk, d, cs, md, scale, ks, vs, window):
-    """models/llama.py's layer body, op by op."""
+def _unfused(hidden, residual, kc, vc, ws, qkv_bias, norms, add_input, hq, hk, d, cs, md, scale, ks, vs, window,
+             dr=-1):
+    """models/llama.py's layer body, op by op (dr: decode_rows)."""
     T = hidden.shape[0]
     q_size, kv_size = hq * d, hk * d
     if add_input:
         ops.fused_add_rms_norm(hidden, residual, norms[0], 1e-5)
-    qkv = ops.linear(hidden, ws[0], qkv_bias)
+    qkv = ops.linear(hidden, ws[0], qkv_bias, decode_rows=dr)
     q, k, v = qkv[:, :q_size], qkv[:, q_size:q_size + kv_size], qkv[:, q_size + kv_size:]
     if len(norms) == 4:     # Qwen3 (models/llama.py): each head normed, as fresh tensors
         q = ops.rms_norm(q.reshape(-1, d), norms[2], 1e-5).view(T, -1)
@@ -97,12 +98,13 @@ def _unfused(hidden, residual, kc, vc, ws, qkv_bias, norms, add_input, hq, hk, d
     ops.reshape_and_cache(k.view(T, hk, d), v.view(T, hk, d), kc, vc, md["slot_mapping"], ks, vs)
     attn = ops.paged_attention(q.view(T, hq, d), kc, vc, md["block_tables"], md["seq_lens"], md["query_start_loc"],
                                scale, k_scale=ks, v_scale=vs, sliding_window=window)
-    h = ops.linear(attn.view(T, q_size), ws[1])
+    h = ops.linear(attn.view(T, q_size), ws[1], decode_rows=dr)
     ops.fused_add_rms_norm(h, residual, norms[1], 1e-5)
-    return ops.linear(ops.silu_and_mul(ops.linear(h, ws[2])), ws[3])
+    return ops.linear(ops.silu_and_mul(ops.linear(h, ws[2], decode_rows=dr)), ws[3], decode_rows=dr)
 
 
-def _fused(hidden, residual, kc, vc, ws, qkv_bias, norms, add_input, hq, hk, d, cs, md, scale, ks, vs, window):
+def _fused(hidden, residual, kc, vc, ws, qkv_bias, norms, add_input, hq, hk, d, cs, md, scale, ks, vs, window,
+           dr=-1):
     T = hidden.shape[0]
     operands = [ops.projection_operands(w) for w in ws]
     nan = float("nan")
@@ -112,7 +114,7 @@ def _fused(hidden, residual, kc, vc, ws, qkv_bias, norms, add_input, hq, hk, d, 
     ops.decoder_layer(out, hidden, residual, work, kc, vc, operands[0][0], qkv_bias, operands[1][0], operands[2][0],
                       operands[3][0], [o[1] for o in operands], norms[0], norms[1], add_input, 1e-5,
                       md["positions"], cs, True, md["slot_mapping"], md["block_tables"], md["seq_lens"],
-                      md["query_start_loc"], hq, hk, d, scale, ks, vs, window, *norms[2:])
+                      md["query_start_loc"], hq, hk, d, scale, ks, vs, window, *(norms[2:] or [None, None]), dr)
     return out
 
 
@@ -151,6 +153,60 @@ def test_decoder_layer_matches_op_sequence(case, config, fmt, dtype, device, gen
     for name, a, b in zip(("out", "residual", "key_cache", "value_cache"), unfused, fused):
         assert not torch.isnan(b.float()).any(), f"{name}: NaN (unwritten poison?)"
         assert torch.equal(a, b), f"{name}: fused differs from the op sequence ({(a != b).sum()} elements)"
+
+
+# (context lengths, new tokens, decode-phase sequences first): 12 decode rows (two blocks, a sequence across
+# them) then 24 prompt rows, or 4 (padded to PREFILL_ROWS_MIN)
+SPLIT_CASES = {"decode+prefill": ([40, 17, 9, 60, 30], [6, 1, 5, 20, 4], 3),
+               "decode+short-prefill": ([40, 17, 9, 25], [6, 1, 5, 4], 3)}
+
+
+def _sub_md(md, ctx, new, idx):
+    """The metadata of sequences idx alone (their rows, block tables, lengths)."""
+    starts = [sum(new[:i]) for i in range(len(new))]
+    rows = [r for i in idx for r in range(starts[i], starts[i] + new[i])]
+    sub = {k: md[k][rows] for k in ("positions", "slot_mapping")}
+    sub["block_tables"] = md["block_tables"][idx]
+    sub["seq_lens"] = md["seq_lens"][idx]
+    sub["query_start_loc"] = torch.tensor([0] + torch.tensor([new[i] for i in idx]).cumsum(0).tolist(),
+                                          dtype=torch.int32)
+    return sub, rows
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt", ["int4-g32", "mixed", "dense", "int4-amx", "int4-copy-only"])
+@pytest.mark.parametrize("case", list(SPLIT_CASES))
+def test_decoder_layer_decode_rows_batch_invariant(case, fmt, dtype, gen):
+    """decode_rows: the fused layer equals the op sequence with the same split, and every sequence's rows (output,
+    residual) are bit for bit those of the sequence run alone (a decode sequence's rows all decode rows, a prompt's
+    none), the KV cache too."""
+    if fmt == "dense" and dtype == torch.bfloat16:
+        pytest.skip("dense bf16 prompt rows past dense_route's rows: torch's GEMM (not row-invariant)")
+    ctx, new, nd = SPLIT_CASES[case]
+    hq, hk, d, bs = 9, 3, 64, 16
+    ws, qkv_bias, norms = _layer(hq, hk, d, FORMATS[fmt], True, dtype, "cpu", gen)
+    hidden, residual, kc, vc, md = _inputs(ctx, new, hk, d, bs, dtype, dtype, "cpu", gen)
+    cs = ref.rope_cos_sin_cache(256, d, 10000.0)
+    args = (ws, qkv_bias, norms, True, hq, hk, d, cs)
+    D = sum(new[:nd])
+    outs = []
+    for fn in (_unfused, _fused):
+        st = (hidden.clone(), residual.clone(), kc.clone(), vc.clone())
+        outs.append((fn(*st, *args, md, d ** -0.5, None, None, 0, D), *st[1:]))
+    for name, a, b in zip(("out", "residual", "key_cache", "value_cache"), *outs):
+        assert not torch.isnan(b.float()).any(), f"{name}: NaN (unwritten poison?)"
+        assert torch.equal(a, b), f"{name}: fused differs from the op sequence ({(a != b).sum()} elements)"
+    out, res, kcb, vcb = outs[1]
+    for i in range(len(new)):
+        sub, rows = _sub_md(md, ctx, new, [i])
+        st = (hidden[rows].clone(), residual[rows].clone(), kc.clone(), vc.clone())
+        alone = _fused(*st, *args, sub, d ** -0.5, None, None, 0, new[i] if i < nd else 0)
+        assert torch.equal(alone, out[rows]), f"sequence {i}: its rows differ from the batch's"
+        assert torch.equal(st[1], res[rows]), f"sequence {i}: residual differs"
+        slots = sub["slot_mapping"]
+        for c_alone, c_batch in ((st[2], kcb), (st[3], vcb)):
+            flat_a, flat_b = c_alone.transpose(1, 2).flatten(0, 1), c_batch.transpose(1, 2).flatten(0, 1)
+            assert torch.equal(flat_a[slots], flat_b[slots]), f"sequence {i}: cached K/V differ"
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -18,7 +18,8 @@ import textwrap
 import pytest
 import torch
 
-from dk_testing import cpu_bf16_products_expected, random_int4_weight, random_int8_weight, randn, strided_rows
+from dk_testing import (cpu_amx_expected, cpu_bf16_products_expected, random_int4_weight, random_int8_weight, randn,
+                        strided_rows)
 from decodekit import ops
 from decodekit.ops import reference as ref
 
@@ -66,6 +67,8 @@ def _run(kind, M, N, K, G, with_bias, gen):
     (300, 96, 640, 64, True),     # two row chunks of <= 256 (the second one 44 rows)
 ])
 def test_bf16_products_use_bf16_weights(kind, M, N, K, G, with_bias, gen):
+    if M < (9 if cpu_amx_expected() else 17):   # int4.h: the tile unit from kTiledQuantGemmMinM, VDPBF16PS from 17
+        pytest.skip("below the bf16-product kernel's rows on this CPU (the GEMV's arithmetic there)")
     out, a, wd, bias = _run(kind, M, N, K, G, with_bias, gen)
     frac_b, ulps_b = _match_fraction(out, a, wd.bfloat16(), bias)
     frac_w, _ = _match_fraction(out, a, wd, bias)

@@ -35,6 +35,18 @@ constexpr int64_t kDenseRouteMaxM = 32;
 constexpr int64_t kBf16UpcastMinM = 128;
 constexpr int64_t kBf16DotDenseMaxM = 8;
 
+// Batch invariance (int4_gemm's / int8_gemm's decode_rows, int4.h: split_decode_rows; decoder_layer's and
+// ops.linear's for fp8 / dense weights): decode-phase rows get the bits they get alone, where a route has no kernel
+// for any row count with the one-row arithmetic (the AMX copy's bf16 kernels, AVX2, fp8_gemm) in blocks of at most
+// kDecodeRowBlock rows (below kTiledQuantGemmMinM / kFp8TiledMinM: the few-row kernels; csrc/cpu/gemm.cpp asserts it);
+// prompt rows as one block of at least kPrefillRowsMin rows (zero rows appended): from it every CPU route of a
+// quantized projection is its many-row kernel (int4_gemm / int8_gemm from kTiledVectorMinM, the AMX copy with bf16
+// activations from kAmxRowsDispatchM + 1, fp8_gemm from kFp8TiledMinM), where a row's bits do not depend on the rows
+// beside it, so a prompt's rows do not depend on how many prompt rows share its step. (Dense weights: decode rows in
+// blocks of dense_gemm's rows; prompt rows past them run torch's GEMM, which promises no invariance.)
+constexpr int64_t kDecodeRowBlock = 8;
+constexpr int64_t kPrefillRowsMin = 17;
+
 struct DenseRoute {
   int64_t dense_min_m, dense_max_m;  // dense_gemm for M in [dense_min_m, dense_max_m]
   int64_t upcast_min_m;              // fp32 GEMM on upcast operands from here (INT64_MAX: never)

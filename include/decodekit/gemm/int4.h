@@ -15,6 +15,7 @@
 
 #include "decodekit/common/dtype.h"
 #include "decodekit/common/macros.h"
+#include "decodekit/gemm/dense_cpu.h"  // kDecodeRowBlock, kPrefillRowsMin
 #include "decodekit/gemm/int4_common.h"
 #include "decodekit/gemm/int4_tiled.h"
 #include "decodekit/gemm/int4_tiled_bf16.h"
@@ -32,11 +33,23 @@ namespace dk {
 
 namespace cpu {
 
-// From this many rows of a, int4_gemm / int8_gemm decode each weight panel once to fp32 and run
-// the register-blocked fp32 kernel (int4_tiled.h), or on AMX CPUs the tile unit (bf16: quant_amx.h;
-// fp32 / fp16: exact integer products, quant_amx_exact.h); fewer rows decode in registers: one row by
-// the GEMV below, 2 .. 8 by the register-blocked kernels of quant_small_m.h.
+// From this many rows of a, int4_gemm / int8_gemm run their many-row kernels: on AMX CPUs the tile unit (bf16:
+// quant_amx.h; fp32 / fp16: exact integer products, quant_amx_exact.h), bf16 products on AVX512-BF16
+// (int4_tiled_bf16.h), AVX2's tiled fp32 kernel; fewer rows decode in registers: one row by the GEMV below, 2 .. 8
+// by the register-blocked kernels of quant_small_m.h (AVX2: quant_small_m_avx2.h).
 constexpr int64_t kTiledQuantGemmMinM = 9;
+// Without the tile unit, AVX-512: the tiled fp32 kernel (int4_tiled.h: each weight panel decoded once to fp32; fp32 /
+// fp16 activations, bf16 where no bf16-product kernel runs) and the bf16-product one (int4_tiled_bf16.h) from this
+// many rows; fewer keep the GEMV's arithmetic (int4_gemm_rows_exact). SmolLM2's 30 layers' INT4 projections from DRAM
+// on 2 Zen 5 cores (ms, rows kernels vs tiled; tools/bench_decode_rows.py, whose "as decode rows" runs them at any M):
+// fp32 M = 9 10.2 vs 18.8, 16 15.7 vs 23.0, 24 25.6 vs 27.4, 32 36.1 vs 33.3, its Q8_0 LM head 9 3.6 vs 5.6, 16 6.2
+// vs 6.6, 24 9.4 vs 7.1; bf16 (bf16 products) M = 9 10.9 vs 16.7, 16 17.0 vs 18.7, 24 24.2 vs 20.1, LM head 9 3.8 vs
+// 5.0, 16 6.1 vs 5.5.
+#if defined(__AVX512F__) && defined(__F16C__)
+constexpr int64_t kTiledVectorMinM = 17;
+#else
+constexpr int64_t kTiledVectorMinM = kTiledQuantGemmMinM;
+#endif
 
 struct Int4GemmParams {
   int64_t M, N, K;
@@ -49,7 +62,60 @@ struct Int4GemmParams {
   // (quant_amx_rows_bf16.h). With it, qweight / scales / mins may be null: the weight held only as the copy
   // (other routes unpack it first).
   const uint8_t* amx_rows = nullptr;
+  // Batch invariance (split_decode_rows): rows [0, decode_rows) are decode-phase rows, each given the bits it gets
+  // alone, the others prompt rows on the many-row kernels; -1: every row by the row count.
+  int64_t decode_rows = -1;
 };
+
+// Batch invariance (Int4GemmParams::decode_rows >= 0; dense_cpu.h: kDecodeRowBlock / kPrefillRowsMin): rows [0, D)
+// are decode-phase rows, decode(out, a, D) gives each the bits it gets alone; rows [D, M) are prompt rows, run by
+// prefill(out, a, a_stride, rows) as one block of at least kPrefillRowsMin rows (zero rows appended to fewer), where
+// every route is its many-row kernel and a row's bits do not depend on the rows beside it.
+template <class T, class Decode, class Prefill>
+void split_decode_rows(T* out, const T* a, int64_t a_stride, int64_t M, int64_t N, int64_t K, int64_t D,
+                       Decode decode, Prefill prefill) {
+  if (D > 0) decode(out, a, D);
+  const int64_t p = M - D;
+  if (p >= kPrefillRowsMin) {
+    prefill(out + D * N, a + D * a_stride, a_stride, p);
+  } else if (p > 0) {
+    std::vector<T> ap(size_t(kPrefillRowsMin * K), from_float<T>(0.f)), op(size_t(kPrefillRowsMin * N));
+    for (int64_t r = 0; r < p; ++r) std::copy(a + (D + r) * a_stride, a + (D + r) * a_stride + K, ap.begin() + r * K);
+    prefill(op.data(), ap.data(), K, kPrefillRowsMin);
+    std::copy(op.begin(), op.begin() + p * N, out + D * N);
+  }
+}
+
+// How decode rows get their one-row bits: kWhole (one call by the row count: the AMX copy's kernels with fp32 / fp16
+// activations on a tile-unit CPU, the same semantics at every row count), kExact (int4_gemm_rows_exact: AVX-512 with
+// the weight's codes), else kBlocks (blocks of kDecodeRowBlock rows: every route's few-row kernels).
+enum class DecodeRoute { kWhole, kExact, kBlocks };
+template <class T>
+DecodeRoute decode_rows_route(const Int4GemmParams& P, bool has_codes) {
+#if defined(DK_AMX_EXACT_GEMM)
+  if (P.amx_rows && amx_enabled()) return std::is_same_v<T, bf16_t> ? DecodeRoute::kBlocks : DecodeRoute::kWhole;
+#endif
+#if defined(__AVX512F__) && defined(__F16C__)
+  if (has_codes) return DecodeRoute::kExact;
+#endif
+  (void)P, (void)has_codes;
+  return DecodeRoute::kBlocks;
+}
+
+// The decode rows of a split (see above) through gemm(out, a, Q) = int4_gemm / int8_gemm, or exact(out, a, Q).
+template <class T, class Gemm, class Exact>
+void decode_rows_gemm(T* out, const T* a, const Int4GemmParams& Q, bool has_codes, Gemm gemm, Exact exact) {
+  switch (decode_rows_route<T>(Q, has_codes)) {
+    case DecodeRoute::kWhole: return gemm(out, a, Q);
+    case DecodeRoute::kExact: return exact(out, a, Q);
+    default:
+      for (int64_t m0 = 0; m0 < Q.M; m0 += kDecodeRowBlock) {
+        Int4GemmParams B = Q;
+        B.M = std::min(kDecodeRowBlock, Q.M - m0);
+        gemm(out + m0 * Q.N, a + m0 * Q.a_stride, B);
+      }
+  }
+}
 
 #if defined(__AVX512F__)
 // res[r] += sum_g sc[g] * sum_i a_r[g*G + i] * q[g*G + i] for MM rows of a (row stride K), G a
@@ -167,63 +233,15 @@ void int8_gemv_g32_avx512(T* out, const float* a, const int8_t* qweight, const h
 }
 #endif
 
-// out[m, n] = sum_k a[m, k] * w[n, k] (+ bias[n]), fp32 accumulation, weights decoded on the
-// fly. Per group: scale * (sum_i a_i q_i) + min * (sum_i a_i), the activation sums computed
-// once per activation row. Parallel over N. T: activation / output storage type.
+// out = a @ w^T (+ bias) with the one-row GEMV's per-element arithmetic, so each row gets the bits it gets alone:
+// any M with AVX-512 (the GEMV, quant_small_m.h's few-row kernels, L1 strips past 8 rows), 1 .. 8 rows with AVX2,
+// the scalar loop otherwise (the latter two: any M, not the same bits as 1 .. 8 rows past 8). qweight required.
 template <class T>
-void int4_gemm(T* out,                  // [M, N]
-               const T* a,              // [M, K], row stride a_stride
-               const uint8_t* qweight,  // [N, K / 2]
-               const half_t* scales,    // [N, K / G]
-               const half_t* mins,      // [N, K / G]
-               const T* bias,           // [N] or null
-               const Int4GemmParams& P) {
+void int4_gemm_rows_exact(T* out, const T* a, const uint8_t* qweight, const half_t* scales, const half_t* mins,
+                          const T* bias, const Int4GemmParams& P) {
   const int64_t M = P.M, N = P.N, K = P.K;
   const int G = P.group_size;
   const int64_t ng = K / G;
-#if defined(DK_AMX_QUANT_GEMM)
-  if constexpr (std::is_same_v<T, bf16_t>) {  // bf16 products on the tile unit (quant_amx.h)
-#if defined(DK_AMX_EXACT_GEMM)
-    if (P.amx_rows && K > 0) {  // the copy (quant_amx_rows_bf16.h): few rows exact, then bf16 products
-      if (M <= kAmxRowsDispatchM && amx_rows_int4(out, a, P.a_stride, P.amx_rows, bias, M, N, K, G)) return;
-      if (M > kAmxRowsDispatchM && amx_rows_bf16_int4(out, a, P.a_stride, P.amx_rows, bias, M, N, K, G)) return;
-    }
-#endif
-    if (qweight && M >= kTiledQuantGemmMinM && K > 0 &&
-        int4_gemm_amx(out, a, P.a_stride, qweight, scales, mins, bias, M, N, K, G))
-      return;
-  }
-#endif
-#if defined(DK_AMX_EXACT_GEMM)
-  if constexpr (!std::is_same_v<T, bf16_t>) {  // fp32 / fp16: exact integer products on the tile unit
-    if (P.amx_rows && M <= kAmxRowsDispatchM && amx_rows_int4(out, a, P.a_stride, P.amx_rows, bias, M, N, K, G)) return;
-    if (P.amx_rows && K > 0 && amx_rows_exact_int4(out, a, P.a_stride, P.amx_rows, bias, M, N, K, G)) return;
-    if (qweight && M >= kTiledQuantGemmMinM && K > 0 &&
-        int4_gemm_amx_exact(out, a, P.a_stride, qweight, scales, mins, bias, M, N, K, G))
-      return;
-  }
-#endif
-#if defined(DK_TILED_QUANT_BF16)
-  if constexpr (std::is_same_v<T, bf16_t>)  // no tile unit: bf16 products on AVX512-BF16 (int4_tiled_bf16.h)
-    if (qweight && M >= kTiledQuantGemmMinM && K > 0 &&
-        int4_gemm_tiled_bf16(out, a, P.a_stride, qweight, scales, mins, bias, M, N, K, G))
-      return;
-#endif
-  if (!qweight) {  // held only as the copy and no kernel above took it (bf16, no tile unit): unpack it
-    std::vector<uint8_t> q(size_t(N * K / 2));
-    std::vector<half_t> sm(size_t(2 * N * ng));
-    amx_rows_unpack_int4(q.data(), sm.data(), sm.data() + N * ng, P.amx_rows, N, K, G);
-    Int4GemmParams Q = P;
-    Q.amx_rows = nullptr;
-    int4_gemm(out, a, q.data(), sm.data(), sm.data() + N * ng, bias, Q);
-    return;
-  }
-#if defined(DK_TILED_QUANT_GEMM)
-  if (M >= kTiledQuantGemmMinM && K > 0) {
-    int4_gemm_tiled(out, a, P.a_stride, qweight, scales, mins, bias, M, N, K, G);
-    return;
-  }
-#endif
   // activations in fp32 and their per-group sums
   std::vector<float> af(size_t(M * K)), asum(size_t(M * ng));
   for (int64_t m = 0; m < M; ++m)
@@ -303,6 +321,85 @@ void int4_gemm(T* out,                  // [M, N]
   }
 }
 
+// out[m, n] = sum_k a[m, k] * w[n, k] (+ bias[n]), fp32 accumulation, weights decoded on the
+// fly. Per group: scale * (sum_i a_i q_i) + min * (sum_i a_i), the activation sums computed
+// once per activation row. Parallel over N. T: activation / output storage type.
+template <class T>
+void int4_gemm(T* out,                  // [M, N]
+               const T* a,              // [M, K], row stride a_stride
+               const uint8_t* qweight,  // [N, K / 2]
+               const half_t* scales,    // [N, K / G]
+               const half_t* mins,      // [N, K / G]
+               const T* bias,           // [N] or null
+               const Int4GemmParams& P) {
+  const int64_t M = P.M, N = P.N, K = P.K;
+  const int G = P.group_size;
+  const int64_t ng = K / G;
+  if (P.decode_rows >= 0) {
+    Int4GemmParams Q = P;
+    Q.decode_rows = -1;
+    auto gemm = [&](T* o, const T* x, const Int4GemmParams& R) { int4_gemm(o, x, qweight, scales, mins, bias, R); };
+    split_decode_rows(
+        out, a, P.a_stride, M, N, K, P.decode_rows,
+        [&](T* o, const T* x, int64_t rows) {
+          Q.M = rows;
+          decode_rows_gemm(o, x, Q, qweight != nullptr, gemm, [&](T* o2, const T* x2, const Int4GemmParams& R) {
+            int4_gemm_rows_exact(o2, x2, qweight, scales, mins, bias, R);
+          });
+        },
+        [&](T* o, const T* x, int64_t stride, int64_t rows) {
+          Int4GemmParams R = Q;
+          R.M = rows, R.a_stride = stride;
+          int4_gemm(o, x, qweight, scales, mins, bias, R);
+        });
+    return;
+  }
+#if defined(DK_AMX_QUANT_GEMM)
+  if constexpr (std::is_same_v<T, bf16_t>) {  // bf16 products on the tile unit (quant_amx.h)
+#if defined(DK_AMX_EXACT_GEMM)
+    if (P.amx_rows && K > 0) {  // the copy (quant_amx_rows_bf16.h): few rows exact, then bf16 products
+      if (M <= kAmxRowsDispatchM && amx_rows_int4(out, a, P.a_stride, P.amx_rows, bias, M, N, K, G)) return;
+      if (M > kAmxRowsDispatchM && amx_rows_bf16_int4(out, a, P.a_stride, P.amx_rows, bias, M, N, K, G)) return;
+    }
+#endif
+    if (qweight && M >= kTiledQuantGemmMinM && K > 0 &&
+        int4_gemm_amx(out, a, P.a_stride, qweight, scales, mins, bias, M, N, K, G))
+      return;
+  }
+#endif
+#if defined(DK_AMX_EXACT_GEMM)
+  if constexpr (!std::is_same_v<T, bf16_t>) {  // fp32 / fp16: exact integer products on the tile unit
+    if (P.amx_rows && M <= kAmxRowsDispatchM && amx_rows_int4(out, a, P.a_stride, P.amx_rows, bias, M, N, K, G)) return;
+    if (P.amx_rows && K > 0 && amx_rows_exact_int4(out, a, P.a_stride, P.amx_rows, bias, M, N, K, G)) return;
+    if (qweight && M >= kTiledQuantGemmMinM && K > 0 &&
+        int4_gemm_amx_exact(out, a, P.a_stride, qweight, scales, mins, bias, M, N, K, G))
+      return;
+  }
+#endif
+#if defined(DK_TILED_QUANT_BF16)
+  if constexpr (std::is_same_v<T, bf16_t>)  // no tile unit: bf16 products on AVX512-BF16 (int4_tiled_bf16.h)
+    if (qweight && M >= kTiledVectorMinM && K > 0 &&
+        int4_gemm_tiled_bf16(out, a, P.a_stride, qweight, scales, mins, bias, M, N, K, G))
+      return;
+#endif
+  if (!qweight) {  // held only as the copy and no kernel above took it (bf16, no tile unit): unpack it
+    std::vector<uint8_t> q(size_t(N * K / 2));
+    std::vector<half_t> sm(size_t(2 * N * ng));
+    amx_rows_unpack_int4(q.data(), sm.data(), sm.data() + N * ng, P.amx_rows, N, K, G);
+    Int4GemmParams Q = P;
+    Q.amx_rows = nullptr;
+    int4_gemm(out, a, q.data(), sm.data(), sm.data() + N * ng, bias, Q);
+    return;
+  }
+#if defined(DK_TILED_QUANT_GEMM)
+  if (M >= kTiledVectorMinM && K > 0) {
+    int4_gemm_tiled(out, a, P.a_stride, qweight, scales, mins, bias, M, N, K, G);
+    return;
+  }
+#endif
+  int4_gemm_rows_exact(out, a, qweight, scales, mins, bias, P);
+}
+
 // Decodes the whole weight: w [N, K] of T (for large M: decode once, then a dense GEMM).
 template <class T>
 void int4_dequantize(T* w, const uint8_t* qweight, const half_t* scales, const half_t* mins, int64_t N, int64_t K,
@@ -359,60 +456,13 @@ inline void int8_rows_avx512(const int8_t* qrow, const float* sc, const float* a
 }
 #endif
 
-// out[m, n] = sum_k a[m, k] * scale[n, k / G] * q[n, k] (+ bias[n]), fp32 accumulation.
+// int8_gemm's counterpart of int4_gemm_rows_exact.
 template <class T>
-void int8_gemm(T* out,                  // [M, N]
-               const T* a,              // [M, K], row stride a_stride
-               const int8_t* qweight,   // [N, K]
-               const half_t* scales,    // [N, K / G]
-               const T* bias,           // [N] or null
-               const Int4GemmParams& P) {
+void int8_gemm_rows_exact(T* out, const T* a, const int8_t* qweight, const half_t* scales, const T* bias,
+                          const Int4GemmParams& P) {
   const int64_t M = P.M, N = P.N, K = P.K;
   const int G = P.group_size;
   const int64_t ng = K / G;
-#if defined(DK_AMX_QUANT_GEMM)
-  if constexpr (std::is_same_v<T, bf16_t>) {
-#if defined(DK_AMX_EXACT_GEMM)
-    if (P.amx_rows && K > 0) {  // the copy (quant_amx_rows_bf16.h), as int4_gemm
-      if (M <= kAmxRowsInt8MaxM && amx_rows_int8(out, a, P.a_stride, P.amx_rows, bias, M, N, K, G)) return;
-      if (M > kAmxRowsInt8MaxM && amx_rows_bf16_int8(out, a, P.a_stride, P.amx_rows, bias, M, N, K, G)) return;
-    }
-#endif
-    if (qweight && M >= kTiledQuantGemmMinM && K > 0 &&
-        int8_gemm_amx(out, a, P.a_stride, qweight, scales, bias, M, N, K, G))
-      return;
-  }
-#endif
-#if defined(DK_AMX_EXACT_GEMM)
-  if constexpr (!std::is_same_v<T, bf16_t>) {  // 1 .. 8 rows from the repacked copy (quant_amx_rows.h), then 9+
-    if (P.amx_rows && M <= kAmxRowsInt8MaxM && amx_rows_int8(out, a, P.a_stride, P.amx_rows, bias, M, N, K, G)) return;
-    if (P.amx_rows && K > 0 && amx_rows_exact_int8(out, a, P.a_stride, P.amx_rows, bias, M, N, K, G)) return;
-    if (qweight && M >= kTiledQuantGemmMinM && K > 0 &&
-        int8_gemm_amx_exact(out, a, P.a_stride, qweight, scales, bias, M, N, K, G))
-      return;
-  }
-#endif
-#if defined(DK_TILED_QUANT_BF16)
-  if constexpr (std::is_same_v<T, bf16_t>)  // no tile unit: bf16 products on AVX512-BF16 (int4_tiled_bf16.h)
-    if (qweight && M >= kTiledQuantGemmMinM && K > 0 &&
-        int8_gemm_tiled_bf16(out, a, P.a_stride, qweight, scales, bias, M, N, K, G))
-      return;
-#endif
-  if (!qweight) {  // held only as the copy and no kernel above took it: unpack it
-    std::vector<int8_t> q(size_t(N * K));
-    std::vector<half_t> sc(size_t(N * ng));
-    amx_rows_unpack_int8(q.data(), sc.data(), P.amx_rows, N, K, G);
-    Int4GemmParams Q = P;
-    Q.amx_rows = nullptr;
-    int8_gemm(out, a, q.data(), sc.data(), bias, Q);
-    return;
-  }
-#if defined(DK_TILED_QUANT_GEMM)
-  if (M >= kTiledQuantGemmMinM && K > 0) {
-    int8_gemm_tiled(out, a, P.a_stride, qweight, scales, bias, M, N, K, G);
-    return;
-  }
-#endif
   std::vector<float> af(size_t(M * K));
   for (int64_t m = 0; m < M; ++m)
     for (int64_t k = 0; k < K; ++k) af[size_t(m * K + k)] = to_float(a[m * P.a_stride + k]);
@@ -464,6 +514,82 @@ void int8_gemm(T* out,                  // [M, N]
     }
   }
   }
+}
+
+// out[m, n] = sum_k a[m, k] * scale[n, k / G] * q[n, k] (+ bias[n]), fp32 accumulation.
+template <class T>
+void int8_gemm(T* out,                  // [M, N]
+               const T* a,              // [M, K], row stride a_stride
+               const int8_t* qweight,   // [N, K]
+               const half_t* scales,    // [N, K / G]
+               const T* bias,           // [N] or null
+               const Int4GemmParams& P) {
+  const int64_t M = P.M, N = P.N, K = P.K;
+  const int G = P.group_size;
+  const int64_t ng = K / G;
+  if (P.decode_rows >= 0) {  // as int4_gemm
+    Int4GemmParams Q = P;
+    Q.decode_rows = -1;
+    auto gemm = [&](T* o, const T* x, const Int4GemmParams& R) { int8_gemm(o, x, qweight, scales, bias, R); };
+    split_decode_rows(
+        out, a, P.a_stride, M, N, K, P.decode_rows,
+        [&](T* o, const T* x, int64_t rows) {
+          Q.M = rows;
+          decode_rows_gemm(o, x, Q, qweight != nullptr, gemm, [&](T* o2, const T* x2, const Int4GemmParams& R) {
+            int8_gemm_rows_exact(o2, x2, qweight, scales, bias, R);
+          });
+        },
+        [&](T* o, const T* x, int64_t stride, int64_t rows) {
+          Int4GemmParams R = Q;
+          R.M = rows, R.a_stride = stride;
+          int8_gemm(o, x, qweight, scales, bias, R);
+        });
+    return;
+  }
+#if defined(DK_AMX_QUANT_GEMM)
+  if constexpr (std::is_same_v<T, bf16_t>) {
+#if defined(DK_AMX_EXACT_GEMM)
+    if (P.amx_rows && K > 0) {  // the copy (quant_amx_rows_bf16.h), as int4_gemm
+      if (M <= kAmxRowsInt8MaxM && amx_rows_int8(out, a, P.a_stride, P.amx_rows, bias, M, N, K, G)) return;
+      if (M > kAmxRowsInt8MaxM && amx_rows_bf16_int8(out, a, P.a_stride, P.amx_rows, bias, M, N, K, G)) return;
+    }
+#endif
+    if (qweight && M >= kTiledQuantGemmMinM && K > 0 &&
+        int8_gemm_amx(out, a, P.a_stride, qweight, scales, bias, M, N, K, G))
+      return;
+  }
+#endif
+#if defined(DK_AMX_EXACT_GEMM)
+  if constexpr (!std::is_same_v<T, bf16_t>) {  // 1 .. 8 rows from the repacked copy (quant_amx_rows.h), then 9+
+    if (P.amx_rows && M <= kAmxRowsInt8MaxM && amx_rows_int8(out, a, P.a_stride, P.amx_rows, bias, M, N, K, G)) return;
+    if (P.amx_rows && K > 0 && amx_rows_exact_int8(out, a, P.a_stride, P.amx_rows, bias, M, N, K, G)) return;
+    if (qweight && M >= kTiledQuantGemmMinM && K > 0 &&
+        int8_gemm_amx_exact(out, a, P.a_stride, qweight, scales, bias, M, N, K, G))
+      return;
+  }
+#endif
+#if defined(DK_TILED_QUANT_BF16)
+  if constexpr (std::is_same_v<T, bf16_t>)  // no tile unit: bf16 products on AVX512-BF16 (int4_tiled_bf16.h)
+    if (qweight && M >= kTiledVectorMinM && K > 0 &&
+        int8_gemm_tiled_bf16(out, a, P.a_stride, qweight, scales, bias, M, N, K, G))
+      return;
+#endif
+  if (!qweight) {  // held only as the copy and no kernel above took it: unpack it
+    std::vector<int8_t> q(size_t(N * K));
+    std::vector<half_t> sc(size_t(N * ng));
+    amx_rows_unpack_int8(q.data(), sc.data(), P.amx_rows, N, K, G);
+    Int4GemmParams Q = P;
+    Q.amx_rows = nullptr;
+    int8_gemm(out, a, q.data(), sc.data(), bias, Q);
+    return;
+  }
+#if defined(DK_TILED_QUANT_GEMM)
+  if (M >= kTiledVectorMinM && K > 0) {
+    int8_gemm_tiled(out, a, P.a_stride, qweight, scales, bias, M, N, K, G);
+    return;
+  }
+#endif
+  int8_gemm_rows_exact(out, a, qweight, scales, bias, P);
 }
 
 // Decodes rows of an INT8 weight: w [R, K] of T for the rows ids[0..R) (all N rows when ids is

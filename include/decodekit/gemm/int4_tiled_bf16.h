@@ -7,7 +7,7 @@
 // weight (scale * q + min, one rounding; INT8 scale * q, exact) rounded to bf16 (RNE), the products exact in
 // fp32 and summed in fp32 in the hardware's order (VDPBF16PS: denormal inputs read as zero), bias added in fp32,
 // one rounding of the output: a bf16 model computes the same thing on either kind of CPU, up to the order of
-// the fp32 sums. Used from kTiledQuantGemmMinM rows (fewer rows keep the GEMV arithmetic).
+// the fp32 sums. Used from kTiledVectorMinM rows (fewer rows keep the GEMV arithmetic).
 //
 // Panel: 32 output columns x kc of K decoded once as bf16 pairs, bp[k / 2][j] = (w[n0 + j, k], w[n0 + j, k + 1])
 // (the low half the even k), 16 KB at kc = 256; the micro-kernel (MR = 12 rows x NR = 32 columns, 24 fp32

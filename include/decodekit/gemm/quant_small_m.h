@@ -1,5 +1,6 @@
-// INT4 / INT8 weight-only GEMM for a few rows of activations (2 .. 8: speculative verification,
-// small decode batches), CPU with AVX-512.
+// INT4 / INT8 weight-only GEMM for a few rows of activations (2 .. 16 by int4.h's dispatch: speculative
+// verification, small decode batches; any number for batch invariance's decode rows), CPU with AVX-512, with the
+// one-row GEMV's per-element arithmetic, so each row gets the bits it gets alone.
 //
 // Register blocking: NB output rows (weight rows) x MM activation rows of fp32 accumulators.
 // Each 16-code chunk of a weight row is decoded once and used by all MM rows; the activation
@@ -166,12 +167,13 @@ DK_FORCE_INLINE void int4_chunk_fma(const uint8_t* q, __m512 t, const float* ag,
 // then reduce16(acc + half_dot_lanes(min, asum)) (+ bias). So a row's result does not depend on how many rows
 // come with it (1 .. 8): a speculative verification pass reproduces plain decoding bit for bit.
 // Per chunk and weight row: 4 decode uops (widen, shift, 2 lookups) shared by the MM rows, 2 FMAs per row.
+// One block of NB weight rows (block nb) against the MM rows.
 template <int NB, int MM, class T>
-void int4_small_m_block(T* out, int64_t out_stride, const float* a, const float* asum, const uint8_t* qweight,
-                        const half_t* scales, const half_t* mins, const T* bias, int64_t N, int64_t K, int G) {
-  const int64_t ng = K / G, half = G / 2, nblocks = (N + NB - 1) / NB;
-  DK_OMP_PARALLEL_FOR_IF(N * K * MM >= kParallelGrain)
-  for (int64_t nb = 0; nb < nblocks; ++nb) {
+DK_FORCE_INLINE void int4_small_m_nb(T* out, int64_t out_stride, const float* a, const float* asum,
+                                     const uint8_t* qweight, const half_t* scales, const half_t* mins, const T* bias,
+                                     int64_t N, int64_t K, int G, int64_t nb) {
+  const int64_t ng = K / G, half = G / 2;
+  {
     const __m512 codes = int4_codes_ps();
     int64_t rows[NB];
     __m512 acc[NB][MM];
@@ -198,16 +200,24 @@ void int4_small_m_block(T* out, int64_t out_stride, const float* a, const float*
   }
 }
 
+template <int NB, int MM, class T>
+void int4_small_m_block(T* out, int64_t out_stride, const float* a, const float* asum, const uint8_t* qweight,
+                        const half_t* scales, const half_t* mins, const T* bias, int64_t N, int64_t K, int G) {
+  const int64_t nblocks = (N + NB - 1) / NB;
+  DK_OMP_PARALLEL_FOR_IF(N * K * MM >= kParallelGrain)
+  for (int64_t nb = 0; nb < nblocks; ++nb)
+    int4_small_m_nb<NB, MM>(out, out_stride, a, asum, qweight, scales, mins, bias, N, K, G, nb);
+}
+
 // INT8 (w = scale * q), the GEMV's arithmetic (int8_gemv_g32_avx512): per 16-code chunk the decoded weights
 // w = q * d (exact: 8 x 11 significant bits), then acc = fma(w, a, acc) chunk by chunk; G a multiple of 32.
 // Per 32 weights: 4 decode uops (2 widen-convert pairs) and 2 scale multiplies shared by the MM rows, 2 FMAs
 // per row (an unscaled dot per group then fma(dot, d, acc) took 3 a row).
 template <int NB, int MM, class T>
-void int8_small_m_block(T* out, int64_t out_stride, const float* a, const int8_t* qweight, const half_t* scales,
-                        const T* bias, int64_t N, int64_t K, int G) {
-  const int64_t ng = K / G, nblocks = (N + NB - 1) / NB;
-  DK_OMP_PARALLEL_FOR_IF(N * K * MM >= kParallelGrain)
-  for (int64_t nb = 0; nb < nblocks; ++nb) {
+DK_FORCE_INLINE void int8_small_m_nb(T* out, int64_t out_stride, const float* a, const int8_t* qweight,
+                                     const half_t* scales, const T* bias, int64_t N, int64_t K, int G, int64_t nb) {
+  const int64_t ng = K / G;
+  {
     int64_t rows[NB];
     __m512 acc[NB][MM];
     small_m_begin(nb, N, rows, acc);
@@ -233,6 +243,36 @@ void int8_small_m_block(T* out, int64_t out_stride, const float* a, const int8_t
   }
 }
 
+template <int NB, int MM, class T>
+void int8_small_m_block(T* out, int64_t out_stride, const float* a, const int8_t* qweight, const half_t* scales,
+                        const T* bias, int64_t N, int64_t K, int G) {
+  const int64_t nblocks = (N + NB - 1) / NB;
+  DK_OMP_PARALLEL_FOR_IF(N * K * MM >= kParallelGrain)
+  for (int64_t nb = 0; nb < nblocks; ++nb)
+    int8_small_m_nb<NB, MM>(out, out_stride, a, qweight, scales, bias, N, K, G, nb);
+}
+
+// More than 8 rows with the same per-element arithmetic (so still each row's one-row bits): the weight rows in
+// strips of kRowsStripBlocks blocks (an L1-sized strip: 32 SmolLM2 rows of K = 1536 are 24 KB as INT4), each strip
+// against every group of MM rows in turn, so the weights are read from memory once.
+constexpr int64_t kRowsStripBlocks = 8;
+
+template <int NB, int MM, class Body>
+DK_FORCE_INLINE void rows_strip_groups(int64_t M, int64_t N, int64_t s, Body body) {
+  const int64_t nblocks = (N + NB - 1) / NB, b1 = std::min(nblocks, (s + 1) * kRowsStripBlocks);
+  auto group = [&](auto tile, int64_t m0) {
+    for (int64_t nb = s * kRowsStripBlocks; nb < b1; ++nb) body(tile, m0, nb);
+  };
+  int64_t m0 = 0;
+  for (; m0 + MM <= M; m0 += MM) group(Tile<NB, MM>{}, m0);
+  switch (M - m0) {  // the last rows (fewer than MM)
+    case 1: group(Tile<NB, 1>{}, m0); break;
+    case 2: group(Tile<NB, 2>{}, m0); break;
+    case 3: group(Tile<NB, 3>{}, m0); break;
+    default: static_assert(MM <= 4); break;
+  }
+}
+
 // Row counts 1 .. 8 (compile-time so the accumulators stay in registers). INT4: 4 weight rows per
 // block up to 5 activation rows (swept 2..12 on one Xeon core, cache-resident SmolLM2 shapes: M = 5 is
 // 1.14x faster at 4 than at 2); 6 rows in one pass of 3 weight rows per block (after the scales became
@@ -243,7 +283,8 @@ void int8_small_m_block(T* out, int64_t out_stride, const float* a, const int8_t
 // tile cannot, and the second weight read is mostly from L3; one pass of 3 x 7, 2 x 7, 2 x 8 or 3 x 8
 // measured 0.71-0.96x on Sapphire Rapids). Each row's arithmetic is the GEMV's either way. INT8: 4 up
 // to 4, 2 beyond (at most 16 accumulators; two passes gained <= 5% there; 4 x 5, 4 x 6, 3 x 7, 3 x 8
-// measured no better). Returns false for other M / G.
+// measured no better). More rows: weight strips against groups of 4 rows (rows_strip_groups; the strips measured
+// no faster than passes of 8 rows from DRAM, but it is one call). Returns false for G not a multiple of 32.
 template <class T>
 bool int4_gemm_small_m(T* out, const float* a, const float* asum, const uint8_t* qweight, const half_t* scales,
                        const half_t* mins, const T* bias, int64_t M, int64_t N, int64_t K, int G) {
@@ -263,8 +304,17 @@ bool int4_gemm_small_m(T* out, const float* a, const float* asum, const uint8_t*
     case 6: rows(Tile<3, 6>{}, 0); return true;
     case 7: rows(Tile<4, 4>{}, 0); rows(Tile<4, 3>{}, 4); return true;
     case 8: rows(Tile<4, 4>{}, 0); rows(Tile<4, 4>{}, 4); return true;
-    default: return false;
+    default: break;
   }
+  const int64_t strips = (N + 4 * kRowsStripBlocks - 1) / (4 * kRowsStripBlocks);
+  DK_OMP_PARALLEL_FOR_IF(N * K * M >= kParallelGrain)
+  for (int64_t s = 0; s < strips; ++s)
+    rows_strip_groups<4, 4>(M, N, s, [&](auto tile, int64_t m0, int64_t nb) {
+      using Shape = decltype(tile);
+      int4_small_m_nb<Shape::nb, Shape::mm>(out + m0 * N, N, a + m0 * K, asum + m0 * ng, qweight, scales, mins, bias,
+                                            N, K, G, nb);
+    });
+  return true;
 }
 
 template <class T>
@@ -280,8 +330,16 @@ bool int8_gemm_small_m(T* out, const float* a, const int8_t* qweight, const half
     case 6: int8_small_m_block<2, 6>(out, N, a, qweight, scales, bias, N, K, G); return true;
     case 7: int8_small_m_block<2, 7>(out, N, a, qweight, scales, bias, N, K, G); return true;
     case 8: int8_small_m_block<2, 8>(out, N, a, qweight, scales, bias, N, K, G); return true;
-    default: return false;
+    default: break;
   }
+  const int64_t strips = (N + 4 * kRowsStripBlocks - 1) / (4 * kRowsStripBlocks);
+  DK_OMP_PARALLEL_FOR_IF(N * K * M >= kParallelGrain)
+  for (int64_t s = 0; s < strips; ++s)
+    rows_strip_groups<4, 4>(M, N, s, [&](auto tile, int64_t m0, int64_t nb) {
+      using Shape = decltype(tile);
+      int8_small_m_nb<Shape::nb, Shape::mm>(out + m0 * N, N, a + m0 * K, qweight, scales, bias, N, K, G, nb);
+    });
+  return true;
 }
 
 #endif  // __AVX512F__ && __F16C__

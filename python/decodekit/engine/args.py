@@ -77,6 +77,8 @@ class EngineArgs:
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
     seed: int | None = None               # makes unseeded requests reproducible
+    batch_invariant: bool | None = None   # CPU: a request's tokens do not depend on its batch (see
+                                          # resolved_batch_invariant; None: auto)
     decode_graphs: str = "auto"           # auto: "cuda" on CUDA (graph per batch bucket), "off" on CPU
     progress: bool = False                # loader progress bar
     speculative: str | None = None        # "ngram" | "layerskip" | "draft": speculative decoding (exact)
@@ -131,6 +133,11 @@ class EngineArgs:
             raise ValueError(f"seed must be an int in [0, 2^63), got {self.seed!r}")
         self._check_spec()
         self._check_tp()
+        if self.batch_invariant not in (None, True, False):
+            raise ValueError(f"batch_invariant must be a bool or None (auto), got {self.batch_invariant!r}")
+        if self.batch_invariant and self.tensor_parallel_size > 1:
+            raise ValueError("batch_invariant=True needs tensor_parallel_size 1 (the row-parallel GEMMs and "
+                             "their AllReduce are not split by rows)")
         from decodekit.sampling.reasoning import get_reasoning_parser
         get_reasoning_parser(self.reasoning_parser)     # ValueError naming the choices
 
@@ -213,6 +220,21 @@ class EngineArgs:
                              f"(use auto or fp8)")
         return kv
 
+    def resolved_batch_invariant(self) -> bool:
+        """Whether each step splits its rows so that every row's bits are those it gets in any batch (ModelRunner,
+        AttentionMetadata.decode_rows; CPU only): decode-phase rows (decode steps, verification) with the one-row
+        GEMV's arithmetic at any count, prompt rows in one block of at least 17 on the many-row kernels. A request's
+        tokens then do not depend on what else is in the batch, and greedy speculative decoding gives plain decoding's tokens in any batch. Auto (None): on for float32 / float16 CPU
+        engines, and bfloat16 ones with speculative decoding, at tensor_parallel_size 1 (bfloat16 decode batches
+        past 8 sequences run ~1.4x faster on the bf16-product kernels without it). CUDA: not available."""
+        dev = self.resolved_device()
+        if self.batch_invariant and dev.type != "cpu":
+            raise ValueError(f"batch_invariant=True is available on the CPU only (device {dev}); leave it unset")
+        if self.batch_invariant is not None:
+            return self.batch_invariant
+        return (dev.type == "cpu" and self.tensor_parallel_size == 1
+                and (self.resolved_dtype() != torch.bfloat16 or self.speculative is not None))
+
     def resolved_dtype(self) -> torch.dtype:
         if self.dtype == "auto":
             return torch.bfloat16 if self.resolved_device().type == "cuda" else torch.float32
@@ -225,10 +247,9 @@ class EngineArgs:
                        help="GGUF file, HF model directory or random:PRESET (default: embedded SmolLM2-135M-Instruct)")
         g.add_argument("--dtype", default="auto", choices=["auto", *_DTYPES],
                        help="weight/activation dtype (auto: float32 on CPU, bfloat16 on CUDA). On the CPU float32 is "
-                            "exact (HF-transformers-identical greedy tokens) and batch-invariant; bfloat16 is faster "
-                            "for batches and prefill (on AMX CPUs INT4/INT8 GEMMs of 9+ rows run bf16 products on the tile unit; "
-                            "float32 runs exact integer products there) "
-                            "but a request's tokens may then depend on what else is in the batch")
+                            "exact (HF-transformers-identical greedy tokens) and batch-invariant (--batch-invariant); "
+                            "bfloat16 is faster for batches and prefill (INT4/INT8 GEMMs of 9+ rows run bf16 products "
+                            "on AMX or AVX512-BF16) but is batch-invariant only with --batch-invariant or --spec")
         g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
         g.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block (default 16)")
         g.add_argument("--kv-cache-memory", default="1GiB", help="KV-cache size on CPU, e.g. 2GiB (default 1GiB)")
@@ -261,6 +282,10 @@ class EngineArgs:
         g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                        help="disable automatic prefix caching")
         g.add_argument("--seed", type=int, default=None, help="seed for unseeded requests")
+        g.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=None,
+                       help="CPU: compute every row of a step as it would be computed in any batch, so a request's "
+                            "tokens do not depend on the other requests (default: on for float32 / float16, and "
+                            "for bfloat16 with --spec)")
         g.add_argument("--decode-graphs", default="auto", choices=["auto", "off", "static", "cuda"],
                        help="decode steps on padded static buffers, captured as CUDA graphs per batch bucket "
                             "(auto: cuda on GPU, off on CPU)")

@@ -155,7 +155,8 @@ class LLMEngine:
             sliding_window=released_window(cfg, args.speculative, self.max_model_len)), self.kv_manager)
         graphs, graph_batch = self._decode_graph_mode()
         self.runner = ModelRunner(self.model, num_blocks, args.block_size, self.max_model_len,
-                                  decode_graphs=graphs, max_batch=graph_batch)
+                                  decode_graphs=graphs, max_batch=graph_batch,
+                                  batch_invariant=args.resolved_batch_invariant())
         self.sampler = Sampler()
         self.eos_token_ids = sorted(set(cfg.eos_token_ids) | set(self.tokenizer.eos_token_ids or []))
         self.spec = self._build_spec() if args.speculative else None

@@ -58,7 +58,7 @@ class BucketHost:
 class DecodeBucket:
     """Static inputs (and on CUDA a captured graph) for decode batches of up to `size` rows."""
 
-    def __init__(self, host: BucketHost, size: int, capture: bool):
+    def __init__(self, host: BucketHost, size: int, capture: bool, batch_invariant: bool = False):
         dev, mb = host.device, host.max_blocks_per_seq
         self.size = size
         self.input_ids = torch.zeros(size, dtype=torch.int64, device=dev)
@@ -68,7 +68,8 @@ class DecodeBucket:
             block_tables=torch.zeros(size, mb, dtype=torch.int32, device=dev),
             seq_lens=torch.ones(size, dtype=torch.int32, device=dev),
             query_start_loc=torch.arange(size + 1, dtype=torch.int32, device=dev),
-            logits_indices=torch.arange(size, dtype=torch.int64, device=dev))
+            logits_indices=torch.arange(size, dtype=torch.int64, device=dev),
+            decode_rows=size if batch_invariant else -1)   # every row a decode row
         self.graph = None
         self.logits = None
         self.host = host
@@ -116,10 +117,13 @@ class DecodeBucket:
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, max_model_len: int | None = None,
-                 decode_graphs: str = "off", max_batch: int = 256):
+                 decode_graphs: str = "off", max_batch: int = 256, batch_invariant: bool = False):
         """decode_graphs: "off" (always eager, variable shapes), "static" (padded static
-        buffers, eager), "cuda" (padded static buffers captured in CUDA graphs)."""
+        buffers, eager), "cuda" (padded static buffers captured in CUDA graphs). batch_invariant (CPU): each
+        step marks its decode-phase rows (AttentionMetadata.decode_rows), so every row's bits are those it
+        gets in any batch."""
         self.model = model
+        self.batch_invariant = batch_invariant
         self.device = model.device
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -141,7 +145,7 @@ class ModelRunner:
                 if self.tp_driver is not None:  # every worker builds (and captures) the same bucket with it
                     self.buckets.append(self.tp_driver.build_decode_bucket(self.kv_caches, host, b, capture))
                 else:
-                    self.buckets.append(DecodeBucket(host, b, capture))
+                    self.buckets.append(DecodeBucket(host, b, capture, batch_invariant))
             self.buckets.sort(key=lambda b: b.size)
 
     def _to_dev(self, t: torch.Tensor) -> torch.Tensor:
@@ -151,7 +155,11 @@ class ModelRunner:
 
     def prepare(self, so: SchedulerOutput) -> tuple[torch.Tensor, AttentionMetadata]:
         """input_ids [T] and the step's metadata from the scheduled requests."""
-        return self.prepare_seqs(*self._seqs_of(so), num_first=[sr.num_prompt_logits for sr in so.scheduled])
+        ids, md = self.prepare_seqs(*self._seqs_of(so), num_first=[sr.num_prompt_logits for sr in so.scheduled])
+        if self.batch_invariant:  # the leading decode-phase requests' tokens (the scheduler puts them first)
+            md.decode_rows = sum(sr.num_new_tokens for sr in itertools.takewhile(lambda sr: sr.is_decode,
+                                                                                  so.scheduled))
+        return ids, md
 
     def prepare_seqs(self, token_lists: list[list[int]], starts: list[int], tables: list[list[int]],
                      num_logits: list[int], num_first: list[int] | None = None
@@ -216,8 +224,8 @@ class ModelRunner:
 
     def _bucket_for(self, so: SchedulerOutput) -> DecodeBucket | None:
         if not self.buckets or not all(sr.num_new_tokens == 1 and sr.will_sample and not sr.num_prompt_logits
-                                       for sr in so.scheduled):
-            return None
+                                       and (sr.is_decode or not self.batch_invariant) for sr in so.scheduled):
+            return None     # (batch invariance: a one-token prompt's row is a prompt row, not a bucket's decode row)
         B = len(so.scheduled)
         return next((b for b in self.buckets if b.size >= B), None)
 

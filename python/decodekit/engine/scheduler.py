@@ -108,6 +108,11 @@ class ScheduledRequest:
         return self.request.request_id
 
     @property
+    def is_decode(self) -> bool:
+        """Decode phase: every new token is past the prompt (generated tokens and drafts)."""
+        return self.start_pos >= self.request.num_prompt_tokens
+
+    @property
     def token_ids(self) -> list[int]:
         """The new tokens; draft tokens are read from request.spec_token_ids when this is called
         (model drafters fill their placeholders after scheduling)."""
@@ -383,7 +388,9 @@ class Scheduler:
             self.waiting.extendleft(reversed(paused))
 
         assert len(plan) <= cfg.max_num_seqs
-        # 3. build the output and advance num_computed_tokens optimistically.
+        # 3. build the output and advance num_computed_tokens optimistically; decode-phase requests first (stable),
+        # so a step's decode rows lead its batch (ModelRunner marks them for batch invariance).
+        plan.sort(key=lambda p: p[0].num_computed_tokens < p[0].num_prompt_tokens)
         for req, num_new, is_new in plan:
             start = req.num_computed_tokens
             req.num_computed_tokens = start + num_new

@@ -48,6 +48,10 @@ class AttentionMetadata:
     seq_lens: torch.Tensor         # [S] int32, context length incl. this step's tokens
     query_start_loc: torch.Tensor  # [S + 1] int32, cumulative new-token counts
     logits_indices: torch.Tensor   # [N] int64, rows of the T tokens whose logits are needed
+    # Batch invariance (CPU; EngineArgs.batch_invariant): the first decode_rows of the T tokens are decode-phase rows
+    # (every projection gives them their one-row bits, the others run in one block of >= 17 rows: ops.linear), and the
+    # LM head runs its N rows as decode rows; -1: off (each projection's rows by their count).
+    decode_rows: int = -1
     # CUDA (ModelRunner.prepare_seqs): (input_ids on the device, input_ids [T] on the host, this metadata's host
     # tensors) -- what it was copied from, so tensor parallelism broadcasts them without a copy back; else None.
     host: tuple | None = field(default=None, repr=False, compare=False)
@@ -282,7 +286,7 @@ class LlamaModel:
                               L.input_norm, L.post_norm, i > 0, c.rms_norm_eps, md.positions, self.cos_sin_cache,
                               True, md.slot_mapping, md.block_tables, md.seq_lens, md.query_start_loc,
                               c.num_heads, c.num_kv_heads, c.head_dim, self.scale, ks, vs, self.layer_windows[i],
-                              L.q_norm, L.k_norm)
+                              L.q_norm, L.k_norm, md.decode_rows)
             h, spare = spare, h
         return h
 
@@ -313,6 +317,7 @@ class LlamaModel:
             tp.all_reduce(residual)
         h = ops.rms_norm(residual, self.layers[0].input_norm, eps)
         layers = self.layers[:num_layers]
+        dr = md.decode_rows
         if self.fused_layers and tp is None and self.kv_observer is None and not self.op_by_op:
             h = self._fused_forward(h, residual, md, kv_caches, layers)
             layers = []  # done
@@ -320,7 +325,7 @@ class LlamaModel:
             if i > 0 and tp is None:  # (tensor parallel: done by the previous layer's down projection)
                 ops.fused_add_rms_norm(h, residual, L.input_norm, eps)
             # attention
-            qkv = ops.linear(h, L.qkv, L.qkv_bias)  # [T, q + 2 kv]
+            qkv = ops.linear(h, L.qkv, L.qkv_bias, decode_rows=dr)  # [T, q + 2 kv]
             q = qkv[:, :q_size]
             k = qkv[:, q_size:q_size + kv_size]
             v = qkv[:, q_size + kv_size:]
@@ -342,14 +347,14 @@ class LlamaModel:
             if Dc != D:
                 attn = attn[..., :D].contiguous()
             if tp is None:
-                h = ops.linear(attn.view(T, q_size), L.o)
+                h = ops.linear(attn.view(T, q_size), L.o, decode_rows=dr)
                 ops.fused_add_rms_norm(h, residual, L.post_norm, eps)
             else:  # row-parallel: the partial products summed over the ranks, then add + norm
                 h = tp.linear_all_reduce(attn.view(T, q_size), L.o, residual, L.post_norm, eps)
             # MLP
-            act = ops.silu_and_mul(ops.linear(h, L.gate_up))
+            act = ops.silu_and_mul(ops.linear(h, L.gate_up, decode_rows=dr))
             if tp is None:
-                h = ops.linear(act, L.down)
+                h = ops.linear(act, L.down, decode_rows=dr)
             elif i + 1 < len(layers):  # the next layer's input add + norm as the AllReduce's epilogue
                 h = tp.linear_all_reduce(act, L.down, residual, layers[i + 1].input_norm, eps)
             else:
@@ -358,7 +363,7 @@ class LlamaModel:
         idx = md.logits_indices
         hs, rs = h.index_select(0, idx), residual.index_select(0, idx)
         ops.fused_add_rms_norm(hs, rs, self.norm, eps)
-        logits = ops.linear(hs, self.lm_head).float()
+        logits = ops.linear(hs, self.lm_head, decode_rows=-1 if dr < 0 else hs.shape[0]).float()
         if tp is None:
             return logits
         # vocabulary-parallel LM head: rank 0 gathers the slices (the workers get None)

@@ -143,7 +143,7 @@ def int8_gemm(a: torch.Tensor,              # [M, K] (row stride free)
     return _quant_gemm(a, weight, bias, out)
 
 
-def _quant_gemm(a, weight, bias, out):
+def _quant_gemm(a, weight, bias, out, decode_rows: int = -1):
     int8 = isinstance(weight, Int8Weight)
     if out is None:
         out = torch.empty(a.shape[0], weight.shape[0], dtype=a.dtype, device=a.device)
@@ -153,10 +153,10 @@ def _quant_gemm(a, weight, bias, out):
         return _packed_dense(a, weight, bias, out)  # past the CUDA kernels' rows, or INT4 prefill-sized rows
     if _has_kernel("int8_gemm" if int8 else "int4_gemm", a.device):
         if int8:
-            _ops.int8_gemm(out, a, *weight.operands(), weight.group_size, bias, _amx_rows_copy(weight, a))
+            _ops.int8_gemm(out, a, *weight.operands(), weight.group_size, bias, _amx_rows_copy(weight, a), decode_rows)
         else:
             packed = int4_marlin_packed(weight, a.dtype) if _marlin_packed_route(a) else _amx_rows_copy(weight, a)
-            _ops.int4_gemm(out, a, *weight.operands(), weight.group_size, bias, packed)
+            _ops.int4_gemm(out, a, *weight.operands(), weight.group_size, bias, packed, decode_rows)
         return out
     mins = () if int8 else (weight.mins,)
     ref = reference.int8_gemm if int8 else reference.int4_gemm
@@ -245,7 +245,7 @@ def int8_dequantize(weight: Int8Weight, dtype: torch.dtype = torch.float32) -> t
 
 
 @torch.library.register_fake("decodekit::int8_gemm")
-def _int8_gemm_fake(out, a, qweight, scales, group_size, bias, packed=None):
+def _int8_gemm_fake(out, a, qweight, scales, group_size, bias, packed=None, decode_rows=-1):
     return None
 
 
@@ -260,7 +260,7 @@ def _int8_dequantize_rows_fake(out, qweight, scales, group_size, ids, packed=Non
 
 
 @torch.library.register_fake("decodekit::int4_gemm")
-def _int4_gemm_fake(out, a, qweight, scales, mins, group_size, bias, packed=None):
+def _int4_gemm_fake(out, a, qweight, scales, mins, group_size, bias, packed=None, decode_rows=-1):
     return None
 
 
@@ -393,9 +393,48 @@ def _rejection_sample_fake(out, num_emitted, draft_tokens, num_draft, draft_prob
     return None
 
 
+# Batch invariance on the CPU (decode_rows >= 0; include/decodekit/gemm/dense_cpu.h: kDecodeRowBlock /
+# kPrefillRowsMin): decode-phase rows get the bits they get alone, prompt rows run as one block of at least
+# PREFILL_ROWS_MIN rows (zero rows appended) on the many-row kernels. int4_gemm / int8_gemm split the rows themselves;
+# fp8 weights here in blocks of DECODE_ROW_BLOCK rows (fp8_gemm's few-row kernel), dense ones in blocks of
+# dense_gemm's rows (dense_route).
+DECODE_ROW_BLOCK = 8
+PREFILL_ROWS_MIN = 17
+
+
 def linear(x: torch.Tensor,                      # [M, K]
            weight,                               # [N, K] tensor, or packed: decodekit.quant.Int4Weight / Int8Weight
-           bias: torch.Tensor | None = None) -> torch.Tensor:  # [M, N]
+           bias: torch.Tensor | None = None,     # [N]
+           decode_rows: int = -1) -> torch.Tensor:  # [M, N]
+    """x @ weight^T + bias (see _linear for the routes). decode_rows: rows [0, decode_rows) are decode-phase rows
+    (a decode step's or a verification pass's); -1: none marked. On the CPU, decode_rows >= 0 makes every row's bits
+    those it gets in any batch (above; decoder_layer's projections split the same way)."""
+    M = x.shape[0] if x.dim() == 2 else 0
+    if x.dim() == 2 and not -1 <= decode_rows <= M:
+        raise ValueError(f"linear: decode_rows must be in [-1, M = {M}], got {decode_rows}")
+    if decode_rows < 0 or x.device.type != "cpu" or M == 0:
+        return _linear(x, weight, bias)
+    if isinstance(weight, (Int4Weight, Int8Weight)):
+        return _linear(x, weight, bias, decode_rows)
+    if isinstance(weight, Fp8Weight) or x.dtype not in _DENSE_ROUTE_DTYPES:
+        block = DECODE_ROW_BLOCK
+    else:
+        block = max(1, min(32, dense_route(x.dtype)[1]))
+    parts = [_linear(x[m0:min(m0 + block, decode_rows)], weight, bias) for m0 in range(0, decode_rows, block)]
+    p = M - decode_rows
+    if p >= PREFILL_ROWS_MIN:
+        parts.append(_linear(x[decode_rows:], weight, bias))
+    elif p > 0:
+        padded = x.new_zeros(PREFILL_ROWS_MIN, x.shape[1])
+        padded[:p] = x[decode_rows:]
+        parts.append(_linear(padded, weight, bias)[:p])
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _linear(x: torch.Tensor,                      # [M, K]
+            weight,                               # [N, K] tensor, or packed: Int4Weight / Int8Weight / Fp8Weight
+            bias: torch.Tensor | None = None,
+            decode_rows: int = -1) -> torch.Tensor:  # [M, N]; decode_rows: int4_gemm / int8_gemm's
     """x @ weight^T + bias. Packed INT4 / INT8 weights: int4_gemm / int8_gemm (CPU: any M; CUDA: GEMV
     up to 8 rows, INT4 on tensor cores up to 64 rows for fp16/bf16 (the Marlin-style kernel on the packed
     copy), else decoded a chunk at a time and the dense path: cuBLAS); act-order INT4 gathers x's columns first; fp8 weights: W8A8 (quantize_fp8 +
@@ -409,7 +448,7 @@ def linear(x: torch.Tensor,                      # [M, K]
         x = x.index_select(1, weight.perm)
         weight = weight.stored()
     if isinstance(weight, (Int4Weight, Int8Weight)):
-        return _quant_gemm(x, weight, bias, None)  # CUDA past its kernels' rows: _packed_dense
+        return _quant_gemm(x, weight, bias, None, decode_rows)  # CUDA past its kernels' rows: _packed_dense
     if dense_gemm_takes(x):
         return dense_gemm(x, weight, bias)
     if (x.device.type == "cpu" and x.dtype in _DENSE_ROUTE_DTYPES and x.dim() == 2
@@ -573,6 +612,7 @@ def decoder_layer(out: torch.Tensor,            # [T, hidden]: the MLP's output
                   sliding_window: int = 0,
                   q_norm: torch.Tensor | None = None,   # [head_dim] Qwen3: each q head RMS-normed before RoPE
                   k_norm: torch.Tensor | None = None,   # [head_dim] and each k head (both or neither)
+                  decode_rows: int = -1,        # rows [0, decode_rows) are decode-phase rows (see linear)
                   ) -> torch.Tensor:
     """One Llama-family decoder layer in one op call (see reference.decoder_layer; the kernel is the
     op-by-op sequence of models/llama.py issued from C++, so its results are bitwise that sequence's).
@@ -588,7 +628,7 @@ def decoder_layer(out: torch.Tensor,            # [T, hidden]: the MLP's output
                          f"weights and fp16 / bf16 activations (got {hidden.dtype}); run the layer op by op")
     args = (qkv_weight, qkv_bias, o_weight, gate_up_weight, down_weight, list(group_sizes), input_norm, post_norm,
             add_input, eps, positions, cos_sin_cache, is_neox, slot_mapping, block_tables, seq_lens, query_start_loc,
-            num_heads, num_kv_heads, head_dim, scale, k_scale, v_scale, sliding_window, q_norm, k_norm)
+            num_heads, num_kv_heads, head_dim, scale, k_scale, v_scale, sliding_window, q_norm, k_norm, decode_rows)
     if _has_kernel("decoder_layer", hidden.device):
         _ops.decoder_layer(out, hidden, residual, workspace, key_cache, value_cache, *args)
         return out
@@ -605,7 +645,7 @@ def _decoder_layer_fake(out, hidden, residual, workspace, key_cache, value_cache
                         gate_up_weight, down_weight, group_sizes, input_norm, post_norm, add_input, eps, positions,
                         cos_sin_cache, is_neox, slot_mapping, block_tables, seq_lens, query_start_loc, num_heads,
                         num_kv_heads, head_dim, scale, k_scale=None, v_scale=None, sliding_window=0, q_norm=None,
-                        k_norm=None):
+                        k_norm=None, decode_rows=-1):
     return None
 
 

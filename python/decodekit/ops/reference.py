@@ -764,11 +764,14 @@ def decoder_layer(hidden: torch.Tensor,          # [T, hidden]: the layer's inpu
                   slot_mapping: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                   query_start_loc: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                   k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                  sliding_window: int = 0, q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None):
+                  sliding_window: int = 0, q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
+                  decode_rows: int = -1):
     """Returns (out [T, hidden], residual, key_cache, value_cache) after one decoder layer:
     (input add + norm), QKV projection, (q_norm / k_norm: each head RMS-normed, Qwen3), rotary embedding,
     cache write, paged attention, O projection, add + norm, SwiGLU MLP. Projections: [qweight, scales, mins]
-    INT4, [qweight, scales] INT8 or [weight] dense."""
+    INT4, [qweight, scales] INT8 or [weight] dense. decode_rows (the kernels' row blocking) changes no value."""
+    if not -1 <= decode_rows <= hidden.shape[0]:
+        raise ValueError(f"decoder_layer: decode_rows must be in [-1, T = {hidden.shape[0]}], got {decode_rows}")
     if (q_norm is None) != (k_norm is None):
         raise ValueError("decoder_layer: q_norm / k_norm must be given both or neither")
     T = hidden.shape[0]

@@ -1,0 +1,81 @@
+"""Batch invariance end to end on the embedded model (CPU; EngineArgs.batch_invariant): a request's tokens and
+logprobs are bit for bit the same alone and in a batch (mixed steps of chunked prefills and decodes, short prompts,
+seeded sampling), and greedy speculative decoding gives plain decoding's tokens for a whole batch of prompts
+(verification passes of 9+ rows), in float32 and bfloat16."""
+import pytest
+
+from decodekit import LLM
+from decodekit.bench.spec_prompts import grounded_prompts, open_prompts
+from decodekit.engine.args import EngineArgs
+from decodekit.sampling import SamplingParams
+from dk_testing import assert_no_leaks, embedded_model_or_skip
+
+
+def _llm(**kw):
+    embedded_model_or_skip()
+    kw.setdefault("dtype", "float32")
+    return LLM(None, device="cpu", kv_cache_memory="256MiB", **kw)
+
+
+def _prompts(llm, n_chat: int):
+    chat = [llm.apply_chat_template([{"role": "user", "content": p}])
+            for p in (grounded_prompts()[:3] + open_prompts())[:n_chat]]
+    raw = [llm.engine.tokenizer.encode(t) for t in ("Hi", "The capital of France is", "1, 2, 3,")]
+    return chat + raw   # raw prompts of 1 .. 8 tokens: prefills shorter than a many-row kernel's rows
+
+
+def _result(out):
+    o = out.outputs[0]
+    lps = [sorted((t, lp.logprob) for t, lp in d.items()) for d in (o.logprobs or [])]
+    return o.token_ids, lps
+
+
+@pytest.mark.parametrize("dtype,graphs", [("float32", "off"), ("bfloat16", "off"), ("float32", "static")])
+def test_a_request_gets_the_same_bits_alone_and_in_a_batch(dtype, graphs):
+    """graphs "static": decode steps on padded static buffers (ModelRunner's DecodeBucket)."""
+    llm = _llm(dtype=dtype, batch_invariant=True, max_num_batched_tokens=80,   # prefill chunks share steps
+               decode_graphs=graphs)
+    assert llm.engine.runner.batch_invariant
+    ids = _prompts(llm, 9)
+    for params in (SamplingParams(temperature=0, max_tokens=10, logprobs=3),
+                   SamplingParams(temperature=0.9, top_p=0.95, seed=7, max_tokens=10, logprobs=1)):
+        batch = llm.generate([{"prompt_token_ids": i} for i in ids], params)
+        for n, (i, b) in enumerate(zip(ids, batch)):
+            alone = llm.generate({"prompt_token_ids": i}, params)[0]
+            assert _result(b) == _result(alone), f"prompt {n}: batched output differs from the request alone"
+    assert_no_leaks(llm)
+
+
+@pytest.mark.parametrize("dtype,method", [("float32", "ngram"), ("bfloat16", "ngram"), ("float32", "layerskip")])
+def test_greedy_speculative_batch_equals_plain_batch(dtype, method):
+    """Ten prompts in one batch: verification passes of up to 10 x (k + 1) rows against plain decode steps of
+    10 rows; batch invariance (auto with speculative decoding; asked for on the plain engine in bfloat16) makes
+    every request's tokens and logprobs identical."""
+    spec = _llm(dtype=dtype, speculative=method, spec_layers=20 if method == "layerskip" else None)
+    plain = _llm(dtype=dtype, batch_invariant=True if dtype == "bfloat16" else None)
+    assert spec.engine.runner.batch_invariant and plain.engine.runner.batch_invariant
+    ids = _prompts(spec, 7)
+    params = SamplingParams(temperature=0, max_tokens=24, logprobs=2)
+    a = plain.generate([{"prompt_token_ids": i} for i in ids], params)
+    b = spec.generate([{"prompt_token_ids": i} for i in ids], params)
+    assert [_result(x) for x in a] == [_result(y) for y in b]   # the tokens, and the logprobs bit for bit
+    s = spec.engine.spec.summary()
+    assert s["spec_verify_steps"] > 0 and s["spec_draft_tokens"] > 0
+    assert_no_leaks(spec)
+
+
+def test_batch_invariant_resolution_and_errors():
+    cpu = dict(device="cpu")
+    assert EngineArgs(**cpu).resolved_batch_invariant()                      # float32: auto on
+    assert EngineArgs(dtype="float16", **cpu).resolved_batch_invariant()
+    assert not EngineArgs(dtype="bfloat16", **cpu).resolved_batch_invariant()
+    assert EngineArgs(dtype="bfloat16", speculative="ngram", **cpu).resolved_batch_invariant()
+    assert EngineArgs(dtype="bfloat16", batch_invariant=True, **cpu).resolved_batch_invariant()
+    assert not EngineArgs(batch_invariant=False, **cpu).resolved_batch_invariant()
+    assert not EngineArgs(device="cuda", dtype="float32").resolved_batch_invariant()   # auto: off on CUDA
+    with pytest.raises(ValueError, match="batch_invariant=True is available on the CPU only"):
+        EngineArgs(device="cuda", batch_invariant=True).resolved_batch_invariant()
+    with pytest.raises(ValueError, match="batch_invariant must be a bool or None"):
+        EngineArgs(batch_invariant="yes", **cpu)
+    with pytest.raises(ValueError, match="batch_invariant=True needs tensor_parallel_size 1"):
+        EngineArgs(batch_invariant=True, tensor_parallel_size=2, **cpu)
