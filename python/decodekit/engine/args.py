@@ -224,9 +224,10 @@ class EngineArgs:
         """Whether each step splits its rows so that every row's bits are those it gets in any batch (ModelRunner,
         AttentionMetadata.decode_rows; CPU only): decode-phase rows (decode steps, verification) with the one-row
         GEMV's arithmetic at any count, prompt rows in one block of at least 17 on the many-row kernels. A request's
-        tokens then do not depend on what else is in the batch, and greedy speculative decoding gives plain decoding's tokens in any batch. Auto (None): on for float32 / float16 CPU
-        engines, and bfloat16 ones with speculative decoding, at tensor_parallel_size 1 (bfloat16 decode batches
-        past 8 sequences run ~1.4x faster on the bf16-product kernels without it). CUDA: not available."""
+        tokens then do not depend on what else is in the batch, and greedy speculative decoding gives plain
+        decoding's tokens in any batch. Auto (None): on for float32 / float16 CPU engines (32-sequence decode steps
+        ~0.9x as fast), and bfloat16 ones with speculative decoding, at tensor_parallel_size 1 (bfloat16 decode
+        batches past 16 sequences run ~1.4x faster on the bf16-product kernels without it). CUDA: not available."""
         dev = self.resolved_device()
         if self.batch_invariant and dev.type != "cpu":
             raise ValueError(f"batch_invariant=True is available on the CPU only (device {dev}); leave it unset")

@@ -96,14 +96,14 @@ def _capture_inputs(targets: dict[int, str], hessians: dict[str, torch.Tensor], 
     from decodekit import ops
     orig = ops.linear
 
-    def linear(x, weight, bias=None):
+    def linear(x, weight, bias=None, decode_rows=-1):
         name = targets.get(id(weight))
         if name is not None:
             xf = x.detach().reshape(-1, x.shape[-1]).to(torch.float64).cpu()
             hessians[name] = hessians.get(name, 0) + xf.t() @ xf
             if name == stop_after:
                 raise _Stop()
-        return orig(x, weight, bias)
+        return orig(x, weight, bias, decode_rows)
 
     ops.linear = linear
     try:
