@@ -29,7 +29,8 @@ KINDS = ["int4/32", "int4/64", "int4/128", "int8", "fp8", "dense"]
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("M,D", [(37, 37), (37, 17), (29, 24), (45, 0), (21, 9), (8, 3), (9, 8), (70, 66)])
+@pytest.mark.parametrize("M,D", [(37, 37), (37, 17), (29, 24), (45, 0), (21, 9), (8, 3), (9, 8), (70, 66), (31, 31), (30, 22),
+                                 (20, 12)])
 def test_decode_rows_get_their_one_row_bits(M, D, kind, dtype, gen):
     """Each decode row equals the row computed alone; the result is close to the unsplit one."""
     w = _weight(kind, dtype, gen)

@@ -12,6 +12,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "decodekit/common/avx512.h"  // prefetch_row_ahead
 #include "decodekit/common/dtype.h"
@@ -263,13 +264,21 @@ DK_FORCE_INLINE void rows_strip_groups(int64_t M, int64_t N, int64_t s, Body bod
   auto group = [&](auto tile, int64_t m0) {
     for (int64_t nb = s * kRowsStripBlocks; nb < b1; ++nb) body(tile, m0, nb);
   };
+  static_assert(MM >= 2 && MM <= 8);
   int64_t m0 = 0;
   for (; m0 + MM <= M; m0 += MM) group(Tile<NB, MM>{}, m0);
-  switch (M - m0) {  // the last rows (fewer than MM)
-    case 1: group(Tile<NB, 1>{}, m0); break;
-    case 2: group(Tile<NB, 2>{}, m0); break;
-    case 3: group(Tile<NB, 3>{}, m0); break;
-    default: static_assert(MM <= 4); break;
+  auto tail = [&](auto r) {  // the last rows (fewer than MM)
+    if constexpr (decltype(r)::value < MM) group(Tile<NB, decltype(r)::value>{}, m0);
+  };
+  switch (M - m0) {
+    case 1: tail(std::integral_constant<int, 1>{}); break;
+    case 2: tail(std::integral_constant<int, 2>{}); break;
+    case 3: tail(std::integral_constant<int, 3>{}); break;
+    case 4: tail(std::integral_constant<int, 4>{}); break;
+    case 5: tail(std::integral_constant<int, 5>{}); break;
+    case 6: tail(std::integral_constant<int, 6>{}); break;
+    case 7: tail(std::integral_constant<int, 7>{}); break;
+    default: break;
   }
 }
 
@@ -283,8 +292,8 @@ DK_FORCE_INLINE void rows_strip_groups(int64_t M, int64_t N, int64_t s, Body bod
 // tile cannot, and the second weight read is mostly from L3; one pass of 3 x 7, 2 x 7, 2 x 8 or 3 x 8
 // measured 0.71-0.96x on Sapphire Rapids). Each row's arithmetic is the GEMV's either way. INT8: 4 up
 // to 4, 2 beyond (at most 16 accumulators; two passes gained <= 5% there; 4 x 5, 4 x 6, 3 x 7, 3 x 8
-// measured no better). More rows: weight strips against groups of 4 rows (rows_strip_groups; the strips measured
-// no faster than passes of 8 rows from DRAM, but it is one call). Returns false for G not a multiple of 32.
+// measured no better). More rows: weight strips against groups of rows (rows_strip_groups: INT4 4 x 4, INT8 2 x 8;
+// the strips measured no faster than passes of 8 rows from DRAM, but they are one call). Returns false for G not a multiple of 32.
 template <class T>
 bool int4_gemm_small_m(T* out, const float* a, const float* asum, const uint8_t* qweight, const half_t* scales,
                        const half_t* mins, const T* bias, int64_t M, int64_t N, int64_t K, int G) {
@@ -307,13 +316,13 @@ bool int4_gemm_small_m(T* out, const float* a, const float* asum, const uint8_t*
     default: break;
   }
   const int64_t strips = (N + 4 * kRowsStripBlocks - 1) / (4 * kRowsStripBlocks);
+  auto body = [&](auto tile, int64_t m0, int64_t nb) {
+    using Shape = decltype(tile);
+    int4_small_m_nb<Shape::nb, Shape::mm>(out + m0 * N, N, a + m0 * K, asum + m0 * ng, qweight, scales, mins, bias,
+                                          N, K, G, nb);
+  };
   DK_OMP_PARALLEL_FOR_IF(N * K * M >= kParallelGrain)
-  for (int64_t s = 0; s < strips; ++s)
-    rows_strip_groups<4, 4>(M, N, s, [&](auto tile, int64_t m0, int64_t nb) {
-      using Shape = decltype(tile);
-      int4_small_m_nb<Shape::nb, Shape::mm>(out + m0 * N, N, a + m0 * K, asum + m0 * ng, qweight, scales, mins, bias,
-                                            N, K, G, nb);
-    });
+  for (int64_t s = 0; s < strips; ++s) rows_strip_groups<4, 4>(M, N, s, body);  // 4 x 5: 0.85-0.9x (30 layers, DRAM)
   return true;
 }
 
@@ -332,13 +341,15 @@ bool int8_gemm_small_m(T* out, const float* a, const int8_t* qweight, const half
     case 8: int8_small_m_block<2, 8>(out, N, a, qweight, scales, bias, N, K, G); return true;
     default: break;
   }
-  const int64_t strips = (N + 4 * kRowsStripBlocks - 1) / (4 * kRowsStripBlocks);
+  // 2 weight rows x 8 activation rows, as 8 rows above (the Q8_0 LM head, 49152 x 576 from DRAM, as decode rows:
+  // M = 24 / 32 / 64 7.8 / 10.4 / 20.4 ms against 4 x 4's 9.1 / 12.1 / 24.5, tools/bench_decode_rows.py)
+  auto body = [&](auto tile, int64_t m0, int64_t nb) {
+    using Shape = decltype(tile);
+    int8_small_m_nb<Shape::nb, Shape::mm>(out + m0 * N, N, a + m0 * K, qweight, scales, bias, N, K, G, nb);
+  };
+  const int64_t strips = (N + 2 * kRowsStripBlocks - 1) / (2 * kRowsStripBlocks);
   DK_OMP_PARALLEL_FOR_IF(N * K * M >= kParallelGrain)
-  for (int64_t s = 0; s < strips; ++s)
-    rows_strip_groups<4, 4>(M, N, s, [&](auto tile, int64_t m0, int64_t nb) {
-      using Shape = decltype(tile);
-      int8_small_m_nb<Shape::nb, Shape::mm>(out + m0 * N, N, a + m0 * K, qweight, scales, bias, N, K, G, nb);
-    });
+  for (int64_t s = 0; s < strips; ++s) rows_strip_groups<2, 8>(M, N, s, body);
   return true;
 }
 
