@@ -226,7 +226,7 @@ class EngineArgs:
         GEMV's arithmetic at any count, prompt rows in one block of at least 17 on the many-row kernels. A request's
         tokens then do not depend on what else is in the batch, and greedy speculative decoding gives plain
         decoding's tokens in any batch. Auto (None): on for float32 / float16 CPU engines (32-sequence decode steps
-        ~0.9x as fast), and bfloat16 ones with speculative decoding, at tensor_parallel_size 1 (bfloat16 decode
+        0.93-1.0x as fast), and bfloat16 ones with speculative decoding, at tensor_parallel_size 1 (bfloat16 decode
         batches past 16 sequences run ~1.4x faster on the bf16-product kernels without it). CUDA: not available."""
         dev = self.resolved_device()
         if self.batch_invariant and dev.type != "cpu":
