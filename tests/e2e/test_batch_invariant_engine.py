@@ -79,3 +79,24 @@ def test_batch_invariant_resolution_and_errors():
         EngineArgs(batch_invariant="yes", **cpu)
     with pytest.raises(ValueError, match="batch_invariant=True needs tensor_parallel_size 1"):
         EngineArgs(batch_invariant=True, tensor_parallel_size=2, **cpu)
+
+
+@pytest.mark.parametrize("seed", [3, 8])
+def test_randomized_batches_equal_requests_alone(seed):
+    """Random engine settings (budget, max_num_seqs, prefix caching, dtype) and requests (chat or raw prompt cuts,
+    greedy or seeded sampling, max_tokens): each request of the batch equals the request alone, logprobs included."""
+    import random
+    rng = random.Random(seed)
+    llm = _llm(dtype=rng.choice(["float32", "bfloat16"]), batch_invariant=True,
+               max_num_batched_tokens=rng.choice([48, 64, 100, 256]), max_num_seqs=rng.choice([3, 5, 16]),
+               enable_prefix_caching=rng.choice([True, False]))
+    texts = grounded_prompts() + open_prompts()
+    ids = [llm.apply_chat_template([{"role": "user", "content": t}]) if rng.random() < 0.6
+           else llm.engine.tokenizer.encode(t[:rng.randint(3, 60)])
+           for t in (rng.choice(texts) for _ in range(rng.randint(6, 14)))]
+    params = [SamplingParams(temperature=rng.choice([0, 0.8]), seed=rng.randint(0, 99), max_tokens=rng.randint(3, 20),
+                             logprobs=2) for _ in ids]
+    batch = llm.generate([{"prompt_token_ids": i} for i in ids], params)
+    for n, (i, p, b) in enumerate(zip(ids, params, batch)):
+        assert _result(b) == _result(llm.generate({"prompt_token_ids": i}, p)[0]), f"request {n} differs"
+    assert_no_leaks(llm)
