@@ -15,6 +15,10 @@
    of tools/sass_expectations.json; fails where ptxas serialised our wgmma instructions (C7520).
 4. Builds and runs tools/wgmma_layout_check.cu (host only): the wgmma operand layouts and descriptors of the
    prefill kernel, and the CUDA emulator's decoding of them, against CUTLASS CuTe's.
+5. Loads the built extension in a fresh process (no GPU needed where torch is a CUDA build): torch checks every
+   kernel's C++ signature against its TORCH_LIBRARY schema when it is registered, so a CUDA launcher whose
+   parameters drifted from csrc/registration.cpp fails here instead of at import on the GPU machine; and the ops
+   the CPU build registers for CUDA must have a CUDA kernel.
 
 Rule format (tools/sass_expectations.json is a JSON list of these objects):
   {
@@ -391,6 +395,37 @@ def fmt(v) -> str:
     return "?" if v is None else str(v)
 
 
+LOAD_CHECK = """
+import sys, torch
+if torch.version.cuda is None:
+    print("SKIP: torch is a CPU-only build"); sys.exit(0)
+torch.ops.load_library(sys.argv[1])
+names = [s.name for s in torch._C._jit_get_all_schemas() if s.name.startswith("decodekit::")]
+cuda = [n for n in names if torch._C._dispatch_has_kernel_for_dispatch_key(n, "CUDA")]
+print(len(names), len(cuda))
+"""
+
+
+def load_check(build_dir: str) -> list[str]:
+    """Step 5: the extension loads (every kernel registration matches its schema) and registers CUDA kernels."""
+    libs = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(build_dir, "lib")) for f in fs
+            if f.startswith("_C") and f.endswith(".so")]
+    if not libs:
+        return [f"load check: no _C*.so under {os.path.relpath(os.path.join(build_dir, 'lib'), ROOT)}"]
+    r = subprocess.run([sys.executable, "-c", LOAD_CHECK, libs[0]], capture_output=True, text=True, timeout=300,
+                       cwd=build_dir)
+    out = r.stdout.strip().splitlines()
+    if r.returncode != 0:  # (a registration mismatch aborts the process: c10::Error's text, then a stack trace)
+        msg = [ln for ln in (r.stderr or r.stdout).splitlines() if ln.strip() and not ln.startswith("frame #")]
+        return [f"load check: loading {os.path.basename(libs[0])} failed (exit {r.returncode}): " + " | ".join(msg[:12])]
+    if out and out[-1].startswith("SKIP"):
+        print("load check:", out[-1])
+        return []
+    total, cuda = map(int, out[-1].split())
+    print(f"load check: the CUDA build loads; {total} decodekit ops, {cuda} with a CUDA kernel")
+    return [] if cuda > 0 else ["load check: no decodekit op has a CUDA kernel"]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--skip-build", action="store_true", help="check the objects already in the build dir")
@@ -494,6 +529,7 @@ def main() -> int:
 
     failures += check_rules(rules, by_name)
     failures += wgmma_layout_check(build_dir)
+    failures += load_check(build_dir)
     if failures:
         print(f"\nFAIL ({len(failures)}):")
         for f in failures:
