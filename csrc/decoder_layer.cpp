@@ -102,8 +102,7 @@ void project(const LayerOps& ops, at::Tensor& out, const at::Tensor& a, at::Tens
   const bool dense = w.size() == 1;
   if (!dense || decode_rows < 0 || !a.is_cpu()) return project_once(ops, out, a, w, group_size, bias, decode_rows);
   const int64_t M = a.size(0), P = dk::cpu::kPrefillRowsMin;
-  const int64_t B = std::max<int64_t>(1, std::min(dk::cpu::kDenseRouteMaxM,
-                                                  dk::cpu::dense_route(dk::dense_dtype(a.scalar_type())).dense_max_m));
+  const int64_t B = std::max<int64_t>(1, dk::cpu::dense_route(dk::dense_dtype(a.scalar_type())).dense_max_m);
   for (int64_t m0 = 0; m0 < decode_rows; m0 += B) {
     const int64_t rows = std::min(B, decode_rows - m0);
     at::Tensor o = out.narrow(0, m0, rows);

@@ -64,11 +64,19 @@ def _native() -> bool:
 
 
 def cpu_bf16_products_expected() -> bool:
-    """Whether the CPU's bf16 INT4/INT8 GEMMs of 9+ rows multiply the decoded weight rounded to bf16: on the AMX tile
-    unit (cpu_amx_expected) or, without it, with AVX512-BF16's VDPBF16PS (gemm/int4_tiled_bf16.h: AMD Zen 4 / 5; a
-    -march=native build and DECODEKIT_CPU_BF16_DOT not 0)."""
+    """Whether the CPU's bf16 INT4/INT8 GEMMs of many rows (cpu_bf16_products_min_rows) multiply the decoded weight
+    rounded to bf16: on the AMX tile unit (cpu_amx_expected) or, without it, with AVX512-BF16's VDPBF16PS
+    (gemm/int4_tiled_bf16.h: AMD Zen 4 / 5; a -march=native build and DECODEKIT_CPU_BF16_DOT not 0)."""
     dot = "avx512_bf16" in _cpu_flags() and os.environ.get("DECODEKIT_CPU_BF16_DOT", "1") != "0" and _native()
     return cpu_amx_expected() or dot
+
+
+def cpu_bf16_products_min_rows() -> int | None:
+    """From how many rows bf16 INT4/INT8 GEMMs run bf16 products (gemm/int4.h): the tile unit from kTiledQuantGemmMinM
+    (9), VDPBF16PS from kTiledVectorMinM (17); None where neither runs."""
+    if not cpu_bf16_products_expected():
+        return None
+    return 9 if cpu_amx_expected() else 17
 
 
 def cpu_amx_exact_expected() -> bool:

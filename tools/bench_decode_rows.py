@@ -14,10 +14,9 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from bench_cpu_layer_gemms import SHAPES  # noqa: E402  (SmolLM2's four projections, [N, K])
 from dk_testing import random_int4_weight, random_int8_weight, randn  # noqa: E402
 from decodekit import ops  # noqa: E402
-
-SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
 
 
 def best(fn, reps: int = 3) -> float:

@@ -18,8 +18,8 @@ import textwrap
 import pytest
 import torch
 
-from dk_testing import (cpu_amx_expected, cpu_bf16_products_expected, random_int4_weight, random_int8_weight, randn,
-                        strided_rows)
+from dk_testing import (cpu_bf16_products_expected, cpu_bf16_products_min_rows, random_int4_weight, random_int8_weight,
+                        randn, strided_rows)
 from decodekit import ops
 from decodekit.ops import reference as ref
 
@@ -67,7 +67,7 @@ def _run(kind, M, N, K, G, with_bias, gen):
     (300, 96, 640, 64, True),     # two row chunks of <= 256 (the second one 44 rows)
 ])
 def test_bf16_products_use_bf16_weights(kind, M, N, K, G, with_bias, gen):
-    if M < (9 if cpu_amx_expected() else 17):   # int4.h: the tile unit from kTiledQuantGemmMinM, VDPBF16PS from 17
+    if M < cpu_bf16_products_min_rows():
         pytest.skip("below the bf16-product kernel's rows on this CPU (the GEMV's arithmetic there)")
     out, a, wd, bias = _run(kind, M, N, K, G, with_bias, gen)
     frac_b, ulps_b = _match_fraction(out, a, wd.bfloat16(), bias)
@@ -79,7 +79,7 @@ def test_bf16_products_use_bf16_weights(kind, M, N, K, G, with_bias, gen):
 
 
 def test_amx_off_uses_fp32_weights():
-    """DECODEKIT_CPU_AMX=0 DECODEKIT_CPU_BF16_DOT=0: bf16 activations from 9 rows go to the fp32 tiled kernel
+    """DECODEKIT_CPU_AMX=0 DECODEKIT_CPU_BF16_DOT=0: bf16 activations of many rows go to the fp32 tiled kernel
     (unrounded weights)."""
     code = textwrap.dedent("""
         import sys, torch

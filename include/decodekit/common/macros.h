@@ -27,9 +27,23 @@
 #define DK_OMP_PARALLEL_FOR_IF(cond)
 #endif
 
+#include <type_traits>
+
 namespace dk {
 // Elements below which a CPU kernel runs on the calling thread alone.
 constexpr long kParallelGrain = 1 << 15;
+
+// f(std::integral_constant<int, rows>) for rows in [1, Max), else f with Max: a run-time row count as a compile-time
+// one (register tiles keep their accumulators in registers only at compile-time sizes).
+template <int Max, int R = 1, class F>
+DK_FORCE_INLINE void rows_switch(int rows, F&& f) {
+  if constexpr (R < Max) {
+    if (rows == R) return f(std::integral_constant<int, R>{});
+    return rows_switch<Max, R + 1>(rows, f);
+  } else {
+    return f(std::integral_constant<int, Max>{});
+  }
+}
 }
 
 #include <cstdint>

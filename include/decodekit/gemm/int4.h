@@ -67,25 +67,6 @@ struct Int4GemmParams {
   int64_t decode_rows = -1;
 };
 
-// Batch invariance (Int4GemmParams::decode_rows >= 0; dense_cpu.h: kDecodeRowBlock / kPrefillRowsMin): rows [0, D)
-// are decode-phase rows, decode(out, a, D) gives each the bits it gets alone; rows [D, M) are prompt rows, run by
-// prefill(out, a, a_stride, rows) as one block of at least kPrefillRowsMin rows (zero rows appended to fewer), where
-// every route is its many-row kernel and a row's bits do not depend on the rows beside it.
-template <class T, class Decode, class Prefill>
-void split_decode_rows(T* out, const T* a, int64_t a_stride, int64_t M, int64_t N, int64_t K, int64_t D,
-                       Decode decode, Prefill prefill) {
-  if (D > 0) decode(out, a, D);
-  const int64_t p = M - D;
-  if (p >= kPrefillRowsMin) {
-    prefill(out + D * N, a + D * a_stride, a_stride, p);
-  } else if (p > 0) {
-    std::vector<T> ap(size_t(kPrefillRowsMin * K), from_float<T>(0.f)), op(size_t(kPrefillRowsMin * N));
-    for (int64_t r = 0; r < p; ++r) std::copy(a + (D + r) * a_stride, a + (D + r) * a_stride + K, ap.begin() + r * K);
-    prefill(op.data(), ap.data(), K, kPrefillRowsMin);
-    std::copy(op.begin(), op.begin() + p * N, out + D * N);
-  }
-}
-
 // How decode rows get their one-row bits: kWhole (one call by the row count: the AMX copy's kernels with fp32 / fp16
 // activations on a tile-unit CPU, the same semantics at every row count), kExact (int4_gemm_rows_exact: AVX-512 with
 // the weight's codes), else kBlocks (blocks of kDecodeRowBlock rows: every route's few-row kernels).
@@ -102,18 +83,41 @@ DecodeRoute decode_rows_route(const Int4GemmParams& P, bool has_codes) {
   return DecodeRoute::kBlocks;
 }
 
-// The decode rows of a split (see above) through gemm(out, a, Q) = int4_gemm / int8_gemm, or exact(out, a, Q).
+// Batch invariance (P.decode_rows = D >= 0; dense_cpu.h: kDecodeRowBlock / kPrefillRowsMin), for int4_gemm /
+// int8_gemm as gemm(out, a, R) (their by-count routes, R.decode_rows = -1) and exact(out, a, R) (their
+// _rows_exact): rows [0, D) are decode-phase rows, each given the bits it gets alone (decode_rows_route); rows
+// [D, M) are prompt rows, run as one block of at least kPrefillRowsMin rows (zero rows appended to fewer), where every
+// route is its many-row kernel and a row's bits do not depend on the rows beside it.
 template <class T, class Gemm, class Exact>
-void decode_rows_gemm(T* out, const T* a, const Int4GemmParams& Q, bool has_codes, Gemm gemm, Exact exact) {
-  switch (decode_rows_route<T>(Q, has_codes)) {
-    case DecodeRoute::kWhole: return gemm(out, a, Q);
-    case DecodeRoute::kExact: return exact(out, a, Q);
-    default:
-      for (int64_t m0 = 0; m0 < Q.M; m0 += kDecodeRowBlock) {
-        Int4GemmParams B = Q;
-        B.M = std::min(kDecodeRowBlock, Q.M - m0);
-        gemm(out + m0 * Q.N, a + m0 * Q.a_stride, B);
-      }
+void split_decode_rows(T* out, const T* a, const Int4GemmParams& P, bool has_codes, Gemm gemm, Exact exact) {
+  const int64_t D = P.decode_rows, N = P.N, K = P.K, p = P.M - D;
+  Int4GemmParams R = P;
+  R.decode_rows = -1;
+  if (D > 0) {
+    R.M = D;
+    switch (decode_rows_route<T>(R, has_codes)) {
+      case DecodeRoute::kWhole: gemm(out, a, R); break;
+      case DecodeRoute::kExact: exact(out, a, R); break;
+      default:
+        for (int64_t m0 = 0; m0 < D; m0 += kDecodeRowBlock) {
+          Int4GemmParams B = R;
+          B.M = std::min(kDecodeRowBlock, D - m0);
+          gemm(out + m0 * N, a + m0 * P.a_stride, B);
+        }
+    }
+  }
+  R.M = std::max(p, kPrefillRowsMin);
+  if (p >= kPrefillRowsMin) {
+    gemm(out + D * N, a + D * P.a_stride, R);
+  } else if (p > 0) {
+    std::vector<T> ap(size_t(R.M * K), from_float<T>(0.f)), op(size_t(R.M * N));
+    for (int64_t r = 0; r < p; ++r) {
+      const T* row = a + (D + r) * P.a_stride;
+      std::copy(row, row + K, ap.begin() + r * K);
+    }
+    R.a_stride = K;
+    gemm(op.data(), ap.data(), R);
+    std::copy(op.begin(), op.begin() + p * N, out + D * N);
   }
 }
 
@@ -335,25 +339,11 @@ void int4_gemm(T* out,                  // [M, N]
   const int64_t M = P.M, N = P.N, K = P.K;
   const int G = P.group_size;
   const int64_t ng = K / G;
-  if (P.decode_rows >= 0) {
-    Int4GemmParams Q = P;
-    Q.decode_rows = -1;
-    auto gemm = [&](T* o, const T* x, const Int4GemmParams& R) { int4_gemm(o, x, qweight, scales, mins, bias, R); };
-    split_decode_rows(
-        out, a, P.a_stride, M, N, K, P.decode_rows,
-        [&](T* o, const T* x, int64_t rows) {
-          Q.M = rows;
-          decode_rows_gemm(o, x, Q, qweight != nullptr, gemm, [&](T* o2, const T* x2, const Int4GemmParams& R) {
-            int4_gemm_rows_exact(o2, x2, qweight, scales, mins, bias, R);
-          });
-        },
-        [&](T* o, const T* x, int64_t stride, int64_t rows) {
-          Int4GemmParams R = Q;
-          R.M = rows, R.a_stride = stride;
-          int4_gemm(o, x, qweight, scales, mins, bias, R);
-        });
-    return;
-  }
+  if (P.decode_rows >= 0)
+    return split_decode_rows(
+        out, a, P, qweight != nullptr,
+        [&](T* o, const T* x, const Int4GemmParams& R) { int4_gemm(o, x, qweight, scales, mins, bias, R); },
+        [&](T* o, const T* x, const Int4GemmParams& R) { int4_gemm_rows_exact(o, x, qweight, scales, mins, bias, R); });
 #if defined(DK_AMX_QUANT_GEMM)
   if constexpr (std::is_same_v<T, bf16_t>) {  // bf16 products on the tile unit (quant_amx.h)
 #if defined(DK_AMX_EXACT_GEMM)
@@ -527,25 +517,11 @@ void int8_gemm(T* out,                  // [M, N]
   const int64_t M = P.M, N = P.N, K = P.K;
   const int G = P.group_size;
   const int64_t ng = K / G;
-  if (P.decode_rows >= 0) {  // as int4_gemm
-    Int4GemmParams Q = P;
-    Q.decode_rows = -1;
-    auto gemm = [&](T* o, const T* x, const Int4GemmParams& R) { int8_gemm(o, x, qweight, scales, bias, R); };
-    split_decode_rows(
-        out, a, P.a_stride, M, N, K, P.decode_rows,
-        [&](T* o, const T* x, int64_t rows) {
-          Q.M = rows;
-          decode_rows_gemm(o, x, Q, qweight != nullptr, gemm, [&](T* o2, const T* x2, const Int4GemmParams& R) {
-            int8_gemm_rows_exact(o2, x2, qweight, scales, bias, R);
-          });
-        },
-        [&](T* o, const T* x, int64_t stride, int64_t rows) {
-          Int4GemmParams R = Q;
-          R.M = rows, R.a_stride = stride;
-          int8_gemm(o, x, qweight, scales, bias, R);
-        });
-    return;
-  }
+  if (P.decode_rows >= 0)
+    return split_decode_rows(
+        out, a, P, qweight != nullptr,
+        [&](T* o, const T* x, const Int4GemmParams& R) { int8_gemm(o, x, qweight, scales, bias, R); },
+        [&](T* o, const T* x, const Int4GemmParams& R) { int8_gemm_rows_exact(o, x, qweight, scales, bias, R); });
 #if defined(DK_AMX_QUANT_GEMM)
   if constexpr (std::is_same_v<T, bf16_t>) {
 #if defined(DK_AMX_EXACT_GEMM)

@@ -113,21 +113,9 @@ inline void tile_kernel(float* c,             // [R][NR], row stride ldc
   tile_acc_store(c0, c1, c, ldc);
 }
 
-// f(std::integral_constant<int, rows>) for rows < kTileMR, else with kTileMR: compile-time row counts keep a
-// micro-kernel's accumulators in registers.
-template <int R = 1, class F>
-DK_FORCE_INLINE void tile_rows_switch(int rows, F&& f) {
-  if constexpr (R < kTileMR) {
-    if (rows == R) return f(std::integral_constant<int, R>{});
-    return tile_rows_switch<R + 1>(rows, f);
-  } else {
-    return f(std::integral_constant<int, kTileMR>{});
-  }
-}
-
 inline void tile_kernel_rows(int rows, float* c, int64_t ldc, const float* a, int64_t lda, const float* bp,
                              int64_t kc, const float* init) {
-  tile_rows_switch(rows, [&](auto R) { tile_kernel<decltype(R)::value>(c, ldc, a, lda, bp, kc, init); });
+  rows_switch<kTileMR>(rows, [&](auto R) { tile_kernel<decltype(R)::value>(c, ldc, a, lda, bp, kc, init); });
 }
 
 // The 16 rows n0 .. n0 + 16 of a strip: lanes past N masked off (their gathers read nothing and

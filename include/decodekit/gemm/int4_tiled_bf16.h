@@ -71,7 +71,7 @@ inline void tile_kernel_bf16(float* c,             // [R][NR], row stride ldc
 
 inline void tile_kernel_bf16_rows(int rows, float* c, int64_t ldc, const bf16_t* a, int64_t lda, const uint32_t* bp,
                                   int64_t kc, const float* init) {
-  tile_rows_switch(rows, [&](auto R) { tile_kernel_bf16<decltype(R)::value>(c, ldc, a, lda, bp, kc, init); });
+  rows_switch<kTileMR>(rows, [&](auto R) { tile_kernel_bf16<decltype(R)::value>(c, ldc, a, lda, bp, kc, init); });
 }
 
 // bp[(k - k0) / 2][j] = the bf16 pair (w[n0 + j, k], w[n0 + j, k + 1]) for even k in [k0, k0 + kc), j < NR

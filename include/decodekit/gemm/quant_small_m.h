@@ -12,7 +12,6 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include "decodekit/common/avx512.h"  // prefetch_row_ahead
 #include "decodekit/common/dtype.h"
@@ -166,7 +165,7 @@ DK_FORCE_INLINE void int4_chunk_fma(const uint8_t* q, __m512 t, const float* ag,
 // one-row GEMV's arithmetic (int4.h: int4_gemv_g32_avx512): per group the scaled code table
 // t = d * (0..15) (exact), then per 16-byte chunk acc = fma(t[hi], a_hi, fma(t[lo], a_lo, acc));
 // then reduce16(acc + half_dot_lanes(min, asum)) (+ bias). So a row's result does not depend on how many rows
-// come with it (1 .. 8): a speculative verification pass reproduces plain decoding bit for bit.
+// come with it (any count; past 8 rows_strips): a verification pass reproduces plain decoding bit for bit.
 // Per chunk and weight row: 4 decode uops (widen, shift, 2 lookups) shared by the MM rows, 2 FMAs per row.
 // One block of NB weight rows (block nb) against the MM rows.
 template <int NB, int MM, class T>
@@ -174,31 +173,29 @@ DK_FORCE_INLINE void int4_small_m_nb(T* out, int64_t out_stride, const float* a,
                                      const uint8_t* qweight, const half_t* scales, const half_t* mins, const T* bias,
                                      int64_t N, int64_t K, int G, int64_t nb) {
   const int64_t ng = K / G, half = G / 2;
-  {
-    const __m512 codes = int4_codes_ps();
-    int64_t rows[NB];
-    __m512 acc[NB][MM];
-    small_m_begin(nb, N, rows, acc);
-    alignas(64) float sc[NB][16];  // sc[j][i]: weight row j's scale of group g0 + i
-    for (int64_t g0 = 0; g0 < ng; g0 += 16) {
-      const int64_t gn = std::min<int64_t>(16, ng - g0);
-      small_m_scales(scales, ng, g0, gn, rows, sc);
-      for (int64_t g = g0; g < g0 + gn; ++g) {
-        DK_UNROLL_ALL
-        for (int j = 0; j < NB; ++j) {
-          const uint8_t* q = qweight + rows[j] * (K / 2) + g * half;
-          prefetch_row_ahead(q + NB * (K / 2), g * half);
-          const __m512 t = _mm512_mul_ps(codes, _mm512_set1_ps(sc[j][g - g0]));
-          // elements g*G + c.. (low nibbles), g*G + half + c.. (high); the first chunk outside the
-          // loop (G = 32: the only one) keeps the accumulators in registers
-          int4_chunk_fma<MM>(q, t, a + g * G, K, half, acc[j]);
-          for (int64_t c = 16; c < half; c += 16) int4_chunk_fma<MM>(q + c, t, a + g * G + c, K, half, acc[j]);
-        }
+  const __m512 codes = int4_codes_ps();
+  int64_t rows[NB];
+  __m512 acc[NB][MM];
+  small_m_begin(nb, N, rows, acc);
+  alignas(64) float sc[NB][16];  // sc[j][i]: weight row j's scale of group g0 + i
+  for (int64_t g0 = 0; g0 < ng; g0 += 16) {
+    const int64_t gn = std::min<int64_t>(16, ng - g0);
+    small_m_scales(scales, ng, g0, gn, rows, sc);
+    for (int64_t g = g0; g < g0 + gn; ++g) {
+      DK_UNROLL_ALL
+      for (int j = 0; j < NB; ++j) {
+        const uint8_t* q = qweight + rows[j] * (K / 2) + g * half;
+        prefetch_row_ahead(q + NB * (K / 2), g * half);
+        const __m512 t = _mm512_mul_ps(codes, _mm512_set1_ps(sc[j][g - g0]));
+        // elements g*G + c.. (low nibbles), g*G + half + c.. (high); the first chunk outside the
+        // loop (G = 32: the only one) keeps the accumulators in registers
+        int4_chunk_fma<MM>(q, t, a + g * G, K, half, acc[j]);
+        for (int64_t c = 16; c < half; c += 16) int4_chunk_fma<MM>(q + c, t, a + g * G + c, K, half, acc[j]);
       }
     }
-    small_m_end<true>(out, out_stride, bias, nb, N, rows, acc,
-                      [&](int64_t n, int r) { return half_dot_lanes(mins + n * ng, asum + r * ng, ng); });
   }
+  small_m_end<true>(out, out_stride, bias, nb, N, rows, acc,
+                    [&](int64_t n, int r) { return half_dot_lanes(mins + n * ng, asum + r * ng, ng); });
 }
 
 template <int NB, int MM, class T>
@@ -218,30 +215,29 @@ template <int NB, int MM, class T>
 DK_FORCE_INLINE void int8_small_m_nb(T* out, int64_t out_stride, const float* a, const int8_t* qweight,
                                      const half_t* scales, const T* bias, int64_t N, int64_t K, int G, int64_t nb) {
   const int64_t ng = K / G;
-  {
-    int64_t rows[NB];
-    __m512 acc[NB][MM];
-    small_m_begin(nb, N, rows, acc);
-    alignas(64) float sc[NB][16];  // sc[j][i]: weight row j's scale of group g0 + i
-    for (int64_t g0 = 0; g0 < ng; g0 += 16) {
-      const int64_t gn = std::min<int64_t>(16, ng - g0);
-      small_m_scales(scales, ng, g0, gn, rows, sc);
-      for (int64_t g = g0; g < g0 + gn; ++g) {
-        DK_UNROLL_ALL
-        for (int j = 0; j < NB; ++j) {
-          const int8_t* q = qweight + rows[j] * K + g * G;
-          prefetch_row_ahead(q + NB * K, g * G);
-          const __m512 d = _mm512_set1_ps(sc[j][g - g0]);
-          for (int c = 0; c < G; c += 16) {
-            const __m512 w = _mm512_mul_ps(int8x16_to_ps(q + c), d);
-            DK_UNROLL_ALL
-            for (int r = 0; r < MM; ++r) acc[j][r] = _mm512_fmadd_ps(w, _mm512_loadu_ps(a + r * K + g * G + c), acc[j][r]);
-          }
+  int64_t rows[NB];
+  __m512 acc[NB][MM];
+  small_m_begin(nb, N, rows, acc);
+  alignas(64) float sc[NB][16];  // sc[j][i]: weight row j's scale of group g0 + i
+  for (int64_t g0 = 0; g0 < ng; g0 += 16) {
+    const int64_t gn = std::min<int64_t>(16, ng - g0);
+    small_m_scales(scales, ng, g0, gn, rows, sc);
+    for (int64_t g = g0; g < g0 + gn; ++g) {
+      DK_UNROLL_ALL
+      for (int j = 0; j < NB; ++j) {
+        const int8_t* q = qweight + rows[j] * K + g * G;
+        prefetch_row_ahead(q + NB * K, g * G);
+        const __m512 d = _mm512_set1_ps(sc[j][g - g0]);
+        for (int c = 0; c < G; c += 16) {
+          const __m512 w = _mm512_mul_ps(int8x16_to_ps(q + c), d);
+          DK_UNROLL_ALL
+          for (int r = 0; r < MM; ++r)
+            acc[j][r] = _mm512_fmadd_ps(w, _mm512_loadu_ps(a + r * K + g * G + c), acc[j][r]);
         }
       }
     }
-    small_m_end<false>(out, out_stride, bias, nb, N, rows, acc, [](int64_t, int) { return _mm512_setzero_ps(); });
   }
+  small_m_end<false>(out, out_stride, bias, nb, N, rows, acc, [](int64_t, int) { return _mm512_setzero_ps(); });
 }
 
 template <int NB, int MM, class T>
@@ -254,31 +250,25 @@ void int8_small_m_block(T* out, int64_t out_stride, const float* a, const int8_t
 }
 
 // More than 8 rows with the same per-element arithmetic (so still each row's one-row bits): the weight rows in
-// strips of kRowsStripBlocks blocks (an L1-sized strip: 32 SmolLM2 rows of K = 1536 are 24 KB as INT4), each strip
-// against every group of MM rows in turn, so the weights are read from memory once.
+// strips of kRowsStripBlocks blocks of NB (an L1-sized strip: 32 SmolLM2 rows of K = 1536 are 24 KB as INT4), each
+// strip against every group of MM rows in turn, so the weights are read from memory once; body(tile, m0, nb) runs
+// weight block nb against the rows [m0, m0 + tile.mm). Parallel over the strips.
 constexpr int64_t kRowsStripBlocks = 8;
 
 template <int NB, int MM, class Body>
-DK_FORCE_INLINE void rows_strip_groups(int64_t M, int64_t N, int64_t s, Body body) {
-  const int64_t nblocks = (N + NB - 1) / NB, b1 = std::min(nblocks, (s + 1) * kRowsStripBlocks);
-  auto group = [&](auto tile, int64_t m0) {
-    for (int64_t nb = s * kRowsStripBlocks; nb < b1; ++nb) body(tile, m0, nb);
-  };
+void rows_strips(int64_t M, int64_t N, int64_t K, Body body) {
   static_assert(MM >= 2 && MM <= 8);
-  int64_t m0 = 0;
-  for (; m0 + MM <= M; m0 += MM) group(Tile<NB, MM>{}, m0);
-  auto tail = [&](auto r) {  // the last rows (fewer than MM)
-    if constexpr (decltype(r)::value < MM) group(Tile<NB, decltype(r)::value>{}, m0);
-  };
-  switch (M - m0) {
-    case 1: tail(std::integral_constant<int, 1>{}); break;
-    case 2: tail(std::integral_constant<int, 2>{}); break;
-    case 3: tail(std::integral_constant<int, 3>{}); break;
-    case 4: tail(std::integral_constant<int, 4>{}); break;
-    case 5: tail(std::integral_constant<int, 5>{}); break;
-    case 6: tail(std::integral_constant<int, 6>{}); break;
-    case 7: tail(std::integral_constant<int, 7>{}); break;
-    default: break;
+  const int64_t nblocks = (N + NB - 1) / NB, strips = (nblocks + kRowsStripBlocks - 1) / kRowsStripBlocks;
+  DK_OMP_PARALLEL_FOR_IF(N * K * M >= kParallelGrain)
+  for (int64_t s = 0; s < strips; ++s) {
+    const int64_t b0 = s * kRowsStripBlocks, b1 = std::min(nblocks, b0 + kRowsStripBlocks);
+    auto group = [&](auto tile, int64_t m0) {
+      for (int64_t nb = b0; nb < b1; ++nb) body(tile, m0, nb);
+    };
+    int64_t m0 = 0;
+    for (; m0 + MM <= M; m0 += MM) group(Tile<NB, MM>{}, m0);
+    if (m0 < M)  // the last rows (fewer than MM)
+      rows_switch<MM - 1>(int(M - m0), [&](auto R) { group(Tile<NB, decltype(R)::value>{}, m0); });
   }
 }
 
@@ -292,8 +282,8 @@ DK_FORCE_INLINE void rows_strip_groups(int64_t M, int64_t N, int64_t s, Body bod
 // tile cannot, and the second weight read is mostly from L3; one pass of 3 x 7, 2 x 7, 2 x 8 or 3 x 8
 // measured 0.71-0.96x on Sapphire Rapids). Each row's arithmetic is the GEMV's either way. INT8: 4 up
 // to 4, 2 beyond (at most 16 accumulators; two passes gained <= 5% there; 4 x 5, 4 x 6, 3 x 7, 3 x 8
-// measured no better). More rows: weight strips against groups of rows (rows_strip_groups: INT4 4 x 4, INT8 2 x 8;
-// the strips measured no faster than passes of 8 rows from DRAM, but they are one call). Returns false for G not a multiple of 32.
+// measured no better). More rows: weight strips against groups of rows (rows_strips: INT4 4 x 4, INT8 2 x 8; the
+// strips measured no faster than passes of 8 rows from DRAM, but they are one call). False for G not a multiple of 32.
 template <class T>
 bool int4_gemm_small_m(T* out, const float* a, const float* asum, const uint8_t* qweight, const half_t* scales,
                        const half_t* mins, const T* bias, int64_t M, int64_t N, int64_t K, int G) {
@@ -315,14 +305,11 @@ bool int4_gemm_small_m(T* out, const float* a, const float* asum, const uint8_t*
     case 8: rows(Tile<4, 4>{}, 0); rows(Tile<4, 4>{}, 4); return true;
     default: break;
   }
-  const int64_t strips = (N + 4 * kRowsStripBlocks - 1) / (4 * kRowsStripBlocks);
-  auto body = [&](auto tile, int64_t m0, int64_t nb) {
+  rows_strips<4, 4>(M, N, K, [&](auto tile, int64_t m0, int64_t nb) {  // 4 x 5: 0.85-0.9x (30 layers, DRAM)
     using Shape = decltype(tile);
     int4_small_m_nb<Shape::nb, Shape::mm>(out + m0 * N, N, a + m0 * K, asum + m0 * ng, qweight, scales, mins, bias,
                                           N, K, G, nb);
-  };
-  DK_OMP_PARALLEL_FOR_IF(N * K * M >= kParallelGrain)
-  for (int64_t s = 0; s < strips; ++s) rows_strip_groups<4, 4>(M, N, s, body);  // 4 x 5: 0.85-0.9x (30 layers, DRAM)
+  });
   return true;
 }
 
@@ -343,13 +330,10 @@ bool int8_gemm_small_m(T* out, const float* a, const int8_t* qweight, const half
   }
   // 2 weight rows x 8 activation rows, as 8 rows above (the Q8_0 LM head, 49152 x 576 from DRAM, as decode rows:
   // M = 24 / 32 / 64 7.8 / 10.4 / 20.4 ms against 4 x 4's 9.1 / 12.1 / 24.5, tools/bench_decode_rows.py)
-  auto body = [&](auto tile, int64_t m0, int64_t nb) {
+  rows_strips<2, 8>(M, N, K, [&](auto tile, int64_t m0, int64_t nb) {
     using Shape = decltype(tile);
     int8_small_m_nb<Shape::nb, Shape::mm>(out + m0 * N, N, a + m0 * K, qweight, scales, bias, N, K, G, nb);
-  };
-  const int64_t strips = (N + 2 * kRowsStripBlocks - 1) / (2 * kRowsStripBlocks);
-  DK_OMP_PARALLEL_FOR_IF(N * K * M >= kParallelGrain)
-  for (int64_t s = 0; s < strips; ++s) rows_strip_groups<2, 8>(M, N, s, body);
+  });
   return true;
 }
 

@@ -419,7 +419,7 @@ def linear(x: torch.Tensor,                      # [M, K]
     if isinstance(weight, Fp8Weight) or x.dtype not in _DENSE_ROUTE_DTYPES:
         block = DECODE_ROW_BLOCK
     else:
-        block = max(1, min(32, dense_route(x.dtype)[1]))
+        block = max(1, dense_route(x.dtype)[1])
     parts = [_linear(x[m0:min(m0 + block, decode_rows)], weight, bias) for m0 in range(0, decode_rows, block)]
     p = M - decode_rows
     if p >= PREFILL_ROWS_MIN:
