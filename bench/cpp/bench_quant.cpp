@@ -15,7 +15,8 @@
 // Shapes: GPU: Llama-3-8B projections (qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down 4096x14336;
 // INT4 groups of 128) at M = 1, 4, 16, 32, 64, 128, 512, 4096 (fp16: up to 64), Llama-3-70B (qkv 10240x8192,
 // gate_up 57344x8192, down 8192x28672) at M = 1, 16, 64; CPU: SmolLM2-135M (576x576, 1536x576, 576x1536; groups
-// of 32) at M = 1, 8, 32 and the 8B down projection at M = 1. --quick: fewer shapes.
+// of 32) at M = 1, 8, 32 and the 8B down projection at M = 1, and one SmolLM2 layer's four projections back to back at
+// M = 1 ("smol.layer", add_int4_layer). --quick: fewer shapes.
 #include <string>
 #include <type_traits>
 
@@ -224,6 +225,50 @@ void add_fp8(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm9
   cases.push_back(std::move(c));
 }
 
+#if !defined(__CUDACC__)
+// One SmolLM2 decoder layer's INT4 projections at M = 1 as the model runs them: qkv, o, gate_up, down (four shapes
+// back to back, each from memory: the slot is the layer's four weights), bytes = the four weights. The single-shape
+// cases above repeat one shape; this chain is what a decode step does 30 times (the GEMV's per-call start-up and
+// its tail weigh more here).
+template <class T>
+void add_int4_layer(std::vector<dkb::Case>& cases) {
+  constexpr int G = 32;
+  const int64_t shapes[4][2] = {{960, 576}, {576, 576}, {3072, 576}, {576, 1536}};  // {N, K}
+  auto carve = [=](char* s, uint8_t* (&q)[4], dk::half_t* (&sc)[4], dk::half_t* (&mn)[4], T*& a, T*& out) {
+    dkb::Carver c{s};
+    for (int i = 0; i < 4; ++i) {
+      const int64_t N = shapes[i][0], K = shapes[i][1];
+      q[i] = c.take<uint8_t>(N * K / 2);     // [N, K/2]
+      sc[i] = c.take<dk::half_t>(N * K / G);  // [N, K/G]
+      mn[i] = c.take<dk::half_t>(N * K / G);  // [N, K/G]
+    }
+    a = c.take<T>(1536);    // [1, K] (the largest K)
+    out = c.take<T>(3072);  // [1, N] (the largest N)
+    return c.used;
+  };
+  dkb::Case c;
+  c.bench = "int4_gemm";
+  c.shape = "smol.layer qkv+o+gate_up+down G=32 M=1";
+  c.dtype = dkb::DtypeName<T>::value;
+  c.bytes = 0;
+  c.flops = 0;
+  for (const auto& sh : shapes) {
+    c.bytes += double(sh[0]) * sh[1] / 2 + 4.0 * sh[0] * sh[1] / G;
+    c.flops += 2.0 * sh[0] * sh[1];
+  }
+  uint8_t* q[4]; dk::half_t *sc[4], *mn[4]; T *a, *out;
+  c.slot_bytes = carve(nullptr, q, sc, mn, a, out);
+  c.cpu = [=](char* s) {
+    uint8_t* q[4]; dk::half_t *sc[4], *mn[4]; T *a, *out;
+    carve(s, q, sc, mn, a, out);
+    for (int i = 0; i < 4; ++i)
+      dk::cpu::int4_gemm<T>(out, a, q[i], sc[i], mn[i], nullptr,
+                            dk::cpu::Int4GemmParams{1, shapes[i][0], shapes[i][1], G, shapes[i][1]});
+  };
+  cases.push_back(std::move(c));
+}
+#endif
+
 template <class T>
 void add_cases(std::vector<dkb::Case>& cases, bool quick) {
   if constexpr (sizeof(T) == 4) {
@@ -231,6 +276,9 @@ void add_cases(std::vector<dkb::Case>& cases, bool quick) {
     return;  // the tensor-core paths take fp16 / bf16
 #endif
   }
+#if !defined(__CUDACC__)
+  add_int4_layer<T>(cases);
+#endif
   for (const Shape& sh : shapes(quick))
     for (int64_t M : batch<T>(quick, sh)) {
       add_int4<T>(cases, sh, M);

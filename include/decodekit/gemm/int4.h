@@ -152,47 +152,67 @@ inline void int4_rows_avx512(const uint8_t* qrow, const float* sc, const float* 
 #if defined(__AVX512F__) && defined(__F16C__)
 // M = 1, G = 32, kGemvRows (12) output rows at a time (the group's 32 activations loaded once for
 // them; rows past N recompute the last one and are not written):
-//   acc_n = step(n, g, a_lo, a_hi, d[n,g], acc_n) over the groups g, then
+//   acc_n = step(q_n,g, a_lo, a_hi, d[n,g], acc_n) over the groups g, then
 //   out[n] = reduce16(acc_n + extra(n)) (+ bias[n]), the 12 rows reduced together (reduce16_rows);
-// step: the format's 16-lane update with row n's group g (a_lo / a_hi: the group's activations 0..15
-// and 16..31; d: its scale); extra(n): the format's per-row term as 16 lanes (INT4: half_dot_lanes of
-// the mins and the group sums of a; INT8: none, kExtra false).
+// step: the format's 16-lane update with row n's group g (q_n,g: its codes, kGroupBytes of them; a_lo / a_hi: the
+// group's activations 0..15 and 16..31; d: its scale); extra(n): the format's per-row term as 16 lanes (INT4:
+// half_dot_lanes of the mins and the group sums of a; INT8: none, kExtra false).
 // The vector ports bound this loop (not memory, once prefetched): the rows' scales are converted 16
 // groups at a time into a stack array, so each group's scale is a broadcast load, not a convert +
 // broadcast. 12 rows, not 4: 1.6-2x faster on 2 Zen cores (fewer activation loads and loop steps per
 // row, more independent accumulator chains; 16 no longer fits the 32 vector registers),
 // bench/results/20261202-*_cpu_gemv.md. The joint reduction and the masked scale tail: SmolLM2's
 // K = 576 projections (18 groups a row, so the per-row tail weighed) 1.3-1.4x faster.
+// A whole block's rows are contiguous: their codes are addressed from one block pointer (row r at r * row_bytes;
+// the software prefetch one block ahead once per 64-byte line) and the step is a captureless lambda, so the code table
+// and the 12 accumulators stay in registers (per-row index arithmetic and a captured table made GCC reload them
+// from the stack: bench_quant's "smol.layer" 71.0-71.6 -> 68.7-68.8 us fp32, its K = 1536 down projection
+// 21.1-22.7 -> 19.2-19.5 us, 3 alternations on 2 Zen 5 cores); only the last, partial block goes through the
+// clamped row indices.
 inline constexpr int kGemvRows = 12;
-template <bool kExtra, class T, class GroupStep, class RowExtra>
-void gemv_rows_g32_avx512(T* out, const float* a, const half_t* scales, const T* bias, int64_t N, int64_t K,
-                          GroupStep step, RowExtra extra) {
-  const int64_t ng = K / 32;
+template <bool kExtra, int kGroupBytes, class T, class Q, class GroupStep, class RowExtra>
+void gemv_rows_g32_avx512(T* out, const float* a, const Q* codes, const half_t* scales, const T* bias, int64_t N,
+                          int64_t K, GroupStep step, RowExtra extra) {
+  constexpr int R = kGemvRows;
+  const int64_t ng = K / 32, row_bytes = ng * kGroupBytes;
   DK_OMP_PARALLEL_FOR_IF(N * K >= kParallelGrain)
-  for (int64_t nb = 0; nb < (N + kGemvRows - 1) / kGemvRows; ++nb) {
-    int64_t rows[kGemvRows];
-    __m512 acc[kGemvRows];
-    alignas(64) float sc[kGemvRows][16];  // sc[r][i]: row r's scale of group g0 + i
-    for (int r = 0; r < kGemvRows; ++r) {
-      rows[r] = std::min<int64_t>(nb * kGemvRows + r, N - 1);
+  for (int64_t nb = 0; nb < (N + R - 1) / R; ++nb) {
+    int64_t rows[R];
+    __m512 acc[R];
+    alignas(64) float sc[R][16];  // sc[r][i]: row r's scale of group g0 + i
+    for (int r = 0; r < R; ++r) {
+      rows[r] = std::min<int64_t>(nb * R + r, N - 1);
       acc[r] = _mm512_setzero_ps();
     }
+    const bool full = nb * R + R <= N;
+    const Q* block = codes + nb * R * row_bytes;
     for (int64_t g0 = 0; g0 < ng; g0 += 16) {
       const int64_t gn = std::min<int64_t>(16, ng - g0);
-      for (int r = 0; r < kGemvRows; ++r) half_row_to_float(scales + rows[r] * ng + g0, sc[r], gn);
+      for (int r = 0; r < R; ++r) half_row_to_float(scales + rows[r] * ng + g0, sc[r], gn);
       for (int64_t i = 0; i < gn; ++i) {
         const int64_t g = g0 + i;
         const __m512 alo = _mm512_loadu_ps(a + g * 32), ahi = _mm512_loadu_ps(a + g * 32 + 16);
-        for (int r = 0; r < kGemvRows; ++r) acc[r] = step(rows[r], g, alo, ahi, sc[r][i], acc[r]);
+        if (full) {
+          const Q* p = block + g * kGroupBytes;
+          const bool line = ((g * kGroupBytes) & 63) == 0;
+          DK_UNROLL_ALL
+          for (int r = 0; r < R; ++r) {
+            if (line) _mm_prefetch(reinterpret_cast<const char*>(p + (R + r) * row_bytes), _MM_HINT_T0);
+            acc[r] = step(p + r * row_bytes, alo, ahi, sc[r][i], acc[r]);
+          }
+        } else {
+          DK_UNROLL_ALL
+          for (int r = 0; r < R; ++r) acc[r] = step(codes + rows[r] * row_bytes + g * kGroupBytes, alo, ahi, sc[r][i], acc[r]);
+        }
       }
     }
     if (kExtra) {
       DK_UNROLL_ALL
-      for (int r = 0; r < kGemvRows; ++r) acc[r] = _mm512_add_ps(acc[r], extra(rows[r]));
+      for (int r = 0; r < R; ++r) acc[r] = _mm512_add_ps(acc[r], extra(rows[r]));
     }
     alignas(64) float sum[16];
     _mm512_store_ps(sum, reduce16_rows(acc));
-    for (int r = 0; r < kGemvRows && nb * kGemvRows + r < N; ++r)
+    for (int r = 0; r < R && nb * R + r < N; ++r)
       out[rows[r]] = from_float<T>(bias ? sum[r] + to_float(bias[rows[r]]) : sum[r]);
   }
 }
@@ -201,18 +221,16 @@ void gemv_rows_g32_avx512(T* out, const float* a, const half_t* scales, const T*
 // vpermps, which reads only an index's low 4 bits (the low nibble straight from the widened byte, no
 // mask and no int -> float conversion); acc = fma(t[hi], a_hi, fma(t[lo], a_lo, acc)). Each product
 // d * q * a is rounded once and the scale costs one multiply per group and row (7 vector uops per 32
-// weights), and 2 .. 8 rows (quant_small_m.h) do exactly this per row.
+// weights), and 2 .. 8 rows (quant_small_m.h) do exactly this per row. (The table by convert + multiply
+// instead of vpermps: same bits, 0.85x on Zen 5.)
 template <class T>
 void int4_gemv_g32_avx512(T* out, const float* a, const float* asum, const uint8_t* qweight, const half_t* scales,
                           const half_t* mins, const T* bias, int64_t N, int64_t K) {
-  const int64_t ng = K / 32, half = K / 2;
-  const __m512 codes = int4_codes_ps();
-  gemv_rows_g32_avx512<true>(out, a, scales, bias, N, K,
-                   [&](int64_t n, int64_t g, __m512 alo, __m512 ahi, float d, __m512 acc) {
-                     const uint8_t* q = qweight + n * half + g * 16;
-                     prefetch_row_ahead(q + kGemvRows * half, g * 16);  // the row one block ahead
+  const int64_t ng = K / 32;
+  gemv_rows_g32_avx512<true, 16>(out, a, qweight, scales, bias, N, K,
+                   [](const uint8_t* q, __m512 alo, __m512 ahi, float d, __m512 acc) {  // (a constant: kept in a register)
                      const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
-                     const __m512 t = _mm512_mul_ps(codes, _mm512_set1_ps(d));
+                     const __m512 t = _mm512_mul_ps(int4_codes_ps(), _mm512_set1_ps(d));
                      acc = _mm512_fmadd_ps(_mm512_permutexvar_ps(b, t), alo, acc);
                      return _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), t), ahi, acc);
                    },
@@ -225,10 +243,8 @@ void int4_gemv_g32_avx512(T* out, const float* a, const float* asum, const uint8
 template <class T>
 void int8_gemv_g32_avx512(T* out, const float* a, const int8_t* qweight, const half_t* scales, const T* bias,
                           int64_t N, int64_t K) {
-  gemv_rows_g32_avx512<false>(out, a, scales, bias, N, K,
-                   [&](int64_t n, int64_t g, __m512 a0, __m512 a1, float d, __m512 acc) {  // w = q d (exact)
-                     const int8_t* q = qweight + n * K + g * 32;
-                     prefetch_row_ahead(q + kGemvRows * K, g * 32);
+  gemv_rows_g32_avx512<false, 32>(out, a, qweight, scales, bias, N, K,
+                   [](const int8_t* q, __m512 a0, __m512 a1, float d, __m512 acc) {  // w = q d (exact)
                      const __m512 ds = _mm512_set1_ps(d);
                      acc = _mm512_fmadd_ps(_mm512_mul_ps(int8x16_to_ps(q), ds), a0, acc);
                      return _mm512_fmadd_ps(_mm512_mul_ps(int8x16_to_ps(q + 16), ds), a1, acc);
