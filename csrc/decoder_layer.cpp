@@ -215,7 +215,96 @@ void decoder_layer(at::Tensor& out,                  // [T, hidden]: the MLP's o
   project(ops, out, act, down_weight, group_sizes[3], std::nullopt, decode_rows);
 }
 
+// decoder_layers: a stack of L layers in one call, decoder_layer on each in turn (so bitwise that sequence of calls).
+// What it saves is decoder_layer's per-call cost from Python, ~6 us of argument conversion for its 33 arguments
+// (SmolLM2: 30 layers a token). Per-layer arguments are lists of L (weights flattened: layer i's qkv, o, gate_up and
+// down operand lists back to back, their lengths in weight_counts [4 L], their group sizes in group_sizes [4 L]);
+// k_scales / v_scales and q_norms / k_norms are [L] or empty (none). Layer 0 adds its input to the residual if
+// add_input, every later layer does (the previous layer's MLP output); the last layer's output lands in out,
+// hidden is scratch (the layers' inputs and outputs alternate between hidden and out).
+std::vector<at::Tensor> layer_slice(at::TensorList all, int64_t& at, int64_t n) {
+  std::vector<at::Tensor> v(all.begin() + at, all.begin() + at + n);
+  at += n;
+  return v;
+}
+
+void decoder_layers(at::Tensor& out,                   // [T, hidden]: the last layer's MLP output
+                    at::Tensor& hidden,                // [T, hidden] contiguous: layer 0's input; overwritten
+                    at::Tensor& residual,              // [T, hidden], updated in place
+                    at::Tensor& workspace,             // decoder_layer's
+                    at::TensorList key_caches,         // [L] x [num_blocks, Hk, block_size, D]
+                    at::TensorList value_caches,       // [L] x [num_blocks, Hk, block_size, D]
+                    at::TensorList weights,            // sum(weight_counts): the layers' projection operands
+                    at::IntArrayRef weight_counts,     // [4 L]: tensors of each projection (qkv, o, gate_up, down)
+                    const c10::List<std::optional<at::Tensor>>& qkv_biases,  // [L] x [q + 2 kv] or None
+                    at::IntArrayRef group_sizes,       // [4 L]
+                    at::TensorList input_norms,        // [L] x [hidden]
+                    at::TensorList post_norms,         // [L] x [hidden]
+                    bool add_input, double eps,
+                    const at::Tensor& positions, const at::Tensor& cos_sin_cache, bool is_neox,
+                    const at::Tensor& slot_mapping, const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                    const at::Tensor& query_start_loc, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                    double scale,
+                    const c10::List<std::optional<at::Tensor>>& k_scales,  // [L] or []: [1] / [Hk] float32 or None
+                    const c10::List<std::optional<at::Tensor>>& v_scales,  // [L] or []
+                    at::IntArrayRef sliding_windows,   // [L]
+                    const c10::List<std::optional<at::Tensor>>& q_norms,   // [L] or []: [head_dim] or None
+                    const c10::List<std::optional<at::Tensor>>& k_norms,   // [L] or []
+                    int64_t decode_rows) {
+  const char* op = "decodekit::decoder_layers";
+  const int64_t L = int64_t(key_caches.size());
+  auto need = [&](const char* name, int64_t got, int64_t want, bool may_be_empty) {
+    TORCH_CHECK(got == want || (may_be_empty && got == 0), op, ": '", name, "' must have ", want,
+                may_be_empty ? " entries (one per layer) or none" : " entries", " (L = ", L,
+                " layers, from key_caches), got ", got);
+  };
+  TORCH_CHECK(L >= 1, op, ": 'key_caches' must hold at least one layer's cache, got none");
+  need("value_caches", int64_t(value_caches.size()), L, false);
+  need("weight_counts", int64_t(weight_counts.size()), 4 * L, false);
+  need("qkv_biases", int64_t(qkv_biases.size()), L, false);
+  need("group_sizes", int64_t(group_sizes.size()), 4 * L, false);
+  need("input_norms", int64_t(input_norms.size()), L, false);
+  need("post_norms", int64_t(post_norms.size()), L, false);
+  need("k_scales", int64_t(k_scales.size()), L, true);
+  need("v_scales", int64_t(v_scales.size()), L, true);
+  need("sliding_windows", int64_t(sliding_windows.size()), L, false);
+  need("q_norms", int64_t(q_norms.size()), L, true);
+  need("k_norms", int64_t(k_norms.size()), L, true);
+  int64_t total = 0;
+  for (int64_t c : weight_counts) {
+    TORCH_CHECK(c >= 1 && c <= 4, op, ": 'weight_counts' entries must be in [1, 4] (a projection's operands), got ", c);
+    total += c;
+  }
+  need("weights", int64_t(weights.size()), total, false);  // (sum of weight_counts)
+  TORCH_CHECK(!out.is_same(hidden), op, ": 'out' and 'hidden' must be different tensors");
+  at::Tensor cur = hidden, nxt = out;
+  if (L % 2 == 0) std::swap(nxt, cur), cur.copy_(hidden);  // an even count ends in out: start from out
+  int64_t at = 0;
+  for (int64_t i = 0; i < L; ++i) {
+    const std::vector<at::Tensor> qkv = layer_slice(weights, at, weight_counts[4 * i]);
+    const std::vector<at::Tensor> o = layer_slice(weights, at, weight_counts[4 * i + 1]);
+    const std::vector<at::Tensor> gate_up = layer_slice(weights, at, weight_counts[4 * i + 2]);
+    const std::vector<at::Tensor> down = layer_slice(weights, at, weight_counts[4 * i + 3]);
+    at::Tensor kc = key_caches[i], vc = value_caches[i];
+    auto entry = [&](const c10::List<std::optional<at::Tensor>>& l) {
+      return l.empty() ? OptTensor() : OptTensor(l.get(i));
+    };
+    decoder_layer(nxt, cur, residual, workspace, kc, vc, qkv, entry(qkv_biases), o, gate_up, down,
+                  group_sizes.slice(4 * i, 4), input_norms[i], post_norms[i], add_input || i > 0, eps, positions,
+                  cos_sin_cache, is_neox, slot_mapping, block_tables, seq_lens, query_start_loc, num_heads,
+                  num_kv_heads, head_dim, scale, entry(k_scales), entry(v_scales), sliding_windows[i],
+                  entry(q_norms), entry(k_norms), decode_rows);
+    std::swap(cur, nxt);
+  }
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(decodekit, CPU, m) { m.impl("decoder_layer", &decoder_layer); }
-TORCH_LIBRARY_IMPL(decodekit, CUDA, m) { m.impl("decoder_layer", &decoder_layer); }
+TORCH_LIBRARY_IMPL(decodekit, CPU, m) {
+  m.impl("decoder_layer", &decoder_layer);
+  m.impl("decoder_layers", &decoder_layers);
+}
+TORCH_LIBRARY_IMPL(decodekit, CUDA, m) {
+  m.impl("decoder_layer", &decoder_layer);
+  m.impl("decoder_layers", &decoder_layers);
+}

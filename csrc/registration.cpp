@@ -153,6 +153,21 @@ TORCH_LIBRARY(decodekit, m) {
       "int head_dim, float scale, Tensor? k_scale=None, Tensor? v_scale=None, int sliding_window=0, "
       "Tensor? q_norm=None, Tensor? k_norm=None, int decode_rows=-1) -> ()");
 
+  // A stack of L decoder layers in one call: decoder_layer on each in turn (bitwise that sequence of calls), for
+  // the per-call cost from Python. Per-layer arguments are lists of L: key_caches / value_caches, qkv_biases,
+  // input_norms / post_norms, sliding_windows, and k_scales / v_scales / q_norms / k_norms ([L] or empty: none);
+  // weights holds every layer's qkv, o, gate_up and down operand lists back to back, their lengths in
+  // weight_counts [4 L] and their group sizes in group_sizes [4 L]. add_input applies to layer 0 (every later layer
+  // adds its input, the previous layer's output); the last layer's output is written to out, hidden is scratch.
+  m.def(
+      "decoder_layers(Tensor(a!) out, Tensor(b!) hidden, Tensor(c!) residual, Tensor(d!) workspace, "
+      "Tensor(e!)[] key_caches, Tensor(f!)[] value_caches, Tensor[] weights, int[] weight_counts, "
+      "Tensor?[] qkv_biases, int[] group_sizes, Tensor[] input_norms, Tensor[] post_norms, bool add_input, "
+      "float eps, Tensor positions, Tensor cos_sin_cache, bool is_neox, Tensor slot_mapping, Tensor block_tables, "
+      "Tensor seq_lens, Tensor query_start_loc, int num_heads, int num_kv_heads, int head_dim, float scale, "
+      "Tensor?[] k_scales, Tensor?[] v_scales, int[] sliding_windows, Tensor?[] q_norms, Tensor?[] k_norms, "
+      "int decode_rows=-1) -> ()");
+
   // Custom AllReduce over peer-mapped buffers (include/decodekit/comm/allreduce.h; driver:
   // decodekit.distributed.custom_allreduce.CustomAllReduce). buffer_ptrs / signal_ptrs: [world_size]
   // addresses, in this process, of every rank's data buffer (buffer_bytes each, 256-byte aligned) and

@@ -396,3 +396,161 @@ def test_decoder_layer_cuda_vs_cpu(device, gen):
     want = _run_both("mixed", (9, 3, 64, 16), "int4-g32", torch.bfloat16, "cpu", torch.Generator().manual_seed(seed))
     for a, b in zip(got[1], want[1]):
         torch.testing.assert_close(a.cpu().float(), b.float(), atol=5e-2, rtol=5e-2)
+
+
+# ---- decoder_layers: a stack of layers in one op call (csrc/decoder_layer.cpp) --------------------------------
+# per layer: (weight formats, sliding window); odd and even counts (the layers' buffers alternate)
+STACKS = {"one": [("int4-g32", 0)], "two": [("mixed", 0), ("dense-mixed", 5)],
+          "three": [("int4-g32", 0), ("mixed", 7), ("int4-amx", 0)]}
+
+
+def _stack_inputs(stack, case, config, dtype, device, gen, kv_fp8=False, qk=False):
+    hq, hk, d, bs = config
+    layers = [(*_layer(hq, hk, d, FORMATS[fmt], True, dtype, device, gen, qk), window) for fmt, window in STACKS[stack]]
+    kv_dtype = torch.float8_e4m3fn if kv_fp8 else dtype
+    hidden, residual, kc, vc, md = _inputs(*CASES[case], hk, d, bs, kv_dtype, dtype, device, gen)
+    caches = [(kc, vc)] + [(randn(kc.shape, torch.float32, "cpu", gen).to(kv_dtype).to(device),
+                            randn(vc.shape, torch.float32, "cpu", gen).to(kv_dtype).to(device)) for _ in layers[1:]]
+    scales = [((0.02 + torch.rand(hk, generator=gen)).to(device), (0.02 + torch.rand(hk, generator=gen)).to(device))
+              if kv_fp8 else (None, None) for _ in layers]
+    cs = ref.rope_cos_sin_cache(256, d, 10000.0).to(device)
+    return layers, hidden, residual, caches, scales, md, cs
+
+
+def _stack_flat(layers):
+    """decoder_layers' per-layer lists: weights flat, counts, biases, group sizes, norms, windows, head norms."""
+    weights, counts, groups = [], [], []
+    for ws, _, _, _ in layers:
+        for w in ws:
+            operands, g = ops.projection_operands(w)
+            weights += operands
+            counts.append(len(operands))
+            groups.append(g)
+    qk = len(layers[0][2]) == 4
+    return (weights, counts, [b for _, b, _, _ in layers], groups, [n[0] for _, _, n, _ in layers],
+            [n[1] for _, _, n, _ in layers], [w for *_, w in layers], [n[2] for _, _, n, _ in layers] if qk else None,
+            [n[3] for _, _, n, _ in layers] if qk else None)
+
+
+def _run_stack(layers, hidden, residual, caches, scales, md, cs, config, add_input, dr=-1):
+    """(one decoder_layers call, the same layers as decoder_layer calls): (out, residual, caches) each, the inputs
+    cloned; outputs and workspaces poisoned."""
+    hq, hk, d, _ = config
+    T, nan = hidden.shape[0], float("nan")
+    numel = ops.decoder_layer_workspace_numel(T, hq * d, hk * d, INTER) + 3
+    meta = (md["positions"], cs, True, md["slot_mapping"], md["block_tables"], md["seq_lens"], md["query_start_loc"],
+            hq, hk, d, d ** -0.5)
+    results = []
+    for stacked in (True, False):
+        h, r = hidden.clone(), residual.clone()
+        kv = [(k.clone(), v.clone()) for k, v in caches]
+        work = torch.full((numel,), nan, dtype=h.dtype, device=h.device)
+        out = torch.full_like(h, nan)
+        if stacked:
+            weights, counts, biases, groups, inn, post, windows, qn, kn = _stack_flat(layers)
+            ops.decoder_layers(out, h, r, work, [k for k, _ in kv], [v for _, v in kv], weights, counts, biases,
+                               groups, inn, post, add_input, 1e-5, *meta, [s[0] for s in scales],
+                               [s[1] for s in scales], windows, qn, kn, dr)
+        else:
+            for i, (ws, bias, norms, window) in enumerate(layers):
+                operands = [ops.projection_operands(w) for w in ws]
+                ops.decoder_layer(out, h, r, work, *kv[i], operands[0][0], bias, operands[1][0], operands[2][0],
+                                  operands[3][0], [o[1] for o in operands], norms[0], norms[1], add_input or i > 0,
+                                  1e-5, *meta, *scales[i], window, *(norms[2:] or [None, None]), dr)
+                h, out = out, torch.full_like(h, nan)
+            out = h
+        results.append((out, r, kv))
+    return results
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("stack", list(STACKS))
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("variant", ["plain", "fp8-kv", "qk-norm", "no-add"])
+def test_decoder_layers_equal_decoder_layer_calls(variant, case, stack, dtype, device, gen):
+    """decoder_layers is decoder_layer on each layer in turn: bitwise the same outputs, residual and caches."""
+    config = (9, 3, 64, 16)
+    if device == "cuda" and (case == "mixed" or any("dense" in f or "amx" in f for f, _ in STACKS[stack])):
+        pytest.skip("CUDA: the GEMV rows and packed formats only (test_decoder_layer_matches_op_sequence)")
+    inputs = _stack_inputs(stack, case, config, dtype, device, gen, kv_fp8=variant == "fp8-kv",
+                           qk=variant == "qk-norm")
+    stacked, calls = _run_stack(*inputs, config, add_input=variant != "no-add")
+    assert not torch.isnan(stacked[0].float()).any(), "out: NaN (unwritten poison?)"
+    assert torch.equal(stacked[0], calls[0]) and torch.equal(stacked[1], calls[1])
+    for (k1, v1), (k2, v2) in zip(stacked[2], calls[2]):
+        assert torch.equal(k1, k2) and torch.equal(v1, v2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decoder_layers_decode_rows_and_float64(dtype, gen):
+    """decode_rows passes through (bitwise the calls with it), and the stack agrees with reference.decoder_layers in
+    float64 within the one-layer bound times the layer count (each layer's error feeds the next)."""
+    config = (9, 3, 64, 16)
+    hq, hk, d, _ = config
+    layers, hidden, residual, caches, scales, md, cs = _stack_inputs("three", "mixed", config, dtype, "cpu", gen)
+    stacked, calls = _run_stack(layers, hidden, residual, caches, scales, md, cs, config, True, dr=2)
+    assert torch.equal(stacked[0], calls[0]) and torch.equal(stacked[1], calls[1])
+    weights, counts, biases, groups, inn, post, windows, qn, kn = _stack_flat(layers)
+    dbl = (lambda xs: [None if x is None else (x.double() if x.is_floating_point() and x.dtype.itemsize >= 2 else x)
+                       for x in xs])
+    want = ref.decoder_layers(hidden.double(), residual.double(), [k.double() for k, _ in caches],
+                              [v.double() for _, v in caches], weights, counts, dbl(biases), groups, dbl(inn),
+                              dbl(post), True, 1e-5, md["positions"], cs, True, md["slot_mapping"],
+                              md["block_tables"], md["seq_lens"], md["query_start_loc"], hq, hk, d, d ** -0.5,
+                              [], [], windows, [], [])
+    got = stacked[0].double()
+    err = (got - want[0]).abs().max().item()
+    assert err <= 3 * REL_TOL[dtype] * want[0].abs().max().item(), f"out [{dtype}]: max error {err}"
+
+
+def test_decoder_layers_errors(gen):
+    config = (9, 3, 64, 16)
+    hq, hk, d, _ = config
+    layers, hidden, residual, caches, scales, md, cs = _stack_inputs("two", "decode", config, torch.float32, "cpu", gen)
+    weights, counts, biases, groups, inn, post, windows, _, _ = _stack_flat(layers)
+    work = torch.empty(ops.decoder_layer_workspace_numel(hidden.shape[0], hq * d, hk * d, INTER))
+    kcs, vcs = [k for k, _ in caches], [v for _, v in caches]
+
+    def call(**over):
+        a = dict(out=torch.empty_like(hidden), hidden=hidden.clone(), kcs=kcs, vcs=vcs, weights=weights,
+                 counts=counts, biases=biases, groups=groups, inn=inn, post=post, ks=[], windows=windows)
+        a.update(over)
+        torch.ops.decodekit.decoder_layers(
+            a["out"], a["hidden"], residual.clone(), work, a["kcs"], a["vcs"], a["weights"], a["counts"], a["biases"],
+            a["groups"], a["inn"], a["post"], True, 1e-5, md["positions"], cs, True, md["slot_mapping"],
+            md["block_tables"], md["seq_lens"], md["query_start_loc"], hq, hk, d, 0.125, a["ks"], [], a["windows"],
+            [], [], -1)
+
+    call()
+    for over, msg in [(dict(kcs=[], vcs=[]), "'key_caches' must hold at least one"),
+                      (dict(vcs=vcs[:1]), "'value_caches' must have 2 entries"),
+                      (dict(counts=counts[:7]), "'weight_counts' must have 8 entries"),
+                      (dict(counts=counts[:7] + [5]), r"'weight_counts' entries must be in \[1, 4\]"),
+                      (dict(weights=weights[:-1]), "'weights' must have"),
+                      (dict(biases=biases[:1]), "'qkv_biases' must have 2 entries"),
+                      (dict(groups=groups[:4]), "'group_sizes' must have 8 entries"),
+                      (dict(inn=inn[:1]), "'input_norms' must have 2"),
+                      (dict(ks=[None]), "'k_scales' must have 2 entries .one per layer. or none"),
+                      (dict(windows=[0]), "'sliding_windows' must have 2")]:
+        with pytest.raises(RuntimeError, match=msg):
+            call(**over)
+    h = hidden.clone()
+    with pytest.raises(RuntimeError, match="'out' and 'hidden' must be different"):
+        call(out=h, hidden=h)
+    with pytest.raises(RuntimeError, match="'qkv_weight' must hold"):  # a layer's own checks name the projection
+        call(counts=[2] + counts[1:], weights=weights[:2] + weights[3:])
+
+
+def test_decoder_layers_opcheck(gen):
+    config = (9, 3, 64, 16)
+    hq, hk, d, _ = config
+    layers, hidden, residual, caches, scales, md, cs = _stack_inputs("two", "mixed", config, torch.float32, "cpu",
+                                                                     gen, qk=True)
+    weights, counts, biases, groups, inn, post, windows, qn, kn = _stack_flat(layers)
+    work = torch.empty(ops.decoder_layer_workspace_numel(hidden.shape[0], hq * d, hk * d, INTER))
+    opcheck(torch.ops.decodekit.decoder_layers.default,
+            (torch.empty_like(hidden), hidden, residual, work, [k for k, _ in caches], [v for _, v in caches],
+             weights, counts, biases, groups, inn, post, True, 1e-5, md["positions"], cs, True, md["slot_mapping"],
+             md["block_tables"], md["seq_lens"], md["query_start_loc"], hq, hk, d, d ** -0.5, [], [], windows, qn, kn,
+             -1))

@@ -156,6 +156,7 @@ class LlamaModel:
         self.fused_layers = (self.device.type == "cpu" and os.environ.get("DECODEKIT_FUSED_LAYERS", "1") != "0"
                              and self.cache_head_dim == self.config.head_dim  # decoder_layer: unpadded rows
                              and all(o is not None for o in self.layer_operands))
+        self._stack_args = {}  # decoder_layers' per-layer lists by layer count (_layer_stack)
 
     def prepare_packed_gemms(self) -> None:
         """Each packed INT4 projection's second copy for the kernel that reads it, made now, before the engine
@@ -271,24 +272,37 @@ class LlamaModel:
                        residual: torch.Tensor,              # [T, hidden], updated in place
                        md: AttentionMetadata, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                        layers: list[LayerWeights]) -> torch.Tensor:  # the last layer's MLP output [T, hidden]
-        """The layers through decoder_layer: the same op sequence as forward's loop, one call per layer."""
+        """The layers through decoder_layers (each a decoder_layer): the same op sequence as forward's loop, one call
+        for them all."""
         c = self.config
-        T = h.shape[0]
+        T, n = h.shape[0], len(layers)
         intermediate = self.layer_operands[0][2][0].shape[0] // 2
         ws = torch.empty(ops.decoder_layer_workspace_numel(T, c.q_size, c.kv_size, intermediate),
                          dtype=h.dtype, device=h.device)
-        spare = torch.empty_like(h)
-        for i, L in enumerate(layers):
-            qkv, o, gate_up, down, group_sizes = self.layer_operands[i]
-            kc, vc = kv_caches[i]
-            ks, vs = self.kv_scales[i]
-            ops.decoder_layer(spare, h, residual, ws, kc, vc, qkv, L.qkv_bias, o, gate_up, down, group_sizes,
-                              L.input_norm, L.post_norm, i > 0, c.rms_norm_eps, md.positions, self.cos_sin_cache,
-                              True, md.slot_mapping, md.block_tables, md.seq_lens, md.query_start_loc,
-                              c.num_heads, c.num_kv_heads, c.head_dim, self.scale, ks, vs, self.layer_windows[i],
-                              L.q_norm, L.k_norm, md.decode_rows)
-            h, spare = spare, h
-        return h
+        out = torch.empty_like(h)
+        weights, counts, group_sizes = self._layer_stack(n)  # (norms, biases: read per call, as the op-by-op loop)
+        ops.decoder_layers(out, h, residual, ws, [kv[0] for kv in kv_caches[:n]], [kv[1] for kv in kv_caches[:n]],
+                           weights, counts, [L.qkv_bias for L in layers], group_sizes, [L.input_norm for L in layers],
+                           [L.post_norm for L in layers], False, c.rms_norm_eps, md.positions, self.cos_sin_cache,
+                           True, md.slot_mapping, md.block_tables, md.seq_lens, md.query_start_loc, c.num_heads,
+                           c.num_kv_heads, c.head_dim, self.scale, [s[0] for s in self.kv_scales[:n]],
+                           [s[1] for s in self.kv_scales[:n]], self.layer_windows[:n], [L.q_norm for L in layers],
+                           [L.k_norm for L in layers], md.decode_rows)
+        return out
+
+    def _layer_stack(self, n: int) -> tuple[list[torch.Tensor], list[int], list[int]]:
+        """decoder_layers' weight lists for the first n layers from layer_operands (built once per count;
+        refresh_fused_layers drops them): the operands flat, their counts, the group sizes."""
+        got = self._stack_args.get(n)
+        if got is None:
+            weights, counts, group_sizes = [], [], []
+            for qkv, o, gate_up, down, gs in self.layer_operands[:n]:
+                for w in (qkv, o, gate_up, down):
+                    weights += w
+                    counts.append(len(w))
+                group_sizes += gs
+            got = self._stack_args[n] = (weights, counts, group_sizes)
+        return got
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor,           # [T] int64

@@ -640,6 +640,58 @@ def decoder_layer(out: torch.Tensor,            # [T, hidden]: the MLP's output
     return out
 
 
+def decoder_layers(out: torch.Tensor,             # [T, hidden]: the last layer's MLP output
+                   hidden: torch.Tensor,          # [T, hidden] contiguous: layer 0's input; overwritten (scratch)
+                   residual: torch.Tensor,        # [T, hidden], updated in place
+                   workspace: torch.Tensor,       # [>= decoder_layer_workspace_numel(...)] of hidden's dtype
+                   key_caches: list[torch.Tensor], value_caches: list[torch.Tensor],  # [L] x [blocks, Hk, bs, D]
+                   weights: list[torch.Tensor],   # every layer's projection_operands (qkv, o, gate_up, down) flat
+                   weight_counts: list[int],      # [4 L]: each projection's operand count
+                   qkv_biases: list,              # [L]: [q + 2 kv] or None
+                   group_sizes: list[int],        # [4 L]
+                   input_norms: list[torch.Tensor], post_norms: list[torch.Tensor],  # [L] x [hidden]
+                   add_input: bool, eps: float, positions: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool,
+                   slot_mapping: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                   query_start_loc: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                   k_scales: list | None = None, v_scales: list | None = None,  # [L] ([1] / [Hk] or None) or None
+                   sliding_windows: list[int] | None = None,   # [L] (None: no window)
+                   q_norms: list | None = None, k_norms: list | None = None,  # [L] ([head_dim] or None) or None
+                   decode_rows: int = -1) -> torch.Tensor:
+    """L decoder layers in one op call: decoder_layer on each in turn, bitwise that sequence of calls (layer 0
+    adds its input to the residual if add_input, every later layer adds the previous layer's output). What it
+    saves is decoder_layer's per-call cost from Python (~6 us of argument conversion a layer). Returns out."""
+    L = len(key_caches)
+    windows = [0] * L if sliding_windows is None else list(sliding_windows)
+    for w in windows:
+        _check_window("decoder_layers", w)
+    if hidden.device.type == "cuda" and not all(
+            c == 1 or _cuda_quant_rows_ok(hidden.shape[0], hidden.dtype, c == 3) for c in weight_counts):
+        raise ValueError(f"decoder_layers on CUDA: {hidden.shape[0]} tokens (> {_CUDA_QUANT_GEMV_MAX_M}) need INT4 "
+                         f"weights and fp16 / bf16 activations (got {hidden.dtype}); run the layers op by op")
+    opt = (lambda xs: [] if xs is None else list(xs))
+    args = (list(weights), list(weight_counts), list(qkv_biases), list(group_sizes), list(input_norms),
+            list(post_norms), add_input, eps, positions, cos_sin_cache, is_neox, slot_mapping, block_tables, seq_lens,
+            query_start_loc, num_heads, num_kv_heads, head_dim, scale, opt(k_scales), opt(v_scales), windows,
+            opt(q_norms), opt(k_norms), decode_rows)
+    if _has_kernel("decoder_layers", hidden.device):
+        _ops.decoder_layers(out, hidden, residual, workspace, list(key_caches), list(value_caches), *args)
+        return out
+    o, r, kcs, vcs = reference.decoder_layers(hidden, residual, key_caches, value_caches, *args)
+    out.copy_(o)
+    residual.copy_(r)
+    for dst, src in zip(list(key_caches) + list(value_caches), kcs + vcs):
+        dst.copy_(src)
+    return out
+
+
+@torch.library.register_fake("decodekit::decoder_layers")
+def _decoder_layers_fake(out, hidden, residual, workspace, key_caches, value_caches, weights, weight_counts,
+                         qkv_biases, group_sizes, input_norms, post_norms, add_input, eps, positions, cos_sin_cache,
+                         is_neox, slot_mapping, block_tables, seq_lens, query_start_loc, num_heads, num_kv_heads,
+                         head_dim, scale, k_scales, v_scales, sliding_windows, q_norms, k_norms, decode_rows=-1):
+    return None
+
+
 @torch.library.register_fake("decodekit::decoder_layer")
 def _decoder_layer_fake(out, hidden, residual, workspace, key_cache, value_cache, qkv_weight, qkv_bias, o_weight,
                         gate_up_weight, down_weight, group_sizes, input_norm, post_norm, add_input, eps, positions,

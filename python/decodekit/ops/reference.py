@@ -793,3 +793,37 @@ def decoder_layer(hidden: torch.Tensor,          # [T, hidden]: the layer's inpu
     h, residual = fused_add_rms_norm(h, residual, post_norm, eps)
     out = _packed_linear(silu_and_mul(_packed_linear(h, gate_up_weight, group_sizes[2])), down_weight, group_sizes[3])
     return out, residual, key_cache, value_cache
+
+
+def decoder_layers(hidden: torch.Tensor,          # [T, hidden]: layer 0's input
+                   residual: torch.Tensor,        # [T, hidden]
+                   key_caches: list[torch.Tensor], value_caches: list[torch.Tensor],  # [L] x [num_blocks, Hk, bs, D]
+                   weights: list[torch.Tensor],   # every layer's qkv, o, gate_up, down operands back to back
+                   weight_counts: list[int],      # [4 L]: each projection's operand count
+                   qkv_biases: list, group_sizes: list[int], input_norms: list[torch.Tensor],
+                   post_norms: list[torch.Tensor], add_input: bool, eps: float, positions: torch.Tensor,
+                   cos_sin_cache: torch.Tensor, is_neox: bool, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+                   seq_lens: torch.Tensor, query_start_loc: torch.Tensor, num_heads: int, num_kv_heads: int,
+                   head_dim: int, scale: float, k_scales: list, v_scales: list, sliding_windows: list[int],
+                   q_norms: list, k_norms: list, decode_rows: int = -1):
+    """decoder_layer over L layers in turn (layer 0 adds its input if add_input, the others always); returns
+    (out [T, hidden], residual, key_caches, value_caches)."""
+    L = len(key_caches)
+    if L < 1 or len(weight_counts) != 4 * L or sum(weight_counts) != len(weights):
+        raise ValueError(f"decoder_layers: inconsistent layer lists (L = {L}, weight_counts {len(weight_counts)}, "
+                         f"weights {len(weights)})")
+    at = 0
+    key_caches, value_caches = list(key_caches), list(value_caches)
+    for i in range(L):
+        proj = []
+        for c in weight_counts[4 * i:4 * i + 4]:
+            proj.append(list(weights[at:at + c]))
+            at += c
+        pick = (lambda xs: xs[i] if len(xs) else None)
+        hidden, residual, key_caches[i], value_caches[i] = decoder_layer(
+            hidden, residual, key_caches[i], value_caches[i], proj[0], qkv_biases[i], proj[1], proj[2], proj[3],
+            group_sizes[4 * i:4 * i + 4], input_norms[i], post_norms[i], add_input or i > 0, eps, positions,
+            cos_sin_cache, is_neox, slot_mapping, block_tables, seq_lens, query_start_loc, num_heads, num_kv_heads,
+            head_dim, scale, pick(k_scales), pick(v_scales), sliding_windows[i], pick(q_norms), pick(k_norms),
+            decode_rows)
+    return hidden, residual, key_caches, value_caches
