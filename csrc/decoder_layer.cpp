@@ -120,7 +120,43 @@ void project(const LayerOps& ops, at::Tensor& out, const at::Tensor& a, at::Tens
   }
 }
 
-void decoder_layer(at::Tensor& out,                  // [T, hidden]: the MLP's output
+// The workspace regions a layer works in and the views of them its ops take (cut once per stack of layers: a
+// view costs ~0.3 us to make, and a decode step's layer ~16 of them, more than its small ops' kernels).
+struct LayerViews {
+  const void* ws = nullptr;  // what they were cut for
+  int64_t T = -1, q = 0, kv = 0, I = 0, heads = 0, kv_heads = 0, D = 0;
+  at::Tensor qkv;      // [T, q + 2 kv]
+  at::Tensor attn;     // [T, heads, D]: the attention output
+  at::Tensor attn2;    // [T, q]: the same
+  at::Tensor gate_up;  // [T, 2 I]
+  at::Tensor act;      // [T, I]
+  at::Tensor q2, k2;   // [T, q] / [T, kv] views of qkv
+  at::Tensor q3;       // [T, heads, D] view of qkv
+  at::Tensor k3, v3;   // [T, kv_heads, D] views of qkv
+
+  void cut(const at::Tensor& workspace, int64_t T_, int64_t q_, int64_t kv_, int64_t I_, int64_t heads_,
+           int64_t kv_heads_, int64_t D_) {
+    if (ws == workspace.data_ptr() && T == T_ && q == q_ && kv == kv_ && I == I_ && heads == heads_ &&
+        kv_heads == kv_heads_ && D == D_ && workspace.scalar_type() == qkv.scalar_type())
+      return;
+    ws = workspace.data_ptr(), T = T_, q = q_, kv = kv_, I = I_, heads = heads_, kv_heads = kv_heads_, D = D_;
+    const at::Tensor flat = workspace.view({-1});
+    qkv = flat.narrow(0, 0, T * (q + 2 * kv)).view({T, q + 2 * kv});
+    attn = flat.narrow(0, T * (q + 2 * kv), T * q).view({T, heads, D});
+    attn2 = attn.view({T, q});
+    gate_up = flat.narrow(0, T * (2 * q + 2 * kv), T * 2 * I).view({T, 2 * I});
+    act = flat.narrow(0, T * (2 * q + 2 * kv + 2 * I), T * I).view({T, I});
+    q2 = qkv.narrow(1, 0, q);
+    k2 = qkv.narrow(1, q, kv);
+    q3 = q2.view({T, heads, D});
+    k3 = k2.view({T, kv_heads, D});
+    v3 = qkv.narrow(1, q + kv, kv).view({T, kv_heads, D});
+  }
+};
+
+// decoder_layer's body; V: views to reuse (decoder_layers' stack), cut here if they do not fit.
+void decoder_layer_in(LayerViews& V,
+                   at::Tensor& out,                  // [T, hidden]: the MLP's output
                    at::Tensor& hidden,               // [T, hidden] contiguous: the layer's input (see add_input)
                    at::Tensor& residual,             // [T, hidden], updated in place
                    at::Tensor& workspace,            // [>= T * (2 q + 2 kv + 3 I)] of hidden's dtype
@@ -181,38 +217,50 @@ void decoder_layer(at::Tensor& out,                  // [T, hidden]: the MLP's o
     fail("decode_rows", "must be in [-1, T = " + std::to_string(T) + "], got " + std::to_string(decode_rows));
   if (T == 0) return;
 
-  const at::Tensor flat = workspace.view({-1});
-  at::Tensor qkv = flat.narrow(0, 0, T * (q + 2 * kv)).view({T, q + 2 * kv});
-  at::Tensor attn = flat.narrow(0, T * (q + 2 * kv), T * q).view({T, num_heads, head_dim});
-  at::Tensor gate_up = flat.narrow(0, T * (2 * q + 2 * kv), T * 2 * I).view({T, 2 * I});
-  at::Tensor act = flat.narrow(0, T * (2 * q + 2 * kv + 2 * I), T * I).view({T, I});
+  V.cut(workspace, T, q, kv, I, num_heads, num_kv_heads, head_dim);
 
   if (add_input) ops.add_norm.call(hidden, residual, input_norm, eps);
-  project(ops, qkv, hidden, qkv_weight, group_sizes[0], qkv_bias, decode_rows);
-  at::Tensor qv = qkv.narrow(1, 0, q);
-  const OptTensor k = qkv.narrow(1, q, kv);  // [T, kv]: rope in place, then cached
+  project(ops, V.qkv, hidden, qkv_weight, group_sizes[0], qkv_bias, decode_rows);
+  const OptTensor k = V.k2;  // [T, kv]: rope in place, then cached
   if (q_norm.has_value()) {  // each head normed on its own (as the Python path: rms_norm of [T * heads, D] rows)
     // into workspace regions that are free until attention / the MLP write them (the attention output holds
     // the q heads exactly; gate_up, 2 I per token, the k heads unless a model's kv is larger)
-    at::Tensor qn = attn.view({T * num_heads, head_dim});
-    at::Tensor kn = kv <= 2 * I ? gate_up.view({-1}).narrow(0, 0, T * kv).view({T * num_kv_heads, head_dim})
+    at::Tensor qn = V.attn.view({T * num_heads, head_dim});
+    at::Tensor kn = kv <= 2 * I ? V.gate_up.view({-1}).narrow(0, 0, T * kv).view({T * num_kv_heads, head_dim})
                                 : at::empty({T * num_kv_heads, head_dim}, hidden.options());
-    for (auto [x, w, normed] : {std::tuple{qv, *q_norm, qn}, std::tuple{*k, *k_norm, kn}}) {
+    for (auto [x, w, normed] : {std::tuple{V.q2, *q_norm, qn}, std::tuple{V.k2, *k_norm, kn}}) {
       const int64_t heads = normed.size(0) / T;
       ops.norm.call(normed, x.reshape({T * heads, head_dim}), w, eps);  // (a view when T = 1: decode)
       x.view({T, heads, head_dim}).copy_(normed.view({T, heads, head_dim}));
     }
   }
-  ops.rope.call(positions, qv, k, cos_sin_cache, head_dim, is_neox);
-  ops.cache.call(k->view({T, num_kv_heads, head_dim}), qkv.narrow(1, q + kv, kv).view({T, num_kv_heads, head_dim}),
-                 key_cache, value_cache, slot_mapping, k_scale, v_scale);
-  ops.attn.call(attn, qv.view({T, num_heads, head_dim}), key_cache, value_cache, block_tables, seq_lens,
-                query_start_loc, scale, std::nullopt, k_scale, v_scale, sliding_window);
-  project(ops, hidden, attn.view({T, q}), o_weight, group_sizes[1], std::nullopt, decode_rows);  // hidden <- o-proj
+  ops.rope.call(positions, V.q2, k, cos_sin_cache, head_dim, is_neox);
+  ops.cache.call(V.k3, V.v3, key_cache, value_cache, slot_mapping, k_scale, v_scale);
+  ops.attn.call(V.attn, V.q3, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, std::nullopt,
+                k_scale, v_scale, sliding_window);
+  project(ops, hidden, V.attn2, o_weight, group_sizes[1], std::nullopt, decode_rows);  // hidden <- o-proj
   ops.add_norm.call(hidden, residual, post_norm, eps);
-  project(ops, gate_up, hidden, gate_up_weight, group_sizes[2], std::nullopt, decode_rows);
-  ops.silu_mul.call(act, gate_up);
-  project(ops, out, act, down_weight, group_sizes[3], std::nullopt, decode_rows);
+  project(ops, V.gate_up, hidden, gate_up_weight, group_sizes[2], std::nullopt, decode_rows);
+  ops.silu_mul.call(V.act, V.gate_up);
+  project(ops, out, V.act, down_weight, group_sizes[3], std::nullopt, decode_rows);
+}
+
+// The op: one layer (its views cut for this call).
+void decoder_layer(at::Tensor& out, at::Tensor& hidden, at::Tensor& residual, at::Tensor& workspace,
+                   at::Tensor& key_cache, at::Tensor& value_cache, at::TensorList qkv_weight, const OptTensor& qkv_bias,
+                   at::TensorList o_weight, at::TensorList gate_up_weight, at::TensorList down_weight,
+                   at::IntArrayRef group_sizes, const at::Tensor& input_norm, const at::Tensor& post_norm,
+                   bool add_input, double eps, const at::Tensor& positions, const at::Tensor& cos_sin_cache,
+                   bool is_neox, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                   const at::Tensor& seq_lens, const at::Tensor& query_start_loc, int64_t num_heads,
+                   int64_t num_kv_heads, int64_t head_dim, double scale, const OptTensor& k_scale,
+                   const OptTensor& v_scale, int64_t sliding_window, const OptTensor& q_norm, const OptTensor& k_norm,
+                   int64_t decode_rows) {
+  LayerViews V;
+  decoder_layer_in(V, out, hidden, residual, workspace, key_cache, value_cache, qkv_weight, qkv_bias, o_weight,
+                   gate_up_weight, down_weight, group_sizes, input_norm, post_norm, add_input, eps, positions,
+                   cos_sin_cache, is_neox, slot_mapping, block_tables, seq_lens, query_start_loc, num_heads,
+                   num_kv_heads, head_dim, scale, k_scale, v_scale, sliding_window, q_norm, k_norm, decode_rows);
 }
 
 // decoder_layers: a stack of L layers in one call, decoder_layer on each in turn (so bitwise that sequence of calls).
@@ -280,6 +328,7 @@ void decoder_layers(at::Tensor& out,                   // [T, hidden]: the last 
   at::Tensor cur = hidden, nxt = out;
   if (L % 2 == 0) std::swap(nxt, cur), cur.copy_(hidden);  // an even count ends in out: start from out
   int64_t at = 0;
+  LayerViews V;  // (one set for every layer)
   for (int64_t i = 0; i < L; ++i) {
     const std::vector<at::Tensor> qkv = layer_slice(weights, at, weight_counts[4 * i]);
     const std::vector<at::Tensor> o = layer_slice(weights, at, weight_counts[4 * i + 1]);
@@ -289,7 +338,7 @@ void decoder_layers(at::Tensor& out,                   // [T, hidden]: the last 
     auto entry = [&](const c10::List<std::optional<at::Tensor>>& l) {
       return l.empty() ? OptTensor() : OptTensor(l.get(i));
     };
-    decoder_layer(nxt, cur, residual, workspace, kc, vc, qkv, entry(qkv_biases), o, gate_up, down,
+    decoder_layer_in(V, nxt, cur, residual, workspace, kc, vc, qkv, entry(qkv_biases), o, gate_up, down,
                   group_sizes.slice(4 * i, 4), input_norms[i], post_norms[i], add_input || i > 0, eps, positions,
                   cos_sin_cache, is_neox, slot_mapping, block_tables, seq_lens, query_start_loc, num_heads,
                   num_kv_heads, head_dim, scale, entry(k_scales), entry(v_scales), sliding_windows[i],
