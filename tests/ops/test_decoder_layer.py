@@ -401,6 +401,7 @@ def test_decoder_layer_cuda_vs_cpu(device, gen):
 # ---- decoder_layers: a stack of layers in one op call (csrc/decoder_layer.cpp) --------------------------------
 # per layer: (weight formats, sliding window); odd and even counts (the layers' buffers alternate)
 STACKS = {"one": [("int4-g32", 0)], "two": [("mixed", 0), ("dense-mixed", 5)],
+          "two-packed": [("int4-g32", 0), ("mixed", 3)],   # (also on CUDA: packed formats only)
           "three": [("int4-g32", 0), ("mixed", 7), ("int4-amx", 0)]}
 
 
