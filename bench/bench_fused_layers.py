@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""CPU decode with decoder_layer (one op call per layer, csrc/decoder_layer.cpp) against the same model run op by
-op from Python (about ten op calls per layer), alternated in one process on one model object, so the machine's
-drift hits both sides alike. Both paths issue the same kernels: the tokens must be equal (checked).
+"""CPU decode with decoder_layers (one op call for all the layers, csrc/decoder_layer.cpp) against the same model
+run op by op from Python (about ten op calls per layer), alternated in one process on one model object, so the
+machine's drift hits both sides alike. Both paths issue the same kernels: the tokens must be equal (checked).
 
 The interesting case is a model whose layers need more than the plain Llama graph inside the fused op - Qwen3's
 q / k head norms (random:qwen3-0.6b: Qwen3-0.6B's shapes, random weights, INT4 RTN by default) - and the

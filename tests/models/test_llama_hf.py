@@ -135,7 +135,7 @@ def test_qwen3_matches_hf(tie, window):
     """Qwen3: each q / k head RMS-normed before RoPE; logits at every position through chunked prefill and
     decode steps (sliding window on layers 1-2 too)."""
     hf, ours = _hf_qwen3(tie, window)
-    assert ours.fused_layers    # decoder_layer with its q / k norms (the CPU's one call per layer)
+    assert ours.fused_layers    # decoder_layers with the q / k head norms (the CPU's one call for all layers)
     g = torch.Generator().manual_seed(4)
     seqs = [torch.randint(0, 211, (n,), generator=g).tolist() for n in (23, 2, 31)]
     chunks = [[7, 11, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0, 0], [1, 20, 6, 1, 1, 1, 1]]

@@ -202,7 +202,8 @@ void gemv_rows_g32_avx512(T* out, const float* a, const Q* codes, const half_t* 
           }
         } else {
           DK_UNROLL_ALL
-          for (int r = 0; r < R; ++r) acc[r] = step(codes + rows[r] * row_bytes + g * kGroupBytes, alo, ahi, sc[r][i], acc[r]);
+          for (int r = 0; r < R; ++r)
+            acc[r] = step(codes + rows[r] * row_bytes + g * kGroupBytes, alo, ahi, sc[r][i], acc[r]);
         }
       }
     }

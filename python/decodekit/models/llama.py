@@ -131,10 +131,11 @@ class LlamaModel:
         else:
             weights.pop("lm_head.weight", None)
             self.lm_head = self.embed
-        # decoder_layer (one op call per layer) where every projection is packed INT4 / INT8 or dense, on
-        # the CPU: ~10 op calls per layer from Python cost more than a 135M model's kernels take to read
-        # the layer there. fp8 and act-order INT4 projections keep the op-by-op path, and so does CUDA
-        # (its decode steps replay CUDA graphs).
+        # decoder_layers (one op call for all the layers, each a decoder_layer) where every projection is packed
+        # INT4 / INT8 or dense, on the CPU: ~10 op calls per layer from Python cost more than a 135M model's kernels
+        # take to read the layer there (and one decoder_layer call per layer ~6 us of argument conversion each).
+        # fp8 and act-order INT4 projections keep the op-by-op path, and so does CUDA (its decode steps replay CUDA
+        # graphs).
         # DECODEKIT_FUSED_LAYERS=0 turns it off (A/B measurements).
         self.op_by_op = False  # True: forward issues every op from Python (callers that hook ops.linear)
         self.cache_head_dim = cache_head_dim(c.head_dim, self.device)  # > head_dim: padded (see there)
