@@ -555,3 +555,18 @@ def test_decoder_layers_opcheck(gen):
              weights, counts, biases, groups, inn, post, True, 1e-5, md["positions"], cs, True, md["slot_mapping"],
              md["block_tables"], md["seq_lens"], md["query_start_loc"], hq, hk, d, d ** -0.5, [], [], windows, qn, kn,
              -1))
+
+
+@pytest.mark.parametrize("num_layers", [0, 1, 2, None])
+def test_model_fused_stack_prefixes(num_layers):
+    """LlamaModel.forward(num_layers=n) (layer-skip drafting: the first n layers, then the LM head) through
+    decoder_layers equals the op-by-op path, n = 0 (no layer) included."""
+    from decodekit import LLM
+    eng = LLM(model="random:tiny-gqa4").llm_engine
+    model, runner = eng.runner.model, eng.runner
+    assert model.fused_layers
+    ids, md = runner.prepare_seqs([[5, 9, 200, 31], [7]], [0, 0], [[0], [1]], [1, 1])
+    got = model.forward(ids, md, runner.kv_caches, num_layers=num_layers)
+    model.op_by_op = True
+    want = model.forward(ids, md, runner.kv_caches, num_layers=num_layers)
+    assert torch.equal(got, want)

@@ -277,6 +277,8 @@ class LlamaModel:
         for them all."""
         c = self.config
         T, n = h.shape[0], len(layers)
+        if n == 0:  # (forward(num_layers=0): the norm and LM head alone)
+            return h
         intermediate = self.layer_operands[0][2][0].shape[0] // 2
         ws = torch.empty(ops.decoder_layer_workspace_numel(T, c.q_size, c.kv_size, intermediate),
                          dtype=h.dtype, device=h.device)
