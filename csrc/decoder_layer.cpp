@@ -270,12 +270,6 @@ void decoder_layer(at::Tensor& out, at::Tensor& hidden, at::Tensor& residual, at
 // k_scales / v_scales and q_norms / k_norms are [L] or empty (none). Layer 0 adds its input to the residual if
 // add_input, every later layer does (the previous layer's MLP output); the last layer's output lands in out,
 // hidden is scratch (the layers' inputs and outputs alternate between hidden and out).
-std::vector<at::Tensor> layer_slice(at::TensorList all, int64_t& at, int64_t n) {
-  std::vector<at::Tensor> v(all.begin() + at, all.begin() + at + n);
-  at += n;
-  return v;
-}
-
 void decoder_layers(at::Tensor& out,                   // [T, hidden]: the last layer's MLP output
                     at::Tensor& hidden,                // [T, hidden] contiguous: layer 0's input; overwritten
                     at::Tensor& residual,              // [T, hidden], updated in place
@@ -330,19 +324,20 @@ void decoder_layers(at::Tensor& out,                   // [T, hidden]: the last 
   int64_t at = 0;
   LayerViews V;  // (one set for every layer)
   for (int64_t i = 0; i < L; ++i) {
-    const std::vector<at::Tensor> qkv = layer_slice(weights, at, weight_counts[4 * i]);
-    const std::vector<at::Tensor> o = layer_slice(weights, at, weight_counts[4 * i + 1]);
-    const std::vector<at::Tensor> gate_up = layer_slice(weights, at, weight_counts[4 * i + 2]);
-    const std::vector<at::Tensor> down = layer_slice(weights, at, weight_counts[4 * i + 3]);
+    at::TensorList proj[4];  // qkv, o, gate_up, down: views of weights
+    for (int j = 0; j < 4; ++j) {
+      proj[j] = weights.slice(at, weight_counts[4 * i + j]);
+      at += weight_counts[4 * i + j];
+    }
     at::Tensor kc = key_caches[i], vc = value_caches[i];
     auto entry = [&](const c10::List<std::optional<at::Tensor>>& l) {
       return l.empty() ? OptTensor() : OptTensor(l.get(i));
     };
-    decoder_layer_in(V, nxt, cur, residual, workspace, kc, vc, qkv, entry(qkv_biases), o, gate_up, down,
-                  group_sizes.slice(4 * i, 4), input_norms[i], post_norms[i], add_input || i > 0, eps, positions,
-                  cos_sin_cache, is_neox, slot_mapping, block_tables, seq_lens, query_start_loc, num_heads,
-                  num_kv_heads, head_dim, scale, entry(k_scales), entry(v_scales), sliding_windows[i],
-                  entry(q_norms), entry(k_norms), decode_rows);
+    decoder_layer_in(V, nxt, cur, residual, workspace, kc, vc, proj[0], entry(qkv_biases), proj[1], proj[2],
+                     proj[3], group_sizes.slice(4 * i, 4), input_norms[i], post_norms[i], add_input || i > 0, eps,
+                     positions, cos_sin_cache, is_neox, slot_mapping, block_tables, seq_lens, query_start_loc,
+                     num_heads, num_kv_heads, head_dim, scale, entry(k_scales), entry(v_scales), sliding_windows[i],
+                     entry(q_norms), entry(k_norms), decode_rows);
     std::swap(cur, nxt);
   }
 }

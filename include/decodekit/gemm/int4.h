@@ -194,6 +194,7 @@ void gemv_rows_g32_avx512(T* out, const float* a, const Q* codes, const half_t* 
         const __m512 alo = _mm512_loadu_ps(a + g * 32), ahi = _mm512_loadu_ps(a + g * 32 + 16);
         if (full) {
           const Q* p = block + g * kGroupBytes;
+          // prefetch_row_ahead's test hoisted out of the row loop: smol.layer 69.0-69.6 vs 70.9-72.5 us through it
           const bool line = ((g * kGroupBytes) & 63) == 0;
           DK_UNROLL_ALL
           for (int r = 0; r < R; ++r) {
