@@ -4,7 +4,8 @@
 // beyond (rows "int4_gemm"), the Marlin-style int4_gemm_marlin for M <= 64 (rows "int4_gemm_marlin": the
 // table's default there, to set against "int4_gemm"); fp8_gemm; with CUTLASS headers (DECODEKIT_CUTLASS) also the sm90 kernels of gemm/sm90_gemm.cuh,
 // rows "int4_gemm_sm90" / "fp8_gemm_sm90", bf16 from M = 16: set against the rows above at the same M they
-// give the crossovers of the table in csrc/cuda/gemm_launch.cpp). Method: see bench_common.h (rotating
+// give the crossovers of the table in csrc/cuda/gemm_launch.cpp; "... stream-k" rows: the same kernels under
+// CUTLASS's stream-K scheduler, Sm90Schedule::kStreamK, against the default persistent one). Method: see bench_common.h (rotating
 // slots, L2 flushed on the GPU, medians).
 //
 // Bytes per call = the packed weight (+ scales) + activations + output: at small M the weight
@@ -24,6 +25,7 @@
 #include "decodekit/gemm/fp8_gemm.h"
 #include "decodekit/gemm/int4.h"
 #include "decodekit/gemm/int4_marlin_pack.h"
+#include "decodekit/gemm/mma_plan.h"  // Sm90Schedule
 #if defined(__CUDACC__)
 #include "decodekit/gemm/fp8_gemm.cuh"
 #include "decodekit/gemm/int4.cuh"
@@ -70,13 +72,16 @@ std::vector<int64_t> batch(bool quick, const Shape& s) {
 // with the plan of gemm/mma_plan.h (its column counters zeroed once, left zero by every call); packed: the
 // same kernel on int4_marlin_pack.h's layout (rows "int4_gemm_marlin packed": the slot's weight region is the
 // packed buffer, scale pairs inside); per_sm > 0: that many CTAs an SM instead of the plan's (at most 2; rows
-// "... packed N/SM", to tune the plan).
+// "... packed N/SM", to tune the plan); stream_k: the sm90 kernel under the stream-K schedule.
 template <class T>
 void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm90 = false, int splits = 0,
-              bool marlin = false, bool packed = false, int per_sm_override = 0) {
+              bool marlin = false, bool packed = false, int per_sm_override = 0, bool stream_k = false) {
   const int64_t N = sh.N, K = sh.K, ng = K / sh.G;
   const int G = sh.G;
   size_t ws_bytes = 0;
+  [[maybe_unused]] int sm90_sms = 0;  // (CUTLASS builds only)
+  [[maybe_unused]] const dk::cuda::Sm90Schedule sched =
+      stream_k ? dk::cuda::Sm90Schedule::kStreamK : dk::cuda::Sm90Schedule::kPersistent;
   [[maybe_unused]] int ctas = 0;  // (CUDA builds only)
   [[maybe_unused]] unsigned* counters = nullptr;
 #if defined(__CUDACC__)
@@ -105,7 +110,10 @@ void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm
 #endif
 #if defined(__CUDACC__) && defined(DECODEKIT_CUTLASS)
   if constexpr (sizeof(T) == 2)
-    if (sm90) ws_bytes = dk::cuda::int4_gemm_sm90_workspace_bytes<dkb::cuda_t<T>>(M, N, K, G);
+    if (sm90) {
+      if (cudaDeviceGetAttribute(&sm90_sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) return;
+      ws_bytes = dk::cuda::int4_gemm_sm90_workspace_bytes<dkb::cuda_t<T>>(M, N, K, G, sched, sm90_sms);
+    }
 #endif
   auto carve = [=](char* s, uint8_t*& q, dk::half_t*& sc, dk::half_t*& mn, T*& a, T*& out, char*& ws) {
     dkb::Carver c{s};
@@ -118,7 +126,7 @@ void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm
     return c.used;
   };
   dkb::Case c;
-  c.bench = sm90 ? "int4_gemm_sm90"
+  c.bench = sm90 ? (stream_k ? "int4_gemm_sm90 stream-k" : "int4_gemm_sm90")
           : marlin ? (packed ? (per_sm_override > 0 ? "int4_gemm_marlin packed " + std::to_string(per_sm_override) + "/SM"
                                                     : std::string("int4_gemm_marlin packed"))
                              : std::string("int4_gemm_marlin"))
@@ -147,7 +155,7 @@ void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm
     if constexpr (sizeof(T) == 2)
       if (sm90)
         return dk::cuda::int4_gemm_sm90<D>(reinterpret_cast<D*>(out), reinterpret_cast<const D*>(a), K, q, hs, hm,
-                                           nullptr, M, N, K, G, ws, ws_bytes, st);
+                                           nullptr, M, N, K, G, sched, sm90_sms, ws, ws_bytes, st);
 #endif
     if (marlin && packed)
       return dk::cuda::int4_gemm_marlin_packed<D>(reinterpret_cast<D*>(out), reinterpret_cast<const D*>(a), K,
@@ -166,11 +174,16 @@ void add_int4(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm
   cases.push_back(std::move(c));
 }
 
-// sm90: the CUTLASS kernel; else the mma.sync kernel with the split-K plan, or `splits` ways when > 0.
+// sm90: the CUTLASS kernel (stream_k: under the stream-K schedule); else the mma.sync kernel with the split-K
+// plan, or `splits` ways when > 0.
 template <class T>
-void add_fp8(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm90 = false, int splits = 0) {
+void add_fp8(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm90 = false, int splits = 0,
+             bool stream_k = false) {
   const int64_t N = sh.N, K = sh.K;
   size_t wk_bytes = 0;
+  [[maybe_unused]] int sm90_sms = 0;  // (CUTLASS builds only)
+  [[maybe_unused]] const dk::cuda::Sm90Schedule sched =
+      stream_k ? dk::cuda::Sm90Schedule::kStreamK : dk::cuda::Sm90Schedule::kPersistent;
 #if defined(__CUDACC__)
   if (!sm90) {
     int sms = 0;
@@ -181,7 +194,10 @@ void add_fp8(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm9
 #endif
 #if defined(__CUDACC__) && defined(DECODEKIT_CUTLASS)
   if constexpr (sizeof(T) == 2)
-    if (sm90) wk_bytes = dk::cuda::fp8_gemm_sm90_workspace_bytes<dkb::cuda_t<T>>(M, N, K);
+    if (sm90) {
+      if (cudaDeviceGetAttribute(&sm90_sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) return;
+      wk_bytes = dk::cuda::fp8_gemm_sm90_workspace_bytes<dkb::cuda_t<T>>(M, N, K, sched, sm90_sms);
+    }
 #endif
   auto carve = [=](char* s, uint8_t*& a, float*& as, uint8_t*& w, float*& ws, T*& out, char*& wk) {
     dkb::Carver c{s};
@@ -194,7 +210,7 @@ void add_fp8(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm9
     return c.used;
   };
   dkb::Case c;
-  c.bench = sm90 ? "fp8_gemm_sm90" : splits == 1 ? "fp8_gemm S=1" : "fp8_gemm";
+  c.bench = sm90 ? (stream_k ? "fp8_gemm_sm90 stream-k" : "fp8_gemm_sm90") : splits == 1 ? "fp8_gemm S=1" : "fp8_gemm";
   c.shape = std::string(sh.name) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + " M=" + std::to_string(M);
   c.dtype = dkb::DtypeName<T>::value;
   c.bytes = double(N) * K + 4.0 * (N + M) + double(M) * K + double(M) * N * sizeof(T);
@@ -215,8 +231,8 @@ void add_fp8(std::vector<dkb::Case>& cases, const Shape& sh, int64_t M, bool sm9
 #if defined(DECODEKIT_CUTLASS)
     if constexpr (sizeof(T) == 2)
       if (sm90)
-        return dk::cuda::fp8_gemm_sm90<D>(reinterpret_cast<D*>(out), a, as, w, ws, nullptr, M, N, K, wk, wk_bytes,
-                                          st);
+        return dk::cuda::fp8_gemm_sm90<D>(reinterpret_cast<D*>(out), a, as, w, ws, nullptr, M, N, K, sched, sm90_sms,
+                                          wk, wk_bytes, st);
 #endif
     return dk::cuda::fp8_gemm<D>(reinterpret_cast<D*>(out), a, as, w, ws, nullptr, M, N, K, splits,
                                  splits > 1 ? reinterpret_cast<float*>(wk) : nullptr, st);
@@ -298,6 +314,10 @@ void add_cases(std::vector<dkb::Case>& cases, bool quick) {
       if (std::is_same_v<T, dk::bf16_t> && M >= 16) {
         add_int4<T>(cases, sh, M, true);
         add_fp8<T>(cases, sh, M, true);
+        if (M <= 512) {  // the sizes where the persistent schedule's tiles can leave SMs idle
+          add_int4<T>(cases, sh, M, true, 0, false, false, 0, true);
+          add_fp8<T>(cases, sh, M, true, 0, true);
+        }
       }
 #endif
     }

@@ -131,6 +131,18 @@ void marlin_setup(const at::Tensor& like, int64_t M, cudaStream_t stream, unsign
   *counters = it->second;
 }
 
+// DECODEKIT_SM90_SCHEDULE: the sm90 GEMMs' tile schedule (Sm90Schedule, gemm/mma_plan.h): "persistent" (default:
+// the data-parallel kernel measured on the H200, 2026-12-04) or "stream-k" (K ranges of the tiles over all SMs
+// where the tiles alone leave SMs idle, e.g. N = 4096 at M <= 128: 32 tiles for 132 SMs; not yet measured, so
+// not the default: bench_quant_cuda's "... stream-k" rows set the two side by side). Read per call.
+dk::cuda::Sm90Schedule sm90_schedule(const char* op) {
+  const char* v = std::getenv("DECODEKIT_SM90_SCHEDULE");
+  if (v == nullptr || *v == 0 || std::strcmp(v, "persistent") == 0) return dk::cuda::Sm90Schedule::kPersistent;
+  if (std::strcmp(v, "stream-k") == 0) return dk::cuda::Sm90Schedule::kStreamK;
+  TORCH_CHECK(false, op, ": environment variable DECODEKIT_SM90_SCHEDULE = '", v,
+              "' must be 'persistent' or 'stream-k'");
+}
+
 bool want_sm90(const char* op, int64_t M, int64_t min_m) {
   const Sm90Policy p = sm90_policy(op);
   return p == Sm90Policy::kAlways || (p == Sm90Policy::kAuto && M >= min_m);
@@ -215,15 +227,17 @@ void int4_gemm_cuda(at::Tensor& out,                        // [M, N]
   if (g.M == 0 || g.N == 0) return;
   c10::cuda::OptionalCUDAGuard guard(a.device());
   if (a.scalar_type() != at::kFloat && want_sm90(op, g.M, int4_sm90_min_m(g.K))) {
+    const dk::cuda::Sm90Schedule sched = sm90_schedule(op);
+    const int sms = sm_count(a);
     auto run = [&](auto type_tag) {
       using T = decltype(type_tag);
-      return try_sm90(op, a, dk::cuda::int4_gemm_sm90_workspace_bytes<T>(g.M, g.N, g.K, int(group_size)),
+      return try_sm90(op, a, dk::cuda::int4_gemm_sm90_workspace_bytes<T>(g.M, g.N, g.K, int(group_size), sched, sms),
                       [&](void* ws, size_t bytes) {
                         return dk::cuda::int4_gemm_sm90<T>(
                             dk::cuda_ptr<T>(out), dk::cuda_ptr<T>(a), g.a_stride, qweight.data_ptr<uint8_t>(),
                             dk::cuda_ptr<__half>(scales), dk::cuda_ptr<__half>(mins),
-                            bias.has_value() ? dk::cuda_ptr<T>(*bias) : nullptr, g.M, g.N, g.K, int(group_size), ws,
-                            bytes, c10::cuda::getCurrentCUDAStream());
+                            bias.has_value() ? dk::cuda_ptr<T>(*bias) : nullptr, g.M, g.N, g.K, int(group_size),
+                            sched, sms, ws, bytes, c10::cuda::getCurrentCUDAStream());
                       });
     };
     if (a.scalar_type() == at::kHalf ? run(__half{}) : run(__nv_bfloat16{})) return;
@@ -402,13 +416,16 @@ void fp8_gemm_cuda(at::Tensor& out,                        // [M, N]
   if (f.M == 0 || f.N == 0) return;
   c10::cuda::OptionalCUDAGuard guard(a.device());
   if (out.scalar_type() != at::kFloat && want_sm90(op, f.M, kFp8Sm90MinM)) {
+    const dk::cuda::Sm90Schedule sched = sm90_schedule(op);
+    const int sms = sm_count(a);
     auto run = [&](auto type_tag) {
       using T = decltype(type_tag);
-      return try_sm90(op, a, dk::cuda::fp8_gemm_sm90_workspace_bytes<T>(f.M, f.N, f.K), [&](void* ws, size_t bytes) {
+      return try_sm90(op, a, dk::cuda::fp8_gemm_sm90_workspace_bytes<T>(f.M, f.N, f.K, sched, sms),
+                      [&](void* ws, size_t bytes) {
         return dk::cuda::fp8_gemm_sm90<T>(dk::cuda_ptr<T>(out), reinterpret_cast<const uint8_t*>(a.data_ptr()),
                                           a_scale.data_ptr<float>(), reinterpret_cast<const uint8_t*>(weight.data_ptr()),
                                           w_scale.data_ptr<float>(), bias.has_value() ? dk::cuda_ptr<T>(*bias) : nullptr,
-                                          f.M, f.N, f.K, ws, bytes, c10::cuda::getCurrentCUDAStream());
+                                          f.M, f.N, f.K, sched, sms, ws, bytes, c10::cuda::getCurrentCUDAStream());
       });
     };
     if (out.scalar_type() == at::kHalf ? run(__half{}) : run(__nv_bfloat16{})) return;

@@ -5,8 +5,9 @@
 #include "launchers.h"
 
 #define DK_INSTANTIATE(T)                                                                                      \
-  template size_t dk::cuda::fp8_gemm_sm90_workspace_bytes<T>(int64_t, int64_t, int64_t);                        \
+  template size_t dk::cuda::fp8_gemm_sm90_workspace_bytes<T>(int64_t, int64_t, int64_t, dk::cuda::Sm90Schedule, int); \
   template cudaError_t dk::cuda::fp8_gemm_sm90<T>(T*, const uint8_t*, const float*, const uint8_t*, const float*, \
-                                                  const T*, int64_t, int64_t, int64_t, void*, size_t, cudaStream_t);
+                                                  const T*, int64_t, int64_t, int64_t, dk::cuda::Sm90Schedule, int, \
+                                                  void*, size_t, cudaStream_t);
 DK_CUDA_SM90_TYPES(DK_INSTANTIATE)
 #undef DK_INSTANTIATE

@@ -5,9 +5,10 @@
 #include "launchers.h"
 
 #define DK_INSTANTIATE(T)                                                                                      \
-  template size_t dk::cuda::int4_gemm_sm90_workspace_bytes<T>(int64_t, int64_t, int64_t, int);                  \
+  template size_t dk::cuda::int4_gemm_sm90_workspace_bytes<T>(int64_t, int64_t, int64_t, int, dk::cuda::Sm90Schedule, \
+                                                               int);                                               \
   template cudaError_t dk::cuda::int4_gemm_sm90<T>(T*, const T*, int64_t, const uint8_t*, const __half*,        \
-                                                   const __half*, const T*, int64_t, int64_t, int64_t, int, void*, \
-                                                   size_t, cudaStream_t);
+                                                   const __half*, const T*, int64_t, int64_t, int64_t, int,      \
+                                                   dk::cuda::Sm90Schedule, int, void*, size_t, cudaStream_t);
 DK_CUDA_SM90_TYPES(DK_INSTANTIATE)
 #undef DK_INSTANTIATE

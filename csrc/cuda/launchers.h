@@ -114,21 +114,23 @@ cudaError_t fp8_gemm(T* out, const uint8_t* a, const float* a_scale, const uint8
                      cudaStream_t stream);
 
 // include/decodekit/gemm/sm90_gemm.cuh: CUTLASS sm90 (TMA + wgmma) GEMMs for large M, fp16 / bf16 only
-// (gemm_sm90_int4.cu, gemm_sm90_fp8.cu). *_workspace_bytes: the device workspace a call needs, 0 when the
-// shape cannot take the path; the GEMMs return cudaErrorNotSupported, having launched nothing, when
+// (gemm_sm90_int4.cu, gemm_sm90_fp8.cu), tiles scheduled by `sched` (Sm90Schedule, mma_plan.h) over
+// `sm_count` SMs. *_workspace_bytes: the device workspace a call needs (same schedule and SM count), 0 when
+// the shape cannot take the path; the GEMMs return cudaErrorNotSupported, having launched nothing, when
 // CUTLASS cannot implement the call.
 template <class T>
-size_t int4_gemm_sm90_workspace_bytes(int64_t M, int64_t N, int64_t K, int G);
+size_t int4_gemm_sm90_workspace_bytes(int64_t M, int64_t N, int64_t K, int G, Sm90Schedule sched, int sm_count);
 template <class T>
 cudaError_t int4_gemm_sm90(T* out, const T* a, int64_t a_stride, const uint8_t* qweight, const __half* scales,
                            const __half* mins, const T* bias, int64_t M, int64_t N, int64_t K, int G,
-                           void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                           Sm90Schedule sched, int sm_count, void* workspace, size_t workspace_bytes,
+                           cudaStream_t stream);
 template <class T>
-size_t fp8_gemm_sm90_workspace_bytes(int64_t M, int64_t N, int64_t K);
+size_t fp8_gemm_sm90_workspace_bytes(int64_t M, int64_t N, int64_t K, Sm90Schedule sched, int sm_count);
 template <class T>
 cudaError_t fp8_gemm_sm90(T* out, const uint8_t* a, const float* a_scale, const uint8_t* w, const float* w_scale,
-                          const T* bias, int64_t M, int64_t N, int64_t K, void* workspace, size_t workspace_bytes,
-                          cudaStream_t stream);
+                          const T* bias, int64_t M, int64_t N, int64_t K, Sm90Schedule sched, int sm_count,
+                          void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 // include/decodekit/sampling/rejection.cuh (defined in sampling.cu)
 int64_t sampling_vocab_splits(int64_t B, int64_t V, int num_sms);

@@ -119,6 +119,47 @@ def test_fp8_gemm_sm90_graph(device, monkeypatch, gen):
     _check(graphed, a, a_s, w, None, torch.bfloat16)
 
 
+# CUDA: the sm90 fp8 GEMM under CUTLASS's stream-K scheduler (DECODEKIT_SM90_SCHEDULE=stream-k, gemm/mma_plan.h
+# Sm90Schedule): few output tiles against a long K, so the K ranges of each tile are spread over the SMs and
+# their partial tiles reduced (M tails of the 128-row tile, N tails, K not a multiple of the 128-deep tile);
+# NaN-poisoned output; deterministic (a second call is bitwise equal); within the same bound as the persistent
+# schedule; inside a CUDA graph (the scheduler's workspace zeroed in the capture) it replays like eager; a bad
+# schedule name is a clear error.
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 16, 129, 300])
+@pytest.mark.parametrize("N, K", [(256, 4096), (144, 2336), (1040, 8192)])
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
+def test_fp8_gemm_sm90_stream_k(M, N, K, dtype, device, monkeypatch, gen):
+    monkeypatch.setenv("DECODEKIT_SM90_GEMM", "always")
+    monkeypatch.setenv("DECODEKIT_SM90_SCHEDULE", "stream-k")
+    x = randn((M, K), dtype, device, gen)
+    w = quantize_fp8_weight(randn((N, K), torch.float32, device, gen, scale=0.05))
+    a, a_s = ops.quantize_fp8(x)
+    bias = randn((N,), dtype, device, gen) if M % 2 else None
+    out = torch.full((M, N), float("nan"), dtype=dtype, device=device)
+    names = cuda_kernel_names(lambda: torch.ops.decodekit.fp8_gemm(out, a, a_s, w.qweight, w.scales, bias))
+    assert any("device_kernel" in n for n in names), names
+    _check(out, a, a_s, w, bias, dtype)
+    again = torch.full_like(out, float("nan"))
+    torch.ops.decodekit.fp8_gemm(again, a, a_s, w.qweight, w.scales, bias)
+    assert torch.equal(again, out)
+    if M == 129 and N == 256:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            torch.ops.decodekit.fp8_gemm(out, a, a_s, w.qweight, w.scales, bias)
+        a2, s2 = ops.quantize_fp8(randn((M, K), dtype, device, gen))
+        a.copy_(a2)
+        a_s.copy_(s2)
+        g.replay()
+        graphed = out.clone()
+        _check(graphed, a, a_s, w, bias, dtype)
+        torch.ops.decodekit.fp8_gemm(out, a, a_s, w.qweight, w.scales, bias)
+        assert torch.equal(graphed, out)
+        monkeypatch.setenv("DECODEKIT_SM90_SCHEDULE", "sometimes")
+        with pytest.raises(RuntimeError, match="DECODEKIT_SM90_SCHEDULE = 'sometimes' must be 'persistent' or 'stream-k'"):
+            torch.ops.decodekit.fp8_gemm(out, a, a_s, w.qweight, w.scales, bias)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_linear_fp8_close_to_float(device, gen):
     """W8A8 through linear: within fp8's precision (3 mantissa bits) of the float product."""

@@ -193,6 +193,38 @@ def test_int4_gemm_marlin_graph_streams_and_policy(device, monkeypatch, gen):
         torch.ops.decodekit.int4_gemm(out, a, w.qweight, w.scales, w.mins, w.group_size, None)
 
 
+# CUDA: the sm90 mixed-input GEMM under CUTLASS's stream-K scheduler (DECODEKIT_SM90_SCHEDULE=stream-k): few tiles
+# of the transposed problem (N weight rows x M tokens) against a long K, so each tile's K range is spread over
+# SMs and partial tiles are reduced; the group scales of a K range start mid-weight (its k tiles' groups);
+# M / N tails; row-strided a; NaN-poisoned output; deterministic; a CUDA graph replays like eager.
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 40, 130])
+@pytest.mark.parametrize("N, K, G", [(264, 4096, 128), (136, 2880, 64), (1032, 8192, 128)])
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
+def test_int4_gemm_sm90_stream_k(N, K, G, M, dtype, device, monkeypatch, gen):
+    monkeypatch.setenv("DECODEKIT_SM90_GEMM", "always")
+    monkeypatch.setenv("DECODEKIT_SM90_SCHEDULE", "stream-k")
+    monkeypatch.setenv("DECODEKIT_INT4_LARGE_M", "kernel")
+    monkeypatch.setenv("DECODEKIT_INT4_MARLIN", "never")
+    w = _weight(N, K, G, device, gen)
+    a, _ = strided_rows(M, K, dtype, device, gen)
+    bias = randn((N,), dtype, device, gen) if M % 2 == 0 else None
+    out = torch.full((M, N), float("nan"), dtype=dtype, device=device)
+    names = cuda_kernel_names(lambda: ops.int4_gemm(a, w, bias, out=out))
+    assert any("int4_sm90_interleave_kernel" in n for n in names), names
+    _check_gemm(out, a, w, bias, dtype)
+    assert torch.equal(ops.int4_gemm(a, w, bias), out)
+    if M == 40 and G == 128 and N == 264:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            ops.int4_gemm(a, w, bias, out=out)
+        a.copy_(randn((M, K), dtype, device, gen))
+        g.replay()
+        graphed = out.clone()
+        _check_gemm(graphed, a, w, bias, dtype)
+        assert torch.equal(graphed, ops.int4_gemm(a, w, bias))
+
+
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
 def test_int4_gemm_sm90_graph_and_policy(device, monkeypatch, gen):
     """The sm90 path inside a CUDA graph (its workspace from the caching allocator) replays like eager on new

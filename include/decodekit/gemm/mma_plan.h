@@ -73,4 +73,14 @@ inline size_t int4_marlin_partial_floats(int64_t M, int64_t N, int ctas) {
   return size_t(ctas + int4_marlin_columns(N)) * size_t(M) * kMarlinFeatures;
 }
 
+// Tile schedules of the CUTLASS sm90 GEMMs (gemm/sm90_gemm.cuh; both instantiated, chosen per call):
+//  - kPersistent: CUTLASS's persistent data-parallel scheduler, each 128 x 128 output tile on one CTA over the
+//    whole of K (the kernel measured on the H200, 2026-12-04). Below one wave of tiles most SMs idle: N = 4096
+//    at M <= 128 is 32 tiles for 132 SMs, which is why fp8_gemm_sm90 took a flat ~43 us for 8b.down (N 4096,
+//    K 14336) from M = 16 to 512, a third of the copy rate.
+//  - kStreamK: CUTLASS's stream-K scheduler (heuristic decomposition: data-parallel where the tiles fill the
+//    SMs, else K ranges of the tiles spread over all SMs; deterministic reduction of the partial tiles in a
+//    fixed order, so a call's result does not depend on timing).
+enum class Sm90Schedule : int { kPersistent = 0, kStreamK = 1 };
+
 }  // namespace dk::cuda
