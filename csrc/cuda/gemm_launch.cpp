@@ -148,6 +148,14 @@ bool want_sm90(const char* op, int64_t M, int64_t min_m) {
   return p == Sm90Policy::kAlways || (p == Sm90Policy::kAuto && M >= min_m);
 }
 
+// K = 0: every sum is empty, out = bias (or 0), no kernel (the kernels' plans assume K > 0). True when it was.
+bool empty_k(at::Tensor& out, const std::optional<at::Tensor>& bias, int64_t K) {
+  if (K != 0) return false;
+  if (bias.has_value()) out.copy_(bias->expand_as(out));
+  else out.zero_();
+  return true;
+}
+
 // Multiprocessors of the tensor's GPU (the split-K plans of gemm/mma_plan.h).
 int sm_count(const at::Tensor& t) {
   int n = 0;
@@ -226,6 +234,7 @@ void int4_gemm_cuda(at::Tensor& out,                        // [M, N]
                              dk::cuda::kQuantGemvMaxM);
   if (g.M == 0 || g.N == 0) return;
   c10::cuda::OptionalCUDAGuard guard(a.device());
+  if (empty_k(out, bias, g.K)) return;
   if (a.scalar_type() != at::kFloat && want_sm90(op, g.M, int4_sm90_min_m(g.K))) {
     const dk::cuda::Sm90Schedule sched = sm90_schedule(op);
     const int sms = sm_count(a);
@@ -306,6 +315,7 @@ void int4_gemm_marlin_cuda(at::Tensor& out,                        // [M, N]
               g.a_stride);
   if (g.M == 0) return;
   c10::cuda::OptionalCUDAGuard guard(a.device());
+  if (empty_k(out, bias, g.K)) return;
   launch_marlin(op, out, a, g, int(group_size), bias, &packed, nullptr, nullptr, nullptr);
 }
 
@@ -343,6 +353,7 @@ void int8_gemm_cuda(at::Tensor& out,                        // [M, N]
   dk::check_range<int64_t>(op, "a.size(0) (M) on CUDA", g.M, 0, dk::cuda::kQuantGemvMaxM);
   if (g.M == 0 || g.N == 0) return;
   c10::cuda::OptionalCUDAGuard guard(a.device());
+  if (empty_k(out, bias, g.K)) return;
   DK_CUDA_DISPATCH_FLOATING(a.scalar_type(), op, [&] {
     dk::check_launch(op, dk::cuda::quant_gemv<scalar_t>(
                              dk::cuda_ptr<scalar_t>(out), dk::cuda_ptr<scalar_t>(a), g.a_stride,
@@ -415,6 +426,7 @@ void fp8_gemm_cuda(at::Tensor& out,                        // [M, N]
   dk::check_cuda(op, "a", a);
   if (f.M == 0 || f.N == 0) return;
   c10::cuda::OptionalCUDAGuard guard(a.device());
+  if (empty_k(out, bias, f.K)) return;
   if (out.scalar_type() != at::kFloat && want_sm90(op, f.M, kFp8Sm90MinM)) {
     const dk::cuda::Sm90Schedule sched = sm90_schedule(op);
     const int sms = sm_count(a);

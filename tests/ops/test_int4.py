@@ -421,3 +421,30 @@ def test_cpu_rows_do_not_depend_on_the_row_count(N, K, G, kind, dtype, gen):
     alone = torch.cat([fn(a[i:i + 1], w, bias) for i in range(8)])
     for M in range(2, 9):
         assert torch.equal(fn(a[:M], w, bias), alone[:M]), f"M={M}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("M", [1, 3, 9, 17])
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_quant_gemm_empty_k(kind, M, device, gen):
+    """K = 0 (a [M, 0], weight [N, 0]): every sum is empty, so out = bias (or 0), every element written. An empty
+    qweight has no storage (a null pointer), which the CPU kernel once took for a weight held as its AMX copy
+    alone: it recursed until the stack overflowed."""
+    from decodekit.quant import Int8Weight
+    from decodekit.ops import _CUDA_QUANT_GEMV_MAX_M
+    dtype = torch.float32 if device == "cpu" or M <= _CUDA_QUANT_GEMV_MAX_M else torch.bfloat16
+    N = 5
+    if kind == "int4":
+        w = Int4Weight(torch.zeros(N, 0, dtype=torch.uint8, device=device),
+                       torch.zeros(N, 0, dtype=torch.float16, device=device),
+                       torch.zeros(N, 0, dtype=torch.float16, device=device), 32)
+    else:
+        w = Int8Weight(torch.zeros(N, 0, dtype=torch.int8, device=device),
+                       torch.zeros(N, 0, dtype=torch.float16, device=device), 32)
+    gemm = ops.int4_gemm if kind == "int4" else ops.int8_gemm
+    a = torch.zeros(M, 0, dtype=dtype, device=device)
+    for bias in (randn((N,), dtype, device, gen), None):
+        out = torch.full((M, N), float("nan"), dtype=dtype, device=device)
+        gemm(a, w, bias, out=out)
+        want = torch.zeros(M, N, dtype=dtype, device=device) if bias is None else bias.expand(M, N)
+        assert torch.equal(out, want)
