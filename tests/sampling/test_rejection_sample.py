@@ -167,6 +167,32 @@ def test_rejection_sample_opcheck():
         opcheck(torch.ops.decodekit.rejection_sample.default, (out, n, draft, nd, qq, p, seeds, seeds, greedy))
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda_only)])
+def test_greedy_nan_rows_follow_argmax(device):
+    """Greedy verification takes each row's token by torch.argmax's rule, NaN included (the first NaN wins, as
+    argmax_rows and the reference): a NaN after the row's maximum used to be skipped (the draft accepted past
+    it) while one at index 0 won. Rows of 4 tokens and of 70000 (split over CTAs on CUDA), NaNs before and
+    after the maximum, twice in a row, and a NaN-free row as the control."""
+    nan = float("nan")
+    for V in (4, 70000):
+        gen = torch.Generator().manual_seed(V)
+        p = torch.rand(4, 3, V, generator=gen)
+        p[0, 0, 1] = nan                        # after the max? (max anywhere): the first NaN wins
+        p[1, 0, V - 1] = nan                    # last token
+        p[1, 1, 0] = nan
+        p[2, 0, 2] = nan
+        p[2, 0, V // 2] = nan                   # two NaNs: the first
+        draft = p[:, :2].nan_to_num(-1.0).argmax(-1)   # the NaN-free argmax: rejected wherever a NaN wins
+        draft[3] = p[3, :2].argmax(-1)                 # the control row: every draft accepted
+        nd = torch.full((4,), 2, dtype=torch.int32)
+        seeds, pos = torch.arange(4), torch.zeros(4, dtype=torch.int64)
+        want, wn = ref.rejection_sample(draft, nd, None, p, seeds, pos, True)
+        assert want[0, 0] == 1 and wn[0] == 1 and want[3].tolist() == [*draft[3].tolist(), p[3, 2].argmax()]
+        got, gn = ops.rejection_sample(*(t.to(device) for t in (draft, nd)), None,
+                                       *(t.to(device) for t in (p, seeds, pos)), True)
+        assert torch.equal(got.cpu(), want) and torch.equal(gn.cpu(), wn)
+
+
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda_only)])
 @pytest.mark.parametrize("greedy", [False, True])
 @pytest.mark.parametrize("shape", [(40, 4, 1000), (2, 3, 152064), (5, 4, 50001)])

@@ -20,7 +20,8 @@
 static std::mt19937 rng(11);
 static int fails = 0, checks = 0;
 
-static void run(int B, int k, int64_t V, bool with_q, bool greedy, bool ties) {
+// nans: NaNs in the target rows (1 to 3 a row, in most rows; greedy takes the first one, torch.argmax's rule)
+static void run(int B, int k, int64_t V, bool with_q, bool greedy, bool ties, bool nans = false) {
   std::uniform_real_distribution<float> u(0.f, 1.f);
   std::uniform_int_distribution<int64_t> tok(0, V - 1);
   std::vector<float> p(size_t(B) * (k + 1) * V), q(with_q ? size_t(B) * k * V : 0);
@@ -33,6 +34,16 @@ static void run(int B, int k, int64_t V, bool with_q, bool greedy, bool ties) {
     for (int64_t v = 0; v < V; ++v) row[v] /= s;
   };
   for (int64_t r = 0; r < int64_t(B) * (k + 1); ++r) fill(&p[size_t(r * V)]);
+  for (int64_t r = 0; nans && r < int64_t(B) * (k + 1); ++r)
+    for (int j = int(rng() % 4); j > 0; --j) p[size_t(r * V + int64_t(rng() % uint32_t(V)))] = NAN;
+  for (int64_t r = 0; greedy && r < int64_t(B) * (k + 1); ++r) {  // the CPU rule is torch.argmax's
+    const float* row = &p[size_t(r * V)];
+    ++checks;
+    if (dk::spec_argmax([&](int64_t v) { return row[v]; }, V) != dk::argmax_row_scalar(row, V)) {
+      printf("FAIL spec_argmax != argmax_row_scalar (V=%ld nans=%d)\n", long(V), nans);
+      ++fails;
+    }
+  }
   for (int64_t r = 0; with_q && r < int64_t(B) * k; ++r) fill(&q[size_t(r * V)]);
   std::vector<int64_t> draft(size_t(B) * k), seeds(B), pos(B);
   std::vector<int32_t> nd(B);
@@ -172,6 +183,8 @@ int main() {
     for (bool q : {true, false})
       for (bool g : {false, true}) run(9, 4, V, q, g, false);
   run(5, 3, 300, true, true, true);   // exact ties: the lowest token, as the CPU scan
+  run(6, 3, 9000, false, true, false, true);  // greedy over rows with NaNs: the first NaN, in whichever slice
+  run(6, 2, 300, true, true, true, true);
   run(5, 3, 300, false, false, true);
   run(3, 1, 40000, true, false, false);
   run(2, 4, 9000, false, false, false);  // the plan: 3 slices of 3000 (kMinSlice 4096)

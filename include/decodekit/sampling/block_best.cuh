@@ -12,7 +12,8 @@ namespace sampling_detail {
 
 constexpr int kThreads = 256;
 
-DK_DEVICE bool better(float k1, int64_t i1, float k2, int64_t i2) {
+template <class K>  // float keys, or the argmax_key integers of greedy (rejection.cuh)
+DK_DEVICE bool better(K k1, int64_t i1, K k2, int64_t i2) {
   if (i2 < 0) return i1 >= 0;
   if (i1 < 0) return false;
   return k1 > k2 || (k1 == k2 && i1 < i2);
@@ -20,7 +21,8 @@ DK_DEVICE bool better(float k1, int64_t i1, float k2, int64_t i2) {
 
 // Reduces every thread's (bk, bi) to the CTA's best index (all threads get it; its key in *best_key
 // when given). ks / is: kThreads shared slots each (blockDim.x == kThreads, a power of two).
-DK_DEVICE int64_t block_reduce_best(float bk, int64_t bi, float* ks, int64_t* is, float* best_key = nullptr) {
+template <class K>
+DK_DEVICE int64_t block_reduce_best(K bk, int64_t bi, K* ks, int64_t* is, K* best_key = nullptr) {
   ks[threadIdx.x] = bk;
   is[threadIdx.x] = bi;
   __syncthreads();

@@ -9,7 +9,9 @@
 //      Gumbel-max is that of sampling/gumbel_max.h: the slice's largest weight is drawn first and
 //      a token is drawn only while it can still beat the running best (gumbel_offer_block_w's exact
 //      skips, one Philox block per 4 tokens), so a peaked row costs ~one read of the slice.
-//      Greedy: the slice's argmax of every row 0..n. Partial (key, token) pairs go to a workspace.
+//      Greedy: the slice's argmax of every row 0..n (torch.argmax's rule as argmax_key integers, argmax.h: the
+//      first NaN wins, as the CPU's spec_argmax), its key's bits in the float workspace.
+//      Partial (key, token) pairs go to a workspace.
 //   2. rejection_finish_kernel, one CTA per request: repeats the decisions, merges the partials
 //      (a larger key wins, ties -> the lower token: the slice results combine to exactly the
 //      sequential scan's), writes the tokens and the count. A residual that is zero everywhere
@@ -24,6 +26,7 @@
 #include <cstdint>
 
 #include "decodekit/common/vec.cuh"
+#include "decodekit/sampling/argmax.h"
 #include "decodekit/sampling/block_best.cuh"
 #include "decodekit/sampling/rejection.h"
 
@@ -86,12 +89,22 @@ rejection_partial_kernel(float* __restrict__ ws_key,             // [B, R, split
   const int64_t* db = draft + b * k;
   float key;
   if (greedy) {
+    uint32_t* uks = reinterpret_cast<uint32_t*>(ks);  // (the same 4-byte slots)
     for (int i = 0; i <= n; ++i) {
       const float* pi = pb + int64_t(i) * V;
-      const int64_t t = block_best_range([&](int64_t v, bool& ok) { ok = true; return __ldg(pi + v); }, v0, v1, ks,
-                                         is, &key);
+      uint32_t bk = 0;
+      int64_t bi = -1;
+      for (int64_t v = v0 + threadIdx.x; v < v1; v += blockDim.x) {
+        const uint32_t u = argmax_key(__ldg(pi + v));
+        if (better(u, v, bk, bi)) {
+          bk = u;
+          bi = v;
+        }
+      }
+      uint32_t ukey;
+      const int64_t t = block_reduce_best(bk, bi, uks, is, &ukey);
       if (threadIdx.x == 0) {
-        ws_key[(b * (k + 1) + i) * plan.splits + s] = key;
+        reinterpret_cast<uint32_t*>(ws_key)[(b * (k + 1) + i) * plan.splits + s] = ukey;
         ws_idx[(b * (k + 1) + i) * plan.splits + s] = t;
       }
     }
@@ -115,12 +128,15 @@ rejection_partial_kernel(float* __restrict__ ws_key,             // [B, R, split
   }
 }
 
-// The best of request b's row-i partials (CTA-wide).
+// The best of request b's row-i partials (CTA-wide); greedy: their keys are argmax_key integers.
 DK_DEVICE int64_t merge_partials(const float* ws_key, const int64_t* ws_idx, int64_t row, int64_t splits, float* ks,
-                                 int64_t* is) {
+                                 int64_t* is, bool greedy) {
   const bool mine = int64_t(threadIdx.x) < splits;
-  return block_reduce_best(mine ? ws_key[row * splits + threadIdx.x] : -INFINITY,
-                           mine ? ws_idx[row * splits + threadIdx.x] : int64_t(-1), ks, is);
+  const int64_t idx = mine ? ws_idx[row * splits + threadIdx.x] : int64_t(-1);
+  if (greedy)
+    return block_reduce_best(mine ? reinterpret_cast<const uint32_t*>(ws_key)[row * splits + threadIdx.x] : 0u, idx,
+                             reinterpret_cast<uint32_t*>(ks), is);
+  return block_reduce_best(mine ? ws_key[row * splits + threadIdx.x] : -INFINITY, idx, ks, is);
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -147,7 +163,7 @@ rejection_finish_kernel(int64_t* __restrict__ out,               // [B, k+1]
   int emitted = n + 1;
   if (greedy) {
     for (int i = 0; i <= n; ++i) {  // CTA-uniform control flow
-      const int64_t t = merge_partials(ws_key, ws_idx, b * (k + 1) + i, splits, ks, is);
+      const int64_t t = merge_partials(ws_key, ws_idx, b * (k + 1) + i, splits, ks, is, true);
       if (threadIdx.x == 0) ob[i] = t;
       if (i < n && t != __ldg(db + i)) {
         emitted = i + 1;
@@ -158,7 +174,7 @@ rejection_finish_kernel(int64_t* __restrict__ out,               // [B, k+1]
     const float* pb = p + b * (k + 1) * V;
     const uint64_t seed = uint64_t(__ldg(seeds + b)), pos0 = uint64_t(__ldg(positions + b));
     const int r = first_rejected(db, n, pb, q ? q + b * k * V : nullptr, V, seed, pos0);
-    int64_t t = merge_partials(ws_key, ws_idx, b, splits, ks, is);
+    int64_t t = merge_partials(ws_key, ws_idx, b, splits, ks, is, false);
     if (t < 0 && r < n) {  // the residual is zero everywhere: sample p_r itself
       const float* pr = pb + int64_t(r) * V;
       float key;

@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "decodekit/common/macros.h"
+#include "decodekit/sampling/argmax.h"  // argmax_key: torch.argmax's order (NaN first)
 #include "decodekit/sampling/gumbel_max.h"
 
 namespace dk {
@@ -98,15 +99,19 @@ DK_HD int spec_first_rejected(const int64_t* draft, int n, P p, Q q, bool has_q,
   return n;
 }
 
+// Greedy's token of a row: torch.argmax's rule (argmax.h: the largest value, ties -> the lowest index, the first
+// NaN beats everything), compared as argmax_key integers like the CUDA kernel's slices.
 template <class W>
 DK_HD int64_t spec_argmax(W w, int64_t V) {
   int64_t best = 0;
-  float bv = w(0);
-  for (int64_t v = 1; v < V; ++v)
-    if (w(v) > bv) {
-      bv = w(v);
+  uint32_t bk = argmax_key(w(0));
+  for (int64_t v = 1; v < V; ++v) {
+    const uint32_t k = argmax_key(w(v));
+    if (k > bk) {
+      bk = k;
       best = v;
     }
+  }
   return best;
 }
 
