@@ -255,3 +255,88 @@ def test_quantize_fp8_k0_matches_reference():
     O.quantize_fp8(q, s, x)
     rq, rs = ref.quantize_fp8(x)
     assert rq.shape == (3, 0) and torch.equal(s, rs) and torch.equal(rs, torch.ones(3))
+
+
+def test_wrappers_take_any_layout(gen):
+    """The public wrappers accept views of any layout (column-major activations, slices of larger buffers,
+    head-major query / key views) and give the contiguous call's result bit for bit; the raw ops stay strict
+    (the wrappers refused these before: "'a' must have a contiguous last dim", "'target_probs' must be
+    contiguous", "'query' must have contiguous heads")."""
+    from decodekit.quant.int4 import quantize_rtn
+    from decodekit.quant.int8 import quantize_int8
+    from decodekit.quant.fp8 import quantize_fp8_weight
+
+    def same(f, *views):
+        a, b = f(*views), f(*(v.contiguous() if isinstance(v, torch.Tensor) else v for v in views))
+        for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
+            assert torch.equal(x, y) if not x.is_floating_point() else torch.equal(x.view(-1), y.view(-1))
+
+    at = randn((96, 5), torch.float32, "cpu", gen).t()          # [5, 96] column-major
+    w4, w8 = quantize_rtn(randn((40, 96), torch.float32, "cpu", gen), 32), quantize_int8(randn((40, 96), torch.float32, "cpu", gen), 32)
+    dense = randn((96, 40), torch.float32, "cpu", gen).t()      # a transposed dense weight too
+    same(lambda a: ops.int4_gemm(a, w4), at)
+    same(lambda a: ops.int8_gemm(a, w8), at)
+    same(lambda a: ops.linear(a, w4), at)
+    same(lambda a, w: ops.linear(a, w), at, dense)
+    same(lambda a, w: ops.dense_gemm(a, w), at, dense)
+    same(ops.quantize_fp8, at)
+    q, s = ops.quantize_fp8(at)
+    wf = quantize_fp8_weight(randn((40, 96), torch.float32, "cpu", gen))
+    same(lambda q, s: ops.fp8_gemm(q, s, wf), torch.cat([q, q], 1)[:, :96], torch.stack([s, s], 1)[:, 0])
+    x3 = randn((7, 3, 64), torch.float32, "cpu", gen).transpose(0, 1)   # [3, 7, 64]: rows that do not collapse
+    same(lambda x: ops.rms_norm(x, torch.ones(64)), x3)
+    same(ops.silu_and_mul, x3)
+    scores = randn((50, 3), torch.float32, "cpu", gen).t()
+    sp = torch.tensor([[1, 5], [2, 9], [3, 4]])
+    same(ops.argmax_rows, scores)
+    same(ops.sort_desc_stable, scores)
+    same(lambda x, s, p: ops.gumbel_argmax(x, s, p), scores, sp[:, 0], sp[:, 1])
+    probs = torch.softmax(randn((2, 6, 50), torch.float32, "cpu", gen), -1)
+    drafts = torch.randint(0, 50, (2, 5), generator=gen)
+    nd, seeds, pos = torch.tensor([2, 1], dtype=torch.int32), torch.tensor([1, 2]), torch.tensor([5, 9])
+    for greedy in (False, True):
+        same(lambda d, p: ops.rejection_sample(d, nd, None, p, seeds, pos, greedy), drafts[:, 1:3], probs[:, :3])
+    hk, hq, d, bs = 2, 6, 64, 16
+    kc, vc = randn((3, hk, bs, d), torch.float32, "cpu", gen), randn((3, hk, bs, d), torch.float32, "cpu", gen)
+    meta = (torch.tensor([[0, 2]], dtype=torch.int32), torch.tensor([20], dtype=torch.int32),
+            torch.tensor([0, 4], dtype=torch.int32), 0.125)
+    same(lambda qv: ops.paged_attention(qv, kc, vc, *meta), randn((hq, 4, d), torch.float32, "cpu", gen).transpose(0, 1))
+    kv = randn((hk, 4, d), torch.float32, "cpu", gen).transpose(0, 1)
+    caches = []
+    for key in (kv, kv.contiguous()):
+        k2, v2 = kc.clone(), vc.clone()
+        ops.reshape_and_cache(key, key, k2, v2, torch.tensor([0, 1, 17, -1]))
+        caches.append((k2, v2))
+    assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+    with pytest.raises(RuntimeError, match="'a' must have a contiguous last dim"):
+        O.int4_gemm(torch.empty(5, 40), at, *w4.operands(), 32, None)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+def test_fp8_kv_scales_must_be_finite_positive(bad, gen):
+    """An fp8 KV cache stores x / scale: a scale of 0, < 0, NaN or inf is refused naming the field and the index
+    (CPU; it used to fill the cache with +-448 / NaN codes silently)."""
+    T, hk, d, bs = 3, 2, 64, 16
+    kc = torch.zeros(2, hk, bs, d, dtype=torch.float8_e4m3fn)
+    vc = torch.zeros_like(kc)
+    key = randn((T, hk, d), torch.float32, "cpu", gen)
+    good = torch.ones(hk)
+    scales = torch.tensor([1.0, bad])
+    with pytest.raises(RuntimeError, match=r"'k_scale'\[1\] must be a finite scale > 0"):
+        ops.reshape_and_cache(key, key, kc, vc, torch.arange(T), scales, good)
+    with pytest.raises(RuntimeError, match=r"'v_scale'\[1\] must be a finite scale > 0"):
+        ops.paged_attention(randn((T, 2 * hk, d), torch.float32, "cpu", gen), kc, vc,
+                            torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([T], dtype=torch.int32),
+                            torch.tensor([0, T], dtype=torch.int32), 0.125, k_scale=good, v_scale=scales)
+
+
+def test_int4_weight_perm_must_be_a_permutation():
+    """An act-order weight's perm is checked when the weight is made (CPU): out-of-range or repeated entries
+    are a clear error naming perm (they used to fail inside index_select, or were taken silently)."""
+    from decodekit.quant import Int4Weight
+    q, s = torch.zeros(4, 32, dtype=torch.uint8), torch.zeros(4, 2, dtype=torch.float16)
+    Int4Weight(q, s, s, 32, torch.randperm(64))
+    for perm in (torch.zeros(64, dtype=torch.int64), torch.cat([torch.arange(63), torch.tensor([64])]),
+                 torch.cat([torch.tensor([-1]), torch.arange(1, 64)])):
+        with pytest.raises(ValueError, match="perm must be a permutation of 0 .. 63"):
+            Int4Weight(q, s, s, 32, perm)

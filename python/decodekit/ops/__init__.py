@@ -17,7 +17,7 @@ from . import reference  # noqa: F401
 
 _ops = torch.ops.decodekit
 
-from ._dispatch import _has_kernel, _has_kernel_for  # noqa: E402,F401
+from ._dispatch import _dense, _has_kernel, _has_kernel_for, _heads, _rows, _rowwise  # noqa: E402,F401
 # the CPU's AMX copies of quantized weights (ops/amx_rows.py); the CUDA Marlin kernel's copies (ops/marlin.py)
 from .amx_rows import (_amx_rows_copy, int4_amx_rows_available, int4_amx_rows_pack,  # noqa: E402,F401
                        int8_amx_rows_pack, prepare_amx_rows, release_freed_host_memory)
@@ -30,6 +30,7 @@ def rms_norm(x: torch.Tensor,        # [..., hidden]
              weight: torch.Tensor,   # [hidden]
              eps: float = 1e-6,
              out: torch.Tensor | None = None) -> torch.Tensor:  # [..., hidden]
+    x = _rowwise(x)
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     _ops.rms_norm(out, x, weight, eps)
@@ -56,6 +57,7 @@ def rotary_embedding(positions: torch.Tensor,       # [num_tokens] int64
 
 def silu_and_mul(x: torch.Tensor,                      # [..., 2d]
                  out: torch.Tensor | None = None) -> torch.Tensor:  # [..., d]
+    x = _rowwise(x)
     if out is None:
         out = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
     _ops.silu_and_mul(out, x)
@@ -110,6 +112,7 @@ def dense_gemm(a: torch.Tensor,                 # [M, K], M <= 64
                weight: torch.Tensor,            # [N, K]
                bias: torch.Tensor | None = None,  # [N]
                out: torch.Tensor | None = None) -> torch.Tensor:  # [M, N]
+    a, weight = _rows(a), weight.contiguous()
     if out is None:
         out = torch.empty((a.shape[0], weight.shape[0]), dtype=a.dtype, device=a.device)
     _ops.dense_gemm(out, a, weight, bias)
@@ -145,6 +148,7 @@ def int8_gemm(a: torch.Tensor,              # [M, K] (row stride free)
 
 def _quant_gemm(a, weight, bias, out, decode_rows: int = -1):
     int8 = isinstance(weight, Int8Weight)
+    a = _rows(a)
     if out is None:
         out = torch.empty(a.shape[0], weight.shape[0], dtype=a.dtype, device=a.device)
     if not int8 and marlin_copy_only(weight) is not None:  # held as the CUDA Marlin kernel's copy alone
@@ -277,6 +281,7 @@ def _int4_dequantize_fake(out, qweight, scales, mins, group_size):
 def quantize_fp8(x: torch.Tensor,                 # [M, K] float (row stride free)
                  ) -> tuple[torch.Tensor, torch.Tensor]:  # ([M, K] float8_e4m3fn, [M] float32)
     """Dynamic per-token fp8: scale = max |x_row| / 448, codes = fp8(x / scale) (saturating RNE)."""
+    x = _rows(x)
     q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
     if _has_kernel("quantize_fp8", x.device):
@@ -292,6 +297,7 @@ def fp8_gemm(a: torch.Tensor,                     # [M, K] float8_e4m3fn
              bias: torch.Tensor | None = None,    # [N]
              out_dtype: torch.dtype = torch.float32) -> torch.Tensor:  # [M, N]
     """(a @ w^T) * a_scale[m] * w_scale[n] (+ bias): fp8 x fp8 products, fp32 accumulation."""
+    a, a_scale = _dense(a), _dense(a_scale)
     out = torch.empty(a.shape[0], weight.shape[0], dtype=out_dtype, device=a.device)
     if _has_kernel("fp8_gemm", a.device):
         _ops.fp8_gemm(out, a, a_scale, weight.qweight, weight.scales, bias)
@@ -318,6 +324,7 @@ def gumbel_argmax(scores: torch.Tensor,     # [B, V] float32 (row stride free; -
     kernels draw only the keys that can win: the token of drawing every key in their float32
     arithmetic (logf); the torch fallback's log may differ in the last ulp, which can split a key tie
     to ~1e-7."""
+    scores, seeds, positions = _rows(scores), _dense(seeds), _dense(positions)
     out = torch.empty(scores.shape[0], dtype=torch.int64, device=scores.device)
     if _has_kernel("gumbel_argmax", scores.device):
         _ops.gumbel_argmax(out, scores, seeds, positions, stream)
@@ -337,6 +344,7 @@ def argmax_rows(scores: torch.Tensor) -> torch.Tensor:  # [B, V] float32 (row st
     if scores.dtype != torch.float32 or scores.dim() != 2 or scores.shape[1] == 0 \
             or not _has_kernel("argmax_rows", scores.device):
         return scores.argmax(dim=-1)
+    scores = _rows(scores)
     out = torch.empty(scores.shape[0], dtype=torch.int64, device=scores.device)
     _ops.argmax_rows(out, scores)
     return out
@@ -353,6 +361,7 @@ def sort_desc_stable(x: torch.Tensor,  # [B, V] float32 (row stride free)
     first, -0.0 equal to +0.0), by a radix sort on order-preserving integer keys: O(V) per row. The CPU
     sampler's top-p / min-p filters use it for rows that keep thousands of tokens."""
     if _has_kernel("sort_desc_stable", x.device):
+        x = _rows(x)
         values = torch.empty(x.shape, dtype=torch.float32, device=x.device)
         indices = torch.empty(x.shape, dtype=torch.int64, device=x.device)
         _ops.sort_desc_stable(values, indices, x)
@@ -375,6 +384,8 @@ def rejection_sample(draft_tokens: torch.Tensor,        # [B, k] int64
                      ) -> tuple[torch.Tensor, torch.Tensor]:  # ([B, k+1] int64, [B] int32)
     """Speculative-decoding verification (exact: the emitted tokens follow the target distribution).
     Returns the emitted tokens (-1 after them) and how many each request emitted (1 .. n + 1)."""
+    draft_tokens, num_draft, draft_probs, target_probs, seeds, positions = map(
+        _dense, (draft_tokens, num_draft, draft_probs, target_probs, seeds, positions))
     B, k = draft_tokens.shape
     dev = draft_tokens.device
     out = torch.empty(B, k + 1, dtype=torch.int64, device=dev)
@@ -485,6 +496,7 @@ def reshape_and_cache(key: torch.Tensor,          # [T, Hk, D] (token stride fre
                       ) -> None:
     """Writes the new K/V rows into the paged caches; an fp8 (float8_e4m3fn) cache stores
     x / scale saturated to +-448."""
+    key, value, slot_mapping = _heads(key), _heads(value), _dense(slot_mapping)
     if _has_kernel("reshape_and_cache", key_cache.device):
         _ops.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
         return
@@ -513,6 +525,8 @@ def paged_attention(query: torch.Tensor,            # [T, Hq, D] (token stride f
                     sliding_window: int = 0,              # > 0: each token sees its last sliding_window keys
                     ) -> torch.Tensor:
     _check_window("paged_attention", sliding_window)
+    query, block_tables, seq_lens, query_start_loc = (_heads(query), _dense(block_tables), _dense(seq_lens),
+                                                      _dense(query_start_loc))
     if out is None:
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     if _has_kernel("paged_attention", query.device):
