@@ -483,6 +483,12 @@ inline bool kv_cache_scales(const char* op, const at::Tensor& key_cache, at::Sca
     Check(op, name, sc).dim(1).dtype({at::kFloat}).device_as(key_cache, "key_cache").contiguous();
     TORCH_CHECK(sc.size(0) == 1 || sc.size(0) == num_kv_heads, op, ": '", name, "' must have 1 or num_kv_heads = ",
                 num_kv_heads, " elements (per tensor or per KV head), got ", sc.size(0));
+    if (sc.device().is_cpu()) {  // (a CUDA check would synchronise the stream: the values stay the caller's)
+      const float* v = sc.data_ptr<float>();
+      for (int64_t i = 0; i < sc.size(0); ++i)
+        TORCH_CHECK(std::isfinite(v[i]) && v[i] > 0.f, op, ": '", name, "'[", i,
+                    "] must be a finite scale > 0 (x is stored as x / scale), got ", v[i]);
+    }
   }
   return true;
 }

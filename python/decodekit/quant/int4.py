@@ -43,6 +43,12 @@ class Int4Weight(PackedWeight):
         if self.perm is not None and (self.perm.dtype != torch.int64 or tuple(self.perm.shape) != (2 * half,)):
             raise ValueError(f"INT4 weight perm must be int64 [{2 * half}], got {self.perm.dtype} "
                              f"{tuple(self.perm.shape)}")
+        if self.perm is not None and self.perm.device.type == "cpu" and not torch.equal(
+                torch.sort(self.perm).values, torch.arange(2 * half)):  # (a CUDA perm: checked where it was made)
+            bad = [int(i) for i in torch.nonzero(torch.bincount(self.perm.clamp(0, 2 * half), minlength=2 * half + 1)
+                                                 [:2 * half] != 1).flatten()[:3]]
+            raise ValueError(f"INT4 weight perm must be a permutation of 0 .. {2 * half - 1} (K = {2 * half}): "
+                             f"entries out of range or repeated (first features not taken exactly once: {bad})")
 
     _OPERANDS = ("qweight", "scales", "mins")
 
