@@ -314,10 +314,10 @@ void add_cases(std::vector<dkb::Case>& cases, bool quick) {
       if (std::is_same_v<T, dk::bf16_t> && M >= 16) {
         add_int4<T>(cases, sh, M, true);
         add_fp8<T>(cases, sh, M, true);
-        if (M <= 512) {  // the sizes where the persistent schedule's tiles can leave SMs idle
-          add_int4<T>(cases, sh, M, true, 0, false, false, 0, true);
-          add_fp8<T>(cases, sh, M, true, 0, true);
-        }
+      }
+      if (std::is_same_v<T, dk::bf16_t> && M <= 512) {  // where the persistent tiles can leave SMs idle; M < 16:
+        add_int4<T>(cases, sh, M, true, 0, false, false, 0, true);  // against the decode-sized kernels' rows
+        add_fp8<T>(cases, sh, M, true, 0, true);
       }
 #endif
     }
