@@ -167,3 +167,42 @@ def test_kv_cache_dtype_combinations_the_kernels_lack_are_refused_up_front(kw, m
         EngineArgs(device="cpu", **kw)
     EngineArgs(device="cpu", dtype="bfloat16", kv_cache_dtype="bfloat16")   # the model's own dtype: fine
     EngineArgs(device="cpu", dtype="float32", kv_cache_dtype="float16")
+
+
+CHAT_SP = SamplingParams(temperature=0, max_tokens=4)
+
+
+def test_chat_takes_openai_content_parts(llm):
+    """Was refused offline (the server takes them): content as a list of {"type": "text"} parts is that text."""
+    parts = llm.chat([{"role": "user", "content": [{"type": "text", "text": "Say "}, {"type": "text", "text": "hi"}]}],
+                     CHAT_SP)
+    plain = llm.chat([{"role": "user", "content": "Say hi"}], CHAT_SP)
+    assert parts[0].prompt_token_ids == plain[0].prompt_token_ids
+    assert parts[0].outputs[0].text == plain[0].outputs[0].text
+
+
+def test_chat_takes_a_tool_call_history(llm):
+    """Was refused offline: an assistant turn with content None and tool_calls, then the tool's reply."""
+    conv = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    (out,) = llm.chat(conv, CHAT_SP)
+    assert len(out.outputs[0].token_ids) >= 1
+    outs = llm.chat([conv, [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]], CHAT_SP)
+    assert len(outs) == 2
+
+
+@pytest.mark.parametrize("messages, match", [
+    ([], "must not be empty"),                      # was: silently returned []
+    ([[]], "conversation 0: 'messages' must be a non-empty list"),
+    ([[{"role": "user", "content": "hi"}], []], "conversation 1"),
+    ([{"role": "user", "content": None}], r"messages\[0\].content' is required"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "parts must be"),
+    ([{"role": "assistant", "content": "", "tool_calls": "x"}], "tool_calls' must be a list"),
+    ([{"content": "hi"}], "string 'role'"),
+])
+def test_chat_refuses_malformed_conversations_with_a_value_error(llm, messages, match):
+    with pytest.raises(ValueError, match=match):
+        llm.chat(messages, CHAT_SP)
+    assert not llm.engine.has_unfinished_requests()

@@ -89,3 +89,66 @@ def test_assignment_after_construction_normalises_like_the_constructor():
     sp.stop = ["ok", ""]                                               # still checked by validate / add_request
     with pytest.raises(SamplingParamsError, match="stop"):
         sp.validate()
+
+
+HUGE = 10 ** 400      # an int beyond float's range: float() / math.isfinite() of it raise OverflowError
+
+
+@pytest.mark.parametrize("kw, field", [(dict(length_penalty=HUGE), "length_penalty"),
+                                       (dict(length_penalty=-HUGE), "length_penalty"),
+                                       (dict(temperature=HUGE), "temperature"),
+                                       (dict(temperature=10 ** 5000), "temperature")],
+                         ids=["lp", "-lp", "temperature", "temperature-5000-digits"])
+def test_beam_search_params_huge_ints_are_out_of_range(kw, field):
+    """Was OverflowError (a 500 at the server) from math.isfinite of a huge int."""
+    from decodekit.sampling.beam_search import BeamSearchParams
+    with pytest.raises(SamplingParamsError) as ei:
+        BeamSearchParams(beam_width=2, max_tokens=4, **kw)
+    assert ei.value.field == field and "finite number in [" in str(ei.value) and len(str(ei.value)) < 200
+
+
+@pytest.mark.parametrize("schema", [{"type": "integer", "minimum": HUGE}, {"type": "integer", "maximum": -HUGE},
+                                    {"type": "number", "minimum": -HUGE, "maximum": 5},
+                                    {"type": "integer", "minimum": HUGE, "maximum": HUGE + 3},
+                                    {"type": "integer", "exclusiveMaximum": HUGE}])
+def test_huge_integer_schema_bounds_are_exact(schema):
+    """Was OverflowError from math.isfinite of an int bound: ints are exact, only floats can be inf / NaN."""
+    assert SamplingParams(guided_json=schema, max_tokens=4).guided_pattern() is not None
+
+
+@pytest.mark.parametrize("schema, match", [({"type": "integer", "minimum": HUGE, "maximum": 0}, "leave no integer"),
+                                           ({"type": "integer", "exclusiveMinimum": HUGE}, "automaton copies"),
+                                           ({"type": "number", "minimum": float("inf")}, "must be a number")])
+def test_unusable_huge_schema_bounds_are_refused_briefly(schema, match):
+    with pytest.raises(SamplingParamsError, match=match) as ei:
+        SamplingParams(guided_json=schema, max_tokens=4)
+    assert ei.value.field == "guided_json" and len(str(ei.value)) < 300, str(ei.value)
+
+
+@pytest.mark.parametrize("schema, match", [
+    ({"type": "object", "properties": [1]}, "'properties' must be an object"),       # was "'required' [] must list"
+    ({"type": "object", "required": "a"}, "'required' must be an array"),
+    ({"type": "object", "properties": {}, "required": [[1]]}, "must list names in 'properties'")])  # was TypeError
+def test_malformed_object_schemas_say_what_is_wrong(schema, match):
+    with pytest.raises(SamplingParamsError, match=match):
+        SamplingParams(guided_json=schema, max_tokens=4)
+
+
+@pytest.mark.parametrize("so, key", [({"json_object": "no"}, "json_object"), ({"json_object": 1}, "json_object"),
+                                     ({"json_object": "yes please"}, "json_object"),
+                                     ({"json": {"type": "object"}, "disable_any_whitespace": "no"},
+                                      "disable_any_whitespace"),
+                                     ({"regex": "a+", "disable_fallback": "false"}, "disable_fallback")])
+def test_structured_outputs_flags_must_be_bools(so, key):
+    """Were read by truthiness: {"json_object": "no"} forced JSON output."""
+    with pytest.raises(SamplingParamsError, match="must be a bool") as ei:
+        SamplingParams(structured_outputs=so, max_tokens=4)
+    assert ei.value.field == "structured_outputs" and repr(key) in str(ei.value), str(ei.value)
+
+
+def test_structured_outputs_bool_flags_still_work():
+    assert SamplingParams(structured_outputs={"json_object": True}).guided_json_object is True
+    p = SamplingParams(structured_outputs={"json": {"type": "object"}, "disable_any_whitespace": True})
+    assert p.guided_whitespace_pattern == ""
+    assert SamplingParams(structured_outputs={"regex": "a", "json_object": None, "disable_any_whitespace": False}
+                          ).guided_regex == "a"

@@ -180,3 +180,101 @@ def test_json_content_type_only(server):
         headers = {"content-type": ctype} if ctype else {}
         r = httpx.post(server.url + "/v1/completions", content=body, headers=headers, timeout=60)
         assert r.status_code == 200, (ctype, r.text)
+
+
+HUGE = int("9" * 4000)            # a 4000-digit int: under Python's 4300-digit str limit, so JSON carries it
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"a": {"type": "number", "maximum": -10 ** 400}}}}}]
+
+
+@pytest.mark.parametrize("path, raw, param", [
+    # was 500 "OverflowError: int too large to convert to float" (BeamSearchParams' math.isfinite)
+    ("/v1/completions", b'{"prompt": "hi", "use_beam_search": true, "n": 2, "max_tokens": 2, "length_penalty": '
+                        + HUGE_INT.encode() + b"}", "length_penalty"),
+    ("/v1/chat/completions", _body(messages=CHAT, use_beam_search=True, n=2, max_tokens=2, length_penalty=11),
+     "length_penalty"),
+    # were 200 with the guide forced on ("no" is truthy) or silently read
+    ("/v1/completions", _body(prompt="hi", max_tokens=4, structured_outputs={"json_object": "no"}),
+     "structured_outputs"),
+    ("/v1/completions", _body(prompt="hi", max_tokens=4, structured_outputs={"json": {"type": "object"},
+                                                                              "disable_any_whitespace": "yes"}),
+     "structured_outputs"),
+    # was 200 ("user" untyped) / param "include_usage" (not a request field)
+    ("/v1/completions", _body(prompt="hi", max_tokens=2, user=5), "user"),
+    ("/v1/chat/completions", _body(messages=CHAT, max_tokens=2, user=["a"]), "user"),
+    ("/v1/completions", _body(prompt="hi", max_tokens=2, stream=True, stream_options={"include_usage": "y"}),
+     "stream_options"),
+    ("/v1/chat/completions", _body(messages=CHAT, max_tokens=2, stream=True,
+                                   stream_options={"include_usage": True, "continuous_usage_stats": 1}),
+     "stream_options"),
+])
+def test_audit_round_two_fields_are_named(server, path, raw, param):
+    r = _post(server, path, raw)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["type"] == "invalid_request_error", err
+    assert len(err["message"]) < 400, err["message"]
+
+
+def test_structured_outputs_flag_error_names_the_key(server):
+    r = _post(server, "/v1/completions", _body(prompt="hi", max_tokens=4, structured_outputs={"json_object": "no"}))
+    assert "'json_object' must be a bool" in r.json()["error"]["message"], r.text
+
+
+@pytest.mark.parametrize("path, raw", [
+    # were 500 "OverflowError" (math.isfinite of an int in the schema translator): huge int bounds are exact
+    *[("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "response_format": '
+       b'{"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "' + kw + b'": '
+       + HUGE_INT.encode() + b"}}}}") for kw in (b"minimum", b"maximum", b"exclusiveMinimum", b"exclusiveMaximum")],
+    ("/v1/completions", b'{"prompt": "hi", "max_tokens": 3, "guided_json": {"type": "number", "minimum": -'
+     + HUGE_INT.encode() + b"}}"),
+    ("/v1/completions", b'{"prompt": "hi", "max_tokens": 3, "structured_outputs": {"json": {"type": "integer", '
+                        b'"maximum": ' + HUGE_INT.encode() + b"}}}"),
+    ("/v1/chat/completions", _body(messages=CHAT, max_tokens=3, tool_choice="required", tools=TOOLS)),
+])
+def test_huge_integer_schema_bounds_work_or_are_refused_cleanly(server, path, raw):
+    r = _post(server, path, raw)
+    assert r.status_code in (200, 400), r.text
+    if r.status_code == 400:
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error" and err["param"] in (
+            "response_format", "guided_json", "structured_outputs", "tools"), err
+        assert len(err["message"]) < 400, err["message"]
+
+
+def test_schema_properties_not_an_object_says_so(server):
+    """Was "'required' [] must list names in 'properties' (an object)" for "properties": [1]."""
+    r = _post(server, "/v1/completions", _body(prompt="hi", guided_json={"type": "object", "properties": [1]}))
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "guided_json", r.text
+    assert "'properties' must be an object" in err["message"] and "'required'" not in err["message"], err
+
+
+@pytest.mark.parametrize("path, fields, param", [
+    # the 400s named the field but repeated all 4000 digits (the engine's max_model_len message: 8000+ characters)
+    *[("/v1/completions", {"prompt": "hi", f: v}, f) for f in ("max_tokens", "top_k", "seed", "logprobs",
+                                                             "temperature", "n", "truncate_prompt_tokens",
+                                                             "prompt_logprobs", "min_tokens")
+      for v in (HUGE, -HUGE)],
+    *[("/v1/chat/completions", {"messages": CHAT, f: HUGE}, f) for f in ("max_tokens", "max_completion_tokens",
+                                                                         "top_logprobs", "truncate_prompt_tokens",
+                                                                         "seed", "n")],
+    ("/v1/completions", {"prompt": [1, HUGE]}, "prompt"),
+    ("/v1/completions", {"prompt": [[1, 2], [-HUGE]]}, "prompt"),
+    ("/v1/completions", {"prompt": "hi", "use_beam_search": True, "n": 2, "max_tokens": 2, "length_penalty": -HUGE},
+     "length_penalty"),
+    ("/detokenize", {"tokens": [1, HUGE]}, "tokens"),
+])
+def test_huge_values_are_not_echoed_in_full(server, path, fields, param):
+    r = _post(server, path, json.dumps(fields).encode())
+    assert r.status_code == 400, r.text[:300]
+    err = r.json()["error"]
+    assert err["param"] == param, err["message"][:300]
+    assert len(err["message"]) < 400, err["message"][:300] + f"... ({len(err['message'])} characters)"
+
+
+def test_server_serves_after_the_round_two_requests(server):
+    assert httpx.get(server.url + "/health").status_code == 200
+    r = _post(server, "/v1/completions", _body(prompt="The capital of France is", max_tokens=4, temperature=0))
+    assert r.status_code == 200 and "Paris" in r.json()["choices"][0]["text"], r.text
+    assert wait_idle(server.aeng)

@@ -188,10 +188,27 @@ class LLM:
         if not isinstance(messages, (list, tuple)):
             raise ValueError(f"messages must be a list of {{'role': str, 'content': str}} dicts (or a list of such "
                              f"conversations), got {type(messages).__name__}")
-        convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        if not messages:
+            raise ValueError("messages must not be empty: give a conversation (a non-empty list of {'role', "
+                             "'content'} dicts) or a non-empty list of conversations")
+        one = isinstance(messages[0], dict)
+        convs = [messages] if one else list(messages)
+        convs = [self._chat_messages(c, None if one else i) for i, c in enumerate(convs)]
         return self._run([self.apply_chat_template(c, add_generation_prompt, continue_final_message, tools,
                                                    chat_template, chat_template_kwargs)
                           for c in convs], params)
+
+    @staticmethod
+    def _chat_messages(conv, index: int | None) -> list[dict]:
+        """One conversation in the server's form (server/protocol.py chat_messages, as /v1/chat/completions takes
+        it): content as a string or a list of {"type": "text", "text": ...} parts, assistant turns with
+        tool_calls (content may be None), tool turns with tool_call_id; ValueError naming the message otherwise."""
+        from decodekit.server.protocol import APIError, chat_messages
+        try:
+            return chat_messages({"messages": list(conv) if isinstance(conv, tuple) else conv})
+        except APIError as e:
+            where = "" if index is None else f"conversation {index}: "
+            raise ValueError(f"{where}{e.message}") from None
 
     def stream(self, prompt, params: SamplingParams | None = None, *,
                sampling_params: SamplingParams | None = None) -> Iterator[str]:

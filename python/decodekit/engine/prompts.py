@@ -3,6 +3,7 @@ SamplingParams.truncate_prompt_tokens."""
 from __future__ import annotations
 
 from decodekit.sampling import SamplingParamsError
+from decodekit.sampling.params import _show
 
 
 def truncate_prompt(ids: list[int], k: int | None, max_model_len: int, max_tokens: int | None) -> list[int]:
@@ -12,7 +13,7 @@ def truncate_prompt(ids: list[int], k: int | None, max_model_len: int, max_token
         return ids
     if k > max_model_len or (k < 1 and k != -1):
         raise SamplingParamsError("truncate_prompt_tokens", f"must be -1 or in [1, max_model_len={max_model_len}], "
-                                                            f"got {k}")
+                                                            f"got {_show(k)}")
     keep = max(1, max_model_len - (max_tokens or 1)) if k == -1 else k
     return ids[-keep:] if len(ids) > keep else ids
 

@@ -48,6 +48,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from decodekit.sampling.params import _show
+
 from .kv_cache import KVCacheManager
 from .request import Request, RequestStatus
 
@@ -184,7 +186,7 @@ class Scheduler:
             raise ValueError(f"request {rid!r}: the prompt is empty (needs >= 1 token)")
         mt = req.sampling_params.max_tokens
         if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or mt < 1):
-            raise ValueError(f"request {rid!r}: max_tokens must be an int >= 1 or None, got {mt!r}")
+            raise ValueError(f"request {rid!r}: max_tokens must be an int >= 1 or None, got {_show(mt)}")
         if mt is None and p >= cfg.max_model_len:
             raise ValueError(f"request {rid!r}: prompt ({p} tokens) leaves no room for output "
                              f"within max_model_len ({cfg.max_model_len})")
@@ -193,8 +195,8 @@ class Scheduler:
                              f"= {cfg.max_model_len - 1} tokens, the most a prompt may hold (one token of output "
                              f"at least)")
         if mt is not None and p + mt > cfg.max_model_len:
-            raise ValueError(f"request {rid!r}: prompt ({p} tokens) + max_tokens ({mt}) = "
-                             f"{p + mt} exceeds max_model_len ({cfg.max_model_len})")
+            raise ValueError(f"request {rid!r}: prompt ({p} tokens) + max_tokens ({_show(mt)}) = "
+                             f"{_show(p + mt)} exceeds max_model_len ({cfg.max_model_len})")
         cap = self.kv.num_blocks * self.kv.block_size
         if cfg.sliding_window is not None and cfg.chunked_prefill:  # it holds about a window at a time
             if min(p, cfg.sliding_window + self.kv.block_size) > cap:

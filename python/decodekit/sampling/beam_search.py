@@ -23,7 +23,7 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
-from .params import DEFAULT_MAX_LOGPROBS, SamplingParams, SamplingParamsError
+from .params import DEFAULT_MAX_LOGPROBS, SamplingParams, SamplingParamsError, _show
 
 MAX_LENGTH_PENALTY = 10.0
 
@@ -58,12 +58,17 @@ class BeamSearchParams:
         def whole(name, lo, hi, rng):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not lo <= v <= hi:
-                raise SamplingParamsError(name, f"must be an int {rng}, got {v!r}", "BeamSearchParams")
+                raise SamplingParamsError(name, f"must be an int {rng}, got {_show(v)}", "BeamSearchParams")
 
         def real(name, lo, hi):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or not lo <= v <= hi:
-                raise SamplingParamsError(name, f"must be a finite number in [{lo:g}, {hi:g}], got {v!r}",
+            ok = not isinstance(v, bool) and isinstance(v, numbers.Real)
+            try:
+                ok = ok and math.isfinite(v) and lo <= v <= hi
+            except OverflowError:   # an int (or Fraction) beyond float's range: out of range, not a crash
+                ok = False
+            if not ok:
+                raise SamplingParamsError(name, f"must be a finite number in [{lo:g}, {hi:g}], got {_show(v)}",
                                           "BeamSearchParams")
         top = max(1, max_logprobs // 2)
         whole("beam_width", 1, top, f"in [1, {top}] (each beam asks for its 2 * beam_width best tokens and "
@@ -76,11 +81,11 @@ class BeamSearchParams:
         if self.truncate_prompt_tokens is not None:
             v = self.truncate_prompt_tokens
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not (v == -1 or v >= 1):
-                raise SamplingParamsError("truncate_prompt_tokens", f"must be -1 or an int >= 1 (or None), got {v!r}",
-                                          "BeamSearchParams")
+                raise SamplingParamsError("truncate_prompt_tokens", f"must be -1 or an int >= 1 (or None), "
+                                                                    f"got {_show(v)}", "BeamSearchParams")
         for name in ("ignore_eos", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
-                raise SamplingParamsError(name, f"must be a bool, got {getattr(self, name)!r}", "BeamSearchParams")
+                raise SamplingParamsError(name, f"must be a bool, got {_show(getattr(self, name))}", "BeamSearchParams")
         return self
 
     @property

@@ -159,7 +159,7 @@ def _check_number(name: str, v, lo: float, hi: float, lo_open: bool, hi_open: bo
 
 def _check_bool(name: str, v) -> None:
     if not isinstance(v, bool):
-        raise SamplingParamsError(name, f"must be a bool, got {v!r} ({type(v).__name__})")
+        raise SamplingParamsError(name, f"must be a bool, got {_show(v)} ({type(v).__name__})")
 
 
 @dataclass
@@ -355,19 +355,22 @@ class SamplingParams:
             known = {"json", "regex", "choice", "grammar", "json_object", "whitespace_pattern", "backend",
                      "disable_any_whitespace", "disable_fallback", "disable_additional_properties",
                      "structural_tag", "_backend", "_backend_was_auto"}
-            unknown = sorted(set(d) - known)
+            unknown = sorted(set(d) - known, key=repr)
             if unknown:
-                raise SamplingParamsError(name, f"unknown field {unknown[0]!r} (known: json, regex, choice, "
+                raise SamplingParamsError(name, f"unknown field {_show(unknown[0])} (known: json, regex, choice, "
                                                 f"grammar, json_object, whitespace_pattern)")
             if d.get("structural_tag") is not None:
                 raise SamplingParamsError(name, "structural_tag guides are not supported (json, regex, choice, "
                                                 "grammar and json_object are)")
+            for flag in ("json_object", "disable_any_whitespace", "disable_fallback", "disable_additional_properties"):
+                if d.get(flag) is not None and not isinstance(d[flag], bool):     # ("no" is not false)
+                    raise SamplingParamsError(name, f"{flag!r} must be a bool (true / false), got {_show(d[flag])}")
             if self._given_guides():
                 raise SamplingParamsError(name, "give it or the guided_* fields, not both")
             self.guided_choice = d.get("choice")
             self.guided_regex = d.get("regex")
             self.guided_json = d.get("json")
-            self.guided_json_object = bool(d.get("json_object") or False)
+            self.guided_json_object = d.get("json_object") or False
             self.guided_grammar = d.get("grammar")
             if not self._given_guides():
                 raise SamplingParamsError(name, "needs one of choice, regex, json, grammar or json_object (json false "

@@ -11,6 +11,7 @@ of more sequences than max_queue, which could never be admitted, a 400 naming `n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import re
@@ -25,7 +26,7 @@ from ..engine.prompts import encode_prompt, truncate_prompt
 from ..sampling.reasoning import ReasoningStream, get_reasoning_parser, prompt_mode, split_reasoning
 from ..tokenizer.chat import RenderedTooLongError
 from . import protocol as P
-from .async_engine import AsyncEngine, EngineDeadError
+from .async_engine import AsyncEngine, EngineDeadError, gc_paused
 from .beam import beam_params
 from .metrics import ServerMetrics
 from .tools import AutoToolStream, new_call_id, parse_auto, parse_tools, tool_calls, tool_schema
@@ -117,8 +118,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         num_seqs = num_prompts * n
         if num_seqs > cfg.max_queue:  # never fits, even on an idle server: not worth a retry
             what = (f"'prompt' holds {num_prompts} prompts" if n == 1 else
-                    f"'n'={n}" + (f" x {num_prompts} prompts" if num_prompts > 1 else ""))
-            raise P.APIError(400, f"this request needs {num_seqs} sequences ({what}) but at most max_queue="
+                    f"'n'={P._show(n)}" + (f" x {num_prompts} prompts" if num_prompts > 1 else ""))
+            raise P.APIError(400, f"this request needs {P._show(num_seqs)} sequences ({what}) but at most max_queue="
                                   f"{cfg.max_queue} can wait at once: it can never be admitted",
                              "n" if n > 1 else "prompt")
         if not aeng.alive:
@@ -165,6 +166,15 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                 raise P.APIError(400, f"'messages' must be valid Unicode text: {e}", "messages") from None
         return await asyncio.to_thread(render)
 
+    async def request_params(body: dict, max_tokens: int, logprobs: int | None):
+        """P.sampling_params in a worker thread: a guide's pattern (a JSON schema's translation, a long regex's
+        parse) can take seconds to check, which would stall every other stream and /health meanwhile (the guide
+        itself is compiled by the engine's add, also off its loop: AsyncEngine.add / engine_proc._GuideWorker)."""
+        def run():
+            with gc_paused() if P.guide_source(body) is not None else contextlib.nullcontext():
+                return P.sampling_params(body, max_tokens, logprobs, vocab, P.request_defaults(body, defaults))
+        return await asyncio.to_thread(run)
+
     async def start(prompts: list, params, prefix: str, beam=None, max_tokens_field: str = "max_tokens") -> list:
         """The prompts' request streams (beam: a BeamSearchParams, each prompt's beam search instead);
         max_tokens_field: the request's name for max_tokens, named in errors (max_completion_tokens)."""
@@ -176,7 +186,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         except ValueError as e:
             for s in streams:
                 s.abort()
-            msg = str(e)
+            msg = P.short_message(str(e))     # (the engine's message may echo a huge value back)
             named = re.match(r"(?:Sampling|BeamSearch)Params\.(\w+):", msg)  # SamplingParamsError: its field
             param = named.group(1) if named else \
                 "max_tokens" if "max_tokens" in msg else ("prompt" if "prompt" in msg else None)
@@ -323,7 +333,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             raise P.APIError(400, "'tokens' must be a list of token ids", "tokens")
         bad = next((t for t in ids if not 0 <= t < vocab), None)
         if bad is not None:
-            raise P.APIError(400, f"'tokens' must be token ids in [0, {vocab}), got {bad}", "tokens")
+            raise P.APIError(400, f"'tokens' must be token ids in [0, {vocab}), got {P._show(bad)}", "tokens")
         return {"prompt": await asyncio.to_thread(tok.decode, ids, False)}
 
     @app.get("/metrics")
@@ -345,7 +355,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         prompts = P.completion_prompts(body, vocab)
         # echo with max_tokens=0 (lm-eval's loglikelihood requests): the prompt (and its logprobs) only
         max_tokens = P.capped_max_tokens(P.field(body, "max_tokens", "int", 16, 0 if echo else 1), defaults)
-        params = P.sampling_params(body, max(max_tokens, 1), lp, vocab, P.request_defaults(body, defaults))
+        params = await request_params(body, max(max_tokens, 1), lp)
         if max_tokens == 0 and params.min_tokens:
             raise P.APIError(400, f"'min_tokens' must be in [0, max_tokens=0], got {params.min_tokens}", "min_tokens")
         n = params.n
@@ -480,7 +490,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             try:
                 ids = truncate_prompt(ids, trunc, eng.max_model_len, mt)
             except ValueError as e:
-                raise P.APIError(400, str(e), "truncate_prompt_tokens") from None
+                raise P.APIError(400, P.short_message(str(e)), "truncate_prompt_tokens") from None
         if len(ids) >= eng.max_model_len:
             raise P.APIError(400, f"'messages' render to {len(ids)} tokens: at most max_model_len - 1 = "
                                   f"{eng.max_model_len - 1} fit (one token of output at least)", "messages")
@@ -496,8 +506,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                                       f"not both", "tool_choice")
             body = {**body, "guided_json": schema}
         try:
-            params = P.sampling_params(body, mt, (top or 0) if want_lp else None, vocab,
-                                       P.request_defaults(body, defaults))
+            params = await request_params(body, mt, (top or 0) if want_lp else None)
         except P.APIError as e:
             if schema is None or e.param != "guided_json":
                 raise

@@ -24,9 +24,11 @@ EngineDeadError and `alive` turns False. The child's OpenMP workers spin only br
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import logging
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -34,11 +36,12 @@ import threading
 import time
 from multiprocessing.connection import Connection, Pipe
 
-from .async_engine import EngineDeadError, RequestStream, _deliver, _post, _settle
+from .async_engine import EngineDeadError, RequestStream, _deliver, _post, _settle, has_guide, prepare_guide
 
 log = logging.getLogger("decodekit.server")
 
 _IDLE_POLL_S = 0.5          # the idle child sends a stats snapshot (heartbeat) this often
+_GUIDE_POLL_S = 0.005       # and looks this often for guides compiled meanwhile (_GuideWorker)
 
 
 # ---------------------------------------------------------------------------------------- the child
@@ -57,6 +60,37 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
+
+
+class _GuideWorker:
+    """Compiles guided requests' guides in a daemon thread of the engine child (async_engine.prepare_guide), one at
+    a time: a guide that takes seconds to build holds up neither the step loop nor the requests without a guide.
+    The loop adds each request from `done` once its guide is ready (or refuses it with the error)."""
+
+    def __init__(self, eng):
+        self.eng = eng
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.done: collections.deque = collections.deque()   # (rid, prompt, params, error message or None)
+        self.pending: set[str] = set()      # submitted, not yet taken from `done` (the loop's)
+        self.aborted: set[str] = set()      # of those, the ones aborted meanwhile
+        self._thread = None
+
+    def submit(self, rid, prompt, params) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="decodekit-guides", daemon=True)
+            self._thread.start()
+        self.pending.add(rid)
+        self.jobs.put((rid, prompt, params))
+
+    def _run(self) -> None:
+        while True:
+            rid, prompt, params = self.jobs.get()
+            error = None
+            try:
+                prepare_guide(self.eng, prompt, params)
+            except Exception as e:  # noqa: BLE001 -- what add_request would raise: the request fails alone
+                error = str(e) or repr(e)
+            self.done.append((rid, prompt, params, error))
 
 
 def child_main(fd: int) -> int:
@@ -78,21 +112,33 @@ def child_main(fd: int) -> int:
                          "model_source": eng.model_source, "max_model_len": eng.max_model_len,
                          "default_sampling": eng.default_sampling, "pid": os.getpid()}, _snapshot(eng)))
     live: set[str] = set()
+    guides = _GuideWorker(eng)      # guided requests' guides, compiled off this loop (then added from `guides.done`)
+
+    def add(rid, prompt, params, error: str | None = None) -> None:
+        if error is None:
+            try:
+                eng.add_request(rid, prompt, params)
+            except Exception as e:  # noqa: BLE001 -- a bad request fails alone
+                error = str(e) or repr(e)
+        if error is not None:
+            conn.send(("added", rid, error, _snapshot(eng)))
+            return
+        live.add(rid)
+        conn.send(("added", rid, None, _snapshot(eng)))
 
     def handle(cmd) -> bool:
         if cmd[0] == "add":
             _, rid, prompt, params = cmd
-            try:
-                eng.add_request(rid, prompt, params)
-            except Exception as e:  # noqa: BLE001 -- a bad request fails alone
-                conn.send(("added", rid, str(e) or repr(e), _snapshot(eng)))
-                return True
-            live.add(rid)
-            conn.send(("added", rid, None, _snapshot(eng)))
+            if has_guide(params):
+                guides.submit(rid, prompt, params)
+            else:
+                add(rid, prompt, params)
         elif cmd[0] == "abort":
             if cmd[1] in live:
                 live.discard(cmd[1])
                 eng.abort_request(cmd[1])
+            elif cmd[1] in guides.pending:
+                guides.aborted.add(cmd[1])   # (its guide still compiling: it is never added)
         elif cmd[0] == "stats":
             conn.send(("stats", _snapshot(eng)))
         elif cmd[0] == "stop":
@@ -100,13 +146,25 @@ def child_main(fd: int) -> int:
         return True
 
     try:
+        last_stats = 0.0
         while True:
             idle = not eng.has_unfinished_requests()
-            got = conn.poll(_IDLE_POLL_S if idle else 0)
+            wait = 0 if not idle else _GUIDE_POLL_S if guides.pending else _IDLE_POLL_S
+            got = conn.poll(wait)
+            handled = got
             while got:
                 if not handle(conn.recv()):
                     return 0
                 got = conn.poll(0)
+            while guides.done:                  # compiled (or refused): add_request now finds the guide cached
+                rid, prompt, params, error = guides.done.popleft()
+                guides.pending.discard(rid)
+                handled = True
+                if rid in guides.aborted:       # its caller went away meanwhile: never added
+                    guides.aborted.discard(rid)
+                    conn.send(("added", rid, "aborted before it was added", _snapshot(eng)))
+                else:
+                    add(rid, prompt, params, error)
             if eng.has_unfinished_requests():
                 outs = []
                 for out in eng.step():
@@ -115,8 +173,9 @@ def child_main(fd: int) -> int:
                         if out.finished:
                             live.discard(out.request_id)
                 conn.send(("out", outs, _snapshot(eng)))  # every step: the snapshot stays fresh
-            elif idle:
+            elif idle and (handled or time.monotonic() - last_stats >= _IDLE_POLL_S):
                 conn.send(("stats", _snapshot(eng)))      # heartbeat, and the state after commands
+                last_stats = time.monotonic()
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return 0  # the server went away
     except BaseException as e:  # noqa: BLE001 -- fatal: the parent fails everything in flight

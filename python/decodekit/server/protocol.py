@@ -13,7 +13,7 @@ import time
 import uuid
 
 from decodekit.sampling import SamplingParams
-from decodekit.sampling.params import GUIDED_FIELDS, SamplingParamsError
+from decodekit.sampling.params import GUIDED_FIELDS, SamplingParamsError, _show
 
 MAX_LOGPROBS = 20
 
@@ -79,6 +79,16 @@ def _lone_surrogate(body: dict) -> str | None:
 
 
 # --------------------------------------------------------------------------- field checks
+_LONG_NUMBER = re.compile(r"\d{61,}")
+
+
+def short_message(msg: str, limit: int = 1000) -> str:
+    """An error message from the engine for a client, with any number of more than 60 digits (a huge value of the
+    request's, echoed back) cut to its first digits and its length, and at most `limit` characters in all."""
+    msg = _LONG_NUMBER.sub(lambda m: f"{m[0][:20]}...({len(m[0])} digits)", msg)
+    return msg if len(msg) <= limit else msg[:limit - 3] + "..."
+
+
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -115,7 +125,7 @@ def field(body: dict, name: str, kind: str, default=None, lo=None, hi=None, lo_o
         if isinstance(v, float) and not math.isfinite(v):
             raise APIError(400, f"'{name}' must be finite", name)
         if (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi):
-            raise APIError(400, f"'{name}' must be{rng}, got {v}", name)
+            raise APIError(400, f"'{name}' must be{rng}, got {_show(v)}", name)
     return v
 
 
@@ -227,6 +237,7 @@ def sampling_params(body: dict, max_tokens: int, logprobs: int | None, vocab_siz
     (the model's generation config) for the temperature, top_p, top_k, min_p and repetition_penalty a
     request leaves out (max_tokens: the caller's, see capped_max_tokens)."""
     d = defaults or {}
+    field(body, "user", "str")      # (OpenAI's end-user id: only typed, as vLLM)
     kw = dict(
         n=field(body, "n", "int", 1, 1), temperature=field(body, "temperature", "number", d.get("temperature", 1.0), 0, 2),
         top_p=field(body, "top_p", "number", d.get("top_p", 1.0), 0, 1, lo_open=True),
@@ -243,7 +254,7 @@ def sampling_params(body: dict, max_tokens: int, logprobs: int | None, vocab_siz
     kw["stop_token_ids"] = int_list(body, "stop_token_ids")
     kw.update(_token_controls(body))
     if kw["seed"] is not None and not 0 <= kw["seed"] < 2 ** 63:
-        raise APIError(400, f"'seed' must be in [0, 2^63), got {kw['seed']}", "seed")
+        raise APIError(400, f"'seed' must be in [0, 2^63), got {_show(kw['seed'])}", "seed")
     source = kw.pop("_source", None)
     try:
         return SamplingParams(**kw).validate(vocab_size=vocab_size, max_logprobs=MAX_LOGPROBS)
@@ -278,8 +289,12 @@ def stream_options(body: dict) -> tuple[bool, bool, bool]:
         raise APIError(400, "'stream_options' must be an object", "stream_options")
     if not stream:
         raise APIError(400, "'stream_options' is only allowed with stream=true", "stream_options")
-    usage = field(so, "include_usage", "bool", False)
-    return stream, usage, usage and field(so, "continuous_usage_stats", "bool", False)
+    try:
+        usage = field(so, "include_usage", "bool", False)
+        return stream, usage, usage and field(so, "continuous_usage_stats", "bool", False)
+    except APIError as e:       # (the request's field is stream_options)
+        raise APIError(400, f"'stream_options.{e.param}' must be a bool, got {json.dumps(so.get(e.param))[:80]}",
+                       "stream_options") from None
 
 
 def completion_prompts(body: dict, vocab_size: int) -> list:
@@ -296,7 +311,7 @@ def completion_prompts(body: dict, vocab_size: int) -> list:
         if isinstance(x, list) and x and all(_is_int(t) for t in x):
             bad = next((t for t in x if not 0 <= t < vocab_size), None)
             if bad is not None:
-                raise APIError(400, f"'prompt' token ids must be in [0, {vocab_size}), got {bad}", "prompt")
+                raise APIError(400, f"'prompt' token ids must be in [0, {vocab_size}), got {_show(bad)}", "prompt")
             return {"prompt_token_ids": x}
         raise APIError(400, "'prompt' must be a non-empty string, a non-empty list of token ids, or a list of those",
                        "prompt")

@@ -15,6 +15,7 @@ share its automaton and its per-state masks.
 from __future__ import annotations
 
 import json as _json
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,9 @@ GUIDE_CACHE = 64                # compiled guides kept (LRU)
 GUIDE_CACHE_DFA_STATES = 200_000    # and their DFA states, all together (~200 MB of transition rows)
 
 _guides: "OrderedDict[tuple, Guide]" = OrderedDict()
+# The caches' lock: the server compiles guides in worker threads (server/async_engine.py prepare_guide) while the
+# step loop's add_request looks them up; held for the lookups and updates only, never while a guide compiles.
+_cache_lock = threading.Lock()
 
 
 @dataclass
@@ -58,21 +62,23 @@ def compile_guide(pattern: "str | RuleSet", tokenizer, eos_token_ids) -> Guide:
     GuideError when the pattern is unsupported or too large."""
     vocab = token_vocab(tokenizer)
     key = (pattern, id(vocab), tuple(sorted({int(e) for e in eos_token_ids})))
-    g = _guides.get(key)
-    if g is not None and g.vocab is vocab and len(g.dfa.sets) <= MAX_DFA_STATES // 2:
-        _guides.move_to_end(key)
-        return g
+    with _cache_lock:
+        g = _guides.get(key)
+        if g is not None and g.vocab is vocab and len(g.dfa.sets) <= MAX_DFA_STATES // 2:
+            _guides.move_to_end(key)
+            return g
     # a new guide (or a fresh one for a guide whose DFA grew large: requests holding it keep it)
     dfa = LazyPDA(compile_rules(pattern)) if isinstance(pattern, RuleSet) else LazyDFA(compile_nfa(pattern))
     g = Guide(dfa, vocab, key[2])
     if g.dfa.start == DEAD:
         raise GuideError("the pattern matches nothing")
     g.allowed_rows(g.initial)       # the first mask now: a pattern too ambiguous for it is refused here
-    _guides[key] = g
-    # at most GUIDE_CACHE guides, and the cached ones' DFAs (~1 KB a state) bounded together
-    while len(_guides) > 1 and (len(_guides) > GUIDE_CACHE or sum(
-            len(x.dfa.sets) for x in _guides.values()) > GUIDE_CACHE_DFA_STATES):
-        _guides.popitem(last=False)
+    with _cache_lock:
+        _guides[key] = g
+        # at most GUIDE_CACHE guides, and the cached ones' DFAs (~1 KB a state) bounded together
+        while len(_guides) > 1 and (len(_guides) > GUIDE_CACHE or sum(
+                len(x.dfa.sets) for x in _guides.values()) > GUIDE_CACHE_DFA_STATES):
+            _guides.popitem(last=False)
     return g
 
 
@@ -91,10 +97,11 @@ def guide_pattern(kind: str, value, whitespace: str | None = None) -> "str | Rul
     except (TypeError, ValueError) as e:
         raise JSONSchemaError(f"the schema must be JSON data (dicts, lists, str, numbers, bools, null): {e}") from None
     key = (kind, text, whitespace)
-    hit = _patterns.get(key)
-    if hit is not None:
-        _patterns.move_to_end(key)
-        return hit
+    with _cache_lock:
+        hit = _patterns.get(key)
+        if hit is not None:
+            _patterns.move_to_end(key)
+            return hit
     if kind == "regex":
         pattern = value
     elif kind == "json":
@@ -111,9 +118,10 @@ def guide_pattern(kind: str, value, whitespace: str | None = None) -> "str | Rul
             f"the pattern has {size} characters, more than {MAX_PATTERN_CHARS}")
     if not isinstance(pattern, RuleSet):     # (rule sets are compiled, so checked, by the functions above)
         parse(pattern)
-    _patterns[key] = pattern
-    if len(_patterns) > GUIDE_CACHE:
-        _patterns.popitem(last=False)
+    with _cache_lock:
+        _patterns[key] = pattern
+        if len(_patterns) > GUIDE_CACHE:
+            _patterns.popitem(last=False)
     return pattern
 
 

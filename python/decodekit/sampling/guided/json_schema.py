@@ -250,6 +250,15 @@ def _content(node):
 
 
 # ---------------------------------------------------------------- the translator
+def _short(v, limit: int = 60) -> str:
+    """repr(v) for an error message, at most `limit` characters (a huge int: its size)."""
+    try:
+        r = repr(v)
+    except ValueError:                      # an int past sys.get_int_max_str_digits()
+        return f"<an int of {v.bit_length()} bits>"
+    return r if len(r) <= limit else r[:limit - 3] + "..."
+
+
 def _key(name):
     return escape(json.dumps(name, ensure_ascii=False))
 
@@ -466,10 +475,10 @@ class _Translator:
 
     def bound(self, s, path, kw, ex, tighter):
         v, e = s.get(kw), s.get(ex)
-        for k, x in ((kw, v), (ex, e)):
+        for k, x in ((kw, v), (ex, e)):     # (an int is exact at any size: only a float can be inf / NaN)
             if x is not None and (not isinstance(x, (int, float)) or isinstance(x, bool) and k == kw
-                                  or not math.isfinite(x)):
-                self.err(path, f"{k!r} must be a number, not {x!r}")
+                                  or isinstance(x, float) and not math.isfinite(x)):
+                self.err(path, f"{k!r} must be a number, not {_short(x)}")
         if isinstance(e, bool):             # draft 4: a flag on minimum / maximum
             if e and v is None:
                 self.err(path, f"{ex!r} true without {kw!r}")
@@ -488,10 +497,11 @@ class _Translator:
         else:
             for k, v in ((lok, lo), (hik, hi)):
                 if v is not None and v != int(v):
-                    self.err(path, f"{k!r} {v} on type number is not supported (only integer bounds)")
+                    self.err(path, f"{k!r} {_short(v)} on type number is not supported (only integer bounds)")
             rx = decimal_range_regex(None if lo is None else int(lo), lox, None if hi is None else int(hi), hix)
         if rx is None:
-            self.err(path, f"{lok!r} {lo} and {hik!r} {hi} leave no {'integer' if integer else 'number'}")
+            self.err(path, f"{lok!r} {_short(lo)} and {hik!r} {_short(hi)} leave no "
+                           f"{'integer' if integer else 'number'}")
         self.charge(_copies(rx), path)
         return rx
 
@@ -500,9 +510,12 @@ class _Translator:
         lo, hi = self.count(s, "minProperties", path, 0), self.count(s, "maxProperties", path)
         if hi is not None and lo > hi:
             self.err(path, f"'minProperties' {lo} is greater than 'maxProperties' {hi}")
-        if not isinstance(props, (dict, type(None))) or not isinstance(req, list) or any(
-                r not in (props or {}) for r in req):
-            self.err(path, f"'required' {req!r} must list names in 'properties' (an object)")
+        if not isinstance(props, (dict, type(None))):
+            self.err(path, f"'properties' must be an object (property name: schema), not {_short(props)}")
+        if not isinstance(req, list):
+            self.err(path, f"'required' must be an array of property names, not {_short(req)}")
+        if any(not isinstance(r, str) or r not in (props or {}) for r in req):
+            self.err(path, f"'required' {_short(req)} must list names in 'properties'")
         if props is None:                   # any keys, values per additionalProperties
             if lo > 1:                      # a regex cannot keep the keys apart: "a" twice would count as 2
                 self.err(path, f"'minProperties' {lo} without 'properties' is not supported (the generated keys "
