@@ -453,6 +453,11 @@ def _option_named(parser: argparse.ArgumentParser, args, e: Exception) -> str:
     m = re.match(r"(?:SchedulerConfig\.)?(\w+) ", str(e))
     if m and m.group(1) in opts:
         return f"argument {opts[m.group(1)]}: {e}"
+    # a request's limits (the scheduler's "request '0': prompt (n tokens) + max_tokens (m) = ..."): the flag that
+    # set max_tokens, where the command has one
+    for dest in ("max_tokens", "output_len"):
+        if re.search(r"\bmax_tokens \(", str(e)) and dest in opts:
+            return f"argument {opts[dest]}: {e}"
     return str(e)
 
 

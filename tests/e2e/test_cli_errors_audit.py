@@ -100,3 +100,42 @@ def test_chat_shows_the_reasoning_apart_and_takes_template_kwargs():
             assert r.returncode == 0, r.stderr
             continue
         assert r.returncode == 2 and expect in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("args, expect", [
+    # were: a driver RuntimeError traceback from inside the model load
+    (["generate", "hi", "--device", "cuda"], "argument --device: device 'cuda': no CUDA device is visible"),
+    # were: a traceback (-1) and a segfault (100000) from torch.set_num_threads; 0 was taken as "all cores"
+    (["bench", "latency", "--input-len", "4", "--output-len", "2", "--peer", "none", "--threads", "-1"],
+     "--threads must be in [1, "),
+    (["bench", "latency", "--input-len", "4", "--output-len", "2", "--peer", "none", "--threads", "100000"],
+     "--threads must be in [1, "),
+    # were: a socket.gaierror traceback after the model loaded; accepted (the server started)
+    (["serve", "--host", "999.1.1.1", "--port", "0"], "--host / --port 999.1.1.1:0: cannot listen there"),
+    (["serve", "--shutdown-timeout", "nan"], "--shutdown-timeout must be a finite number of seconds >= 0"),
+    (["serve", "--max-body-bytes", "0"], "--max-body-bytes must be >= 1, got 0"),
+    # were: "argument --model: ..." (the draft's loader error taken for the target's)
+    (["generate", "hi", "--max-tokens", "2", "--spec", "draft", "--spec-draft-model", "/no/such/draft.gguf",
+      "--kv-cache-memory", "64MiB"], "argument --spec-draft-model: spec_draft_model '/no/such/draft.gguf'"),
+    # was: the scheduler's line without the option that set max_tokens
+    (["generate", "hi", "--max-tokens", "100000000", "--kv-cache-memory", "64MiB"],
+     "argument --max-tokens: request '0': prompt ("),
+])
+def test_more_bad_values_name_the_option(args, expect):
+    if args[:3] == ["generate", "hi", "--device"] and __import__("torch").cuda.is_available():
+        pytest.skip("a GPU is visible here")
+    r = _run(*args)
+    assert r.returncode == 2, r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("decodekit: error: ")]  # (after load notes)
+    assert len(errors) == 1 and expect in errors[0] and r.stderr.endswith(errors[0] + "\n"), r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_serve_port_in_use_is_one_line():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        r = _run("serve", "--engine-in-thread", "--port", str(s.getsockname()[1]))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "cannot listen there (Address already in use)" in r.stderr, r.stderr

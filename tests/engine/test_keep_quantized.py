@@ -26,6 +26,8 @@ def fake_cuda(monkeypatch):
     """A CUDA build on a GPU of `memory` bytes, as far as keep_quantized looks."""
     state = {"memory": H100}
     monkeypatch.setattr(ops, "_has_kernel", lambda op, dev: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)     # (EngineArgs checks device="cuda" exists)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda dev: types.SimpleNamespace(total_memory=state["memory"]))
     return state

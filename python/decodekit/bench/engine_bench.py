@@ -299,7 +299,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(kind: str, args) -> int:
-    if args.threads:
+    if args.threads is not None:
+        most = 4 * (os.cpu_count() or 1)
+        if not 1 <= args.threads <= most:
+            raise ValueError(f"--threads must be in [1, {most}] (4 x this machine's {os.cpu_count()} CPUs), "
+                             f"got {args.threads}")
         torch.set_num_threads(args.threads)
     for name in ("input_len", "output_len", "num_prompts", "iters", "rounds"):
         if getattr(args, name, 1) < 1:

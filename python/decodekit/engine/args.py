@@ -108,6 +108,16 @@ class EngineArgs:
             raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N; got {self.device!r}")
+        if str(self.device).startswith("cuda"):  # a clear error here, not a driver error deep in the model load
+            try:
+                index = torch.device(self.device).index
+            except RuntimeError:
+                raise ValueError(f"device must be auto, cpu, cuda or cuda:N; got {self.device!r}") from None
+            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if count == 0:
+                raise ValueError(f"device {self.device!r}: no CUDA device is visible (use cpu or auto)")
+            if index is not None and not 0 <= index < count:
+                raise ValueError(f"device {self.device!r}: the CUDA device index must be in [0, {count - 1}]")
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128; got {self.block_size!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

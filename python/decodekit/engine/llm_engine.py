@@ -228,8 +228,11 @@ class LLMEngine:
         a = self.args
         if a.spec_draft_model is None:
             raise ValueError("speculative='draft' needs spec_draft_model (a smaller model with the same tokenizer)")
-        d = load_model(a.spec_draft_model, dtype=self.dtype, device=self.device, progress=a.progress,
-                       keep_quantized=a.keep_quantized())
+        try:
+            d = load_model(a.spec_draft_model, dtype=self.dtype, device=self.device, progress=a.progress,
+                           keep_quantized=a.keep_quantized())
+        except (ValueError, FileNotFoundError) as e:  # named as the draft's (the loader's text says "model ...")
+            raise ValueError(f"spec_draft_model {a.spec_draft_model!r}: {e}") from None
         if d.config.vocab_size != self.model_config.vocab_size:
             raise ValueError(f"spec_draft_model's vocabulary ({d.config.vocab_size} tokens) differs from the "
                              f"target's ({self.model_config.vocab_size}): a draft model must share the tokenizer")

@@ -104,8 +104,35 @@ def _server_class():
 
 
 def serve(args) -> int:
-    import os
+    import math
     import socket
+
+    if args.max_queue < 1:
+        raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
+    if not 0 <= args.port < 65536:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    if not (math.isfinite(args.shutdown_timeout) and args.shutdown_timeout >= 0):
+        raise ValueError(f"--shutdown-timeout must be a finite number of seconds >= 0, got {args.shutdown_timeout}")
+    if args.max_body_bytes < 1:
+        raise ValueError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
+    try:  # the address first: a bad host or a port in use is a one-line error before the model loads
+        sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((args.host, args.port))
+    except OSError as e:
+        raise ValueError(f"--host / --port {args.host}:{args.port}: cannot listen there "
+                         f"({e.strerror or e})") from None
+    if args.enable_auto_tool_choice != (args.tool_call_parser is not None):
+        raise ValueError("--enable-auto-tool-choice and --tool-call-parser go together (as in vLLM)")
+    template = read_chat_template(args.chat_template)
+    try:
+        return _serve_on(args, sock, template)
+    finally:
+        sock.close()
+
+
+def _serve_on(args, sock, template) -> int:
+    import os
     import sys
 
     import uvicorn
@@ -114,14 +141,6 @@ def serve(args) -> int:
 
     from .app import ServerConfig, build_app
     _Server = _server_class()
-
-    if args.max_queue < 1:
-        raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
-    if not 0 <= args.port < 65536:
-        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
-    if args.enable_auto_tool_choice != (args.tool_call_parser is not None):
-        raise ValueError("--enable-auto-tool-choice and --tool-call-parser go together (as in vLLM)")
-    template = read_chat_template(args.chat_template)
     if getattr(args, "engine_in_thread", False):
         from decodekit.engine.llm_engine import LLMEngine
 
@@ -139,9 +158,6 @@ def serve(args) -> int:
                                            tool_call_parser=args.tool_call_parser,
                                            reasoning_parser=args.reasoning_parser, chat_template=template,
                                            trust_request_chat_template=args.trust_request_chat_template))
-        sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((args.host, args.port))
         host, port = sock.getsockname()[:2]
         # (uvicorn's deadline a little past ours: the drained requests' error replies get written)
         config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=args.shutdown_timeout + 5,
