@@ -3,6 +3,7 @@ logprobs are bit for bit the same alone and in a batch (mixed steps of chunked p
 seeded sampling), and greedy speculative decoding gives plain decoding's tokens for a whole batch of prompts
 (verification passes of 9+ rows), in float32 and bfloat16."""
 import pytest
+import torch
 
 from decodekit import LLM
 from decodekit.bench.spec_prompts import grounded_prompts, open_prompts
@@ -64,7 +65,9 @@ def test_greedy_speculative_batch_equals_plain_batch(dtype, method):
     assert_no_leaks(spec)
 
 
-def test_batch_invariant_resolution_and_errors():
+def test_batch_invariant_resolution_and_errors(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)   # (EngineArgs checks that device="cuda" exists)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     cpu = dict(device="cpu")
     assert EngineArgs(**cpu).resolved_batch_invariant()                      # float32: auto on
     assert EngineArgs(dtype="float16", **cpu).resolved_batch_invariant()
