@@ -92,6 +92,7 @@ import torch
 
 from .guided import GuideError, RegexError, compile_guide, escape, guide_pattern, parse
 from .reasoning import with_reasoning
+from .shorten import show
 
 MAX_N = 128
 MAX_TEMPERATURE = 100.0
@@ -126,14 +127,7 @@ def _is_number(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
-def _show(v, limit: int = 60) -> str:
-    """repr(v) for an error message, at most `limit` characters (a huge int has no repr past
-    sys.get_int_max_str_digits(): its size instead)."""
-    try:
-        r = repr(v)
-    except ValueError:  # int with too many digits to print
-        return f"<an int of {v.bit_length()} bits>"
-    return r if len(r) <= limit else r[:limit - 3] + "..."
+_show = show  # (the name the engine and the server import)
 
 
 def _check_int(name: str, v, lo: int | None, hi: int | None, what: str) -> None:

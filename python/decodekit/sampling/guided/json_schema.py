@@ -59,6 +59,7 @@ import json
 import math
 import re
 
+from ..shorten import show as _short
 from .pda import LeftRecursionError, RuleSet, RuleSetError, compile_rules
 from .regex import RegexError, escape, negate
 from .regex import repeat as _rep
@@ -250,15 +251,6 @@ def _content(node):
 
 
 # ---------------------------------------------------------------- the translator
-def _short(v, limit: int = 60) -> str:
-    """repr(v) for an error message, at most `limit` characters (a huge int: its size)."""
-    try:
-        r = repr(v)
-    except ValueError:                      # an int past sys.get_int_max_str_digits()
-        return f"<an int of {v.bit_length()} bits>"
-    return r if len(r) <= limit else r[:limit - 3] + "..."
-
-
 def _key(name):
     return escape(json.dumps(name, ensure_ascii=False))
 
