@@ -448,3 +448,8 @@ def test_quant_gemm_empty_k(kind, M, device, gen):
         gemm(a, w, bias, out=out)
         want = torch.zeros(M, N, dtype=dtype, device=device) if bias is None else bias.expand(M, N)
         assert torch.equal(out, want)
+    for dt in ((torch.bfloat16, torch.float16) if device == "cpu" else ()):  # the CPU's other routes
+        bias = randn((N,), dt, device, gen)
+        for decode_rows in (-1, 0, M):
+            got = ops.linear(torch.zeros(M, 0, dtype=dt), w, bias, decode_rows=decode_rows)
+            assert torch.equal(got, bias.expand(M, N))

@@ -343,14 +343,6 @@ void int4_gemm_rows_exact(T* out, const T* a, const uint8_t* qweight, const half
   }
 }
 
-// K = 0: every sum is empty, out = bias (or 0). (An empty weight has no storage: its null qweight must not be
-// taken for a weight held only as its AMX copy.)
-template <class T>
-void quant_gemm_empty_k(T* out, const T* bias, int64_t M, int64_t N) {
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n) out[m * N + n] = bias ? bias[n] : from_float<T>(0.f);
-}
-
 // out[m, n] = sum_k a[m, k] * w[n, k] (+ bias[n]), fp32 accumulation, weights decoded on the
 // fly. Per group: scale * (sum_i a_i q_i) + min * (sum_i a_i), the activation sums computed
 // once per activation row. Parallel over N. T: activation / output storage type.
@@ -365,7 +357,6 @@ void int4_gemm(T* out,                  // [M, N]
   const int64_t M = P.M, N = P.N, K = P.K;
   const int G = P.group_size;
   const int64_t ng = K / G;
-  if (K == 0) return quant_gemm_empty_k(out, bias, M, N);
   if (P.decode_rows >= 0)
     return split_decode_rows(
         out, a, P, qweight != nullptr,
@@ -399,7 +390,8 @@ void int4_gemm(T* out,                  // [M, N]
         int4_gemm_tiled_bf16(out, a, P.a_stride, qweight, scales, mins, bias, M, N, K, G))
       return;
 #endif
-  if (!qweight && P.amx_rows) {  // held only as the copy and no kernel above took it (bf16, no tile unit): unpack it
+  // held only as the copy (an empty weight, K = 0, has a null qweight too) and no kernel above took it: unpack it
+  if (!qweight && P.amx_rows) {
     std::vector<uint8_t> q(size_t(N * K / 2));
     std::vector<half_t> sm(size_t(2 * N * ng));
     amx_rows_unpack_int4(q.data(), sm.data(), sm.data() + N * ng, P.amx_rows, N, K, G);
@@ -544,7 +536,6 @@ void int8_gemm(T* out,                  // [M, N]
   const int64_t M = P.M, N = P.N, K = P.K;
   const int G = P.group_size;
   const int64_t ng = K / G;
-  if (K == 0) return quant_gemm_empty_k(out, bias, M, N);
   if (P.decode_rows >= 0)
     return split_decode_rows(
         out, a, P, qweight != nullptr,
@@ -578,7 +569,8 @@ void int8_gemm(T* out,                  // [M, N]
         int8_gemm_tiled_bf16(out, a, P.a_stride, qweight, scales, bias, M, N, K, G))
       return;
 #endif
-  if (!qweight && P.amx_rows) {  // held only as the copy and no kernel above took it: unpack it
+  // held only as the copy (an empty weight, K = 0, has a null qweight too) and no kernel above took it: unpack it
+  if (!qweight && P.amx_rows) {
     std::vector<int8_t> q(size_t(N * K));
     std::vector<half_t> sc(size_t(N * ng));
     amx_rows_unpack_int8(q.data(), sc.data(), P.amx_rows, N, K, G);
