@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "decodekit/common/macros.h"
 
@@ -39,16 +40,15 @@ DK_DEVICE int64_t block_reduce_best(K bk, int64_t bi, K* ks, int64_t* is, K* bes
   return r;
 }
 
-// CTA-wide best (key, idx) of key(v, ok) over v in [v0, v1) where ok (NaN-free keys); -1 when no v is
-// (its key in *best_key when given: -inf then).
-template <class Key>
-DK_DEVICE int64_t block_best_range(Key key, int64_t v0, int64_t v1, float* ks, int64_t* is,
-                                   float* best_key = nullptr) {
-  float bk = -INFINITY;
+// CTA-wide best (key, idx) of key(v, ok) over v in [v0, v1) where ok; -1 when no v is (its key in *best_key
+// when given: -inf then, 0 for integer keys). K: float (NaN-free) keys, or integers (argmax_key).
+template <class Key, class K>
+DK_DEVICE int64_t block_best_range(Key key, int64_t v0, int64_t v1, K* ks, int64_t* is, K* best_key = nullptr) {
+  K bk = K(std::is_floating_point_v<K> ? -INFINITY : 0.f);
   int64_t bi = -1;
   for (int64_t v = v0 + threadIdx.x; v < v1; v += blockDim.x) {
     bool ok;
-    const float x = key(v, ok);
+    const K x = key(v, ok);
     if (ok && better(x, v, bk, bi)) {
       bk = x;
       bi = v;

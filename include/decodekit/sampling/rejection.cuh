@@ -92,17 +92,9 @@ rejection_partial_kernel(float* __restrict__ ws_key,             // [B, R, split
     uint32_t* uks = reinterpret_cast<uint32_t*>(ks);  // (the same 4-byte slots)
     for (int i = 0; i <= n; ++i) {
       const float* pi = pb + int64_t(i) * V;
-      uint32_t bk = 0;
-      int64_t bi = -1;
-      for (int64_t v = v0 + threadIdx.x; v < v1; v += blockDim.x) {
-        const uint32_t u = argmax_key(__ldg(pi + v));
-        if (better(u, v, bk, bi)) {
-          bk = u;
-          bi = v;
-        }
-      }
       uint32_t ukey;
-      const int64_t t = block_reduce_best(bk, bi, uks, is, &ukey);
+      const int64_t t = block_best_range([&](int64_t v, bool& ok) { ok = true; return argmax_key(__ldg(pi + v)); },
+                                         v0, v1, uks, is, &ukey);
       if (threadIdx.x == 0) {
         reinterpret_cast<uint32_t*>(ws_key)[(b * (k + 1) + i) * plan.splits + s] = ukey;
         ws_idx[(b * (k + 1) + i) * plan.splits + s] = t;
