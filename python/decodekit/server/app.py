@@ -186,7 +186,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         except ValueError as e:
             for s in streams:
                 s.abort()
-            msg = P.short_message(str(e))     # (the engine's message may echo a huge value back)
+            msg = str(e)
             named = re.match(r"(?:Sampling|BeamSearch)Params\.(\w+):", msg)  # SamplingParamsError: its field
             param = named.group(1) if named else \
                 "max_tokens" if "max_tokens" in msg else ("prompt" if "prompt" in msg else None)
@@ -490,7 +490,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             try:
                 ids = truncate_prompt(ids, trunc, eng.max_model_len, mt)
             except ValueError as e:
-                raise P.APIError(400, P.short_message(str(e)), "truncate_prompt_tokens") from None
+                raise P.APIError(400, str(e), "truncate_prompt_tokens") from None
         if len(ids) >= eng.max_model_len:
             raise P.APIError(400, f"'messages' render to {len(ids)} tokens: at most max_model_len - 1 = "
                                   f"{eng.max_model_len - 1} fit (one token of output at least)", "messages")

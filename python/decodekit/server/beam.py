@@ -4,7 +4,7 @@ the n best hypotheses, best first; engine/beam_group.py)."""
 from __future__ import annotations
 
 from decodekit.sampling import SamplingParams, SamplingParamsError
-from decodekit.sampling.beam_search import MAX_LENGTH_PENALTY, BeamSearchParams, beam_conflicts
+from decodekit.sampling.beam_search import BeamSearchParams, beam_conflicts
 
 from . import protocol as P
 
@@ -20,11 +20,10 @@ def beam_params(body: dict, params: SamplingParams) -> BeamSearchParams | None:
             tools_forced = body.get("tools") and body.get("tool_choice") not in (None, "none", "auto")
             name = "tool_choice" if tools_forced else (P.guide_source(body) or name)
         raise P.APIError(400, f"'{name}' is not supported with use_beam_search", name)
-    length_penalty = P.field(body, "length_penalty", "number", 1.0, -MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY)
     try:
         return BeamSearchParams(beam_width=params.n, max_tokens=params.max_tokens, ignore_eos=params.ignore_eos,
                                 temperature=params.temperature,
-                                length_penalty=length_penalty,
+                                length_penalty=P.field(body, "length_penalty", "number", 1.0),
                                 include_stop_str_in_output=params.include_stop_str_in_output,
                                 logprobs=params.logprobs, truncate_prompt_tokens=params.truncate_prompt_tokens
                                 ).validate(max_logprobs=P.MAX_LOGPROBS)

@@ -79,16 +79,6 @@ def _lone_surrogate(body: dict) -> str | None:
 
 
 # --------------------------------------------------------------------------- field checks
-_LONG_NUMBER = re.compile(r"\d{61,}")
-
-
-def short_message(msg: str, limit: int = 1000) -> str:
-    """An error message from the engine for a client, with any number of more than 60 digits (a huge value of the
-    request's, echoed back) cut to its first digits and its length, and at most `limit` characters in all."""
-    msg = _LONG_NUMBER.sub(lambda m: f"{m[0][:20]}...({len(m[0])} digits)", msg)
-    return msg if len(msg) <= limit else msg[:limit - 3] + "..."
-
-
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
