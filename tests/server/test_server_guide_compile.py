@@ -1,5 +1,5 @@
 """An expensive guide (a 20000-way guided_regex) is checked and compiled off the server's event loop and off the
-engine's step loop (server/app.py request_params, AsyncEngine.add / engine_proc._GuideWorker: prepare_guide), so
+engine's step loop (server/app.py request_params, AsyncEngine.add / engine_proc._PrepareWorker: prepare_request), so
 the engine's add_request finds it compiled: other requests keep streaming meanwhile. Was: the whole compile ran
 on the step loop (and the pattern's check on the event loop), and every other stream stalled for its duration."""
 from __future__ import annotations
@@ -72,7 +72,7 @@ def _check_stream_keeps_going(url: str, bound: float = 0.75) -> None:
 
 
 def test_stream_keeps_going_while_a_guide_compiles(server):
-    """The production path: the engine in its own process (compiled in the child's _GuideWorker thread)."""
+    """The production path: the engine in its own process (compiled in the child's _PrepareWorker thread)."""
     _check_stream_keeps_going(server.url)
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200
     assert wait_idle(server.aeng)

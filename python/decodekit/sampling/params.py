@@ -85,6 +85,7 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import weakref
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -154,6 +155,28 @@ def _check_number(name: str, v, lo: float, hi: float, lo_open: bool, hi_open: bo
 def _check_bool(name: str, v) -> None:
     if not isinstance(v, bool):
         raise SamplingParamsError(name, f"must be a bool, got {_show(v)} ({type(v).__name__})")
+
+
+class _WordsMemo:
+    """bad_words encoded with one tokenizer (SamplingParams.encode_bad_words). A copy of the params shares it; a
+    pickled one arrives empty (it matches no tokenizer: the words are encoded again where they land)."""
+    __slots__ = ("tokenizer", "words", "seqs")
+
+    def __init__(self, tokenizer=None, words=(), seqs=()):
+        try:
+            self.tokenizer = weakref.ref(tokenizer) if tokenizer is not None else None
+        except TypeError:       # (a tokenizer without weak references: nothing remembered)
+            self.tokenizer = None
+        self.words, self.seqs = tuple(words), list(seqs)
+
+    def matches(self, tokenizer, words) -> bool:
+        return self.tokenizer is not None and self.tokenizer() is tokenizer and self.words == tuple(words)
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        return (_WordsMemo, ())
 
 
 @dataclass
@@ -529,11 +552,11 @@ class SamplingParams:
                 allowed.update(index.get(rest[:k], ()))
         return sorted(allowed) if allowed else list(eos)
 
-    def set_bad_words_token_ids(self, tokenizer, vocab_size: int, eos_token_ids=()) -> None:
-        """bad_words as token sequences (vLLM's rule, module docstring), with `tokenizer` (encode(text,
-        add_special_tokens=False)); raises SamplingParamsError when a word is not valid Unicode, encodes to
-        nothing or past the vocabulary, or when with allowed_token_ids nothing would ever be left to sample
-        (every allowed token a one-token bad word, or one held back by min_tokens)."""
+    def encode_bad_words(self, tokenizer) -> list[list[int]]:
+        """bad_words' token sequences with `tokenizer` (vLLM's rule: each word as written and after a space),
+        remembered on these params for that tokenizer, so that set_bad_words_token_ids (the engine's add_request)
+        finds them encoded: the server encodes them in a worker thread (1024 words of 1024 characters take ~0.5 s).
+        Raises SamplingParamsError for a word that is not valid Unicode or encodes to nothing."""
         seqs: list[list[int]] = []
         for word in self.bad_words or []:
             try:
@@ -546,6 +569,19 @@ class SamplingParams:
             seqs.append(plain)
             if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
                 seqs.append(spaced)
+        object.__setattr__(self, "_bad_words_memo", _WordsMemo(tokenizer, self.bad_words, seqs))
+        return seqs
+
+    def set_bad_words_token_ids(self, tokenizer, vocab_size: int, eos_token_ids=()) -> None:
+        """bad_words as token sequences (vLLM's rule, module docstring), with `tokenizer` (encode(text,
+        add_special_tokens=False)); raises SamplingParamsError when a word is not valid Unicode, encodes to
+        nothing or past the vocabulary, or when with allowed_token_ids nothing would ever be left to sample
+        (every allowed token a one-token bad word, or one held back by min_tokens)."""
+        memo = getattr(self, "_bad_words_memo", None)
+        if memo is not None and memo.matches(tokenizer, self.bad_words):
+            seqs = memo.seqs            # (encoded ahead by encode_bad_words, off the step loop)
+        else:
+            seqs = self.encode_bad_words(tokenizer)
         bad = next((t for q in seqs for t in q if not 0 <= t < vocab_size), None)
         if bad is not None:
             raise SamplingParamsError("bad_words", f"encode to token id {bad}, outside the model's vocabulary "

@@ -169,7 +169,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
     async def request_params(body: dict, max_tokens: int, logprobs: int | None):
         """P.sampling_params in a worker thread: a guide's pattern (a JSON schema's translation, a long regex's
         parse) can take seconds to check, which would stall every other stream and /health meanwhile (the guide
-        itself is compiled by the engine's add, also off its loop: AsyncEngine.add / engine_proc._GuideWorker)."""
+        itself is compiled by the engine's add, also off its loop: AsyncEngine.add / engine_proc._PrepareWorker)."""
         def run():
             with gc_paused() if P.guide_source(body) is not None else contextlib.nullcontext():
                 return P.sampling_params(body, max_tokens, logprobs, vocab, P.request_defaults(body, defaults))

@@ -2,7 +2,8 @@
 aborts reach it through a queue, outputs go back to each request's asyncio queue.
 
 The thread steps the engine while it has work and blocks on the command queue when idle. A guided
-request's guide is compiled in a worker thread before the request reaches it (prepare_guide). A bad
+request's guide is compiled, and its bad_words encoded, in a worker thread before the request reaches it
+(prepare_request). A bad
 request fails alone (add_request raises ValueError, sent back to its caller); an exception out of
 step() is fatal: every in-flight request gets it, the loop is marked dead and /health fails.
 `heartbeat` is the monotonic time of the loop's last turn; a loop with work whose heartbeat is
@@ -61,25 +62,31 @@ def gc_paused():
                 gc.collect(0)   # the garbage of the pause now (its memory bounded), not at some later allocation
 
 
-def has_guide(params) -> bool:
-    """Whether add_request would compile a guide for these params (guided_* / structured_outputs)."""
-    return isinstance(params, SamplingParams) and params.guided_kind is not None
+def needs_prepare(params) -> bool:
+    """Whether add_request would compile a guide (guided_* / structured_outputs) or encode bad_words for these
+    params: work that prepare_request does first, in a worker thread."""
+    return isinstance(params, SamplingParams) and (params.guided_kind is not None or bool(params.bad_words))
 
 
-def prepare_guide(engine: LLMEngine, prompt, params) -> None:
-    """The checks and the guide that engine.add_request(prompt, params) would compute for a guided request, run
-    here (a worker thread, never the step loop): compiling a large guide takes seconds, and the engine's
-    add_request then finds it compiled (SamplingParams.set_guided -> compile_guide's cache, keyed by the pattern,
-    the tokenizer and the EOS ids), so no other request's stream waits on it. Raises the ValueError add_request
-    would (a guide too large, a schema it does not support...); params itself is left untouched."""
-    if not has_guide(params):
+def prepare_request(engine: LLMEngine, prompt, params) -> None:
+    """The checks, the guide and the bad_words encoding that engine.add_request(prompt, params) would compute, run
+    here (a worker thread, never the step loop): compiling a large guide takes seconds, encoding 1024 long bad
+    words half a second, and the engine's add_request then finds them done (SamplingParams.set_guided ->
+    compile_guide's cache, keyed by the pattern, the tokenizer and the EOS ids; set_bad_words_token_ids -> the
+    words remembered on `params` by encode_bad_words), so no other request's stream waits on them. Raises the
+    ValueError add_request would (a guide too large, a schema it does not support, a word encoding to nothing...);
+    params changes only by that remembered encoding."""
+    if not needs_prepare(params):
         return
     with gc_paused():
         p = copy.deepcopy(params)
         p.validate(vocab_size=engine.model_config.vocab_size, eos_token_ids=engine.eos_token_ids)
-        _, ids = engine._prompt_ids(prompt)
-        ids = truncate_prompt(ids, p.truncate_prompt_tokens, engine.max_model_len, p.max_tokens)
-        p.set_guided(engine.tokenizer, engine.eos_token_ids, engine.reasoning_of(ids))
+        if p.bad_words:
+            params.encode_bad_words(engine.tokenizer)
+        if p.guided_kind is not None:
+            _, ids = engine._prompt_ids(prompt)
+            ids = truncate_prompt(ids, p.truncate_prompt_tokens, engine.max_model_len, p.max_tokens)
+            p.set_guided(engine.tokenizer, engine.eos_token_ids, engine.reasoning_of(ids))
 
 
 class RequestStream:
@@ -180,9 +187,9 @@ class AsyncEngine:
         """Queue a request; raises ValueError if the engine rejects it (nothing else changes)."""
         if not self.alive:
             raise EngineDeadError(f"the engine loop is not running ({self.dead!r})")
-        if has_guide(params):   # its guide compiled in a worker thread: neither this loop nor the engine's waits
+        if needs_prepare(params):   # guide / bad words made in a worker thread: neither loop waits
             try:
-                await asyncio.to_thread(prepare_guide, self.engine, prompt, params)
+                await asyncio.to_thread(prepare_request, self.engine, prompt, params)
             except Exception as e:  # noqa: BLE001 -- as add_request's errors: this request fails alone
                 raise e if isinstance(e, ValueError) else ValueError(str(e)) from None
         loop = asyncio.get_running_loop()

@@ -36,12 +36,12 @@ import threading
 import time
 from multiprocessing.connection import Connection, Pipe
 
-from .async_engine import EngineDeadError, RequestStream, _deliver, _post, _settle, has_guide, prepare_guide
+from .async_engine import EngineDeadError, RequestStream, _deliver, _post, _settle, needs_prepare, prepare_request
 
 log = logging.getLogger("decodekit.server")
 
 _IDLE_POLL_S = 0.5          # the idle child sends a stats snapshot (heartbeat) this often
-_GUIDE_POLL_S = 0.005       # and looks this often for guides compiled meanwhile (_GuideWorker)
+_PREPARE_POLL_S = 0.005     # and looks this often for requests prepared meanwhile (_PrepareWorker)
 
 
 # ---------------------------------------------------------------------------------------- the child
@@ -62,10 +62,11 @@ def _die_with_parent() -> None:
         pass
 
 
-class _GuideWorker:
-    """Compiles guided requests' guides in a daemon thread of the engine child (async_engine.prepare_guide), one at
-    a time: a guide that takes seconds to build holds up neither the step loop nor the requests without a guide.
-    The loop adds each request from `done` once its guide is ready (or refuses it with the error)."""
+class _PrepareWorker:
+    """Compiles guided requests' guides and encodes bad_words in a daemon thread of the engine child
+    (async_engine.prepare_request), one request at a time: a guide that takes seconds to build holds up neither the
+    step loop nor the requests without one. The loop adds each request from `done` once it is prepared (or refuses
+    it with the error)."""
 
     def __init__(self, eng):
         self.eng = eng
@@ -77,7 +78,7 @@ class _GuideWorker:
 
     def submit(self, rid, prompt, params) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="decodekit-guides", daemon=True)
+            self._thread = threading.Thread(target=self._run, name="decodekit-prepare", daemon=True)
             self._thread.start()
         self.pending.add(rid)
         self.jobs.put((rid, prompt, params))
@@ -87,7 +88,7 @@ class _GuideWorker:
             rid, prompt, params = self.jobs.get()
             error = None
             try:
-                prepare_guide(self.eng, prompt, params)
+                prepare_request(self.eng, prompt, params)
             except Exception as e:  # noqa: BLE001 -- what add_request would raise: the request fails alone
                 error = str(e) or repr(e)
             self.done.append((rid, prompt, params, error))
@@ -112,7 +113,7 @@ def child_main(fd: int) -> int:
                          "model_source": eng.model_source, "max_model_len": eng.max_model_len,
                          "default_sampling": eng.default_sampling, "pid": os.getpid()}, _snapshot(eng)))
     live: set[str] = set()
-    guides = _GuideWorker(eng)      # guided requests' guides, compiled off this loop (then added from `guides.done`)
+    guides = _PrepareWorker(eng)    # guides / bad words made off this loop (then added from `guides.done`)
 
     def add(rid, prompt, params, error: str | None = None) -> None:
         if error is None:
@@ -129,7 +130,7 @@ def child_main(fd: int) -> int:
     def handle(cmd) -> bool:
         if cmd[0] == "add":
             _, rid, prompt, params = cmd
-            if has_guide(params):
+            if needs_prepare(params):
                 guides.submit(rid, prompt, params)
             else:
                 add(rid, prompt, params)
@@ -138,7 +139,7 @@ def child_main(fd: int) -> int:
                 live.discard(cmd[1])
                 eng.abort_request(cmd[1])
             elif cmd[1] in guides.pending:
-                guides.aborted.add(cmd[1])   # (its guide still compiling: it is never added)
+                guides.aborted.add(cmd[1])   # (still being prepared: it is never added)
         elif cmd[0] == "stats":
             conn.send(("stats", _snapshot(eng)))
         elif cmd[0] == "stop":
@@ -149,14 +150,14 @@ def child_main(fd: int) -> int:
         last_stats = 0.0
         while True:
             idle = not eng.has_unfinished_requests()
-            wait = 0 if not idle else _GUIDE_POLL_S if guides.pending else _IDLE_POLL_S
+            wait = 0 if not idle else _PREPARE_POLL_S if guides.pending else _IDLE_POLL_S
             got = conn.poll(wait)
             handled = got
             while got:
                 if not handle(conn.recv()):
                     return 0
                 got = conn.poll(0)
-            while guides.done:                  # compiled (or refused): add_request now finds the guide cached
+            while guides.done:                  # prepared (or refused): add_request finds the work done
                 rid, prompt, params, error = guides.done.popleft()
                 guides.pending.discard(rid)
                 handled = True

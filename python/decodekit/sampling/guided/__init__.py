@@ -31,7 +31,7 @@ GUIDE_CACHE = 64                # compiled guides kept (LRU)
 GUIDE_CACHE_DFA_STATES = 200_000    # and their DFA states, all together (~200 MB of transition rows)
 
 _guides: "OrderedDict[tuple, Guide]" = OrderedDict()
-# The caches' lock: the server compiles guides in worker threads (server/async_engine.py prepare_guide) while the
+# The caches' lock: the server compiles guides in worker threads (server/async_engine.py prepare_request) while the
 # step loop's add_request looks them up; held for the lookups and updates only, never while a guide compiles.
 _cache_lock = threading.Lock()
 
