@@ -26,7 +26,9 @@ from ..engine.prompts import encode_prompt, truncate_prompt
 from ..sampling.reasoning import ReasoningStream, get_reasoning_parser, prompt_mode, split_reasoning
 from ..tokenizer.chat import RenderedTooLongError
 from . import protocol as P
-from .async_engine import AsyncEngine, EngineDeadError, gc_paused
+from decodekit.sampling.guided.gcpause import gc_paused
+
+from .async_engine import AsyncEngine, EngineDeadError
 from .beam import beam_params
 from .metrics import ServerMetrics
 from .tools import AutoToolStream, new_call_id, parse_auto, parse_tools, tool_calls, tool_schema

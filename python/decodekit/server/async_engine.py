@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import copy
-import gc
 import logging
 import queue
 import threading
@@ -26,40 +24,13 @@ from decodekit.engine.llm_engine import LLMEngine
 from decodekit.engine.outputs import RequestOutput
 from decodekit.engine.prompts import truncate_prompt
 from decodekit.sampling import SamplingParams
+from decodekit.sampling.guided.gcpause import gc_paused
 
 log = logging.getLogger("decodekit.server")
 
 
 class EngineDeadError(RuntimeError):
     pass
-
-
-_gc_lock = threading.Lock()
-_gc_pauses = 0                  # threads inside gc_paused()
-_gc_was_enabled = False
-
-
-@contextlib.contextmanager
-def gc_paused():
-    """The cyclic garbage collector off while a guide is checked or compiled (in a worker thread), back on (if it
-    was) when the last such thread leaves. Compiling a large guide builds hundreds of thousands of objects, and
-    each full collection they set off walks the whole heap holding the GIL, so the step loop and the event loop
-    (waiting on the GIL) stalled 0.1-0.2 s again and again (a 20000-way regex: 2.7 s of compiling; paused: 0.9 s,
-    then one ~0.3 s collection of its garbage when the collector is back on)."""
-    global _gc_pauses, _gc_was_enabled
-    with _gc_lock:
-        if _gc_pauses == 0:
-            _gc_was_enabled = gc.isenabled()
-            gc.disable()
-        _gc_pauses += 1
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_pauses -= 1
-            if _gc_pauses == 0 and _gc_was_enabled:
-                gc.enable()
-                gc.collect(0)   # the garbage of the pause now (its memory bounded), not at some later allocation
 
 
 def needs_prepare(params) -> bool:

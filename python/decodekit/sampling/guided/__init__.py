@@ -20,6 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from .gcpause import gc_paused
 from .automaton import DEAD, MAX_DFA_STATES, Guide, GuideError, LazyDFA, token_vocab
 from .grammar import GrammarError, grammar_guide
 from .json_schema import JSONSchemaError, json_object_guide, json_schema_guide
@@ -68,11 +69,12 @@ def compile_guide(pattern: "str | RuleSet", tokenizer, eos_token_ids) -> Guide:
             _guides.move_to_end(key)
             return g
     # a new guide (or a fresh one for a guide whose DFA grew large: requests holding it keep it)
-    dfa = LazyPDA(compile_rules(pattern)) if isinstance(pattern, RuleSet) else LazyDFA(compile_nfa(pattern))
-    g = Guide(dfa, vocab, key[2])
-    if g.dfa.start == DEAD:
-        raise GuideError("the pattern matches nothing")
-    g.allowed_rows(g.initial)       # the first mask now: a pattern too ambiguous for it is refused here
+    with gc_paused():               # (hundreds of thousands of objects for a large pattern: gcpause.py)
+        dfa = LazyPDA(compile_rules(pattern)) if isinstance(pattern, RuleSet) else LazyDFA(compile_nfa(pattern))
+        g = Guide(dfa, vocab, key[2])
+        if g.dfa.start == DEAD:
+            raise GuideError("the pattern matches nothing")
+        g.allowed_rows(g.initial)   # the first mask now: a pattern too ambiguous for it is refused here
     with _cache_lock:
         _guides[key] = g
         # at most GUIDE_CACHE guides, and the cached ones' DFAs (~1 KB a state) bounded together
