@@ -44,6 +44,9 @@ def _read_json(path: str) -> dict:
 # cheaper single call.
 _GIL_FREE_CHARS = 16384
 
+# continue_final_message: transformers' marker (render_jinja_template), appended to the last message's content
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
 
 class Tokenizer:
     """A `tokenizers.Tokenizer` plus what generation needs: bos/eos/pad ids, the end-of-generation
@@ -237,6 +240,23 @@ class Tokenizer:
         self._token_bytes = (out, index)
         return self._token_bytes
 
+    @property
+    def byte_fallback_ids(self) -> frozenset[int]:
+        """The <0xNN> tokens a ByteFallback decoder (SentencePiece) turns into raw bytes, built once (empty for
+        byte-level vocabularies). That decoder decodes each run of them as one: a run that is not valid UTF-8
+        becomes one U+FFFD per token, valid characters inside it included, so streamed text holds a run back
+        until it ends."""
+        cached = getattr(self, "_byte_fallback_ids", None)
+        if cached is None:
+            cached = frozenset()
+            if "ByteFallback" in repr(self._tk.decoder):
+                added = set(self._tk.get_added_tokens_decoder())
+                cached = frozenset(i for t, i in self._tk.get_vocab(with_added_tokens=False).items()
+                                   if len(t) == 6 and t.startswith("<0x") and t.endswith(">") and i not in added
+                                   and all(c in "0123456789ABCDEFabcdef" for c in t[3:5]))
+            self._byte_fallback_ids = cached
+        return cached
+
     def max_prompt_chars(self, max_tokens: int) -> int:
         """An upper bound on the characters of a text that encodes to at most max_tokens tokens: 4 x the
         longest vocabulary string x max_tokens (a token's text has no more characters than its vocabulary
@@ -318,24 +338,26 @@ class Tokenizer:
         with "{"); needs add_generation_prompt False (say so: it defaults to True) and a last message whose
         (string) content the template writes verbatim; ValueError otherwise."""
         msgs = validate_messages(messages)
-        tag = "\x00dk-continue\x00"
-        if continue_final_message:  # as transformers: a marker after the content, the text cut there
+        template = chat_template or self.chat_template
+        tag = _CONTINUE_TAG
+        if continue_final_message:  # as transformers: a tag after the content, the text cut there
             if add_generation_prompt:
                 raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
             last = msgs[-1].get("content") if msgs else None
             if not isinstance(last, str):
                 raise ValueError("continue_final_message needs a last message with text content")
             msgs = msgs[:-1] + [{**msgs[-1], "content": last + tag}]
-        text = render_chat_template(chat_template or self.chat_template, msgs,
-                                    add_generation_prompt=add_generation_prompt,
+        text = render_chat_template(template, msgs, add_generation_prompt=add_generation_prompt,
                                     special_tokens=self.special_tokens_map, max_chars=max_chars, **kwargs)
         if not continue_final_message:
             return text
-        at = text.rfind(msgs[-1]["content"])   # the content with the marker right after it
-        if at < 0:
+        # transformers' rule: cut at the (last) tag; a template that trims the content (`| trim`) also trims the
+        # tag's trailing space, and then the text before the tag loses its trailing whitespace as well
+        if last.strip() not in text or tag.strip() not in text:
             raise ValueError("continue_final_message: the chat template does not write the last message's "
                              "content verbatim")
-        return text[:at + len(msgs[-1]["content"]) - len(tag)]
+        at = text.rindex(tag.strip())
+        return text[:at] if text[at:at + len(tag)] == tag else text[:at].rstrip()
 
     def __repr__(self) -> str:
         return (f"Tokenizer({self.name!r}, vocab_size={self.vocab_size}, bos={self.bos_token_id}, "

@@ -3,7 +3,10 @@ small synthetic byte-level BPE used by the random:* models.
 
 GGUF byte-level BPE ("gpt2") follows transformers' GGUF converter (integrations/gguf/
 gguf_tokenizer_mapping.py: vocabulary respelled in the byte alphabet, merges as stored, control
-tokens special, user-defined tokens added) with one deliberate difference: the pre-tokenizer
+tokens special, user-defined tokens added) with two deliberate differences. CONTROL and USER_DEFINED
+tokens keep their text when it is outside the byte alphabet (llama.cpp's convert writes added tokens such
+as "<｜begin▁of▁sentence｜>" as text and llama.cpp matches them whole; transformers respells them and then
+leaves them out, so the chat template's bos_token became mojibake cut into pieces). And the pre-tokenizer
 follows llama.cpp's table for `tokenizer.ggml.pre`. For "smollm" (and the other StarCoder-style
 vocabularies) llama.cpp isolates every digit (\\p{N}) before the GPT-2 regex, exactly as the
 original Hugging Face tokenizer.json does (Digits(individual_digits) + ByteLevel); transformers'
@@ -42,11 +45,13 @@ PRE_SPLITS = {
     **dict.fromkeys(["gpt-4o", "llama4", "minimax-m2"], _GPT4O_SPLIT),
 }
 # llama.cpp: {"\p{N}", GPT-2 regex} -- digits isolated first, then the GPT-2 regex.
-DIGIT_SPLIT_PRE = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"}
+DIGIT_SPLIT_PRE = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"}
 # llama.cpp sets tokenizer_ignore_merges for these (as the original tokenizer.json's "ignore_merges").
-IGNORE_MERGES_PRE = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "tekken"}
+IGNORE_MERGES_PRE = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+                     "tekken"}
 # llama.cpp adds BOS by default for these when the file has no tokenizer.ggml.add_bos_token.
-ADD_BOS_DEFAULT_PRE = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "tekken"}
+ADD_BOS_DEFAULT_PRE = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+                       "tekken", "chameleon"}
 
 # Tokens llama.cpp treats as end-of-generation when the vocabulary marks them CONTROL.
 END_OF_GENERATION_TOKENS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
@@ -79,20 +84,20 @@ def byte_level_pre_tokenizer(pre: str | None):
     return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
 
 
-def _special_added_tokens(tk: Tokenizer, tokens: list[str], types: list[int] | None, byte_level: bool,
+def _special_added_tokens(tk: Tokenizer, tokens: list[str], types: list[int] | None, keys: list[str],
                           extra_special_ids: list[int]) -> None:
-    """Registers CONTROL tokens (and bos/eos/unk/pad) as special and USER_DEFINED ones as added."""
+    """Registers CONTROL tokens (and bos/eos/unk/pad) as special and USER_DEFINED ones as added. `keys` are
+    the tokens as the vocabulary spells them (a byte-level vocabulary respells a NORMAL token written in
+    plain text into the byte alphabet; such a token is not registered: its text is not the token's)."""
     types = list(types or ())
-    spelled = set(bytes_to_unicode().values()) if byte_level else None
     special_ids = [i for i, t in enumerate(types) if t == CONTROL]
     special_ids += [i for i in extra_special_ids if i is not None and 0 <= i < len(tokens) and i not in special_ids]
-    special = [AddedToken(tokens[i], normalized=False, special=True) for i in special_ids
-               if spelled is None or set(tokens[i]) <= spelled]
+    special = [AddedToken(tokens[i], normalized=False, special=True) for i in special_ids if keys[i] == tokens[i]]
     if special:
         tk.add_special_tokens(special)
     vocab = tk.get_vocab()
     user = [AddedToken(tokens[i], normalized=False, special=False)
-            for i, t in enumerate(types) if t == USER_DEFINED and tokens[i] in vocab]
+            for i, t in enumerate(types) if t == USER_DEFINED and keys[i] == tokens[i] and tokens[i] in vocab]
     if user:
         tk.add_tokens(user)
 
@@ -112,8 +117,15 @@ def byte_level_from_gguf(meta: Mapping[str, Any]) -> Tokenizer:
     spelling = bytes_to_unicode()
     alphabet = set(spelling.values())
     tokens = list(meta["tokenizer.ggml.tokens"])
-    vocab = {(t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8"))): i
-             for i, t in enumerate(tokens)}
+    types = list(meta.get("tokenizer.ggml.token_type") or ())
+    # CONTROL / USER_DEFINED tokens are written as their text (llama.cpp's convert writes an added token such as
+    # "<｜end▁of▁sentence｜>" or "<｜User｜>" as is, and matches it whole in the text); they keep that spelling, as
+    # the added tokens of the original tokenizer.json do (ByteLevel decodes a token with characters outside the
+    # byte alphabet as its UTF-8). Any other token outside the byte alphabet is respelled in it.
+    raw = {i for i, t in enumerate(types) if t in (CONTROL, USER_DEFINED)}
+    keys = [t if set(t) <= alphabet or i in raw else "".join(spelling[b] for b in t.encode("utf-8"))
+            for i, t in enumerate(tokens)]
+    vocab = {k: i for i, k in enumerate(keys)}
     if "tokenizer.ggml.merges" not in meta:
         raise NotImplementedError("GGUF byte-level BPE vocabulary without tokenizer.ggml.merges")
     merges = _gguf_merges(meta)
@@ -122,7 +134,7 @@ def byte_level_from_gguf(meta: Mapping[str, Any]) -> Tokenizer:
                               end_of_word_suffix="", fuse_unk=False, ignore_merges=pre in IGNORE_MERGES_PRE))
     tk.pre_tokenizer = byte_level_pre_tokenizer(pre)
     tk.decoder = decoders.ByteLevel()
-    _special_added_tokens(tk, tokens, meta.get("tokenizer.ggml.token_type"), True, _special_ids(meta))
+    _special_added_tokens(tk, tokens, types, keys, _special_ids(meta))
     return tk
 
 
@@ -162,7 +174,7 @@ def sentencepiece_from_gguf(meta: Mapping[str, Any]) -> Tokenizer:
     if prefix:
         seq.append(decoders.Strip(content=" ", left=1, right=0))
     tk.decoder = decoders.Sequence(seq)
-    _special_added_tokens(tk, tokens, meta.get("tokenizer.ggml.token_type"), False, _special_ids(meta))
+    _special_added_tokens(tk, tokens, meta.get("tokenizer.ggml.token_type"), tokens, _special_ids(meta))
     return tk
 
 

@@ -6,7 +6,10 @@ Text is finalised token by token the way vLLM does it: the ids are decoded in a 
 O(new tokens); starting the window a few tokens back (into the prompt at first) keeps the
 context that decoders such as SentencePiece's leading-space strip depend on. Text whose last
 character is U+FFFD (an incomplete UTF-8 sequence) is held back until a later token completes
-it (or until flush()).
+it (or until flush()). With a SentencePiece ByteFallback decoder a trailing run of <0xNN> byte
+tokens is held back until a token that is not one ends it: the decoder decodes each run as a
+whole, one U+FFFD per byte when the run is not valid UTF-8, so characters complete so far could
+still turn into U+FFFD (streamed text would then differ from decode(all ids)).
 
 Stop strings are matched on the finalised text; the longest tail that could still begin a stop
 string (at most max(len(stop)) - 1 characters) is held back until it is resolved. Only that
@@ -45,6 +48,9 @@ class IncrementalDetokenizer:
         self.include_stop_str_in_output = include_stop_str_in_output
         self._max_stop = max((len(s) for s in self.stop), default=0)
         self._ids: list[int] = [int(i) for i in prompt_ids]
+        self._byte_ids: frozenset[int] = getattr(tokenizer, "byte_fallback_ids", frozenset())
+        self._skipped: frozenset[int] = (frozenset(getattr(tokenizer, "all_special_ids", ()))
+                                         if skip_special_tokens and self._byte_ids else frozenset())
         self._n_prompt = len(self._ids)
         self._prefix_offset = max(self._n_prompt - INITIAL_OFFSET, 0)
         self._read_offset = self._n_prompt
@@ -76,9 +82,22 @@ class IncrementalDetokenizer:
     def _decode(self, start: int, end: int | None = None) -> str:
         return self.tokenizer.decode(self._ids[start:end], skip_special_tokens=self.skip_special_tokens)
 
+    def _in_byte_run(self) -> bool:
+        """Whether the last decoded token is a ByteFallback byte token (skipped special tokens and ids outside
+        the vocabulary do not end a run: the decoder never sees them)."""
+        n = len(self._ids) if self._byte_ids else 0
+        vocab = getattr(self.tokenizer, "vocab_size", None)
+        for k in range(n - 1, self._read_offset - 1, -1):
+            i = self._ids[k]
+            if i in self._byte_ids:
+                return True
+            if i not in self._skipped and (vocab is None or 0 <= i < vocab):
+                return False
+        return False
+
     def _finalise(self, final: bool) -> str:
         """The newly complete text of the token window ("" while a character is incomplete)."""
-        if self._read_offset >= len(self._ids):
+        if self._read_offset >= len(self._ids) or (not final and self._in_byte_run()):
             return ""
         prefix_text = self._decode(self._prefix_offset, self._read_offset)
         new_text = self._decode(self._prefix_offset)
