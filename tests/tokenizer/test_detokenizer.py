@@ -132,3 +132,33 @@ def test_work_per_call_is_bounded(tok):
     d.flush()
     assert d.text == tok.decode(ids)
     assert max(calls) <= 12, f"decoded windows up to {max(calls)} tokens"
+
+
+class _CharTok:
+    """One token per character (id = code point); decode joins them."""
+    vocab_size = 0x110000
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i) for i in ids)
+
+
+def _stream(text, chunks=1, **kw):
+    d = IncrementalDetokenizer(_CharTok(), [], **kw)
+    ids = [ord(c) for c in text]
+    out = "".join(d.add(ids[i:i + chunks]) for i in range(0, len(ids), chunks))
+    if not d.stopped:
+        out += d.flush()
+    return out, d.stop_reason
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 3, 7])
+def test_min_tokens_stop_string_may_begin_inside_the_first_tokens(chunks):
+    """vLLM's rule: a match must end past the first min_tokens tokens' text but may begin inside it. Was: only text
+    after min_tokens was searched, so 's.' in ' Paris.' with min_tokens = 6 (the match ends at token 7) was missed."""
+    assert _stream(" Paris. More", chunks, stop=["s."], min_tokens=6) == (" Pari", "s.")
+    # a match ending inside min_tokens' text does not count; the next one past it does
+    assert _stream("ab ab ab", chunks, stop=["ab"], min_tokens=2) == ("ab ", "ab")
+    assert _stream("ab ab ab", chunks, stop=["ab"], min_tokens=5) == ("ab ab ", "ab")
+    assert _stream("xyz", chunks, stop=["xyz"], min_tokens=3) == ("xyz", None)    # ends at token 3 exactly
+    assert _stream("xyzxyz", chunks, stop=["xyz", "zx"], min_tokens=3) == ("xy", "zx")
+    assert _stream("abc", chunks, stop=["c"], min_tokens=0) == ("ab", "c")

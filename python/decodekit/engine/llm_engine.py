@@ -435,9 +435,9 @@ class LLMEngine:
             frozenset() if params.ignore_eos else frozenset(self.eos_token_ids))
         seqs = []
         for i, child in enumerate(children):
-            # stop strings count only once min_tokens are out (set_stop in _on_tokens)
+            # a stop string's match must end past the first min_tokens tokens' text (it may begin inside it)
             detok = IncrementalDetokenizer(self.tokenizer, ids, skip_special_tokens=params.skip_special_tokens,
-                                           stop=params.stop if params.min_tokens == 0 else None,
+                                           stop=params.stop, min_tokens=params.min_tokens,
                                            include_stop_str_in_output=params.include_stop_str_in_output)
             out = CompletionOutput(index=i, logprobs=[] if params.logprobs is not None else None,
                                    cumulative_logprob=0.0 if params.logprobs is not None else None)
@@ -699,14 +699,13 @@ class LLMEngine:
                 text = s.detok.add([tok])
                 s.out.text += text
                 s.out.delta_text += text
-            if p.min_tokens and len(s.out.token_ids) == p.min_tokens and p.stop:
-                s.detok.set_stop(p.stop)
             if token_stop and p.guide_error is not None:   # the guide gave up: not a match, say so
                 self._finish(s, "error", p.guide_error)
                 self.scheduler.finish_request(s.request.request_id, RequestStatus.FINISHED_ERROR)
                 return
-            if token_stop:
-                self._finish(s, "stop", tok if tok in (p.stop_token_ids or []) else None)
+            if token_stop:      # (vLLM: EOS reports no stop_reason, even when stop_token_ids lists it too)
+                eos = tok == self.tokenizer.eos_token_id and not p.ignore_eos
+                self._finish(s, "stop", tok if tok in (p.stop_token_ids or []) and not eos else None)
                 self.scheduler.finish_request(s.request.request_id, RequestStatus.FINISHED_STOPPED)
                 return
             if can_stop and s.detok.stopped:
@@ -728,6 +727,8 @@ class LLMEngine:
             tail = s.detok.flush()
             s.out.text += tail
             s.out.delta_text += tail
+            if s.detok.stopped and reason in ("length", "stop"):   # a stop string completed by the flush
+                reason, stop_reason = "stop", s.detok.stop_reason
         s.out.finish_reason = reason
         s.out.stop_reason = stop_reason
         g = self._groups[s.request.parent_id or s.request.request_id]

@@ -13,7 +13,9 @@ still turn into U+FFFD (streamed text would then differ from decode(all ids)).
 
 Stop strings are matched on the finalised text; the longest tail that could still begin a stop
 string (at most max(len(stop)) - 1 characters) is held back until it is resolved. Only that
-tail and the new text are searched, so stop handling is O(new text) too.
+tail and the new text are searched, so stop handling is O(new text) too. With min_tokens, a match
+must end in text past the first min_tokens tokens' (vLLM's rule: it may begin inside it), so the
+tail is held back from the first token on.
 """
 from __future__ import annotations
 
@@ -39,7 +41,8 @@ class IncrementalDetokenizer:
     """
 
     def __init__(self, tokenizer, prompt_ids: Iterable[int] = (), skip_special_tokens: bool = True,
-                 stop: Iterable[str] | str | None = None, include_stop_str_in_output: bool = False):
+                 stop: Iterable[str] | str | None = None, include_stop_str_in_output: bool = False,
+                 min_tokens: int = 0):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         if isinstance(stop, str):
@@ -59,14 +62,11 @@ class IncrementalDetokenizer:
         self.stopped = False
         self.stop_reason: str | None = None
         self.finished = False
-
-    def set_stop(self, stop: Iterable[str] | str | None) -> None:
-        """Start (or change) stop-string matching; only text finalised from now on is
-        searched (how min_tokens defers stop strings)."""
-        if isinstance(stop, str):
-            stop = [stop]
-        self.stop = [s for s in (stop or ()) if s]
-        self._max_stop = max((len(s) for s in self.stop), default=0)
+        self._min_tokens = max(int(min_tokens), 0)
+        self._emitted = 0       # characters returned so far (len(text))
+        # a stop string's match must end past this character offset: the end of the text of the first
+        # min_tokens tokens, unknown (infinite) until they are out
+        self._min_end: float = 0 if self._min_tokens == 0 else float("inf")
 
     @property
     def token_ids(self) -> list[int]:
@@ -118,6 +118,8 @@ class IncrementalDetokenizer:
         best: tuple[int, str] | None = None
         for s in self.stop:
             i = self._pending.find(s, max(searched - len(s) + 1, 0))
+            while i >= 0 and self._emitted + i + len(s) <= self._min_end:   # ends inside min_tokens' text
+                i = self._pending.find(s, i + 1)
             if i >= 0 and (best is None or i < best[0]):
                 best = (i, s)
         if best is not None:
@@ -139,16 +141,22 @@ class IncrementalDetokenizer:
         delta, self._pending = self._pending[:cut], self._pending[cut:]
         if delta:
             self._chunks.append(delta)
+            self._emitted += len(delta)
         return delta
 
     def add(self, token_ids: Iterable[int] | int) -> str:
         """Appends generated ids; returns the text they finalised (possibly "")."""
         if self.stopped or self.finished:
             return ""
-        if isinstance(token_ids, int):
-            token_ids = [token_ids]
-        self._ids.extend(int(i) for i in token_ids)
+        ids = [token_ids] if isinstance(token_ids, int) else [int(i) for i in token_ids]
+        before = self._min_tokens - len(self.token_ids)     # tokens still inside min_tokens
+        if 0 < before < len(ids):                           # (the boundary inside this batch of ids)
+            head = self.add(ids[:before])
+            return head + self.add(ids[before:])
+        self._ids.extend(ids)
         self._take(self._finalise(final=False))
+        if before > 0 and before == len(ids):               # the min_tokens-th token: matches may end past here
+            self._min_end = self._emitted + len(self._pending)
         if self.stopped:
             return self._release(0)
         return self._release(self._held_back() if self.stop else 0)
