@@ -105,6 +105,9 @@ class DecodeBucket:
         md.slot_mapping[:B].copy_(slots, non_blocking=True)
         md.slot_mapping[B:].fill_(-1)
         md.block_tables[:B, :nb].copy_(tables, non_blocking=True)
+        # padding rows read one key of block 0: a row a larger batch used keeps that sequence's table, whose
+        # leading entries may be RELEASED (-1, a sliding window's), outside the cache
+        md.block_tables[B:, 0].fill_(0)
         md.seq_lens[:B].copy_(seq_lens, non_blocking=True)
         md.seq_lens[B:].fill_(1)
         if self.graph is not None:

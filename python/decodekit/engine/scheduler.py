@@ -37,7 +37,8 @@ finish_request(request_id, RequestStatus.FINISHED_STOPPED) after update_from_out
 
 Beam search (engine/beam_group.py): a `paused` request is skipped in both queues (it keeps its
 blocks while its group picks its next token; if only paused requests run and a waiting one
-cannot get blocks, the newest paused one is preempted, so the queue always moves);
+cannot get blocks, or only paused ones run before a request that cannot grow, the newest paused one is
+preempted, so the queue always moves);
 replace_last_token() swaps a request's sampled, not yet computed token; add_forked() puts a
 child in the running queue with the parent's full blocks shared and its partial block copied
 (SchedulerOutput.blocks_to_copy, done by the runner before the next forward). Resumed beams
@@ -333,6 +334,13 @@ class Scheduler:
             if cfg.sliding_window is not None:
                 kv.release_out_of_window(req, cfg.sliding_window)
             while not kv.allocate_slots(req, num_new):
+                if self.running[-1] is req and 0 < i and all(r.paused for r in self.running[:i]):
+                    # only paused beams before it: they keep their blocks until their group goes on, which
+                    # may wait for a request queued behind this one (preempting itself, it would be
+                    # readmitted first and preempt itself again, forever); the newest paused one goes
+                    self._preempt(self.running.pop(i - 1), out)
+                    i -= 1
+                    continue
                 if self.running[-1] is req:
                     self.running.pop()
                     if i == 0:      # alone and still does not fit: it never will
