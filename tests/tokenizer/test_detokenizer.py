@@ -15,11 +15,12 @@ TEXTS = [
 ]
 
 
-def stream(tok, ids, prompt=(), chunk=1, rng=None, **kw):
+def stream(tok, ids, prompt=(), chunk=1, rng=None, sizes=(1, 2, 3, 4, 5), **kw):
+    """Streams ids in chunks (of `chunk`, or of random `sizes` with rng); returns (detokenizer, deltas)."""
     d = IncrementalDetokenizer(tok, prompt, **kw)
     deltas, i = [], 0
     while i < len(ids):
-        n = rng.randrange(1, 6) if rng else chunk
+        n = rng.choice(sizes) if rng else chunk
         deltas.append(d.add(ids[i:i + n]))
         i += n
         if d.stopped:

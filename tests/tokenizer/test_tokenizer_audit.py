@@ -15,6 +15,7 @@ from decodekit.tokenizer import builders
 from decodekit.tokenizer.chat import CHATML_TEMPLATE, LLAMA3_TEMPLATE, PLAIN_TEMPLATE
 
 sys.path.insert(0, os.path.dirname(__file__))
+from test_detokenizer import stream as _stream  # noqa: E402
 from test_sentencepiece_gguf import write_sp_gguf  # noqa: E402
 
 # adversarial pieces: CJK, emoji (ZWJ, flags, skin tones), combining marks, RTL and bidi controls, CRLF, tabs,
@@ -44,18 +45,8 @@ def rand_text(rng: random.Random, n: int | None = None) -> str:
 
 
 def stream(tok, ids, prompt=(), rng=None, **kw):
-    """Streams ids in chunks of 1..7 (1 when rng is None); returns (detokenizer, deltas)."""
-    d = IncrementalDetokenizer(tok, prompt, **kw)
-    deltas, i = [], 0
-    while i < len(ids):
-        n = rng.choice([1, 1, 1, 2, 3, 7]) if rng else 1
-        deltas.append(d.add(ids[i:i + n]))
-        i += n
-        if d.stopped:
-            break
-    deltas.append(d.flush())
-    assert "".join(deltas) == d.text
-    return d, deltas
+    """test_detokenizer's streaming, in chunks of 1..7 (1 when rng is None)."""
+    return _stream(tok, ids, prompt, rng=rng, sizes=(1, 1, 1, 2, 3, 7), **kw)
 
 
 @pytest.fixture(scope="module")
