@@ -18,7 +18,11 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Mapping
 
+import logging
+
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+log = logging.getLogger("decodekit.tokenizer")
 
 # token types in tokenizer.ggml.token_type (llama.cpp's llama_token_type)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -35,23 +39,52 @@ _GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm
                 r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
                 r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
+_QWEN35_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_SEED_CODER_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+"
+                     r"|\s+(?!\S)|\s+")
+_BAILING_SPLIT = (r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)"
+                  r"|\s+")
+_GPT2_NO_WS = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"          # llama.cpp's [一-龥ࠀ-一가-퟿]+
+_NO_PUNCT_RUN = " ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+"   # bloom: ' ?[^(\s|.,!?…。，、।۔،)]+'
+
 # tokenizer.ggml.pre -> the split regex applied before the byte-level mapping (as transformers'
-# GGUF_PRE_TOKENIZER_SPLITS; these all match llama.cpp's regexes).
+# GGUF_PRE_TOKENIZER_SPLITS; these all match llama.cpp's regexes), or a tuple of them: llama.cpp splits with
+# each in turn (every fragment the ones before left, matches and the text between them isolated), as the
+# original tokenizer.json's Sequence of Split pre-tokenizers does.
 PRE_SPLITS = {
     **dict.fromkeys(["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
-                     "dbrx", "smaug-bpe"], _LLAMA3_SPLIT),
-    **dict.fromkeys(["qwen2", "deepseek-r1-qwen", "megrez"], _QWEN2_SPLIT),
+                     "jina-v5-nano", "dbrx", "smaug-bpe", "chatglm-bpe", "glm4"], _LLAMA3_SPLIT),
+    **dict.fromkeys(["qwen2", "deepseek-r1-qwen", "megrez", "kormo", "f2llmv2", "stablelm2", "hunyuan", "grok-2"],
+                    _QWEN2_SPLIT),
+    "qwen35": _QWEN35_SPLIT,
     "tekken": _TEKKEN_SPLIT,
-    **dict.fromkeys(["gpt-4o", "llama4", "minimax-m2"], _GPT4O_SPLIT),
+    **dict.fromkeys(["gpt-4o", "llama4", "minimax-m2", "kanana2", "talkie"], _GPT4O_SPLIT),
+    "seed-coder": _SEED_CODER_SPLIT,
+    **dict.fromkeys(["bailingmoe", "bailingmoe2", "llada-moe"], _BAILING_SPLIT),
+    **dict.fromkeys(["deepseek-v3", "hunyuan-dense"], (
+        r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+        r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*"
+        r"|\s*[\r\n]+|\s+(?!\S)|\s+")),
+    "deepseek-coder": (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}"),
+    "falcon": (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2_NO_WS, r"[0-9][0-9][0-9]"),
+    **dict.fromkeys(["poro-chat", "bloom", "gpt3-finnish"], _NO_PUNCT_RUN),
+    "viking": (_NO_PUNCT_RUN, r"\p{N}"),
+    "chameleon": (r"<sentinel:[0-9]+>", r"(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z", r"([\t\n]|    |  )", r"\p{N}",
+                  r"[\p{P}!-/:-@\[-`{-~]", _GPT2_NO_WS),
 }
+# llama.cpp's names for the GPT-2 regex (ByteLevel's own): no split of their own.
+GPT2_PRE = {"gpt2", "gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v1-en", "jina-v2-es", "jina-v2-de",
+            "jina-v2-code", "roberta-bpe", "mpt", "olmo", "jais", "trillion", "granite-docling", "exaone4"}
 # llama.cpp: {"\p{N}", GPT-2 regex} -- digits isolated first, then the GPT-2 regex.
 DIGIT_SPLIT_PRE = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"}
 # llama.cpp sets tokenizer_ignore_merges for these (as the original tokenizer.json's "ignore_merges").
 IGNORE_MERGES_PRE = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
-                     "tekken"}
+                     "jina-v5-nano", "tekken"}
 # llama.cpp adds BOS by default for these when the file has no tokenizer.ggml.add_bos_token.
 ADD_BOS_DEFAULT_PRE = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
-                       "tekken", "chameleon"}
+                       "jina-v5-nano", "tekken", "chameleon"}
 
 # Tokens llama.cpp treats as end-of-generation when the vocabulary marks them CONTROL.
 END_OF_GENERATION_TOKENS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
@@ -75,12 +108,17 @@ def bytes_to_unicode() -> dict[int, str]:
 def byte_level_pre_tokenizer(pre: str | None):
     """The pre-tokenizer for a byte-level vocabulary whose tokenizer.ggml.pre is `pre`."""
     if pre in PRE_SPLITS:
-        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(PRE_SPLITS[pre]), behavior="isolated"),
-                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        splits = PRE_SPLITS[pre] if isinstance(PRE_SPLITS[pre], tuple) else (PRE_SPLITS[pre],)
+        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits]
+                                       + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     if pre in DIGIT_SPLIT_PRE:
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
                                         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
-    # "gpt2", "default" and anything unknown: the GPT-2 regex (built into ByteLevel)
+    if pre not in GPT2_PRE and pre not in (None, "", "default"):
+        log.warning("tokenizer.ggml.pre %r: no split of its own here (llama.cpp's deepseek-llm, superbpe, kimi-k2, "
+                    "afmoe... or a newer name); splitting with the GPT-2 regex, some texts may encode differently "
+                    "from the original tokenizer", pre)
+    # "gpt2" and its aliases, "default", no name and anything unknown: the GPT-2 regex (built into ByteLevel)
     return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
 
 
