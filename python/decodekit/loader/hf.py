@@ -54,7 +54,8 @@ def _rope(cfg: dict[str, Any], defaults: dict, src: str = "config.json",
     """(rope_theta, rope_scaling, partial_rotary_factor) from a transformers 4.x config (rope_theta +
     rope_scaling) or a 5.x one (rope_parameters: {"rope_theta", "rope_type", ...}). Phi-3 as Phi3Config reads
     it: rope type "su" / "yarn" mean LongRoPE, the top-level original_max_position_embeddings (default 4096)
-    wins, partial_rotary_factor at the top level or in rope_parameters."""
+    wins, partial_rotary_factor at the top level or in rope_parameters. Every architecture: a top-level
+    original_max_position_embeddings wins for llama3 / yarn / longrope (transformers 5's standardize_rope_params)."""
     params = cfg.get("rope_parameters")
     scaling = cfg.get("rope_scaling")
     theta = cfg.get("rope_theta")
@@ -84,8 +85,11 @@ def _rope(cfg: dict[str, Any], defaults: dict, src: str = "config.json",
                 orig, f"{src}: original_max_position_embeddings", maximum=MAX_POSITION_EMBEDDINGS)
         if scaling.get("rope_type", "default") == "default":
             scaling = None
-        elif scaling["rope_type"] in ("yarn", "longrope") and scaling.get("original_max_position_embeddings") is None \
-                and cfg.get("original_max_position_embeddings") is not None:   # (top level: transformers reads it)
+        elif scaling["rope_type"] in ("llama3", "yarn", "longrope") \
+                and cfg.get("original_max_position_embeddings") is not None:
+            # transformers 5 (PreTrainedConfig.standardize_rope_params): a top-level value wins over the rope dict's
+            # own for these three types, on every architecture (was: only filled in when the dict lacked one, and
+            # not for llama3, so a config holding two values got the dict's: other frequencies than transformers')
             scaling["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
     else:
         partial = None
