@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.prompts import encode_prompt, truncate_prompt
 from ..sampling.reasoning import ReasoningStream, get_reasoning_parser, prompt_mode, split_reasoning
@@ -62,12 +63,20 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
     app.state.aeng, app.state.cfg, app.state.metrics = aeng, cfg, metrics
     eng = aeng.engine
     tok = eng.tokenizer
+    tok.token_bytes()       # (built once, ~0.2 s, now: logprobs' bytes / text_offset read it on the event loop)
     vocab = eng.model_config.vocab_size
     defaults = eng.default_sampling     # the model's generation config: fields a request leaves out
 
     @app.exception_handler(P.APIError)
     async def _api_error(_req, e: P.APIError):
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(req, e: StarletteHTTPException):  # unknown path / method: OpenAI's error body too
+        msg = f"Invalid URL ({req.method} {req.url.path})" if e.status_code == 404 else \
+            f"method {req.method} is not allowed on {req.url.path}" if e.status_code == 405 else str(e.detail)
+        return JSONResponse(P.APIError(e.status_code, msg).body(), status_code=e.status_code,
+                            headers=getattr(e, "headers", None))
 
     @app.exception_handler(Exception)
     async def _internal(_req, e: Exception):  # never a bare 500 page; the engine keeps running
@@ -398,7 +407,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                 plp_json = P.prompt_logprobs_json(out.prompt_logprobs, out.prompt_token_ids, plp) \
                     if plp is not None else None
                 for c in out.outputs:
-                    text, lps = (c.text, P.completion_logprobs(tok, c, 0, len(head))) if gen_tokens else ("", None)
+                    text, lps = (c.text, P.completion_logprobs(tok, c, 0, len(head), params.skip_special_tokens)) \
+                        if gen_tokens else ("", None)
                     ctoks += len(c.token_ids) if gen_tokens else 0
                     for idx in indices(i, c):
                         choice = {"index": idx, "text": head + text,
@@ -417,6 +427,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             return await json_reply(lambda: completion_reply(outs))
 
         def chunk(choices, **extra):
+            if include_usage:   # (OpenAI: every chunk has usage, null but on the last / continuous_usage_stats')
+                extra.setdefault("usage", None)
             return sse({"id": rid, "object": "text_completion", "created": created, "model": cfg.model_name,
                         "choices": choices, **extra})
 
@@ -424,6 +436,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             ptoks, ctoks, done = {}, {}, set()
             heads: dict[int, int] = {}            # echo: the prompt's length in characters, once sent
             sent: dict[int, tuple[int, int]] = {}  # tokens and characters of the completion sent so far
+            cursors: dict[int, P.OffsetCursor] = {}    # logprobs' text_offset, token by token
             last: dict[int, float] = {}
             try:
                 async for i, out in merged(streams):
@@ -439,18 +452,22 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                                     continue
                                 head, head_lp = echoed(i, out)
                                 heads[idx] = len(head)
-                                yield chunk([{"index": idx, "text": head, "logprobs": head_lp, "finish_reason": None}])
+                                yield chunk([{"index": idx, "text": head, "logprobs": head_lp, "finish_reason": None}],
+                                            **({"usage": P.usage(ptoks[i], 0)} if each_usage else {}))
                             if not gen_tokens:            # echo only: the computed token is not shown
                                 if c.finish_reason:
                                     done.add(idx)
                                     yield chunk([{"index": idx, "text": "", "logprobs": None,
-                                                  "finish_reason": "length"}])
+                                                  "finish_reason": "length"}],
+                                                **({"usage": P.usage(ptoks[i], 0)} if each_usage else {}))
                                 continue
                             ntok, nchr = sent.get(idx, (0, 0))
                             text = c.text[nchr:]
                             if len(c.token_ids) == ntok and not text and not c.finish_reason:
                                 continue
-                            lps = P.completion_logprobs(tok, c, ntok, heads.get(idx, 0) + nchr)
+                            cur = cursors.setdefault(idx, P.OffsetCursor(tok, params.skip_special_tokens))
+                            lps = P.completion_logprobs(tok, c, ntok, heads.get(idx, 0), params.skip_special_tokens,
+                                                        cur)
                             sent[idx] = (len(c.token_ids), len(c.text))
                             ctoks[idx] = len(c.token_ids)
                             itl(last, idx, c)
@@ -544,7 +561,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                 if thinker:     # (vLLM's newer name "reasoning" too)
                     msg["reasoning_content"] = msg["reasoning"] = reasoning
                 choices.append({"index": c.index, "message": msg,
-                                "logprobs": P.chat_logprobs(c, 0, top or 0) if want_lp else None,
+                                "logprobs": P.chat_logprobs(c, 0, top or 0, tok) if want_lp else None,
                                 "finish_reason": finish})
             resp = {"id": rid, "object": "chat.completion", "created": created, "model": cfg.model_name,
                     "choices": choices,
@@ -559,6 +576,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             return await json_reply(lambda: chat_reply(out))
 
         def chunk(choices, **extra):
+            if include_usage:   # (OpenAI: every chunk has usage, null but on the last / continuous_usage_stats')
+                extra.setdefault("usage", None)
             return sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": cfg.model_name,
                         "choices": choices, **extra})
 
@@ -612,7 +631,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
             try:
                 yield chunk([{"index": i, "delta": {"role": "assistant", "content": "" if schema is None else None},
                               "logprobs": None,
-                              "finish_reason": None} for i in range(params.n)])
+                              "finish_reason": None} for i in range(params.n)],
+                            **({"usage": P.usage(len(ids), 0)} if each_usage else {}))
                 async for _, out in merged(streams):
                     for c in out.outputs:
                         if c.index in done or (not c.delta_token_ids and not c.delta_text and not c.finish_reason):
@@ -644,7 +664,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                         if c.finish_reason:
                             done.add(c.index)
                         yield chunk([{"index": c.index, "delta": delta,
-                                      "logprobs": P.chat_logprobs(c, start_tok, top or 0) if want_lp else None,
+                                      "logprobs": P.chat_logprobs(c, start_tok, top or 0, tok) if want_lp else None,
                                       "finish_reason": finish}],
                                     **({"usage": P.usage(len(ids), len(c.token_ids))} if each_usage else {}))
                     if out.finished:

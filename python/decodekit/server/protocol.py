@@ -404,28 +404,85 @@ def now() -> int:
     return int(time.time())
 
 
-def _legacy_logprobs(tokenizer, ids, entries, offset0: int = 0, n: int | None = None) -> dict:
-    """Legacy completions logprobs (tokens, token_logprobs, top_logprobs, text_offset) of token ids and their
-    {id: Logprob} entries (None: no logprob, as a prompt's first token); n: keep the top-n ranks (and the
-    token itself) of entries that hold more."""
-    toks, lps, tops, offs = [], [], [], []
-    off = offset0
-    for tid, entry in zip(ids, entries):
-        s = tokenizer.decode([tid], skip_special_tokens=False)
-        toks.append(s)
-        lps.append(entry[tid].logprob if entry is not None and tid in entry else None)
-        tops.append(None if entry is None else {(e.decoded_token or ""): e.logprob for t, e in entry.items()
+def _lp(v: float | None) -> float | None:
+    """A logprob as JSON can carry it: -inf (a token the model's logits rule out) as -9999.0, as vLLM."""
+    return v if v is None or v >= -9999.0 else -9999.0
+
+
+def token_bytes_of(tokenizer, tid: int, skip_special_tokens: bool = False) -> bytes:
+    """The bytes token `tid` stands for in text (a byte-level token's raw bytes, which may be part of a UTF-8
+    character; a special / added token's text, none when skip_special_tokens drops it from text)."""
+    table = tokenizer.token_bytes()[0]
+    b = table[tid] if 0 <= tid < len(table) else None
+    return b if b is not None else tokenizer.decode([tid], skip_special_tokens=skip_special_tokens).encode("utf-8")
+
+
+class OffsetCursor:
+    """Where each token begins in the text of a token stream (characters), as OpenAI's text_offset: the characters
+    decoded from the bytes before it (a token inside a multi-byte character begins at that character). Fed in
+    order (offsets(ids) with the ids so far: only the new ones are decoded, so a stream's offsets cost O(new
+    tokens) a chunk). Tokenizers whose text is not their tokens' bytes joined (SentencePiece's stripped leading
+    space), found on the first tokens, count the lengths of the tokens decoded alone instead."""
+
+    def __init__(self, tokenizer, skip_special_tokens: bool = False):
+        import codecs
+        self.tok, self.skip = tokenizer, skip_special_tokens
+        self.dec = codecs.getincrementaldecoder("utf-8")("replace")
+        self.offs: list[int] = []
+        self.chars = 0
+        self.by_bytes: bool | None = None      # decided on the first tokens
+
+    def offsets(self, ids) -> list[int]:
+        """The offsets of ids (from 0); ids extends the ids of earlier calls."""
+        new = list(ids[len(self.offs):])
+        if self.by_bytes is None and new:
+            self.by_bytes = self._bytes_rebuild(new)
+        for t in new:
+            self.offs.append(self.chars)
+            if self.by_bytes:
+                self.chars += len(self.dec.decode(token_bytes_of(self.tok, t, self.skip)))
+            else:
+                self.chars += len(self.tok.decode([t], skip_special_tokens=False))
+        return self.offs[:len(ids)]
+
+    def _bytes_rebuild(self, ids) -> bool:
+        import codecs
+        dec = codecs.getincrementaldecoder("utf-8")("replace")
+        joined = "".join(dec.decode(token_bytes_of(self.tok, t, self.skip)) for t in ids) + dec.decode(b"", True)
+        return joined == self.tok.decode(ids, skip_special_tokens=self.skip)
+
+
+def text_offsets(tokenizer, ids, offset0: int = 0, skip_special_tokens: bool = False) -> list[int]:
+    """Where each token of `ids` begins in their text (characters, after offset0): OffsetCursor over all of them."""
+    return [offset0 + o for o in OffsetCursor(tokenizer, skip_special_tokens).offsets(ids)]
+
+
+def _legacy_logprobs(tokenizer, ids, entries, offset0: int = 0, n: int | None = None, start: int = 0,
+                     skip_special_tokens: bool = False, cursor: OffsetCursor | None = None) -> dict:
+    """Legacy completions logprobs (tokens, token_logprobs, top_logprobs, text_offset) of token ids[start:] and
+    their {id: Logprob} entries (None: no logprob, as a prompt's first token); text_offset counts from offset0 at
+    ids[0] (the tokens before start place the rest; a stream passes its choice's cursor); n: keep the top-n ranks
+    (and the token itself) of entries that hold more."""
+    ids = list(ids)
+    toks, lps, tops = [], [], []
+    for tid, entry in zip(ids[start:], entries[start:]):
+        toks.append(tokenizer.decode([tid], skip_special_tokens=False))
+        lps.append(_lp(entry[tid].logprob) if entry is not None and tid in entry else None)
+        tops.append(None if entry is None else {(e.decoded_token or ""): _lp(e.logprob) for t, e in entry.items()
                                                 if n is None or t == tid or (e.rank is not None and e.rank <= n)})
-        offs.append(off)
-        off += len(s)
+    cursor = cursor or OffsetCursor(tokenizer, skip_special_tokens)
+    offs = [offset0 + o for o in cursor.offsets(ids)[start:]]
     return {"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs}
 
 
-def completion_logprobs(tokenizer, out, start: int = 0, offset0: int = 0) -> dict | None:
-    """Legacy completions logprobs of out.token_ids[start:]."""
+def completion_logprobs(tokenizer, out, start: int = 0, offset0: int = 0,
+                        skip_special_tokens: bool = True, cursor: OffsetCursor | None = None) -> dict | None:
+    """Legacy completions logprobs of out.token_ids[start:]; offset0: where the completion's text begins in the
+    choice's text (after an echoed prompt); cursor: the choice's OffsetCursor in a stream."""
     if out.logprobs is None:
         return None
-    return _legacy_logprobs(tokenizer, out.token_ids[start:], out.logprobs[start:], offset0)
+    return _legacy_logprobs(tokenizer, out.token_ids, out.logprobs, offset0, None, start, skip_special_tokens,
+                            cursor)
 
 
 def prompt_logprobs_json(table, ids: list[int], n: int) -> list | None:
@@ -434,7 +491,8 @@ def prompt_logprobs_json(table, ids: list[int], n: int) -> list | None:
     hold more when echo asked for more)."""
     if table is None:
         return None
-    return [None if e is None else {str(t): {"logprob": v.logprob, "rank": v.rank, "decoded_token": v.decoded_token}
+    return [None if e is None else {str(t): {"logprob": _lp(v.logprob), "rank": v.rank,
+                                             "decoded_token": v.decoded_token}
                                     for t, v in e.items() if t == tid or v.rank <= n}
             for e, tid in zip(table, ids)]
 
@@ -459,19 +517,24 @@ def join_logprobs(a: dict | None, b: dict | None) -> dict | None:
     return {k: a[k] + b[k] for k in a}
 
 
-def chat_logprobs(out, start: int, top: int) -> dict | None:
+def chat_logprobs(out, start: int, top: int, tokenizer=None) -> dict | None:
+    """Chat logprobs of out.token_ids[start:]: {"content": [{token, logprob, bytes, top_logprobs}]}; bytes are the
+    token's own bytes (with the tokenizer: a token holding part of a UTF-8 character gives those bytes, not
+    its U+FFFD's), so a client joining them gets the reply's text."""
     if out.logprobs is None:
         return None
+
+    def raw(tid: int, s: str) -> list[int]:
+        return list(token_bytes_of(tokenizer, tid) if tokenizer is not None else s.encode("utf-8"))
     content = []
     for tid, entry in zip(out.token_ids[start:], out.logprobs[start:]):
         e = entry.get(tid)
         s = e.decoded_token if e is not None and e.decoded_token is not None else ""
         ranked = sorted(((t, x) for t, x in entry.items() if x.rank is not None and x.rank <= top),
                         key=lambda kv: kv[1].rank)[:top]
-        content.append({"token": s, "logprob": e.logprob if e is not None else None,
-                        "bytes": list(s.encode("utf-8")),
-                        "top_logprobs": [{"token": x.decoded_token or "", "logprob": x.logprob,
-                                          "bytes": list((x.decoded_token or "").encode("utf-8"))} for _, x in ranked]})
+        content.append({"token": s, "logprob": _lp(e.logprob) if e is not None else None, "bytes": raw(tid, s),
+                        "top_logprobs": [{"token": x.decoded_token or "", "logprob": _lp(x.logprob),
+                                          "bytes": raw(t, x.decoded_token or "")} for t, x in ranked]})
     return {"content": content}
 
 
