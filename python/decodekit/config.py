@@ -162,6 +162,8 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.rope_theta must be a finite number > 0, got {self.rope_theta!r}")
         if not _number(self.rms_norm_eps) or self.rms_norm_eps < 0:
             raise ValueError(f"ModelConfig.rms_norm_eps must be a finite number >= 0, got {self.rms_norm_eps!r}")
+        if self.partial_rotary_factor == 1.0 and self.head_dim % 2:
+            raise ValueError(f"ModelConfig.head_dim must be even (RoPE rotates pairs of features), got {self.head_dim}")
         if not _number(self.partial_rotary_factor) or not 0 < self.partial_rotary_factor <= 1 or \
                 self.rotary_dim < 2 or self.rotary_dim % 2:
             raise ValueError(f"ModelConfig.partial_rotary_factor must be in (0, 1] with int(head_dim * factor) even "

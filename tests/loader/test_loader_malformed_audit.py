@@ -157,6 +157,7 @@ def _hf(d, cfg, weights, config=None, tok_vocab=None, **kw):
     (dict(max_position_embeddings=1 << 40), r"max_position_embeddings must be an integer \[1, 16777216\]"),
     (dict(rope_theta=0), r"rope_theta must be a finite number > 0, got 0"),
     (dict(rms_norm_eps=-1e-5), r"rms_norm_eps must be a finite number >= 0"),
+    (dict(head_dim=15), r"head_dim must be even \(RoPE rotates pairs of features\), got 15"),  # named the factor
     (dict(eos_token_id="x"), r"config\.json: eos_token_id must be a token id"),
     (dict(rope_scaling="linear"), r"rope_scaling must be an object"),
     (dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), r"rope_type 'dynamic' is not supported \(supported: default, linear, llama3, yarn, longrope\)"),
