@@ -430,3 +430,21 @@ def test_beam_searches_behind_a_long_prompt_finish():
     """The engine-level livelock of the test above: beam searches whose new beams queue behind a prompt that
     the blocks their paused beams hold leave too small (fuzz seed 74)."""
     fuzz_once(74)
+
+
+def test_fork_copies_run_on_a_step_that_schedules_nothing():
+    """A fork's copy-on-write pairs leave the scheduler with the step that follows it; when that step schedules
+    nothing (every running request paused), the runner still copies them then. Was: only a forward copied them,
+    so such a step dropped them (the child's partial block never written; its block could change hands later)."""
+    import torch
+    from decodekit.engine.args import EngineArgs
+    from decodekit.engine.llm_engine import LLMEngine
+    eng = LLMEngine(EngineArgs(model="random:tiny", kv_cache_memory="4MiB", max_model_len=128, seed=0))
+    k0, v0 = eng.runner.kv_caches[0]
+    k0[1].normal_()
+    v0[1].normal_()
+    eng.scheduler._copies = [(1, 2)]              # (what add_forked leaves for the next step)
+    assert eng.step() == []
+    for k, v in eng.runner.kv_caches:
+        assert torch.equal(k[2], k[1]) and torch.equal(v[2], v[1])
+    assert eng.scheduler._copies == []

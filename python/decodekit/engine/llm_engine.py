@@ -565,7 +565,9 @@ class LLMEngine:
             if so.scheduled:
                 self.spec.draft(so, self.runner)
         t0 = time.perf_counter()
-        if so.scheduled:
+        if not so.scheduled:    # (forks' copy-on-write pairs are due now: their blocks may change hands later)
+            self.runner.copy_blocks(so.blocks_to_copy)
+        else:
             logits = self.runner.execute(so)
             if any(sr.num_prompt_logits for sr in so.scheduled):
                 logits = split_prompt_rows(so.scheduled, logits, self._prompt_logprobs_of, self._decode_one)
