@@ -354,7 +354,8 @@ void int4_gemm(T* out,                  // [M, N]
                const half_t* mins,      // [N, K / G]
                const T* bias,           // [N] or null
                const Int4GemmParams& P) {
-  const int64_t M = P.M, N = P.N, K = P.K;
+  [[maybe_unused]] const int64_t M = P.M;  // (read by the instruction-set paths only)
+  const int64_t N = P.N, K = P.K;
   const int G = P.group_size;
   const int64_t ng = K / G;
   if (P.decode_rows >= 0)
@@ -533,7 +534,8 @@ void int8_gemm(T* out,                  // [M, N]
                const half_t* scales,    // [N, K / G]
                const T* bias,           // [N] or null
                const Int4GemmParams& P) {
-  const int64_t M = P.M, N = P.N, K = P.K;
+  [[maybe_unused]] const int64_t M = P.M;  // (read by the instruction-set paths only)
+  const int64_t N = P.N, K = P.K;
   const int G = P.group_size;
   const int64_t ng = K / G;
   if (P.decode_rows >= 0)

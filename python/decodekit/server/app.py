@@ -465,9 +465,10 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                             text = c.text[nchr:]
                             if len(c.token_ids) == ntok and not text and not c.finish_reason:
                                 continue
-                            cur = cursors.setdefault(idx, P.OffsetCursor(tok, params.skip_special_tokens))
+                            if c.logprobs is not None and idx not in cursors:
+                                cursors[idx] = P.OffsetCursor(tok, params.skip_special_tokens)
                             lps = P.completion_logprobs(tok, c, ntok, heads.get(idx, 0), params.skip_special_tokens,
-                                                        cur)
+                                                        cursors.get(idx))
                             sent[idx] = (len(c.token_ids), len(c.text))
                             ctoks[idx] = len(c.token_ids)
                             itl(last, idx, c)

@@ -6,6 +6,7 @@ fields are ignored (as the OpenAI API does); `model` must name the served model 
 """
 from __future__ import annotations
 
+import codecs
 import json
 import re
 import math
@@ -425,7 +426,6 @@ class OffsetCursor:
     space), found on the first tokens, count the lengths of the tokens decoded alone instead."""
 
     def __init__(self, tokenizer, skip_special_tokens: bool = False):
-        import codecs
         self.tok, self.skip = tokenizer, skip_special_tokens
         self.dec = codecs.getincrementaldecoder("utf-8")("replace")
         self.offs: list[int] = []
@@ -433,8 +433,9 @@ class OffsetCursor:
         self.by_bytes: bool | None = None      # decided on the first tokens
 
     def offsets(self, ids) -> list[int]:
-        """The offsets of ids (from 0); ids extends the ids of earlier calls."""
-        new = list(ids[len(self.offs):])
+        """The offsets of ids (from 0; the cursor's own list, which may run past ids when the caller's ids were
+        longer before); ids extends the ids of earlier calls."""
+        new = ids[len(self.offs):]
         if self.by_bytes is None and new:
             self.by_bytes = self._bytes_rebuild(new)
         for t in new:
@@ -443,10 +444,9 @@ class OffsetCursor:
                 self.chars += len(self.dec.decode(token_bytes_of(self.tok, t, self.skip)))
             else:
                 self.chars += len(self.tok.decode([t], skip_special_tokens=False))
-        return self.offs[:len(ids)]
+        return self.offs
 
     def _bytes_rebuild(self, ids) -> bool:
-        import codecs
         dec = codecs.getincrementaldecoder("utf-8")("replace")
         joined = "".join(dec.decode(token_bytes_of(self.tok, t, self.skip)) for t in ids) + dec.decode(b"", True)
         return joined == self.tok.decode(ids, skip_special_tokens=self.skip)
@@ -454,7 +454,7 @@ class OffsetCursor:
 
 def text_offsets(tokenizer, ids, offset0: int = 0, skip_special_tokens: bool = False) -> list[int]:
     """Where each token of `ids` begins in their text (characters, after offset0): OffsetCursor over all of them."""
-    return [offset0 + o for o in OffsetCursor(tokenizer, skip_special_tokens).offsets(ids)]
+    return [offset0 + o for o in OffsetCursor(tokenizer, skip_special_tokens).offsets(ids)[:len(ids)]]
 
 
 def _legacy_logprobs(tokenizer, ids, entries, offset0: int = 0, n: int | None = None, start: int = 0,
@@ -463,7 +463,6 @@ def _legacy_logprobs(tokenizer, ids, entries, offset0: int = 0, n: int | None = 
     their {id: Logprob} entries (None: no logprob, as a prompt's first token); text_offset counts from offset0 at
     ids[0] (the tokens before start place the rest; a stream passes its choice's cursor); n: keep the top-n ranks
     (and the token itself) of entries that hold more."""
-    ids = list(ids)
     toks, lps, tops = [], [], []
     for tid, entry in zip(ids[start:], entries[start:]):
         toks.append(tokenizer.decode([tid], skip_special_tokens=False))
@@ -471,7 +470,7 @@ def _legacy_logprobs(tokenizer, ids, entries, offset0: int = 0, n: int | None = 
         tops.append(None if entry is None else {(e.decoded_token or ""): _lp(e.logprob) for t, e in entry.items()
                                                 if n is None or t == tid or (e.rank is not None and e.rank <= n)})
     cursor = cursor or OffsetCursor(tokenizer, skip_special_tokens)
-    offs = [offset0 + o for o in cursor.offsets(ids)[start:]]
+    offs = [offset0 + o for o in cursor.offsets(ids)[start:len(ids)]]
     return {"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs}
 
 
@@ -517,24 +516,22 @@ def join_logprobs(a: dict | None, b: dict | None) -> dict | None:
     return {k: a[k] + b[k] for k in a}
 
 
-def chat_logprobs(out, start: int, top: int, tokenizer=None) -> dict | None:
+def chat_logprobs(out, start: int, top: int, tokenizer) -> dict | None:
     """Chat logprobs of out.token_ids[start:]: {"content": [{token, logprob, bytes, top_logprobs}]}; bytes are the
-    token's own bytes (with the tokenizer: a token holding part of a UTF-8 character gives those bytes, not
-    its U+FFFD's), so a client joining them gets the reply's text."""
+    token's own bytes (a token holding part of a UTF-8 character gives those bytes, not its U+FFFD's), so a client
+    joining them gets the reply's text."""
     if out.logprobs is None:
         return None
-
-    def raw(tid: int, s: str) -> list[int]:
-        return list(token_bytes_of(tokenizer, tid) if tokenizer is not None else s.encode("utf-8"))
     content = []
     for tid, entry in zip(out.token_ids[start:], out.logprobs[start:]):
         e = entry.get(tid)
         s = e.decoded_token if e is not None and e.decoded_token is not None else ""
         ranked = sorted(((t, x) for t, x in entry.items() if x.rank is not None and x.rank <= top),
                         key=lambda kv: kv[1].rank)[:top]
-        content.append({"token": s, "logprob": _lp(e.logprob) if e is not None else None, "bytes": raw(tid, s),
+        content.append({"token": s, "logprob": _lp(e.logprob) if e is not None else None,
+                        "bytes": list(token_bytes_of(tokenizer, tid)),
                         "top_logprobs": [{"token": x.decoded_token or "", "logprob": _lp(x.logprob),
-                                          "bytes": raw(t, x.decoded_token or "")} for t, x in ranked]})
+                                          "bytes": list(token_bytes_of(tokenizer, t))} for t, x in ranked]})
     return {"content": content}
 
 

@@ -44,6 +44,13 @@ def _read_json(path: str) -> dict:
 # cheaper single call.
 _GIL_FREE_CHARS = 16384
 
+def _byte_token_value(s: str) -> int | None:
+    """The byte a SentencePiece byte-fallback token "<0xNN>" stands for (None for any other token)."""
+    if len(s) == 6 and s.startswith("<0x") and s.endswith(">") and all(c in "0123456789ABCDEFabcdef" for c in s[3:5]):
+        return int(s[3:5], 16)
+    return None
+
+
 # continue_final_message: transformers' marker (render_jinja_template), appended to the last message's content
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 
@@ -230,8 +237,8 @@ class Tokenizer:
                 continue
             if byte_level and all(c in inv for c in s):
                 b = bytes(inv[c] for c in s)
-            elif len(s) == 6 and s.startswith("<0x") and s.endswith(">"):
-                b = bytes([int(s[3:5], 16)])
+            elif _byte_token_value(s) is not None:
+                b = bytes([_byte_token_value(s)])
             else:
                 b = s.replace("\u2581", " ").encode("utf-8")
             out.append(b)
@@ -252,8 +259,7 @@ class Tokenizer:
             if "ByteFallback" in repr(self._tk.decoder):
                 added = set(self._tk.get_added_tokens_decoder())
                 cached = frozenset(i for t, i in self._tk.get_vocab(with_added_tokens=False).items()
-                                   if len(t) == 6 and t.startswith("<0x") and t.endswith(">") and i not in added
-                                   and all(c in "0123456789ABCDEFabcdef" for c in t[3:5]))
+                                   if _byte_token_value(t) is not None and i not in added)
             self._byte_fallback_ids = cached
         return cached
 

@@ -149,7 +149,7 @@ class IncrementalDetokenizer:
         if self.stopped or self.finished:
             return ""
         ids = [token_ids] if isinstance(token_ids, int) else [int(i) for i in token_ids]
-        before = self._min_tokens - len(self.token_ids)     # tokens still inside min_tokens
+        before = self._min_tokens - (len(self._ids) - self._n_prompt)   # tokens still inside min_tokens
         if 0 < before < len(ids):                           # (the boundary inside this batch of ids)
             head = self.add(ids[:before])
             return head + self.add(ids[before:])

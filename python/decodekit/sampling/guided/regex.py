@@ -375,10 +375,13 @@ class NFA:
         # The pruned NFA is final (only read from here on): each state's lists become tuples, which the garbage
         # collector stops tracking once it has seen them -- a large pattern's ~1M lists made every later full
         # collection 0.4 s slower for as long as its guide stayed cached.
-        keep = (lambda t: True) if len(live) == len(self.eps) else live.__contains__
-        self.eps = [tuple(t for t in ts if keep(t)) for ts in self.eps]
-        self.edges = [tuple(e for e in es if keep(e[2])) for es in self.edges]
-        self.calls = [tuple(c for c in cs if keep(c[1])) for cs in self.calls]
+        if len(live) < len(self.eps):       # (usually every state is live: nothing to drop)
+            self.eps = [[t for t in ts if t in live] for ts in self.eps]
+            self.edges = [[e for e in es if e[2] in live] for es in self.edges]
+            self.calls = [[c for c in cs if c[1] in live] for cs in self.calls]
+        self.eps = [tuple(ts) for ts in self.eps]
+        self.edges = [tuple(es) for es in self.edges]
+        self.calls = [tuple(cs) for cs in self.calls]
         self.live = live
         return self
 
