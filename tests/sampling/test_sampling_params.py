@@ -76,10 +76,12 @@ def test_normalisation():
 
 
 def test_vocab_dependent_checks():
+    # top_k past the vocabulary keeps every token (vLLM / transformers clamp it); past int64 is refused
+    SamplingParams(top_k=101).validate(vocab_size=100)
+    SamplingParams(top_k=10**12).validate(vocab_size=100)
     with pytest.raises(SamplingParamsError) as ei:
-        SamplingParams(top_k=101).validate(vocab_size=100)
-    assert ei.value.field == "top_k" and "100" in str(ei.value)
-    SamplingParams(top_k=100).validate(vocab_size=100)
+        SamplingParams(top_k=2**63).validate(vocab_size=100)
+    assert ei.value.field == "top_k" and str(2**63 - 1) in str(ei.value)
     with pytest.raises(SamplingParamsError) as ei:
         SamplingParams(stop_token_ids=[3, 100]).validate(vocab_size=100)
     assert ei.value.field == "stop_token_ids"

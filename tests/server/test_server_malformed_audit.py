@@ -29,9 +29,9 @@ def _body(**fields) -> bytes:
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, '
                              b'"repetition_penalty": -' + HUGE_INT.encode() + b"}", "repetition_penalty"),
     # was 400 with param null (checked against the vocabulary only inside the engine)
-    ("/v1/completions", _body(prompt="hi", top_k=10 ** 9), "top_k"),
+    ("/v1/completions", _body(prompt="hi", top_k=2 ** 63), "top_k"),
     ("/v1/completions", _body(prompt="hi", stop_token_ids=[10 ** 9]), "stop_token_ids"),
-    ("/v1/chat/completions", _body(messages=CHAT, max_tokens=2, top_k=10 ** 6), "top_k"),
+    ("/v1/chat/completions", _body(messages=CHAT, max_tokens=2, top_k=-2), "top_k"),
     ("/v1/chat/completions", _body(messages=CHAT, max_tokens=2, stop_token_ids=[49152]), "stop_token_ids"),
     # was 500 "internal error: ValueError: prompt: not valid Unicode text" (a JSON "\ud800" escape)
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "a\\ud800b"}], "max_tokens": 2}',
@@ -107,6 +107,17 @@ def test_no_op_values_of_unsupported_fields_are_accepted(server):
     r = _post(server, "/v1/chat/completions", _body(messages=CHAT, max_tokens=2, add_generation_prompt=True,
                                                     modalities=["text"], echo=False, use_beam_search=False))
     assert r.status_code == 200, r.text
+
+
+def test_top_k_past_the_vocabulary_keeps_every_token(server):
+    # vLLM and transformers clamp top_k to the vocabulary: 10**9 is "off", the same draws as top_k -1
+    texts = []
+    for k in (10 ** 9, -1):
+        r = _post(server, "/v1/completions", _body(prompt="Once upon a time", max_tokens=8, temperature=1.0,
+                                                   seed=7, top_k=k, ignore_eos=True))
+        assert r.status_code == 200, r.text
+        texts.append(r.json()["choices"][0]["text"])
+    assert texts[0] == texts[1]
 
 
 def test_max_completion_tokens_wins_over_max_tokens(server):

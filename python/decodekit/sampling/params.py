@@ -9,7 +9,8 @@ field                       allowed
 n                           int in [1, 128]
 temperature                 finite number in [0, 100]; 0 means greedy. Values below
                             ``GREEDY_TEMPERATURE`` (1e-5) are also sampled greedily (as vLLM)
-top_k                       int: -1 or 0 = off, else [1, vocab_size]
+top_k                       int: -1 or 0 = off, else [1, 2**63); a value >= the vocabulary size keeps
+                            every token (off), as vLLM and transformers clamp it
 top_p                       finite number in (0, 1]; 1 = off
 min_p                       finite number in [0, 1]; 0 = off
 presence_penalty            finite number in [-2, 2]; 0 = off
@@ -96,6 +97,7 @@ from .reasoning import with_reasoning
 from .shorten import show
 
 MAX_N = 128
+MAX_TOP_K = 2**63 - 1           # top_k beyond the vocabulary is off; beyond int64 is refused
 MAX_TEMPERATURE = 100.0
 GREEDY_TEMPERATURE = 1e-5      # temperature < this is sampled greedily
 PENALTY_RANGE = 2.0            # presence / frequency in [-2, 2]
@@ -251,17 +253,15 @@ class SamplingParams:
                  eos_token_ids=()) -> "SamplingParams":
         """Raise :class:`SamplingParamsError` for the first invalid field; returns self.
 
-        ``vocab_size`` (when known) bounds ``top_k`` and ``stop_token_ids``, and with the model's
+        ``vocab_size`` (when known) bounds ``stop_token_ids``, and with the model's
         ``eos_token_ids`` refuses stop ids that leave ``min_tokens`` nothing to sample.
         """
         if vocab_size is not None and (not _is_int(vocab_size) or vocab_size < 1):
             raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
         _check_int("n", self.n, 1, MAX_N, f"in [1, {MAX_N}]")
         _check_number("temperature", self.temperature, 0.0, MAX_TEMPERATURE, False, False)
-        top_k_hi = vocab_size
-        top_k_what = ("-1 or 0 (off) or in [1, vocab_size"
-                      + (f"={vocab_size}]" if vocab_size is not None else "]"))
-        _check_int("top_k", self.top_k, -1, top_k_hi, top_k_what)
+        # (a top_k >= the vocabulary keeps every token: vLLM and transformers clamp it to V)
+        _check_int("top_k", self.top_k, -1, MAX_TOP_K, f"-1 or 0 (off) or in [1, {MAX_TOP_K}]")
         _check_number("top_p", self.top_p, 0.0, 1.0, True, False)
         _check_number("min_p", self.min_p, 0.0, 1.0, False, False)
         _check_number("presence_penalty", self.presence_penalty,

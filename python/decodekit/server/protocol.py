@@ -14,7 +14,7 @@ import time
 import uuid
 
 from decodekit.sampling import SamplingParams
-from decodekit.sampling.params import GUIDED_FIELDS, SamplingParamsError, _show
+from decodekit.sampling.params import GUIDED_FIELDS, MAX_TOP_K, SamplingParamsError, _show
 
 MAX_LOGPROBS = 20
 
@@ -223,8 +223,8 @@ def sampling_params(body: dict, max_tokens: int, logprobs: int | None, vocab_siz
                     defaults: dict | None = None) -> SamplingParams:
     """The SamplingParams of a request body (OpenAI fields incl. logit_bias, plus vLLM's top_k, min_p,
     repetition_penalty, ignore_eos, min_tokens, stop_token_ids, skip_special_tokens, allowed_token_ids,
-    bad_words); `vocab_size` (when given) bounds top_k
-    and stop_token_ids here, so those errors name their field too. defaults: the engine's default_sampling
+    bad_words); `vocab_size` (when given) bounds
+    stop_token_ids here, so those errors name their field too. defaults: the engine's default_sampling
     (the model's generation config) for the temperature, top_p, top_k, min_p and repetition_penalty a
     request leaves out (max_tokens: the caller's, see capped_max_tokens)."""
     d = defaults or {}
@@ -232,7 +232,7 @@ def sampling_params(body: dict, max_tokens: int, logprobs: int | None, vocab_siz
     kw = dict(
         n=field(body, "n", "int", 1, 1), temperature=field(body, "temperature", "number", d.get("temperature", 1.0), 0, 2),
         top_p=field(body, "top_p", "number", d.get("top_p", 1.0), 0, 1, lo_open=True),
-        top_k=field(body, "top_k", "int", d.get("top_k", -1), -1, vocab_size),
+        top_k=field(body, "top_k", "int", d.get("top_k", -1), -1, MAX_TOP_K),
         min_p=field(body, "min_p", "number", d.get("min_p", 0.0), 0, 1),
         presence_penalty=field(body, "presence_penalty", "number", 0.0, -2, 2),
         frequency_penalty=field(body, "frequency_penalty", "number", 0.0, -2, 2),
