@@ -198,6 +198,18 @@ class ModelConfig:
         self.rope_scaling = s
 
     @property
+    def context_limit(self) -> int:
+        """The longest context the model takes (vLLM's derived max_model_len, the default max_model_len):
+        max_position_embeddings, or with YaRN original_max_position_embeddings x factor when longer (Qwen2.5 /
+        Qwen3 add {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 32768} to a
+        32768-position config to serve 131072)."""
+        s = self.rope_scaling
+        if isinstance(s, dict) and s.get("rope_type") == "yarn":
+            ext = int(s["original_max_position_embeddings"] * s["factor"])
+            return min(max(self.max_position_embeddings, ext), MAX_POSITION_EMBEDDINGS)
+        return self.max_position_embeddings
+
+    @property
     def rotary_dim(self) -> int:
         """The features of each head that RoPE rotates (head_dim unless partial_rotary_factor < 1)."""
         return int(self.head_dim * self.partial_rotary_factor)

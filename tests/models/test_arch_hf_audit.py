@@ -301,3 +301,40 @@ def test_unsupported_configs_name_the_field(tmp_path):
                          SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
     (out,) = llm.generate([{"prompt_token_ids": list(range(3, 50))}], SamplingParams(temperature=0, max_tokens=1))
     assert len(out.outputs[0].token_ids) == 1
+
+
+def test_yarn_extends_the_context_as_vllm(tmp_path):
+    """Qwen2.5 / Qwen3 ship max_position_embeddings = original context and add YaRN to serve factor x that
+    (vLLM's derived max_model_len: original_max_position_embeddings x factor). Was: capped at
+    max_position_embeddings (max_model_len 128 refused; the rope table ended at position 32)."""
+    from decodekit import LLM
+    from decodekit.engine.llm_engine import resolve_max_model_len
+    d, ref = build(tmp_path, "Qwen2", max_position_embeddings=32,
+                   rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32})
+    worst, cfg = logits_diff(d, ref, lens=(120, 33, 70))       # positions past 32, up to 4 x 32
+    assert worst < ATOL, worst
+    assert cfg.context_limit == 128 and resolve_max_model_len(None, cfg) == 128
+    with pytest.raises(ValueError, match="max_model_len 129 exceeds the model's context length: 128"):
+        resolve_max_model_len(129, cfg)
+    llm = LLM(d, dtype="float32", device="cpu", kv_cache_memory="4MiB")
+    assert llm.engine.max_model_len == 128
+    from decodekit.sampling import SamplingParams
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(3, V, (100,), generator=g).tolist()
+    out = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    assert out[0].outputs[0].token_ids == hf_greedy(ref, prompt, 20)
+
+
+def test_draft_model_with_a_shorter_context_than_the_target(tmp_path):
+    """A draft model whose own context is shorter than the engine's max_model_len: its rope table covers the
+    engine's context (was: rotary_embedding refused the first position past the draft's 32)."""
+    from decodekit import LLM
+    from decodekit.sampling import SamplingParams
+    d, ref = build(tmp_path, "Qwen2", max_position_embeddings=32,
+                   rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32})
+    draft, _ = build(tmp_path, "Llama", max_position_embeddings=32)
+    llm = LLM(d, dtype="float32", device="cpu", kv_cache_memory="4MiB", speculative="draft",
+              spec_draft_model=draft, num_speculative_tokens=3)
+    prompt = torch.randint(3, V, (60,), generator=torch.Generator().manual_seed(3)).tolist()
+    out = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    assert out[0].outputs[0].token_ids == hf_greedy(ref, prompt, 12)

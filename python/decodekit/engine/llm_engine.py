@@ -85,8 +85,9 @@ def _physical_memory_bytes() -> int | None:
 
 def resolve_max_model_len(requested: int | None, cfg) -> int:
     """The engine's context length: `requested` (EngineArgs.max_model_len), else the model's. Never past
-    max_position_embeddings (a sliding window does not bound it: the attention ops apply the window)."""
-    limit = cfg.max_position_embeddings
+    the model's context_limit (max_position_embeddings, longer with YaRN; a sliding window does not bound
+    it: the attention ops apply the window)."""
+    limit = cfg.context_limit
     if requested is not None and requested > limit:
         raise ValueError(f"max_model_len {requested} exceeds the model's context length: {limit}; use "
                          f"max_model_len <= {limit}")
@@ -239,7 +240,9 @@ class LLMEngine:
         probe = "Hello, world! 123"
         if d.tokenizer.encode(probe) != self.tokenizer.encode(probe):
             raise ValueError("spec_draft_model's tokenizer encodes text differently from the target's")
-        m = LlamaModel(d.config, d.weights, dtype=self.dtype, device=self.device, max_model_len=a.max_model_len)
+        # its rope table covers the engine's context, which may be longer than the draft's own
+        m = LlamaModel(d.config, d.weights, dtype=self.dtype, device=self.device,
+                       max_model_len=a.max_model_len or self.model_config.context_limit)
         m.set_kv_cache_dtype(self.dtype)
         return m
 

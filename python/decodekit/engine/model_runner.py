@@ -131,7 +131,7 @@ class ModelRunner:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.kv_caches = model.allocate_kv_cache(num_blocks, block_size)
-        self.max_blocks_per_seq = -(-(max_model_len or model.config.max_position_embeddings) // block_size)
+        self.max_blocks_per_seq = -(-(max_model_len or model.config.context_limit) // block_size)
         self.tp_driver = getattr(self.kv_caches, "tp_driver", None)  # TPDriverModel under tensor parallelism
         self.buckets: list[DecodeBucket] = []
         if decode_graphs not in ("off", "static", "cuda"):

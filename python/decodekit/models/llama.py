@@ -140,9 +140,9 @@ class LlamaModel:
         self.op_by_op = False  # True: forward issues every op from Python (callers that hook ops.linear)
         self.cache_head_dim = cache_head_dim(c.head_dim, self.device)  # > head_dim: padded (see there)
         self.refresh_fused_layers()
-        self.rope_context = max_model_len or c.max_position_embeddings
+        self.rope_context = max_model_len or c.context_limit
         self.cos_sin_cache = reference.rope_cos_sin_cache(      # [max_position, rotary_dim]
-            c.max_position_embeddings, c.rotary_dim, c.rope_theta, c.rope_scaling,
+            max(c.max_position_embeddings, self.rope_context), c.rotary_dim, c.rope_theta, c.rope_scaling,
             context_len=self.rope_context).to(self.device)
         self.scale = c.head_dim ** -0.5
         self.layer_windows = [c.layer_window(i) for i in range(c.num_layers)]  # paged_attention's sliding_window
