@@ -239,3 +239,27 @@ def test_offset_cursor_streams_the_offsets_of_the_whole_text(tok):
         k = min(k + step, len(ids))
         assert cur.offsets(ids[:k]) == full[:k]
     assert len(cur.offs) == len(ids)
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_stop_reason_names_the_stop_string_or_token(server, path, tok):
+    """vLLM's choice field stop_reason: the stop string or stop token id that ended the choice, null for
+    EOS / length; streamed, on the finishing chunk (null before)."""
+    body = {"max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    body.update({"messages": WEATHER} if "chat" in path else {"prompt": "The capital of France is"})
+    key = "message" if "chat" in path else None
+
+    def text_of(choice):
+        return choice["message"]["content"] if key else choice["text"]
+    free = _post(server, path, body).json()["choices"][0]
+    assert free["finish_reason"] == "length" and free["stop_reason"] is None
+    words = text_of(free).split()
+    stop = words[1][:3]
+    ids = tok.encode(text_of(free), add_special_tokens=False)
+    for extra, want in (({"stop": ["\u2603", stop]}, stop), ({"stop_token_ids": [ids[2]]}, ids[2])):
+        ch = _post(server, path, {**body, **extra}).json()["choices"][0]
+        assert ch["finish_reason"] == "stop" and ch["stop_reason"] == want, ch
+        chunks = [c for c in _sse(server, path, {**body, **extra, "stream": True})[:-1] if c["choices"]]
+        fin = [c["choices"][0] for c in chunks if c["choices"][0].get("finish_reason")]
+        assert len(fin) == 1 and fin[0]["finish_reason"] == "stop" and fin[0]["stop_reason"] == want
+        assert all(c["choices"][0].get("stop_reason") is None for c in chunks if not c["choices"][0].get("finish_reason"))

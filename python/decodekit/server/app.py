@@ -413,6 +413,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                     for idx in indices(i, c):
                         choice = {"index": idx, "text": head + text,
                                   "finish_reason": c.finish_reason if gen_tokens else "length",
+                                  "stop_reason": c.stop_reason if gen_tokens else None,   # (vLLM's field)
                                   "logprobs": P.join_logprobs(head_lp, lps) if echo and lp is not None else lps}
                         if plp is not None:
                             choice["prompt_logprobs"] = plp_json
@@ -452,13 +453,14 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                                     continue
                                 head, head_lp = echoed(i, out)
                                 heads[idx] = len(head)
-                                yield chunk([{"index": idx, "text": head, "logprobs": head_lp, "finish_reason": None}],
+                                yield chunk([{"index": idx, "text": head, "logprobs": head_lp, "finish_reason": None,
+                                              "stop_reason": None}],
                                             **({"usage": P.usage(ptoks[i], 0)} if each_usage else {}))
                             if not gen_tokens:            # echo only: the computed token is not shown
                                 if c.finish_reason:
                                     done.add(idx)
                                     yield chunk([{"index": idx, "text": "", "logprobs": None,
-                                                  "finish_reason": "length"}],
+                                                  "finish_reason": "length", "stop_reason": None}],
                                                 **({"usage": P.usage(ptoks[i], 0)} if each_usage else {}))
                                 continue
                             ntok, nchr = sent.get(idx, (0, 0))
@@ -474,7 +476,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                             itl(last, idx, c)
                             if c.finish_reason:
                                 done.add(idx)
-                            yield chunk([{"index": idx, "text": text, "logprobs": lps, "finish_reason": c.finish_reason}],
+                            yield chunk([{"index": idx, "text": text, "logprobs": lps, "finish_reason": c.finish_reason,
+                                          "stop_reason": c.stop_reason if c.finish_reason else None}],
                                         **({"usage": P.usage(ptoks[i], len(c.token_ids))} if each_usage else {}))
                     if out.finished:
                         observe(out)
@@ -563,7 +566,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                     msg["reasoning_content"] = msg["reasoning"] = reasoning
                 choices.append({"index": c.index, "message": msg,
                                 "logprobs": P.chat_logprobs(c, 0, top or 0, tok) if want_lp else None,
-                                "finish_reason": finish})
+                                "finish_reason": finish, "stop_reason": c.stop_reason})
             resp = {"id": rid, "object": "chat.completion", "created": created, "model": cfg.model_name,
                     "choices": choices,
                     "usage": P.usage(len(ids), sum(len(c.token_ids) for c in out.outputs))}
@@ -666,7 +669,8 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                             done.add(c.index)
                         yield chunk([{"index": c.index, "delta": delta,
                                       "logprobs": P.chat_logprobs(c, start_tok, top or 0, tok) if want_lp else None,
-                                      "finish_reason": finish}],
+                                      "finish_reason": finish,
+                                      "stop_reason": c.stop_reason if c.finish_reason else None}],
                                     **({"usage": P.usage(len(ids), len(c.token_ids))} if each_usage else {}))
                     if out.finished:
                         observe(out)
