@@ -54,22 +54,29 @@ class FakeModel:
     """window: a sliding-window model: computing position p also reads (checks) every slot of positions
     p - window + 1 .. p - 1 through the block table, which must hold them (no released entry there)."""
 
-    def __init__(self, kv: KVCacheManager, window: int | None = None):
+    def __init__(self, kv: KVCacheManager, window: int | None = None, rope_switch_len: int | None = None):
         self.kv = kv
         self.window = window
         self.bs = kv.block_size
         self.store: list[list[int | None]] = [[None] * self.bs for _ in range(kv.num_blocks)]
         self.tokens_computed = 0
+        # LongRoPE (SchedulerConfig.rope_switch_len): each slot also records whether it was computed on the long
+        # factors; a position reads only its own kind, and only a rope_long request computes past the switch
+        self.rope_switch_len = rope_switch_len
+        self.long: list[list[bool | None]] = [[None] * self.bs for _ in range(kv.num_blocks)]
+        self.rope_restarts = 0
 
     def poison_free_blocks(self) -> None:
         for b in self.kv.free_block_ids():
             if self.kv.block_hash(b) is None:
                 self.store[b] = [None] * self.bs
+                self.long[b] = [None] * self.bs
 
     def execute(self, out) -> dict[str, list[int]]:
         bs = self.bs
         for src, dst in out.blocks_to_copy:
             self.store[dst] = list(self.store[src])
+            self.long[dst] = list(self.long[src])
         sampled = {}
         for sr in out.scheduled:
             req, bt = sr.request, sr.request.block_ids
@@ -89,6 +96,12 @@ class FakeModel:
                 blk = bt[p // bs]
                 assert blk >= 0 and self.kv.ref_count(blk) == 1, f"{req}: writes into shared block {blk}"
                 self.store[blk][p % bs] = mix(prev, new_toks[p - sr.start_pos], p)
+                if self.rope_switch_len is not None:
+                    assert req.rope_long or p < self.rope_switch_len, f"{req}: position {p} on the short factors"
+                    if p:
+                        assert self.long[bt[(p - 1) // bs]][(p - 1) % bs] == req.rope_long, \
+                            f"{req}: position {p} reads KV of the other LongRoPE factors at {p - 1}"
+                    self.long[blk][p % bs] = req.rope_long
             self.tokens_computed += sr.num_new_tokens
             if sr.will_sample:
                 # greedy verification: the model's token after the last real token and after each draft;
@@ -129,21 +142,23 @@ class RunResult:
     steps: int = 0
     tokens_computed: int = 0
     rejected: dict[str, str] = field(default_factory=dict)
+    rope_long: set[str] = field(default_factory=set)   # requests that ended on LongRoPE's long factors
 
 
 def run(specs: list[Spec], *, num_blocks: int, block_size: int, max_model_len: int,
         budget: int = 2048, max_seqs: int = 256, prefix_caching: bool = True,
         chunked: bool = True, hash_fn=None, check: bool = True, max_steps: int = 100_000,
-        spec_k: int = 0, draft_accuracy: float = 0.7, seed: int = 0, window: int | None = None) -> RunResult:
+        spec_k: int = 0, draft_accuracy: float = 0.7, seed: int = 0, window: int | None = None,
+        rope_switch_len: int | None = None) -> RunResult:
     """spec_k > 0: before each step every decoding request gets 0 .. spec_k draft tokens, each the
     reference continuation with probability draft_accuracy (else random), not capped at max_tokens
     or max_model_len (the scheduler must cut them)."""
     cfg = SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=max_model_len,
                           block_size=block_size, enable_prefix_caching=prefix_caching, chunked_prefill=chunked,
-                          sliding_window=window)
+                          sliding_window=window, rope_switch_len=rope_switch_len)
     kv = KVCacheManager(num_blocks, block_size, prefix_caching, hash_fn=hash_fn)
     sched = Scheduler(cfg, kv)
-    model = FakeModel(kv, window)
+    model = FakeModel(kv, window, rope_switch_len)
     res = RunResult()
     reqs: dict[str, Request] = {}
     by_arrival = sorted(specs, key=lambda s: s.arrival)
@@ -215,6 +230,8 @@ def run(specs: list[Spec], *, num_blocks: int, block_size: int, max_model_len: i
         res.outputs[rid] = list(r.output_token_ids[:stop_len.get(rid)])
         res.status[rid] = r.status
         res.stop_reason[rid] = r.stop_reason
+        if r.rope_long:
+            res.rope_long.add(rid)
     res.num_preemptions = sched.num_preemptions
     res.hit_rate = kv.prefix_cache_hit_rate
     res.steps = step

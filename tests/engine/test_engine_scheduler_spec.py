@@ -54,3 +54,29 @@ def test_drafts_past_max_tokens_and_max_model_len_are_cut():
     res = run(specs, num_blocks=200, block_size=2, max_model_len=60, budget=64, spec_k=8, draft_accuracy=1.0)
     check_against_reference(specs, res)
     assert all(len(res.outputs[s.rid]) <= s.max_tokens for s in specs)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_longrope_switch_recomputes_on_the_long_factors(seed):
+    """SchedulerConfig.rope_switch_len (LongRoPE's original context): a request computes no position past it on
+    the short factors -- drafts that would are cut, and a request whose next position is past it restarts
+    with Request.rope_long and recomputes its KV (the fake model checks each position reads KV of its own
+    kind, prefix hits and forks included) -- with the same tokens, and no switch counts as a preemption."""
+    rng = random.Random(500 + seed)
+    rs = rng.choice([7, 40, 64])
+    prefixes = [[rng.randrange(61) for _ in range(rng.randint(0, 80))] for _ in range(3)]
+    specs = random_specs(rng, 16, max_prompt=90, max_out=60, spread=20, abort_prob=0.1, prefixes=prefixes)
+    block_size = rng.choice([1, 4, 16])
+    kw = dict(num_blocks=4000 // block_size, block_size=block_size, max_model_len=160,
+              budget=rng.choice([8, 64, 512]), rope_switch_len=rs)
+    plain = run(specs, **kw)
+    res = run(specs, spec_k=rng.choice([0, 3, 6]), draft_accuracy=0.8, seed=seed, **kw)
+    for r in (plain, res):
+        check_against_reference(specs, r)
+        assert r.num_preemptions == 0
+        done = {s.rid for s in specs if s.abort_at is None}
+        assert {s.rid for s in specs if s.rid in done and len(s.prompt) + len(r.outputs[s.rid]) - 1 > rs} \
+            <= r.rope_long
+    # a tight pool: preemption and the switch together
+    tight = run(specs, **{**kw, "num_blocks": -(-160 // block_size) + 2})
+    check_against_reference(specs, tight)

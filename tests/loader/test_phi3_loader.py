@@ -90,9 +90,10 @@ def load_config_of(hf_cfg) -> ModelConfig:
 @pytest.mark.parametrize("partial,window", [(0.75, None), (1.0, 20)], ids=["partial-rotary", "window"])
 def test_phi3_dir_matches_transformers(tmp_path, hf_tok, partial, window):
     """A saved Phi3ForCausalLM: fused weights come back split, and greedy tokens equal transformers' -- short
-    factors when the whole sequence stays within the original context (max_model_len = 32), long factors
-    for a prompt past it (transformers switches to the long set for the whole sequence then; the engine uses
-    it at max_model_len 512) -- through chunked prefill, a prefix-cache hit and n-gram speculation."""
+    factors while the whole sequence stays within the original context (32), long factors for a prompt past
+    it (transformers switches to the long set for the whole sequence then) and, from the step past it, for
+    a short prompt's generation (Phi-3's generate recomputes its cache then; the engine too) -- through
+    chunked prefill, a prefix-cache hit and n-gram speculation, at max_model_len 32 and the default 512."""
     from decodekit import LLM, SamplingParams
     model = _tiny_phi3(partial, window)
     d = _save(tmp_path, "phi3", model, hf_tok)
@@ -125,14 +126,16 @@ def test_phi3_dir_matches_transformers(tmp_path, hf_tok, partial, window):
         outs = llm.generate([{"prompt_token_ids": long_prompt}] * 2, params(16))
         assert [o.outputs[0].token_ids for o in outs] == [ref_long] * 2, kw
         del llm
-    # the factor sets matter: the long set on the short prompt gives other logits than transformers' short set
+    # the default context (512) keeps a short prompt on the short set (was: the long set for every sequence,
+    # logprobs off by > 1e-4 from the first token), and its generation crosses 32 as transformers' does
     llm = LLM(model=d)
-    (lp,) = llm.generate([{"prompt_token_ids": short_prompt}], SamplingParams(temperature=0, max_tokens=1,
-                                                                                logprobs=5))
+    (lp,) = llm.generate([{"prompt_token_ids": short_prompt}], SamplingParams(temperature=0, max_tokens=24,
+                                                                                logprobs=5, ignore_eos=True))
     with torch.no_grad():
         hf_lp = torch.log_softmax(model(torch.tensor([short_prompt])).logits[0, -1].double(), -1)
     top = lp.outputs[0].logprobs[0]
-    assert max(abs(v.logprob - hf_lp[t].item()) for t, v in top.items()) > 1e-4
+    assert max(abs(v.logprob - hf_lp[t].item()) for t, v in top.items()) < 1e-4
+    assert lp.outputs[0].token_ids == _hf_greedy(model, short_prompt, 24)
 
 
 def test_phi3_int4_rtn_and_config_errors(tmp_path, hf_tok):
@@ -216,26 +219,33 @@ def test_phi3_gguf(make_gguf, qname):
         config_from_gguf(meta, infos)
 
 
-def test_phi3_short_set_at_a_short_context():
-    """The engine's context picks the set: max_model_len up to the original context -> short factors (a table
-    equal to one built without the long set), past it -> long."""
+def test_phi3_rope_table_holds_both_sets():
+    """Whatever the engine's context: rows below the original context (256) hold the short factors, the rest of
+    the first half and all of the second half (rope_row_offset on) the long ones -- each equal to a table
+    built with that set alone."""
     from decodekit import LLM
     from decodekit.ops.reference import rope_cos_sin_cache
-    for ctx, kind in ((256, "short"), (257, "long"), (None, "long")):
+    for ctx in (256, 257, None):
         llm = LLM(model="random:tiny-phi3", max_model_len=ctx)
-        cfg = llm.llm_engine.model_config
-        s = dict(cfg.rope_scaling)
-        s["long_factor" if kind == "short" else "short_factor"] = s[f"{kind}_factor"]   # only `kind` left
-        want = rope_cos_sin_cache(cfg.max_position_embeddings, 12, cfg.rope_theta, s, context_len=ctx or 2048)
-        assert torch.equal(llm.llm_engine.model.cos_sin_cache, want), ctx
+        cfg, m = llm.llm_engine.model_config, llm.llm_engine.model
+        n, orig = cfg.max_position_embeddings, 256
+        assert m.rope_row_offset == n and m.cos_sin_cache.shape == (2 * n, 12)
+        only = {}
+        for kind in ("short", "long"):
+            s = dict(cfg.rope_scaling)
+            s["long_factor" if kind == "short" else "short_factor"] = s[f"{kind}_factor"]   # only `kind` left
+            only[kind] = rope_cos_sin_cache(n, 12, cfg.rope_theta, s)[:n]
+        t = m.cos_sin_cache
+        assert torch.equal(t[:orig], only["short"][:orig]) and torch.equal(t[orig:n], only["long"][orig:])
+        assert torch.equal(t[n:], only["long"]), ctx
+        assert not m.rope_long_for(orig) and m.rope_long_for(orig + 1)
         del llm
 
 
 def test_phi3_tensor_parallel_matches_tp1(tmp_path, hf_tok, make_gguf):
     """TP 2 (gloo workers): the fused weights split, then sliced per rank (HF safetensors, and a Q4_1 GGUF whose
-    parts are row views of the fused blocks), and the workers' rope tables follow the engine's max_model_len
-    (the HF model's short set at 32, where its own 512 positions would pick the long one): greedy tokens equal
-    TP 1's."""
+    parts are row views of the fused blocks), the workers' rope tables as the driver's, a sequence crossing the
+    original context (32: the LongRoPE switch recomputes it on every rank): greedy tokens equal TP 1's."""
     import gguf
 
     from decodekit import LLM, SamplingParams
@@ -243,9 +253,9 @@ def test_phi3_tensor_parallel_matches_tp1(tmp_path, hf_tok, make_gguf):
     cfg, weights, _ = random_model("tiny-phi3", progress_bar=False)
     q = make_gguf("phi3.gguf", cfg=cfg, weights=weights, arch="phi3",
                   qtype=lambda n: gguf.GGMLQuantizationType.Q4_1 if n.endswith("_proj.weight") else None)
-    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     prompts = [{"prompt_token_ids": list(range(5, 25))}, {"prompt_token_ids": [7, 8, 9]}]
-    for model, ctx in ((d, ORIG), (q, 128)):
+    for model, ctx in ((d, None), (q, 128)):
         got = []
         for tp in (1, 2):
             llm = LLM(model=model, max_model_len=ctx, kv_cache_memory="16MiB", tensor_parallel_size=tp)

@@ -104,8 +104,8 @@ def run_paged(model: LlamaModel, seqs: list[list[int]], block_size: int = 8) -> 
         ids, pos, slots, qsl, lens = [], [], [], [0], []
         for i, s in enumerate(seqs):
             for j in range(done[i], done[i] + chunks[i][step]):
-                ids.append(s[j])
-                pos.append(j)
+                ids.append(s[j])    # (the rope row: LongRoPE's long rows for a prompt past the original context)
+                pos.append(j + model.rope_row_offset * model.rope_long_for(len(s)))
                 slots.append(tables[i][j // block_size] * block_size + j % block_size)
             qsl.append(len(ids))
             lens.append(done[i] + chunks[i][step])
@@ -181,14 +181,38 @@ def test_logits_match_transformers(tmp_path, kind, kw, want):
 
 def test_longrope_logits_match_transformers(tmp_path):
     """LongRoPE on Llama and on Phi-3 with partial rotary: transformers takes the long factors for a sequence
-    past the original context (32) and the short ones up to it; decodekit by max_model_len (512: long, 32: short)."""
+    past the original context (32) and the short ones up to it, whatever the context length the model allows
+    (was: decodekit chose one set by max_model_len, so every short prompt differed at the default 512)."""
     d, ref = build(tmp_path, "Llama", rope_scaling=dict(_longrope(16), original_max_position_embeddings=32))
-    assert logits_diff(d, ref, lens=(40, 70))[0] < ATOL
+    assert logits_diff(d, ref, lens=(40, 70, 20))[0] < ATOL
+    assert logits_diff(d, ref, lens=(20, 31, 32))[0] < ATOL
     assert logits_diff(d, ref, lens=(20, 31), max_model_len=32)[0] < ATOL
     d, ref = build(tmp_path, "Phi3", sliding_window=None, rope_scaling=_longrope(12), partial_rotary_factor=0.75,
                    original_max_position_embeddings=32)
-    assert logits_diff(d, ref, lens=(40, 70))[0] < ATOL
-    assert logits_diff(d, ref, lens=(20, 31), max_model_len=32)[0] < ATOL
+    assert logits_diff(d, ref, lens=(40, 70, 9))[0] < ATOL
+    assert logits_diff(d, ref, lens=(20, 31))[0] < ATOL
+
+
+@pytest.mark.parametrize("engine_kw", [dict(), dict(speculative="ngram", spec_ngram_min=1, num_speculative_tokens=4),
+                                       dict(speculative="layerskip", spec_layers=1, num_speculative_tokens=3)],
+                         ids=["plain", "ngram", "layerskip"])
+def test_longrope_engine_greedy_matches_transformers_generate(tmp_path, engine_kw):
+    """transformers' Phi-3 generate runs a sequence on the short factors up to the original context (32) and,
+    at the first step past it, recomputes its cache with the long factors (a longer prompt: long throughout). The engine: prompts of 9 / 20 / 31 (crossing 32 while decoding) and 40 / 45 (long) tokens, a
+    short and a long prompt sharing 32 tokens (prefix caching must not mix their blocks), block 8, chunked
+    prefill over a 16-token budget, with and without speculative decoding."""
+    from decodekit import LLM, SamplingParams
+    d, ref = build(tmp_path, "Phi3", sliding_window=None, rope_scaling=_longrope(12), partial_rotary_factor=0.75,
+                   original_max_position_embeddings=32, scale_qk=2.0)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, V, (n,), generator=g).tolist() for n in (9, 20, 31, 40, 45)]
+    prompts.append(prompts[3][:30])                                        # shares 3 full blocks with prompt 3
+    llm = LLM(model=d, block_size=8, max_num_batched_tokens=16, enable_prefix_caching=True, **engine_kw)
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    for batch in (prompts, prompts[3:] + prompts[:3]):                     # the second pass hits the cache
+        outs = llm.generate([{"prompt_token_ids": p} for p in batch], sp)
+        for p, o in zip(batch, outs):
+            assert o.outputs[0].token_ids == hf_greedy(ref, p, 24), len(p)
 
 
 @pytest.mark.parametrize("save_dtype", [torch.bfloat16, torch.float16])

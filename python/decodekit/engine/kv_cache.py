@@ -15,7 +15,7 @@ Free-block queue
 
 Prefix caching
     Only FULL blocks are cached. Block i of a request has the chained hash
-    ``hash_fn(hash of block i-1 (None for i=0), tuple(block tokens), request.extra_key)``;
+    ``hash_fn(hash of block i-1 (None for i=0), tuple(block tokens), request.block_key)``;
     the default is SHA-256 over an unambiguous byte encoding (deterministic across processes).
     Collision guard: every registered block stores its key (parent registration serial, block
     tokens, extra_key) and a lookup accepts a block only if the tokens and extra key match AND
@@ -150,7 +150,7 @@ class KVCacheManager:
         hashes, bs, toks = request.block_hashes, self.block_size, request.all_token_ids
         for i in range(len(hashes), len(toks) // bs):
             parent = hashes[i - 1] if i else None
-            hashes.append(self.hash_fn(parent, tuple(toks[i * bs:(i + 1) * bs]), request.extra_key))
+            hashes.append(self.hash_fn(parent, tuple(toks[i * bs:(i + 1) * bs]), request.block_key))
         return hashes
 
     # ---------------------------------------------------------------- lookup
@@ -169,7 +169,7 @@ class KVCacheManager:
         prev_serial = 0
         for i in range(max_blocks):
             blk = self._cached.get(hashes[i])
-            if blk is None or blk.key != (prev_serial, tuple(toks[i * bs:(i + 1) * bs]), request.extra_key):
+            if blk is None or blk.key != (prev_serial, tuple(toks[i * bs:(i + 1) * bs]), request.block_key):
                 break
             hits.append(blk.block_id)
             prev_serial = blk.serial
@@ -261,7 +261,7 @@ class KVCacheManager:
                 return
             if parent == 0 or parent in self._by_serial:    # else: our chain went stale
                 blk = self._blocks[request.block_ids[i]]
-                key = (parent, tuple(toks[i * bs:(i + 1) * bs]), request.extra_key)
+                key = (parent, tuple(toks[i * bs:(i + 1) * bs]), request.block_key)
                 if blk.block_hash is not None:      # a shared block someone registered
                     serial = blk.serial if blk.key == key else None
                 else:

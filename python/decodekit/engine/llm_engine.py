@@ -153,7 +153,8 @@ class LLMEngine:
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
             max_model_len=self.max_model_len, block_size=args.block_size,
             enable_prefix_caching=args.enable_prefix_caching,
-            sliding_window=released_window(cfg, args.speculative, self.max_model_len)), self.kv_manager)
+            sliding_window=released_window(cfg, args.speculative, self.max_model_len),
+            rope_switch_len=self.model.rope_original or None), self.kv_manager)
         graphs, graph_batch = self._decode_graph_mode()
         self.runner = ModelRunner(self.model, num_blocks, args.block_size, self.max_model_len,
                                   decode_graphs=graphs, max_batch=graph_batch,

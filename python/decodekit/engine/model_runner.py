@@ -158,20 +158,23 @@ class ModelRunner:
 
     def prepare(self, so: SchedulerOutput) -> tuple[torch.Tensor, AttentionMetadata]:
         """input_ids [T] and the step's metadata from the scheduled requests."""
-        ids, md = self.prepare_seqs(*self._seqs_of(so), num_first=[sr.num_prompt_logits for sr in so.scheduled])
+        toks, starts, tables, logits, _, rope_long = self._seqs_of(so)
+        ids, md = self.prepare_seqs(toks, starts, tables, logits, [sr.num_prompt_logits for sr in so.scheduled],
+                                    rope_long)
         if self.batch_invariant:  # the leading decode-phase requests' tokens (the scheduler puts them first)
             md.decode_rows = sum(sr.num_new_tokens for sr in itertools.takewhile(lambda sr: sr.is_decode,
                                                                                   so.scheduled))
         return ids, md
 
     def prepare_seqs(self, token_lists: list[list[int]], starts: list[int], tables: list[list[int]],
-                     num_logits: list[int], num_first: list[int] | None = None
-                     ) -> tuple[torch.Tensor, AttentionMetadata]:
+                     num_logits: list[int], num_first: list[int] | None = None, rope_long: list[bool] | None = None,
+                     model=None) -> tuple[torch.Tensor, AttentionMetadata]:
         """input_ids [T] and metadata for sequences given directly (drafters use this): sequence i
         computes token_lists[i] at positions starts[i].. with block table tables[i] and needs the
-        logits of its first num_first[i] tokens (prompt logprobs) and of its last num_logits[i]."""
-        ids, positions, slots, bt, seq_lens, qsl, sample_rows = self._host_inputs(token_lists, starts, tables,
-                                                                                  num_logits, num_first)
+        logits of its first num_first[i] tokens (prompt logprobs) and of its last num_logits[i];
+        rope_long[i]: its Request.rope_long (LongRoPE rows of `model`, default the runner's)."""
+        ids, positions, slots, bt, seq_lens, qsl, sample_rows = self._host_inputs(
+            token_lists, starts, tables, num_logits, num_first, rope_long, model)
         host = AttentionMetadata(positions=positions, slot_mapping=slots, block_tables=bt, seq_lens=seq_lens,
                                  query_start_loc=qsl.to(torch.int32),
                                  logits_indices=torch.tensor(sample_rows, dtype=torch.int64))
@@ -186,14 +189,16 @@ class ModelRunner:
 
     @staticmethod
     def _seqs_of(so: SchedulerOutput):
-        """(token lists, start positions, block tables, logits rows per sequence) of a step: a
-        sampling request needs its last token's logits, a verifying one also each draft's."""
+        """(token lists, start positions, block tables, logits rows per sequence, None (num_first), rope_long
+        flags) of a step: a sampling request needs its last token's logits, a verifying one also each draft's."""
         sc = so.scheduled
         return ([sr.token_ids for sr in sc], [sr.start_pos for sr in sc], [sr.block_ids for sr in sc],
-                [1 + sr.num_spec if sr.will_sample else 0 for sr in sc])
+                [1 + sr.num_spec if sr.will_sample else 0 for sr in sc], None,
+                [sr.request.rope_long for sr in sc])
 
-    def _host_inputs(self, token_lists, starts, tables, num_logits, num_first=None):
-        """Host tensors: ids [T], positions [T], slots [T], block tables [S, maxb] int32,
+    def _host_inputs(self, token_lists, starts, tables, num_logits, num_first=None, rope_long=None, model=None):
+        """Host tensors: ids [T], positions [T] (rope rows: + the model's rope_row_offset for the sequences
+        with rope_long), slots [T], block tables [S, maxb] int32,
         seq_lens [S] int32, query_start_loc [S + 1] int64, rows whose logits are needed (per sequence
         its first num_first, then its last num_logits tokens; the two never overlap). Built with numpy
         (a few array operations whatever S: at 256 sequences a torch op per row cost ~5 ms a step)."""
@@ -222,6 +227,9 @@ class ModelRunner:
             end += c
             sample_rows.extend(range(end - n, end))
         seq_lens = (starts_a + counts).astype(np.int32)
+        if rope_long is not None and any(rope_long):
+            offset = getattr(model if model is not None else self.model, "rope_row_offset", 0)
+            positions = positions + offset * np.asarray(rope_long, dtype=np.int64)[seq_of_tok]
         return (torch.from_numpy(ids), torch.from_numpy(positions), torch.from_numpy(slots), torch.from_numpy(bt),
                 torch.from_numpy(seq_lens), torch.from_numpy(qsl), sample_rows)
 

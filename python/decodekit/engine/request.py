@@ -62,7 +62,7 @@ class Request:
                  "output_token_ids", "_num_computed_tokens", "status", "block_ids",
                  "block_hashes", "num_cached_tokens", "num_preemptions", "spec_token_ids",
                  "extra_key", "parent_id", "child_index", "stop_reason", "_all_token_ids",
-                 "prompt_logprobs_pending", "paused", "no_spec")
+                 "prompt_logprobs_pending", "paused", "no_spec", "rope_long")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: Any,
                  arrival_time: float | None = None, *, extra_key: Hashable = None,
@@ -101,6 +101,9 @@ class Request:
         # for its group to pick its next token); no_spec: never drafted for
         self.paused = False
         self.no_spec = False
+        # LongRoPE: it grew past the model's original context, so every position takes the long factors
+        # (LlamaModel.rope_long_for; set by the scheduler, which recomputes its KV): its blocks hash apart
+        self.rope_long = False
 
     # ---------------------------------------------------------------- token accounting
     @property
@@ -113,6 +116,11 @@ class Request:
             raise AssertionError(f"request {self.request_id!r}: num_computed_tokens={value} "
                                  f"outside [0, num_tokens={self.num_tokens}]")
         self._num_computed_tokens = value
+
+    @property
+    def block_key(self) -> Hashable:
+        """The key every block hash of this request includes: extra_key (+ the rope rule when not the default)."""
+        return ("rope_long", self.extra_key) if self.rope_long else self.extra_key
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -181,6 +189,9 @@ def split_n(request: Request) -> list[Request]:
     n = request.sampling_params.n or 1
     if n <= 1:
         return [request]
-    return [Request(f"{request.request_id}/{i}", request.prompt_token_ids, request.sampling_params,
-                    request.arrival_time, extra_key=request.extra_key,
-                    parent_id=request.request_id, child_index=i) for i in range(n)]
+    children = [Request(f"{request.request_id}/{i}", request.prompt_token_ids, request.sampling_params,
+                        request.arrival_time, extra_key=request.extra_key,
+                        parent_id=request.request_id, child_index=i) for i in range(n)]
+    for c in children:
+        c.rope_long = request.rope_long
+    return children

@@ -77,6 +77,9 @@ class SchedulerConfig:
     # every layer attends over this many keys (None: the whole context): running requests release the
     # blocks before their window (KVCacheManager.release_out_of_window)
     sliding_window: int | None = None
+    # LongRoPE's original context (None: no LongRoPE): a request computing a position past it switches to the
+    # long factors (Request.rope_long) and recomputes its KV with them, as transformers' Phi-3 generate does
+    rope_switch_len: int | None = None
 
     def __post_init__(self):
         _check_int("max_num_seqs", self.max_num_seqs, 1)
@@ -85,6 +88,8 @@ class SchedulerConfig:
         _check_int("block_size", self.block_size, 1, 1024)
         if self.sliding_window is not None:
             _check_int("sliding_window", self.sliding_window, 1)
+        if self.rope_switch_len is not None:
+            _check_int("rope_switch_len", self.rope_switch_len, 1)
         for name in ("enable_prefix_caching", "chunked_prefill"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"SchedulerConfig.{name} must be a bool, got {getattr(self, name)!r}")
@@ -224,6 +229,7 @@ class Scheduler:
                 or n != parent.num_tokens - 1 or parent.spec_token_ids or n == 0 \
                 or self._num_active() >= self.config.max_num_seqs:
             return False
+        child.rope_long = parent.rope_long          # (it shares the parent's blocks)
         self.add_request(child)                     # the same checks as any request
         self.waiting.pop()                          # (it runs at once instead)
         copies = self.kv.fork(parent, child)
@@ -301,6 +307,14 @@ class Scheduler:
         self.waiting.appendleft(req)
         out.preempted_req_ids.append(req.request_id)
 
+    def _rope_restart(self, req: Request, out: SchedulerOutput) -> None:
+        """LongRoPE: req's next position is past the original context: from now on its rows take the long
+        factors, and its KV is recomputed with them (as preemption does; not counted as one)."""
+        req.rope_long, req.block_hashes = True, []
+        self._preempt(req, out)
+        req.num_preemptions -= 1
+        self.num_preemptions -= 1
+
     def _chunk_cap(self, req: Request) -> int:
         """The most tokens req may compute in one step, the step's budget aside: PROMPT_LOGPROBS_CHUNK while
         its prompt logprobs are pending (with chunked prefill), else no cap."""
@@ -327,7 +341,13 @@ class Scheduler:
             if num_new <= 0:        # waiting for its sampled token (no update since last step)
                 i += 1
                 continue
-            if req.spec_token_ids:  # drafts that miss the budget / max_model_len are dropped
+            rs = cfg.rope_switch_len
+            if rs is not None and not req.rope_long and req.num_computed_tokens + num_new > rs:
+                if req.num_tokens > rs:     # its last token's position is past the original context
+                    self._rope_restart(self.running.pop(i), out)
+                    continue
+                num_new = rs - req.num_computed_tokens  # (only drafts reach past it: they wait for the switch)
+            if req.spec_token_ids:  # drafts that miss the budget / max_model_len / rope switch are dropped
                 keep = max(0, req.num_computed_tokens + num_new - req.num_tokens)
                 del req.spec_token_ids[keep:]
             scheduled = True
@@ -367,6 +387,8 @@ class Scheduler:
                     paused.append(self.waiting.popleft())
                     continue
                 req.spec_token_ids = []     # drafts only for running requests
+                if cfg.rope_switch_len is not None and not req.rope_long and req.num_tokens > cfg.rope_switch_len:
+                    req.rope_long, req.block_hashes = True, []  # (a prompt past LongRoPE's original context)
                 # prompt logprobs need every prompt position's logits: no prefix-cache hit
                 hit_blocks, num_hit = kv.get_computed_blocks(req) if not req.prompt_logprobs_pending else ([], 0)
                 num_new = req.num_tokens_with_spec - num_hit

@@ -43,8 +43,8 @@ PRESETS: dict[str, dict] = {
                        num_kv_heads=2, head_dim=32, rms_norm_eps=1e-6, rope_theta=1000000.0,
                        max_position_embeddings=2048, tie_word_embeddings=True, qk_norm=True,
                        architecture="qwen3"),
-    # Phi-3's graph (Phi-4-mini's rope): LongRoPE (short factors up to 256 positions, long ones past; the long set
-    # at the default max_model_len 2048) on 3/4 of each head (partial_rotary_factor 0.75), separate LM head
+    # Phi-3's graph (Phi-4-mini's rope): LongRoPE (short factors while a sequence fits 256 positions, long ones
+    # once it is longer) on 3/4 of each head (partial_rotary_factor 0.75), separate LM head
     "tiny-phi3": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                       num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,
                       rope_scaling={"rope_type": "longrope", "original_max_position_embeddings": 256,

@@ -42,7 +42,8 @@ def cache_head_dim(head_dim: int, device: torch.device) -> int:
 @dataclass
 class AttentionMetadata:
     """Everything one forward step needs to address the paged KV cache."""
-    positions: torch.Tensor        # [T] int64, position of each new token
+    positions: torch.Tensor        # [T] int64, rope table row of each new token: its position (LongRoPE: + the
+                                   # model's rope_row_offset for a sequence on the long factors; ModelRunner)
     slot_mapping: torch.Tensor     # [T] int64, cache slot of each new token (< 0: padding)
     block_tables: torch.Tensor     # [S, max_blocks] int32, per-sequence block ids
     seq_lens: torch.Tensor         # [S] int32, context length incl. this step's tokens
@@ -77,8 +78,8 @@ class LlamaModel:
         """tp, plan: tensor parallelism (decodekit.distributed): this rank's TPGroup and ShardPlan;
         `weights` then holds this rank's slices (or whole tensors, cut here) and the model runs this
         rank's heads / features / vocabulary slice, meeting the other ranks in AllReduces.
-        max_model_len: the engine's context length (default: the model's); LongRoPE (Phi-3) uses its long
-        factors when it exceeds the original context, else the short ones."""
+        max_model_len: the engine's context length (default: the model's context_limit): the rope table's
+        rows. LongRoPE (Phi-3): see rope_long_for."""
         self.full_config = config
         self.tp, self.plan = (tp, plan) if tp is not None and tp.world_size > 1 else (None, None)
         if self.plan is not None:
@@ -140,10 +141,13 @@ class LlamaModel:
         self.op_by_op = False  # True: forward issues every op from Python (callers that hook ops.linear)
         self.cache_head_dim = cache_head_dim(c.head_dim, self.device)  # > head_dim: padded (see there)
         self.refresh_fused_layers()
-        self.rope_context = max_model_len or c.context_limit
-        self.cos_sin_cache = reference.rope_cos_sin_cache(      # [max_position, rotary_dim]
-            max(c.max_position_embeddings, self.rope_context), c.rotary_dim, c.rope_theta, c.rope_scaling,
-            context_len=self.rope_context).to(self.device)
+        rows = max(c.max_position_embeddings, max_model_len or c.context_limit)
+        self.cos_sin_cache = reference.rope_cos_sin_cache(      # [rows (x 2: LongRoPE), rotary_dim]
+            rows, c.rotary_dim, c.rope_theta, c.rope_scaling).to(self.device)
+        # LongRoPE: a sequence longer than the original context reads its rope rows rope_row_offset further
+        # (the long factors at every position: see rope_cos_sin_cache, rope_long_for); 0: one set of rows
+        self.rope_row_offset = rows if reference.is_longrope(c.rope_scaling) else 0
+        self.rope_original = int(c.rope_scaling["original_max_position_embeddings"]) if self.rope_row_offset else 0
         self.scale = c.head_dim ** -0.5
         self.layer_windows = [c.layer_window(i) for i in range(c.num_layers)]  # paged_attention's sliding_window
         self.kv_observer = None  # calibrate_kv_scales: called with (layer, k, v) before the cache write
@@ -306,6 +310,13 @@ class LlamaModel:
                 group_sizes += gs
             got = self._stack_args[n] = (weights, counts, group_sizes)
         return got
+
+    def rope_long_for(self, num_tokens: int) -> bool:
+        """LongRoPE: whether a sequence of num_tokens tokens runs on the long rows (rope_row_offset): it is
+        longer than the original context, so every position takes the long factors (transformers' rule for
+        a forward; Phi-3's generate recomputes the cache when a sequence grows past it, and so does the
+        scheduler: SchedulerConfig.rope_switch_len, Request.rope_long)."""
+        return bool(self.rope_row_offset) and num_tokens > self.rope_original
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor,           # [T] int64

@@ -59,9 +59,8 @@ def rope_inv_freq(rot_dim: int, theta: float, scaling: dict | None = None,
     "beta_slow" (1), "truncate" (true): YaRN's blend of interpolated and extrapolated frequencies, as
     transformers computes it; its attention factor scales the cos | sin table: rope_attention_factor); or
     "longrope" (Phi-3: {"short_factor", "long_factor" (rot_dim // 2 divisors each),
-    "original_max_position_embeddings"}): the long factors when context_len (the engine's context: its
-    max_model_len) exceeds the original context, else the short ones -- one set for every position, as
-    llama.cpp picks by its context size (transformers switches sets by the current sequence's length).
+    "original_max_position_embeddings"}): the long factors when context_len (a sequence's length) exceeds
+    the original context, else the short ones (transformers' rule; rope_cos_sin_cache holds both sets).
     None or {"rope_type": "default"} means plain RoPE.
     """
     inv = 1.0 / (theta ** (torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim))
@@ -134,13 +133,26 @@ def rope_attention_factor(scaling: dict | None) -> float:
 
 def rope_cos_sin_cache(max_position: int, rot_dim: int, theta: float,
                        scaling: dict | None = None,
-                       dtype: torch.dtype = torch.float32,
-                       context_len: int | None = None) -> torch.Tensor:  # [max_position, rot_dim]
+                       dtype: torch.dtype = torch.float32) -> torch.Tensor:  # [max_position (x 2), rot_dim]
     """cos | sin table for rotary_embedding, computed in float64 then rounded once (YaRN, LongRoPE: times their
-    attention factor, as transformers scales its cos and sin). context_len: see rope_inv_freq (LongRoPE)."""
-    inv = rope_inv_freq(rot_dim, theta, scaling, context_len)
-    ang = torch.arange(max_position, dtype=torch.float64)[:, None] * inv[None, :]
+    attention factor, as transformers scales its cos and sin).
+
+    LongRoPE: 2 x max_position rows. Row p < max_position: position p with the short factors below the
+    original context and the long ones from it; row max_position + p: position p with the long factors.
+    Transformers takes the long factors for a forward whose sequence is longer than the original context:
+    a sequence that fits it reads the first half, a longer one the second (LlamaModel.rope_long_for)."""
+    pos = torch.arange(max_position, dtype=torch.float64)[:, None]
+    if is_longrope(scaling):
+        orig = int(scaling["original_max_position_embeddings"])
+        short, long = (rope_inv_freq(rot_dim, theta, scaling, c) for c in (orig, orig + 1))
+        ang = torch.cat([torch.where(pos < orig, pos * short, pos * long), pos * long])
+    else:
+        ang = pos * rope_inv_freq(rot_dim, theta, scaling)[None, :]
     return (torch.cat([ang.cos(), ang.sin()], dim=-1) * rope_attention_factor(scaling)).to(dtype)
+
+
+def is_longrope(scaling: dict | None) -> bool:
+    return (scaling or {}).get("rope_type", (scaling or {}).get("type")) == "longrope"
 
 
 def _rope_one(x: torch.Tensor,      # [T, H, D]
