@@ -5,9 +5,9 @@ model.safetensors.index.json). Pickled checkpoints (pytorch_model*.bin, *.pt, *.
 are refused: unpickling runs arbitrary code.
 
 4-bit GPTQ (auto-gptq / gptqmodel, incl. act-order) and AWQ (GEMM) checkpoints, announced by
-config.json's `quantization_config` (or a quantize_config.json), are read layer by layer
-(`<proj>.qweight/.qzeros/.scales[/.g_idx]`) into decodekit.quant.Int4Weight: kept packed with
-keep_quantized, else dequantized to the model dtype.
+config.json's `quantization_config` (or a quantize_config.json / AutoAWQ's quant_config.json), are read
+layer by layer (`<proj>.qweight/.qzeros/.scales[/.g_idx]`) into decodekit.quant.Int4Weight: kept packed
+with keep_quantized, else dequantized to the model dtype.
 """
 from __future__ import annotations
 
@@ -250,17 +250,29 @@ _QUANT_PARTS = ("qweight", "qzeros", "scales", "g_idx", "mins", "perm")
 
 def quant_config(raw: dict[str, Any], path: str) -> dict[str, Any] | None:
     """{"method": "gptq" | "awq", "group_size", "checkpoint_format"} from config.json's
-    quantization_config (or quantize_config.json); None for an unquantized checkpoint."""
+    quantization_config (or auto-gptq's quantize_config.json, or AutoAWQ's older quant_config.json, as vLLM
+    reads them); None for an unquantized checkpoint."""
     q = raw.get("quantization_config")
-    qpath = os.path.join(path, "quantize_config.json")
     where = f"{path}: quantization_config"
-    if q is None and os.path.isfile(qpath):
-        q, where = read_json_object(qpath), qpath
+    default_method = "gptq"
+    for fn, method_of_file in (("quantize_config.json", "gptq"), ("quant_config.json", "awq")):
+        qpath = os.path.join(path, fn)
+        if q is None and os.path.isfile(qpath):
+            # (neither file need name its quant_method: auto-gptq's is GPTQ, AutoAWQ's {w_bit, q_group_size,
+            # zero_point, version} AWQ)
+            q, where, default_method = read_json_object(qpath), qpath, method_of_file
     if not q:
         return None
     if not isinstance(q, dict):
         raise ModelLoadError(f"{where} must be an object with quant_method, bits, group_size, got {q!r}")
-    method = str(q.get("quant_method", "gptq")).lower()
+    if q.get("quant_method") is None and (q.get("load_in_4bit") or q.get("load_in_8bit")):
+        # transformers' reading of a quantization_config without quant_method (AutoQuantizationConfig.from_dict)
+        raise ModelLoadError(f"{where}: a bitsandbytes checkpoint (load_in_4bit / load_in_8bit) is not supported "
+                             f"(supported: 'gptq', 'awq' and 'decodekit-int4', 4-bit)")
+    if q.get("is_marlin_format"):
+        raise ModelLoadError(f"{where}: is_marlin_format = true (auto-gptq's Marlin-repacked layout) is not "
+                             f"supported; use the checkpoint in the GPTQ format (checkpoint_format 'gptq')")
+    method = str(q.get("quant_method", default_method)).lower()
     if method not in ("gptq", "awq", "decodekit-int4"):
         raise ModelLoadError(f"{path}: quantization_config.quant_method {method!r} is not supported "
                              f"(supported: 'gptq', 'awq' and 'decodekit-int4', 4-bit)")
@@ -325,8 +337,9 @@ def load_hf_dir(path: str, dtype: torch.dtype = torch.float32, device: str | tor
     if cfg.bos_token_id is None:
         cfg.bos_token_id = tokenizer.bos_token_id
 
-    if cfg.tie_word_embeddings and qc is None and _own_lm_head(files):
-        # transformers (5.x) keeps a checkpoint's lm_head that differs from its embedding, tie or not
+    if cfg.tie_word_embeddings and _own_lm_head(files):
+        # transformers (5.x) keeps a checkpoint's lm_head that differs from its embedding, tie or not (quantized
+        # checkpoints too: their float lm_head, e.g. `decodekit quantize`'s copy of such a model's head)
         cfg.tie_word_embeddings = False
         logging.getLogger("decodekit").warning(
             "%s: tie_word_embeddings is true but lm_head.weight differs from the embedding: using lm_head.weight "
@@ -391,6 +404,11 @@ def load_hf_dir(path: str, dtype: torch.dtype = torch.float32, device: str | tor
     for k, f, fn in progress(items(), len(names), f"loading {os.path.basename(os.path.abspath(path))}",
                              progress_bar):
         qp = quant_part(k)
+        if qp is not None and qp[1] == "qweight" and qp[0] + ".weight" in files:
+            # transformers' quantized module has no float weight (it would drop it): which one is meant is not ours
+            # to guess
+            raise ModelLoadError(f"{fn}: layer {qp[0]!r} is in the checkpoint both quantized ({qp[0]}.qweight) and "
+                                 f"as a float {qp[0]}.weight; keep one of them")
         if qp is not None:
             prefix, part = qp
             got = pending.setdefault(prefix, {})

@@ -6,8 +6,8 @@ Format (quantization_config {"quant_method": "decodekit-int4", "bits": 4, "group
   <proj>.scales   float16 [N, K/G]
   <proj>.mins     float16 [N, K/G]   w = scale * q + min
   <proj>.perm     int64   [K]        act-order only: stored column j is input feature perm[j]
-Everything else (embedding, norms, LM head, biases) as float tensors under their usual names;
-config.json and the tokenizer files are the source directory's, plus quantization_config.
+Everything else (embedding, norms incl. Qwen3's q_norm / k_norm, LM head, biases) as float tensors under
+their usual names; config.json and the tokenizer files are the source directory's, plus quantization_config.
 The loader (decodekit.loader.hf) reads it back exactly.
 """
 from __future__ import annotations
@@ -76,6 +76,9 @@ def save_quantized(model, source_dir: str, out_dir: str) -> dict:
         put(p + "mlp.down_proj", L.down)
         t[p + "input_layernorm.weight"] = L.input_norm.detach().cpu().contiguous()
         t[p + "post_attention_layernorm.weight"] = L.post_norm.detach().cpu().contiguous()
+        for name, norm in (("q_norm", L.q_norm), ("k_norm", L.k_norm)):  # Qwen3's per-head norms
+            if norm is not None:
+                t[p + f"self_attn.{name}.weight"] = norm.detach().cpu().contiguous()
     if not isinstance(model.embed, torch.Tensor):
         raise ValueError("save_quantized: the embedding must be a float tensor (HF float checkpoints)")
     t["model.embed_tokens.weight"] = model.embed.detach().cpu().contiguous()

@@ -25,10 +25,12 @@ from .int4 import Int4Weight
 
 def _group_params(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Asymmetric 4-bit grid of each row of w [N, G] (float64): (scale, min) as stored (fp16),
-    the range widened to include 0 so that zero is exactly a code."""
+    the range widened to include 0 so that zero is exactly a code. The scale is at least fp16's smallest
+    subnormal (2^-24): a floor below it (was 1e-8) rounds to a zero scale in fp16, and a group of zeros (an
+    all-zero row, dead inputs) then got zero = 0 / 0 = NaN, a NaN min, and NaN spread along the whole row."""
     lo = w.amin(dim=1).clamp(max=0)
     hi = w.amax(dim=1).clamp(min=0)
-    scale = ((hi - lo) / 15).clamp(min=1e-8).half()
+    scale = ((hi - lo) / 15).clamp(min=2.0 ** -24).half()
     zero = torch.round(-lo / scale.double()).clamp(0, 15)
     mins = (-(scale.double() * zero)).half()
     return scale, mins
