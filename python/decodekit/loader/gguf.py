@@ -53,6 +53,9 @@ _LAYER_NAMES = {
     "ffn_down.weight": "mlp.down_proj.weight",
 }
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
+# a big-endian file's block types (those llama.cpp's gguf_convert_endian.py converts): the offsets of the fp16
+# fields it swaps in each block (MXFP4 / NVFP4: none)
+_SWAPPED_FP16_FIELDS = {"Q4_0": (0,), "Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,), "MXFP4": (), "NVFP4": ()}
 # not weights: llama 3.1+ rope frequency factors and Phi-3's LongRoPE factors (folded into ModelConfig.rope_scaling)
 _NON_WEIGHTS = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 # Phi-3's fused projections: GGUF name -> the HF name loader._common.fused_parts splits
@@ -103,19 +106,36 @@ def _reader_class():
 
 
 def open_reader(path: str):
-    """A gguf.GGUFReader (read-only, memory-mapped) for `path`."""
+    """A gguf.GGUFReader (read-only, memory-mapped) for `path` (kept as reader.path: split files open their
+    other shards from it)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no such GGUF file: {path}")
     with open(path, "rb") as f:
-        magic = f.read(4)
+        head = f.read(8)
+    magic = head[:4]
     if magic != b"GGUF":
         raise ModelLoadError(f"{path}: not a GGUF file (it starts with {magic!r}, a GGUF file with b'GGUF')")
+    if len(head) == 8:
+        version = int.from_bytes(head[4:], "little")
+        version = version if version & 0xFFFF else int.from_bytes(head[4:], "big")   # (a big-endian file)
+        if version == 1 or 3 < version < 0x10000:     # (0 or a huge number: a corrupt header, the reader's error)
+            raise ModelLoadError(f"{path}: GGUF version {version} is not supported (versions 2 and 3 are; "
+                                 f"{'version 1 files predate August 2023' if version == 1 else 'a newer format'}: "
+                                 f"convert the model again with a current llama.cpp)")
     try:
-        return _reader_class()(path, "r")
+        reader = _reader_class()(path, "r")
     except Exception as e:  # the gguf package raises ValueError / struct errors on bad files
+        m = re.search(r"(\d+)\)? is not a valid GGMLQuantizationType", str(e))
+        if m:
+            raise ModelLoadError(f"{path}: a tensor has GGML type id {m.group(1)}, which the installed gguf package "
+                                 f"does not know (31-33 were llama.cpp's since-removed Q4_0_4_4 / Q4_0_4_8 / "
+                                 f"Q4_0_8_8; newer ids need a newer gguf package): re-quantize the model, e.g. to "
+                                 f"Q4_0") from e
         size = os.path.getsize(path)
         raise ModelLoadError(f"{path}: truncated or corrupt GGUF file ({size} bytes; a complete download is the "
                              f"size its source lists): the gguf reader failed with {type(e).__name__}: {e}") from e
+    reader.path = path
+    return reader
 
 
 def read_gguf_metadata(source) -> dict[str, Any]:
@@ -142,7 +162,8 @@ class GGUFTensorInfo:
     non-weights such as rope_freqs.weight); quant_type: gguf.GGMLQuantizationType; shape: the
     logical shape in HF order ([out_features, in_features]); data: the raw numpy view into the
     memory-mapped file (for block-quantized types uint8 [rows, bytes_per_row]); unpermute_heads:
-    the head count whose row permutation must be undone (q/k of llama models) or None.
+    the head count whose row permutation must be undone (q/k of llama models) or None; swapped: the
+    file's byte order is not the host's (native() gives the data in the host's).
     """
     name: str
     hf_name: str | None
@@ -150,6 +171,7 @@ class GGUFTensorInfo:
     shape: tuple[int, ...]
     data: np.ndarray
     unpermute_heads: int | None = None
+    swapped: bool = False       # the file's byte order is not the host's (a big-endian file)
 
     @property
     def type_name(self) -> str:
@@ -165,62 +187,133 @@ class GGUFTensorInfo:
         import gguf
         return gguf.GGML_QUANT_SIZES[self.quant_type]
 
+    def native(self) -> np.ndarray:
+        """The data in the host's byte order: `data` itself, or for a big-endian file a copy with each
+        number swapped -- the floats, BF16, and the fp16 fields of the block types llama.cpp's
+        gguf_convert_endian.py swaps (other block types are refused: their bytes cannot be told apart)."""
+        d = self.data
+        if not self.swapped:
+            return d
+        if d.dtype != np.uint8:     # F32 / F16 / F64 / ints: the reader gave them the file's byte order
+            return d.astype(d.dtype.newbyteorder("="))
+        if self.type_name == "BF16":
+            return np.ascontiguousarray(d).view(np.uint16).byteswap().view(np.uint8)
+        fields = _SWAPPED_FP16_FIELDS.get(self.type_name)
+        if fields is None:
+            raise ModelLoadError(f"tensor {self.name}: a big-endian GGUF file's {self.type_name} blocks cannot be "
+                                 f"read (big-endian files hold F32, F16, BF16, "
+                                 f"{', '.join(_SWAPPED_FP16_FIELDS)}): convert the file to little-endian with "
+                                 f"gguf's gguf_convert_endian.py FILE little")
+        blocks = np.array(d).reshape(-1, self.block_size[1])
+        for off in fields:
+            blocks[:, [off, off + 1]] = blocks[:, [off + 1, off]]
+        return blocks.reshape(d.shape)
+
     def hf_rows(self, array: Any = None):
         """`array` (default: the raw data) with its rows in HF order: the llama.cpp q/k
         permutation undone. Works on packed quantized rows (rows are permuted whole)."""
-        a = self.data if array is None else array
+        a = self.native() if array is None else array
         return reverse_permute(a, self.unpermute_heads) if self.unpermute_heads else a
 
     def raw_bytes(self) -> np.ndarray:
         """The packed data, rows in HF order, as an owning uint8 array [rows, bytes_per_row]."""
         rows = self.shape[0] if len(self.shape) > 1 else 1
-        raw = np.ascontiguousarray(self.data).view(np.uint8).reshape(rows, -1)
+        raw = np.ascontiguousarray(self.native()).view(np.uint8).reshape(rows, -1)
         return np.ascontiguousarray(self.hf_rows(raw))
 
     def dequantize(self, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> torch.Tensor:
         """The tensor as a `dtype` torch tensor on `device`, HF layout and row order."""
         import gguf
         qt = self.quant_type
+        data = self.native()
         if qt == gguf.GGMLQuantizationType.F32:
-            t = torch.from_numpy(np.array(self.data, dtype=np.float32))
+            t = torch.from_numpy(np.array(data, dtype=np.float32))
         elif qt == gguf.GGMLQuantizationType.F16:
-            t = torch.from_numpy(np.array(self.data).view(np.float16))
+            t = torch.from_numpy(np.array(data, dtype=np.float16))
             t = t if dtype == torch.float16 else t.float()
         elif qt == gguf.GGMLQuantizationType.BF16:
-            t = torch.from_numpy(np.array(self.data).view(np.int16)).view(torch.bfloat16)
+            t = torch.from_numpy(np.array(data).view(np.int16)).view(torch.bfloat16)
             t = t if dtype == torch.bfloat16 else t.float()
         else:
             try:
-                t = torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(self.data, qt)))
+                t = torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(data, qt)))
             except NotImplementedError as e:
-                raise ModelLoadError(f"tensor {self.name}: quant type {qt.name} cannot be dequantized") from e
+                raise ModelLoadError(f"tensor {self.name}: quant type {qt.name} cannot be dequantized (decodekit "
+                                     f"reads F32, F16, BF16 and the types gguf.quants dequantizes)") from e
         t = t.reshape(self.shape)
         if self.unpermute_heads:
             t = reverse_permute(t, self.unpermute_heads)
         return t.to(device=device, dtype=dtype).contiguous()
 
 
+def per_layer_value(v: Any) -> Any:
+    """A hyperparameter llama.cpp also reads as one value per layer (head_count, head_count_kv,
+    feed_forward_length): a list of equal values is that value; anything else is returned as is."""
+    if isinstance(v, list) and v and all(type(x) is type(v[0]) and x == v[0] for x in v):
+        return v[0]
+    return v
+
+
+def split_paths(path: str, meta: dict[str, Any]) -> list[str]:
+    """The files of a model split by llama.cpp's gguf-split (PREFIX-00001-of-00003.gguf ...), first one first;
+    [path] for a whole file. ModelLoadError for a shard other than the first, or a name not of that form."""
+    n, no = meta.get("split.count", 1), meta.get("split.no", 0)
+    if not isinstance(n, int) or n <= 1:
+        return [path]
+    tail = f"-{no + 1:05d}-of-{n:05d}.gguf" if isinstance(no, int) else ""
+    if no != 0:
+        raise ModelLoadError(f"{path}: this file is part {no + 1 if isinstance(no, int) else no!r} of a model split "
+                             f"in {n} (gguf-split): pass the first part, "
+                             f"{os.path.basename(path)[:-len(tail)] if tail and path.endswith(tail) else 'PREFIX'}"
+                             f"-00001-of-{n:05d}.gguf")
+    if not path.endswith(tail):
+        raise ModelLoadError(f"{path}: the first of {n} parts of a split model (gguf-split), but not named "
+                             f"PREFIX{tail}, so its other parts cannot be found: rename the parts as gguf-split "
+                             f"names them, or merge them with llama-gguf-split --merge")
+    return [path[:-len(tail)] + f"-{i:05d}-of-{n:05d}.gguf" for i in range(1, n + 1)]
+
+
 def read_gguf_tensors(source, meta: dict[str, Any] | None = None) -> Iterator[GGUFTensorInfo]:
     """Yields every tensor of a GGUF file (path or GGUFReader) as a GGUFTensorInfo, in file
     order, without dequantizing anything. The raw quant type and bytes stay reachable
-    (info.quant_type, info.data, info.raw_bytes()) for loaders that keep weights packed."""
+    (info.quant_type, info.data, info.raw_bytes()) for loaders that keep weights packed. The first
+    part of a split model (gguf-split: split.count > 1) yields the tensors of all its parts."""
     reader = open_reader(source) if isinstance(source, (str, os.PathLike)) else source
     if meta is None:
         meta = read_gguf_metadata(reader)
     arch = meta.get("general.architecture", "")
     def count(v):  # a bad value is config_from_gguf's error to report; here it only means "no permutation"
+        v = per_layer_value(v)
         return int(v) if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
     n_head = count(meta.get(f"{arch}.attention.head_count"))
     n_kv = count(meta.get(f"{arch}.attention.head_count_kv", n_head))
-    for t in reader.tensors:
-        shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists ne0 (innermost) first
-        heads = None
-        if arch == "llama" and n_head:
-            if ".attn_q." in t.name:
-                heads = int(n_head)
-            elif ".attn_k." in t.name:
-                heads = int(n_kv)
-        yield GGUFTensorInfo(t.name, hf_name(t.name), t.tensor_type, shape, t.data, heads)
+    readers = [reader]
+    path = getattr(reader, "path", None)
+    if path is not None and isinstance(meta.get("split.count"), int) and meta["split.count"] > 1:
+        paths = split_paths(path, meta)
+        for i, p in enumerate(paths[1:], 1):
+            if not os.path.isfile(p):
+                raise ModelLoadError(f"{path}: part {i + 1} of this split model is missing: {p}")
+            readers.append(open_reader(p))
+            no = read_gguf_metadata(readers[-1]).get("split.no")
+            if no != i:
+                raise ModelLoadError(f"{p}: split.no is {no!r}, expected {i} (part {i + 1} of {len(paths)})")
+        want = meta.get("split.tensors.count")
+        got = sum(len(r.tensors) for r in readers)
+        if isinstance(want, int) and got != want:
+            raise ModelLoadError(f"{path}: the {len(paths)} parts hold {got} tensors, split.tensors.count says "
+                                 f"{want}")
+    for r in readers:
+        swapped = getattr(r, "byte_order", "I") == "S"
+        for t in r.tensors:
+            shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists ne0 (innermost) first
+            heads = None
+            if arch == "llama":
+                if ".attn_q." in t.name:
+                    heads = n_head
+                elif ".attn_k." in t.name:
+                    heads = n_kv if n_head else None
+            yield GGUFTensorInfo(t.name, hf_name(t.name), t.tensor_type, shape, t.data, heads, swapped)
 
 
 def _llama3_factors(theta: float, dim: int, factor: float, low: float, high: float, old: int) -> np.ndarray:
@@ -242,6 +335,8 @@ def _rope_scaling(meta: dict, arch: str, freqs: np.ndarray | None, theta: float,
                   longrope: tuple[np.ndarray, np.ndarray] | None = None) -> dict | None:
     kind = meta.get(f"{arch}.rope.scaling.type")
     factor = meta.get(f"{arch}.rope.scaling.factor")
+    if factor is None:      # llama.cpp's older key (files converted before November 2023), read as it reads it
+        factor = meta.get(f"{arch}.rope.scale_linear")
     orig = meta.get(f"{arch}.rope.scaling.original_context_length")
     if longrope is not None:
         # Phi-3 long-context: the converter stores LongRoPE's short / long factors as tensors and the attention
@@ -268,7 +363,9 @@ def _rope_scaling(meta: dict, arch: str, freqs: np.ndarray | None, theta: float,
                             "high_freq_factor": high, "original_max_position_embeddings": old}
         raise ModelLoadError("rope_freqs.weight does not match Llama 3 rope scaling for any usual "
                              "(low_freq_factor, high_freq_factor, original context); not supported")
-    if kind in (None, "none") or (factor in (None, 0.0, 1.0) and kind != "yarn"):
+    if kind is None:        # llama.cpp's default scaling type: a factor alone scales linearly
+        kind = "linear"
+    if kind == "none" or (factor in (None, 0.0, 1.0) and kind != "yarn"):
         return None
     if kind == "linear":
         return {"rope_type": "linear", "factor": float(factor)}
@@ -279,8 +376,26 @@ def _rope_scaling(meta: dict, arch: str, freqs: np.ndarray | None, theta: float,
         attn = meta.get(f"{arch}.rope.scaling.attn_factor")
         if attn:
             out["attention_factor"] = float(attn)
+        # what convert_hf_to_gguf.py writes from the HF rope parameters of the same names
+        # (yarn_attn_factor: transformers' attention_factor)
+        for key, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow"),
+                          ("yarn_attn_factor", "attention_factor")):
+            v = meta.get(f"{arch}.rope.scaling.{key}")
+            if v is not None:
+                out[name] = float(v)
+        log_mul = meta.get(f"{arch}.rope.scaling.yarn_log_multiplier")
+        if log_mul:     # llama.cpp: attention factor mscale(factor, 1) / mscale(factor, log_mul), as transformers'
+            out.update(mscale=1.0, mscale_all_dim=float(log_mul))
+        ext = meta.get(f"{arch}.rope.scaling.yarn_ext_factor")
+        if ext is not None and float(ext) != 1.0:
+            raise ModelLoadError(f"{arch}.rope.scaling.yarn_ext_factor {ext} is not supported (YaRN mixes in "
+                                 f"extrapolation fully, 1.0, as transformers does)")
         return out
     raise ModelLoadError(f"unsupported GGUF rope scaling type {kind!r}")
+
+
+# keys llama.cpp reads as one value or one per layer (get_key_or_arr)
+_PER_LAYER_KEYS = ("attention.head_count", "attention.head_count_kv", "feed_forward_length")
 
 
 def config_from_gguf(meta: dict[str, Any], infos: list[GGUFTensorInfo], source: str = "GGUF file") -> ModelConfig:
@@ -298,6 +413,12 @@ def config_from_gguf(meta: dict[str, Any], infos: list[GGUFTensorInfo], source: 
         return v
 
     def integer(key: str, value: Any, maximum: int | None = None) -> int:
+        if isinstance(value, list) and key in _PER_LAYER_KEYS:
+            value = per_layer_value(value)
+            if isinstance(value, list):
+                raise ModelLoadError(f"{source}: GGUF metadata {arch}.{key} gives each layer its own value "
+                                     f"({value[:8]}{' ...' if len(value) > 8 else ''}); layers of different sizes are "
+                                     f"not supported")
         return config_int(value, f"{source}: GGUF metadata {arch}.{key}", maximum=maximum)
 
     by_name = {i.name: i for i in infos}
@@ -424,6 +545,24 @@ def unfuse_infos(cfg: ModelConfig, infos: list[GGUFTensorInfo], source: str) -> 
     return out
 
 
+def check_readable(infos: list[GGUFTensorInfo], source: str) -> None:
+    """Every weight's tensor type can be read (checked on one block of zeros per type, before any weight is
+    loaded): ModelLoadError naming the file, the tensor and its type otherwise."""
+    seen = set()
+    for info in infos:
+        key = (info.quant_type, info.swapped, info.data.dtype)
+        if info.hf_name is None or key in seen:
+            continue
+        n_el, n_bytes = info.block_size
+        probe = dataclasses.replace(info, shape=(n_el,), unpermute_heads=None,
+                                    data=np.zeros(n_bytes if info.data.dtype == np.uint8 else n_el, info.data.dtype))
+        try:
+            probe.dequantize()
+        except ModelLoadError as e:
+            raise ModelLoadError(f"{source}: {e}") from e
+        seen.add(key)
+
+
 def load_gguf(path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
               progress_bar: bool = True, keep_quantized: bool = False, shard=None):
     """(config, weights, tokenizer) of a GGUF file; weights dequantized tensor by tensor, except,
@@ -442,6 +581,7 @@ def load_gguf(path: str, dtype: torch.dtype = torch.float32, device: str | torch
         if want is not None and info.shape != want:
             raise ModelLoadError(f"{path}: tensor {info.name} ({info.hf_name}) has shape {info.shape}, the "
                                  f"configuration implies {want}")
+    check_readable(infos, path)
     tokenizer = Tokenizer.from_gguf_metadata(meta, name=os.path.basename(path), source=path)
     check_tokenizer_fits(tokenizer, cfg, path)
     cfg.eos_token_ids = list(tokenizer.eos_token_ids)
