@@ -458,6 +458,8 @@ def test_split_model_loads_from_its_first_part(tmp_path):
     assert set(got.weights) == set(whole.weights)
     assert all(torch.equal(got.weights[n], whole.weights[n]) for n in whole.weights)
     assert load_config(first) == load_config(str(tmp_path / "whole.gguf"))
+    # the directory of one split model resolves to its first part (was: 'several .gguf files')
+    assert load_config(str(d)) == load_config(str(tmp_path / "whole.gguf"))
     with pytest.raises(ModelLoadError, match=r"part 2 of a model split in 3 .* pass the first part, "
                                              r"m-00001-of-00003\.gguf"):
         load_model(str(d / parts[1]), progress=False)

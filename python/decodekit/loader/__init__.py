@@ -17,6 +17,7 @@ rows in HF's rotate-half (NeoX) order:
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -75,6 +76,9 @@ def resolve_model(model: str | os.PathLike | None) -> tuple[str, str]:
         ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
         if len(ggufs) == 1:
             return "gguf", os.path.join(path, ggufs[0])
+        split = {re.sub(r"-\d{5}-of-\d{5}\.gguf$", "", f) for f in ggufs}
+        if len(split) == 1 and all(re.search(r"-\d{5}-of-\d{5}\.gguf$", f) for f in ggufs):
+            return "gguf", os.path.join(path, ggufs[0])     # one gguf-split model: its first part (-00001-of-)
         if len(ggufs) > 1:
             raise ModelLoadError(f"{path}: several .gguf files ({', '.join(ggufs)}); pass one of them")
         raise ModelLoadError(f"{path}: neither a Hugging Face model directory (no config.json) nor a "
