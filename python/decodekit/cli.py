@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -469,7 +470,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.fn(args)
-    except (ValueError, FileNotFoundError) as e:  # bad input: one clear line, no traceback
+    except BrokenPipeError:  # stdout closed early (decodekit plan | head -1): not the command's error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # (no second error at exit)
+        return 0
+    except (ValueError, OSError) as e:  # bad input / an unusable path: one clear line, no traceback
         print(f"decodekit: error: {_option_named(parser, args, e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -9,15 +9,21 @@ import random
 def dataset_pairs(path: str) -> list[tuple[str, str]]:
     """(prompt, reference answer or "") per usable item: ShareGPT {"conversations": [{"value": q},
     {"value": a}, ...]} items, or plain strings (no answer)."""
-    with open(path) as f:
-        data = json.load(f)
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"argument --dataset: no such file {path!r}") from None
+    except (OSError, ValueError) as e:  # a directory, unreadable, not JSON, not UTF-8
+        raise ValueError(f"argument --dataset: cannot read {path!r} as JSON ({getattr(e, 'strerror', None) or e})") \
+            from None
     if not isinstance(data, list):
         raise ValueError(f"--dataset {path}: expected a JSON list (ShareGPT format or strings)")
     pairs = []
     for item in data:
         if isinstance(item, str):
             pairs.append((item, ""))
-        elif isinstance(item, dict) and item.get("conversations"):
+        elif isinstance(item, dict) and isinstance(item.get("conversations"), list) and item["conversations"]:
             conv = item["conversations"]
             q = conv[0].get("value", "") if isinstance(conv[0], dict) else ""
             a = conv[1].get("value", "") if len(conv) > 1 and isinstance(conv[1], dict) else ""

@@ -19,7 +19,6 @@ llama.cpp through llama-cpp-python on the GGUF when that package is installed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -28,6 +27,7 @@ import time
 import torch
 
 from decodekit.bench.datasets import dataset_pairs, random_token_prompts
+from decodekit.bench.output import check_output_file, dumps
 from decodekit.bench.timing import measure_copy_bandwidth, device_name
 
 
@@ -164,6 +164,9 @@ def _llama_cpp(engine, prompt, out_len, threads):
 
 
 def latency(args) -> dict:
+    if args.output_len < 2:  # also reached from `plan --measure`, which skips run()'s checks
+        raise ValueError(f"argument --output-len: bench latency times decode over the tokens after the first, so "
+                         f"it needs >= 2 output tokens (got {args.output_len})")
     eng = _engine(args)
     if eng.spec is not None:  # speculative vs plain decoding on built-in prompt classes
         from decodekit.bench.spec_bench import spec_latency
@@ -176,12 +179,14 @@ def latency(args) -> dict:
     runs = [_one_request(eng, p, args.output_len) for p in prompts[1:]]
     ttft = statistics.median(r[0] for r in runs)
     tpot = statistics.median(r[1] for r in runs)
+    # the prompts' own length (a --dataset prompt may be shorter than --input-len)
+    n_in = statistics.fmean(len(p) for p in prompts[1:])
     wbytes = _weight_bytes(eng)
     copy = float(measure_copy_bandwidth(eng.device))  # GB/s, read + write counted
     res = {"bench": "latency", "model": eng.model_source, "device": device_name(eng.device),
            "dtype": str(eng.dtype).replace("torch.", ""), "input_len": args.input_len, "output_len": args.output_len,
-           "threads": torch.get_num_threads(),
-           "decodekit": {"ttft_s": ttft, "prefill_tok_s": args.input_len / ttft, "tpot_s": tpot,
+           "prompt_tokens_mean": n_in, "threads": torch.get_num_threads(),
+           "decodekit": {"ttft_s": ttft, "prefill_tok_s": n_in / ttft, "tpot_s": tpot,
                          "decode_tok_s": 1 / tpot, "weight_gb_s": wbytes / tpot / 1e9},
            "weight_bytes": wbytes, "copy_bandwidth_gb_s": copy,
            # a copy moves 2 bytes per byte copied; a decode step only reads: its limit is ~copy GB/s
@@ -192,11 +197,11 @@ def latency(args) -> dict:
             _hf_one(hf, prompts[0][:8], 4)
             hr = [_hf_one(hf, p, args.output_len) for p in prompts[1:]]
             h_ttft, h_tpot = statistics.median(r[0] for r in hr), statistics.median(r[1] for r in hr)
-            res["hf_transformers"] = {"ttft_s": h_ttft, "prefill_tok_s": args.input_len / h_ttft, "tpot_s": h_tpot,
+            res["hf_transformers"] = {"ttft_s": h_ttft, "prefill_tok_s": n_in / h_ttft, "tpot_s": h_tpot,
                                       "decode_tok_s": 1 / h_tpot}
             res["speedup_vs_hf"] = {"prefill": h_ttft / ttft, "decode": h_tpot / tpot}
         lc = _llama_cpp(eng, prompts[1], args.output_len, torch.get_num_threads())
-        res["llama_cpp"] = ({"ttft_s": lc[0], "prefill_tok_s": args.input_len / lc[0], "decode_tok_s": 1 / lc[1]}
+        res["llama_cpp"] = ({"ttft_s": lc[0], "prefill_tok_s": len(prompts[1]) / lc[0], "decode_tok_s": 1 / lc[1]}
                             if lc else "llama-cpp-python not installed")
     return res
 
@@ -236,18 +241,21 @@ def throughput(args) -> dict:
         c = _concurrent(eng, prompts[base:base + n], p)
         b1.append(_one_request(eng, prompts[base + n + 1], args.output_len)[1])
         dec = c["dec_tok"] / c["dec_t"] if c["dec_t"] > 0 else None
-        one = 2 / sum(b1)  # tokens/s of the mean time per token
+        # tokens/s of the mean time per token; none with one output token (no decode step to time)
+        one = 2 / sum(b1) if args.output_len > 1 else None
         rounds.append({**c, "decode_phase_tok_s": dec, "batch1_decode_tok_s": one,
-                       "decode_phase_vs_batch1": dec / one if dec else None})
+                       "decode_phase_vs_batch1": dec / one if dec and one else None})
     first = rounds[0]
     n_out = n * args.output_len
     dt = first["elapsed_s"]
     ratios = [x["decode_phase_vs_batch1"] for x in rounds if x["decode_phase_vs_batch1"]]
+    n_in = sum(len(x) for x in prompts[:n])  # the first round's prompts (a --dataset prompt may be shorter)
     res = {"bench": "throughput", "model": eng.model_source, "device": device_name(eng.device),
            "dtype": str(eng.dtype).replace("torch.", ""), "num_prompts": n,
-           "input_len": args.input_len, "output_len": args.output_len, "threads": torch.get_num_threads(),
+           "input_len": args.input_len, "output_len": args.output_len, "prompt_tokens": n_in,
+           "threads": torch.get_num_threads(),
            "decodekit": {"elapsed_s": dt, "output_tok_s": n_out / dt,
-                         "total_tok_s": (n_out + n * args.input_len) / dt, "steps": first["steps"],
+                         "total_tok_s": (n_out + n_in) / dt, "steps": first["steps"],
                          "decode_phase_tok_s": first["decode_phase_tok_s"],
                          "decode_phase_steps_s": first["dec_t"],
                          "batch1_decode_tok_s": first["batch1_decode_tok_s"],
@@ -262,12 +270,15 @@ def throughput(args) -> dict:
     if args.peer in ("hf", "all"):
         hf = _hf_model(eng)
         if hf is not None:
-            ids = torch.tensor(prompts, device=hf.device)  # equal lengths: no padding needed
+            # left-padded to the longest (random prompts: all --input-len long, no padding)
+            width = max(len(x) for x in prompts)
+            ids = torch.tensor([[0] * (width - len(x)) + x for x in prompts], device=hf.device)
+            mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in prompts], device=hf.device)
             sync = torch.cuda.synchronize if hf.device.type == "cuda" else (lambda: None)
             with torch.no_grad():
                 sync()
                 t0 = time.perf_counter()
-                hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.output_len,
+                hf.generate(ids, attention_mask=mask, max_new_tokens=args.output_len,
                             min_new_tokens=args.output_len, do_sample=False, pad_token_id=0)
                 sync()
                 hdt = time.perf_counter() - t0
@@ -310,13 +321,13 @@ def run(kind: str, args) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
     if not 0.0 <= args.temperature <= 100.0:
         raise ValueError(f"--temperature must be in [0, 100], got {args.temperature}")
+    check_output_file(args.output_json)  # before the run, not after it
     res = latency(args) if kind == "latency" else throughput(args)
     res["date"] = time.strftime("%Y-%m-%d %H:%M")
     res["torch"] = torch.__version__
-    text = json.dumps(res, indent=2, default=str)
+    text = dumps(res)
     print(text)
     if args.output_json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.output_json)), exist_ok=True)
         with open(args.output_json, "w") as f:
             f.write(text + "\n")
     return 0

@@ -24,6 +24,7 @@ import statistics
 import time
 
 from decodekit.bench.datasets import dataset_pairs, random_token_prompts
+from decodekit.bench.output import check_output_file, dumps
 
 def _pct(xs, p):
     if not xs:
@@ -169,10 +170,19 @@ def run(args) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
     if not args.request_rate > 0:
         raise ValueError(f"--request-rate must be > 0 (inf: all at once), got {args.request_rate}")
-    if not args.burstiness > 0:
-        raise ValueError(f"--burstiness must be > 0, got {args.burstiness}")
+    if not 0 < args.burstiness < math.inf:
+        raise ValueError(f"--burstiness must be a finite number > 0, got {args.burstiness}")
     if args.max_concurrency is not None and args.max_concurrency < 1:
         raise ValueError("--max-concurrency must be >= 1")
+    if not 0 < args.timeout < math.inf:
+        raise ValueError(f"--timeout must be a finite number of seconds > 0, got {args.timeout}")
+    if not args.dataset and args.vocab < 1:
+        raise ValueError(f"--vocab must be >= 1 (random prompts draw token ids below it), got {args.vocab}")
+    if args.launch is None and not args.base_url.startswith(("http://", "https://")):
+        raise ValueError(f"--base-url must start with http:// or https://, got {args.base_url!r}")
+    if args.launch is not None and not 0 < args.launch_timeout < math.inf:
+        raise ValueError(f"--launch-timeout must be a finite number of seconds > 0, got {args.launch_timeout}")
+    check_output_file(args.output_json)  # before the run, not after it
     slo = parse_goodput(args.goodput)
     if args.compare_offline and args.launch is None:
         raise ValueError("--compare-offline needs --launch (the server this run starts)")
@@ -182,9 +192,14 @@ def run(args) -> int:
     headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     model = args.model
     if model is None:
-        r = httpx.get(args.base_url.rstrip("/") + "/v1/models", headers=headers, timeout=30)
-        r.raise_for_status()
-        model = r.json()["data"][0]["id"]
+        url = args.base_url.rstrip("/") + "/v1/models"
+        try:
+            r = httpx.get(url, headers=headers, timeout=30)
+            r.raise_for_status()
+            model = r.json()["data"][0]["id"]
+        except (httpx.HTTPError, ValueError, LookupError, TypeError) as e:
+            raise ValueError(f"argument --base-url: cannot read the model id from {url} ({type(e).__name__}: {e}); "
+                             f"is the server running? (or pass --model)") from None
     reqs = _requests(args)
     results, dur = asyncio.run(_run(args, reqs, model))
     ok = [r for r in results if r["ok"]]
@@ -196,7 +211,8 @@ def run(args) -> int:
         return all({"ttft": r["ttft"], "tpot": tpot, "e2el": r["e2e"]}[k] <= v for k, v in slo.items())
 
     res = {"bench": "serve", "base_url": args.base_url, "model": model, "num_prompts": len(reqs),
-           "request_rate": args.request_rate, "burstiness": args.burstiness, "max_concurrency": args.max_concurrency,
+           "request_rate": _rate(args.request_rate), "burstiness": args.burstiness,
+           "max_concurrency": args.max_concurrency,
            "completed": len(ok), "failed": len(results) - len(ok),
            "errors": sorted({r["error"] for r in results if r["error"]})[:5],
            "duration_s": dur, "request_throughput": len(ok) / dur, "output_throughput": out_tok / dur,
@@ -210,8 +226,13 @@ def run(args) -> int:
     return 0 if ok else 1
 
 
+def _rate(rate: float):
+    """--request-rate as JSON takes it: "inf" (all at once, as vLLM writes it) instead of an Infinity token."""
+    return rate if math.isfinite(rate) else "inf"
+
+
 def _emit(res: dict, path: str | None) -> int:
-    text = json.dumps(res, indent=2)
+    text = dumps(res)  # strict JSON: a NaN / inf figure is null
     print(text)
     if path:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -45,17 +45,18 @@ def _wait_ready(proc: subprocess.Popen, url: str, log_path: str, timeout: float)
     import httpx
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        if proc.poll() is not None:
-            with open(log_path) as f:
-                tail = f.read()[-2000:]
-            raise RuntimeError(f"the server exited with code {proc.returncode} before it was ready:\n{tail}")
+        if proc.poll() is not None:  # its own error is the log's last line (bad engine options: one line, no traceback)
+            with open(log_path, errors="replace") as f:
+                last = next((ln.strip() for ln in reversed(f.read()[-4000:].splitlines()) if ln.strip()), "")
+            raise ValueError(f"argument --launch: the server exited with code {proc.returncode} before it was ready: "
+                             f"{last} (log: {log_path})")
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.25)
-    raise RuntimeError(f"the server was not ready after {timeout:.0f} s (log: {log_path})")
+    raise ValueError(f"argument --launch-timeout: the server was not ready after {timeout:g} s (log: {log_path})")
 
 
 def _engine_namespace(engine_argv: list[str]) -> argparse.Namespace:
@@ -66,6 +67,11 @@ def _engine_namespace(engine_argv: list[str]) -> argparse.Namespace:
     if rest:
         raise ValueError(f"--launch: not engine options: {' '.join(rest)}")
     return ns
+
+
+def _rate(rate):
+    from decodekit.bench.serve_bench import _rate as rate_json
+    return rate_json(rate)
 
 
 def _client_run(args, reqs, model, *, max_concurrency=None):
@@ -189,7 +195,7 @@ def run_compare(args) -> dict:
     med = statistics.median
     res = {"bench": "serve_vs_offline", "engine_args": engine_argv, "model": ns.model or "(embedded default)",
            "num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len,
-           "request_rate": args.request_rate, "max_concurrency": args.max_concurrency, "rounds": args.rounds,
+           "request_rate": _rate(args.request_rate), "max_concurrency": args.max_concurrency, "rounds": args.rounds,
            "low_load_prompts": args.low_load_prompts,
            "server": {"rounds": m["server"], "output_tok_s": med(r["output_tok_s"] for r in m["server"]),
                       "output_tokens": m["server"][0]["output_tokens"], "low_load_ttft_s": m["server_ttft_s"]},

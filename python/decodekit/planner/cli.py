@@ -19,12 +19,14 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import sys
 
+from decodekit.config import MAX_POSITION_EMBEDDINGS
 from decodekit.planner import roofline as rf
 from decodekit.planner.hardware import HARDWARE_CHOICES, cpu_calibrated, load_calibration, load_hardware
 from decodekit.planner.models import KV_DTYPES, PRESETS, WEIGHT_FORMATS, load_model, weight_format
-from decodekit.planner.shapes import Constraints, Workload, plan
+from decodekit.planner.shapes import Constraints, Workload, context_problem, plan
 
 
 def _typed(kind, lo=None, hi=None, lo_open=False, hi_open=False, what=""):
@@ -46,6 +48,15 @@ def _typed(kind, lo=None, hi=None, lo_open=False, hi_open=False, what=""):
 
 POS_INT = _typed(int, 1, what="a positive integer")
 NONNEG_INT = _typed(int, 0, what="an integer >= 0")
+# upper bounds: the shapes of a cluster are enumerated (a typo of 1e12 GPUs would hang) and the arithmetic is in
+# floats (a 400-digit count would overflow them); no real workload comes near these
+MAX_GPUS = 1 << 20
+MAX_COUNT = 1 << 40
+MAX_SPEC_K = 1024
+GPUS = _typed(int, 1, MAX_GPUS, what=f"an integer in [1, {MAX_GPUS}]")
+TOKENS = _typed(int, 1, MAX_POSITION_EMBEDDINGS, what=f"an integer in [1, {MAX_POSITION_EMBEDDINGS}] (tokens)")
+COUNT = _typed(int, 1, MAX_COUNT, what=f"an integer in [1, {MAX_COUNT}]")
+SPEC_K = _typed(int, 0, MAX_SPEC_K, what=f"an integer in [0, {MAX_SPEC_K}]")
 POS_FLOAT = _typed(float, 0, lo_open=True, what="a number > 0")
 NONNEG_FLOAT = _typed(float, 0, what="a number >= 0")
 FRACTION = _typed(float, 0, 1, lo_open=True, what="a number in (0, 1]")
@@ -61,7 +72,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "smollm2-135m on cpu-calibrated)")
     g.add_argument("--gpu", default="h100",
                    help=f"hardware: {', '.join(HARDWARE_CHOICES)}, or a bench/results calibration .json (default h100)")
-    g.add_argument("--gpus", type=POS_INT, default=None, help="cluster size (default 8; 1 on cpu-calibrated)")
+    g.add_argument("--gpus", type=GPUS, default=None,
+                   help=f"cluster size, 1..{MAX_GPUS} (default 8; 1 on cpu-calibrated)")
     g.add_argument("--weights", default=None, choices=list(WEIGHT_FORMATS),
                    help="weight format (default bf16; q4_1 = the engine's GGUF SmolLM2 on cpu-calibrated; "
                         "stored = a GGUF's own bytes, the default for .gguf)")
@@ -70,14 +82,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-dtype", default=None, choices=list(KV_DTYPES),
                    help="KV cache dtype (default: the activation dtype, bf16 on GPUs, fp32 on the CPU)")
     w = p.add_argument_group("workload and limits")
-    w.add_argument("--prompt-len", type=POS_INT, default=1024, help="prompt tokens per request (default 1024)")
-    w.add_argument("--output-len", type=POS_INT, default=256, help="output tokens per request (default 256)")
-    w.add_argument("--concurrency", type=POS_INT, default=None,
+    w.add_argument("--prompt-len", type=TOKENS, default=1024, help="prompt tokens per request (default 1024; prompt + output at most the model's context length)")
+    w.add_argument("--output-len", type=TOKENS, default=256, help="output tokens per request (default 256)")
+    w.add_argument("--concurrency", type=COUNT, default=None,
                    help="sequences in flight over the cluster (fixes the batch per replica)")
     w.add_argument("--rate", type=POS_FLOAT, default=None, help="requests/s the cluster must sustain")
     w.add_argument("--ttft-ms", type=POS_FLOAT, default=None, help="time-to-first-token limit (ms)")
     w.add_argument("--tpot-ms", type=POS_FLOAT, default=None, help="time-per-output-token limit (ms)")
-    w.add_argument("--spec-k", type=NONNEG_INT, default=0,
+    w.add_argument("--spec-k", type=SPEC_K, default=0,
                    help="speculative decoding: drafted tokens k (default 0 = off)")
     w.add_argument("--spec-accept", type=ACCEPT, default=0.8, help="per-token acceptance a in [0, 1) (default 0.8)")
     w.add_argument("--spec-draft-cost", type=NONNEG_FLOAT, default=0.0,
@@ -92,10 +104,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     m.add_argument("--measure-bandwidth", action="store_true",
                    help="cpu-calibrated: measure copy bandwidth and matmul rate now instead of reading bench/results")
     e = p.add_argument_group("explain: the shape to derive")
-    e.add_argument("--tp", type=POS_INT, default=1, help="tensor parallel degree (default 1)")
-    e.add_argument("--pp", type=POS_INT, default=1, help="pipeline stages (default 1)")
-    e.add_argument("--replicas", type=POS_INT, default=None, help="replicas (default gpus / (tp * pp))")
-    e.add_argument("--batch", type=POS_INT, default=1, help="sequences per replica (default 1)")
+    e.add_argument("--tp", type=GPUS, default=None, help="tensor parallel degree (default 1)")
+    e.add_argument("--pp", type=GPUS, default=None, help="pipeline stages (default 1)")
+    e.add_argument("--replicas", type=GPUS, default=None, help="replicas (default gpus / (tp * pp))")
+    e.add_argument("--batch", type=COUNT, default=None, help="sequences per replica (default 1)")
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print JSON instead of the table")
     o.add_argument("--plot", default=None, metavar="DIR", help="write frontier.png, tp_scaling.png, roofline.png here")
@@ -137,6 +149,9 @@ def setup(args) -> Setup:
     kv = args.kv_dtype or hw.act_dtype
     gpus = args.gpus or (1 if cpu else 8)
     workload = Workload(args.prompt_len, args.output_len, args.concurrency, args.rate)
+    if context_problem(model, workload):
+        raise ValueError(f"argument --prompt-len/--output-len: {context_problem(model, workload)} (the "
+                         f"longest context it takes; plan a longer, e.g. YaRN-extended, variant from its config.json)")
     cons = Constraints(gpus, args.ttft_ms / 1e3 if args.ttft_ms else None, args.tpot_ms / 1e3 if args.tpot_ms else None)
     spec = rf.SpecDecode(args.spec_k, args.spec_accept, args.spec_draft_cost) if args.spec_k else None
     eff_i = rf.ideal(args.prefill_mfu)
@@ -263,16 +278,43 @@ def to_json(pl, s: Setup) -> dict:
         "rows": rows, "pareto_front": [i for i, r in enumerate(pl.rows) if r.on_front]})
 
 
+def _check_outputs(args) -> None:
+    """--plot DIR and --measure-json PATH, checked before any work (one line naming the option, no traceback)."""
+    if args.measure_json and not args.measure:
+        raise ValueError("argument --measure-json: writes the --measure comparison: add --measure")
+    if args.plot:
+        if os.path.exists(args.plot) and not os.path.isdir(args.plot):
+            raise ValueError(f"argument --plot: {args.plot!r} is a file, not a directory")
+        try:
+            os.makedirs(args.plot, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"argument --plot: cannot create the directory {args.plot!r} ({e.strerror or e})") from None
+    if args.measure_json:
+        path = os.path.abspath(args.measure_json)
+        if os.path.isdir(path):
+            raise ValueError(f"argument --measure-json: {args.measure_json!r} is a directory, not a file")
+        if not os.path.isdir(os.path.dirname(path)) or not os.access(os.path.dirname(path), os.W_OK):
+            raise ValueError(f"argument --measure-json: cannot write {args.measure_json!r} (no writable directory "
+                             f"{os.path.dirname(path)!r})")
+
+
 def run(args) -> int:
+    if args.action != "explain":  # the table covers every shape: a shape option there would be silently ignored
+        for opt in ("tp", "pp", "replicas", "batch"):
+            if getattr(args, opt) is not None:
+                raise ValueError(f"argument --{opt}: picks the shape `plan explain` derives; `plan` lists every "
+                                 f"TP x PP x replicas shape of --gpus (--concurrency fixes the batch)")
     s = setup(args)
     if args.measure and args.gpu != "cpu-calibrated":
         raise ValueError("--measure runs the engine on this CPU: use it with --gpu cpu-calibrated")
+    _check_outputs(args)
     if args.action == "explain":
         from decodekit.planner.explain import explain
-        if args.replicas is None and args.tp * args.pp > s.constraints.gpus:
-            s.constraints = Constraints(args.tp * args.pp, s.constraints.ttft_s, s.constraints.tpot_s)
-        print(explain(s.model, s.hw, s.wf, s.workload, s.constraints, tp=args.tp, pp=args.pp, replicas=args.replicas,
-                      batch=args.batch, kv_dtype=s.kv_dtype, spec=s.spec, eff_ideal=s.eff_ideal, eff_cal=s.eff_cal,
+        tp, pp = args.tp or 1, args.pp or 1
+        if args.replicas is None and tp * pp > s.constraints.gpus:
+            s.constraints = Constraints(tp * pp, s.constraints.ttft_s, s.constraints.tpot_s)
+        print(explain(s.model, s.hw, s.wf, s.workload, s.constraints, tp=tp, pp=pp, replicas=args.replicas,
+                      batch=args.batch or 1, kv_dtype=s.kv_dtype, spec=s.spec, eff_ideal=s.eff_ideal, eff_cal=s.eff_cal,
                       reserve_bytes=s.reserve, prefill_attention=args.prefill_attention))
         return 0
     pl = plan(s.model, s.hw, s.wf, s.workload, s.constraints, kv_dtype=s.kv_dtype, spec=s.spec, eff_ideal=s.eff_ideal,

@@ -6,7 +6,7 @@ import math
 from decodekit.planner import roofline as rf
 from decodekit.planner.hardware import Hardware
 from decodekit.planner.models import DTYPE_BYTES, ModelSpec, WeightFormat
-from decodekit.planner.shapes import Constraints, Workload, tp_problem
+from decodekit.planner.shapes import Constraints, Workload, context_problem, tp_problem
 
 
 def fmt_bytes(b: float) -> str:
@@ -44,6 +44,8 @@ def explain(model: ModelSpec, hw: Hardware, wf: WeightFormat, workload: Workload
             eff_cal: rf.Efficiency | None = None, reserve_bytes: float | None = None,
             prefill_attention: bool = False) -> str:
     """Text walking through memory, decode, AllReduce, PP, prefill, speculation and calibration."""
+    if context_problem(model, workload):
+        raise ValueError(context_problem(model, workload))
     eff = eff_ideal or rf.ideal()
     reps = replicas if replicas is not None else max(1, constraints.gpus // (tp * pp))
     L = []

@@ -14,7 +14,8 @@ records; `decodekit bench latency` results) and keeps, per device name:
 * attn_frac: median frac_of_ceiling of `paged_attention` decode rows (bf16 KV);
 * matmul_tflops: the measured dense matmul ceiling; gemm_frac: GEMM rows against it;
 * engine_decode_frac: `decodekit bench latency`'s decode weight bytes/s over copy bandwidth
-  (largest model measured), used for weights only when no GEMV rows exist;
+  (largest model measured), used for dense weights when no dense GEMV rows exist, and for every
+  format when no GEMV rows exist at all;
 * allreduce_latency_s / allreduce_busbw: from `all_reduce` rows when present, at the largest
   world size measured: the smallest message's best time (used as the whole latency of one
   AllReduce at any TP), the largest message's bus bandwidth (given, or 2(N-1)/N * bytes / time).

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 
-from ..config import cuda_cache_head_dim, hf_sliding_window
+from ..config import MAX_POSITION_EMBEDDINGS, cuda_cache_head_dim, hf_sliding_window
 
 # bytes per element of the KV cache / activations by dtype name
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8": 1}
@@ -48,13 +49,14 @@ class ModelSpec:
     stored_format: str | None = None
     sliding_window: int = 0          # tokens a windowed layer attends to (0: none)
     window_layers: int = 0           # how many layers are windowed (Mistral v0.1: all; Qwen2: from max_window_layers)
+    context_limit: int = 0           # the longest context (prompt + output) the model takes (0: unknown, unchecked)
 
     def __post_init__(self):
         for f in ("vocab", "hidden", "n_layers", "n_heads", "n_kv_heads", "head_dim", "intermediate"):
             v = getattr(self, f)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"model {self.name!r}: {f} must be a positive integer (got {v!r})")
-        for f in ("sliding_window", "window_layers"):
+        for f in ("sliding_window", "window_layers", "context_limit"):
             v = getattr(self, f)
             if not isinstance(v, int) or v < 0:
                 raise ValueError(f"model {self.name!r}: {f} must be a non-negative integer (got {v!r})")
@@ -133,20 +135,23 @@ def dtype_bytes(name: str, field: str = "dtype") -> int:
     return DTYPE_BYTES[name]
 
 
-def _llama(name, vocab, hidden, layers, heads, kv, inter, head_dim=128, tied=False, bias=False):
-    return ModelSpec(name, vocab, hidden, layers, heads, kv, head_dim, inter, tied, bias)
+def _llama(name, vocab, hidden, layers, heads, kv, inter, head_dim=128, tied=False, bias=False, ctx=0):
+    return ModelSpec(name, vocab, hidden, layers, heads, kv, head_dim, inter, tied, bias, context_limit=ctx)
 
 
+# context_limit: the published config.json's max_position_embeddings, the longest of the checkpoints a preset's
+# aliases name (llama3-8b also stands for Llama-3.1-8B: 131072; Llama-3-8B itself takes 8192); a longer
+# (e.g. YaRN-extended) variant is planned from its own config.json
 PRESETS: dict[str, ModelSpec] = {
-    "llama3-8b": _llama("Llama-3-8B", 128256, 4096, 32, 32, 8, 14336),
-    "llama3-70b": _llama("Llama-3-70B", 128256, 8192, 80, 64, 8, 28672),
-    "llama3-405b": _llama("Llama-3.1-405B", 128256, 16384, 126, 128, 8, 53248),
-    "qwen2.5-7b": _llama("Qwen2.5-7B", 152064, 3584, 28, 28, 4, 18944, bias=True),
-    "qwen2.5-72b": _llama("Qwen2.5-72B", 152064, 8192, 80, 64, 8, 29568, bias=True),
-    "qwen3-8b": _llama("Qwen3-8B", 151936, 4096, 36, 32, 8, 12288),
-    "smollm2-135m": _llama("SmolLM2-135M", 49152, 576, 30, 9, 3, 1536, head_dim=64, tied=True),
-    "phi-4-mini": _llama("Phi-4-mini", 200064, 3072, 32, 24, 8, 8192, tied=True),
-    "mistral-7b-v0.1": dataclasses.replace(_llama("Mistral-7B-v0.1", 32000, 4096, 32, 32, 8, 14336),
+    "llama3-8b": _llama("Llama-3-8B", 128256, 4096, 32, 32, 8, 14336, ctx=131072),
+    "llama3-70b": _llama("Llama-3-70B", 128256, 8192, 80, 64, 8, 28672, ctx=131072),
+    "llama3-405b": _llama("Llama-3.1-405B", 128256, 16384, 126, 128, 8, 53248, ctx=131072),
+    "qwen2.5-7b": _llama("Qwen2.5-7B", 152064, 3584, 28, 28, 4, 18944, bias=True, ctx=131072),
+    "qwen2.5-72b": _llama("Qwen2.5-72B", 152064, 8192, 80, 64, 8, 29568, bias=True, ctx=131072),
+    "qwen3-8b": _llama("Qwen3-8B", 151936, 4096, 36, 32, 8, 12288, ctx=40960),
+    "smollm2-135m": _llama("SmolLM2-135M", 49152, 576, 30, 9, 3, 1536, head_dim=64, tied=True, ctx=8192),
+    "phi-4-mini": _llama("Phi-4-mini", 200064, 3072, 32, 24, 8, 8192, tied=True, ctx=131072),
+    "mistral-7b-v0.1": dataclasses.replace(_llama("Mistral-7B-v0.1", 32000, 4096, 32, 32, 8, 14336, ctx=32768),
                                            sliding_window=4096, window_layers=32),
 }
 _ALIASES = {"llama38b": "llama3-8b", "llama318b": "llama3-8b", "metallama38b": "llama3-8b",
@@ -166,7 +171,9 @@ def load_model(spec: str) -> ModelSpec:
     spelling-insensitive), a Hugging Face `config.json` (or its directory), or a `.gguf` file."""
     if not isinstance(spec, str) or not spec:
         raise ValueError("model must be a preset name or a config.json / .gguf path")
-    if os.path.isdir(spec) and os.path.exists(os.path.join(spec, "config.json")):
+    if os.path.isdir(spec):
+        if not os.path.exists(os.path.join(spec, "config.json")):
+            raise ValueError(f"model: the directory {spec!r} has no config.json")
         return from_hf_config(os.path.join(spec, "config.json"))
     if spec.endswith(".json"):
         return from_hf_config(spec)
@@ -197,23 +204,48 @@ def _hf_window(c: dict, n_layers: int, path: str) -> dict:
     return {"sliding_window": w, "window_layers": n_layers if layers is None else len(layers)}
 
 
+def _hf_context_limit(c: dict, path: str) -> int:
+    """The engine's context_limit (config.ModelConfig.context_limit): max_position_embeddings, or with YaRN
+    original_max_position_embeddings x factor when longer; 0 when the config gives none."""
+    mpe = c.get("max_position_embeddings")
+    limit = 0 if mpe is None else _as_int(mpe, f"{path}: max_position_embeddings")
+    s = c.get("rope_scaling")
+    if isinstance(s, dict) and (s.get("rope_type") or s.get("type")) == "yarn":
+        orig, factor = s.get("original_max_position_embeddings"), s.get("factor")
+        if isinstance(orig, (int, float)) and isinstance(factor, (int, float)) and orig > 0 and factor > 0 \
+                and math.isfinite(orig * factor):
+            limit = max(limit, int(orig * factor))
+    return min(limit, MAX_POSITION_EMBEDDINGS)
+
+
 def from_hf_config(path: str) -> ModelSpec:
     """Shape from a Hugging Face config.json (Llama / Qwen2 / Mistral style keys)."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"model: no such file {path!r}")
-    with open(path) as f:
-        c = json.load(f)
     try:
-        d, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
+        with open(path) as f:
+            c = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"model: {path} is not a JSON config ({e})") from None
+    if not isinstance(c, dict):
+        raise ValueError(f"model: {path} is not a config.json (a JSON object of the model's shape; "
+                         f"got a {type(c).__name__})")
+    try:
+        get = lambda k, minimum=1: _as_int(c[k], f"{path}: {k}", minimum)  # noqa: E731
+        d, heads, layers = get("hidden_size"), get("num_attention_heads"), get("num_hidden_layers")
+        kv = c.get("num_key_value_heads")
+        hd = c.get("head_dim")
         return ModelSpec(
             name=c.get("_name_or_path") or os.path.basename(os.path.dirname(os.path.abspath(path))) or "model",
-            vocab=int(c["vocab_size"]), hidden=d, n_layers=int(c["num_hidden_layers"]), n_heads=heads,
-            n_kv_heads=int(c.get("num_key_value_heads") or heads),
-            head_dim=int(c.get("head_dim") or (128 if c.get("model_type") == "qwen3" else d // heads)),
-            intermediate=int(c["intermediate_size"]),
+            vocab=get("vocab_size"), hidden=d, n_layers=layers, n_heads=heads,
+            n_kv_heads=heads if kv is None else _as_int(kv, f"{path}: num_key_value_heads"),
+            head_dim=(_as_int(hd, f"{path}: head_dim") if hd is not None
+                      else 128 if c.get("model_type") == "qwen3" else d // heads),
+            intermediate=get("intermediate_size"),
             tied_embeddings=bool(c.get("tie_word_embeddings", False)),
             qkv_bias=bool(c.get("attention_bias", c.get("model_type") == "qwen2")),
-            **_hf_window(c, int(c["num_hidden_layers"]), path))
+            context_limit=_hf_context_limit(c, path),
+            **_hf_window(c, layers, path))
     except KeyError as e:
         raise ValueError(f"model: {path} lacks {e.args[0]!r}") from None
 
@@ -223,7 +255,10 @@ def from_gguf(path: str) -> ModelSpec:
     if not os.path.exists(path):
         raise FileNotFoundError(f"model: no such file {path!r}")
     import gguf
-    r = gguf.GGUFReader(path)
+    try:
+        r = gguf.GGUFReader(path)
+    except Exception as e:  # noqa: BLE001 -- the reader raises ValueError, struct / numpy errors on a bad file
+        raise ValueError(f"model: {path} is not a readable GGUF file ({type(e).__name__}: {e})") from None
 
     def field(key, default=None):
         f = r.fields.get(key)
@@ -233,10 +268,17 @@ def from_gguf(path: str) -> ModelSpec:
         return v
 
     arch = field("general.architecture", "llama")
-    get = lambda k, default=None: field(f"{arch}.{k}", default)  # noqa: E731
-    d, heads = int(get("embedding_length")), int(get("attention.head_count"))
+
+    def get(k, default=None):
+        v = field(f"{arch}.{k}", default)
+        if v is None:
+            raise ValueError(f"model: {path} lacks the GGUF metadata {arch}.{k}")
+        return v
+
+    d = _as_int(get("embedding_length"), f"{path}: {arch}.embedding_length")
+    heads = _as_int(get("attention.head_count"), f"{path}: {arch}.attention.head_count")
     names = {t.name for t in r.tensors}
-    vocab = get("vocab_size") or len(field("tokenizer.ggml.tokens", []) or [])
+    vocab = field(f"{arch}.vocab_size") or len(field("tokenizer.ggml.tokens", []) or [])
     stored = {"embed": 0, "lm_head": 0, "linear": 0, "norm": 0}
     types = set()
     for t in r.tensors:
@@ -250,7 +292,8 @@ def from_gguf(path: str) -> ModelSpec:
         n_layers=int(get("block_count")), n_heads=heads, n_kv_heads=int(get("attention.head_count_kv", heads)),
         head_dim=int(get("attention.key_length", d // heads)), intermediate=int(get("feed_forward_length")),
         tied_embeddings="output.weight" not in names, qkv_bias="blk.0.attn_q.bias" in names,
-        stored_bytes=stored, stored_format="gguf " + "/".join(sorted(types)))
+        stored_bytes=stored, stored_format="gguf " + "/".join(sorted(types)),
+        context_limit=min(int(get("context_length", 0) or 0), MAX_POSITION_EMBEDDINGS))
 
 
 # ---------------------------------------------------------------------------- weight formats

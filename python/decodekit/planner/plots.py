@@ -2,7 +2,8 @@
 
 frontier.png   tokens/s per GPU vs per-token latency: infeasible shapes grey, feasible ones by
                TP, the Pareto front as a line
-tp_scaling.png TPOT vs TP (1..16) for several batch sizes, with and without the AllReduce
+tp_scaling.png TPOT vs TP (1..16, those the model's heads split over) for several batch sizes, with and
+               without the AllReduce
 roofline.png   attainable FLOP/s vs arithmetic intensity, decode batches placed on it
 """
 from __future__ import annotations
@@ -11,7 +12,7 @@ import math
 import os
 
 from decodekit.planner import roofline as rf
-from decodekit.planner.shapes import Plan
+from decodekit.planner.shapes import Plan, tp_problem
 
 
 def _plt():
@@ -65,13 +66,18 @@ def frontier(plan: Plan, path: str) -> str:
     return _save(plt, fig, ax, path)
 
 
+def valid_tps(model, hw, tps=(1, 2, 4, 8, 16)) -> list:
+    """The TP degrees of `tps` the model splits over (heads, KV heads) on this hardware (TP 1 only without an
+    interconnect): the TP-scaling plot draws no shape the planner calls impossible."""
+    return [tp for tp in tps if tp == 1 or tp_problem(model, hw, tp, 1) is None]
+
+
 def tp_scaling(plan: Plan, path: str, batches=(1, 8, 32, 128), tps=(1, 2, 4, 8, 16)) -> str:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 5))
     m, hw, wf = plan.model, plan.hardware, plan.weights
     ctx = plan.workload.mean_context
-    if hw.link_bw is None:  # no interconnect (the CPU): one device only
-        tps = (1,)
+    tps = tuple(valid_tps(m, hw, tps))
     for b in batches:
         with_ar, no_ar = [], []
         for tp in tps:

@@ -65,7 +65,9 @@ def calibrated(hw: Hardware, cal, prefill_mfu: float | None = None) -> Efficienc
     """Efficiency from a Calibration: every bandwidth fraction is measured against the copy
     ceiling, so it is rescaled by copy_gbps / mem_bw (the copy ceiling's share of the spec
     bandwidth); matmul rates by matmul_tflops / peak x the GEMM rows' fraction of that ceiling
-    (decode when compute-bound, and prefill). None if the calibration has nothing."""
+    (decode when compute-bound, and prefill). Weights: each family's GEMV rows; dense weights without
+    dense GEMV rows take the engine's measured decode fraction when there is one; other families missing
+    rows, the median family ("all"). None if the calibration has nothing."""
     if cal is None or cal.empty:
         return None
     base = min(1.0, cal.copy_gbps * 1e9 / hw.mem_bw) if cal.copy_gbps else 1.0
@@ -78,6 +80,10 @@ def calibrated(hw: Hardware, cal, prefill_mfu: float | None = None) -> Efficienc
         fallback = 1.0
     weight_bw = {k: base * v for k, v in fr.items()}
     weight_bw["all"] = base * fallback
+    if "dense" not in fr and cal.engine_decode_frac:
+        # no dense GEMV rows: the engine's own decode (bench latency, normally a bf16 model) measures dense weights;
+        # a quantized kernel's fraction (int4 / int8 dequantize) says little about a plain bf16 read
+        weight_bw["dense"] = base * cal.engine_decode_frac
     kv = base * (cal.attn_frac if cal.attn_frac is not None else fallback)
     mm = min(1.0, cal.matmul_tflops * 1e12 / hw.flops_for(hw.act_dtype)) if cal.matmul_tflops else None
     gemm = (mm or 1.0) * (cal.gemm_frac if cal.gemm_frac is not None else 1.0)

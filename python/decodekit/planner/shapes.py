@@ -113,7 +113,25 @@ class Plan:
 
 
 def divisors(n: int) -> list:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of n, ascending (trial division up to sqrt(n): a large cluster size stays fast)."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
+
+
+def context_problem(model: ModelSpec, workload: Workload) -> str | None:
+    """Why the workload's sequences do not fit the model's context (None if fine or the limit is unknown)."""
+    lim = model.context_limit
+    if lim and workload.max_context > lim:
+        return (f"prompt_len + output_len = {workload.prompt_len} + {workload.output_len} = {workload.max_context} "
+                f"tokens exceeds {model.name}'s context length {lim}")
+    return None
 
 
 def tp_problem(model: ModelSpec, hw: Hardware, tp: int, pp: int) -> str | None:
@@ -168,6 +186,9 @@ def plan(model: ModelSpec, hw: Hardware, wf: WeightFormat, workload: Workload, c
          prefill_attention: bool = False) -> Plan:
     """Every shape of the cluster at a ladder of batch sizes (or `batches`, or the batch the
     workload's concurrency implies), feasibility, and the Pareto front."""
+    problem = context_problem(model, workload)
+    if problem:
+        raise ValueError(problem)
     eff_ideal = eff_ideal or rf.ideal()
     primary = eff_cal or eff_ideal
     G = constraints.gpus
@@ -204,6 +225,8 @@ def plan(model: ModelSpec, hw: Hardware, wf: WeightFormat, workload: Workload, c
                     step_i = rf.decode_step(model, hw, wf, batch=b, eff=eff_ideal, **kw)
                     step_p = rf.decode_step(model, hw, wf, batch=b, eff=primary, **kw)
                 tpot = step_p.tpot if step_p else math.inf
+                if step_p and not math.isfinite(tpot):
+                    reasons.append("TPOT is not finite (no token is ever produced)")
                 if constraints.tpot_s is not None and tpot > constraints.tpot_s:
                     reasons.append(f"TPOT {tpot * 1e3:.1f} ms > {constraints.tpot_s * 1e3:g} ms")
                 if constraints.ttft_s is not None and pre_p.ttft > constraints.ttft_s:
