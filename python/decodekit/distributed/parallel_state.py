@@ -11,10 +11,10 @@ run the model on their shard. Two groups over the same ranks:
     cmd_group  gloo, driver -> workers step commands (`broadcast_object_list`); a long timeout, since
                an idle server sends nothing for hours. A dead peer still fails at once (closed socket).
 
-Launch: `launch_tensor_parallel` spawns the N - 1 workers on this machine (their parent-death
-signal is SIGKILL, so they never outlive the driver); under `torchrun` (RANK / WORLD_SIZE /
-MASTER_ADDR / MASTER_PORT in the environment) every process is started by torchrun and only rank 0
-returns to the caller -- the others serve as workers and exit when the driver shuts down.
+Launch: `launch_tensor_parallel` spawns the N - 1 workers on this machine (each SIGKILLs itself when its
+stdin, a pipe only the driver process holds, closes: they never outlive the driver); under `torchrun`
+(RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT in the environment) every process is started by torchrun
+and only rank 0 returns to the caller -- the others serve as workers and exit when the driver shuts down.
 """
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ class TPGroup:
     custom: object | None = None     # decodekit.distributed.custom_allreduce.CustomAllReduce
     procs: list = field(default_factory=list)   # spawned worker processes (driver only)
     fused_chunks: int = 4            # column chunks of the fused path (each a multiple of 32 columns)
+    closed: bool = False             # shutdown() ran (a later call must not touch a newer engine's group)
 
     @property
     def is_driver(self) -> bool:
@@ -148,6 +149,9 @@ class TPGroup:
         return [f"rank {i + 1} (exit code {p.poll()})" for i, p in enumerate(self.procs) if p.poll() is not None]
 
     def shutdown(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         if self.custom is not None:
             try:
                 self.custom.close()
@@ -160,6 +164,11 @@ class TPGroup:
             except Exception:  # noqa: BLE001 -- subprocess.TimeoutExpired: it did not stop
                 p.kill()
                 p.wait(timeout=5)
+            if p.stdin is not None:  # (the worker's lifeline: closed once it has exited)
+                try:
+                    p.stdin.close()
+                except OSError:
+                    pass
         self.procs = []
         if dist.is_initialized():
             try:
@@ -246,6 +255,10 @@ def launch_tensor_parallel(args, device: torch.device) -> TPGroup:
     rank > 0 runs its worker loop inside this call and exits the process when the driver is done."""
     from .worker import worker_main
     n = args.tensor_parallel_size
+    if dist.is_initialized():  # (init_process_group would fail with "initialize the default process group twice")
+        raise ValueError("tensor_parallel_size > 1: this process already has a torch.distributed process group -- "
+                         "another tensor-parallel LLM / LLMEngine still running (call its shutdown() first; one "
+                         "tensor-parallel engine per process at a time) or the script's own init_process_group")
     env = torchrun_env()
     if env is not None:
         rank, world = env
@@ -256,13 +269,17 @@ def launch_tensor_parallel(args, device: torch.device) -> TPGroup:
         return init_group(0, n, device, "env://", args.tp_timeout, args.tp_allreduce, args.tp_fused_allreduce)
     init = f"tcp://127.0.0.1:{_free_port()}"
     threads = max(1, torch.get_num_threads() // n)
-    procs = [_spawn_worker(args, r, n, init, threads) for r in range(1, n)]
-    torch.set_num_threads(threads)
+    procs = []
     try:
+        for r in range(1, n):
+            procs.append(_spawn_worker(args, r, n, init, threads))
+        torch.set_num_threads(threads)
         tp = init_group(0, n, device, init, args.tp_timeout, args.tp_allreduce, args.tp_fused_allreduce)
-    except Exception:
+    except BaseException:
         for p in procs:
             p.kill()
+            p.wait()
+            p.stdin.close()
         raise
     tp.procs = procs
     return tp
@@ -270,14 +287,24 @@ def launch_tensor_parallel(args, device: torch.device) -> TPGroup:
 
 def _spawn_worker(args, rank: int, world_size: int, init: str, threads: int):
     """A fresh interpreter running decodekit.distributed.worker (not multiprocessing: a user's script
-    without an `if __name__ == "__main__"` guard must not be re-imported)."""
+    without an `if __name__ == "__main__"` guard must not be re-imported). Its arguments go pickled through
+    its stdin, which stays open: the worker's lifeline (worker._die_with_driver). The parent-death signal
+    only where this is the main thread (it fires when the spawning *thread* ends)."""
     import pickle
     import subprocess
     import sys
-    import tempfile
-    with tempfile.NamedTemporaryFile("wb", prefix="decodekit-tp-", suffix=".pkl", delete=False) as f:
-        pickle.dump((args, rank, world_size, init, threads), f)
+    import threading
+    main = threading.current_thread() is threading.main_thread()
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    return subprocess.Popen([sys.executable, "-m", "decodekit.distributed.worker", f.name], env=env)
+    p = subprocess.Popen([sys.executable, "-m", "decodekit.distributed.worker"], stdin=subprocess.PIPE, env=env)
+    try:
+        pickle.dump((args, rank, world_size, init, threads, main), p.stdin)
+        p.stdin.flush()
+    except BaseException:
+        p.kill()
+        p.wait()
+        p.stdin.close()
+        raise
+    return p
