@@ -22,6 +22,9 @@ namespace {
 void raise_if_failed(const char* op, const dk::comm::CommStatus& st, const dk::comm::Peers& P) {
   if (st.ok) return;
   TORCH_CHECK(st.slot >= 0, op, ": rank ", P.rank, ": ", st.what, " (rank ", st.peer, ")");
+  TORCH_CHECK(!st.peer_exited, op, ": rank ", P.rank, " of ", P.world_size, ": rank ", st.peer, "'s process exited ",
+              "while this rank waited ", st.waited_s, " s for it (", st.what, "; call ", st.epoch,
+              "). This communicator is unusable now: close it.");
   TORCH_CHECK(false, op, ": rank ", P.rank, " of ", P.world_size, " timed out after ", st.waited_s,
               " s waiting for rank ", st.peer, " (", st.what, "; call ", st.epoch, ", flag slot ", st.slot,
               "): that rank died, hangs, or made a different call. This communicator is unusable now: close it.");

@@ -493,3 +493,21 @@ def test_server_tp2_concurrent_requests_match_tp1():
             srv.stop()
             a.shutdown()
     assert res[0] == res[1]
+
+
+def test_worker_failing_inside_the_custom_allreduce_fails_the_driver_at_once():
+    """A worker that fails mid-step (here a KeyError from a bad pool id before its first collective; equally a
+    SIGKILL) while the driver waits in decodekit's shared-memory AllReduce: the driver notices the peer's
+    process exited (its pid in the signal block) instead of spinning for tp_timeout. Was: the full 60 s."""
+    llm = LLM(model="random:tiny-gqa4", max_model_len=256, kv_cache_memory="64MiB", tensor_parallel_size=2,
+              tp_allreduce="custom", tp_timeout=60)
+    try:
+        p = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+        assert llm.generate(["x"], p)[0].outputs[0].token_ids
+        llm.engine.runner.kv_caches.tp_pool_id = 999   # the worker's forward raises before the collective
+        t0 = time.monotonic()
+        with pytest.raises(TPWorkerError, match=r"worker rank 1 \(exit code 1\) died.*process exited"):
+            llm.generate(["hello"], p)
+        assert time.monotonic() - t0 < 15
+    finally:
+        llm.shutdown()

@@ -55,6 +55,7 @@ struct alignas(128) SignalHeader {
                          // timeout the kernel writes {1, peer, flag slot, epoch} there (readable after)
   uint32_t world_size;
   uint32_t arrive;       // CUDA: CTAs of the running call that have finished
+  uint32_t pid;          // CPU: the process that owns this block (its waiters notice when it exits); 0: unknown
 };
 
 struct Signal {
@@ -165,6 +166,7 @@ struct CommStatus {
   uint64_t epoch = 0;
   double waited_s = 0;
   const char* what = "";
+  int peer_exited = 0;  // CPU: the wait ended because that rank's process is gone (not the timeout)
 };
 
 }  // namespace dk::comm
@@ -172,9 +174,13 @@ struct CommStatus {
 #if !defined(__CUDACC__) || !defined(__CUDA_ARCH__)
 // ---- CPU kernels: ranks are processes sharing /dev/shm segments (or threads, in the tests). ----
 #include <sched.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 
 namespace dk::cpu {
@@ -189,12 +195,32 @@ inline void cpu_relax() {
 inline uint64_t load_acquire(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 inline void store_release(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 
+// Whether process `pid` has ended: gone, or a zombie its parent has not reaped (the driver, spinning here,
+// reaps nobody). 0 or this process (ranks as threads, in the tests): never. Linux (/proc).
+inline bool process_exited(uint32_t pid) {
+  if (pid == 0 || pid_t(pid) == getpid()) return false;
+  if (kill(pid_t(pid), 0) != 0) return errno == ESRCH;
+  char path[40], buf[512];
+  std::snprintf(path, sizeof path, "/proc/%u/stat", pid);
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return errno == ENOENT;
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  const char* close = std::strrchr(buf, ')');  // "pid (comm) state ...": comm may hold spaces and parentheses
+  return close != nullptr && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X');
+}
+
 // Spins until *flag == epoch: a short pause loop, then sched_yield (so more ranks than cores
-// make progress), checking the clock every few yields. False after timeout_ns.
-inline bool wait_flag(const uint64_t* flag, uint64_t epoch, uint64_t timeout_ns, double* waited_s) {
+// make progress), checking the clock every few yields. False after timeout_ns, or (*exited set) once the
+// process `peer_pid` writing the flag has ended -- checked every ~20 ms after the first 20 ms, so a crashed
+// rank fails the call at once instead of after the timeout.
+inline bool wait_flag(const uint64_t* flag, uint64_t epoch, uint64_t timeout_ns, double* waited_s,
+                      uint32_t peer_pid = 0, int* exited = nullptr) {
   using Clock = std::chrono::steady_clock;
   if (load_acquire(flag) == epoch) return true;
   const auto t0 = Clock::now();
+  double next_check = 0.02;
   for (uint32_t it = 1;; ++it) {
     if (load_acquire(flag) == epoch) return true;
     if (it < 256) { cpu_relax(); continue; }
@@ -202,14 +228,35 @@ inline bool wait_flag(const uint64_t* flag, uint64_t epoch, uint64_t timeout_ns,
     if ((it & 15) == 0) {
       const double s = std::chrono::duration<double>(Clock::now() - t0).count();
       if (s * 1e9 > double(timeout_ns)) { *waited_s = s; return false; }
+      if (peer_pid != 0 && s > next_check) {
+        next_check = s + 0.02;
+        if (process_exited(peer_pid) && load_acquire(flag) != epoch) {
+          *waited_s = s;
+          if (exited != nullptr) *exited = 1;
+          return false;
+        }
+      }
     }
   }
 }
 
-inline CommStatus timeout_status(int peer, int slot, uint64_t epoch, double waited, const char* what) {
+inline CommStatus timeout_status(int peer, int slot, uint64_t epoch, double waited, const char* what,
+                                 int exited = 0) {
   CommStatus st;
   st.ok = 0; st.peer = peer; st.slot = slot; st.epoch = epoch; st.waited_s = waited; st.what = what;
+  st.peer_exited = exited;
   return st;
+}
+
+// Waits for `q`'s flag at `slot` of call `epoch` in this rank's block: {} or the failure.
+inline CommStatus wait_peer(const Peers& P, int q, uint64_t epoch, int slot, const char* what) {
+  double waited = 0;
+  int exited = 0;
+  const uint32_t pid = __atomic_load_n(&P.sig[q]->h.pid, __ATOMIC_RELAXED);
+  if (!wait_flag(flag_ptr(P.sig[P.rank], epoch, slot, q), epoch, P.sig[P.rank]->h.timeout_ns, &waited, pid,
+                 &exited))
+    return timeout_status(q, slot, epoch, waited, what, exited);
+  return {};
 }
 
 // Signals `slot` of call `epoch` to every peer, then waits for every peer's.
@@ -217,12 +264,9 @@ inline CommStatus barrier(const Peers& P, uint64_t epoch, int slot, const char* 
   const int r = P.rank;
   for (int q = 0; q < P.world_size; ++q)
     if (q != r) store_release(flag_ptr(P.sig[q], epoch, slot, r), epoch);
-  const uint64_t timeout = P.sig[r]->h.timeout_ns;
-  for (int q = 0; q < P.world_size; ++q) {
-    double waited = 0;
-    if (q != r && !wait_flag(flag_ptr(P.sig[r], epoch, slot, q), epoch, timeout, &waited))
-      return timeout_status(q, slot, epoch, waited, what);
-  }
+  for (int q = 0; q < P.world_size; ++q)
+    if (q != r)
+      if (CommStatus st = wait_peer(P, q, epoch, slot, what); !st.ok) return st;
   return {};
 }
 
@@ -332,15 +376,14 @@ dk::comm::CommStatus gemm_all_reduce(T* out, int64_t M, int64_t N, int64_t tile_
       store_release(flag_ptr(P.sig[q], E, tile_slot(int(t)), r), E);
     }
   }
-  const uint64_t timeout = P.sig[r]->h.timeout_ns;
   const T* src[kMaxRanks];
   for (int q = 0; q < ws; ++q)
     src[q] = reinterpret_cast<const T*>(gemm_slot(P.buf[r], P.buffer_bytes, E, q, slot_bytes));
   for (int64_t t = 0; t < ntiles; ++t) {
     for (int q = 0; q < ws; ++q) {
-      double waited = 0;
-      if (q != r && !wait_flag(flag_ptr(P.sig[r], E, tile_slot(int(t)), q), E, timeout, &waited))
-        return timeout_status(q, tile_slot(int(t)), E, waited, "gemm_allreduce: partial tile published");
+      if (q == r) continue;
+      if (CommStatus st = wait_peer(P, q, E, tile_slot(int(t)), "gemm_allreduce: partial tile published"); !st.ok)
+        return st;
     }
     const int64_t off = tile_offset(t, M, tile_n), nc = tile_width(t, N, tile_n);
     for (int64_t m = 0; m < M; ++m) {
@@ -364,12 +407,14 @@ inline dk::comm::SignalHeader signal_header(int world_size, uint64_t timeout_ns,
   return h;
 }
 
+// (the calling process owns the block: its pid lets peers waiting on it notice when it exits)
 inline void init_signal(dk::comm::Signal* s, int world_size, uint64_t timeout_ns, uint64_t epoch) {
   std::memset(static_cast<void*>(s), 0, sizeof(dk::comm::Signal));
   const dk::comm::SignalHeader h = signal_header(world_size, timeout_ns, epoch, 0);
   s->h.world_size = h.world_size;
   s->h.timeout_ns = h.timeout_ns;
   s->h.epoch = h.epoch;
+  s->h.pid = uint32_t(getpid());
   __atomic_store_n(&s->h.magic, h.magic, __ATOMIC_RELEASE);
 }
 
