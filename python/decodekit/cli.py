@@ -345,9 +345,13 @@ def _quantize(a) -> int:
     import time
 
     from decodekit import LLM
-    from decodekit.quant.export import save_quantized
+    from decodekit.quant.export import check_out_dir, save_quantized
     if not os.path.isfile(os.path.join(a.model, "config.json")):
         raise ValueError(f"--model {a.model!r}: not a Hugging Face model directory (no config.json)")
+    try:
+        check_out_dir(a.model, a.out)       # before the (GPTQ: minutes-long) quantization, not after it
+    except ValueError as e:
+        raise ValueError(f"--out: {str(e).removeprefix('save_quantized: ')}") from None
     t = time.perf_counter()
     llm = LLM(a.model, dtype="float32", device=a.device, kv_cache_memory="64MiB", quantize_lm_head=False,
               quantization="int4-gptq" if a.method == "gptq" else "int4-rtn")     # (the format keeps a float head)

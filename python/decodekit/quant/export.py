@@ -38,11 +38,33 @@ def from_int4_tensors(parts: dict[str, torch.Tensor], group_size: int) -> Int4We
     return Int4Weight(parts["qweight"], parts["scales"], parts["mins"], group_size, parts.get("perm"))
 
 
+_OWN_FILES = ("model.safetensors", "config.json") + _TOKENIZER_FILES
+
+
+def check_out_dir(source_dir: str, out_dir: str) -> None:
+    """ValueError, before anything is written, where out_dir is source_dir (the float checkpoint would be
+    overwritten part-way: config.json and model.safetensors first, then the copy of its own tokenizer files
+    fails) or already holds weight files other than a model.safetensors (a model.safetensors.index.json makes
+    the loader read its shards and ignore the quantized model.safetensors; other shards mix with it)."""
+    if not os.path.isdir(out_dir):
+        return
+    if os.path.samefile(out_dir, source_dir):
+        raise ValueError(f"save_quantized: the output directory {out_dir!r} is the source model directory; "
+                         f"choose another one (the float checkpoint would be overwritten)")
+    stale = sorted(f for f in os.listdir(out_dir) if f not in _OWN_FILES and (
+        f.endswith((".safetensors", ".gguf", ".bin", ".pt", ".pth", ".ckpt")) or f.endswith(".index.json")))
+    if stale:
+        raise ValueError(f"save_quantized: the output directory {out_dir!r} already holds other weight files "
+                         f"({', '.join(stale[:3])}{', ...' if len(stale) > 3 else ''}) that the loader would read "
+                         f"instead of, or beside, the quantized model.safetensors; choose a new or empty directory")
+
+
 def save_quantized(model, source_dir: str, out_dir: str) -> dict:
     """Writes `model` (a decodekit LlamaModel whose projections are Int4Weight) as a decodekit-int4
-    Hugging Face directory at out_dir, with source_dir's config and tokenizer files. Returns the
-    quantization_config written."""
+    Hugging Face directory at out_dir, with source_dir's config and tokenizer files (out_dir: new, or one
+    holding no other weights: check_out_dir). Returns the quantization_config written."""
     from safetensors.torch import save_file
+    check_out_dir(source_dir, out_dir)
     c = model.config
     groups = {w.group_size for L in model.layers for w in (L.qkv, L.o, L.gate_up, L.down) if isinstance(w, Int4Weight)}
     if not groups:
@@ -79,8 +101,11 @@ def save_quantized(model, source_dir: str, out_dir: str) -> dict:
         for name, norm in (("q_norm", L.q_norm), ("k_norm", L.k_norm)):  # Qwen3's per-head norms
             if norm is not None:
                 t[p + f"self_attn.{name}.weight"] = norm.detach().cpu().contiguous()
-    if not isinstance(model.embed, torch.Tensor):
-        raise ValueError("save_quantized: the embedding must be a float tensor (HF float checkpoints)")
+    for what, w in (("embedding", model.embed), ("LM head", model.lm_head)):
+        if not isinstance(w, torch.Tensor):   # e.g. INT8: int4-rtn on the CPU packs the head (and a tied embedding)
+            raise ValueError(f"save_quantized: the {what} is a packed {type(w).__name__}; the decodekit-int4 format "
+                             f"keeps the embedding and LM head in float (quantize with quantize_lm_head=False, "
+                             f"as `decodekit quantize` does, or from an HF float checkpoint)")
     t["model.embed_tokens.weight"] = model.embed.detach().cpu().contiguous()
     t["model.norm.weight"] = model.norm.detach().cpu().contiguous()
     if not c.tie_word_embeddings and model.lm_head is not model.embed:

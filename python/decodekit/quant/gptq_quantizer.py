@@ -50,6 +50,11 @@ def gptq_quantize(w: torch.Tensor,      # [N, K] float
         raise ValueError(f"gptq_quantize: H must be [{K}, {K}], got {tuple(h.shape)}")
     W = w.detach().to(torch.float64).clone()
     H = h.detach().to(torch.float64).clone()
+    if not bool(torch.isfinite(W).all()):
+        raise ValueError("gptq_quantize: the weight holds inf or NaN values")
+    if not bool(torch.isfinite(H).all()):   # (Cholesky would fail with "not positive-definite")
+        raise ValueError("gptq_quantize: H holds inf or NaN values (the calibration inputs of this layer are not "
+                         "finite)")
     dead = torch.diag(H) == 0  # inputs never active: weight irrelevant, keep H invertible
     H[dead, dead] = 1
     W[:, dead] = 0
@@ -128,6 +133,9 @@ def gptq_quantize_model(model, run_calibration: Callable[[], None], group_size: 
         model.refresh_fused_layers()   # the layers' weights changed
 
 
+_HF_NAMES = {"qkv": "q/k/v_proj", "o": "o_proj", "gate_up": "gate/up_proj", "down": "down_proj"}
+
+
 def _gptq_layers(model, run_calibration, group_size: int, act_order: bool, damp: float) -> int:
     done = 0
     for li, L in enumerate(model.layers):
@@ -143,7 +151,11 @@ def _gptq_layers(model, run_calibration, group_size: int, act_order: bool, damp:
             w = getattr(L, n)
             if n not in hessians:
                 raise RuntimeError(f"GPTQ calibration: layer {li} {n} saw no input")
-            setattr(L, n, gptq_quantize(w.float().cpu(), hessians[n], group_size, act_order, damp).to(w.device))
+            try:
+                q = gptq_quantize(w.float().cpu(), hessians[n], group_size, act_order, damp)
+            except ValueError as e:
+                raise ValueError(f"GPTQ: layer {li} {_HF_NAMES[n]}: {e}") from None
+            setattr(L, n, q.to(w.device))
             done += 1
     return done
 
