@@ -95,14 +95,14 @@ void project_once(const LayerOps& ops, at::Tensor& out, const at::Tensor& a, at:
 // result is bitwise the op-by-op path's: int4_gemm / int8_gemm for packed weights (decode_rows passed on: they split
 // the rows themselves), dense weights as project_once. Batch invariance for dense weights (decode_rows >= 0, CPU):
 // the decode rows in blocks of dense_route's dense_gemm rows (its tiles give a row the same bits at any row count),
-// the prompt rows as one block of at least kPrefillRowsMin (zero rows appended; past dense_gemm's rows torch's GEMM,
-// which promises no invariance).
+// the prompt rows as one block of at least dense_prefill_rows_min (zero rows appended: one route for every block).
 void project(const LayerOps& ops, at::Tensor& out, const at::Tensor& a, at::TensorList w, int64_t group_size,
              const OptTensor& bias, int64_t decode_rows) {
   const bool dense = w.size() == 1;
   if (!dense || decode_rows < 0 || !a.is_cpu()) return project_once(ops, out, a, w, group_size, bias, decode_rows);
-  const int64_t M = a.size(0), P = dk::cpu::kPrefillRowsMin;
-  const int64_t B = std::max<int64_t>(1, dk::cpu::dense_route(dk::dense_dtype(a.scalar_type())).dense_max_m);
+  const auto dtype = dk::dense_dtype(a.scalar_type());
+  const int64_t M = a.size(0), P = dk::cpu::dense_prefill_rows_min(dtype);
+  const int64_t B = std::max<int64_t>(1, dk::cpu::dense_route(dtype).dense_max_m);
   for (int64_t m0 = 0; m0 < decode_rows; m0 += B) {
     const int64_t rows = std::min(B, decode_rows - m0);
     at::Tensor o = out.narrow(0, m0, rows);

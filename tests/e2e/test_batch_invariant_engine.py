@@ -103,3 +103,20 @@ def test_randomized_batches_equal_requests_alone(seed):
     for n, (i, p, b) in enumerate(zip(ids, params, batch)):
         assert _result(b) == _result(llm.generate({"prompt_token_ids": i}, p)[0]), f"request {n} differs"
     assert_no_leaks(llm)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_dense_weights_same_bits_alone_and_in_a_batch(dtype):
+    """A float checkpoint (dense projections, unlike the embedded model's packed ones): a prompt alone runs its
+    rows as one padded block, in a batch among 33+ prompt rows -- both on one route (was: float32 17..32 rows on
+    dense_gemm, 33+ on torch's GEMM: logprobs 2e-7..7e-7 apart)."""
+    import random
+    llm = LLM("random:tiny-gqa4", device="cpu", dtype=dtype, kv_cache_memory="32MiB", batch_invariant=True,
+              max_num_batched_tokens=96)
+    rng = random.Random(4)
+    ids = [[rng.randrange(3, 1000) for _ in range(n)] for n in (1, 5, 13, 20, 31, 40, 57)]
+    params = SamplingParams(temperature=0, max_tokens=6, logprobs=3, ignore_eos=True)
+    batch = llm.generate([{"prompt_token_ids": i} for i in ids], params)
+    for n, (i, b) in enumerate(zip(ids, batch)):
+        assert _result(b) == _result(llm.generate({"prompt_token_ids": i}, params)[0]), f"prompt {n} differs"
+    assert_no_leaks(llm)

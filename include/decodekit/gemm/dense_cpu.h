@@ -43,7 +43,7 @@ constexpr int64_t kBf16DotDenseMaxM = 8;
 // quantized projection is its many-row kernel (int4_gemm / int8_gemm from kTiledVectorMinM, the AMX copy with bf16
 // activations from kAmxRowsDispatchM + 1, fp8_gemm from kFp8TiledMinM), where a row's bits do not depend on the rows
 // beside it, so a prompt's rows do not depend on how many prompt rows share its step. (Dense weights: decode rows in
-// blocks of dense_gemm's rows; prompt rows past them run torch's GEMM, which promises no invariance.)
+// blocks of dense_gemm's rows; prompt rows as one block of at least dense_prefill_rows_min rows.)
 constexpr int64_t kDecodeRowBlock = 8;
 constexpr int64_t kPrefillRowsMin = 17;
 
@@ -79,6 +79,17 @@ inline DenseRoute dense_route(DenseDtype dtype) {
       if (cpu_has_avx512_bf16()) return DenseRoute{1, kBf16DotDenseMaxM, kNever};
       return DenseRoute{1, kDenseRouteMaxM, kBf16UpcastMinM};
   }
+}
+
+// Batch invariance for dense weights: the fewest rows a prompt block runs as (zero rows appended), so that every
+// prompt block takes one route -- past dense_gemm's rows, and from the upcast GEMM's threshold when there is one
+// (dense_gemm, torch's GEMM and the upcast give a row different bits; torch's gives a row the same bits at any row
+// count past its small-M kernels, measured: fp32 / bf16 rows 33..700 on 1536x576, 576x1536, 4096x1024).
+inline int64_t dense_prefill_rows_min(DenseDtype dtype) {
+  const DenseRoute r = dense_route(dtype);
+  int64_t p = std::max(kPrefillRowsMin, r.dense_max_m + 1);
+  if (r.upcast_min_m != INT64_MAX) p = std::max(p, r.upcast_min_m);
+  return p;
 }
 
 template <class T>

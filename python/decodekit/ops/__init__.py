@@ -100,6 +100,15 @@ def dense_route(dtype: torch.dtype) -> tuple[int, int, int]:
 _DENSE_ROUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def dense_prefill_rows_min(dtype: torch.dtype) -> int:
+    """Batch invariance (decode_rows >= 0): the fewest rows a dense projection's prompt block runs as (zero rows
+    appended), so that every block takes one route: past dense_gemm's rows and from the upcast's threshold, if any
+    (include/decodekit/gemm/dense_cpu.h: dense_prefill_rows_min, which decoder_layer uses)."""
+    _, hi, up = dense_route(dtype)
+    p = max(PREFILL_ROWS_MIN, hi + 1)
+    return max(p, up) if up < 2 ** 62 else p
+
+
 def dense_gemm_takes(x: torch.Tensor) -> bool:   # x: [M, K] activations
     """Whether ops.linear sends x times a dense weight to dense_gemm (CPU, dense_route's rows)."""
     if x.device.type != "cpu" or x.dtype not in _DENSE_ROUTE_DTYPES or x.dim() != 2:
@@ -408,7 +417,7 @@ def _rejection_sample_fake(out, num_emitted, draft_tokens, num_draft, draft_prob
 # kPrefillRowsMin): decode-phase rows get the bits they get alone, prompt rows run as one block of at least
 # PREFILL_ROWS_MIN rows (zero rows appended) on the many-row kernels. int4_gemm / int8_gemm split the rows themselves;
 # fp8 weights here in blocks of DECODE_ROW_BLOCK rows (fp8_gemm's few-row kernel), dense ones in blocks of
-# dense_gemm's rows (dense_route).
+# dense_gemm's rows (dense_route) and their prompt rows padded to dense_prefill_rows_min.
 DECODE_ROW_BLOCK = 8
 PREFILL_ROWS_MIN = 17
 
@@ -428,15 +437,15 @@ def linear(x: torch.Tensor,                      # [M, K]
     if isinstance(weight, (Int4Weight, Int8Weight)):
         return _linear(x, weight, bias, decode_rows)
     if isinstance(weight, Fp8Weight) or x.dtype not in _DENSE_ROUTE_DTYPES:
-        block = DECODE_ROW_BLOCK
+        block, prompt_min = DECODE_ROW_BLOCK, PREFILL_ROWS_MIN
     else:
-        block = max(1, dense_route(x.dtype)[1])
+        block, prompt_min = max(1, dense_route(x.dtype)[1]), dense_prefill_rows_min(x.dtype)
     parts = [_linear(x[m0:min(m0 + block, decode_rows)], weight, bias) for m0 in range(0, decode_rows, block)]
     p = M - decode_rows
-    if p >= PREFILL_ROWS_MIN:
+    if p >= prompt_min:
         parts.append(_linear(x[decode_rows:], weight, bias))
     elif p > 0:
-        padded = x.new_zeros(PREFILL_ROWS_MIN, x.shape[1])
+        padded = x.new_zeros(prompt_min, x.shape[1])
         padded[:p] = x[decode_rows:]
         parts.append(_linear(padded, weight, bias)[:p])
     return parts[0] if len(parts) == 1 else torch.cat(parts)
