@@ -639,3 +639,20 @@ def test_unsupported_options_named(models, capsys):
     import re
     assert re.search(r"--quantization: invalid choice: 'int8' \(choose from '?int4-rtn'?, '?int4-gptq'?, '?fp8'?\)",
                      capsys.readouterr().err)
+
+
+def test_fused_projection_of_fp8_and_other_parts_runs_dense():
+    """LlamaModel's fused q/k/v of an fp8 part beside an INT4 and a float part: one dense weight of the parts'
+    decoded values (was: TypeError in torch.cat on the Fp8Weight)."""
+    from decodekit.loader.random import random_model
+    from decodekit.models import LlamaModel
+    from decodekit.quant import quantize_rtn
+    from decodekit.quant.fp8 import quantize_fp8_weight
+    cfg, weights, _ = random_model("tiny", progress_bar=False)
+    p = "model.layers.0.self_attn."
+    q, k, v = (weights[p + f"{n}_proj.weight"] for n in "qkv")
+    weights[p + "q_proj.weight"], weights[p + "k_proj.weight"] = quantize_fp8_weight(q), quantize_rtn(k, 32)
+    m = LlamaModel(cfg, dict(weights))
+    want = torch.cat([quantize_fp8_weight(q).dequantize(torch.float32), ops.int4_dequantize(quantize_rtn(k, 32),
+                                                                                            torch.float32), v])
+    assert isinstance(m.layers[0].qkv, torch.Tensor) and torch.equal(m.layers[0].qkv, want)

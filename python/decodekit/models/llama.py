@@ -106,7 +106,8 @@ class LlamaModel:
             if all(isinstance(p, Int8Weight) for p in parts) and len({p.group_size for p in parts}) == 1:
                 return Int8Weight.cat(parts)  # GGUF Q8_0 projections
             return torch.cat([ops.int4_dequantize(p, dtype) if isinstance(p, Int4Weight) else
-                              ops.int8_dequantize(p, dtype) if isinstance(p, Int8Weight) else p for p in parts], 0)
+                              ops.int8_dequantize(p, dtype) if isinstance(p, Int8Weight) else
+                              p.dequantize(dtype) if isinstance(p, Fp8Weight) else p for p in parts], 0)
 
         self.embed = take("model.embed_tokens.weight")  # [vocab, hidden]
         self.layers: list[LayerWeights] = []
