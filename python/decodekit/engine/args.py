@@ -275,7 +275,10 @@ class EngineArgs:
                             "groups of 32, fp16 scale and min; decoded by the INT4 kernels) or int4-gptq (GPTQ "
                             "with act-order, groups of up to 128, calibrated on 4 x 256 tokens of built-in English "
                             "text: slower to load, closer to the float model) or fp8 (W8A8: e4m3 weights with per-channel "
-                            "scales, activations quantized per token; fp8 tensor cores on CUDA)")
+                            "scales, activations quantized per token; fp8 tensor cores on CUDA). Weights a "
+                            "checkpoint already packs (GPTQ / AWQ, GGUF Q4 / Q8) stay as they are, unless "
+                            "--weight-format dequantizes them first (CUDA's auto does when they fit): then they are "
+                            "quantized again from their decoded values")
         g.add_argument("--no-quantize-lm-head", dest="quantize_lm_head", action="store_false",
                        help="with --quantization int4-rtn on the CPU, keep the LM head (and a tied embedding) in float "
                             "instead of INT8 groups of 32 (llama.cpp's Q8_0)")
