@@ -136,6 +136,63 @@ def assert_no_leaks(llm) -> None:
     assert eng.kv_manager.num_free_blocks == eng.kv_manager.num_blocks
 
 
+def tiny_hf_model(kind: str, perturb: float = 0.1, **config):
+    """A transformers <kind>ForCausalLM (Llama / Mistral / Qwen2 / Qwen3 / Phi3; float32, eval, eager attention)
+    of `config`, seeded random init (torch.manual_seed(0)) with norms and biases moved by perturb x N(0, 1) so that
+    they matter."""
+    import transformers
+    torch.manual_seed(0)
+    cfg = getattr(transformers, kind + "Config")(**config)
+    cfg._attn_implementation = "eager"
+    model = getattr(transformers, kind + "ForCausalLM")(cfg).eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n or "bias" in n:
+                p.add_(torch.randn_like(p) * perturb)
+    return model
+
+
+def run_paged(model, seqs: list[list[int]], block_size: int = 8) -> list[torch.Tensor]:
+    """Logits [len, vocab] at every position of each sequence through a decodekit LlamaModel: prefill chunks of 13,
+    19 and the rest but five, then five one-token decode steps, all sequences batched per step (1- to 33-row
+    GEMMs), blocks scattered over the pool; LongRoPE's long rows for a sequence past the original context."""
+    from decodekit.models import AttentionMetadata
+    chunks = []
+    for n in map(len, seqs):
+        tail = min(5, n - 1)
+        head = n - tail
+        c = [min(head, 13), min(max(head - 13, 0), 19)]
+        chunks.append(c + [head - sum(c)] + [1] * tail + [0] * (5 - tail))
+    kv = model.allocate_kv_cache(256, block_size)
+    perm = torch.randperm(256, generator=torch.Generator().manual_seed(0)).tolist()
+    tables, nb = [], 0
+    for s in seqs:
+        n = -(-len(s) // block_size)
+        tables.append(perm[nb:nb + n])
+        nb += n
+    maxb = max(map(len, tables))
+    bt = torch.tensor([t + [0] * (maxb - len(t)) for t in tables], dtype=torch.int32)
+    done, out = [0] * len(seqs), [[] for _ in seqs]
+    for step in range(len(chunks[0])):
+        ids, pos, slots, qsl, lens = [], [], [], [0], []
+        for i, s in enumerate(seqs):
+            for j in range(done[i], done[i] + chunks[i][step]):
+                ids.append(s[j])    # (the rope row: LongRoPE's long rows for a sequence past the original context)
+                pos.append(j + model.rope_row_offset * model.rope_long_for(len(s)))
+                slots.append(tables[i][j // block_size] * block_size + j % block_size)
+            qsl.append(len(ids))
+            lens.append(done[i] + chunks[i][step])
+        if not ids:
+            continue
+        md = AttentionMetadata(torch.tensor(pos), torch.tensor(slots), bt, torch.tensor(lens, dtype=torch.int32),
+                               torch.tensor(qsl, dtype=torch.int32), torch.arange(len(ids)))
+        logits = model.forward(torch.tensor(ids), md, kv)
+        for i in range(len(seqs)):
+            out[i].append(logits[qsl[i]:qsl[i + 1]])
+            done[i] += chunks[i][step]
+    return [torch.cat(x) for x in out]
+
+
 def save_hf_dir(model, hf_tok, d: str) -> str:
     """A transformers model and tokenizer saved as an HF model directory (their warnings silenced)."""
     import warnings

@@ -33,6 +33,7 @@ import torch
 from decodekit.loader import ModelLoadError, load_config, load_model
 from decodekit.loader.gguf import permute
 from decodekit.models import AttentionMetadata, LlamaModel
+from dk_testing import tiny_hf_model
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
@@ -72,18 +73,10 @@ def _tokenizer_meta():
 
 
 def build_hf(kind: str, **kw):
-    torch.manual_seed(0)
     base = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.15, bos_token_id=1,
                 eos_token_id=2, pad_token_id=0)
-    cfg = getattr(transformers, kind + "Config")(**{**base, **kw})
-    cfg._attn_implementation = "eager"
-    model = getattr(transformers, kind + "ForCausalLM")(cfg).eval()
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "norm" in n or "bias" in n:
-                p.add_(torch.randn_like(p) * 0.1)
-    return model
+    return tiny_hf_model(kind, **{**base, **kw})
 
 
 def _probe_scale_bytes(q) -> list[int]:

@@ -27,7 +27,8 @@ import pytest
 import torch
 
 from decodekit.loader import ModelLoadError, load_model
-from decodekit.models import AttentionMetadata, LlamaModel
+from decodekit.models import LlamaModel
+from dk_testing import run_paged, tiny_hf_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -48,17 +49,12 @@ def build(tmp_path, kind: str, save_dtype=torch.float32, scale_qk: float = 1.0, 
     """(model dir, float64 transformers reference). kind: Llama / Mistral / Qwen2 / Qwen3 / Phi3.
     edit(config_dict): rewrites the saved config.json; the reference is then transformers' own reading of it."""
     from decodekit.tokenizer.builders import synthetic_backend
-    torch.manual_seed(0)
     base = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.15, bos_token_id=0,
                 eos_token_id=0, pad_token_id=0)
-    cfg = getattr(transformers, kind + "Config")(**{**base, **kw})
-    cfg._attn_implementation = "eager"
-    model = getattr(transformers, kind + "ForCausalLM")(cfg).eval()
+    model = tiny_hf_model(kind, **{**base, **kw})
     with torch.no_grad():
         for n, p in model.named_parameters():
-            if "norm" in n or "bias" in n:
-                p.add_(torch.randn_like(p) * 0.1)
             if scale_qk != 1 and any(s in n for s in ("q_proj", "k_proj", "qkv_proj")):
                 p.mul_(scale_qk)    # peaked attention: positions (rope, windows) move the greedy tokens
     ref = copy.deepcopy(model)      # the saved (rounded) weights; the rope buffers as built (float32)
@@ -79,45 +75,6 @@ def build(tmp_path, kind: str, save_dtype=torch.float32, scale_qk: float = 1.0, 
             warnings.simplefilter("ignore")
             ref = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
     return d, ref.double().eval()
-
-
-def run_paged(model: LlamaModel, seqs: list[list[int]], block_size: int = 8) -> list[torch.Tensor]:
-    """Logits at every position of each sequence: prefill chunks of 13, 19 and the rest but five, then five
-    one-token decode steps, all sequences batched per step, blocks scattered over the pool."""
-    chunks = []
-    for n in map(len, seqs):
-        tail = min(5, n - 1)
-        head = n - tail
-        c = [min(head, 13), min(max(head - 13, 0), 19)]
-        chunks.append(c + [head - sum(c)] + [1] * tail + [0] * (5 - tail))
-    kv = model.allocate_kv_cache(256, block_size)
-    perm = torch.randperm(256, generator=torch.Generator().manual_seed(0)).tolist()
-    tables, nb = [], 0
-    for s in seqs:
-        n = -(-len(s) // block_size)
-        tables.append(perm[nb:nb + n])
-        nb += n
-    maxb = max(map(len, tables))
-    bt = torch.tensor([t + [0] * (maxb - len(t)) for t in tables], dtype=torch.int32)
-    done, out = [0] * len(seqs), [[] for _ in seqs]
-    for step in range(len(chunks[0])):
-        ids, pos, slots, qsl, lens = [], [], [], [0], []
-        for i, s in enumerate(seqs):
-            for j in range(done[i], done[i] + chunks[i][step]):
-                ids.append(s[j])    # (the rope row: LongRoPE's long rows for a prompt past the original context)
-                pos.append(j + model.rope_row_offset * model.rope_long_for(len(s)))
-                slots.append(tables[i][j // block_size] * block_size + j % block_size)
-            qsl.append(len(ids))
-            lens.append(done[i] + chunks[i][step])
-        if not ids:
-            continue
-        md = AttentionMetadata(torch.tensor(pos), torch.tensor(slots), bt, torch.tensor(lens, dtype=torch.int32),
-                               torch.tensor(qsl, dtype=torch.int32), torch.arange(len(ids)))
-        logits = model.forward(torch.tensor(ids), md, kv)
-        for i in range(len(seqs)):
-            out[i].append(logits[qsl[i]:qsl[i + 1]])
-            done[i] += chunks[i][step]
-    return [torch.cat(x) for x in out]
 
 
 def logits_diff(d: str, ref, lens=(40, 3, 70), dtype=torch.float32, max_model_len=None) -> tuple[float, object]:

@@ -34,11 +34,12 @@ import pytest
 import torch
 
 from decodekit import LLM, SamplingParams, ops
-from decodekit.models import AttentionMetadata, LlamaModel
+from decodekit.models import LlamaModel
 from decodekit.quant import Int4Weight, Int8Weight, quantize_rtn
 from decodekit.quant.fp8 import Fp8Weight, quantize_fp8_weight
 from decodekit.quant.gptq_quantizer import calibration_forward, gptq_quantize
 from decodekit.quant.load import quantize_projections
+from dk_testing import run_paged, tiny_hf_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -68,16 +69,8 @@ def models(tmp_path_factory):
     def get(mid: str):
         if mid not in cache:
             kind, kw = MODELS[mid]
-            torch.manual_seed(0)
-            cfg = getattr(transformers, kind + "Config")(
-                vocab_size=V, num_hidden_layers=2, max_position_embeddings=512, initializer_range=0.06,
-                bos_token_id=0, eos_token_id=0, pad_token_id=0, **kw)
-            cfg._attn_implementation = "eager"
-            m = getattr(transformers, kind + "ForCausalLM")(cfg).eval()
-            with torch.no_grad():
-                for n, p in m.named_parameters():
-                    if "norm" in n or "bias" in n:
-                        p.add_(torch.randn_like(p) * 0.1)
+            m = tiny_hf_model(kind, vocab_size=V, num_hidden_layers=2, max_position_embeddings=512,
+                              initializer_range=0.06, bos_token_id=0, eos_token_id=0, pad_token_id=0, **kw)
             d = str(tmp_path_factory.mktemp(mid))
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -175,44 +168,6 @@ def oracle_model(ref, mode: str, head_int8: bool = False, rtn_group: int = 32, f
 # ---------------------------------------------------------------- helpers
 
 SEQS = [torch.randint(3, V, (n,), generator=torch.Generator().manual_seed(1)).tolist() for n in (40, 3, 70)]
-
-
-def run_paged(model: LlamaModel, seqs: list[list[int]], block_size: int = 8) -> list[torch.Tensor]:
-    """Logits at every position: prefill chunks of 13, 19 and the rest but five, then five one-token decode steps,
-    the sequences batched per step (1- to 33-row GEMMs: the INT4 / fp8 kernels' row paths)."""
-    chunks = []
-    for n in map(len, seqs):
-        tail = min(5, n - 1)
-        head = n - tail
-        c = [min(head, 13), min(max(head - 13, 0), 19)]
-        chunks.append(c + [head - sum(c)] + [1] * tail + [0] * (5 - tail))
-    kv = model.allocate_kv_cache(64, block_size)
-    tables, nb = [], 0
-    for s in seqs:
-        n = -(-len(s) // block_size)
-        tables.append(list(range(nb, nb + n)))
-        nb += n
-    maxb = max(map(len, tables))
-    bt = torch.tensor([t + [0] * (maxb - len(t)) for t in tables], dtype=torch.int32)
-    done, out = [0] * len(seqs), [[] for _ in seqs]
-    for step in range(len(chunks[0])):
-        ids, pos, slots, qsl, lens = [], [], [], [0], []
-        for i, s in enumerate(seqs):
-            for j in range(done[i], done[i] + chunks[i][step]):
-                ids.append(s[j])
-                pos.append(j)
-                slots.append(tables[i][j // block_size] * block_size + j % block_size)
-            qsl.append(len(ids))
-            lens.append(done[i] + chunks[i][step])
-        if not ids:
-            continue
-        md = AttentionMetadata(torch.tensor(pos), torch.tensor(slots), bt, torch.tensor(lens, dtype=torch.int32),
-                               torch.tensor(qsl, dtype=torch.int32), torch.arange(len(ids)))
-        logits = model.forward(torch.tensor(ids), md, kv)
-        for i in range(len(seqs)):
-            out[i].append(logits[qsl[i]:qsl[i + 1]])
-            done[i] += chunks[i][step]
-    return [torch.cat(x) for x in out]
 
 
 def ref_logits(ref, seqs=SEQS) -> list[torch.Tensor]:
