@@ -22,6 +22,7 @@ import math
 import os
 import sys
 
+from decodekit.bench.output import finite_json
 from decodekit.config import MAX_POSITION_EMBEDDINGS
 from decodekit.planner import roofline as rf
 from decodekit.planner.hardware import HARDWARE_CHOICES, cpu_calibrated, load_calibration, load_hardware
@@ -182,16 +183,6 @@ def setup(args) -> Setup:
     return Setup(model, hw, wf, kv, workload, cons, spec, eff_i, eff_c, cal, note, reserve)
 
 
-def _clean(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    return x
-
-
 def _header(s: Setup) -> list:
     m, hw, wf = s.model, s.hw, s.wf
     lim = ", ".join(x for x in (f"TTFT {s.constraints.ttft_s * 1e3:g} ms" if s.constraints.ttft_s else "",
@@ -265,7 +256,7 @@ def to_json(pl, s: Setup) -> dict:
         d = dataclasses.asdict(r)
         d["shape"] = r.shape
         rows.append(d)
-    return _clean({
+    return finite_json({
         "model": m, "hardware": dataclasses.asdict(s.hw), "weights": dataclasses.asdict(s.wf), "kv_dtype": s.kv_dtype,
         "workload": dataclasses.asdict(s.workload), "constraints": dataclasses.asdict(s.constraints),
         "spec": dataclasses.asdict(s.spec) | {"expected_tokens": s.spec.expected_tokens} if s.spec else None,
@@ -333,7 +324,7 @@ def run(args) -> int:
         cmp = measure.compare(got, s.model, s.hw, s.wf, kv_dtype=s.kv_dtype, eff_ideal=s.eff_ideal, eff_cal=s.eff_cal)
         if args.measure_json:
             with open(args.measure_json, "w") as f:
-                json.dump(_clean({"comparison": cmp, "engine": got}), f, indent=2, default=str)
+                json.dump(finite_json({"comparison": cmp, "engine": got}), f, indent=2, default=str)
         if out is not None:
             out["measurement"] = cmp
     if out is not None:
