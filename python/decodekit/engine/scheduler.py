@@ -394,6 +394,12 @@ class Scheduler:
                 num_new = req.num_tokens_with_spec - num_hit
                 if not cfg.chunked_prefill and num_new > budget:
                     break
+                if (req.num_preemptions > 0 and cfg.sliding_window is None and any(not r.paused for r in self.running)
+                        and kv.blocks_needed(req.num_tokens_with_spec) - len(hit_blocks) > kv.num_free_blocks):
+                    # a preempted request comes back once all its tokens fit in the free blocks: admitted a chunk
+                    # at a time it preempted itself again on its next chunk, throwing the chunk away (a request
+                    # without prefix-cache hits -- prompt logprobs, caching off -- recomputed 5-20x its tokens)
+                    break
                 num_new = min(num_new, budget, self._chunk_cap(req))
                 if not kv.allocate_slots(req, num_new, hit_blocks, num_hit, cfg.sliding_window):
                     if not self.running:    # the whole cache is free and it still does not fit
