@@ -39,7 +39,7 @@ import pytest
 import torch
 
 from decodekit.sampling import SamplingParams
-from dk_testing import assert_no_leaks
+from dk_testing import assert_no_leaks, tiny_hf_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -66,18 +66,13 @@ def _build(d: str, kind: str, scale_qk: float = 2.0, **kw):
     """A tiny transformers model saved at d with decodekit's synthetic tokenizer: (d, float64 reference with
     float64 rope angles)."""
     from decodekit.tokenizer.builders import synthetic_backend
-    torch.manual_seed(0)
     cfg = dict(vocab_size=V, hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=2,
                num_key_value_heads=1, head_dim=64, max_position_embeddings=8192, initializer_range=0.15,
                bos_token_id=0, eos_token_id=0, pad_token_id=0, rope_theta=10000.0)
     cfg.update(kw)
-    config = getattr(transformers, kind + "Config")(**cfg)
-    config._attn_implementation = "eager"
-    model = getattr(transformers, kind + "ForCausalLM")(config).eval()
+    model = tiny_hf_model(kind, **cfg)
     with torch.no_grad():
         for n, p in model.named_parameters():
-            if "norm" in n or "bias" in n:
-                p.add_(torch.randn_like(p) * 0.1)
             if any(s in n for s in ("q_proj", "k_proj")):
                 p.mul_(scale_qk)    # peaked attention: positions and the window move the logits
     with warnings.catch_warnings():

@@ -158,7 +158,7 @@ class ModelRunner:
 
     def prepare(self, so: SchedulerOutput) -> tuple[torch.Tensor, AttentionMetadata]:
         """input_ids [T] and the step's metadata from the scheduled requests."""
-        toks, starts, tables, logits, _, rope_long = self._seqs_of(so)
+        toks, starts, tables, logits, rope_long = self._seqs_of(so)
         ids, md = self.prepare_seqs(toks, starts, tables, logits, [sr.num_prompt_logits for sr in so.scheduled],
                                     rope_long)
         if self.batch_invariant:  # the leading decode-phase requests' tokens (the scheduler puts them first)
@@ -189,12 +189,11 @@ class ModelRunner:
 
     @staticmethod
     def _seqs_of(so: SchedulerOutput):
-        """(token lists, start positions, block tables, logits rows per sequence, None (num_first), rope_long
-        flags) of a step: a sampling request needs its last token's logits, a verifying one also each draft's."""
+        """(token lists, start positions, block tables, logits rows per sequence, rope_long flags) of a step: a
+        sampling request needs its last token's logits, a verifying one also each draft's."""
         sc = so.scheduled
         return ([sr.token_ids for sr in sc], [sr.start_pos for sr in sc], [sr.block_ids for sr in sc],
-                [1 + sr.num_spec if sr.will_sample else 0 for sr in sc], None,
-                [sr.request.rope_long for sr in sc])
+                [1 + sr.num_spec if sr.will_sample else 0 for sr in sc], [sr.request.rope_long for sr in sc])
 
     def _host_inputs(self, token_lists, starts, tables, num_logits, num_first=None, rope_long=None, model=None):
         """Host tensors: ids [T], positions [T] (rope rows: + the model's rope_row_offset for the sequences
@@ -250,7 +249,8 @@ class ModelRunner:
         self.copy_blocks(so.blocks_to_copy)
         bucket = self._bucket_for(so)
         if bucket is not None:
-            inputs = self._host_inputs(*self._seqs_of(so))[:5]  # ids, positions, slots, tables, seq_lens
+            toks, starts, tables, logits, rope_long = self._seqs_of(so)
+            inputs = self._host_inputs(toks, starts, tables, logits, rope_long=rope_long)[:5]  # ids .. seq_lens
             if self.tp_driver is not None:
                 return self.tp_driver.run_decode_bucket(self.kv_caches, bucket, inputs, self._to_dev)
             return bucket.run(*(self._to_dev(t) for t in inputs))

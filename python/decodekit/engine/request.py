@@ -189,9 +189,6 @@ def split_n(request: Request) -> list[Request]:
     n = request.sampling_params.n or 1
     if n <= 1:
         return [request]
-    children = [Request(f"{request.request_id}/{i}", request.prompt_token_ids, request.sampling_params,
-                        request.arrival_time, extra_key=request.extra_key,
-                        parent_id=request.request_id, child_index=i) for i in range(n)]
-    for c in children:
-        c.rope_long = request.rope_long
-    return children
+    return [Request(f"{request.request_id}/{i}", request.prompt_token_ids, request.sampling_params,
+                    request.arrival_time, extra_key=request.extra_key,
+                    parent_id=request.request_id, child_index=i) for i in range(n)]

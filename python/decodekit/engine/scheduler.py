@@ -307,10 +307,16 @@ class Scheduler:
         self.waiting.appendleft(req)
         out.preempted_req_ids.append(req.request_id)
 
-    def _rope_restart(self, req: Request, out: SchedulerOutput) -> None:
-        """LongRoPE: req's next position is past the original context: from now on its rows take the long
-        factors, and its KV is recomputed with them (as preemption does; not counted as one)."""
+    @staticmethod
+    def _rope_long(req: Request) -> None:
+        """LongRoPE: req is longer than the original context: its rows take the long factors from now on (its
+        block hashes, which include the rule, start again)."""
         req.rope_long, req.block_hashes = True, []
+
+    def _rope_restart(self, req: Request, out: SchedulerOutput) -> None:
+        """req's next position is past LongRoPE's original context: its KV is recomputed on the long factors (as
+        preemption does; not counted as one)."""
+        self._rope_long(req)
         self._preempt(req, out)
         req.num_preemptions -= 1
         self.num_preemptions -= 1
@@ -388,7 +394,7 @@ class Scheduler:
                     continue
                 req.spec_token_ids = []     # drafts only for running requests
                 if cfg.rope_switch_len is not None and not req.rope_long and req.num_tokens > cfg.rope_switch_len:
-                    req.rope_long, req.block_hashes = True, []  # (a prompt past LongRoPE's original context)
+                    self._rope_long(req)    # (a prompt past LongRoPE's original context)
                 # prompt logprobs need every prompt position's logits: no prefix-cache hit
                 hit_blocks, num_hit = kv.get_computed_blocks(req) if not req.prompt_logprobs_pending else ([], 0)
                 num_new = req.num_tokens_with_spec - num_hit

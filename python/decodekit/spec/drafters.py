@@ -118,8 +118,8 @@ class ModelDrafter:
 
     def _forward(self, runner, token_lists, starts, tables, reqs, index: int, sampling) -> list[int]:
         """Draft `index` of each request in reqs (one logits row per sequence)."""
-        ids, md = runner.prepare_seqs(token_lists, starts, tables, [1] * len(token_lists), None,
-                                      [r.rope_long for r in reqs], self.model)
+        ids, md = runner.prepare_seqs(token_lists, starts, tables, [1] * len(token_lists),
+                                      rope_long=[r.rope_long for r in reqs], model=self.model)
         kv = self.kv_caches if self.kind == "draft" else runner.kv_caches
         logits = self.model.forward(ids, md, kv, num_layers=self.num_layers)
         params = [r.sampling_params for r in reqs]
@@ -178,8 +178,8 @@ class ModelDrafter:
                     break
                 toks = [reqs[i].all_token_ids[s:s + self.max_chunk] for i, s in chunked]
                 ids, md = runner.prepare_seqs(toks, [s for _, s in chunked], [reqs[i].block_ids for i, _ in chunked],
-                                              [0] * len(chunked), None, [reqs[i].rope_long for i, _ in chunked],
-                                              self.model)
+                                              [0] * len(chunked), rope_long=[reqs[i].rope_long for i, _ in chunked],
+                                              model=self.model)
                 self.model.forward(ids, md, self.kv_caches)
                 for i, s in chunked:
                     starts[i] = s + self.max_chunk
