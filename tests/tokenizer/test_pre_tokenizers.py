@@ -31,7 +31,10 @@ def _llama_cpp_split(text: str, exprs: tuple[str, ...]) -> list[str]:
         for p in pieces:
             at = 0
             for m in regex.finditer(e, p):
-                if m.start() == m.end():
+                if m.start() == m.end():   # a zero-width match (superbpe's lookahead) splits at its position
+                    if m.start() > at:
+                        out.append(p[at:m.start()])
+                        at = m.start()
                     continue
                 if m.start() > at:
                     out.append(p[at:m.start()])
@@ -69,10 +72,19 @@ def test_deepseek_v3_splits_digits_and_cjk_first():
     assert _ours("deepseek-coder", "x = 12\nfoo, y") == ["x", " = ", "1", "2", "\n", "foo", ",", " y"]   # ("=" is \p{S})
 
 
+def test_deepseek_llm_and_superbpe_splits():
+    """Was: both fell back to the GPT-2 regex (deepseek-llm is the Llama-architecture DeepSeek-LLM 7B / 67B)."""
+    assert _ours("deepseek-llm", "Hello, world! 12345 日本語 Ελληνικά\n  x") == \
+        ["Hello", ",", " world", "!", " ", "12345", " ", "日本語", " Ελληνικά", "\n", " ", " x"]
+    assert _ours("deepseek-llm", "ＡＢ（ｃ）  ") == ["ＡＢ", "（", "ｃ", "）", "  "]
+    assert _ours("superbpe", "by the way 1234567 of 12 x") == ["by the way ", "1", "234", "567", " of ", "12", " x"]
+
+
 def test_llama_cpp_names_are_not_the_gpt2_fallback():
     """The names llama.cpp gives its own split: a GPT-2 split would differ on these texts."""
     for pre, text in (("deepseek-v3", "a 12345"), ("falcon", "x+=1234"), ("bloom", "it's"),
-                      ("stablelm2", "abc 123"), ("chatglm-bpe", "abc 1234"), ("qwen35", "a\u0301b 12")):
+                      ("stablelm2", "abc 123"), ("chatglm-bpe", "abc 1234"), ("qwen35", "a\u0301b 12"),
+                      ("deepseek-llm", "a 12345"), ("superbpe", "to be")):
         assert _ours(pre, text) != _ours("gpt2", text), pre
 
 

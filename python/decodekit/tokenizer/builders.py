@@ -47,6 +47,22 @@ _BAILING_SPLIT = (r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\
                   r"|\s+")
 _GPT2_NO_WS = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 _CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"          # llama.cpp's [一-龥ࠀ-一가-퟿]+
+# deepseek-llm's letters (llama.cpp's list: Latin, Greek, Cyrillic, Armenian, Georgian, Cherokee... and fullwidth
+# / astral ones; no CJK, which has a split of its own) and its ASCII / fullwidth punctuation
+_DEEPSEEK_LLM_LETTERS = ("A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293"
+                         "\u0295-\u02af\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c"
+                         "\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5"
+                         "\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77"
+                         "\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57\u1f59"
+                         "\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc"
+                         "\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107"
+                         "\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139"
+                         "\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee"
+                         "\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e"
+                         "\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f"
+                         "\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2"
+                         "\U000118a0-\U000118df\U0001e900-\U0001e943")
+_DEEPSEEK_LLM_PUNCT = "!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002"
 _NO_PUNCT_RUN = " ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+"   # bloom: ' ?[^(\s|.,!?…。，、।۔،)]+'
 
 # tokenizer.ggml.pre -> the split regex applied before the byte-level mapping (as transformers'
@@ -68,6 +84,10 @@ PRE_SPLITS = {
         r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*"
         r"|\s*[\r\n]+|\s+(?!\S)|\s+")),
     "deepseek-coder": (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}"),
+    "deepseek-llm": (r"[\r\n]", r"\s?[" + _DEEPSEEK_LLM_LETTERS + "]+", r"\s?[" + _DEEPSEEK_LLM_PUNCT + "]+", r"\s+$", _CJK,
+                     r"\p{N}+"),
+    # SuperBPE (superword tokens: no whitespace split at all): digit runs, then groups of three from the right
+    "superbpe": (r"\p{N}+", r"(?=(\d{3})+(?!\d))"),
     "falcon": (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2_NO_WS, r"[0-9][0-9][0-9]"),
     **dict.fromkeys(["poro-chat", "bloom", "gpt3-finnish"], _NO_PUNCT_RUN),
     "viking": (_NO_PUNCT_RUN, r"\p{N}"),
@@ -115,8 +135,8 @@ def byte_level_pre_tokenizer(pre: str | None):
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
                                         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
     if pre not in GPT2_PRE and pre not in (None, "", "default"):
-        log.warning("tokenizer.ggml.pre %r: no split of its own here (llama.cpp's deepseek-llm, superbpe, kimi-k2, "
-                    "afmoe... or a newer name); splitting with the GPT-2 regex, some texts may encode differently "
+        log.warning("tokenizer.ggml.pre %r: no split of its own here (llama.cpp's kimi-k2 and afmoe "
+                    "splits are code, not regexes; or a newer name); splitting with the GPT-2 regex, some texts may encode differently "
                     "from the original tokenizer", pre)
     # "gpt2" and its aliases, "default", no name and anything unknown: the GPT-2 regex (built into ByteLevel)
     return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
