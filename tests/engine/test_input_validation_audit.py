@@ -173,10 +173,11 @@ CHAT_SP = SamplingParams(temperature=0, max_tokens=4)
 
 
 def test_chat_takes_openai_content_parts(llm):
-    """Was refused offline (the server takes them): content as a list of {"type": "text"} parts is that text."""
+    """Was refused offline (the server takes them): content as a list of {"type": "text"} parts is their text
+    joined with newlines, as vLLM joins them for a template that takes a string."""
     parts = llm.chat([{"role": "user", "content": [{"type": "text", "text": "Say "}, {"type": "text", "text": "hi"}]}],
                      CHAT_SP)
-    plain = llm.chat([{"role": "user", "content": "Say hi"}], CHAT_SP)
+    plain = llm.chat([{"role": "user", "content": "Say \nhi"}], CHAT_SP)
     assert parts[0].prompt_token_ids == plain[0].prompt_token_ids
     assert parts[0].outputs[0].text == plain[0].outputs[0].text
 

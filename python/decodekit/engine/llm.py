@@ -164,9 +164,20 @@ class LLM:
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             continue_final_message: bool = False, tools: list[dict] | None = None,
                             chat_template: str | None = None, chat_template_kwargs: dict | None = None) -> list[int]:
-        """The conversation through the chat template (the model's, or `chat_template`), as token ids;
-        chat_template_kwargs: extra template variables (e.g. {"enable_thinking": False} for Qwen3)."""
+        """The conversation through the chat template (the model's, or `chat_template`), as token ids: the ids
+        chat() hands the engine (messages in chat()'s forms); chat_template_kwargs: extra template variables (e.g.
+        {"enable_thinking": False} for Qwen3)."""
+        return self._chat_ids(self._chat_messages(messages, None), add_generation_prompt, continue_final_message,
+                              tools, chat_template, chat_template_kwargs)
+
+    def _chat_ids(self, messages: list[dict], add_generation_prompt: bool, continue_final_message: bool,
+                  tools: list[dict] | None, chat_template: str | None, chat_template_kwargs: dict | None) -> list[int]:
+        """A conversation in chat_messages' form through the template, as token ids (the template writes the
+        special tokens it wants, BOS included: nothing is added, as vLLM's and transformers' chat encoding)."""
+        from decodekit.tokenizer.chat import content_text
         kwargs = check_template_kwargs(chat_template_kwargs)
+        if continue_final_message:  # (as the server: text parts are continued as their text)
+            messages = messages[:-1] + [{**messages[-1], "content": content_text(messages[-1]["content"])}]
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                                   chat_template=check_template(chat_template),
                                                   continue_final_message=continue_final_message,
@@ -183,7 +194,7 @@ class LLM:
         continue_final_message: the model continues the last (assistant) message instead of answering it.
         tools: OpenAI-style tool definitions handed to the chat template (as vLLM's LLM.chat; to constrain
         the reply to a tool's parameters, give them as guided_json). chat_template: a Jinja template instead of
-        the model's; chat_template_kwargs: extra template variables (vLLM's)."""
+        the model's; chat_template_kwargs: extra template variables (vLLM's; e.g. {"documents": [...]})."""
         params = self._params_arg(params, sampling_params, use_tqdm)
         if not isinstance(messages, (list, tuple)):
             raise ValueError(f"messages must be a list of {{'role': str, 'content': str}} dicts (or a list of such "
@@ -194,8 +205,8 @@ class LLM:
         one = isinstance(messages[0], dict)
         convs = [messages] if one else list(messages)
         convs = [self._chat_messages(c, None if one else i) for i, c in enumerate(convs)]
-        return self._run([self.apply_chat_template(c, add_generation_prompt, continue_final_message, tools,
-                                                   chat_template, chat_template_kwargs)
+        return self._run([self._chat_ids(c, add_generation_prompt, continue_final_message, tools,
+                                         chat_template, chat_template_kwargs)
                           for c in convs], params)
 
     @staticmethod

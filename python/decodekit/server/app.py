@@ -155,7 +155,7 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
                           template_kwargs: dict | None = None) -> list[int]:
         """The conversation through the chat template, as token ids, in a worker thread (other requests keep
         streaming); refused before rendering when its characters alone cannot fit in max_model_len."""
-        chars = sum(len(str(m.get("content") or "")) + len(str(m.get("role") or "")) for m in messages)
+        chars = P.message_chars(messages)
         limit = tok.max_prompt_chars(eng.max_model_len)
         if chars > limit:
             raise P.APIError(400, f"'messages' hold {chars} characters: they cannot fit in max_model_len="
@@ -309,10 +309,12 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         if body.get("messages") is not None:
             if body.get("prompt") is not None:
                 raise P.APIError(400, "give either 'prompt' or 'messages', not both", "prompt")
-            P.reject_unsupported(body, ("documents",))
             messages = P.chat_messages(body)
             agp, cont = P.chat_render_options(body, messages)
             template, tkw = P.chat_template_fields(body, cfg.trust_request_chat_template)
+            docs = P.chat_documents(body)
+            if docs is not None:    # (vLLM: chat_template_kwargs override the request's fields)
+                tkw = {"documents": docs, **tkw}
             tools, _ = parse_tools({"tools": body.get("tools"), "tool_choice": "none"})
             ids = await render_chat(messages, agp, P.field(body, "add_special_tokens", "bool", False), cont, tools,
                                     template, tkw)
@@ -502,6 +504,9 @@ def build_app(aeng: AsyncEngine, cfg: ServerConfig) -> FastAPI:
         plp = P.prompt_logprobs_field(body, stream)
         agp, cont = P.chat_render_options(body, messages)
         template, tkw = P.chat_template_fields(body, cfg.trust_request_chat_template)
+        docs = P.chat_documents(body)
+        if docs is not None:    # (vLLM: chat_template_kwargs override the request's fields)
+            tkw = {"documents": docs, **tkw}
         tools, tchoice = parse_tools(body, cfg.tool_call_parser)
         ids = await render_chat(messages, agp, False, cont, tools, template, tkw)
         if not ids:

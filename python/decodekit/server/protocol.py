@@ -336,16 +336,19 @@ def reject_unsupported(body: dict, names: tuple[str, ...]) -> None:
 
 def chat_render_options(body: dict, messages: list[dict]) -> tuple[bool, bool]:
     """(add_generation_prompt, continue_final_message), vLLM's: the second needs the first false and a last
-    message with text content."""
+    message with text content (text parts are continued as their text joined with newlines, as vLLM renders them
+    for templates that take the content as a string: the last message is changed so)."""
+    from decodekit.tokenizer.chat import content_text
     agp = field(body, "add_generation_prompt", "bool", None)
     cont = field(body, "continue_final_message", "bool", False)
     if cont:
         if agp:
             raise APIError(400, "'continue_final_message' needs add_generation_prompt=false",
                            "continue_final_message")
-        if not isinstance(messages[-1].get("content"), str):
+        if not isinstance(messages[-1].get("content"), (str, list)):
             raise APIError(400, "'continue_final_message' needs a last message with text content",
                            "continue_final_message")
+        messages[-1] = {**messages[-1], "content": content_text(messages[-1]["content"])}
         return False, True
     return (True if agp is None else agp), False
 
@@ -370,6 +373,12 @@ def chat_template_fields(body: dict, trusted: bool) -> tuple[str | None, dict]:
 
 
 def chat_messages(body: dict) -> list[dict]:
+    """The conversation as the chat template gets it, as vLLM parses it: content a string or a list of
+    {"type": "text", "text"} parts (the template gets them joined with newlines, or as the list when it loops over
+    a message's content: tokenizer/chat.py template_content_format); a tool turn's parts as one text (joined with
+    newlines); no content: "" (tool) or no parts (assistant, with tool_calls); assistant tool_calls with their
+    arguments as a JSON value (text that is not JSON as {}), an empty tool_calls list dropped; tool_call_id, name
+    and reasoning kept. A 400 naming the message's field otherwise."""
     from .tools import history_message
     m = body.get("messages")
     if not isinstance(m, list) or not m:
@@ -378,22 +387,57 @@ def chat_messages(body: dict) -> list[dict]:
     for i, msg in enumerate(m):
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
             raise APIError(400, f"'messages[{i}]' must be an object with a string 'role'", "messages")
+        role = msg["role"]
+        if not role:
+            raise APIError(400, f"'messages[{i}].role' must not be empty", "messages")
         c = msg.get("content")
         if isinstance(c, list):  # content parts: text only
-            texts = []
-            for part in c:
+            parts = []
+            for j, part in enumerate(c):
                 if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise APIError(400, f"'messages[{i}].content' parts must be {{type: text, text: str}}", "messages")
-                texts.append(part["text"])
-            c = "".join(texts)
+                    raise APIError(400, f"'messages[{i}].content' parts must be {{type: text, text: str}} (part {j} "
+                                        f"is not)", "messages")
+                parts.append({"type": "text", "text": part["text"]})
+            c = "\n".join(p["text"] for p in parts) if role == "tool" else parts
         if c is None:
-            if msg["role"] in ("user", "system"):  # only assistant / tool turns may come without content
-                raise APIError(400, f"'messages[{i}].content' is required for role {msg['role']!r}", "messages")
-            c = ""
-        if not isinstance(c, str):
-            raise APIError(400, f"'messages[{i}].content' must be a string or a list of text parts", "messages")
-        out.append(history_message(i, msg, c))
+            if role in ("user", "system"):  # only assistant / tool turns may come without content
+                raise APIError(400, f"'messages[{i}].content' is required for role {role!r}", "messages")
+            c = "" if role == "tool" else []
+        if not isinstance(c, (str, list)):
+            raise APIError(400, f"'messages[{i}].content' must be a string or a list of text parts, got "
+                                f"{_json_type(c)}", "messages")
+        h = history_message(i, msg, c)
+        calls = h.get("tool_calls")
+        if calls == []:             # (vLLM) no calls: the template's plain assistant turn
+            del h["tool_calls"]
+        for call in calls or ():
+            if isinstance(call["function"]["arguments"], str):      # not JSON text (e.g. ""): vLLM's {}
+                call["function"]["arguments"] = {}
+        out.append(h)
     return out
+
+
+def chat_documents(body: dict) -> list[dict] | None:
+    """vLLM's `documents` (for retrieval-augmented templates): a list of objects of strings, e.g. {"title",
+    "text"}, handed to the chat template; None when absent."""
+    docs = body.get("documents")
+    if docs is None:
+        return None
+    if not isinstance(docs, list) or not all(isinstance(d, dict) and all(isinstance(v, str) for v in d.values())
+                                             for d in docs):
+        raise APIError(400, "'documents' must be a list of objects with string values (e.g. {\"title\": str, "
+                            "\"text\": str})", "documents")
+    return docs
+
+
+def message_chars(messages: list[dict]) -> int:
+    """The characters of a conversation's roles and contents (text parts counted by their text)."""
+    from decodekit.tokenizer.chat import content_text
+    return sum(len(m.get("role") or "") + len(content_text(m.get("content") or "")) for m in messages)
+
+
+def _json_type(v) -> str:
+    return {bool: "a boolean", int: "a number", float: "a number", dict: "an object"}.get(type(v), type(v).__name__)
 
 
 # --------------------------------------------------------------------------- responses

@@ -43,8 +43,10 @@ def default_chat_template(vocab: dict[str, int]) -> str:
 
 
 def validate_messages(messages: Any) -> list[dict]:
-    """Checks a conversation: a non-empty list of dicts, each with a string 'role' and a
-    string 'content'. Returns plain-dict copies; raises ValueError naming the bad field."""
+    """Checks a conversation: a non-empty list of dicts, each with a string 'role' and a 'content' that is a
+    string or a list of OpenAI text parts ({"type": "text", "text": str}). Returns plain-dict copies without the
+    keys whose value is None (as transformers' apply_chat_template: templates test whether a key is there, e.g.
+    `'tool_calls' in message`); raises ValueError naming the bad field."""
     if not isinstance(messages, (list, tuple)):
         raise ValueError(f"messages must be a list of {{'role': str, 'content': str}} dicts, "
                          f"got {type(messages).__name__}")
@@ -57,12 +59,91 @@ def validate_messages(messages: Any) -> list[dict]:
         for key in ("role", "content"):
             if key not in m:
                 raise ValueError(f"messages[{i}] has no '{key}' field")
-            if not isinstance(m[key], str):
-                raise ValueError(f"messages[{i}]['{key}'] must be a string, got {type(m[key]).__name__}")
+        if not isinstance(m["role"], str):
+            raise ValueError(f"messages[{i}]['role'] must be a string, got {type(m['role']).__name__}")
         if not m["role"]:
             raise ValueError(f"messages[{i}]['role'] must not be empty")
-        out.append(_plain(m))
+        content = _checked_content(i, m["content"])
+        out.append(_plain({**{k: v for k, v in m.items() if v is not None}, "content": content}))
     return out
+
+
+def _checked_content(i: int, content: Any) -> str | list[dict]:
+    """A message's content: a string, or a list of text parts (copied with just their "type" and "text")."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, (list, tuple)):
+        parts = []
+        for j, p in enumerate(content):
+            if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
+                raise ValueError(f"messages[{i}]['content'] must be a string, got list (a list must hold "
+                                 f"{{'type': 'text', 'text': str}} parts; item {j} is not one)")
+            parts.append({"type": "text", "text": p["text"]})
+        return parts
+    raise ValueError(f"messages[{i}]['content'] must be a string, got {type(content).__name__}")
+
+
+def content_text(content: str | list[dict]) -> str:
+    """A message's content as one string: text parts joined with newlines (as vLLM hands them to a template
+    that takes the content as a string)."""
+    return content if isinstance(content, str) else "\n".join(p["text"] for p in content)
+
+
+@lru_cache(maxsize=32)
+def template_content_format(template: str) -> str:
+    """How the template takes a message's content, as vLLM's --chat-template-content-format auto detects it:
+    "openai" (a list of {"type": "text", "text": ...} parts) when the template loops over a message's content
+    (`{% for part in message['content'] %}`, `message` a loop variable over `messages` or over a variable set
+    from it, e.g. `loop_messages = messages[1:]`), else "string"."""
+    import jinja2.nodes as N
+    try:
+        root = _environment().parse(template)
+    except Exception:  # noqa: BLE001 -- (compile_checked reports the error)
+        return "string"
+
+    def refers(node, names, key=None) -> bool:
+        # through filters, tests and slices: `messages | selectattr(...)`, `messages[1:]`, `m['content'] | list`
+        while True:
+            if isinstance(node, (N.Filter, N.Test)) and node.node is not None:
+                node = node.node
+            elif isinstance(node, N.Getitem) and isinstance(node.arg, N.Slice):
+                node = node.node
+            else:
+                break
+        if key is not None:
+            if isinstance(node, N.Getitem) and isinstance(node.arg, N.Const) and node.arg.value == key:
+                node = node.node
+            elif isinstance(node, N.Getattr) and node.attr == key:
+                node = node.node
+            else:
+                return False
+        return isinstance(node, N.Name) and node.name in names
+
+    lists, grew = {"messages"}, True
+    while grew:     # the variables set from `messages`, and from those
+        before = len(lists)
+        lists |= {a.target.name for a in root.find_all(N.Assign)
+                  if isinstance(a.target, N.Name) and refers(a.node, lists)}
+        grew = len(lists) > before
+    loops = list(root.find_all(N.For))
+    items = {f.target.name for f in loops if isinstance(f.target, N.Name) and refers(f.iter, lists)}
+    return "openai" if any(refers(f.iter, items, "content") for f in loops) else "string"
+
+
+def _for_template(message: dict, fmt: str) -> dict:
+    """A validated message as the template takes it: its content as a string or as a list of text parts (fmt,
+    template_content_format), and its reasoning under each name templates read (transformers'
+    _alias_reasoning_fields: reasoning_content, thinking, reasoning)."""
+    c = message["content"]
+    if fmt == "openai" and isinstance(c, str):
+        message = {**message, "content": [{"type": "text", "text": c}]}
+    elif fmt == "string" and not isinstance(c, str):
+        message = {**message, "content": content_text(c)}
+    reasoning = next((message[k] for k in ("reasoning_content", "thinking", "reasoning")
+                      if message.get(k) is not None), None)
+    if reasoning is not None:
+        message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+    return message
 
 
 MAX_RENDERED_CHARS = 64 << 20     # a rendered prompt's characters at most, whatever the caller's limit
@@ -74,6 +155,7 @@ class RenderedTooLongError(ValueError):
 
 
 RESERVED_TEMPLATE_KWARGS = ("messages", "add_generation_prompt", "continue_final_message", "chat_template", "tools")
+INTERNAL_TEMPLATE_KWARGS = ("max_chars", "special_tokens", "template")   # the renderer's own parameters
 MAX_TEMPLATE_CHARS = 200_000
 
 
@@ -91,6 +173,9 @@ def check_template_kwargs(kwargs: Any) -> dict:
             raise ValueError(f"chat_template_kwargs: keys must be identifiers (template variable names), got {k!r}")
         if k in RESERVED_TEMPLATE_KWARGS:
             raise ValueError(f"chat_template_kwargs: {k!r} has its own parameter; give it there")
+        if k in INTERNAL_TEMPLATE_KWARGS:
+            raise ValueError(f"chat_template_kwargs: {k!r} cannot be a template variable here (it names one of "
+                             f"the renderer's own parameters)")
     return _plain(kwargs)
 
 
@@ -139,8 +224,14 @@ def _plain(value: Any) -> Any:
 
 @lru_cache(maxsize=16)
 def compile_template(template: str):
+    return _environment().from_string(template)
+
+
+@lru_cache(maxsize=1)
+def _environment():
     import jinja2
     import jinja2.ext
+    import jinja2.nodes
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message):
@@ -152,6 +243,19 @@ def compile_template(template: str):
 
     def strftime_now(fmt):
         return datetime.now().strftime(fmt)
+
+    class Generation(jinja2.ext.Extension):
+        """transformers' {% generation %} ... {% endgeneration %} (it marks the assistant's tokens for training
+        masks): the body renders as it is."""
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
 
     class Sandbox(ImmutableSandboxedEnvironment):
         """transformers' environment, plus a bound on the two operators that can build a huge value in one step
@@ -170,19 +274,21 @@ def compile_template(template: str):
                                                               f"{len(seq)} times {n} is too large")
             return super().call_binop(context, operator, left, right)
 
-    env = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
-    return env.from_string(template)
+    return env
 
 
 def render_chat_template(template: str, messages: list[dict], *, add_generation_prompt: bool,
                          special_tokens: dict[str, str | None], max_chars: int | None = None, **kwargs) -> str:
     """Renders a validated conversation. `special_tokens` (bos_token, eos_token, ...) are visible
     to the template; keyword arguments override them and are passed through (tools, documents,
-    enable_thinking, ...). The output is collected as the template streams it and refused
-    (RenderedTooLongError) once it passes max_chars (at most MAX_RENDERED_CHARS)."""
+    enable_thinking, ...). Each message's content reaches the template as it takes it (template_content_format:
+    text parts joined with newlines, or a string as one text part). The output is collected as the template
+    streams it and refused (RenderedTooLongError) once it passes max_chars (at most MAX_RENDERED_CHARS). Any
+    failure of the template (raise_exception, a type error in its expressions, ...) is a ValueError."""
     import jinja2
     variables = {k: v for k, v in special_tokens.items() if v is not None}
     variables.update(kwargs)
@@ -190,6 +296,8 @@ def render_chat_template(template: str, messages: list[dict], *, add_generation_
     variables.setdefault("documents", None)
     variables = _plain(variables)
     compiled = compile_checked(template)
+    fmt = template_content_format(template)
+    messages = [_for_template(m, fmt) for m in messages]
     try:
         limit = min(MAX_RENDERED_CHARS, max_chars if max_chars is not None else MAX_RENDERED_CHARS)
         parts, n = [], 0
@@ -200,5 +308,9 @@ def render_chat_template(template: str, messages: list[dict], *, add_generation_
                                            f"(more than fits in the context)")
             parts.append(part)
         return "".join(parts)
+    except RenderedTooLongError:
+        raise
     except jinja2.exceptions.TemplateError as e:
         raise ValueError(f"chat template error: {e}") from e
+    except Exception as e:  # noqa: BLE001 -- e.g. `'text' + a_dict`: the template cannot render these inputs
+        raise ValueError(f"chat template error: {type(e).__name__}: {e}") from e
