@@ -62,6 +62,9 @@ emu-test:
 	$(EMU_CXX) tools/cuda_emu/test_quant.cpp -o $(EMU_DIR)/test_quant && $(EMU_DIR)/test_quant
 	$(EMU_CXX) tools/cuda_emu/test_spec.cpp -o $(EMU_DIR)/test_spec && $(EMU_DIR)/test_spec
 	$(EMU_CXX) tools/cuda_emu/test_allreduce.cpp -o $(EMU_DIR)/test_allreduce && $(EMU_DIR)/test_allreduce
+	$(EMU_CXX) tools/cuda_emu/test_layers.cpp -o $(EMU_DIR)/test_layers && $(EMU_DIR)/test_layers
+	$(EMU_DIR)/test_layers --greedy  # one warp running ahead: block_sum's and rope's barriers
+	$(EMU_CXX) tools/cuda_emu/test_sort.cpp -o $(EMU_DIR)/test_sort && $(EMU_DIR)/test_sort
 	$(EMU_CXX) tools/cuda_emu/test_attn.cpp -o $(EMU_DIR)/test_attn && $(EMU_DIR)/test_attn
 	$(EMU_DIR)/test_attn --only "tc " --greedy  # tensor-core kernel, one warp running ahead (barriers)
 	$(EMU_DIR)/test_attn --only decode --greedy --decode tc  # tensor-core decode kernel, the same

@@ -122,6 +122,7 @@ enum CpAsync { kCpEarly, kCpLate, kCpMixed };
 inline CpAsync cp_async_mode = kCpMixed;
 inline thread_local std::mt19937 cp_rng(4321);
 inline unsigned grid_cap_x = 1u << 30;
+inline unsigned grid_cap_y = 1u << 30;  // (like grid_cap_x: launches get at most this many blocks in y, to run grid-stride loops)
 // kGreedy: one warp at a time (in random order) runs as far as it can before the next one
 // starts, so a warp gets a whole phase ahead of the others (exposes a missing __syncthreads
 // between warps, which the lock-step orders can miss when warp-collective ops interleave them).
@@ -268,7 +269,7 @@ void launch(dim3 grid, dim3 block, size_t smem, cudaStream_t, K kernel, A... arg
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535) {
     fprintf(stderr, "emulator: bad grid %u %u %u\n", grid.x, grid.y, grid.z); abort();
   }
-  const dim3 g(std::min(grid.x, grid_cap_x), grid.y, grid.z);
+  const dim3 g(std::min(grid.x, grid_cap_x), std::min(grid.y, grid_cap_y), grid.z);
   const long nblocks = long(g.x) * g.y * g.z;
   std::atomic<long> next{0};
   auto worker = [&](int w) {
