@@ -34,7 +34,7 @@ PATTERNS = [
     r"[-a]+[]a]?[a\-z]",
     r"x\{1}\.\*",
     r"ab{0}c",
-    r"(?:a|b)+?c*+",
+    r"(?:a|b)+?c*?",
 ]
 ALPHABET = "abcxyz019-.@_ \n\"\\/eE+é日本😀üàxc{}*"
 

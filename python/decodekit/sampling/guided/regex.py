@@ -8,17 +8,22 @@ The pattern language is the subset of Python's ``re`` that a finite automaton ca
 in full (as vLLM's ``guided_regex``; ``^`` starting and ``$`` ending the pattern or one of its top-level
 branches are accepted and ignored):
 
-- literal characters (any Unicode), ``.`` (any character except ``\\n``), classes ``[...]`` / ``[^...]``
-  with ranges, escapes ``\\d \\D \\w \\W \\s \\S \\t \\n \\r \\f \\v \\0 \\xHH \\uHHHH \\UHHHHHHHH`` and escaped
-  punctuation (``\\d`` / ``\\w`` / ``\\s`` are the ASCII sets, as ``re.ASCII``);
+- literal characters (any Unicode scalar value), ``.`` (any character except ``\\n``), classes ``[...]`` /
+  ``[^...]`` with ranges, escapes ``\\d \\D \\w \\W \\s \\S \\t \\n \\r \\f \\v \\a \\0 \\xHH \\uHHHH
+  \\UHHHHHHHH`` (``\\b`` in a class), and a backslash before any other character but an ASCII letter or
+  digit is that character (``\\d`` / ``\\w`` / ``\\s`` are the ASCII sets, as ``re.ASCII``; ``re``'s default and
+  the Rust regex of vLLM's outlines / guidance backends read them as Unicode classes);
 - groups ``(...)``, ``(?:...)``, ``(?P<name>...)`` (``(?<name>...)`` too), comments ``(?#...)``,
   alternation ``|``;
-- quantifiers ``* + ?`` and ``{n}`` ``{n,}`` ``{n,m}`` ``{,m}`` (a trailing ``?`` or ``+`` - lazy or
-  possessive - changes nothing for a full match over a finite automaton and is accepted).
+- quantifiers ``* + ?`` and ``{n}`` ``{n,}`` ``{n,m}`` ``{,m}`` ``{,}`` (as ``re``; another ``{`` is a
+  literal); a trailing ``?`` (lazy) changes nothing for a full match and is accepted.
 
-Refused with :class:`RegexError` (its message gives the position): lookarounds, backreferences, ``\\b``,
-inline flags, anchors inside the pattern, unbalanced brackets, patterns whose automaton would exceed
-``MAX_NFA_STATES`` (a large counted repetition copies its operand).
+Refused with :class:`RegexError` (its message gives the position): lookarounds, backreferences, possessive
+quantifiers and atomic groups (they change the language: ``a*+a`` matches nothing), conditionals, recursion,
+``\\b \\B \\A \\Z``, ``\\p{..}``, ``\\N{..}``, octal escapes, inline flags (no ``(?i)``: case-insensitive
+matching is not supported), anchors inside the pattern, unbalanced brackets, bad group names, surrogate code
+points (UTF-8 cannot encode them; ranges across the surrogate block skip it), counts above ``MAX_REPEAT``,
+patterns whose automaton would exceed ``MAX_NFA_STATES`` (a large counted repetition copies its operand).
 
 The NFA (``NFA``) has epsilon edges and byte-range edges; states that cannot reach the accepting state
 are pruned (``NFA.prune``), so every non-empty set of states a DFA reaches can still complete a match.
@@ -99,7 +104,6 @@ def utf8_sequences(lo: int, hi: int) -> list[list[tuple[int, int]]]:
 
 # --------------------------------------------------------------------------- parser -> AST
 # AST: ("set", ranges) | ("cat", [nodes]) | ("alt", [nodes]) | ("rep", node, lo, hi | None) | ("call", name)
-EMPTY = ("cat", [])
 
 
 class _Parser:
@@ -134,6 +138,7 @@ class _Parser:
 
     def cat(self):
         items = []
+        repeated = False            # items[-1] has a quantifier (another one after a comment: "multiple repeat")
         while True:
             c = self.peek()
             if c is None or c in "|)":
@@ -149,9 +154,30 @@ class _Parser:
                     self.i += 1
                     continue
                 self.error("anchors ('^') are only supported at the start of the pattern (or of a top-level branch)")
+            if self.p.startswith("(?#", self.i):
+                # a comment is nothing: a quantifier after it applies to the item before it, as in re
+                self.comment()
+                c = self.peek()
+                if items and c is not None and (c in "*+?" or c == "{" and self._counted() is not None):
+                    if repeated:
+                        self.error("multiple repeat")
+                    items[-1] = self.quantified(items[-1])
+                    repeated = True
+                continue
             atom = self.atom()
-            items.append(self.quantified(atom))
+            item = self.quantified(atom)
+            repeated = item is not atom
+            items.append(item)
         return items[0] if len(items) == 1 else ("cat", items)
+
+    def comment(self):
+        """Skip the (?#...) at self.i: it ends at the first ')' that is not escaped (as in re)."""
+        start, j = self.i, self.i + 3
+        while j < len(self.p) and self.p[j] != ")":
+            j += 2 if self.p[j] == "\\" else 1
+        if j >= len(self.p):
+            self.error("unterminated comment", start)
+        self.i = j + 1
 
     def quantified(self, atom):
         repeated = False
@@ -165,8 +191,11 @@ class _Parser:
                 self.i = self._counted_end
             else:
                 return atom
-            if self.peek() in ("?", "+"):       # lazy / possessive: the same language
+            if self.peek() == "?":              # lazy: the same language for a full match
                 self.i += 1
+            elif self.peek() == "+":            # possessive (re 3.11): no backtracking -- another language
+                self.error("possessive quantifiers are not supported (they do not backtrack: a*+a matches "
+                           "nothing)")
             if atom is None:
                 self.error("nothing to repeat", start)
             if hi is not None and hi < lo:
@@ -179,28 +208,36 @@ class _Parser:
             atom = ("rep", atom, lo, hi)
 
     def _counted(self):
-        """(lo, hi) when a '{' at self.i starts {n}, {n,}, {n,m} or {,m}; else None (a literal '{')."""
-        j = self.p.find("}", self.i)
-        if j < 0:
+        """(lo, hi) when the '{' at self.i starts {n}, {n,}, {n,m}, {,m} or {,} (as re: ASCII digits, no
+        spaces; {,} is {0,}); else None (a literal '{'). Sets self._counted_end past the '}'."""
+        p, n = self.p, len(self.p)
+
+        def digits(k):
+            while k < n and p[k] in "0123456789":
+                k += 1
+            return k
+
+        def num(text):              # (a count past MAX_REPEAT is refused: no need to convert all its digits)
+            text = text.lstrip("0")
+            return int(text or 0) if len(text) <= 9 else MAX_REPEAT + 1
+
+        k = digits(self.i + 1)
+        lo = p[self.i + 1:k]
+        if k < n and p[k] == ",":
+            j = k + 1
+            k = digits(j)
+            hi = num(p[j:k]) if k > j else None
+        elif not lo:
             return None
-        body = self.p[self.i + 1:j]
-        parts = body.split(",")
-        if len(parts) > 2 or not all(x.isdigit() or x == "" for x in parts) or parts == [""] or \
-                not all(x.isascii() for x in parts) or (len(parts) == 2 and parts == ["", ""]):
+        else:
+            hi = num(lo)
+        if k >= n or p[k] != "}":
             return None
-        self._counted_end = j + 1
-        if len(parts) == 1:
-            return int(parts[0]), int(parts[0])
-        return int(parts[0] or 0), (int(parts[1]) if parts[1] else None)
+        self._counted_end = k + 1
+        return num(lo), hi
 
     def atom(self):
         c = self.p[self.i]
-        if c == "(" and self.p.startswith("(?#", self.i):       # a comment
-            j = self.p.find(")", self.i)
-            if j < 0:
-                self.error("unterminated comment")
-            self.i = j + 1
-            return EMPTY
         if c == "(":
             start = self.i
             self.depth += 1
@@ -222,12 +259,13 @@ class _Parser:
                                                          and self.p[self.i + 2:self.i + 3] not in ("=", "!")):
                     j = self.p.find(">", self.i)
                     if j < 0:
-                        self.error("unterminated group name")
+                        self.error("unterminated group name", start)
+                    at = self.i + (3 if self.p[self.i + 1] == "P" else 2)
+                    if not self.p[at:j].isidentifier():
+                        self.error(f"bad group name {self.p[at:j]!r}", at)
                     self.i = j + 1
-                elif self.p.startswith(("?=", "?!", "?<=", "?<!"), self.i):
-                    self.error("lookarounds are not supported", start)
                 else:
-                    self.error("inline flags and other (?...) extensions are not supported", start)
+                    self.error(self._extension(), start)
             node = self.alt()
             if self.peek() != ")":
                 self.error("missing ')'", start)
@@ -246,8 +284,33 @@ class _Parser:
             self.error("nothing to repeat")
         if c == "{" and self._counted() is not None:
             self.error("nothing to repeat")
+        cp = self._scalar(ord(c), self.i)
         self.i += 1
-        return ("set", ((ord(c), ord(c)),))
+        return ("set", ((cp, cp),))
+
+    def _extension(self) -> str:
+        """Why the (?... extension at self.i (at its '?') is refused."""
+        x = self.p[self.i + 1:self.i + 3]
+        if x.startswith(("=", "!", "<=", "<!")):
+            return "lookarounds are not supported"
+        if x.startswith("P="):
+            return "backreferences are not supported"
+        if x.startswith(">"):
+            return "atomic groups are not supported"
+        if x.startswith("("):
+            return "conditionals are not supported"
+        if x.startswith(("R", "&", "P>")) or x[:1].isdigit() or (x[:1] in "+-" and x[1:].isdigit() and x[1:]):
+            return "recursion is not supported"
+        if x[:1] and x[:1] in "aiLmsux-^":
+            return "inline flags ((?i), (?s), (?x), ...) are not supported"
+        return f"unknown extension (?{x[:1]}"
+
+    def _scalar(self, cp: int, at: int) -> int:
+        """`cp`, unless it is a surrogate (UTF-8 cannot encode one: a text can never hold it)."""
+        if SURROGATES[0] <= cp <= SURROGATES[1]:
+            self.error(f"lone surrogate U+{cp:04X} (UTF-8 cannot encode it; write an astral character itself "
+                       f"or as \\UXXXXXXXX, not as a surrogate pair)", at)
+        return cp
 
     def escape(self, in_class: bool):
         """The escape at self.i: a code point (int) or a class (ranges tuple)."""
@@ -266,6 +329,14 @@ class _Parser:
             return CHAR_ESCAPES[c]
         if c == "b" and in_class:
             return 8
+        if c in "bB":
+            self.error(f"unsupported escape \\{c}: word boundaries are not supported", start)
+        if c in "AZzG":
+            self.error(f"unsupported escape \\{c}: anchors are not supported (the whole text is matched)", start)
+        if c in "pP":
+            self.error("Unicode property classes (\\p{...}) are not supported", start)
+        if c == "N":
+            self.error("named characters (\\N{...}) are not supported", start)
         n = {"x": 2, "u": 4, "U": 8}.get(c)
         if n:
             h = self.p[self.i:self.i + n]
@@ -275,12 +346,12 @@ class _Parser:
             v = int(h, 16)
             if v > MAX_CODEPOINT:
                 self.error(f"code point {h} out of range", start)
-            return v
-        if c.isdigit():
-            self.error("backreferences are not supported", start)
-        if c.isalnum() or c == "_":
+            return self._scalar(v, start)
+        if c in "123456789":
+            self.error("octal escapes are not supported" if in_class else "backreferences are not supported", start)
+        if c.isascii() and c.isalnum():     # (as re: any other character after a backslash is itself)
             self.error(f"bad or unsupported escape \\{c}", start)
-        return ord(c)
+        return self._scalar(ord(c), start)
 
     def char_class(self):
         start = self.i
@@ -298,6 +369,7 @@ class _Parser:
                 self.i += 1
                 break
             first = False
+            at = self.i
             lo = self._class_item()
             if isinstance(lo, tuple):
                 ranges.extend(lo)
@@ -306,9 +378,9 @@ class _Parser:
                 self.i += 1
                 hi = self._class_item()
                 if isinstance(hi, tuple):
-                    self.error("bad character range (a class escape as its end)")
+                    self.error("bad character range (a class escape as its end)", at)
                 if hi < lo:
-                    self.error(f"bad character range {chr(lo)!r}-{chr(hi)!r}")
+                    self.error(f"bad character range {chr(lo)!r}-{chr(hi)!r}", at)
                 ranges.append((lo, hi))
             else:
                 ranges.append((lo, lo))
@@ -321,7 +393,7 @@ class _Parser:
         if c == "[" and self.p[self.i + 1:self.i + 2] in (":", "=", "."):
             self.error("POSIX classes are not supported")
         self.i += 1
-        return ord(c)
+        return self._scalar(ord(c), self.i - 1)
 
 
 def parse(pattern: str, calls: bool = False):
