@@ -8,37 +8,44 @@ parses (and Python ``re.fullmatch`` agrees with): literals, escaped metacharacte
 backreferences. An impossible branch is dropped; an impossible schema raises JSONSchemaError.
 
 Supported (draft 2020-12 / OpenAI structured-outputs subset): ``type`` (a name or a list); ``enum``,
-``const``; string ``minLength``, ``maxLength``, ``pattern``, ``format`` (date-time, date, time: RFC 3339
-with upper-case T/Z and no leap second; uuid; ipv4; email and uri simplified); integer ``minimum``,
-``maximum``, ``exclusiveMinimum``, ``exclusiveMaximum`` (numbers or draft-4 booleans; non-integer bounds
-round inward), ``multipleOf`` 1; number: the same bounds when they are integers; boolean; null; object
-``properties``, ``required``, ``additionalProperties``, ``minProperties`` (0 or 1) / ``maxProperties`` (without
-``properties``; with them when implied by ``required``, or minProperties 1 or all); array ``items``,
-``prefixItems``, ``minItems``, ``maxItems``, ``uniqueItems`` false; ``anyOf``, ``oneOf``, ``allOf`` (merged
-when the parts don't conflict); ``$ref`` to "#..." JSON pointers (``$defs``, ``definitions``, "#"), recursion
-included. Annotations (title, description, default, examples, $schema, $id, $comment, deprecated, readOnly,
-writeOnly, $defs, definitions, contentEncoding, contentMediaType, contentSchema, ``x-*`` extensions, OpenAPI's
+``const``; string ``minLength``, ``maxLength``, ``pattern``, ``format`` (date-time, date, time: RFC 3339 with
+upper-case T/Z and no leap second; uuid; ipv4; uri: RFC 3986 without IP-literal hosts; email simplified:
+dot-atom@host); integer ``minimum``, ``maximum``, ``exclusiveMinimum``, ``exclusiveMaximum`` (numbers or
+draft-4 booleans; non-integer bounds round inward), ``multipleOf`` 1; number: the same bounds when they are
+integers; boolean; null; object ``properties``, ``required``, ``additionalProperties``, ``minProperties`` (0
+or 1) / ``maxProperties`` (without ``properties``; with them when implied by ``required``, or minProperties 1
+or all); array ``items``, ``prefixItems``, ``minItems``, ``maxItems``, ``uniqueItems`` false; ``anyOf``,
+``oneOf``, ``allOf`` (merged when the parts don't conflict; a part's ``additionalProperties`` / ``items`` also
+constrain another part's ``properties`` / ``prefixItems``, which are additional to it); ``$ref`` to "#..."
+JSON pointers (``$defs``, ``definitions``, "#"; percent-encoded as URI fragments are), recursion included.
+Annotations (title, description, default, examples, $schema, $id, $comment, deprecated, readOnly, writeOnly,
+$defs, definitions, contentEncoding, contentMediaType, contentSchema, ``x-*`` extensions, OpenAPI's
 discriminator (which the ``oneOf`` it goes with already expresses), example, externalDocs, xml and nullable
-(so null is never generated for it: a narrowing)) are ignored; any other keyword raises JSONSchemaError, whose message names
-the schema's JSON-pointer path.
+(so null is never generated for it: a narrowing)) are ignored; any other keyword raises JSONSchemaError, whose
+message names the schema's JSON-pointer path.
 
-Deliberate deviations; each narrows what matches except the two marked (*), which let through instances a
+Deliberate deviations; each narrows what matches except the one marked (*), which lets through instances a
 strict validator refuses:
   * Keys come in the declared ``properties`` order, and when ``properties`` is given no other key is
     generated whatever ``additionalProperties`` says (as in OpenAI strict mode and outlines); likewise
     ``prefixItems`` without ``items`` allows nothing after the tuple.
   * Whitespace: the ``whitespace`` regex (default ``[ ]?``, which keeps models from looping on spaces) goes
     after ``{ [ , :`` and before ``} ] , :``; never around the top-level value, inside strings or numbers.
-  * Where a string is constrained by ``pattern``, ``format`` or ``enum``, its characters are written the way
-    a JSON encoder writes them (raw, or ``\\" \\\\ \\n``... for quote, backslash and controls);
-    ``minLength``/``maxLength`` count an escape as one character (*: a surrogate pair written as two ``\\uXXXX``
-    escapes counts as two, though it decodes to one character).
+  * Where a string is constrained by ``pattern``, ``format``, ``enum`` or ``const``, and in property names,
+    its characters are written the way a JSON encoder writes them (raw, or ``\\" \\\\ \\n``... for quote,
+    backslash and controls); objects in ``enum`` / ``const`` keep their key order. ``minLength`` /
+    ``maxLength`` count code points after unescaping (an escape is one, a surrogate pair written as two
+    ``\\uXXXX`` escapes is one); such strings have no lone surrogate escape.
   * ``pattern`` must match the whole string (like outlines; JSON Schema would search); it is parsed by
-    regex.py (its subset: lookarounds, backreferences, ``\\b``, inline flags and inner anchors are refused;
-    ``\\d \\w \\s`` are ASCII, so ECMA-262's Unicode spaces are not generated for ``\\s``) and each of its
-    character classes becomes the JSON text of those characters; ``pattern`` or ``format`` together with
-    lengths are refused (regexes can't be intersected here).
-  * Integers never match "-0"; bounded numbers have no exponent and no negative zero.
+    regex.py (its subset: lookarounds, backreferences, ``\\b``, inline flags and inner anchors are refused)
+    with ECMA-262's meaning where it differs from Python's (``_ecma``): ``.`` excludes \\r, U+2028 and U+2029
+    too, ``\\S`` excludes ECMA's Unicode spaces (NBSP, U+3000, U+FEFF...), ``\\d \\w`` are ASCII, and ``\\s``
+    generates ASCII spaces only (except inside a negated class); each character class becomes the JSON text
+    of those characters; ``pattern`` or ``format`` together with lengths are refused (regexes can't be
+    intersected here).
+  * Integers never match "-0" or "1.0"; bounded numbers have no exponent and no negative zero. Bounds hold
+    for the decimal value written: "0.99999999999999999" is below ``exclusiveMaximum`` 1 though a reader
+    that parses it as a binary float gets 1.0.
   * A schema without ``type`` but with type-specific keywords means the types those keywords constrain.
   * Other ``format`` values are annotations (ignored). ``oneOf`` is ``anyOf`` (*: exclusivity is not enforced).
   * What guided decoding runs is ``json_schema_guide``: schema-free values ({}, true, objects without
@@ -58,6 +65,7 @@ import contextlib
 import json
 import math
 import re
+from urllib.parse import unquote
 
 from ..shorten import show as _short
 from .pda import LeftRecursionError, RuleSet, RuleSetError, compile_rules
@@ -82,6 +90,9 @@ MAX_SCHEMA_DEPTH = 128          # keyword nesting (path components) of a schema
 NEVER = r"[^\x00-\U0010FFFF]"
 
 _CHAR = r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
+# one code point of a string whose length is counted: a surrogate pair's two escapes together, no lone surrogate
+_CODE_POINT = (r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u(?:[0-9a-cA-CefEF][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}|'
+               r'[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}))')
 _STRING = f'"{_CHAR}*"'
 _NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
 _SCALARS = f"{_STRING}|{_NUMBER}|true|false|null"
@@ -94,13 +105,17 @@ _TIME = rf"{_H}:{_M}:{_M}(?:\.[0-9]+)?(?:Z|[+\-]{_H}:{_M})"
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9\-]*[A-Za-z0-9])?"
 _ATOM = r"[A-Za-z0-9!#$%&'*+/=?\^_`{|}~\-]+"
-_URIC = r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/?]|%[0-9A-Fa-f]{2})"
+_PCT, _US = r"%[0-9A-Fa-f]{2}", r"A-Za-z0-9\-._~!$&'()*+,;="     # RFC 3986: unreserved and sub-delims
+_PCHAR, _SEGS = rf"(?:[{_US}:@]|{_PCT})", rf"(?:/(?:[{_US}:@]|{_PCT})*)*"
+_AUTH = rf"(?:(?:[{_US}:]|{_PCT})*@)?(?:[{_US}]|{_PCT})*(?::[0-9]*)?"     # host: a reg-name (IPv4 is one)
+_QUERY = rf"(?:{_PCHAR}|[/?])*"
 FORMATS = {
     "date": _DATE, "time": _TIME, "date-time": f"{_DATE}T{_TIME}",
     "uuid": "-".join(f"[0-9a-fA-F]{{{n}}}" for n in (8, 4, 4, 4, 12)),
     "ipv4": rf"{_OCTET}(?:\.{_OCTET}){{3}}",
     "email": rf"{_ATOM}(?:\.{_ATOM})*@{_LABEL}(?:\.{_LABEL})+",
-    "uri": rf"[A-Za-z][A-Za-z0-9+.\-]*:{_URIC}+(?:#{_URIC}*)?",
+    "uri": rf"[A-Za-z][A-Za-z0-9+.\-]*:(?://{_AUTH}{_SEGS}|/(?:{_PCHAR}+{_SEGS})?|{_PCHAR}+{_SEGS})?"
+           rf"(?:\?{_QUERY})?(?:#{_QUERY})?",
 }
 _ANNOTATIONS = {"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
                 "readOnly", "writeOnly", "$defs", "definitions", "contentEncoding", "contentMediaType",
@@ -225,6 +240,48 @@ def decimal_range_regex(lo, lox, hi, hix):
 
 
 # ---------------------------------------------------------------- pattern: value regex -> content regex
+_ECMA_SPACE = ((0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A), (0x2028, 0x2029),
+               (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF))     # ECMA-262 \s
+_ECMA_LINE_END = ((0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029))
+
+
+def _items(ranges):
+    return "".join(_u(lo) if lo == hi else f"{_u(lo)}-{_u(hi)}" for lo, hi in ranges)
+
+
+def _ecma(pattern):
+    """A JSON Schema (ECMA-262) ``pattern`` in regex.py's dialect (Python's): '.' excludes all of ECMA's line
+    terminators, not only \\n; \\S (and \\s in a negated class) mean ECMA's Unicode spaces; \\s elsewhere
+    stays ASCII (a narrowing)."""
+    out, i, cls = [], 0, None              # cls: None outside a class, else (where its items start, negated)
+    while i < len(pattern):
+        c, nxt = pattern[i], pattern[i + 1:i + 2]
+        if c == "\\" and nxt in ("s", "S"):
+            if cls is None:
+                out.append(rf"[^{_items(_ECMA_SPACE)}]" if nxt == "S" else r"\s")
+            else:
+                out.append(_items(negate(_ECMA_SPACE)) if nxt == "S" else _items(_ECMA_SPACE) if cls[1] else r"\s")
+            i += 2
+        elif c == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+        elif cls is None and pattern.startswith("(?#", i):      # a comment, kept as it is
+            j = pattern.find(")", i) % (len(pattern) + 1) + 1
+            out.append(pattern[i:j])
+            i = j
+        elif cls is None and c == "[":
+            j = i + 1 + (nxt == "^")
+            cls = (j, j > i + 1)
+            out.append(pattern[i:j])
+            i = j
+        else:
+            if cls is not None and c == "]" and i > cls[0]:
+                cls = None
+            out.append(f"[^{_items(_ECMA_LINE_END)}]" if c == "." and cls is None else c)
+            i += 1
+    return "".join(out)
+
+
 _PLAIN = {(0, None), (1, None), (0, 1)}     # * + ?: no copies
 
 
@@ -253,6 +310,18 @@ def _content(node):
 # ---------------------------------------------------------------- the translator
 def _key(name):
     return escape(json.dumps(name, ensure_ascii=False))
+
+
+def _json_eq(a, b):
+    """JSON equality: numbers by value (1 == 1.0), booleans only equal booleans, at any depth."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_eq(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(map(_json_eq, a, b))
+    num = (int, float)
+    if isinstance(a, num) and isinstance(b, num) and isinstance(a, bool) == isinstance(b, bool):
+        return a == b
+    return type(a) is type(b) and a == b
 
 
 def _type_ok(v, types):
@@ -302,8 +371,8 @@ class _Translator:
         return text
 
     def count(self, s, key, path, default=None):
-        v = s.get(key, default)
-        if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 and (
+        v = s[key] if key in s else default
+        if key in s and not (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 and (
                 isinstance(v, int) or v.is_integer())):
             self.err(path, f"{key!r} must be a non-negative integer, not {v!r}")
         return None if v is None else int(v)
@@ -363,8 +432,7 @@ class _Translator:
             if not isinstance(vals, list) or not vals:
                 self.err(path, "'enum' must be a non-empty array")
             if "const" in s:                # both: the enum values equal to the const (1 == 1.0, True != 1)
-                vals = [v for v in vals if v == s["const"] and (type(v) is type(s["const"]) or not (
-                    {type(v), type(s["const"])} - {int, float}))]
+                vals = [v for v in vals if _json_eq(v, s["const"])]
             return _alt([self.literal(v, path) for v in vals if "type" not in s or _type_ok(v, types)])
         if not keys:
             return self.any(level)
@@ -387,9 +455,10 @@ class _Translator:
             return False if b is False else a
         if not isinstance(b, dict):
             self.err(path, f"expected a schema object or boolean, got {b!r}")
+        a, b = self.constrain(a, b), self.constrain(b, a)
         out = dict(a)
         for k, v in b.items():
-            if k not in out or k in _ANNOTATIONS or out[k] == v:
+            if k not in out or k in _ANNOTATIONS or isinstance(k, str) and k.startswith("x-") or out[k] == v:
                 out.setdefault(k, v)
             elif k == "type":               # intersection; a number may be an integer
                 ta, tb = ([t] if isinstance(t, str) else list(t) for t in (out[k], v))
@@ -405,10 +474,23 @@ class _Translator:
                 self.err(path, f"merging two different {k!r} (allOf, or anyOf/oneOf with siblings) is not supported")
         return out
 
+    @staticmethod
+    def constrain(x, y):
+        """``x`` with its ``properties`` (``prefixItems``) also held to ``y``'s ``additionalProperties``
+        (``items``) when ``y`` lists none: for ``y`` those keys (positions) are additional."""
+        x = dict(x)
+        if isinstance(x.get("properties"), dict) and "properties" not in y and y.get(
+                "additionalProperties", True) not in (True, {}):
+            x["properties"] = {k: {"allOf": [v, y["additionalProperties"]]} for k, v in x["properties"].items()}
+        if isinstance(x.get("prefixItems"), list) and "prefixItems" not in y and y.get(
+                "items", True) not in (True, {}):
+            x["prefixItems"] = [{"allOf": [v, y["items"]]} for v in x["prefixItems"]]
+        return x
+
     def ref(self, ref, path, level):
         if not isinstance(ref, str) or not ref.startswith("#") or ref[1:2] not in ("", "/"):
             self.err(path, f"'$ref' {ref!r}: only local JSON-pointer references ('#', '#/...') are supported")
-        target, pointer = self.root, ref[1:]
+        target, pointer = self.root, unquote(ref[1:])      # a URI fragment: percent-encoded (RFC 6901 6.)
         for tok in pointer.split("/")[1:]:
             tok = tok.replace("~1", "/").replace("~0", "~")
             try:
@@ -428,7 +510,7 @@ class _Translator:
 
     def types(self, s, path):
         t = s.get("type")
-        if t is None:
+        if "type" not in s:
             return [k for k, kws in _BY_TYPE.items() if kws & set(s)] or list(_TYPES)
         t = [t] if isinstance(t, str) else t
         if not isinstance(t, list) or not t or any(x not in _TYPES for x in t):
@@ -457,9 +539,10 @@ class _Translator:
         if ("pattern" in s or fmt) and (lo or hi is not None):
             self.err(path, f"'minLength'/'maxLength' with {'format' if fmt else 'pattern'} is not supported")
         if "pattern" not in s:
-            return f'"{fmt if fmt else self.rep(_CHAR, lo, hi, path)}"'
+            return f'"{fmt if fmt else self.rep(_CHAR if (lo, hi) == (0, None) else _CODE_POINT, lo, hi, path)}"'
         try:
-            body, copies = _content(parse_regex(s["pattern"]))
+            parse_regex(s["pattern"])       # (errors name positions in the pattern as given)
+            body, copies = _content(parse_regex(_ecma(s["pattern"])))
         except RegexError as e:
             self.err(path, f"'pattern' {s['pattern']!r} is not supported: {e}")
         self.charge(copies, path)
@@ -647,8 +730,8 @@ def json_schema_guide(schema, whitespace: str | None = None):
         compile_rules(rs)
     except LeftRecursionError:
         return json_schema_to_regex(data, whitespace)
-    except RuleSetError as e:
-        raise JSONSchemaError(f"schema at /: {e}") from None
+    except RuleSetError as e:             # (a rule set built here only fails when its recursion never ends)
+        raise JSONSchemaError(f"schema at /: no JSON value satisfies the schema ({e})") from None
     return rs
 
 
