@@ -179,6 +179,37 @@ def test_penalties_match_reference():
     assert torch.equal(out.token_ids, want.argmax(-1))
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_penalties_sparse_equal_the_dense_rule(seed):
+    """apply_penalties works on the seen ids only (gather / scatter): the same values as the rule written as
+    masks over the whole vocabulary, exactly -- duplicates, padding, rows without penalties or without any
+    seen id, NaN / +-inf / -0.0 logits, float32 and float64."""
+    from decodekit.sampling.sampler import apply_penalties_dense
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    B, V = rng.choice([(1, 5), (7, 33), (16, 1000)])
+    dtype = rng.choice([torch.float32, torch.float64])
+    logits = (torch.randn(B, V, generator=g) * 4).to(dtype)
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0], dtype=dtype)
+    for _ in range(B * 2):
+        logits[rng.randrange(B), rng.randrange(V)] = special[rng.randrange(5)]
+    lp = [rng.choice([0, 1, rng.randrange(1, 3 * V)]) for _ in range(B)]
+    lo = [rng.choice([0, 1, rng.randrange(1, 3 * V)]) for _ in range(B)]
+    pad = lambda rows: torch.tensor([r + [V] * (max(map(len, rows)) + 1 - len(r)) for r in rows])
+    prompts = pad([[rng.randrange(V) for _ in range(n)] for n in lp])
+    outputs = pad([[rng.randrange(min(V, 4)) if rng.random() < 0.5 else rng.randrange(V) for _ in range(n)]
+                   for n in lo])
+    rep = torch.tensor([rng.choice([1.0, 0.5, 1.3, 2.0]) for _ in range(B)], dtype=dtype)
+    pres = torch.tensor([rng.choice([0.0, rng.uniform(-2, 2)]) for _ in range(B)], dtype=dtype)
+    freq = torch.tensor([rng.choice([0.0, rng.uniform(-2, 2)]) for _ in range(B)], dtype=dtype)
+    rep[0], pres[0], freq[0] = 1.0, 0.0, 0.0
+    got = apply_penalties(logits, prompts, outputs, rep, pres, freq)
+    want = apply_penalties_dense(logits, prompts, outputs, rep, pres, freq)
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    assert got[0].view(-1).numpy().tobytes() == logits[0].numpy().tobytes()     # untouched, bit for bit
+    assert got.data_ptr() != logits.data_ptr()
+
+
 def test_penalties_steer_sampling():
     V = 10
     logits = torch.zeros(1, V)

@@ -23,7 +23,7 @@ from decodekit.quant.load import quantize_projections
 from decodekit.sampling import SamplingParams
 from decodekit.sampling.beam_search import BeamSearchParams
 from decodekit.sampling.reasoning import get_reasoning_parser, prompt_mode
-from decodekit.sampling.sampler import Sampler, SamplingMetadata, request_seeds, set_global_seed
+from decodekit.sampling.sampler import Sampler, SamplingMetadata, penalty_prompt, request_seeds, set_global_seed
 from decodekit.tokenizer.detokenizer import IncrementalDetokenizer
 
 from .args import EngineArgs, parse_bytes
@@ -647,7 +647,7 @@ class LLMEngine:
             x = logits if len(plain) == len(rows) else logits.index_select(
                 0, torch.tensor([starts[i] for i in plain], device=logits.device))
             md = SamplingMetadata.build([r.sampling_params for r in reqs], [r.output_token_ids for r in reqs],
-                                        [r.prompt_token_ids for r in reqs], [self._seed_of(r.request_id) for r in reqs],
+                                        [penalty_prompt(r) for r in reqs], [self._seed_of(r.request_id) for r in reqs],
                                         None,
                                         self.eos_token_ids, logits.device, V)
             lp = self._lists(self.sampler(x, md))

@@ -26,7 +26,7 @@ import time
 import torch
 
 from decodekit import ops
-from decodekit.sampling.sampler import Sampler, SamplerOutput, SamplingMetadata
+from decodekit.sampling.sampler import Sampler, SamplerOutput, SamplingMetadata, penalty_prompt
 from decodekit.spec.adaptive import AdaptiveK, StepCostModel
 
 SPEC_METHODS = ("ngram", "draft", "layerskip")
@@ -94,7 +94,7 @@ class SpecDecoder:
             for j in range(len(d) + 1):
                 params.append(r.sampling_params)
                 outs.append(r.output_token_ids + d[:j] if j and pen else r.output_token_ids)
-                prompts.append(r.prompt_token_ids)
+                prompts.append(penalty_prompt(r))
                 sds.append(seed)
                 steps.append(r.num_output_tokens + j)
         dev = logits.device

@@ -36,7 +36,7 @@ from typing import Callable
 import torch
 
 from decodekit.sampling.philox import STREAM_SPEC_DRAFT
-from decodekit.sampling.sampler import Sampler, SamplingMetadata
+from decodekit.sampling.sampler import Sampler, SamplingMetadata, penalty_prompt
 
 from .ngram import NgramProposer
 
@@ -131,7 +131,7 @@ class ModelDrafter:
 
         def metadata(js: list[int]) -> SamplingMetadata:
             return SamplingMetadata.build([params[j] for j in js], [outs[j] for j in js],
-                                          [reqs[j].prompt_token_ids for j in js],
+                                          [penalty_prompt(reqs[j]) for j in js],
                                           [sampling.seed_of(reqs[j].request_id) for j in js],
                                           [reqs[j].num_output_tokens + index for j in js], sampling.eos_token_ids,
                                           dev, sampling.vocab_size)
