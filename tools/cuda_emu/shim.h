@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -133,6 +134,17 @@ inline std::set<void*> distinct;
 inline int last_threads = 0;
 inline int workers = 2;
 inline size_t stack_bytes = 64 * 1024;
+// The options every emulator test takes: --reverse | --random | --greedy (the fiber order) and --workers N.
+// Returns whether argv[i] was one (i then past its value).
+inline bool parse_common_arg(int argc, char** argv, int& i) {
+  const std::string a = argv[i];
+  if (a == "--reverse") order = kReverse;
+  else if (a == "--random") order = kRandom;
+  else if (a == "--greedy") order = kGreedy;
+  else if (a == "--workers" && i + 1 < argc) workers = atoi(argv[++i]);
+  else return false;
+  return true;
+}
 // dynamic shared memory (extern __shared__ in the kernels; dk_emu::dynamic_smem() here): thread_local
 // like the static arrays, so that smem_handle's 32-bit offsets reach it
 // The kernels' dynamic shared memory starts kDynSmemOffset bytes into a 1024-byte aligned buffer (the buffer's

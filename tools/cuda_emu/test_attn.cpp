@@ -557,14 +557,11 @@ int main(int argc, char** argv) {
   std::string decode = "both";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--reverse") dk_emu::order = dk_emu::kReverse;
-    if (a == "--random") dk_emu::order = dk_emu::kRandom;
-    if (a == "--greedy") dk_emu::order = dk_emu::kGreedy;
+    if (dk_emu::parse_common_arg(argc, argv, i)) continue;
     if (a == "--cp-async") {  // when cp.async copies land: early | late | mixed (default)
       const std::string m = argv[++i];
       dk_emu::cp_async_mode = m == "early" ? dk_emu::kCpEarly : m == "late" ? dk_emu::kCpLate : dk_emu::kCpMixed;
     }
-    if (a == "--workers") dk_emu::workers = atoi(argv[++i]);
     if (a == "--only") { filter = argv[++i]; full = false; }
     if (a == "--decode") decode = argv[++i];  // both (default) | tc | simt
   }

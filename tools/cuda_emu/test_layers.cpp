@@ -483,11 +483,8 @@ int main(int argc, char** argv) {
   std::string only;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--reverse") dk_emu::order = dk_emu::kReverse;
-    else if (a == "--random") dk_emu::order = dk_emu::kRandom;
-    else if (a == "--greedy") dk_emu::order = dk_emu::kGreedy;
-    else if (a == "--workers" && i + 1 < argc) dk_emu::workers = atoi(argv[++i]);
-    else if (a == "--only" && i + 1 < argc) only = argv[++i];
+    if (dk_emu::parse_common_arg(argc, argv, i)) continue;
+    if (a == "--only" && i + 1 < argc) only = argv[++i];
     else { fprintf(stderr, "usage: test_layers [--reverse|--random|--greedy] [--only norm|rope|silu|splitk] [--workers N]\n"); return 2; }
   }
   all<float>(only);

@@ -142,12 +142,7 @@ static void run(int64_t B, int64_t V, int64_t stride, Kind kind, unsigned cap = 
 
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--reverse") dk_emu::order = dk_emu::kReverse;
-    else if (a == "--random") dk_emu::order = dk_emu::kRandom;
-    else if (a == "--greedy") dk_emu::order = dk_emu::kGreedy;
-    else if (a == "--workers" && i + 1 < argc) dk_emu::workers = atoi(argv[++i]);
-    else { fprintf(stderr, "usage: test_sort [--reverse|--random|--greedy] [--workers N]\n"); return 2; }
+    if (!dk_emu::parse_common_arg(argc, argv, i)) { fprintf(stderr, "usage: test_sort [--reverse|--random|--greedy] [--workers N]\n"); return 2; }
   }
   // row counts on both sides of each power of two (the key's row bits: 0 .. 11)
   for (int64_t B : {1, 2, 3, 4, 5, 8, 9})
