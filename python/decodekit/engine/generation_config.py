@@ -5,7 +5,8 @@ recommend temperature, top_p, top_k, min_p, repetition_penalty and (HF) max_new_
 "auto" (the default, as vLLM) those become the defaults of requests that leave the field out: the server's
 /v1/completions and /v1/chat/completions and LLM.generate / LLM.chat called without SamplingParams
 (LLM.get_default_sampling_params). max_new_tokens caps max_tokens. "vllm" ignores the model's file; a
-directory or file path reads that generation_config.json instead. Explicit request fields always win.
+directory or file path reads that generation_config.json instead; override_generation_config's fields
+replace those (a null one unsets the model's). Explicit request fields always win.
 
 As vLLM (transformers' GenerationConfig.to_diff_dict): an HF file's values equal to transformers' own defaults
 (temperature 1, top_p 1, top_k 50, repetition_penalty 1) are not recommendations and are dropped, and
@@ -93,7 +94,8 @@ def generation_defaults(setting: str, source: str, override: dict | None = None)
         bad = next((k for k in override if k not in HF_KEYS), None)
         if bad is not None:
             raise ValueError(f"override_generation_config: unknown key {bad!r} (allowed: {', '.join(HF_KEYS)})")
-        found = {**found, **{k: v for k, v in override.items() if v is not None}}
+        # (as vLLM's dict update: a null override unsets the model's field, leaving the library default)
+        found = {k: v for k, v in {**found, **override}.items() if v is not None}
         where = f"{where} + override_generation_config" if where else "override_generation_config"
     for k, v in found.items():     # (a bool is no number here: true would pass as temperature 1.0)
         integral = k in ("top_k", "max_new_tokens")
