@@ -17,8 +17,9 @@ tool-call parser):
   ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, text around them is content) or
   ``llama3_json`` (Llama 3.1+: a reply that is ``{"name": ..., "parameters": {...}}`` objects, ``;``-separated,
   after an optional ``<|python_tag|>``), ``mistral`` (Mistral: ``[TOOL_CALLS]`` then a JSON array of
-  ``{"name": ..., "arguments": {...}}``, or ``[TOOL_CALLS]name[ARGS]{...}`` per call (v11 tokenizers); text
-  before it is content; the request keeps special tokens in its text, as vLLM does, so the tag survives) or
+  ``{"name": ..., "arguments": {...}}``, or ``[TOOL_CALLS]name[ARGS]{...}`` (or ``name{...}``) per call (v11
+  tokenizers); text before it is content; the request keeps special tokens in its text, as vLLM does, so the
+  tag survives) or
   ``pythonic`` (Llama 3.2 / 4: a reply that is a Python list of calls with keyword literal arguments,
   ``[get_weather(city="Paris"), f(x=1)]``, read with ``ast``, never evaluated); calls must name one of the
   tools and parse, else the text stays content. Streamed, content goes out until a call may begin, the calls at the end. Without a parser "auto" is
@@ -242,6 +243,7 @@ HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
 MISTRAL_TAG, MISTRAL_ARGS = "[TOOL_CALLS]", "[ARGS]"
 PYTHONIC_TAGS = ("<|python_start|>", "<|python_end|>")     # Llama 4 wraps pythonic calls in them
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")       # (json.loads joins pairs: any left is alone)
 
 
 def _call(obj, names: set[str], args_key: str) -> dict | None:
@@ -259,12 +261,14 @@ def _call(obj, names: set[str], args_key: str) -> dict | None:
         text = json.dumps(args, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError, RecursionError):    # (pythonic literals: sets, bytes, complex, nan)
         return None
+    # a lone surrogate (written as an escape, "\ud83d") stays one, escaped: the reply goes out as UTF-8
+    text = _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
     return {"id": new_call_id(), "type": "function", "function": {"name": obj["name"], "arguments": text}}
 
 
 def _mistral_calls(body: str, names: set[str]) -> list[dict] | None:
-    """The calls after a [TOOL_CALLS] tag: a JSON array of {name, arguments}, or name[ARGS]{...} parts (each
-    after its own tag); None unless all of it parses into calls of known tools."""
+    """The calls after a [TOOL_CALLS] tag: a JSON array of {name, arguments}, or name[ARGS]{...} (or name{...})
+    parts (each after its own tag); None unless all of it parses into calls of known tools."""
     body = body.strip()
     dec = json.JSONDecoder()
     try:
@@ -274,17 +278,21 @@ def _mistral_calls(body: str, names: set[str]) -> list[dict] | None:
                 return None
             calls = [_call(o, names, "arguments") for o in objs]
             return None if None in calls else calls
-        calls = []
-        for part in body.split(MISTRAL_TAG):
-            name, sep, args = part.partition(MISTRAL_ARGS)
-            args = args.strip()
-            if not sep:
+        calls, i = [], 0
+        while True:         # the parts in order, each JSON read whole: a tag may be quoted in the arguments
+            k, b = body.find(MISTRAL_ARGS, i), body.find("{", i)
+            a = b if 0 <= b < k or k < 0 else k + len(MISTRAL_ARGS)    # (name{...}: vLLM's v11 text form)
+            if b < 0:
                 return None
-            obj, end = dec.raw_decode(args)
-            if args[end:].strip():
+            name = body[i:min(x for x in (k, b) if x >= 0)].strip()
+            obj, i = dec.raw_decode(body, a + len(body[a:]) - len(body[a:].lstrip()))
+            calls.append(_call({"name": name, "arguments": obj}, names, "arguments"))
+            rest = body[i:].lstrip()
+            if not rest:
+                return None if None in calls else calls
+            if not rest.startswith(MISTRAL_TAG):
                 return None
-            calls.append(_call({"name": name.strip(), "arguments": obj}, names, "arguments"))
-        return None if None in calls else calls
+            i = len(body) - len(rest) + len(MISTRAL_TAG)
     except (ValueError, RecursionError):
         return None
 
@@ -332,18 +340,21 @@ def parse_auto(parser: str, text: str, tools: list[dict]) -> tuple[str | None, l
                 content.append(text[i:])
                 break
             content.append(text[i:j])
-            k = text.find(HERMES_CLOSE, j)
-            body = text[j + len(HERMES_OPEN):k if k >= 0 else len(text)].strip()
+            # the JSON read first, then the closing tag (or the end): a tag may be quoted in its strings
+            b = j + len(HERMES_OPEN)
+            k = b + len(text[b:]) - len(text[b:].lstrip())
             try:
-                call = _call(json.loads(body), names, "arguments")
+                obj, k = dec.raw_decode(text, k)
+                call = _call(obj, names, "arguments")
             except (ValueError, RecursionError):
                 call = None
-            if call is None:
+            rest = text[k:].lstrip()
+            if call is None or not (rest == "" or rest.startswith(HERMES_CLOSE)):
                 return text, None
             calls.append(call)
-            if k < 0:
+            if not rest:
                 break
-            i = k + len(HERMES_CLOSE)
+            i = len(text) - len(rest) + len(HERMES_CLOSE)
         if not calls:
             return text, None
         # the text around the calls, as the stream sends it: what precedes the first call without its trailing
