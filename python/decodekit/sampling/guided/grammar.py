@@ -24,16 +24,16 @@ array -> value, an arithmetic grammar's factor -> expr) each cost one level, and
 levels are open on any path; deeper branches are cut, so the guide accepts only outputs that nest at most
 that deep: a subset of the grammar's language, never a string outside it. The depth starts at MAX_DEPTH and
 comes down until the regex fits MAX_REGEX_CHARS (60k characters, under a second to compile against a 49k
-vocabulary). Each level inlines the recursive rules again, so the regex grows about 4x per level: llama.cpp's
-JSON grammar fits 3 containers deep (the top-level object and two nested), a four-rule arithmetic grammar 4
-parentheses deep. A grammar that does not fit at depth 0 raises GrammarError.
+vocabulary) and its automaton regex.py's MAX_NFA_STATES (counts multiply: root{4} inside root). Each level
+inlines the recursive rules again, so the regex grows about 4x per level: llama.cpp's JSON grammar fits 3
+containers deep (the top-level object and two nested), a four-rule arithmetic grammar 4 parentheses deep. A grammar that does not fit at depth 0 raises GrammarError.
 """
 from __future__ import annotations
 
 import sys
 
 from .pda import LeftRecursionError, RuleSet, RuleSetError, compile_rules
-from .regex import MAX_CODEPOINT, RegexError, escape, negate, repeat
+from .regex import MAX_CODEPOINT, MAX_NFA_STATES, RegexError, escape, negate, repeat, utf8_sequences
 from .regex import parse as parse_regex
 
 MAX_GRAMMAR_CHARS = 100_000
@@ -517,6 +517,22 @@ def grammar_guide(text: str):
         return grammar_to_regex(text)
 
 
+def _nfa_states(node, memo: dict) -> int:
+    """At least as many states as regex.py's Thompson construction builds for a regex AST (compile_nfa refuses
+    more than MAX_NFA_STATES, and only after building them: seconds): counts of repetitions multiply."""
+    k = node[0]
+    if k == "set":
+        if node[1] not in memo:
+            memo[node[1]] = 2 + sum(len(q) - 1 for lo, hi in node[1] for q in utf8_sequences(lo, hi))
+        return memo[node[1]]
+    if k == "call":
+        return 2
+    if k in ("cat", "alt"):
+        return 2 + sum(_nfa_states(x, memo) for x in node[1])
+    _, child, lo, hi = node
+    return 2 + _nfa_states(child, memo) * (lo + 1 if hi is None else max(hi, 1))
+
+
 def grammar_to_regex(text: str, max_depth: int | None = None) -> str:
     """The regex of a GBNF grammar's root rule, recursion unrolled (see the module docstring)."""
     rules = parse_grammar(text)
@@ -540,11 +556,14 @@ def grammar_to_regex(text: str, max_depth: int | None = None) -> str:
                                    "recursive rule have a way out?)")
             if len(r) <= MAX_REGEX_CHARS:
                 try:
-                    parse_regex(r)          # within the guide's regex bounds (group nesting, size)
-                    return r
+                    ast = parse_regex(r)    # within the guide's regex bounds (group nesting, size)
                 except RegexError as e:
                     last = f"its regex is beyond the guide's bounds ({e})"
                     continue
+                if _nfa_states(ast, {}) <= MAX_NFA_STATES:    # and its automaton's (counts multiply)
+                    return r
+                last = f"its automaton needs more than {MAX_NFA_STATES} states"
+                continue
             last = f"its regex is longer than {MAX_REGEX_CHARS} characters"
     finally:
         sys.setrecursionlimit(old)
