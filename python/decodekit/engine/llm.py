@@ -174,10 +174,7 @@ class LLM:
                   tools: list[dict] | None, chat_template: str | None, chat_template_kwargs: dict | None) -> list[int]:
         """A conversation in chat_messages' form through the template, as token ids (the template writes the
         special tokens it wants, BOS included: nothing is added, as vLLM's and transformers' chat encoding)."""
-        from decodekit.tokenizer.chat import content_text
         kwargs = check_template_kwargs(chat_template_kwargs)
-        if continue_final_message:  # (as the server: text parts are continued as their text)
-            messages = messages[:-1] + [{**messages[-1], "content": content_text(messages[-1]["content"])}]
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                                   chat_template=check_template(chat_template),
                                                   continue_final_message=continue_final_message,

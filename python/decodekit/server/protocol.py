@@ -336,9 +336,8 @@ def reject_unsupported(body: dict, names: tuple[str, ...]) -> None:
 
 def chat_render_options(body: dict, messages: list[dict]) -> tuple[bool, bool]:
     """(add_generation_prompt, continue_final_message), vLLM's: the second needs the first false and a last
-    message with text content (text parts are continued as their text joined with newlines, as vLLM renders them
-    for templates that take the content as a string: the last message is changed so)."""
-    from decodekit.tokenizer.chat import content_text
+    message with text content (text parts are continued as their text joined with newlines: Tokenizer.
+    apply_chat_template)."""
     agp = field(body, "add_generation_prompt", "bool", None)
     cont = field(body, "continue_final_message", "bool", False)
     if cont:
@@ -348,7 +347,6 @@ def chat_render_options(body: dict, messages: list[dict]) -> tuple[bool, bool]:
         if not isinstance(messages[-1].get("content"), (str, list)):
             raise APIError(400, "'continue_final_message' needs a last message with text content",
                            "continue_final_message")
-        messages[-1] = {**messages[-1], "content": content_text(messages[-1]["content"])}
         return False, True
     return (True if agp is None else agp), False
 
@@ -406,14 +404,7 @@ def chat_messages(body: dict) -> list[dict]:
         if not isinstance(c, (str, list)):
             raise APIError(400, f"'messages[{i}].content' must be a string or a list of text parts, got "
                                 f"{_json_type(c)}", "messages")
-        h = history_message(i, msg, c)
-        calls = h.get("tool_calls")
-        if calls == []:             # (vLLM) no calls: the template's plain assistant turn
-            del h["tool_calls"]
-        for call in calls or ():
-            if isinstance(call["function"]["arguments"], str):      # not JSON text (e.g. ""): vLLM's {}
-                call["function"]["arguments"] = {}
-        out.append(h)
+        out.append(history_message(i, msg, c))
     return out
 
 

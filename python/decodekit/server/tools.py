@@ -204,8 +204,10 @@ def tool_calls(choice: str | dict, text: str, finish_reason: str | None) -> tupl
             for it, args in zip(items, raw)], "tool_calls"
 
 
-def history_message(i: int, msg: dict, content: str) -> dict:
-    """A chat message for the template, with the tool-calling fields an assistant or tool turn may carry."""
+def history_message(i: int, msg: dict, content: str | list[dict]) -> dict:
+    """A chat message for the template, with the tool-calling fields an assistant or tool turn may carry (as
+    vLLM: an empty tool_calls list is no calls; arguments as a JSON value, text that is not JSON as {}; the
+    reasoning's other names: chat._for_template)."""
     out = {"role": msg["role"], "content": content}
     calls = msg.get("tool_calls")
     if calls is not None and msg["role"] == "assistant":
@@ -223,18 +225,17 @@ def history_message(i: int, msg: dict, content: str) -> dict:
                 try:
                     args = json.loads(args)
                 except (ValueError, RecursionError):
-                    pass            # the template gets the text as it is
+                    args = {}       # (vLLM's, e.g. for "")
             conv.append({"id": str(c.get("id", "")), "type": "function",
                          "function": {"name": fn["name"], "arguments": args}})
-        out["tool_calls"] = conv
+        if conv:                    # (vLLM) no calls: the template's plain assistant turn
+            out["tool_calls"] = conv
     for key in ("tool_call_id", "name", "reasoning_content", "reasoning"):
         v = msg.get(key)
         if v is not None:
             if not isinstance(v, str):
                 raise APIError(400, f"'messages[{i}].{key}' must be a string", "messages")
             out[key] = v
-    if "reasoning" in out and "reasoning_content" not in out:   # (vLLM's newer name; templates read the older)
-        out["reasoning_content"] = out["reasoning"]
     return out
 
 

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer as _Backend
 from tokenizers import processors
 
 from . import builders
-from .chat import default_chat_template, render_chat_template, validate_messages
+from .chat import content_text, default_chat_template, render_chat_template, validate_messages
 
 __all__ = ["Tokenizer", "IncrementalDetokenizer"]
 
@@ -342,16 +342,15 @@ class Tokenizer:
         continue_final_message (transformers' / vLLM's): the text ends right after the last message's
         content, without its end-of-turn, so the model goes on with it (e.g. an assistant reply begun
         with "{"); needs add_generation_prompt False (say so: it defaults to True) and a last message whose
-        (string) content the template writes verbatim; ValueError otherwise."""
+        content the template writes verbatim (text parts are continued as their text joined with newlines, as
+        vLLM renders them for a template that takes a string); ValueError otherwise."""
         msgs = validate_messages(messages)
         template = chat_template or self.chat_template
         tag = _CONTINUE_TAG
         if continue_final_message:  # as transformers: a tag after the content, the text cut there
             if add_generation_prompt:
                 raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
-            last = msgs[-1].get("content") if msgs else None
-            if not isinstance(last, str):
-                raise ValueError("continue_final_message needs a last message with text content")
+            last = content_text(msgs[-1]["content"])
             msgs = msgs[:-1] + [{**msgs[-1], "content": last + tag}]
         text = render_chat_template(template, msgs, add_generation_prompt=add_generation_prompt,
                                     special_tokens=self.special_tokens_map, max_chars=max_chars, **kwargs)

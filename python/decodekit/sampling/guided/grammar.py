@@ -33,7 +33,7 @@ from __future__ import annotations
 import sys
 
 from .pda import LeftRecursionError, RuleSet, RuleSetError, compile_rules
-from .regex import MAX_CODEPOINT, MAX_NFA_STATES, RegexError, escape, negate, repeat, utf8_sequences
+from .regex import MAX_CODEPOINT, MAX_NFA_STATES, RegexError, escape, negate, nfa_states_bound, repeat
 from .regex import parse as parse_regex
 
 MAX_GRAMMAR_CHARS = 100_000
@@ -517,22 +517,6 @@ def grammar_guide(text: str):
         return grammar_to_regex(text)
 
 
-def _nfa_states(node, memo: dict) -> int:
-    """At least as many states as regex.py's Thompson construction builds for a regex AST (compile_nfa refuses
-    more than MAX_NFA_STATES, and only after building them: seconds): counts of repetitions multiply."""
-    k = node[0]
-    if k == "set":
-        if node[1] not in memo:
-            memo[node[1]] = 2 + sum(len(q) - 1 for lo, hi in node[1] for q in utf8_sequences(lo, hi))
-        return memo[node[1]]
-    if k == "call":
-        return 2
-    if k in ("cat", "alt"):
-        return 2 + sum(_nfa_states(x, memo) for x in node[1])
-    _, child, lo, hi = node
-    return 2 + _nfa_states(child, memo) * (lo + 1 if hi is None else max(hi, 1))
-
-
 def grammar_to_regex(text: str, max_depth: int | None = None) -> str:
     """The regex of a GBNF grammar's root rule, recursion unrolled (see the module docstring)."""
     rules = parse_grammar(text)
@@ -560,7 +544,7 @@ def grammar_to_regex(text: str, max_depth: int | None = None) -> str:
                 except RegexError as e:
                     last = f"its regex is beyond the guide's bounds ({e})"
                     continue
-                if _nfa_states(ast, {}) <= MAX_NFA_STATES:    # and its automaton's (counts multiply)
+                if nfa_states_bound(ast) <= MAX_NFA_STATES:    # and its automaton's (counts multiply)
                     return r
                 last = f"its automaton needs more than {MAX_NFA_STATES} states"
                 continue

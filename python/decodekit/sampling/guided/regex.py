@@ -542,6 +542,24 @@ def _build(nfa: NFA, node, cache: dict) -> tuple[int, int]:
     return a, z
 
 
+def nfa_states_bound(node, memo: dict | None = None) -> int:
+    """At least as many states as compile_nfa's Thompson construction builds for a parsed regex (it refuses more
+    than MAX_NFA_STATES only after building them: seconds): counts of repetitions multiply. grammar.py's regex
+    fallback checks it before handing a pattern on."""
+    memo = {} if memo is None else memo
+    k = node[0]
+    if k == "set":
+        if node[1] not in memo:
+            memo[node[1]] = 2 + sum(len(q) - 1 for lo, hi in node[1] for q in utf8_sequences(lo, hi))
+        return memo[node[1]]
+    if k == "call":
+        return 2
+    if k in ("cat", "alt"):
+        return 2 + sum(nfa_states_bound(x, memo) for x in node[1])
+    _, child, lo, hi = node
+    return 2 + nfa_states_bound(child, memo) * (lo + 1 if hi is None else max(hi, 1))
+
+
 def compile_nfa(pattern: str) -> NFA:
     """The pruned byte-level NFA that matches the UTF-8 encodings of the strings `pattern` fully matches."""
     ast = parse(pattern)
